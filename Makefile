@@ -1,0 +1,37 @@
+# Two commands do all the set-up on a fresh machine:
+#   make demo   - the main job: every kernel in the simulator, checked and modeled on trn2
+#   make test   - the test suite (fast tier); `make sweep` runs the wide sweep
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+STAMP   = $(VENV)/.nki-kernels-installed
+
+.PHONY: setup demo test sweep build publish-dry-run clean
+
+setup: $(STAMP)
+
+# torch is installed first and pinned: an unpinned torch would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+demo: setup
+	$(PY) benchmarks/model_report.py $(ARGS)
+
+test: setup
+	$(PY) -m pytest $(ARGS)
+
+sweep: setup
+	$(PY) -m pytest -m sweep $(ARGS)
+
+build: setup
+	$(PY) tools/build_hub.py $(ARGS)
+
+publish-dry-run: build
+	$(PY) tools/publish_hub.py $(ARGS)
+
+clean:
+	rm -rf build out .pytest_cache

@@ -1,0 +1,86 @@
+"""gelu: the foundation op, through the reference path and the NKI kernel in the simulator."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import nki_kernels
+from tests._helpers import TOLERANCES, rel_error
+
+# Element counts around the kernel's tiling: < 128 (tail only), 128*k (body only),
+# 128*k + r (body and tail), a body wider than one 2048-column chunk, and shapes whose
+# last dims are not multiples of 128 or 512.
+SHAPES = [(7,), (128,), (3, 129), (197, 768), (2, 7, 1000), (129, 4096)]
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_gelu_kernel_in_simulator(simulator_backend, shape, dtype, approximate):
+    x = (torch.randn(shape) * 3).to(dtype)
+    out = nki_kernels.gelu(x, approximate=approximate)
+    expected = F.gelu(x.double(), approximate=approximate)
+    atol, rtol = TOLERANCES[dtype]
+    assert out.dtype == dtype and out.shape == x.shape
+    torch.testing.assert_close(out.double(), expected, atol=atol, rtol=rtol)
+    assert rel_error(out, expected) < (1e-6 if dtype == torch.float32 else 4e-3)
+
+
+def test_gelu_kernel_writes_every_element(simulator_backend):
+    # The simulator fills new HBM outputs with NaN: a skipped element would show as NaN.
+    x = torch.randn(5, 259)
+    assert not torch.isnan(nki_kernels.gelu(x)).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_gelu_reference_path(reference_backend, dtype):
+    x = torch.randn(4, 33).to(dtype)
+    atol, rtol = TOLERANCES[dtype]
+    torch.testing.assert_close(
+        nki_kernels.gelu(x).double(), F.gelu(x.double()), atol=atol, rtol=rtol
+    )
+
+
+def test_gelu_backward_matches_torch(simulator_backend):
+    x = torch.randn(3, 130, dtype=torch.float64).float().requires_grad_(True)
+    x_ref = x.detach().clone().requires_grad_(True)
+    grad = torch.randn(3, 130)
+    nki_kernels.gelu(x, approximate="tanh").backward(grad)
+    F.gelu(x_ref, approximate="tanh").backward(grad)
+    torch.testing.assert_close(x.grad, x_ref.grad)
+
+
+def test_gelu_opcheck():
+    x = torch.randn(3, 130, requires_grad=True)
+    torch.library.opcheck(nki_kernels.activations._gelu, (x, "tanh"))
+
+
+def test_gelu_compiles_fullgraph():
+    compiled = torch.compile(lambda t: nki_kernels.gelu(t) * 2, fullgraph=True, backend="eager")
+    x = torch.randn(9, 17)
+    torch.testing.assert_close(compiled(x), F.gelu(x) * 2)
+
+
+@pytest.mark.parametrize(
+    "bad, error, words",
+    [
+        (lambda: nki_kernels.gelu(torch.arange(6)), TypeError, ["input", "int64"]),
+        (lambda: nki_kernels.gelu(torch.randn(3), approximate="fast"), ValueError, ["approximate", "'fast'"]),
+        (lambda: nki_kernels.gelu([1.0, 2.0]), TypeError, ["input", "list"]),
+    ],
+    ids=["integer", "approximate", "not-a-tensor"],
+)
+def test_gelu_bad_input(bad, error, words):
+    with pytest.raises(error) as info:
+        bad()
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_cpu_backend_switch_rejects_unknown_value(monkeypatch):
+    monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", "gpu")
+    with pytest.raises(ValueError, match="NKI_KERNELS_CPU_BACKEND='gpu'"):
+        nki_kernels.gelu(torch.randn(4))

@@ -1,0 +1,49 @@
+"""Argument validation shared by the ops. Every error names the argument, the value and the limit."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_float_tensor(name: str, tensor: object, dtypes: Iterable[torch.dtype] = FLOAT_DTYPES) -> None:
+    """Raise TypeError unless ``tensor`` is a torch.Tensor of one of ``dtypes``."""
+    dtypes = tuple(dtypes)
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in dtypes:
+        allowed = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise TypeError(f"{name} has dtype {str(tensor.dtype).removeprefix('torch.')}; supported: {allowed}")
+
+
+def check_same_dtype(**tensors: torch.Tensor) -> None:
+    """Raise TypeError if the named tensors do not all share one dtype."""
+    items = [(n, t) for n, t in tensors.items() if t is not None]
+    first_name, first = items[0]
+    for name, t in items[1:]:
+        if t.dtype != first.dtype:
+            raise TypeError(
+                f"{name} has dtype {str(t.dtype).removeprefix('torch.')} but {first_name} has "
+                f"{str(first.dtype).removeprefix('torch.')}; mixed dtypes are not supported"
+            )
+
+
+def check_same_device(**tensors: torch.Tensor) -> None:
+    """Raise RuntimeError if the named tensors are not all on one device."""
+    items = [(n, t) for n, t in tensors.items() if t is not None]
+    first_name, first = items[0]
+    for name, t in items[1:]:
+        if t.device != first.device:
+            raise RuntimeError(
+                f"{name} is on {t.device} but {first_name} is on {first.device}; "
+                "all tensors must be on the same device"
+            )
+
+
+def check_choice(name: str, value: object, choices: tuple) -> None:
+    """Raise ValueError unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not supported; expected one of {choices}")

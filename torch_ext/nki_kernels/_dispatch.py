@@ -1,0 +1,100 @@
+"""Which implementation of an op runs, decided per call from the input device.
+
+* ``neuron`` tensors: the NKI kernel through AWS's toolchain. torch-neuronx compiles an
+  ``@nki.jit`` kernel called with neuron tensors on first use (TorchNeuron's documented
+  eager path). WRITTEN AS TORCHNEURON DOCUMENTS IT; NOT YET RUN ON HARDWARE.
+* ``cpu`` tensors: the PyTorch reference (default), or the NKI kernel in the bundled
+  simulator when ``NKI_KERNELS_CPU_BACKEND=simulator``.
+
+Every op describes its kernel launch as a :class:`KernelCall` (which kernel, which tensors,
+which static arguments, how to turn the kernel's outputs into the op's result), so the op,
+the tests and the modeled report (benchmarks/model_report.py) launch kernels the same way.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from . import _kernel_sources
+
+CPU_BACKEND_ENV = "NKI_KERNELS_CPU_BACKEND"
+CPU_BACKENDS = ("reference", "simulator")
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """One launch of an NKI kernel: ``kernels/<module>.py::<kernel>(*tensors, **static)``."""
+
+    module: str
+    kernel: str
+    tensors: tuple[torch.Tensor, ...]
+    static: dict[str, Any] = field(default_factory=dict)
+    # Maps the kernel's return value to the op's result (e.g. a reshape back to [..., D]).
+    finish: Callable[[Any], Any] | None = None
+
+    def finish_outputs(self, outputs: Any) -> Any:
+        return outputs if self.finish is None else self.finish(outputs)
+
+
+def cpu_backend() -> str:
+    """The CPU implementation selected by ``NKI_KERNELS_CPU_BACKEND`` (read at every call)."""
+    value = os.environ.get(CPU_BACKEND_ENV, "reference").strip().lower() or "reference"
+    if value not in CPU_BACKENDS:
+        raise ValueError(
+            f"{CPU_BACKEND_ENV}={value!r} is not supported; expected one of {CPU_BACKENDS}"
+        )
+    return value
+
+
+def run(call: Callable[[], KernelCall], reference: Callable[[], Any], device: torch.device) -> Any:
+    """Run an op on ``device``: the NKI kernel described by ``call()``, or ``reference()``.
+
+    ``call`` and ``reference`` are thunks so that only the selected path does any work.
+    """
+    if device.type == "neuron":
+        return run_on_neuron(call())
+    if device.type != "cpu":
+        raise RuntimeError(
+            f"nki_kernels has no implementation for device {device}; "
+            "supported devices are 'neuron' (NKI kernel) and 'cpu' (reference or simulator)"
+        )
+    if cpu_backend() == "reference":
+        return reference()
+    return run_simulated(call())
+
+
+def simulator_kernel(call: KernelCall):
+    """The simulator-flavoured kernel function for ``call`` (caller holds ``activated()``)."""
+    return getattr(_kernel_sources.load(call.module, "simulator"), call.kernel)
+
+
+def run_simulated(call: KernelCall) -> Any:
+    """Run the NKI kernel of ``call`` in the bundled simulator on CPU tensors."""
+    from . import simulator
+
+    with simulator.activated():
+        kernel = simulator_kernel(call)
+        import nki  # the simulator's, while activated
+
+        inputs = tuple(t.detach().contiguous() for t in call.tensors)
+        return call.finish_outputs(nki.simulate(kernel)(*inputs, **call.static))
+
+
+def run_on_neuron(call: KernelCall) -> Any:
+    # NOT YET RUN ON HARDWARE. torch-neuronx compiles and runs an @nki.jit kernel called with
+    # neuron tensors (eager: compiled on first call per shape/dtype/static arguments).
+    try:
+        import nki  # noqa: F401  (the real toolchain)
+        import torch_neuronx  # noqa: F401
+    except ImportError as err:
+        raise RuntimeError(
+            "neuron tensors need AWS's NKI toolchain (`nki` and `torch-neuronx` from AWS's "
+            "package repository); it is not importable here"
+        ) from err
+    kernel = getattr(_kernel_sources.load(call.module, "neuron"), call.kernel)
+    inputs = tuple(t.contiguous() for t in call.tensors)
+    return call.finish_outputs(kernel(*inputs, **call.static))
