@@ -1,0 +1,398 @@
+"""nisa compute instructions against independent torch computations on fresh random data,
+and their rule checks in both directions (bad call flagged, good call quiet)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nki_kernels.simulator import NkiValidationError
+
+# (dtype, atol, rtol): fp32 results are the same fp32 math, so tight; bf16 outputs carry one
+# bf16 rounding (2^-8 relative).
+F32 = ("float32", 1e-6, 1e-6)
+BF16 = ("bfloat16", 1e-2, 8e-3)
+
+
+def close(got, ref, tol=F32):
+    torch.testing.assert_close(got, ref, atol=tol[1], rtol=tol[2])
+
+
+# ------------------------------------------------------------------ activation functions
+
+_SQ2 = math.sqrt(2.0)
+ACT_REFS = {
+    "copy": lambda x: x,
+    "square": lambda x: x * x,
+    "sigmoid": torch.sigmoid,
+    "relu": F.relu,
+    "tanh": torch.tanh,
+    "exp": torch.exp,
+    "gelu": lambda x: F.gelu(x),
+    "gelu_apprx_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_apprx_sigmoid": lambda x: x * torch.sigmoid(1.702 * x),
+    "gelu_dx": lambda x: 0.5 * (1 + torch.erf(x / _SQ2)) + x * torch.exp(-x * x / 2) / math.sqrt(2 * math.pi),
+    "silu": F.silu,
+    "silu_dx": lambda x: torch.sigmoid(x) * (1 + x * (1 - torch.sigmoid(x))),
+    "softplus": F.softplus,
+    "mish": F.mish,
+    "erf": torch.erf,
+    "erf_dx": lambda x: 2 / math.sqrt(math.pi) * torch.exp(-x * x),
+    "sign": torch.sign,
+    "abs": torch.abs,
+    "sin": torch.sin,
+    "arctan": torch.atan,
+    "log": lambda x: torch.log(x.abs() + 0.5),
+    "sqrt": lambda x: torch.sqrt(x.abs() + 0.5),
+    "rsqrt": lambda x: torch.rsqrt(x.abs() + 0.5),
+    "reciprocal": lambda x: 1 / (x.abs() + 0.5),
+}
+_POSITIVE = {"log", "sqrt", "rsqrt", "reciprocal"}
+
+
+@pytest.mark.parametrize("name", sorted(ACT_REFS))
+def test_activation_functions(sim, mk, v, last, name):
+    _, nl, nisa = sim
+    x = torch.randn(128, 96) * 2
+    xin = x.abs() + 0.5 if name in _POSITIVE else x
+    ref_fn = ACT_REFS[name]
+    ref = ref_fn(x) if name in _POSITIVE else ref_fn(xin)
+    data = mk(xin)
+    dst = nl.ndarray((128, 96), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=dst, op=getattr(nl, name), data=data)
+    close(v(dst), ref, ("float32", 2e-6, 2e-5))
+    ins = last()
+    assert (ins.op, ins.engine, ins.attrs["func"]) == ("activation", "scalar", name)
+
+
+def test_activation_out_of_range_does_not_raise(sim, mk, v):
+    _, nl, nisa = sim
+    x = mk(torch.tensor([[9.0, -20.0, 0.0, -1.0]]))
+    dst = nl.ndarray((1, 4), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst, nl.sin, x)  # outside [-pi, pi]: exact math, no error
+    close(v(dst), torch.sin(torch.tensor([[9.0, -20.0, 0.0, -1.0]])))
+    nisa.activation(dst, nl.log, x)  # log of <= 0: nan / -inf, no error
+    assert torch.isnan(v(dst)[0, 1]) and torch.isinf(v(dst)[0, 2])
+
+
+def test_activation_scale_bias_and_bf16_output_round_once(sim, mk, v):
+    _, nl, nisa = sim
+    x = torch.randn(64, 200)
+    s = torch.rand(64, 1) + 0.5
+    b = torch.randn(64, 1)
+    dst = nl.ndarray((64, 200), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.activation(dst, nl.exp, mk(x), bias=mk(b), scale=mk(s))
+    ref = torch.exp(x * s + b).to(torch.bfloat16).float()  # fp32 math, one rounding to bf16
+    assert torch.equal(v(dst), ref)
+    nisa.activation(dst, nl.tanh, mk(x), bias=0.25, scale=3.0)
+    assert torch.equal(v(dst), torch.tanh(x * 3.0 + 0.25).to(torch.bfloat16).float())
+
+
+def test_activation_reduce_registers_persist(sim, mk, v):
+    _, nl, nisa = sim
+    a, b = torch.randn(128, 64), torch.randn(128, 64)
+    dst = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+    res = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst, nl.exp, mk(a), reduce_op=nl.add, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    nisa.activation(dst, nl.exp, mk(b), reduce_op=nl.add, reduce_cmd=nisa.reduce_cmd.reduce,
+                    reduce_res=res)
+    close(v(res), (torch.exp(a).sum(1) + torch.exp(b).sum(1))[:, None], ("f", 1e-4, 1e-5))
+    nisa.activation(dst, nl.exp, mk(b), reduce_cmd=nisa.reduce_cmd.reset)
+    nisa.activation(dst, nl.copy, mk(a), reduce_cmd=nisa.reduce_cmd.idle, reduce_res=res)
+    assert torch.equal(v(res), torch.zeros(128, 1))  # reset zeroed, idle left them alone
+
+
+def test_activation_reduce_matches_activation_reset_reduce(sim, mk, v):
+    _, nl, nisa = sim
+    x = torch.randn(32, 40)
+    dst = nl.ndarray((32, 40), dtype=nl.float32, buffer=nl.sbuf)
+    res = nl.ndarray((32, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation_reduce(dst, nl.square, mk(x), reduce_op=nl.add, reduce_res=res)
+    close(v(res), (x * x).sum(1, keepdim=True), ("f", 1e-5, 1e-5))
+
+
+@pytest.mark.parametrize("bad", [
+    dict(op="add"), dict(scale_shape=(64, 2)), dict(bias_shape=(32, 1)), dict(scale_dtype="bfloat16"),
+])
+def test_activation_rule_violations(sim, mk, bad):
+    _, nl, nisa = sim
+    x = mk(torch.randn(64, 8))
+    dst = nl.ndarray((64, 8), dtype=nl.float32, buffer=nl.sbuf)
+    kw = {}
+    if "scale_shape" in bad:
+        kw["scale"] = mk(torch.rand(bad["scale_shape"]))
+    if "scale_dtype" in bad:
+        kw["scale"] = mk(torch.rand(64, 1), bad["scale_dtype"])
+    if "bias_shape" in bad:
+        kw["bias"] = mk(torch.rand(bad["bias_shape"]))
+    with pytest.raises(NkiValidationError, match="activation"):
+        nisa.activation(dst, getattr(nl, bad.get("op", "exp")), x, **kw)
+
+
+# ------------------------------------------------------------------ ALU instructions
+
+BINARY_REFS = {
+    "add": torch.add, "subtract": torch.sub, "multiply": torch.mul, "divide": torch.div,
+    "maximum": torch.maximum, "minimum": torch.minimum,
+    "equal": lambda a, b: (a == b).float(), "not_equal": lambda a, b: (a != b).float(),
+    "greater": lambda a, b: (a > b).float(), "greater_equal": lambda a, b: (a >= b).float(),
+    "less": lambda a, b: (a < b).float(), "less_equal": lambda a, b: (a <= b).float(),
+    "logical_and": lambda a, b: ((a != 0) & (b != 0)).float(),
+    "logical_or": lambda a, b: ((a != 0) | (b != 0)).float(),
+    "logical_xor": lambda a, b: ((a != 0) ^ (b != 0)).float(),
+    "abs_max": lambda a, b: torch.where(a.abs() > b.abs(), a, b),
+    "abs_min": lambda a, b: torch.where(a.abs() < b.abs(), a, b),
+    "power": lambda a, b: torch.pow(a.abs(), b),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BINARY_REFS))
+def test_tensor_tensor_ops(sim, mk, v, last, name):
+    _, nl, nisa = sim
+    a = torch.randn(128, 3, 20)
+    b = torch.randn(128, 60)
+    if name in ("equal", "not_equal", "logical_and", "logical_or", "logical_xor"):
+        a = torch.randint(-1, 2, a.shape).float()
+        b = torch.randint(-1, 2, b.shape).float()
+    if name == "power":
+        a = a.abs()
+    dst = nl.ndarray((128, 60), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=dst, data1=mk(a), data2=mk(b), op=getattr(nl, name))
+    close(v(dst), BINARY_REFS[name](a.reshape(128, 60), b))
+    assert last().engine == ("gpsimd" if name == "power" else "vector")
+
+
+def test_tensor_tensor_integer_bitwise(sim, mk, v):
+    _, nl, nisa = sim
+    a = torch.randint(0, 1 << 20, (16, 32))
+    b = torch.randint(0, 1 << 20, (16, 32))
+    dst = nl.ndarray((16, 32), dtype=nl.int32, buffer=nl.sbuf)
+    for name, fn in (("bitwise_and", torch.bitwise_and), ("bitwise_or", torch.bitwise_or),
+                     ("bitwise_xor", torch.bitwise_xor)):
+        nisa.tensor_tensor(dst, mk(a, "int32"), mk(b, "int32"), getattr(nl, name))
+        assert torch.equal(dst._data, fn(a, b))
+
+
+def test_tensor_tensor_rules(sim, mk):
+    _, nl, nisa = sim
+    a = mk(torch.randn(64, 8), buffer="psum")
+    b = mk(torch.randn(64, 8), buffer="psum")
+    s = mk(torch.randn(64, 8))
+    dst = nl.ndarray((64, 8), dtype=nl.float32, buffer=nl.sbuf)
+    with pytest.raises(NkiValidationError, match="data1 and data2 cannot both be in PSUM"):
+        nisa.tensor_tensor(dst, a, b, nl.add)
+    nisa.tensor_tensor(dst, a, s, nl.add)  # one PSUM input is fine
+    with pytest.raises(NkiValidationError, match="partition dim 32 does not match"):
+        nisa.tensor_tensor(dst, s, mk(torch.randn(32, 16)), nl.add)
+    with pytest.raises(NkiValidationError, match="elements per partition"):
+        nisa.tensor_tensor(dst, s, mk(torch.randn(64, 9)), nl.add)
+    hbm = nl.ndarray((64, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    with pytest.raises(NkiValidationError, match="data2 is in HBM"):
+        nisa.tensor_tensor(dst, s, hbm, nl.add)
+    with pytest.raises(NkiValidationError, match="GpSimd engine cannot access PSUM"):
+        nisa.tensor_tensor(dst, a, s, nl.power)
+
+
+def test_tensor_scalar_two_ops_reverse_and_vector_operand(sim, mk, v, last):
+    _, nl, nisa = sim
+    x = torch.randn(96, 50)
+    col = torch.randn(96, 1)
+    dst = nl.ndarray((96, 50), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst, mk(x), nl.subtract, mk(col), op1=nl.multiply, operand1=3.0)
+    close(v(dst), (x - col) * 3.0)
+    nisa.tensor_scalar(dst, mk(x), nl.subtract, 2.0, reverse0=True, op1=nl.divide,
+                       operand1=mk(col), reverse1=True)
+    close(v(dst), col / (2.0 - x))
+    nisa.tensor_scalar(dst, mk(x.abs() + 0.1), nl.rsqrt, None)
+    close(v(dst), torch.rsqrt(x.abs() + 0.1))
+    assert last().attrs == {"op0": "rsqrt", "op1": None}
+
+
+def test_tensor_scalar_rounds_once_into_bf16(sim, mk, v):
+    _, nl, nisa = sim
+    x = torch.randn(64, 128)
+    dst = nl.ndarray((64, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst, mk(x), nl.multiply, 1.0009765625, op1=nl.add, operand1=0.0078125)
+    once = (x * 1.0009765625 + 0.0078125).to(torch.bfloat16).float()
+    assert torch.equal(v(dst), once)
+
+
+@pytest.mark.parametrize("kwargs, msg", [
+    (dict(op0="subtract", operand0=("bf16col",)), "operand tile must be float32"),
+    (dict(op0="add", operand0=("col32",)), "partition dim 32 does not match"),
+    (dict(op0="add", operand0=1.0, op1="bitwise_and", operand1=1), "both be bitvec or both"),
+    (dict(op0="multiply", operand0=1.0, op1="subtract", operand1=1.0, engine="scalar"),
+     "Scalar engine supports only"),
+])
+def test_tensor_scalar_rules(sim, mk, kwargs, msg):
+    _, nl, nisa = sim
+    x = mk(torch.randn(64, 8))
+    dst = nl.ndarray((64, 8), dtype=nl.float32, buffer=nl.sbuf)
+    kw = dict(kwargs)
+    kw["op0"] = getattr(nl, kw["op0"])
+    if "op1" in kw:
+        kw["op1"] = getattr(nl, kw["op1"])
+    if kw["operand0"] == ("bf16col",):
+        kw["operand0"] = mk(torch.randn(64, 1), "bfloat16")
+    if kw["operand0"] == ("col32",):
+        kw["operand0"] = mk(torch.randn(32, 1))
+    if "engine" in kw:
+        kw["engine"] = getattr(nisa.engine, kw["engine"])
+    with pytest.raises(NkiValidationError, match=msg):
+        nisa.tensor_scalar(dst, x, **kw)
+
+
+@pytest.mark.parametrize("op, ref", [
+    ("add", lambda x, d: x.sum(d)), ("maximum", lambda x, d: x.amax(d)),
+    ("minimum", lambda x, d: x.amin(d)), ("multiply", lambda x, d: x.prod(d)),
+])
+def test_tensor_reduce(sim, mk, v, op, ref):
+    _, nl, nisa = sim
+    x = torch.rand(100, 4, 6) + 0.5
+    dst = nl.ndarray((100, 4), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst, getattr(nl, op), mk(x), axis=2)
+    close(v(dst), ref(x, 2), ("f", 1e-5, 1e-5))
+    dst2 = nl.ndarray((100, 1, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst2, getattr(nl, op), mk(x), axis=(1, 2), negate=True, keepdims=True)
+    close(v(dst2).reshape(100), -ref(x.reshape(100, 24), 1), ("f", 1e-4, 1e-5))
+
+
+def test_tensor_reduce_rules(sim, mk):
+    _, nl, nisa = sim
+    x = mk(torch.randn(16, 4, 6))
+    with pytest.raises(NkiValidationError, match="partition dim"):
+        nisa.tensor_reduce(nl.ndarray((1, 24), dtype=nl.float32, buffer=nl.sbuf), nl.add, x, axis=0)
+    with pytest.raises(NkiValidationError, match="last contiguous free axes"):
+        nisa.tensor_reduce(nl.ndarray((16, 6), dtype=nl.float32, buffer=nl.sbuf), nl.add, x, axis=1)
+    with pytest.raises(NkiValidationError, match="elements per partition"):
+        nisa.tensor_reduce(nl.ndarray((16, 5), dtype=nl.float32, buffer=nl.sbuf), nl.add, x, axis=2)
+    with pytest.raises(NkiValidationError, match="not a legal reduction"):
+        nisa.tensor_reduce(nl.ndarray((16, 4), dtype=nl.float32, buffer=nl.sbuf), nl.divide, x, axis=2)
+
+
+def test_scalar_tensor_tensor(sim, mk, v):
+    _, nl, nisa = sim
+    x, y, c = torch.randn(64, 30), torch.randn(64, 30), torch.randn(64, 1)
+    dst = nl.ndarray((64, 30), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=dst, data=mk(x), op0=nl.multiply, operand0=mk(c),
+                              op1=nl.add, operand1=mk(y))
+    close(v(dst), x * c + y)
+    nisa.scalar_tensor_tensor(dst, mk(x), nl.subtract, 1.5, nl.subtract, mk(y), reverse0=True,
+                              reverse1=True)
+    close(v(dst), y - (1.5 - x))
+
+
+def test_tensor_scalar_reduce(sim, mk, v):
+    _, nl, nisa = sim
+    x, c = torch.randn(64, 30), torch.randn(64, 1)
+    dst = nl.ndarray((64, 30), dtype=nl.float32, buffer=nl.sbuf)
+    res = nl.ndarray((64, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar_reduce(dst=dst, data=mk(x), op0=nl.multiply, operand0=mk(c),
+                              reduce_op=nl.max, reduce_res=res)
+    close(v(dst), x * c)
+    close(v(res), (x * c).amax(1, keepdim=True))
+    nisa.tensor_scalar_reduce(dst, mk(x), nl.add, 1.0, nl.add, res,
+                              reduce_cmd=nisa.reduce_cmd.reduce, reduce_res_negate=True)
+    close(v(res), -((x * c).amax(1, keepdim=True) + (x + 1).sum(1, keepdim=True)), ("f", 1e-5, 1e-5))
+
+
+def test_tensor_copy_casts_and_rules(sim, mk, v, last):
+    _, nl, nisa = sim
+    x = torch.randn(128, 70) * 100
+    dst = nl.ndarray((128, 70), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.tensor_copy(dst, mk(x, buffer="psum"))
+    assert torch.equal(v(dst), x.to(torch.bfloat16).float())
+    idst = nl.ndarray((128, 70), dtype=nl.int16, buffer=nl.sbuf)
+    nisa.tensor_copy(idst, mk(x), engine=nisa.engine.gpsimd)
+    assert torch.equal(idst._data, torch.round(x).long())
+    assert last().engine == "gpsimd"
+    with pytest.raises(NkiValidationError, match="GpSimd engine cannot access PSUM"):
+        nisa.tensor_copy(dst, mk(x, buffer="psum"), engine=nisa.engine.gpsimd)
+
+
+def test_memset(sim, v):
+    _, nl, nisa = sim
+    t = nl.ndarray((32, 7), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.memset(dst=t, value=1.00390625)  # not representable in bf16: rounds to 1.0
+    assert torch.equal(v(t), torch.ones(32, 7))
+    i = nl.ndarray((32, 7), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.memset(i, 7)
+    assert (i._data == 7).all()
+    with pytest.raises(NkiValidationError, match="does not match integer"):
+        nisa.memset(i, 0.5)
+
+
+def test_reciprocal(sim, mk, v):
+    _, nl, nisa = sim
+    x = torch.randn(50, 40)
+    dst = nl.ndarray((50, 40), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.reciprocal(dst, mk(x))
+    close(v(dst), 1 / x)
+
+
+def test_iota_and_affine_select(sim, mk, v):
+    _, nl, nisa = sim
+    io = nl.ndarray((16, 4, 5), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.iota(io, [[10, 4], [1, 5]], offset=3, channel_multiplier=100)
+    p, i, j = torch.meshgrid(torch.arange(16), torch.arange(4), torch.arange(5), indexing="ij")
+    assert torch.equal(io._data, 3 + 100 * p + 10 * i + j)
+    x = torch.randn(64, 64)
+    dst = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.sbuf)
+    # causal mask: keep where row - col >= 0
+    nisa.affine_select(dst, [[-1, 64]], 1, mk(x), -1e30, cmp_op=nl.greater_equal)
+    ref = torch.where(torch.tril(torch.ones(64, 64)) > 0, x, torch.tensor(-1e30))
+    assert torch.equal(v(dst), ref)
+    with pytest.raises(NkiValidationError, match="iota: dst must be in SBUF"):
+        nisa.iota(nl.ndarray((16, 20), dtype=nl.float32, buffer=nl.psum), [[1, 20]])
+    with pytest.raises(NkiValidationError, match="pattern covers 19"):
+        nisa.iota(nl.ndarray((16, 20), dtype=nl.float32, buffer=nl.sbuf), [[1, 19]])
+
+
+def test_select_reduce(sim, mk, v):
+    _, nl, nisa = sim
+    x = torch.randn(64, 33)
+    pred = torch.randint(0, 2, (64, 33))
+    dst = nl.ndarray((64, 33), dtype=nl.float32, buffer=nl.sbuf)
+    res = nl.ndarray((64, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.select_reduce(dst, mk(pred, "uint8"), mk(x), -5.0, reduce_res=res,
+                       reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    ref = torch.where(pred != 0, x, torch.tensor(-5.0))
+    assert torch.equal(v(dst), ref)
+    assert torch.equal(v(res), ref.amax(1, keepdim=True))
+    with pytest.raises(NkiValidationError, match="predicate dtype"):
+        nisa.select_reduce(dst, mk(pred.float()), mk(x), 0.0)
+
+
+def test_bn_stats_and_bn_aggr(sim, mk, v):
+    _, nl, nisa = sim
+    x = torch.randn(128, 1000) * 3 + 1
+    stats = nl.ndarray((128, 12), dtype=nl.float32, buffer=nl.sbuf)
+    xt = mk(x)
+    nisa.bn_stats(stats[:, 0:6], xt[:, 0:500])
+    nisa.bn_stats(stats[:, 6:12], xt[:, 500:1000])
+    half = x[:, 0:500]
+    close(v(stats)[:, 0:3], torch.stack([torch.full((128,), 250.0), half[:, 0::2].mean(1),
+                                         half[:, 0::2].var(1, unbiased=False) * 250], 1),
+          ("f", 1e-3, 1e-4))
+    mv = nl.ndarray((128, 2), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.bn_aggr(mv, stats)
+    close(v(mv), torch.stack([x.mean(1), x.var(1, unbiased=False)], 1), ("f", 1e-4, 1e-4))
+    with pytest.raises(NkiValidationError, match="exceeds maximum 512"):
+        nisa.bn_stats(stats[:, 0:6], xt[:, 0:513])
+
+
+def test_start_partition_rules_both_directions(sim, mk):
+    _, nl, nisa = sim
+    x = mk(torch.randn(128, 8))
+    dst = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst[64:128], x[64:128])   # 64 partitions at 64: fine
+    nisa.tensor_copy(dst[96:120], x[96:120])   # 24 partitions at 96: fine
+    with pytest.raises(NkiValidationError, match="starting at partition 32"):
+        nisa.tensor_copy(dst[32:96], x[32:96])  # 64 partitions at 32
+    with pytest.raises(NkiValidationError, match="starting at partition 5"):
+        nisa.tensor_copy(dst[5:6], x[5:6])
+    with pytest.raises(NkiValidationError, match="same partition"):
+        nisa.tensor_tensor(dst[0:32], x[0:32], x[32:64], nl.add)

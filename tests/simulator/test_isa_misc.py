@@ -1,0 +1,171 @@
+"""The less common nisa instructions against torch, with one rule check each."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nki_kernels.simulator import NkiValidationError, UnsupportedError
+
+
+def test_dma_transpose(sim, mk, v, last):
+    _, nl, nisa = sim
+    x = torch.randn(48, 100)
+    dst = nl.ndarray((100, 48), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_transpose(dst, mk(x, "bfloat16"))
+    assert torch.equal(v(dst), x.bfloat16().float().T) and last().engine == "dma"
+    with pytest.raises(NkiValidationError, match="dtype"):
+        nisa.dma_transpose(dst, mk(x))
+
+
+def test_dma_compute_adds(sim, mk, v):
+    _, nl, nisa = sim
+    a, b = torch.randn(16, 10), torch.randn(16, 10)
+    dst = nl.ndarray((16, 10), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_compute(dst, [mk(a), mk(b)], nl.add)
+    torch.testing.assert_close(v(dst), a + b)
+    with pytest.raises(NkiValidationError, match="only nl.add"):
+        nisa.dma_compute(dst, [mk(a), mk(b)], nl.multiply)
+
+
+def test_tensor_copy_predicated(sim, mk, v):
+    _, nl, nisa = sim
+    x, y = torch.randn(32, 20), torch.randn(32, 20)
+    pred = torch.randint(0, 2, (32, 20))
+    dst = mk(y)
+    nisa.tensor_copy_predicated(dst, mk(x), mk(pred, "uint8"))
+    assert torch.equal(v(dst), torch.where(pred != 0, x, y))
+    with pytest.raises(NkiValidationError, match="predicate dtype"):
+        nisa.tensor_copy_predicated(dst, mk(x), mk(pred, "int32"))
+
+
+def test_tensor_partition_reduce(sim, mk, v):
+    _, nl, nisa = sim
+    x = torch.randn(64, 30)
+    dst = nl.ndarray((1, 30), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_partition_reduce(dst, nl.add, mk(x))
+    torch.testing.assert_close(v(dst), x.sum(0, keepdim=True), atol=1e-5, rtol=1e-5)
+    nisa.tensor_partition_reduce(dst, nl.maximum, mk(x))
+    assert torch.equal(v(dst), x.amax(0, keepdim=True))
+
+
+def test_tensor_scalar_cumulative(sim, mk, v):
+    _, nl, nisa = sim
+    x = torch.randn(16, 40)
+    dst = nl.ndarray((16, 40), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar_cumulative(dst, mk(x), nl.multiply, nl.add, 2.0)
+    torch.testing.assert_close(v(dst), torch.cumsum(2 * x, 1), atol=1e-5, rtol=1e-5)
+    nisa.tensor_scalar_cumulative(dst, mk(x), nl.add, nl.maximum, 0.0)
+    assert torch.equal(v(dst), torch.cummax(x, 1).values)
+
+
+def test_tensor_tensor_scan(sim, mk, v):
+    _, nl, nisa = sim
+    a, b = torch.rand(8, 12), torch.randn(8, 12)
+    dst = nl.ndarray((8, 12), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor_scan(dst, mk(a), mk(b), 0.5, nl.multiply, nl.add)
+    prev = torch.full((8,), 0.5)
+    ref = torch.empty(8, 12)
+    for i in range(12):
+        prev = a[:, i] * prev + b[:, i]
+        ref[:, i] = prev
+    torch.testing.assert_close(v(dst), ref)
+
+
+def test_range_select(sim, mk, v):
+    _, nl, nisa = sim
+    x = torch.randn(32, 64)
+    lo, hi = torch.randint(0, 30, (32, 1)).float(), torch.randint(30, 64, (32, 1)).float()
+    dst = nl.ndarray((32, 64), dtype=nl.float32, buffer=nl.sbuf)
+    res = nl.ndarray((32, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.range_select(dst, mk(x), nl.greater_equal, nl.less, mk(lo), mk(hi), reduce_res=res)
+    idx = torch.arange(64).float()
+    ref = torch.where((idx >= lo) & (idx < hi), x, torch.tensor(-3.4028235e38))
+    assert torch.equal(v(dst), ref) and torch.equal(v(res), ref.amax(1, keepdim=True))
+
+
+def test_gathers_and_max8(sim, mk, v):
+    _, nl, nisa = sim
+    data = torch.randn(16, 50)
+    idx = torch.randint(0, 50, (16, 7))
+    dst = nl.ndarray((16, 7), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.nc_n_gather(dst, mk(data), mk(idx, "uint32"))
+    assert torch.equal(v(dst), torch.gather(data, 1, idx))
+    g = nl.gather_flattened(mk(data), mk(idx, "int32"))
+    assert torch.equal(v(g), torch.gather(data, 1, idx))
+    with pytest.raises(IndexError, match="out of range"):
+        nl.gather_flattened(mk(data), mk(idx + 50, "int32"))
+    top = nl.ndarray((16, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.max8(top, mk(data))
+    assert torch.equal(v(top), torch.topk(data, 8, 1).values)
+    found = nl.ndarray((16, 8), dtype=nl.uint32, buffer=nl.sbuf)
+    nisa.nc_find_index8(found, mk(data), top)
+    assert torch.equal(found._data, torch.topk(data, 8, 1).indices)
+
+
+def test_nc_match_replace8(sim, mk, v):
+    _, nl, nisa = sim
+    data = torch.randn(4, 20)
+    vals = data[:, [3, 7, 1, 0, 9, 11, 15, 19]]
+    dst = nl.ndarray((4, 20), dtype=nl.float32, buffer=nl.sbuf)
+    idx = nl.ndarray((4, 8), dtype=nl.uint32, buffer=nl.sbuf)
+    nisa.nc_match_replace8(dst, mk(data), mk(vals), -1.0, dst_idx=idx)
+    ref = data.clone()
+    ref[:, [3, 7, 1, 0, 9, 11, 15, 19]] = -1.0
+    assert torch.equal(v(dst), ref)
+    assert torch.equal(idx._data, torch.tensor([3, 7, 1, 0, 9, 11, 15, 19]).expand(4, 8))
+
+
+def test_nc_stream_shuffle(sim, mk, v):
+    _, nl, nisa = sim
+    x = torch.randn(64, 5)
+    dst = nl.ndarray((64, 5), dtype=nl.float32, buffer=nl.sbuf)
+    mask = list(reversed(range(32)))
+    nisa.nc_stream_shuffle(dst, mk(x), mask)
+    ref = torch.cat([x[0:32].flip(0), x[32:64].flip(0)])
+    assert torch.equal(v(dst), ref)
+
+
+def test_dropout_and_rng(sim, mk, v):
+    _, nl, nisa = sim
+    x = torch.rand(64, 200) + 1
+    dst = nl.ndarray((64, 200), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dropout(dst, mk(x), 0.25)
+    kept = v(dst) != 0
+    assert torch.equal(v(dst)[kept], x[kept]) and 0.15 < 1 - kept.float().mean() < 0.35
+    r = nl.ndarray((64, 8), dtype=nl.uint16, buffer=nl.sbuf)
+    nisa.rng(r)
+    assert int(r._data.min()) >= 0 and int(r._data.max()) < 65536
+    with pytest.raises(NkiValidationError, match="integer dtype"):
+        nisa.rng(dst)
+
+
+def test_registers_and_loops(sim, mk):
+    _, nl, nisa = sim
+    reg = nisa.register_alloc(3)
+    seen = []
+    nl.fori_loop(0, reg, lambda i: seen.append(int(i)))
+    assert seen == [0, 1, 2]
+    t = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.register_store(t, reg)
+    reg2 = nisa.register_alloc()
+    nisa.register_load(reg2, t)
+    assert int(reg2) == 3
+    count = [0]
+
+    def body(r):
+        count[0] += 1
+        nisa.register_move(r, int(r) - 1)
+        return r
+
+    nl.while_loop(reg2, body)
+    assert count[0] == 3
+
+
+def test_unsupported_names_raise_clearly(sim):
+    _, nl, nisa = sim
+    with pytest.raises(UnsupportedError, match="nc_matmul_mx"):
+        nisa.nc_matmul_mx()
+    t = nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.sbuf)
+    with pytest.raises(UnsupportedError, match="ap"):
+        t.ap([[4, 4], [1, 4]])

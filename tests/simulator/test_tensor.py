@@ -1,0 +1,124 @@
+"""NkiTensor views: indexing rules, bounds, shared storage, view methods, no arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nki_kernels.simulator import NkiValidationError, UnsupportedError
+
+
+@pytest.mark.parametrize("key, shape", [
+    ((5,), (1, 4, 8)),                 # int on partition dim keeps a size-1 partition dim
+    ((slice(None), 1), (128, 8)),      # int on a free dim drops it
+    ((slice(None), 1, 2), (128, 1)),   # ... unless the result would fall below 2-D
+    ((Ellipsis, 0), (128, 4)),
+    ((slice(0, 64, 2), slice(1, 3)), (32, 2, 8)),
+    ((slice(-32, None),), (32, 4, 8)),
+])
+def test_on_chip_indexing_rules(sim, key, shape):
+    _, nl, _ = sim
+    t = nl.ndarray((128, 4, 8), dtype=nl.float32, buffer=nl.sbuf)
+    assert t[key].shape == shape
+
+
+def test_hbm_indexing_drops_int_dims(sim):
+    _, nl, _ = sim
+    t = nl.ndarray((3, 128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    assert t[1].shape == (128, 8)
+    assert t[1, 2].shape == (8,)
+    assert t[1, 2, 3].shape == (1,)
+
+
+def test_ds_slices(sim):
+    _, nl, _ = sim
+    t = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+    assert t[nl.ds(32, 32), nl.ds(8, 16)].shape == (32, 16)
+
+
+@pytest.mark.parametrize("key, words", [
+    ((slice(0, 129),), ["0:129", "dim 0", "128"]),
+    ((slice(None), 64), ["64", "dim 1", "(128, 64)"]),
+    ((slice(None), -65), ["-65", "dim 1"]),
+])
+def test_out_of_bounds_raises_index_error_naming_index_dim_shape(sim, key, words):
+    _, nl, _ = sim
+    t = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+    with pytest.raises(IndexError) as err:
+        t[key]
+    for w in words:
+        assert w in str(err.value)
+
+
+def test_ds_out_of_bounds_and_negative_step(sim):
+    _, nl, _ = sim
+    t = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+    with pytest.raises(IndexError, match="nl.ds"):
+        t[:, nl.ds(60, 8)]
+    with pytest.raises(IndexError, match="step"):
+        t[:, ::-1]
+
+
+def test_views_share_storage(sim):
+    _, nl, nisa = sim
+    t = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(t, 0.0)
+    nisa.memset(t[0:32, 16:32], 3.0)
+    v = t.reshape((128, 4, 16))
+    assert float(v._data[5, 1, 0]) == 3.0 and float(v._data[40, 1, 0]) == 0.0
+    assert t[0:32, 16:32]._alloc is t._alloc
+
+
+def test_view_methods(sim):
+    _, nl, _ = sim
+    t = nl.ndarray((128, 4, 6), dtype=nl.float32, buffer=nl.sbuf)
+    assert t.reshape((128, 24)).shape == (128, 24)
+    assert t.permute((0, 2, 1)).shape == (128, 6, 4)
+    assert t.expand_dim(1).shape == (128, 1, 4, 6)
+    assert t.expand_dim(1).squeeze_dim(1).shape == (128, 4, 6)
+    assert t.expand_dim(2).broadcast(2, 5).shape == (128, 4, 5, 6)
+    assert t.reshape_dim(2, (2, 3)).shape == (128, 4, 2, 3)
+    assert t.flatten_dims(1, 2).shape == (128, 24)
+    assert t.slice(1, 1, 3).shape == (128, 2, 6)
+    assert t.select(1, 2).shape == (128, 6)
+
+
+@pytest.mark.parametrize("call", [
+    lambda t: t.reshape((64, 48)),          # partition dim must be kept
+    lambda t: t.permute((1, 0, 2)),         # partition dim must stay first
+    lambda t: t.broadcast(1, 8),            # dim 1 is not size 1
+    lambda t: t.expand_dim(0),              # cannot insert before the partition dim
+    lambda t: t.permute((0, 2, 1)).reshape((128, 24)),  # layout incompatible with reshape
+])
+def test_view_method_violations(sim, call):
+    _, nl, _ = sim
+    t = nl.ndarray((128, 4, 6), dtype=nl.float32, buffer=nl.sbuf)
+    with pytest.raises(NkiValidationError):
+        call(t)
+
+
+@pytest.mark.parametrize("op", [
+    lambda a, b: a + b, lambda a, b: a * 2, lambda a, b: a - b, lambda a, b: a / b,
+    lambda a, b: -a, lambda a, b: a @ b, lambda a, b: a < b,
+])
+def test_arithmetic_operators_are_removed(sim, op):
+    _, nl, _ = sim
+    a = nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.sbuf)
+    with pytest.raises(UnsupportedError, match="beta-2"):
+        op(a, a)
+
+
+def test_setitem_copies_and_fills(sim):
+    _, nl, _ = sim
+    a = nl.ndarray((8, 4), dtype=nl.float32, buffer=nl.sbuf)
+    a[...] = 2.0
+    b = nl.ndarray((8, 4), dtype=nl.bfloat16, buffer=nl.sbuf)
+    b[...] = a
+    assert torch.equal(b._data, torch.full((8, 4), 2.0))
+
+
+def test_attributes(sim):
+    _, nl, _ = sim
+    t = nl.ndarray((128, 64), dtype=nl.bfloat16, buffer=nl.psum, name="acc")
+    assert (t.shape, t.dtype, t.buffer, t.ndim, t.name) == ((128, 64), nl.bfloat16, nl.psum, 2, "acc")
+    assert t[:, 8:16].offset == 8 and t.strides == (64, 1)

@@ -1,0 +1,281 @@
+"""Shared helpers of the instruction implementations: operand checks, fp32 reads,
+round-once writes, trace recording. Kept small and cheap: each check is a few attribute
+reads, each compute a few whole-tile torch ops.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from enum import Enum
+
+import torch
+
+from .context import current
+from .errors import NkiValidationError
+from .tensor import NkiTensor
+from .trace import capture
+
+
+class engine(Enum):  # noqa: N801  (beta-2 name)
+    """Neuron Device engines."""
+
+    tensor = 1
+    vector = 5
+    scalar = 2
+    gpsimd = 3
+    dma = 4
+    sync = 6
+    unknown = 0
+
+
+class reduce_cmd(Enum):  # noqa: N801
+    """Engine accumulator-register commands."""
+
+    idle = 0
+    reset = 1
+    reduce = 2
+    reset_reduce = 3
+    load_reduce = 4
+
+
+ENGINE_NAME = {engine.tensor: "tensor", engine.vector: "vector", engine.scalar: "scalar",
+               engine.gpsimd: "gpsimd", engine.dma: "dma", engine.sync: "dma"}
+
+
+class NkiInstruction:
+    """Opaque handle to an issued instruction (beta-2 ISA calls return one)."""
+
+    __slots__ = ("_recorder", "index")
+
+    def __init__(self, recorder, index):
+        self._recorder = recorder
+        self.index = index
+
+    @property
+    def instruction(self):
+        """The trace record of this instruction."""
+        return self._recorder.instructions[self.index]
+
+    def depends_on(self, *producers) -> "NkiInstruction":
+        # The simulator executes in program order; dependencies are already satisfied.
+        return self
+
+    def __repr__(self):
+        ins = self.instruction
+        return f"NkiInstruction({ins.index}: {ins.op} on {ins.engine})"
+
+
+def fail(msg):
+    raise NkiValidationError(msg)
+
+
+def is_scalar(x) -> bool:
+    return isinstance(x, numbers.Number) or (
+        not isinstance(x, NkiTensor) and hasattr(x, "item") and getattr(x, "ndim", 1) == 0)
+
+
+def tensor_arg(instr, role, t) -> NkiTensor:
+    if not isinstance(t, NkiTensor):
+        fail(f"{instr}: {role} must be an NKI tensor, got {type(t).__name__}")
+    return t
+
+
+def start_partition(t: NkiTensor) -> int:
+    a = t._alloc
+    return (t._data.storage_offset() - a.base_offset) // a.base.stride(0)
+
+
+def onchip(instr, role, t, *, psum=True, sbuf=True, why="") -> NkiTensor:
+    """Check an engine operand: an SBUF/PSUM tensor, <= 128 partitions, legal start partition."""
+    if not isinstance(t, NkiTensor):
+        fail(f"{instr}: {role} must be an NKI tensor, got {type(t).__name__}")
+    kind = t._alloc.kind
+    if kind == "hbm":
+        fail(f"{instr}: {role} is in HBM; compute engines read and write only SBUF/PSUM "
+             "(move data with nl.load / nisa.dma_copy)")
+    if kind == "psum" and not psum:
+        fail(f"{instr}: {role} must be in SBUF, got PSUM{why}")
+    if kind == "sbuf" and not sbuf:
+        fail(f"{instr}: {role} must be in PSUM, got SBUF{why}")
+    p = t._data.shape[0]
+    limit = current().target.partitions
+    if p > limit:
+        fail(f"{instr}: {role} partition dim {p} exceeds maximum {limit}")
+    s = start_partition(t)
+    if s:
+        if p > 64:
+            fail(f"{instr}: {role} spans {p} partitions starting at partition {s}; "
+                 "an access of more than 64 partitions must start at partition 0")
+        if p > 32 and s != 64:
+            fail(f"{instr}: {role} spans {p} partitions starting at partition {s}; "
+                 "an access of 33-64 partitions must start at partition 0 or 64")
+        if s % 32 or s + p > ((s // 32) + 1) * 32 and p <= 32:
+            fail(f"{instr}: {role} spans {p} partitions starting at partition {s}; "
+                 "an access of at most 32 partitions must start at partition 0, 32, 64 or 96 "
+                 "and stay within that quadrant")
+    return t
+
+
+def free_elems(t: NkiTensor) -> int:
+    d = t._data
+    return d.numel() // d.shape[0]
+
+
+def same_partitions(instr, ra, a, rb, b):
+    pa, pb = a._data.shape[0], b._data.shape[0]
+    if pa != pb:
+        fail(f"{instr}: {rb} partition dim {pb} does not match {ra} partition dim {pa}")
+
+
+def same_free(instr, ra, a, rb, b):
+    fa, fb = free_elems(a), free_elems(b)
+    if fa != fb:
+        fail(f"{instr}: {rb} has {fb} elements per partition but {ra} has {fa}")
+
+
+def not_both_psum(instr, ra, a, rb, b):
+    if isinstance(a, NkiTensor) and isinstance(b, NkiTensor) and \
+            a._alloc.kind == "psum" and b._alloc.kind == "psum":
+        fail(f"{instr}: {ra} and {rb} cannot both be in PSUM")
+
+
+def no_psum_on_gpsimd(instr, *pairs):
+    for role, t in pairs:
+        if isinstance(t, NkiTensor) and t._alloc.kind == "psum":
+            fail(f"{instr}: {role} is in PSUM; the GpSimd engine cannot access PSUM")
+
+
+def f32(t: NkiTensor) -> torch.Tensor:
+    """The view's values as fp32 (floats are stored as fp32 already: no copy)."""
+    d = t._data
+    return d if d.dtype == torch.float32 else d.to(torch.float32)
+
+
+def store(instr, dst: NkiTensor, value: torch.Tensor, matmul=False, exact=False) -> None:
+    """Round ``value`` ONCE into dst's dtype and write it into the dst view (``exact``: the
+    values are already dst-dtype values in storage format, e.g. a same-dtype copy)."""
+    d = dst._data
+    for s, st in zip(d.shape, d.stride()):
+        if st == 0 and s > 1:
+            fail(f"{instr}: dst is a broadcast view (stride 0); it cannot be written")
+    v = value if exact else dst._alloc.dtype.round(value)
+    if v.shape != d.shape and v.numel() == d.numel():
+        v = v.reshape(d.shape)
+    d.copy_(v)  # a one-element value broadcasts
+    a = dst._alloc
+    if a.kind == "psum":
+        psum_state(dst).fill_(1 if matmul else 2)
+    elif a.kind == "hbm":
+        a.written = True
+
+
+def psum_state(t: NkiTensor) -> torch.Tensor:
+    a = t._alloc
+    d = t._data
+    return torch.as_strided(a.psum_state, d.shape, d.stride(), d.storage_offset() - a.base_offset)
+
+
+def operand_vec(instr, role, x, data: NkiTensor, need_f32=False):
+    """A scalar operand (returned as float) or a (P, 1) tile (returned as fp32 column
+    broadcastable against ``data``'s shape)."""
+    if isinstance(x, NkiTensor):
+        onchip(instr, role, x)
+        same_partitions(instr, "data", data, role, x)
+        if free_elems(x) != 1:
+            fail(f"{instr}: {role} must be a scalar or a ({data._data.shape[0]}, 1) tile, got "
+                 f"shape {x.shape}")
+        if need_f32 and x.dtype.name != "float32":
+            fail(f"{instr}: {role} tile must be float32, got {x.dtype.name}")
+        v = f32(x).reshape((x._data.shape[0],) + (1,) * (data._data.dim() - 1))
+        return v
+    if is_scalar(x):
+        return float(x) if not isinstance(x, bool) else float(x)
+    fail(f"{instr}: {role} must be a scalar or a (P, 1) tile, got {type(x).__name__}")
+
+
+def engine_of(instr, eng, allowed, default):
+    """Resolve ``engine=`` to a trace engine name; ``unknown`` picks ``default``."""
+    if eng is None or eng is engine.unknown:
+        return default
+    if not isinstance(eng, engine):
+        fail(f"{instr}: engine={eng!r} is not a nisa.engine member")
+    name = ENGINE_NAME.get(eng)
+    if name not in allowed:
+        fail(f"{instr}: engine {eng.name} is not supported; use one of "
+             f"{', '.join('nisa.engine.' + a for a in allowed)}")
+    return name
+
+
+def record(op, eng, reads, writes, flops, attrs) -> NkiInstruction:
+    rec = current().recorder
+    idx = rec.record(
+        op, eng,
+        [capture(r, t) for r, t in reads if isinstance(t, NkiTensor)],
+        [capture(r, t) for r, t in writes if isinstance(t, NkiTensor)],
+        flops, attrs)
+    return NkiInstruction(rec, idx)
+
+
+def lanes(t: NkiTensor) -> slice:
+    s = start_partition(t)
+    return slice(s, s + t._data.shape[0])
+
+
+def reduce_free(op_name, v: torch.Tensor) -> torch.Tensor:
+    """Reduce all free axes of ``v`` (partition dim first) with the named ALU op -> (P,)."""
+    v = v.reshape(v.shape[0], -1)
+    return reduce_last(op_name, v)
+
+
+def reduce_last(op_name, v: torch.Tensor) -> torch.Tensor:
+    if op_name == "add":
+        return v.sum(-1)
+    if op_name == "maximum":
+        return v.amax(-1)
+    if op_name == "minimum":
+        return v.amin(-1)
+    if op_name == "multiply":
+        return v.prod(-1)
+    if op_name == "subtract":  # accumulator starts at 0: acc = acc - x
+        return -v.sum(-1)
+    if op_name == "logical_and":
+        return (v != 0).all(-1).to(v.dtype)
+    if op_name == "logical_or":
+        return (v != 0).any(-1).to(v.dtype)
+    if op_name == "logical_xor":
+        return ((v != 0).sum(-1) % 2).to(v.dtype)
+    if op_name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
+        fn = {"bitwise_and": torch.bitwise_and, "bitwise_or": torch.bitwise_or,
+              "bitwise_xor": torch.bitwise_xor}[op_name]
+        out = v[..., 0]
+        for i in range(1, v.shape[-1]):
+            out = fn(out, v[..., i])
+        return out
+    fail(f"reduction with op {op_name} is not supported")
+
+
+REDUCE_IDENTITY = {"add": 0.0, "subtract": 0.0, "multiply": 1.0, "maximum": -math.inf,
+                   "minimum": math.inf}
+
+
+def combine(op_name, acc, r):
+    if op_name in ("add", "subtract"):
+        return acc + r
+    if op_name == "multiply":
+        return acc * r
+    if op_name == "maximum":
+        return torch.maximum(acc, r)
+    if op_name == "minimum":
+        return torch.minimum(acc, r)
+    fail(f"accumulation with op {op_name} is not supported")
+
+
+def update_regs(regs, sl, cmd, op_name, r, init=None):
+    """Apply ``reduce_cmd`` ``cmd`` to accumulator registers ``regs[sl]`` with partial ``r``."""
+    if cmd is reduce_cmd.reset or cmd is reduce_cmd.reset_reduce:
+        regs[sl] = REDUCE_IDENTITY.get(op_name, 0.0)
+    elif cmd is reduce_cmd.load_reduce:
+        regs[sl] = init
+    if cmd in (reduce_cmd.reduce, reduce_cmd.reset_reduce, reduce_cmd.load_reduce):
+        regs[sl] = combine(op_name, regs[sl], r)

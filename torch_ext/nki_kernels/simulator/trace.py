@@ -1,0 +1,106 @@
+"""Trace records: one ``Instruction`` per hardware instruction a kernel issues.
+
+The dataclasses are the contract with the cost model (docs/ARCHITECTURE.md); do not
+change their fields without changing ``cost/``. ``Recorder`` collects them for one run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Operand:
+    role: str            # argument name: "dst", "src", "stationary", "moving", "data", "bias", ...
+    alloc_id: int        # identity of the underlying allocation (views share it)
+    buffer: str          # "hbm" | "sbuf" | "psum"
+    shape: tuple[int, ...]
+    dtype: str           # NKI dtype name, e.g. "bfloat16"
+    partitions: int      # shape[0] for sbuf/psum operands; 1 for hbm
+    free_elems: int      # elements per partition (prod(shape[1:])), total elements for hbm
+    nbytes: int          # total bytes of this operand
+    span: tuple[int, int]  # [lo, hi) element offsets covered in the allocation (dependency tracking)
+    # The exact footprint: element offset of the view's first element in the allocation
+    # and the view's element strides. Two column slices of one tile have overlapping
+    # spans but disjoint footprints; the cost model uses these to avoid false dependencies.
+    offset: int = 0
+    strides: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Instruction:
+    index: int
+    op: str              # ISA name: "nc_matmul", "nc_transpose", "activation", "tensor_tensor",
+                         # "tensor_scalar", "tensor_reduce", "tensor_copy", "dma_copy", "iota", ...
+    engine: str          # "tensor" | "vector" | "scalar" | "gpsimd" | "dma"
+    reads: tuple[Operand, ...]
+    writes: tuple[Operand, ...]
+    flops: int           # 2*K*M*N for matmul; elements for elementwise; 0 for DMA
+    attrs: dict          # op-specific facts the cost model needs
+
+
+ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
+
+
+def capture(role: str, t) -> tuple:
+    """What the trace needs of tensor view ``t`` (cheap, holds no tensor or allocation, so
+    recording never keeps memory alive); ``build_operand`` turns it into an ``Operand``."""
+    a = t._alloc
+    d = t._data
+    return (role, a.alloc_id, a.kind, a.dtype, d.shape, d.stride(),
+            d.storage_offset() - a.base_offset)
+
+
+def build_operand(raw: tuple) -> Operand:
+    role, alloc_id, kind, dtype, shape, stride, lo = raw
+    shape = tuple(shape)
+    n = 1
+    hi = lo + 1
+    for s, st in zip(shape, stride):
+        n *= s
+        hi += (s - 1) * st
+    if kind == "hbm":
+        parts, free = 1, n
+    else:
+        parts = shape[0]
+        free = n // parts
+    return Operand(role, alloc_id, kind, shape, dtype.name, parts, free, n * dtype.itemsize,
+                   (lo, hi), lo, tuple(stride))
+
+
+def operand(role: str, t) -> Operand:
+    """The trace record of tensor view ``t`` used as ``role``."""
+    return build_operand(capture(role, t))
+
+
+class Recorder:
+    """The instructions of one run, in issue order. Recording appends raw tuples (a few
+    hundred nanoseconds); ``instructions`` builds the dataclasses on first access."""
+
+    __slots__ = ("_done", "_pending", "core")
+
+    def __init__(self):
+        self._done: list[Instruction] = []
+        self._pending: list[tuple] = []
+        self.core: int | None = None  # set to the program id for kernel[2] runs
+
+    def record(self, op, engine, reads, writes, flops, attrs) -> int:
+        """Append one instruction (``reads``/``writes``: ``capture`` tuples); returns its index."""
+        if self.core is not None:
+            attrs["core"] = self.core
+        self._pending.append((op, engine, reads, writes, flops, attrs))
+        return len(self._done) + len(self._pending) - 1
+
+    @property
+    def instructions(self) -> list[Instruction]:
+        if self._pending:
+            done = self._done
+            for op, engine, reads, writes, flops, attrs in self._pending:
+                done.append(Instruction(
+                    len(done), op, engine, tuple(build_operand(r) for r in reads),
+                    tuple(build_operand(w) for w in writes), int(flops), attrs))
+            self._pending.clear()
+        return self._done
+
+    def __len__(self):
+        return len(self._done) + len(self._pending)
