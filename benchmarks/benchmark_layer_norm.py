@@ -1,0 +1,52 @@
+"""`kernels benchmark` workloads for layer_norm, against eager ``F.layer_norm``.
+
+Shapes: ViT-B/16 and ViT-L/16 at 224 px, batch 8 (197 * 8 = 1576 tokens), and wide rows
+(4096, 8192). bf16 workloads use a 0.1-scaled weight so outputs stay within |y| < 1: eager bf16 may
+round an intermediate the kernel keeps in fp32, and the differences (<= 2 ulp, 2**-7)
+must stay inside the runner's fixed atol=1e-2.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from kernels.benchmark import Benchmark
+
+WORKLOADS = {
+    # name: (rows, hidden, dtype)
+    "vit_b16_b8_fp32": (1576, 768, torch.float32),
+    "vit_b16_b8_bf16": (1576, 768, torch.bfloat16),
+    "vit_l16_b8_bf16": (1576, 1024, torch.bfloat16),
+    "h4096_t2048_bf16": (2048, 4096, torch.bfloat16),
+    "h8192_t1024_fp32": (1024, 8192, torch.float32),
+}
+
+
+class LayerNormBenchmark(Benchmark):
+    seed = 0
+    eps = 1e-6
+
+    def _setup(self, rows, hidden, dtype):
+        self.hidden = hidden
+        self.x = torch.randn(rows, hidden, device=self.device).to(dtype)
+        scale = 1.0 if dtype == torch.float32 else 0.1
+        self.weight = (torch.rand(hidden, device=self.device) * scale + 0.1 * scale).to(dtype)
+        self.bias = (torch.randn(hidden, device=self.device) * 0.1).to(dtype)
+        self.out = torch.empty_like(self.x)
+
+    def _run(self):
+        self.out = self.kernel.layer_norm(self.x, (self.hidden,), self.weight, self.bias, self.eps)
+
+    def _eager(self):
+        return F.layer_norm(self.x, (self.hidden,), self.weight, self.bias, self.eps)
+
+
+def _add(name, shape):
+    setattr(LayerNormBenchmark, f"setup_{name}", lambda self: self._setup(*shape))
+    setattr(LayerNormBenchmark, f"benchmark_{name}", lambda self: self._run())
+    setattr(LayerNormBenchmark, f"verify_{name}", lambda self: self._eager())
+
+
+for _name, _shape in WORKLOADS.items():
+    _add(_name, _shape)
+
+del _name, _shape  # keep loop names out of the module (the runner scans it)

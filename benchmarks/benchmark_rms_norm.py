@@ -1,0 +1,64 @@
+"""`kernels benchmark` workloads for rms_norm and fused_add_rms_norm, against eager
+``F.rms_norm`` (and ``x + residual`` followed by it).
+
+Shapes: Llama-3-8B (hidden 4096) and -70B (8192) prefill chunks, and a 768-wide batch of
+1576 tokens. bf16 workloads use a 0.1-scaled weight so |y| < 1: eager bf16 rounds
+x * rstd before the weight product (the kernel rounds once), and those differences must
+stay inside the runner's fixed atol=1e-2.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from kernels.benchmark import Benchmark
+
+WORKLOADS = {
+    # name: (rows, hidden, dtype)
+    "t1576_h768_fp32": (1576, 768, torch.float32),
+    "llama8b_t2048_bf16": (2048, 4096, torch.bfloat16),
+    "llama70b_t1024_bf16": (1024, 8192, torch.bfloat16),
+    "llama70b_t1024_fp32": (1024, 8192, torch.float32),
+}
+
+
+class _NormSetup:
+    seed = 0
+    eps = 1e-6
+
+    def _setup(self, rows, hidden, dtype):
+        self.hidden = hidden
+        self.x = torch.randn(rows, hidden, device=self.device).to(dtype)
+        self.residual = torch.randn(rows, hidden, device=self.device).to(dtype)
+        scale = 1.0 if dtype == torch.float32 else 0.1
+        self.weight = (torch.rand(hidden, device=self.device) * scale + 0.1 * scale).to(dtype)
+        self.out = torch.empty_like(self.x)
+
+
+class RMSNormBenchmark(_NormSetup, Benchmark):
+    def _run(self):
+        self.out = self.kernel.rms_norm(self.x, (self.hidden,), self.weight, self.eps)
+
+    def _eager(self):
+        return F.rms_norm(self.x, (self.hidden,), self.weight, self.eps)
+
+
+class FusedAddRMSNormBenchmark(_NormSetup, Benchmark):
+    # out = normed output; the residual sum is returned too (checked by the tests)
+    def _run(self):
+        self.out, _ = self.kernel.fused_add_rms_norm(self.x, self.residual, self.weight, self.eps)
+
+    def _eager(self):
+        return F.rms_norm(self.x + self.residual, (self.hidden,), self.weight, self.eps)
+
+
+def _add(cls, name, shape):
+    setattr(cls, f"setup_{name}", lambda self: self._setup(*shape))
+    setattr(cls, f"benchmark_{name}", lambda self: self._run())
+    setattr(cls, f"verify_{name}", lambda self: self._eager())
+
+
+for _cls in (RMSNormBenchmark, FusedAddRMSNormBenchmark):
+    for _name, _shape in WORKLOADS.items():
+        _add(_cls, _name, _shape)
+
+del _cls, _name, _shape  # keep loop names out of the module (the runner scans it)

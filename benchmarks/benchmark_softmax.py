@@ -1,0 +1,44 @@
+"""`kernels benchmark` workloads for softmax, against eager ``torch.softmax``.
+
+Shapes: ViT-B/16 attention scores at 224 px, batch 8 (8 x 12 heads x 197 rows of 197),
+square 4096-long rows, and rows of 32768 (longer than 8192: the kernel's online form).
+Outputs are in [0, 1], so bf16 rounding stays inside the runner's fixed atol=1e-2.
+"""
+
+import torch
+
+from kernels.benchmark import Benchmark
+
+WORKLOADS = {
+    # name: (rows, cols, dtype)
+    "vit_b16_scores_fp32": (8 * 12 * 197, 197, torch.float32),
+    "vit_b16_scores_bf16": (8 * 12 * 197, 197, torch.bfloat16),
+    "rows4096_bf16": (4096, 4096, torch.bfloat16),
+    "long_rows32768_fp32": (256, 32768, torch.float32),
+}
+
+
+class SoftmaxBenchmark(Benchmark):
+    seed = 0
+
+    def _setup(self, rows, cols, dtype):
+        self.x = (torch.randn(rows, cols, device=self.device) * 4).to(dtype)
+        self.out = torch.empty_like(self.x)
+
+    def _run(self):
+        self.out = self.kernel.softmax(self.x, -1)
+
+    def _eager(self):
+        return torch.softmax(self.x, -1)
+
+
+def _add(name, shape):
+    setattr(SoftmaxBenchmark, f"setup_{name}", lambda self: self._setup(*shape))
+    setattr(SoftmaxBenchmark, f"benchmark_{name}", lambda self: self._run())
+    setattr(SoftmaxBenchmark, f"verify_{name}", lambda self: self._eager())
+
+
+for _name, _shape in WORKLOADS.items():
+    _add(_name, _shape)
+
+del _name, _shape  # keep loop names out of the module (the runner scans it)

@@ -1,0 +1,234 @@
+"""Softmax over the last dimension of a [N, C] tensor, any C.
+
+Dimensions:
+    N: rows (any N >= 1).
+    C: row length (any C >= 1). Rows of at most ``max_cols`` elements (default MAX_COLS) are
+       done on chip in one pass; longer rows use the online (streaming) form.
+Layout:
+    Rows on partitions. Short rows are packed J to a partition in blocks of 128 * J
+    consecutive rows (one contiguous DMA of J*C elements per partition, J grown until a
+    transfer holds TARGET_COLS elements); the last < 128 rows form one block with J = 1.
+    Long rows: tiles of up to 128 rows, the row read in column chunks of
+    min(max_cols, ONLINE_CHUNK).
+Engines:
+    one pass (C <= max_cols), per block:
+      VectorE  row max over all J rows at once (tensor_reduce, negated -> exp bias)
+      ScalarE  e = exp(x - max) in fp32 with add-reduction -> row sum (one pass)
+      VectorE  1 / sum on [P, J] (tiny)
+      e * (1/sum), rounded once to the output dtype: ScalarE (copy with per-partition scale)
+               for a share of the rows/columns, VectorE (tensor_scalar) for the rest
+               (VECTOR_SHARE), split by rows when J > 1, else by columns
+    online (C > max_cols), per row tile of up to 128 rows, in column chunks:
+      pass 1 per chunk: VectorE chunk max; running max m_c = max(m, chunk max);
+              ScalarE e = exp(x - m_c) with add-reduction; running sum
+              l = l * exp(m - m_c) + sum(e)  (tiny [P, 1] ops)
+      pass 2 per chunk: out = exp(x - m - ln l) on ScalarE, or, for a share of the chunks
+              (VECTOR_SHARE_ONLINE) whose e pass 1 kept in fp32, VectorE e * exp(m_c - m) / l.
+      resident (the row tile fits RESIDENT_BYTES per partition: bf16 rows up to 32K, fp32
+      up to 24K elements): pass 1 keeps x (ScalarE chunks) or e (VectorE chunks) in SBUF and
+      pass 2 reads them back, so HBM sees one read and one write.
+      streaming (longer rows): pass 2 reloads every chunk from HBM and recomputes it on
+      ScalarE (3 HBM passes: read, read, write).
+Expected error:
+    fp32 statistics and exponentials, one rounding to the output dtype (bf16: <= 2**-8
+    relative; fp32: ~1e-6 relative; the online form adds ~1e-7 * ln(C) from ln l).
+"""
+
+import nki
+import nki.isa as nisa
+import nki.language as nl
+
+PARTITIONS = 128
+# Row packing target: 2048 elements per partition per DMA = 4 KiB bf16 / 8 KiB fp32.
+TARGET_COLS = 2048
+# Longest row done in one pass: a [128, 8192] fp32 exp tile is 32 KiB per partition; with
+# the input and output tiles of two blocks in flight this stays under trn2's 224 KiB.
+MAX_COLS = 8192
+# Share of the final e * (1/sum) given to VectorE. Per element on trn2 (cost-model rules):
+# VectorE max reduce of bf16 0.52 ns (N/2 at 0.96 GHz; 1.04 for fp32), ScalarE exp 0.83 ns
+# (1.2 GHz); the scaling costs ScalarE 0.83 or VectorE 1.04 (fp32 input). Share f on
+# VectorE: ScalarE 0.83(2 - f), VectorE 0.52 + 1.04f -> f = 0.6 balances both at 1.16 ns
+# in bf16, under the 1.39 ns per element of bf16 HBM traffic (fp32 is DMA-bound anyway).
+VECTOR_SHARE = 0.6
+# Column chunk of the online form: 4096 elements = 8 KiB bf16 per partition per DMA; small
+# enough that ScalarE starts on a row tile after 1/8 of a 32K-wide row has arrived.
+ONLINE_CHUNK = 4096
+# Largest row tile kept resident in SBUF by the online form (x of the ScalarE chunks, fp32 e
+# of the VectorE chunks): 96 KiB per partition, twice that with the next row tile in
+# flight, plus ~24 KiB of chunk scratch, under trn2's 224 KiB.
+RESIDENT_BYTES = 96 * 1024
+# Share of the online form's chunks finished on VectorE. Per element on trn2: ScalarE's
+# pass-1 exp 0.83 ns plus pass-2 exp 0.83 ns on its share; VectorE max 0.52 ns (bf16) plus
+# 1.04 ns on its share (fp32 e): f = 0.5 gives ScalarE 1.25 and VectorE 1.04 ns, under the
+# 1.39 ns of bf16 HBM traffic (ScalarE alone would need 1.67). Resident bytes per element:
+# 0.5 * 4 (e) + 0.5 * itemsize (x), so bf16 rows up to 32K and fp32 rows up to 24K fit.
+VECTOR_SHARE_ONLINE = 0.5
+# "-inf" for the running max: finite, so exp(m - m') never sees inf - inf.
+NEG_BIG = -3.0e38
+
+
+def _row_blocks(n_rows, cols):
+    """[(first_row, partitions, rows_per_partition)] covering rows [0, n_rows)."""
+    per_max = max(1, min(-(-TARGET_COLS // cols), MAX_COLS // cols))
+    blocks = []
+    start = 0
+    while n_rows - start >= PARTITIONS:
+        per = min(per_max, (n_rows - start) // PARTITIONS)
+        blocks.append((start, PARTITIONS, per))
+        start += PARTITIONS * per
+    if start < n_rows:
+        blocks.append((start, n_rows - start, 1))
+    return blocks
+
+
+def _split(n, share):
+    """Index splitting range(n) into a VectorE part [0, cut) and a ScalarE part."""
+    return min(n, max(0, int(round(n * share))))
+
+
+def _softmax_rows(x, out, n_rows, cols):
+    for start, parts, per in _row_blocks(n_rows, cols):
+        rows = parts * per
+        x_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x_tile, src=x[start:start + rows, :].reshape((parts, per, cols)))
+        # -max per row, all J rows in one VectorE instruction: [parts, per] fp32
+        neg_max = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=neg_max, op=nl.maximum, data=x_tile, axis=2, negate=True)
+        # e = exp(x - max) in fp32 with the row sum from ScalarE's accumulator
+        exp_tile = nl.ndarray((parts, per, cols), dtype=nl.float32, buffer=nl.sbuf)
+        row_sum = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
+        for j in range(per):
+            nisa.activation(dst=exp_tile[:, j, :], op=nl.exp, data=x_tile[:, j, :],
+                            bias=neg_max[:, j:j + 1], reduce_op=nl.add,
+                            reduce_res=row_sum[:, j:j + 1],
+                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        inv_sum = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.reciprocal(dst=inv_sum, data=row_sum)
+        out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
+        if per > 1:
+            cut = _split(per, VECTOR_SHARE)
+            segments = [(j, 0, cols, j < cut) for j in range(per)]
+        else:
+            cut = _split(cols, VECTOR_SHARE)
+            segments = [(0, lo, hi, on_vector) for lo, hi, on_vector in ((0, cut, True), (cut, cols, False))
+                        if hi > lo]
+        for j, lo, hi, on_vector in segments:
+            if on_vector:
+                nisa.tensor_scalar(dst=out_tile[:, j, lo:hi], data=exp_tile[:, j, lo:hi],
+                                   op0=nl.multiply, operand0=inv_sum[:, j:j + 1])
+            else:
+                nisa.activation(dst=out_tile[:, j, lo:hi], op=nl.copy, data=exp_tile[:, j, lo:hi],
+                                scale=inv_sum[:, j:j + 1])
+        nisa.dma_copy(dst=out[start:start + rows, :].reshape((parts, per, cols)), src=out_tile)
+
+
+def _itemsize(dtype):
+    return 2 if dtype in (nl.bfloat16, nl.float16) else 4
+
+
+def _online_on_vector(c, share):
+    """Whether chunk c is finished on VectorE: spreads round(n * share) chunks evenly."""
+    return int((c + 1) * share) > int(c * share)
+
+
+def _resident_bytes(cols, chunk, itemsize):
+    """SBUF bytes per partition the resident online form keeps for one row tile."""
+    total = 0
+    for c in range(-(-cols // chunk)):
+        width = min(chunk, cols - c * chunk)
+        total += width * (4 if _online_on_vector(c, VECTOR_SHARE_ONLINE) else itemsize)
+    return total
+
+
+def _softmax_online(x, out, n_rows, cols, chunk, resident):
+    n_chunks = -(-cols // chunk)
+    for r0 in range(0, n_rows, PARTITIONS):
+        parts = min(PARTITIONS, n_rows - r0)
+        kept = []   # per chunk: (x tile, None) for ScalarE chunks, (None, e tile) for VectorE
+        maxes = []  # running max after each chunk, m_c
+        run_max = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=run_max, value=NEG_BIG)
+        run_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=run_sum, value=0.0)
+        # pass 1: running max and rescaled running sum
+        for c in range(n_chunks):
+            c0 = c * chunk
+            width = min(chunk, cols - c0)
+            on_vector = resident and _online_on_vector(c, VECTOR_SHARE_ONLINE)
+            x_tile = nl.ndarray((parts, width), dtype=x.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=x_tile, src=x[r0:r0 + parts, c0:c0 + width])
+            chunk_max = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_reduce(dst=chunk_max, op=nl.maximum, data=x_tile, axis=1)
+            new_max = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=new_max, data1=run_max, data2=chunk_max, op=nl.maximum)
+            neg_new_max = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=neg_new_max, data=new_max, op0=nl.multiply, operand0=-1.0)
+            # e = exp(x - m_c) and its sum; kept in fp32 for VectorE chunks, else discarded
+            exp_tile = nl.ndarray((parts, width), dtype=nl.float32 if on_vector else nl.bfloat16,
+                                  buffer=nl.sbuf)
+            chunk_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=exp_tile, op=nl.exp, data=x_tile, bias=neg_new_max,
+                            reduce_op=nl.add, reduce_res=chunk_sum,
+                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
+            if resident:
+                kept.append((None, exp_tile) if on_vector else (x_tile, None))
+            # l = l * exp(m - m_c) + chunk sum
+            rescale = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=rescale, op=nl.exp, data=run_max, bias=neg_new_max)
+            new_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.scalar_tensor_tensor(dst=new_sum, data=run_sum, op0=nl.multiply, operand0=rescale,
+                                      op1=nl.add, operand1=chunk_sum)
+            run_max = new_max
+            run_sum = new_sum
+            maxes.append(new_max)
+        # bias = -(m + ln l), so exp(x + bias) = exp(x - m) / l
+        log_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=log_sum, op=nl.log, data=run_sum)
+        bias = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=bias, data1=run_max, data2=log_sum, op=nl.add)
+        neg_bias = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=neg_bias, data=bias, op0=nl.multiply, operand0=-1.0)
+        # pass 2: normalised exponentials
+        for c in range(n_chunks):
+            c0 = c * chunk
+            width = min(chunk, cols - c0)
+            out_tile = nl.ndarray((parts, width), dtype=x.dtype, buffer=nl.sbuf)
+            x_tile, exp_tile = kept[c] if resident else (None, None)
+            if exp_tile is not None:
+                # e * exp(m_c - m) / l = e * exp(m_c + bias): a [P, 1] scale, VectorE pass
+                scale = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.activation(dst=scale, op=nl.exp, data=maxes[c], bias=neg_bias)
+                nisa.tensor_scalar(dst=out_tile, data=exp_tile, op0=nl.multiply, operand0=scale)
+            else:
+                if x_tile is None:
+                    x_tile = nl.ndarray((parts, width), dtype=x.dtype, buffer=nl.sbuf)
+                    nisa.dma_copy(dst=x_tile, src=x[r0:r0 + parts, c0:c0 + width])
+                nisa.activation(dst=out_tile, op=nl.exp, data=x_tile, bias=neg_bias)
+            nisa.dma_copy(dst=out[r0:r0 + parts, c0:c0 + width], src=out_tile)
+
+
+@nki.jit
+def softmax_kernel(x, max_cols=MAX_COLS, resident_bytes=RESIDENT_BYTES):
+    """Return ``softmax(x, dim=-1)``.
+
+    Args:
+        x: HBM [N, C], float32/bfloat16/float16.
+        max_cols: longest row done in one on-chip pass (and the chunk width of the online
+            form, at most ONLINE_CHUNK); 1 <= max_cols <= MAX_COLS.
+        resident_bytes: the online form keeps a row tile in SBUF when it needs at most this
+            many bytes per partition (0: always stream). Tests lower both to exercise every
+            form.
+    Returns:
+        HBM [N, C] (shared_hbm), dtype of ``x``.
+    """
+    assert 1 <= max_cols <= MAX_COLS, f"max_cols={max_cols} outside [1, {MAX_COLS}]"
+    assert 0 <= resident_bytes <= RESIDENT_BYTES, f"resident_bytes={resident_bytes} outside [0, {RESIDENT_BYTES}]"
+    n_rows, cols = x.shape
+    out = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
+    if cols <= max_cols:
+        _softmax_rows(x, out, n_rows, cols)
+    else:
+        chunk = min(max_cols, ONLINE_CHUNK)
+        resident = _resident_bytes(cols, chunk, _itemsize(x.dtype)) <= resident_bytes
+        _softmax_online(x, out, n_rows, cols, chunk, resident)
+    return out

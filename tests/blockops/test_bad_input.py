@@ -1,0 +1,164 @@
+"""Every rejected input: the error type, and that the message names the argument and numbers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nki_kernels
+from nki_kernels.softmax import softmax_kernel_call
+
+f32 = torch.float32
+x768 = lambda *s: torch.randn(*s)  # noqa: E731
+
+
+def _q(*shape):
+    return torch.randn(*shape)
+
+
+CASES = [
+    # ---- layer_norm
+    ("ln-integer", lambda: nki_kernels.layer_norm(torch.arange(12).reshape(3, 4), (4,)),
+     TypeError, ["input", "int64"]),
+    ("ln-shape-mismatch", lambda: nki_kernels.layer_norm(x768(3, 8), (4,)),
+     ValueError, ["normalized_shape=[4]", "[3, 8]"]),
+    ("ln-shape-too-long", lambda: nki_kernels.layer_norm(x768(8), (2, 8)),
+     ValueError, ["normalized_shape=[2, 8]", "[8]"]),
+    ("ln-shape-empty", lambda: nki_kernels.layer_norm(x768(3, 8), ()),
+     ValueError, ["normalized_shape=()"]),
+    ("ln-weight-size", lambda: nki_kernels.layer_norm(x768(3, 8), (8,), torch.ones(7)),
+     ValueError, ["weight", "[7]", "[8]"]),
+    ("ln-bias-size", lambda: nki_kernels.layer_norm(x768(3, 8), (8,), torch.ones(8), torch.ones(9)),
+     ValueError, ["bias", "[9]", "[8]"]),
+    ("ln-weight-integer", lambda: nki_kernels.layer_norm(x768(3, 8), (8,), torch.ones(8, dtype=torch.int32)),
+     TypeError, ["weight", "int32"]),
+    ("ln-eps-negative", lambda: nki_kernels.layer_norm(x768(3, 8), (8,), eps=-1.0),
+     ValueError, ["eps=-1.0"]),
+    ("ln-not-a-tensor", lambda: nki_kernels.layer_norm([1.0, 2.0], (2,)),
+     TypeError, ["input", "list"]),
+    # ---- rms_norm
+    ("rms-integer", lambda: nki_kernels.rms_norm(torch.ones(3, 4, dtype=torch.int16), (4,)),
+     TypeError, ["input", "int16"]),
+    ("rms-shape-mismatch", lambda: nki_kernels.rms_norm(x768(2, 5, 6), (5,)),
+     ValueError, ["normalized_shape=[5]", "[2, 5, 6]"]),
+    ("rms-weight-size", lambda: nki_kernels.rms_norm(x768(2, 6), (6,), torch.ones(3, 2)),
+     ValueError, ["weight", "[3, 2]", "[6]"]),
+    ("rms-eps-type", lambda: nki_kernels.rms_norm(x768(2, 6), (6,), None, "1e-6"),
+     TypeError, ["eps", "str"]),
+    # ---- fused_add_rms_norm
+    ("fused-residual-shape", lambda: nki_kernels.fused_add_rms_norm(x768(4, 8), x768(4, 9), None, 1e-6),
+     ValueError, ["residual", "[4, 9]", "[4, 8]"]),
+    ("fused-residual-dtype", lambda: nki_kernels.fused_add_rms_norm(
+        x768(4, 8), x768(4, 8).bfloat16(), None, 1e-6), TypeError, ["residual", "bfloat16", "float32"]),
+    ("fused-weight-size", lambda: nki_kernels.fused_add_rms_norm(x768(4, 8), x768(4, 8), torch.ones(4), 1e-6),
+     ValueError, ["weight", "[4]", "[8]"]),
+    ("fused-integer", lambda: nki_kernels.fused_add_rms_norm(torch.ones(2, 2, dtype=torch.int64),
+                                                             torch.ones(2, 2), None, 1e-6),
+     TypeError, ["input", "int64"]),
+    # ---- gated activations
+    ("silu-and-mul-odd", lambda: nki_kernels.silu_and_mul(x768(3, 7)),
+     ValueError, ["last dimension 7", "[3, 7]", "even"]),
+    ("gelu-and-mul-odd", lambda: nki_kernels.gelu_and_mul(x768(2, 4, 9)),
+     ValueError, ["last dimension 9", "[2, 4, 9]"]),
+    ("silu-and-mul-0d", lambda: nki_kernels.silu_and_mul(torch.tensor(1.0)),
+     ValueError, ["0-dimensional"]),
+    ("silu-and-mul-integer", lambda: nki_kernels.silu_and_mul(torch.ones(2, 4, dtype=torch.int8)),
+     TypeError, ["input", "int8"]),
+    ("gelu-and-mul-approximate", lambda: nki_kernels.gelu_and_mul(x768(2, 4), approximate="fast"),
+     ValueError, ["approximate", "'fast'"]),
+    ("silu-integer", lambda: nki_kernels.silu(torch.arange(5)),
+     TypeError, ["input", "int64"]),
+    # ---- softmax
+    ("softmax-integer", lambda: nki_kernels.softmax(torch.arange(5)),
+     TypeError, ["input", "int64"]),
+    ("softmax-dim-range", lambda: nki_kernels.softmax(x768(3, 4), dim=2),
+     IndexError, ["dim=2", "2 dimension"]),
+    ("softmax-dim-type", lambda: nki_kernels.softmax(x768(3, 4), dim=1.0),
+     TypeError, ["dim", "float"]),
+    ("softmax-max-cols", lambda: softmax_kernel_call(x768(3, 4), max_cols=10000),
+     ValueError, ["max_cols=10000", "8192"]),
+    ("softmax-resident-bytes", lambda: softmax_kernel_call(x768(3, 4), resident_bytes=-1),
+     ValueError, ["resident_bytes=-1", "98304"]),
+    # ---- rotary
+    ("rope-q-3d", lambda: nki_kernels.apply_rotary_pos_emb(_q(2, 5, 8), _q(2, 1, 5, 8), _q(5, 8), _q(5, 8)),
+     ValueError, ["q", "[2, 5, 8]", "4 dimensions"]),
+    ("rope-k-seq", lambda: nki_kernels.apply_rotary_pos_emb(_q(2, 4, 5, 8), _q(2, 1, 6, 8), _q(5, 8), _q(5, 8)),
+     ValueError, ["k", "[2, 1, 6, 8]", "[2, 4, 5, 8]"]),
+    ("rope-odd-dim", lambda: nki_kernels.apply_rotary_pos_emb(_q(1, 2, 5, 7), _q(1, 2, 5, 7), _q(5, 7), _q(5, 7)),
+     ValueError, ["D=7", "even"]),
+    ("rope-cos-seq", lambda: nki_kernels.apply_rotary_pos_emb(_q(2, 4, 5, 8), _q(2, 1, 5, 8), _q(6, 8), _q(6, 8)),
+     ValueError, ["cos/sin", "[6, 8]", "S=5", "D=8"]),
+    ("rope-cos-batch", lambda: nki_kernels.apply_rotary_pos_emb(_q(2, 4, 5, 8), _q(2, 1, 5, 8), _q(3, 5, 8),
+                                                               _q(3, 5, 8)),
+     ValueError, ["cos/sin", "[3, 5, 8]", "B=2"]),
+    ("rope-cos-4d", lambda: nki_kernels.apply_rotary_pos_emb(_q(2, 4, 5, 8), _q(2, 1, 5, 8), _q(2, 1, 5, 8),
+                                                            _q(2, 1, 5, 8)),
+     ValueError, ["cos/sin", "[2, 1, 5, 8]"]),
+    ("rope-cos-vs-sin", lambda: nki_kernels.apply_rotary_pos_emb(_q(1, 2, 5, 8), _q(1, 2, 5, 8), _q(5, 8), _q(1, 5, 8)),
+     ValueError, ["cos", "[5, 8]", "sin", "[1, 5, 8]"]),
+    ("rope-dtype", lambda: nki_kernels.apply_rotary_pos_emb(_q(1, 2, 5, 8), _q(1, 2, 5, 8),
+                                                           _q(5, 8).bfloat16(), _q(5, 8).bfloat16()),
+     TypeError, ["cos", "bfloat16", "float32"]),
+    ("rope-integer", lambda: nki_kernels.apply_rotary_pos_emb(torch.ones(1, 2, 5, 8, dtype=torch.int32),
+                                                             _q(1, 2, 5, 8), _q(5, 8), _q(5, 8)),
+     TypeError, ["q", "int32"]),
+]
+
+
+@pytest.mark.parametrize("name, call, error, words", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(name, call, error, words):
+    with pytest.raises(error) as info:
+        call()
+    for word in words:
+        assert word in str(info.value), f"{word!r} not in {str(info.value)!r}"
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "fused_add_rms_norm"])
+def test_norm_hidden_limit_on_kernel_path(simulator_backend, op):
+    # The kernels hold a row in SBUF up to 8192; beyond that the kernel path refuses clearly.
+    x = torch.randn(2, 8193)
+    with pytest.raises(ValueError) as info:
+        if op == "layer_norm":
+            nki_kernels.layer_norm(x, (8193,))
+        elif op == "rms_norm":
+            nki_kernels.rms_norm(x, (8193,))
+        else:
+            nki_kernels.fused_add_rms_norm(x, x, None, 1e-6)
+    assert "8193" in str(info.value) and "8192" in str(info.value)
+
+
+def test_norm_hidden_limit_not_applied_to_reference(reference_backend):
+    x = torch.randn(2, 8193)
+    torch.testing.assert_close(nki_kernels.rms_norm(x, (8193,), None, 1e-6),
+                               torch.nn.functional.rms_norm(x, (8193,), None, 1e-6))
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "silu_and_mul", "softmax", "silu"])
+def test_empty_inputs(simulator_backend, op):
+    x = torch.randn(0, 8)
+    fn = {
+        "layer_norm": lambda: nki_kernels.layer_norm(x, (8,)),
+        "rms_norm": lambda: nki_kernels.rms_norm(x, (8,)),
+        "silu_and_mul": lambda: nki_kernels.silu_and_mul(x),
+        "softmax": lambda: nki_kernels.softmax(x),
+        "silu": lambda: nki_kernels.silu(x),
+    }[op]
+    out = fn()
+    assert out.numel() == 0
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "fused_add_rms_norm", "rotary"])
+def test_mixed_devices(op):
+    x = torch.randn(3, 8)
+    meta = torch.empty(8, device="meta")
+    with pytest.raises(RuntimeError) as info:
+        if op == "layer_norm":
+            nki_kernels.layer_norm(x, (8,), meta)
+        elif op == "rms_norm":
+            nki_kernels.rms_norm(x, (8,), meta)
+        elif op == "fused_add_rms_norm":
+            nki_kernels.fused_add_rms_norm(x, torch.empty(3, 8, device="meta"), None, 1e-6)
+        else:
+            nki_kernels.apply_rotary_pos_emb(_q(1, 2, 5, 8), _q(1, 2, 5, 8), _q(5, 8),
+                                             torch.empty(5, 8, device="meta"))
+    assert "meta" in str(info.value) and "cpu" in str(info.value)

@@ -1,0 +1,149 @@
+"""layer_norm, rms_norm and fused_add_rms_norm: NKI kernels in the simulator vs float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import nki_kernels
+from nki_kernels import references
+
+from ._cases import DTYPE_IDS, DTYPES, GRID, assert_matches, randn
+
+
+def _f64(*tensors):
+    """float64 copies: the twins in references.py run on them give the unrounded reference."""
+    return [None if t is None else t.double() for t in tensors]
+
+
+def _affine(hidden, kind, dtype):
+    # weight ~ N(1, 0.5) and bias ~ N(0, 1): far from the identity so a dropped or misplaced
+    # parameter shows up.
+    weight = randn(hidden, dtype=dtype, scale=0.5, shift=1.0) if kind != "none" else None
+    bias = randn(hidden, dtype=dtype) if kind == "weight+bias" else None
+    return weight, bias
+
+
+@pytest.mark.parametrize("rows, hidden, dtype", GRID)
+def test_layer_norm(simulator_backend, rows, hidden, dtype):
+    # Mean 3 and std 2: a shifted input exercises the centring (E[x^2] - mean^2 would lose it).
+    x = randn(rows, hidden, dtype=dtype, scale=2.0, shift=3.0)
+    weight, bias = _affine(hidden, "weight+bias", dtype)
+    out = nki_kernels.layer_norm(x, (hidden,), weight, bias, eps=1e-5)
+    x64, w64, b64 = _f64(x, weight, bias)
+    expected = references.layer_norm(x64, (hidden,), w64, b64, 1e-5, compute_dtype=torch.float64)
+    assert_matches(out, expected, dtype)
+
+
+@pytest.mark.parametrize("affine", ["none", "weight", "bias", "weight+bias"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_layer_norm_affine_variants(simulator_backend, affine, dtype):
+    rows, hidden = 130, 1000
+    x = randn(2, rows // 2, hidden, dtype=dtype, shift=-1.0)
+    weight = randn(hidden, dtype=dtype, scale=0.5, shift=1.0) if "weight" in affine else None
+    bias = randn(hidden, dtype=dtype) if "bias" in affine else None
+    out = nki_kernels.layer_norm(x, hidden, weight, bias, eps=1e-6)
+    expected = F.layer_norm(x.double(), (hidden,), None if weight is None else weight.double(),
+                            None if bias is None else bias.double(), 1e-6)
+    assert_matches(out, expected, dtype)
+
+
+def test_layer_norm_multi_dim_normalized_shape(simulator_backend):
+    x = randn(3, 5, 8, 96)
+    weight, bias = randn(8, 96), randn(8, 96)
+    out = nki_kernels.layer_norm(x, (8, 96), weight, bias)
+    assert_matches(out, F.layer_norm(x.double(), (8, 96), weight.double(), bias.double()), torch.float32)
+
+
+def test_layer_norm_fp32_weight_with_bf16_input(simulator_backend):
+    # Mixed dtypes as torch allows them: the result keeps the input's dtype.
+    x = randn(9, 768, dtype=torch.bfloat16)
+    weight, bias = randn(768, shift=1.0), randn(768)
+    out = nki_kernels.layer_norm(x, (768,), weight, bias)
+    assert_matches(out, F.layer_norm(x.double(), (768,), weight.double(), bias.double()), torch.bfloat16)
+
+
+@pytest.mark.parametrize("rows, hidden, dtype", GRID)
+def test_rms_norm(simulator_backend, rows, hidden, dtype):
+    x = randn(rows, hidden, dtype=dtype, scale=2.0, shift=0.5)
+    weight = randn(hidden, dtype=dtype, scale=0.5, shift=1.0)
+    out = nki_kernels.rms_norm(x, [hidden], weight, eps=1e-6)
+    x64, w64 = _f64(x, weight)
+    assert_matches(out, references.rms_norm(x64, (hidden,), w64, 1e-6, compute_dtype=torch.float64), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_rms_norm_without_weight_and_default_eps(simulator_backend, dtype):
+    # eps=None -> torch.finfo(input.dtype).eps, as F.rms_norm does (0.0078 for bf16: visible).
+    x = randn(3, 43, 64, dtype=dtype, scale=0.05)
+    out = nki_kernels.rms_norm(x, (64,))
+    eps = torch.finfo(dtype).eps
+    x64 = x.double()
+    assert_matches(out, x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + eps), dtype)
+
+
+@pytest.mark.parametrize("rows, hidden, dtype", GRID)
+def test_fused_add_rms_norm(simulator_backend, rows, hidden, dtype):
+    x = randn(rows, hidden, dtype=dtype)
+    residual = randn(rows, hidden, dtype=dtype, scale=3.0)
+    weight = randn(hidden, dtype=dtype, scale=0.5, shift=1.0)
+    normed, total = nki_kernels.fused_add_rms_norm(x, residual, weight, 1e-5)
+    # the sum is defined in the input dtype (what an eager add produces) ...
+    expected_total = (x.double() + residual.double()).to(dtype)
+    assert total.dtype == dtype
+    torch.testing.assert_close(total, expected_total, atol=0, rtol=0)
+    # ... and the norm is computed from it, compared unrounded in float64
+    t64, w64 = _f64(expected_total, weight)
+    assert_matches(normed, references.rms_norm(t64, (hidden,), w64, 1e-5, compute_dtype=torch.float64), dtype)
+
+
+def test_fused_add_rms_norm_without_weight(simulator_backend):
+    x, residual = randn(2, 65, 1000), randn(2, 65, 1000)
+    normed, total = nki_kernels.fused_add_rms_norm(x, residual, None, None)
+    t64 = x.double() + residual.double()
+    eps = torch.finfo(torch.float32).eps
+    assert_matches(normed, t64 * torch.rsqrt(t64.square().mean(-1, keepdim=True) + eps), torch.float32)
+    assert_matches(total, t64, torch.float32)
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "fused_add_rms_norm"])
+def test_norm_backward_matches_torch(simulator_backend, op):
+    x = randn(5, 96).requires_grad_(True)
+    w = randn(96, shift=1.0).requires_grad_(True)
+    b = randn(96).requires_grad_(True)
+    r = randn(5, 96).requires_grad_(True)
+    grad = randn(5, 96)
+    leaves = [x, w, b, r]
+    ref_leaves = [t.detach().clone().requires_grad_(True) for t in leaves]
+    xr, wr, br, rr = ref_leaves
+    if op == "layer_norm":
+        nki_kernels.layer_norm(x, (96,), w, b).backward(grad)
+        F.layer_norm(xr, (96,), wr, br).backward(grad)
+        check = [0, 1, 2]
+    elif op == "rms_norm":
+        nki_kernels.rms_norm(x, (96,), w, 1e-6).backward(grad)
+        F.rms_norm(xr, (96,), wr, 1e-6).backward(grad)
+        check = [0, 1]
+    else:
+        normed, total = nki_kernels.fused_add_rms_norm(x, r, w, 1e-6)
+        (normed * grad + total * 0.5 * grad).sum().backward()
+        tr = xr + rr
+        (F.rms_norm(tr, (96,), wr, 1e-6) * grad + tr * 0.5 * grad).sum().backward()
+        check = [0, 1, 3]
+    for i in check:
+        torch.testing.assert_close(leaves[i].grad, ref_leaves[i].grad, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_norms_reference_path(reference_backend, dtype):
+    x = randn(4, 33, dtype=dtype)
+    w = randn(33, dtype=dtype, shift=1.0)
+    b = randn(33, dtype=dtype)
+    from tests._helpers import TOLERANCES
+
+    atol, rtol = TOLERANCES[dtype]
+    torch.testing.assert_close(nki_kernels.layer_norm(x, (33,), w, b).double(),
+                               F.layer_norm(x.double(), (33,), w.double(), b.double()), atol=atol, rtol=rtol)
+    torch.testing.assert_close(nki_kernels.rms_norm(x, (33,), w, 1e-6).double(),
+                               F.rms_norm(x.double(), (33,), w.double(), 1e-6), atol=atol, rtol=rtol)

@@ -1,0 +1,103 @@
+"""apply_rotary_pos_emb: the NKI kernel in the simulator vs float64 and vs transformers."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import nki_kernels
+from nki_kernels import references
+
+from ._cases import DTYPE_IDS, DTYPES, ROWS, assert_matches, randn
+
+# hidden size -> (query heads, key heads, head dim): the issue's hidden sizes as heads x D,
+# with grouped-query key heads where the head count allows (D = 100: not a power of two).
+HEADS = {64: (1, 1, 64), 768: (12, 4, 64), 1000: (10, 5, 100), 4096: (32, 8, 128), 8192: (64, 8, 128)}
+LEAN = [  # (positions S, hidden, dtypes)
+    (1, 4096, DTYPES),
+    (7, 1000, DTYPES),
+    (129, 768, DTYPES),
+    (1576, 8192, [torch.bfloat16]),   # the largest tested shape (fp32 in sweep)
+]
+GRID = [pytest.param(s, h, d, id=f"S{s}x{h}-{DTYPE_IDS[DTYPES.index(d)]}") for s, h, ds in LEAN for d in ds]
+GRID += [pytest.param(s, h, d, marks=pytest.mark.sweep, id=f"sweep-S{s}x{h}-{i}")
+         for s, h in itertools.product(ROWS, HEADS) for d, i in zip(DTYPES, DTYPE_IDS)]
+
+
+def _cos_sin(batch, seq, dim, dtype, shared=False):
+    # genuine rotary tables (cos^2 + sin^2 = 1), positions offset so row 0 is not the identity
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    pos = torch.arange(seq, dtype=torch.float64)[None, :] + 3 + 17 * torch.arange(batch)[:, None]
+    freqs = pos[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    return (cos[0], sin[0]) if shared else (cos, sin)
+
+
+def _expected(q, k, cos, sin):
+    return references.apply_rotary_pos_emb(q.double(), k.double(), cos.double(), sin.double(),
+                                           compute_dtype=torch.float64)
+
+
+@pytest.mark.parametrize("seq, hidden, dtype", GRID)
+def test_rotary(simulator_backend, seq, hidden, dtype):
+    hq, hk, dim = HEADS[hidden]
+    q = randn(1, hq, seq, dim, dtype=dtype)
+    k = randn(1, hk, seq, dim, dtype=dtype, scale=2.0)
+    cos, sin = _cos_sin(1, seq, dim, dtype)
+    q_out, k_out = nki_kernels.apply_rotary_pos_emb(q, k, cos, sin)
+    q_ref, k_ref = _expected(q, k, cos, sin)
+    assert_matches(q_out, q_ref, dtype)
+    assert_matches(k_out, k_ref, dtype)
+
+
+@pytest.mark.parametrize("layout", ["BSD", "SD", "1SD"])
+def test_rotary_cos_sin_layouts_and_batch(simulator_backend, layout):
+    batch, seq, dim = 2, 130, 64
+    q, k = randn(batch, 3, seq, dim), randn(batch, 1, seq, dim)
+    cos, sin = _cos_sin(batch, seq, dim, torch.float32, shared=(layout != "BSD"))
+    if layout == "1SD":
+        cos, sin = cos[None], sin[None]
+    q_out, k_out = nki_kernels.apply_rotary_pos_emb(q, k, cos, sin)
+    q_ref, k_ref = _expected(q, k, cos, sin)
+    assert_matches(q_out, q_ref, torch.float32)
+    assert_matches(k_out, k_ref, torch.float32)
+
+
+def test_rotary_arbitrary_tables_and_noncontiguous_q(simulator_backend):
+    # cos/sin halves that differ (not cat(freqs, freqs)) catch a swapped half; q as the
+    # transposed view transformers' attention produces
+    q = randn(2, 9, 4, 32).transpose(1, 2)      # [B, H, S, D] view of [B, S, H, D]
+    k = randn(2, 4, 9, 32)
+    cos, sin = randn(2, 9, 32), randn(2, 9, 32)
+    q_out, k_out = nki_kernels.apply_rotary_pos_emb(q, k, cos, sin)
+    q_ref, k_ref = _expected(q, k, cos, sin)
+    assert_matches(q_out, q_ref, torch.float32)
+    assert_matches(k_out, k_ref, torch.float32)
+
+
+def test_rotary_matches_transformers(simulator_backend):
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_rope
+
+    q, k = randn(2, 8, 33, 64), randn(2, 2, 33, 64)
+    cos, sin = _cos_sin(2, 33, 64, torch.float32)
+    ours = nki_kernels.apply_rotary_pos_emb(q, k, cos, sin)
+    theirs = hf_rope(q, k, cos, sin)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_rotary_backward_matches_torch(simulator_backend):
+    q, k = randn(1, 2, 5, 16).requires_grad_(True), randn(1, 1, 5, 16).requires_grad_(True)
+    cos, sin = [t.requires_grad_(True) for t in _cos_sin(1, 5, 16, torch.float32)]
+    leaves = [q, k, cos, sin]
+    ref = [t.detach().clone().requires_grad_(True) for t in leaves]
+    gq, gk = torch.randn(1, 2, 5, 16), torch.randn(1, 1, 5, 16)
+    q_out, k_out = nki_kernels.apply_rotary_pos_emb(*leaves)
+    ((q_out * gq).sum() + (k_out * gk).sum()).backward()
+    rq, rk = references.apply_rotary_pos_emb(*ref)
+    ((rq * gq).sum() + (rk * gk).sum()).backward()
+    for a, b in zip(leaves, ref):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4)

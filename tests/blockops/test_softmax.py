@@ -1,0 +1,80 @@
+"""softmax: one-pass and online NKI kernels in the simulator vs float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nki_kernels
+from nki_kernels import _dispatch, references
+from nki_kernels.softmax import softmax_kernel_call
+
+from ._cases import DTYPE_IDS, DTYPES, GRID, assert_matches, randn
+
+
+def _expected(x, dim=-1):
+    return references.softmax(x.double(), dim, compute_dtype=torch.float64)
+
+
+@pytest.mark.parametrize("rows, cols, dtype", GRID)
+def test_softmax(simulator_backend, rows, cols, dtype):
+    # scale 4: logits spread over ~30 units, so the max subtraction matters
+    x = randn(rows, cols, dtype=dtype, scale=4.0)
+    assert_matches(nki_kernels.softmax(x), _expected(x), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("rows, cols", [(3, 20000), pytest.param(130, 70001, marks=pytest.mark.sweep)])
+def test_softmax_long_rows_online(simulator_backend, rows, cols, dtype):
+    # rows longer than 8192: the online (streaming) form, 3 chunks for 20000
+    x = randn(rows, cols, dtype=dtype, scale=4.0)
+    assert_matches(nki_kernels.softmax(x), _expected(x), dtype)
+
+
+@pytest.mark.parametrize("resident", [True, False], ids=["resident", "streaming"])
+@pytest.mark.parametrize("max_cols", [7, 64, 300, 999])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_softmax_online_forced_small_chunks(max_cols, dtype, resident):
+    # the online form with chunks far shorter than the row (7: 143 chunks; 300 and
+    # 999: ragged last chunk), row maxima in every chunk position; resident (x / fp32 e kept
+    # in SBUF, half the chunks finished on VectorE) and streaming (x reloaded from HBM)
+    x = randn(131, 1000, dtype=dtype, scale=4.0)
+    x[5, -1] = 40.0      # the max in the last chunk
+    x[6, 0] = 40.0       # the max in the first chunk
+    x[7, 500] = 40.0     # the max in a middle chunk
+    call = softmax_kernel_call(x, max_cols=max_cols, resident_bytes=None if resident else 0)
+    out = _dispatch.run_simulated(call)
+    assert_matches(out, _expected(x), dtype)
+
+
+def test_softmax_extreme_values(simulator_backend):
+    x = randn(7, 768, scale=4.0)
+    x[0] = -1e30          # a row of (finite) huge negatives: uniform
+    x[1, 3] = 1e4         # one dominant logit: one-hot
+    x[2] = 0.0            # constant row: uniform
+    out = nki_kernels.softmax(x)
+    assert_matches(out, _expected(x), torch.float32)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -2])
+def test_softmax_other_dims(simulator_backend, dim):
+    x = randn(5, 129, 33, scale=2.0)
+    assert_matches(nki_kernels.softmax(x, dim=dim), _expected(x, dim), torch.float32)
+
+
+def test_softmax_backward_matches_torch(simulator_backend):
+    x = randn(6, 200).requires_grad_(True)
+    xr = x.detach().clone().requires_grad_(True)
+    grad = torch.randn(6, 200)
+    nki_kernels.softmax(x).backward(grad)
+    torch.softmax(xr, -1).backward(grad)
+    torch.testing.assert_close(x.grad, xr.grad, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_softmax_reference_path(reference_backend, dtype):
+    from tests._helpers import TOLERANCES
+
+    x = randn(4, 33, dtype=dtype, scale=3.0)
+    atol, rtol = TOLERANCES[dtype]
+    torch.testing.assert_close(nki_kernels.softmax(x).double(), _expected(x), atol=atol, rtol=rtol)

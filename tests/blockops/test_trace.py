@@ -1,0 +1,78 @@
+"""Structural properties of the kernels' instruction traces at the large shapes: full
+128-partition tiles, large DMA transfers, work spread over the engines, SBUF within trn2.
+(Layout checks on the simulator's trace, not timings.)"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from nki_kernels import _dispatch, activations, norms, rotary, simulator
+
+softmax_module = sys.modules["nki_kernels.softmax"]
+TRN2_SBUF = 224 * 1024
+
+
+def _run(call):
+    with simulator.activated():
+        kernel = _dispatch.simulator_kernel(call)
+    return simulator.run(kernel, *[t.contiguous() for t in call.tensors], target="trn2", **call.static)
+
+
+def _calls(rows, hidden, dtype):
+    x = torch.randn(rows, hidden).to(dtype)
+    w = torch.randn(hidden).to(dtype)
+    return {
+        "layer_norm": norms.layer_norm_kernel_call(x, (hidden,), w, torch.randn(hidden).to(dtype)),
+        "rms_norm": norms.rms_norm_kernel_call(x, (hidden,), w, 1e-6),
+        "fused_add_rms_norm": norms.fused_add_rms_norm_kernel_call(x, x.clone(), w, 1e-6),
+        "softmax": softmax_module.softmax_kernel_call(x),
+        "silu_and_mul": activations.silu_and_mul_kernel_call(torch.randn(rows, 2 * hidden).to(dtype)),
+        "silu": activations.silu_kernel_call(x),
+    }
+
+
+OPS = ["layer_norm", "rms_norm", "fused_add_rms_norm", "softmax", "silu_and_mul", "silu"]
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("rows, hidden", [(1576, 768), (1576, 8192)], ids=["1576x768", "1576x8192"])
+def test_row_kernels_use_full_partitions_and_large_dmas(op, rows, hidden):
+    result = _run(_calls(rows, hidden, torch.bfloat16)[op])
+    # row data transfers (not the one-time stride-0 broadcast of weight / bias)
+    dmas = [i for i in result.trace if i.op == "dma_copy"
+            and not any(0 in o.strides for o in i.reads if o.buffer == "hbm")]
+    sbuf_sides = [next(o for o in i.reads + i.writes if o.buffer == "sbuf") for i in dmas]
+    partial = [o for o in sbuf_sides if o.partitions < 128]
+    # 1576 = 12 * 128 + 40 rows: only the 40-row tail is partial (its loads and stores)
+    assert all(o.partitions == 40 for o in partial), [o.shape for o in partial]
+    # every full-partition transfer moves >= 4 KiB per partition (the DMA guide's figure)
+    full = [o for o in sbuf_sides if o.partitions == 128]
+    assert full and min(o.nbytes // 128 for o in full) >= 4096, sorted({o.nbytes // 128 for o in full})
+    assert result.peak_sbuf_bytes_per_partition <= TRN2_SBUF
+
+
+@pytest.mark.parametrize("op, engines", [
+    ("rms_norm", {"vector", "scalar", "gpsimd"}),
+    ("layer_norm", {"vector", "scalar", "gpsimd"}),
+    ("softmax", {"vector", "scalar"}),
+    ("silu_and_mul", {"vector", "scalar", "gpsimd"}),
+])
+def test_work_is_spread_over_engines(op, engines):
+    # bf16 traffic is cheap enough that one compute engine alone would be the bottleneck;
+    # the kernels split the elementwise work (see each kernel's VECTOR_SHARE derivation).
+    result = _run(_calls(1576, 8192, torch.bfloat16)[op])
+    used = {i.engine for i in result.trace if i.engine != "dma" and i.flops >= 128 * 1024}
+    assert engines <= used, used
+
+
+def test_rotary_loads_all_heads_of_a_position_tile_at_once():
+    q, k = torch.randn(1, 32, 256, 128).bfloat16(), torch.randn(1, 8, 256, 128).bfloat16()
+    cos, sin = torch.randn(256, 128).bfloat16(), torch.randn(256, 128).bfloat16()
+    result = _run(rotary.apply_rotary_pos_emb_kernel_call(q, k, cos, sin))
+    loads = [i for i in result.trace if i.op == "dma_copy" and i.writes[0].buffer == "sbuf"]
+    q_loads = [i for i in loads if i.writes[0].shape == (128, 32, 128)]
+    assert len(q_loads) == 2                       # 256 positions = 2 tiles, 32 heads each
+    assert result.peak_sbuf_bytes_per_partition <= TRN2_SBUF
