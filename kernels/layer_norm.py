@@ -5,23 +5,36 @@ Dimensions:
     H: normalised size, 1 <= H <= MAX_HIDDEN (8192; checked by the op wrapper).
 Layout:
     Rows on partitions, in blocks of 128 * J consecutive rows (partition p holds rows
-    [p*J, (p+1)*J) of the block: one contiguous DMA of J*H elements per partition, J grown
-    until a transfer holds TARGET_COLS elements). The last < 128 rows form one block with
-    J = 1. weight and bias are broadcast once to all 128 partitions (stride-0 DMA).
-Engines, per row:
-    VectorE  bn_stats on <= 512-element chunks, bn_aggr -> mean and (population) variance, fp32
-    ScalarE  rsqrt(var + eps) on [P, J]; VectorE -mean * rstd on [P, J] (tiny)
-    then two paths, split by rows when a partition holds J > 1 rows, else by columns, so
-    that no engine outruns the others (shares derived at the constants below):
+    [p*J, (p+1)*J) of the block: one contiguous DMA of J*H elements per partition, J the
+    least that makes a transfer TARGET_BYTES_16 (4 KiB) / TARGET_BYTES_32 (8 KiB) long).
+    The last < 128 rows form one block with J = 1, issued second (TAIL_POSITION) so its
+    small store does not queue behind the last full block's. weight and bias are broadcast
+    once to all 128 partitions (stride-0 DMA) right after the first block's load.
+    Fresh SBUF tiles per block let block i+1's load overlap block i's compute.
+16-bit input (bf16/fp16), per row slot (the j-th row of a partition in a block):
+    statistics in fp32, on one of two engines (SCALAR_STATS_SHARE of the slots on ScalarE):
+      ScalarE  sum(x) (copy with add-accumulate) -> -mean, then sum((x - mean)^2) (square
+               with bias -mean, accumulate) -> rsqrt(. / H + eps): exact two-pass variance
+      VectorE  bn_stats on <= 512-element chunks, bn_aggr, ScalarE rsqrt(var + eps)
+    VectorE  y = (x - mean) * rstd, one tensor_scalar, rounded to the input dtype (16-bit
+             in and out: perf mode)
+    then y * weight and + bias as 16-bit tensor_tensor, in place, all J rows of the block
+    per instruction (weight/bias viewed with a stride-0 row axis), columns split between
+    VectorE (VECTOR_SHARE_AFFINE_16) and GpSimd.
+fp32 input, per row:
+    VectorE  bn_stats / bn_aggr -> mean, variance; ScalarE rsqrt(var + eps); -mean * rstd
+    then two paths, split by rows when a partition holds J > 1 rows, else by columns:
       VectorE path:  (x - mean) * weight, then (. * rstd) + bias: two scalar_tensor_tensor
       other path:    ScalarE y = x * rstd - mean * rstd (fp32), GpSimd y * weight, GpSimd + bias
     weight only: VectorE path (x - mean) * weight then ScalarE * rstd; other path ScalarE y,
-    GpSimd y * weight. No weight/bias: ScalarE y only. Bias only: the op passes weight = ones.
-    Intermediates stay fp32; fresh SBUF tiles per block let block i+1's load overlap block
-    i's compute.
+    GpSimd y * weight. No weight/bias: ScalarE y only. Intermediates stay fp32.
+    Bias only (any dtype): the op passes weight = ones.
 Expected error:
-    statistics and arithmetic in fp32, intermediates kept in fp32, one rounding to the output
-    dtype (bf16: <= 2**-8 relative; fp32: ~1e-6 relative to the output scale).
+    fp32: statistics and arithmetic in fp32, one rounding to the output (~1e-7 relative to
+    the output scale). 16-bit: statistics in fp32, but y, y * weight and y * weight + bias
+    are each rounded to the input dtype: three roundings instead of one (bf16: each
+    <= 2**-9 relative; measured ||err|| / ||ref|| vs float64 2.5e-3 at [1576, 768] with
+    weight and bias, against 1.7e-3 with a single rounding; no weight: one rounding).
 """
 
 import nki
@@ -29,29 +42,48 @@ import nki.isa as nisa
 import nki.language as nl
 
 PARTITIONS = 128
-# Row packing target: 2048 elements per partition per DMA = 4 KiB bf16 / 8 KiB fp32.
-TARGET_COLS = 2048
 # Largest H: [128, 8192] fp32 tiles are 32 KiB per partition; input, fp32 scratch, output,
 # weight and bias for one block plus the next block's input stay under trn2's 224 KiB.
 MAX_HIDDEN = 8192
+# Row packing: the least J that makes a transfer this long per partition (the DMA guide's
+# >= 4 KiB for bandwidth; more rows per block would only lengthen the pipeline fill/drain).
+TARGET_BYTES_16 = 4096
+TARGET_BYTES_32 = 8192
+# Where the < 128-row tail block goes in the block order.
+TAIL_POSITION = 1
 # bn_stats reads at most 512 elements per partition (nl.tile_size.bn_stats_fmax).
 BN_CHUNK = 512
 BN_STATS_WIDTH = 6   # (count, mean, var*count) for even and odd elements
 BN_AGGR_WIDTH = 2    # (mean, var)
-# Shares of the affine step given to the VectorE path. Per element on trn2 (cost-model
-# rules): VectorE one input pass 1.04 ns (0.96 GHz), two-input pass 2.08 ns; ScalarE pass
-# 0.83 ns; GpSimd two-input pass 1.67 ns (1.2 GHz). VectorE always runs bn_stats (1.04).
+# fp32 input: shares of the affine step given to the VectorE path. Per element on trn2
+# (cost-model rules): VectorE one input pass 1.04 ns (0.96 GHz), two-input pass 2.08 ns;
+# ScalarE pass 0.83 ns; GpSimd two-input pass 1.67 ns (1.2 GHz). VectorE runs bn_stats (1.04).
 #   weight + bias: VectorE 1.04 + 4.17a, GpSimd 3.33(1 - a)  -> a = 0.3, both 2.31 ns
 #   weight only:   VectorE 1.04 + 2.08a, GpSimd 1.67(1 - a)  -> a = 0.2, both 1.46 ns
-# In fp32 (2.78 ns of HBM traffic per element) both stay DMA-bound; in bf16 (1.39 ns) the
-# affine case is engine-bound: 2.31 ns is the least this engine split can reach.
+# Both under fp32's 2.78 ns of HBM traffic per element: DMA-bound.
 VECTOR_SHARE_AFFINE = 0.3
 VECTOR_SHARE_WEIGHT = 0.2
+# 16-bit input. Per element: statistics on ScalarE 1.66 ns (two passes) or VectorE 1.04
+# (bn_stats); y on VectorE 0.26 (tensor_scalar, 16-bit perf mode); y * w and + b 1.04 ns
+# each on VectorE (tensor_tensor perf mode) or 1.67 each on GpSimd. With a share s of the
+# statistics on ScalarE and a of the affine columns on VectorE:
+#   ScalarE 1.66 s,  VectorE 1.04 (1 - s) + 0.26 + 2.08 a,  GpSimd 3.33 (1 - a)
+# balance at s = 0.9, a = 0.55, 1.50 ns per element (bf16 HBM traffic: 1.39 ns). The
+# per-instruction overheads (+60 cycles, ~0.1 us [P, 1] ops per row on ScalarE) move the
+# measured optimum to s = 0.8 (swept on the ViT-B/L shapes, modeled trn2).
+#   weight only: ScalarE 1.66 s, VectorE 1.04 (1 - s) + 0.26 + 1.04 a, GpSimd 1.67 (1 - a)
+SCALAR_STATS_SHARE = 0.8
+VECTOR_SHARE_AFFINE_16 = 0.55
+VECTOR_SHARE_WEIGHT_16 = 0.3
 
 
-def _row_blocks(n_rows, cols):
+def _itemsize(dtype):
+    return 2 if dtype in (nl.bfloat16, nl.float16) else 4
+
+
+def _row_blocks(n_rows, cols, target_cols):
     """[(first_row, partitions, rows_per_partition)] covering rows [0, n_rows)."""
-    per_max = max(1, min(-(-TARGET_COLS // cols), MAX_HIDDEN // cols))
+    per_max = max(1, min(-(-target_cols // cols), MAX_HIDDEN // cols))
     blocks = []
     start = 0
     while n_rows - start >= PARTITIONS:
@@ -59,7 +91,7 @@ def _row_blocks(n_rows, cols):
         blocks.append((start, PARTITIONS, per))
         start += PARTITIONS * per
     if start < n_rows:
-        blocks.append((start, n_rows - start, 1))
+        blocks.insert(min(TAIL_POSITION, len(blocks)), (start, n_rows - start, 1))
     return blocks
 
 
@@ -105,6 +137,67 @@ def _affine_segment(dst, src, stats, weight, bias, on_vector):
     nisa.tensor_tensor(dst=dst, data1=scaled, data2=bias, op=nl.add, engine=nisa.engine.gpsimd)
 
 
+def _stats_on_scalar(i, share):
+    """Whether block i computes its statistics on ScalarE: spreads round(n * share) blocks."""
+    return int((i + 1) * share) > int(i * share)
+
+
+def _block_16bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps_tile, slot0):
+    """One block of a 16-bit input: statistics in fp32, y rounded once to the input dtype,
+    then y * weight and + bias in the input dtype, in place in ``out_tile``. Row slot
+    ``slot0 + j`` takes its statistics on ScalarE or VectorE (SCALAR_STATS_SHARE)."""
+    n_chunks = -(-cols // BN_CHUNK)
+    rstd = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
+    centre = []   # per row j: (op, [P, 1] operand) with y = (x op operand) * rstd
+    for j in range(per):
+        if _stats_on_scalar(slot0 + j, SCALAR_STATS_SHARE):
+            # two-pass statistics on ScalarE (the discarded activation output goes to
+            # out_tile, overwritten below): sum(x) -> -mean, then sum((x - mean)^2).
+            row_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=out_tile[:, j, :], op=nl.copy, data=x_tile[:, j, :],
+                            reduce_op=nl.add, reduce_res=row_sum,
+                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
+            neg_mean = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=neg_mean, op=nl.copy, data=row_sum, scale=-1.0 / cols)
+            sq_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=out_tile[:, j, :], op=nl.square, data=x_tile[:, j, :],
+                            bias=neg_mean, reduce_op=nl.add, reduce_res=sq_sum,
+                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
+            nisa.activation(dst=rstd[:, j:j + 1], op=nl.rsqrt, data=sq_sum, scale=1.0 / cols,
+                            bias=eps_tile[0:parts, :])
+            centre.append((nl.add, neg_mean))
+        else:
+            stats = nl.ndarray((parts, n_chunks * BN_STATS_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
+            mean_var = nl.ndarray((parts, BN_AGGR_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
+            for c in range(n_chunks):
+                c0 = c * BN_CHUNK
+                nisa.bn_stats(dst=stats[:, c * BN_STATS_WIDTH:(c + 1) * BN_STATS_WIDTH],
+                              data=x_tile[:, j, c0:min(cols, c0 + BN_CHUNK)])
+            nisa.bn_aggr(dst=mean_var, data=stats)
+            nisa.activation(dst=rstd[:, j:j + 1], op=nl.rsqrt, data=mean_var[:, 1:2],
+                            bias=eps_tile[0:parts, :])
+            centre.append((nl.subtract, mean_var[:, 0:1]))
+    # y = (x - mean) * rstd, rounded once to the input dtype: VectorE, all 16-bit (perf mode)
+    for j in range(per):
+        nisa.tensor_scalar(dst=out_tile[:, j, :], data=x_tile[:, j, :], op0=centre[j][0],
+                           operand0=centre[j][1], op1=nl.multiply, operand1=rstd[:, j:j + 1])
+    if weight_tile is None:
+        return
+    share = VECTOR_SHARE_AFFINE_16 if bias_tile is not None else VECTOR_SHARE_WEIGHT_16
+    cut = _split(cols, share)
+    # all J rows of a partition at once: weight / bias viewed with a stride-0 row axis
+    for lo, hi, engine in ((0, cut, nisa.engine.vector), (cut, cols, nisa.engine.gpsimd)):
+        if hi <= lo:
+            continue
+        seg = out_tile[:, :, lo:hi]
+        shape = (parts, per, hi - lo)
+        nisa.tensor_tensor(dst=seg, data1=seg, op=nl.multiply, engine=engine,
+                           data2=weight_tile[0:parts, lo:hi].expand_dim(1).broadcast_to(shape))
+        if bias_tile is not None:
+            nisa.tensor_tensor(dst=seg, data1=seg, op=nl.add, engine=engine,
+                               data2=bias_tile[0:parts, lo:hi].expand_dim(1).broadcast_to(shape))
+
+
 @nki.jit
 def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5):
     """Return ``layer_norm(x, (H,), weight, bias, eps)``.
@@ -121,16 +214,27 @@ def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5):
     assert cols <= MAX_HIDDEN, f"H={cols} exceeds MAX_HIDDEN={MAX_HIDDEN}"
     assert bias is None or weight is not None, "bias without weight: pass weight=ones"
     out = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
-    weight_tile = None if weight is None else _broadcast_rows(weight, cols)
-    bias_tile = None if bias is None else _broadcast_rows(bias, cols)
     eps_tile = nl.ndarray((PARTITIONS, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=eps_tile, value=eps)
     n_chunks = -(-cols // BN_CHUNK)
 
-    for start, parts, per in _row_blocks(n_rows, cols):
+    sixteen = x.dtype in (nl.bfloat16, nl.float16)
+    target_bytes = TARGET_BYTES_16 if sixteen else TARGET_BYTES_32
+    slot = 0
+    for i, (start, parts, per) in enumerate(_row_blocks(n_rows, cols, target_bytes // _itemsize(x.dtype))):
         rows = parts * per
         x_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=x_tile, src=x[start:start + rows, :].reshape((parts, per, cols)))
+        if i == 0:
+            # weight and bias after the first block's load, so that load is not queued behind them
+            weight_tile = None if weight is None else _broadcast_rows(weight, cols)
+            bias_tile = None if bias is None else _broadcast_rows(bias, cols)
+        if sixteen:
+            out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
+            _block_16bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps_tile, slot)
+            slot += per
+            nisa.dma_copy(dst=out[start:start + rows, :].reshape((parts, per, cols)), src=out_tile)
+            continue
 
         # mean / variance per row: bn_stats per <= 512-element chunk, bn_aggr per row (VectorE).
         stats = nl.ndarray((parts, per, n_chunks * BN_STATS_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
