@@ -56,7 +56,9 @@ class Target:
     # [P] nki/deep-dives/nki_perf_guide.rst (Opt #5a: static instruction overhead ~100
     #     cycles; dependent 1-element back-to-back instructions at ~266 ScalarE cycles);
     # [A2] nki/guides/architecture/trainium2_arch.rst; [A3] .../trainium3_arch.rst;
-    # [D] nki/about/nki-dma-overview.rst (8 partitions per DMA engine, 16 engines).
+    # [D] nki/about/nki-dma-overview.rst (8 partitions per DMA engine, 16 engines);
+    # [H] AWS's neuron-agentic-development profiling rules (rule `rsqrt-engine-tradeoff-
+    #     and-psum`: GpSimd rsqrt ~4x slower than ScalarE), via a public NKI heuristics digest.
     min_instruction_cycles: int = 64        # [S] MIN_II of VectorE/ScalarE (applied to GpSimd too)
     static_overhead_cycles: int = 60        # [S] static SBUF access overhead, Vector/Scalar/GpSimd
     dependency_latency_cycles: int = 100    # [S][P] extra wait of a consumer of a Vector/Scalar/GpSimd result
@@ -70,6 +72,12 @@ class Target:
     vector_perf_mode_full: int = 4          # [A2] 4x: tensor_copy/tensor_scalar, 16-bit, all SBUF
     vector_perf_mode_half: int = 2          # [A2] 2x: same with one side in PSUM; tensor_tensor 16-bit SBUF
     scalar_elems_per_cycle_fp32: int = 128  # [A3] ScalarE 128 elem/cycle for 32-bit types on every generation
+    # ALU "transcendental" ops (power, rsqrt, reciprocal) in tensor_scalar/tensor_tensor/...
+    # are iterative on VectorE/GpSimd, unlike ScalarE's activation tables:
+    alu_transcendental_factor_vector: int = 8  # [S] VectorE reciprocal ~8N, applied to each such op
+    alu_transcendental_factor_gpsimd: int = 4  # [H] GpSimd ~4 cycles per element (4x ScalarE's rate)
+    dma_transpose_hbm_efficiency: float = 0.9   # [A2] HBM->SBUF DMA transpose: up to 90% of DMA throughput
+    dma_transpose_sbuf_efficiency: float = 0.5  # [A2] SBUF->SBUF DMA transpose: up to 50%
 
     @property
     def psum_bytes_per_partition(self) -> int:

@@ -1,0 +1,597 @@
+#!/usr/bin/env python
+"""The main job (`make demo`): every kernel on its workload grid, run in the bundled NKI
+simulator on CPU, checked against the PyTorch reference, and MODELED on Trainium2.
+
+For each (op, workload) it
+
+1. builds the op's NKI launch with ``nki_kernels.<module>.<op>_kernel_call(...)``,
+2. runs the kernel in the simulator (``simulator.estimate``), which records every
+   instruction it issues, and compares the result with the reference computed on CPU in
+   float64 (float32 for the largest attention shapes): max |kernel - reference|;
+3. models that instruction stream on one trn2 NeuronCore (simulator/cost/: per-
+   instruction costs, list schedule over the engines and 16 DMA queues);
+4. computes the op's limit and the modeled eager-PyTorch baseline
+   (simulator/cost/roofline.py): efficiency = limit / modeled, speedup = eager / modeled.
+
+Outputs (``--out``, default out/report): report.csv, report.md, report.png and one Chrome
+trace per row under traces/ (open in https://ui.perfetto.dev). Nothing here ran on a
+Trainium: kernel/limit/eager times are MODELED (trn2); errors and wall times are MEASURED
+(CPU). Ops whose kernel_call or NKI source does not exist yet are skipped with a note.
+
+Usage: python benchmarks/model_report.py [--ops attention,rms_norm] [--quick] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib
+import math
+import sys
+import time
+import traceback
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from tqdm import tqdm
+
+from nki_kernels import _dispatch, _kernel_sources, references, simulator
+from nki_kernels.simulator.cost import roofline
+
+BF16 = torch.bfloat16
+MODELED = "modeled (trn2)"
+MEASURED = "measured (CPU)"
+# max |out - ref| allowed per dtype for the report's check (the tests hold the strict ones):
+# bf16 outputs carry a final rounding of 2**-8 relative on values of magnitude up to ~4-8.
+CHECK_TOL = {torch.bfloat16: (6e-2, 2e-2), torch.float16: (1e-2, 1e-2), torch.float32: (1e-3, 1e-3)}
+EFFICIENCY_TARGET = 0.6
+EFFICIENCY_TARGET_LARGE_MEMORY_BOUND = 0.8
+
+
+@dataclass
+class Case:
+    op: str                                   # name in the report (and roofline function)
+    module: str                               # nki_kernels.<module>
+    call: str                                 # <module>.<call>(*args, **kwargs) -> KernelCall
+    workload: str                             # what model/shape this is
+    make: Callable[[torch.Generator], dict]   # inputs: {"args": (...), "kwargs": {...}}
+    reference: Callable[..., Any]             # reference(*args, **kwargs, compute_dtype=...)
+    roof: Callable[..., roofline.Roofline]    # roofline(*args, **kwargs, target=...)
+    dtype: torch.dtype = BF16
+    large: bool = False                       # a larger shape: >= 0.8 efficiency if memory-bound
+    quick: bool = False                       # in the --quick grid
+    speedup_target: float | None = None
+    reference_dtype: torch.dtype = torch.float64
+
+    @property
+    def slug(self) -> str:
+        safe = "".join(c if c.isalnum() else "_" for c in f"{self.op}_{self.workload}")
+        return "_".join(filter(None, safe.split("_")))
+
+
+def _rand(gen, *shape, dtype=BF16, scale=1.0):
+    return (torch.randn(*shape, generator=gen) * scale).to(dtype)
+
+
+# ----------------------------------------------------------------------------- the grid
+
+def _attention(workload, b, h, s, d, hkv=None, causal=False, quick=False, target=None, ref_dtype=torch.float64):
+    hkv = hkv or h
+
+    def make(gen):
+        q, k, v = _rand(gen, b, h, s, d), _rand(gen, b, hkv, s, d), _rand(gen, b, hkv, s, d)
+        return {"args": (q, k, v), "kwargs": {"attn_mask": None, "is_causal": causal}}
+
+    def reference(q, k, v, attn_mask=None, is_causal=False, compute_dtype=torch.float64):
+        return references.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                                       enable_gqa=h != hkv, compute_dtype=compute_dtype)
+
+    def roof(q, k, v, attn_mask=None, is_causal=False, target="trn2"):
+        return roofline.attention(q, k, v, attn_mask, is_causal, target=target)
+
+    label = f"{workload} B={b} H={h}" + (f"/{hkv}kv" if hkv != h else "") + f" S={s} D={d}" + (" causal" if causal else "")
+    return Case("attention", "attention", "attention_kernel_call", label, make, reference, roof,
+                quick=quick, speedup_target=target, reference_dtype=ref_dtype)
+
+
+def _rows_hidden(op, module, call, workload, rows, hidden, make_extra, reference, roof, **kw):
+    return Case(op, module, call, f"{workload} [{rows}, {hidden}]", make_extra, reference, roof, **kw)
+
+
+def _layer_norm(workload, rows, hidden, eps, **kw):
+    def make(gen):
+        return {"args": (_rand(gen, rows, hidden), (hidden,), _rand(gen, hidden), _rand(gen, hidden)),
+                "kwargs": {"eps": eps}}
+
+    def reference(x, shape, w, b, eps, compute_dtype):
+        return references.layer_norm(x, shape, w, b, eps, compute_dtype=compute_dtype)
+
+    def roof(x, shape, w, b, eps, target):
+        return roofline.layer_norm(x, shape, w, b, target=target)
+
+    return _rows_hidden("layer_norm", "norms", "layer_norm_kernel_call", workload, rows, hidden,
+                        make, reference, roof, **kw)
+
+
+def _rms_norm(workload, rows, hidden, **kw):
+    def make(gen):
+        return {"args": (_rand(gen, rows, hidden), (hidden,), _rand(gen, hidden)), "kwargs": {"eps": 1e-6}}
+
+    def reference(x, shape, w, eps, compute_dtype):
+        return references.rms_norm(x, shape, w, eps, compute_dtype=compute_dtype)
+
+    def roof(x, shape, w, eps, target):
+        return roofline.rms_norm(x, shape, w, target=target)
+
+    return _rows_hidden("rms_norm", "norms", "rms_norm_kernel_call", workload, rows, hidden, make, reference,
+                        roof, **kw)
+
+
+def _fused_add_rms_norm(workload, rows, hidden, **kw):
+    def make(gen):
+        return {"args": (_rand(gen, rows, hidden), _rand(gen, rows, hidden), _rand(gen, hidden)),
+                "kwargs": {"eps": 1e-6}}
+
+    def reference(x, r, w, eps, compute_dtype):
+        return references.fused_add_rms_norm(x, r, w, eps, compute_dtype=compute_dtype)
+
+    def roof(x, r, w, eps, target):
+        return roofline.fused_add_rms_norm(x, r, w, target=target)
+
+    return _rows_hidden("fused_add_rms_norm", "norms", "fused_add_rms_norm_kernel_call", workload, rows, hidden,
+                        make, reference, roof, **kw)
+
+
+def _gelu(workload, rows, cols, **kw):
+    def make(gen):
+        return {"args": (_rand(gen, rows, cols, scale=3.0),), "kwargs": {"approximate": "none"}}
+
+    def reference(x, approximate, compute_dtype):
+        return references.gelu(x, approximate, compute_dtype=compute_dtype)
+
+    def roof(x, approximate, target):
+        return roofline.gelu(x, target=target)
+
+    return _rows_hidden("gelu", "activations", "gelu_kernel_call", workload, rows, cols, make, reference, roof, **kw)
+
+
+def _act_and_mul(op, workload, rows, d, **kw):
+    def make(gen):
+        return {"args": (_rand(gen, rows, 2 * d, scale=2.0),), "kwargs": {}}
+
+    ref_fn = getattr(references, op)
+
+    def reference(x, compute_dtype):
+        return ref_fn(x, compute_dtype=compute_dtype)
+
+    def roof(x, target):
+        return getattr(roofline, op)(x, target=target)
+
+    return _rows_hidden(op, "activations", f"{op}_kernel_call", workload, rows, 2 * d, make, reference, roof, **kw)
+
+
+def _softmax(workload, rows, cols, **kw):
+    def make(gen):
+        return {"args": (_rand(gen, rows, cols, scale=4.0),), "kwargs": {"dim": -1}}
+
+    def reference(x, dim, compute_dtype):
+        return references.softmax(x, dim, compute_dtype=compute_dtype)
+
+    def roof(x, dim, target):
+        return roofline.softmax(x, dim, target=target)
+
+    return _rows_hidden("softmax", "softmax", "softmax_kernel_call", workload, rows, cols, make, reference, roof, **kw)
+
+
+def _rotary(workload, b, h, hkv, s, d, **kw):
+    def make(gen):
+        pos = torch.arange(s, dtype=torch.float32)[:, None]
+        inv = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+        ang = torch.cat([pos * inv, pos * inv], dim=-1)[None].expand(b, s, d)
+        return {"args": (_rand(gen, b, h, s, d), _rand(gen, b, hkv, s, d), ang.cos().to(BF16), ang.sin().to(BF16)),
+                "kwargs": {}}
+
+    def reference(q, k, cos, sin, compute_dtype):
+        return references.apply_rotary_pos_emb(q, k, cos, sin, compute_dtype=compute_dtype)
+
+    def roof(q, k, cos, sin, target):
+        return roofline.apply_rotary_pos_emb(q, k, cos, sin, target=target)
+
+    return Case("apply_rotary_pos_emb", "rotary", "apply_rotary_pos_emb_kernel_call",
+                f"{workload} B={b} H={h}/{hkv}kv S={s} D={d}", make, reference, roof, **kw)
+
+
+VIT_TOKENS = 8 * 197  # batch 8 x 197 tokens
+
+
+def grid(quick: bool) -> list[Case]:
+    cases = [
+        _attention("ViT-B/16", 8, 12, 197, 64, quick=True, target=2.4),
+        _attention("ViT-L/16", 8, 16, 197, 64, quick=True, target=2.4),
+        _attention("SigLIP so400m@384", 2, 16, 729, 72),
+        _attention("Llama long-S", 1, 8, 2048, 128, hkv=2, causal=True, quick=True, ref_dtype=torch.float32),
+        _attention("Llama long-S", 1, 16, 4096, 128, hkv=4, causal=True, ref_dtype=torch.float32),
+        _layer_norm("ViT-B/16 B=8", VIT_TOKENS, 768, 1e-12, quick=True),
+        _layer_norm("ViT-L/16 B=8", VIT_TOKENS, 1024, 1e-12, large=True),
+        _rms_norm("Llama-7B 2048 tok", 2048, 4096, quick=True, large=True),
+        _rms_norm("Llama-70B 2048 tok", 2048, 8192, large=True),
+        _fused_add_rms_norm("Llama-7B 2048 tok", 2048, 4096, quick=True, large=True),
+        _gelu("ViT-B/16 MLP B=8", VIT_TOKENS, 3072, quick=True),
+        _gelu("ViT-L/16 MLP B=8", VIT_TOKENS, 4096, large=True),
+        _act_and_mul("silu_and_mul", "Llama-7B MLP 1024 tok", 1024, 11008, quick=True, large=True),
+        _act_and_mul("gelu_and_mul", "GeGLU 1024 tok", 1024, 8192, large=True),
+        _softmax("ViT-B/16 scores B=8 H=12", 8 * 12 * 197, 197, quick=True),
+        _softmax("LM vocab 256 rows", 256, 32000, large=True),
+        _rotary("Llama-7B 2048 tok", 1, 32, 8, 2048, 128, quick=True, large=True),
+    ]
+    return [c for c in cases if c.quick] if quick else cases
+
+
+# ----------------------------------------------------------------------------- one case
+
+@dataclass
+class Row:
+    case: Case
+    status: str = "ok"                 # ok | skipped | error | mismatch
+    note: str = ""
+    max_abs_err: float = float("nan")  # measured (CPU)
+    sim_wall_s: float = float("nan")   # measured (CPU)
+    modeled_us: float = float("nan")
+    limit_us: float = float("nan")
+    limit_bound: str = ""
+    efficiency: float = float("nan")
+    bound_by: str = ""
+    bound_busy: float = float("nan")   # busy fraction of the bound-by engine
+    eager_us: float = float("nan")
+    speedup: float = float("nan")
+    hbm_mb: float = float("nan")
+    instructions: int = 0
+    busy_us: dict = field(default_factory=dict)
+    hot: list = field(default_factory=list)  # top instruction groups on the bound-by engine
+    trace: str = ""
+
+    @property
+    def efficiency_target(self) -> float:
+        if self.case.large and self.limit_bound == "dma":
+            return EFFICIENCY_TARGET_LARGE_MEMORY_BOUND
+        return EFFICIENCY_TARGET
+
+    @property
+    def meets(self) -> bool | None:
+        if self.status != "ok":
+            return None
+        ok = self.efficiency >= self.efficiency_target
+        if self.case.speedup_target is not None:
+            ok = ok and self.speedup >= self.case.speedup_target
+        return ok
+
+    @property
+    def target_text(self) -> str:
+        t = f"eff>={self.efficiency_target:g}"
+        if self.case.speedup_target is not None:
+            t += f", speedup>={self.case.speedup_target:g}x"
+        return t
+
+
+def _max_abs_err(out, ref) -> float:
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+    if len(outs) != len(refs):
+        raise ValueError(f"kernel returned {len(outs)} outputs, reference {len(refs)}")
+    err = 0.0
+    for o, r in zip(outs, refs):
+        if tuple(o.shape) != tuple(r.shape):
+            raise ValueError(f"kernel output shape {tuple(o.shape)} != reference {tuple(r.shape)}")
+        diff = (o.double() - r.double()).abs()
+        if torch.isnan(diff).any():
+            return float("nan")
+        err = max(err, float(diff.max()))
+    return err
+
+
+def _check(out, ref, dtype) -> bool:
+    atol, rtol = CHECK_TOL[dtype]
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+    return all(torch.allclose(o.double(), r.double(), atol=atol, rtol=rtol) for o, r in zip(outs, refs))
+
+
+def _hot_spots(est, engine: str, top: int = 3) -> list[str]:
+    """The instruction groups that take most of ``engine``'s modeled time."""
+    sched = est.schedule
+    groups: dict[tuple, list] = {}
+    seen: set[int] = set()
+    for slot in sched.slots:
+        if slot.engine != engine or slot.index in seen:
+            continue  # a DMA transfer counts once (its first queue share)
+        seen.add(slot.index)
+        d = sched.detail(slot.index)
+        key = (slot.op, d.get("rule", f"{d.get('queues', '?')} queues"))
+        g = groups.setdefault(key, [0, 0.0])
+        g[0] += 1
+        g[1] += slot.end - slot.start
+    ranked = sorted(groups.items(), key=lambda kv: -kv[1][1])[:top]
+    return [f"{op} x{n} ({rule}): {t * 1e6:.1f} us" for (op, rule), (n, t) in ranked]
+
+
+def run_case(case: Case, target: str, traces_dir: Path | None) -> Row:
+    row = Row(case)
+    module = importlib.import_module(f"nki_kernels.{case.module}")
+    call_fn = getattr(module, case.call, None)
+    if call_fn is None:
+        row.status, row.note = "skipped", f"nki_kernels.{case.module}.{case.call} does not exist yet"
+        return row
+    gen = torch.Generator().manual_seed(zlib.crc32(case.slug.encode()))
+    inputs = case.make(gen)
+    args, kwargs = inputs["args"], inputs["kwargs"]
+    try:
+        call = call_fn(*args, **kwargs)
+        _kernel_sources.source_path(call.module)
+    except FileNotFoundError as err:
+        row.status, row.note = "skipped", f"NKI source not written yet ({err})"
+        return row
+    with simulator.activated(target):
+        kernel = getattr(_kernel_sources.load(call.module, "simulator"), call.kernel, None)
+    if kernel is None:
+        row.status, row.note = "skipped", f"kernels/{call.module}.py has no {call.kernel} yet"
+        return row
+
+    tensors = tuple(t.detach().contiguous() for t in call.tensors)
+    t0 = time.perf_counter()
+    est = simulator.estimate(kernel, target)(*tensors, **call.static)
+    row.sim_wall_s = time.perf_counter() - t0
+    out = call.finish_outputs(est.outputs)
+    ref = case.reference(*args, **kwargs, compute_dtype=case.reference_dtype)
+    row.max_abs_err = _max_abs_err(out, ref)
+    if not _check(out, ref, case.dtype):
+        row.status = "mismatch"
+        row.note = f"max |kernel - reference| = {row.max_abs_err:.3g} exceeds atol/rtol {CHECK_TOL[case.dtype]}"
+
+    roof = case.roof(*args, **kwargs, target=target)
+    row.modeled_us = est.latency_us
+    row.limit_us, row.limit_bound = roof.limit_us, roof.bound
+    row.efficiency = roof.efficiency(est.latency_us)
+    row.eager_us = roof.eager_us
+    row.speedup = roof.speedup(est.latency_us)
+    row.bound_by = est.bottleneck
+    row.bound_busy = est.utilization[est.bottleneck]
+    row.busy_us = dict(est.engine_busy_us)
+    row.hbm_mb = est.hbm_bytes / 1e6
+    row.instructions = est.instructions
+    row.hot = _hot_spots(est, est.bottleneck)
+    if traces_dir is not None:
+        path = est.to_chrome_trace(traces_dir / f"{case.slug}.json")
+        row.trace = str(path)
+    return row
+
+
+# ----------------------------------------------------------------------------- output
+
+def _columns():
+    """(label, header, record key, formatter); label is MEASURED, MODELED or ''."""
+    return [
+        ("", "op", "op", str),
+        ("", "workload", "workload", str),
+        ("", "dtype", "dtype", str),
+        (MEASURED, "max abs err", "max_abs_err", lambda v: f"{v:.2e}"),
+        (MODELED, "kernel us", "kernel_us", lambda v: f"{v:.1f}"),
+        (MODELED, "limit us", "limit_us", lambda v: f"{v:.1f}"),
+        (MODELED, "efficiency", "efficiency", lambda v: f"{v:.2f}"),
+        (MODELED, "bound by", "bound_by", str),
+        (MODELED, "eager us", "eager_us", lambda v: f"{v:.1f}"),
+        (MODELED, "speedup", "speedup", lambda v: f"{v:.2f}x"),
+        ("", "target", "target", str),
+        ("", "status", "status", str),
+    ]
+
+
+def _slug(label: str) -> str:
+    return label.replace(" (", "_").replace(")", "").lower()
+
+
+def _record(row: Row) -> dict:
+    """One row as a flat dict; keys of numbers carry their label (e.g. kernel_us_modeled_trn2)."""
+    c = row.case
+    mod, meas = _slug(MODELED), _slug(MEASURED)
+    rec = {
+        "op": c.op, "workload": c.workload, "dtype": str(c.dtype).removeprefix("torch."),
+        f"max_abs_err_{meas}": row.max_abs_err, f"sim_wall_s_{meas}": row.sim_wall_s,
+        f"kernel_us_{mod}": row.modeled_us, f"limit_us_{mod}": row.limit_us, "limit_set_by": row.limit_bound,
+        f"efficiency_{mod}": row.efficiency, f"bound_by_{mod}": row.bound_by,
+        f"bound_by_busy_fraction_{mod}": row.bound_busy, f"eager_us_{mod}": row.eager_us,
+        f"speedup_{mod}": row.speedup, f"hbm_mb_{mod}": row.hbm_mb, "instructions": row.instructions,
+        "target": row.target_text, "meets_target": row.meets,
+        "status": row.status if row.meets is not False else "below target",
+        "note": row.note, "trace": row.trace,
+    }
+    for e in ("tensor", "vector", "scalar", "gpsimd", "dma"):
+        rec[f"busy_us_{e}_{mod}"] = row.busy_us.get(e, float("nan"))
+    return rec
+
+
+def _value(rec: dict, key: str):
+    """A record's value by short key (kernel_us -> kernel_us_modeled_trn2)."""
+    if key in rec:
+        return rec[key]
+    for k, v in rec.items():
+        if k.startswith(key + "_"):
+            return v
+    raise KeyError(key)
+
+
+def _cell(rec: dict, key: str, fmt) -> str:
+    v = _value(rec, key)
+    if isinstance(v, float) and math.isnan(v):
+        return "-"
+    if v in ("", None):
+        return "-"
+    return fmt(v)
+
+
+def format_table(records: list[dict]) -> str:
+    cols = _columns()
+    labels = [lab for lab, _, _, _ in cols]
+    headers = [h for _, h, _, _ in cols]
+    body = [[_cell(r, k, f) for _, _, k, f in cols] for r in records]
+    widths = [max(len(labels[i]), len(h), *(len(b[i]) for b in body)) for i, h in enumerate(headers)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(labels), line(headers), line(["-" * w for w in widths])] + [line(b) for b in body])
+
+
+def write_csv(records: list[dict], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(records[0]))
+        w.writeheader()
+        w.writerows(records)
+
+
+def write_markdown(rows: list[Row], records: list[dict], path: Path, target: str, wall_s: float) -> None:
+    lines = [
+        f"# nki-kernels: modeled report ({target})",
+        "",
+        f"Kernel, limit and eager times are **{MODELED}**: the analytical cost model of one NeuronCore "
+        "applied to the exact instructions each kernel issued in the simulator (docs/cost-model.md). "
+        f"Errors and wall times are **{MEASURED}**. Nothing here ran on a Trainium.",
+        "",
+        "* efficiency = limit / modeled kernel time (limit: max of compulsory HBM bytes / DMA bandwidth, "
+        "matmul FLOPs / TensorE peak, transcendentals / ScalarE rate);",
+        "* speedup = modeled eager PyTorch / modeled kernel, eager charged at each ATen op's own limit with "
+        "zero launch overhead (the best case for eager, so the speedup is a lower bound).",
+        "",
+        "| " + " | ".join(f"{h}, {lab}" if lab else h for lab, h, _, _ in _columns()) + " |",
+        "|" + "---|" * len(_columns()),
+    ]
+    for rec in records:
+        lines.append("| " + " | ".join(_cell(rec, k, f) for _, _, k, f in _columns()) + " |")
+    lines += ["", f"Report generated in {wall_s:.0f} s ({MEASURED} wall time).", "", "## Where the time goes"]
+    for row in rows:
+        c = row.case
+        lines.append("")
+        lines.append(f"**{c.op} — {c.workload}** ({row.status})")
+        if row.note:
+            lines.append(f"- note: {row.note}")
+        if row.status in ("ok", "mismatch"):
+            busy = ", ".join(f"{e} {row.busy_us[e]:.1f}" for e in ("tensor", "vector", "scalar", "gpsimd", "dma"))
+            lines.append(f"- {MODELED}: {row.modeled_us:.1f} us; limit {row.limit_us:.1f} us set by "
+                         f"{row.limit_bound}; busy us: {busy}; HBM {row.hbm_mb:.2f} MB; "
+                         f"{row.instructions} instructions; simulated in {row.sim_wall_s:.2f} s ({MEASURED})")
+            lines.append(f"- bound by {row.bound_by} ({row.bound_busy:.0%} busy); its largest instruction groups:")
+            lines += [f"  - {h}" for h in row.hot]
+            if row.trace:
+                lines.append(f"- trace: `{Path(row.trace).name}` (traces/, open in Perfetto)")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_plot(records: list[dict], path: Path, target: str) -> bool:
+    ok = [r for r in records if r["status"] in ("ok", "below target") and not math.isnan(_value(r, "speedup"))]
+    if not ok:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['op']}\n{r['workload']}" for r in ok]
+    y = list(range(len(ok)))[::-1]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 0.55 * len(ok) + 2), sharey=True)
+    ax1.barh(y, [_value(r, "speedup") for r in ok], color="tab:blue")
+    ax1.axvline(1.0, color="black", lw=0.8)
+    ax1.axvline(2.4, color="tab:red", lw=0.8, ls="--", label="attention target 2.4x")
+    ax1.set_xscale("log")
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    speedups = [_value(r, "speedup") for r in ok]
+    ticks = [v for v in (0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32)
+             if min(speedups) / 2 <= v <= max(max(speedups), 2.4) * 2]
+    ax1.xaxis.set_major_locator(FixedLocator(ticks))
+    ax1.xaxis.set_minor_locator(NullLocator())
+    ax1.set_xticklabels([f"{v:g}x" for v in ticks])
+    for yi, v in zip(y, speedups):
+        ax1.text(v, yi, f" {v:.2f}x", va="center", fontsize=7)
+    for yi, r in zip(y, ok):
+        ax2.text(_value(r, "efficiency"), yi, f" {_value(r, 'efficiency'):.2f}", va="center", fontsize=7)
+    ax1.set_xlabel(f"speedup over eager PyTorch [{MODELED}, lower bound]")
+    ax1.set_yticks(y, labels, fontsize=7)
+    ax1.legend(fontsize=7, loc="lower right")
+    ax2.barh(y, [_value(r, "efficiency") for r in ok],
+             color=["tab:green" if r["meets_target"] else "tab:orange" for r in ok])
+    ax2.axvline(0.6, color="tab:red", lw=0.8, ls="--", label="0.6 target")
+    ax2.axvline(0.8, color="tab:purple", lw=0.8, ls=":", label="0.8 (memory-bound, large)")
+    ax2.set_xlim(0, 1.05)
+    ax2.set_xlabel(f"efficiency = limit / kernel [{MODELED}]")
+    ax2.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"nki-kernels on {target}: MODELED by the cost model (not measured on hardware)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+# ----------------------------------------------------------------------------- main
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--ops", default="", help="comma-separated ops to run (default: all), e.g. attention,rms_norm")
+    ap.add_argument("--quick", action="store_true", help="one or two shapes per op")
+    ap.add_argument("--out", default="out/report", help="output folder (default out/report)")
+    ap.add_argument("--target", default="trn2", choices=("trn2", "trn3", "trn1"), help="modeled target")
+    ap.add_argument("--no-traces", action="store_true", help="do not write Chrome traces")
+    args = ap.parse_args(argv)
+
+    global MODELED
+    MODELED = f"modeled ({args.target})"
+    cases = grid(args.quick)
+    if args.ops:
+        wanted = {o.strip() for o in args.ops.split(",") if o.strip()}
+        unknown = wanted - {c.op for c in grid(False)}
+        if unknown:
+            ap.error(f"--ops {sorted(unknown)} unknown; choose from {sorted({c.op for c in grid(False)})}")
+        cases = [c for c in cases if c.op in wanted]
+    out = Path(args.out)
+    traces = None if args.no_traces else out / "traces"
+    out.mkdir(parents=True, exist_ok=True)
+    if traces is not None:
+        traces.mkdir(exist_ok=True)
+        if not args.ops:  # a full run owns the folder: drop traces of rows that no longer exist
+            for old in traces.glob("*.json"):
+                old.unlink()
+
+    t0 = time.perf_counter()
+    rows: list[Row] = []
+    bar = tqdm(cases, desc="simulate + model", unit="case", file=sys.stderr)
+    for case in bar:
+        bar.set_postfix_str(f"{case.op}: {case.workload}"[:60])
+        try:
+            row = run_case(case, args.target, traces)
+        except Exception as err:  # report it, keep going: the report must survive a broken kernel
+            row = Row(case, status="error", note=f"{type(err).__name__}: {err}".splitlines()[0][:300])
+            traceback.print_exc(file=sys.stderr)
+        rows.append(row)
+    wall = time.perf_counter() - t0
+
+    records = [_record(r) for r in rows]
+    print()
+    print(f"nki-kernels on {args.target}: kernel/limit/eager times {MODELED}; errors {MEASURED}. "
+          "Not measured on hardware.")
+    print(format_table(records))
+    for r in rows:
+        if r.note:
+            print(f"note: {r.case.op} [{r.case.workload}]: {r.note}")
+    write_csv(records, out / "report.csv")
+    write_markdown(rows, records, out / "report.md", args.target, wall)
+    plotted = write_plot(records, out / "report.png", args.target)
+    print(f"\nwrote {out / 'report.csv'}, {out / 'report.md'}" + (f", {out / 'report.png'}" if plotted else "")
+          + (f", traces in {traces}" if traces is not None else "") + f"  ({wall:.0f} s, {MEASURED})")
+    below = [r for r in rows if r.meets is False]
+    if below:
+        print(f"{len(below)} row(s) below target: " + "; ".join(f"{r.case.op} [{r.case.workload}] bound by "
+              f"{r.bound_by}" for r in below))
+    failed = [r for r in rows if r.status in ("error", "mismatch")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""The main job (benchmarks/model_report.py) on one small op: files, labels, skips."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPORT = Path(__file__).resolve().parents[2] / "benchmarks" / "model_report.py"
+
+
+@pytest.fixture(scope="module")
+def report():
+    spec = importlib.util.spec_from_file_location("model_report", REPORT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["model_report"] = mod
+    spec.loader.exec_module(mod)
+    yield mod
+    sys.modules.pop("model_report", None)
+
+
+def test_report_writes_table_csv_markdown_plot_and_traces(report, tmp_path, capsys):
+    assert report.main(["--ops", "gelu", "--quick", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "modeled (trn2)" in printed and "measured (CPU)" in printed
+    rows = list(csv.DictReader((tmp_path / "report.csv").open()))
+    assert [r["op"] for r in rows] == ["gelu"]
+    row = rows[0]
+    assert row["status"] in ("ok", "below target")
+    assert float(row["kernel_us_modeled_trn2"]) >= float(row["limit_us_modeled_trn2"]) > 0
+    assert 0 < float(row["efficiency_modeled_trn2"]) <= 1
+    assert float(row["max_abs_err_measured_cpu"]) < 0.1
+    md = (tmp_path / "report.md").read_text()
+    assert "modeled (trn2)" in md and "Where the time goes" in md
+    assert (tmp_path / "report.png").stat().st_size > 1000
+    traces = list((tmp_path / "traces").glob("*.json"))
+    assert len(traces) == 1 and json.loads(traces[0].read_text())["traceEvents"]
+
+
+def test_ops_whose_kernel_call_does_not_exist_are_skipped_with_a_note(report, tmp_path, monkeypatch, capsys):
+    real_grid = report.grid
+
+    def grid(quick):
+        cases = [c for c in real_grid(True) if c.op == "gelu"]
+        ghost = report.Case("gelu", "activations", "no_such_kernel_call", "ghost", cases[0].make,
+                            cases[0].reference, cases[0].roof)
+        return cases + [ghost]
+
+    monkeypatch.setattr(report, "grid", grid)
+    assert report.main(["--ops", "gelu", "--out", str(tmp_path), "--no-traces"]) == 0
+    out = capsys.readouterr().out
+    assert "no_such_kernel_call does not exist yet" in out
+    rows = list(csv.DictReader((tmp_path / "report.csv").open()))
+    assert [r["status"] for r in rows][-1] == "skipped"
+
+
+def test_unknown_op_is_an_error_naming_the_choices(report, tmp_path):
+    with pytest.raises(SystemExit):
+        report.main(["--ops", "nope", "--out", str(tmp_path)])

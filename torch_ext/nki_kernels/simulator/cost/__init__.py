@@ -1,0 +1,41 @@
+"""The analytical cost model of a NeuronCore, driven by the simulator's instruction trace.
+
+    from nki_kernels import simulator
+    est = simulator.estimate(kernel, target="trn2")(x, y)     # runs the kernel in the simulator
+    est.latency_us, est.engine_busy_us, est.bottleneck, est.to_chrome_trace("t.json")
+
+Everything it reports is MODELED for the target, never measured. The model:
+
+* model.py      per-instruction cost rules (cycles per engine, DMA fixed cost + bandwidth);
+* schedule.py   a list schedule over the engines and the 16 DMA queues with read-after-
+                write, write-after-read and write-after-write dependencies on overlapping
+                parts of the same allocation (regions.py computes the footprints);
+* estimate.py   the ``Estimate`` result, ``estimate``/``estimate_trace`` and the Chrome trace;
+* roofline.py   per-op limits (the best any kernel can do on the target) and the modeled
+                eager-PyTorch baselines.
+
+All hardware numbers come from ``simulator/hardware.py``. docs/cost-model.md explains
+the model and its assumptions.
+"""
+
+from . import roofline
+from .estimate import Estimate, estimate, estimate_trace
+from .model import CostModelError, DmaCost, InstructionCost, compute_cost, dma_cost
+from .roofline import Roofline
+from .schedule import Schedule, Slot, schedule
+
+__all__ = [
+    "CostModelError",
+    "DmaCost",
+    "Estimate",
+    "InstructionCost",
+    "Roofline",
+    "Schedule",
+    "Slot",
+    "compute_cost",
+    "dma_cost",
+    "estimate",
+    "estimate_trace",
+    "roofline",
+    "schedule",
+]

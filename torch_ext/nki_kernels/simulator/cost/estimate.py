@@ -1,0 +1,166 @@
+"""``estimate(kernel, target)(*args)``: run a kernel in the simulator and model its time.
+
+The result is an :class:`Estimate`: MODELED numbers for one NeuronCore of the target,
+derived from the exact instruction stream the kernel issued in the simulator (see
+model.py for the per-instruction rules and schedule.py for the schedule). They are
+estimates, never measurements: label them "modeled (<target>)" wherever they are shown.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..hardware import DEFAULT_TARGET, Target, get_target
+from .model import ENGINES
+from .schedule import Schedule, schedule
+
+_LANE_TITLES = {"tensor": "TensorE", "vector": "VectorE", "scalar": "ScalarE", "gpsimd": "GpSimdE"}
+
+
+@dataclass
+class Estimate:
+    """Modeled execution of one kernel call on one NeuronCore of ``target``."""
+
+    target: str
+    latency_us: float                    # modeled: completion of the last instruction
+    engine_busy_us: dict[str, float]     # modeled busy time per engine; "dma" = mean over the queues
+    hbm_bytes: int                       # bytes DMA moved to or from HBM
+    flops: int                           # sum of the trace's FLOPs (2*K*M*N per matmul, elements otherwise)
+    matmul_flops: int                    # FLOPs of nc_matmul instructions (transposes excluded)
+    instruction_counts: dict[str, int]   # per ISA op name
+    engine_instruction_counts: dict[str, int]
+    outputs: Any = None                  # the kernel's outputs (as nki.simulate returns them)
+    dma_queue_busy_us: list[float] = field(default_factory=list)
+    schedule: Schedule | None = field(default=None, repr=False)
+    trace: list | None = field(default=None, repr=False)   # the modeled Instruction records
+
+    @property
+    def bottleneck(self) -> str:
+        """The engine with the most busy time (ties: the first of tensor, vector, scalar, gpsimd, dma)."""
+        return max(ENGINES, key=lambda e: (self.engine_busy_us.get(e, 0.0), -ENGINES.index(e)))
+
+    @property
+    def utilization(self) -> dict[str, float]:
+        """Busy time / latency per engine (0..1)."""
+        if self.latency_us <= 0:
+            return {e: 0.0 for e in ENGINES}
+        return {e: self.engine_busy_us.get(e, 0.0) / self.latency_us for e in ENGINES}
+
+    @property
+    def instructions(self) -> int:
+        return sum(self.instruction_counts.values())
+
+    def summary(self) -> str:
+        """A few human-readable lines, every number labelled as modeled."""
+        util = self.utilization
+        busy = ", ".join(f"{e} {self.engine_busy_us[e]:.2f} ({util[e]:.0%})" for e in ENGINES)
+        return (f"modeled ({self.target}): latency {self.latency_us:.2f} us, bound by {self.bottleneck}; "
+                f"busy us: {busy}; HBM {self.hbm_bytes / 1e6:.3f} MB; "
+                f"{self.flops / 1e9:.3f} GFLOP; {self.instructions} instructions")
+
+    def to_chrome_trace(self, path, max_events: int = 200_000) -> Path:
+        """Write the modeled timeline as Chrome trace-event JSON (open it in Perfetto).
+
+        One process (the NeuronCore), one lane (thread) per engine and per DMA queue; each
+        instruction is a complete ("X") event with its op, operands' cost rule and cycles.
+        Timestamps are microseconds of modeled time. At most ``max_events`` instruction
+        events are written (the earliest ones); ``otherData.truncated`` says if any were cut.
+        """
+        if self.schedule is None:
+            raise ValueError("this Estimate has no schedule to export (it was built without one)")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lanes = self.schedule.lanes
+        tid = {name: i + 1 for i, name in enumerate(lanes)}
+        events: list[dict] = [
+            {"ph": "M", "pid": 1, "name": "process_name",
+             "args": {"name": f"NeuronCore ({self.target}, modeled)"}},
+        ]
+        for name in lanes:
+            core, _, base = name.rpartition("/")
+            title = _LANE_TITLES.get(base, base.replace("dma_q", "DMA queue "))
+            title = f"{core} {title}" if core else title
+            events.append({"ph": "M", "pid": 1, "tid": tid[name], "name": "thread_name", "args": {"name": title}})
+            events.append({"ph": "M", "pid": 1, "tid": tid[name], "name": "thread_sort_index",
+                           "args": {"sort_index": tid[name]}})
+        seen: set[int] = set()
+        slots = sorted(self.schedule.slots, key=lambda s: (s.start, s.index))
+        truncated = len(slots) > max_events
+        for s in slots[:max_events]:
+            if s.index in seen:  # later shares of a DMA: the first carries the details
+                args = {"instruction": s.index}
+            else:
+                seen.add(s.index)
+                args = {"instruction": s.index, **self.schedule.detail(s.index)}
+                if self.trace is not None:
+                    ins = self.trace[s.index]
+                    args["reads"] = [_describe(o) for o in ins.reads]
+                    args["writes"] = [_describe(o) for o in ins.writes]
+            events.append({
+                "ph": "X", "pid": 1, "tid": tid[s.lane], "name": s.op, "cat": s.engine,
+                "ts": s.start * 1e6, "dur": max(s.end - s.start, 0.0) * 1e6, "args": args,
+            })
+        doc = {
+            "traceEvents": events,
+            "displayTimeUnit": "ns",
+            "otherData": {
+                "what": "MODELED timeline from the nki_kernels cost model (not a measurement)",
+                "target": self.target,
+                "latency_us": self.latency_us,
+                "engine_busy_us": self.engine_busy_us,
+                "bottleneck": self.bottleneck,
+                "truncated": truncated,
+            },
+        }
+        path.write_text(json.dumps(doc))
+        return path
+
+
+def _describe(o) -> str:
+    return f"{o.role}: {o.buffer} {o.dtype} {list(o.shape)}"
+
+
+def estimate_trace(trace, target: str | Target = DEFAULT_TARGET, outputs: Any = None) -> Estimate:
+    """Model an instruction trace (a list of ``trace.Instruction``) on ``target``."""
+    tgt = get_target(target)
+    trace = list(trace)
+    sched = schedule(trace, tgt)
+    ops = Counter(ins.op for ins in trace)
+    engines = Counter(ins.engine for ins in trace)
+    return Estimate(
+        target=tgt.name,
+        latency_us=sched.latency * 1e6,
+        engine_busy_us={e: sched.engine_busy.get(e, 0.0) * 1e6 for e in ENGINES},
+        hbm_bytes=sched.hbm_bytes,
+        flops=sum(int(ins.flops) for ins in trace),
+        matmul_flops=sum(int(ins.flops) for ins in trace
+                         if ins.op == "nc_matmul" and not ins.attrs.get("is_transpose", False)),
+        instruction_counts=dict(sorted(ops.items())),
+        engine_instruction_counts={e: engines.get(e, 0) for e in ENGINES},
+        outputs=outputs,
+        dma_queue_busy_us=[b * 1e6 for b in sched.queue_busy],
+        schedule=sched,
+        trace=trace,
+    )
+
+
+def estimate(kernel, target: str | Target = DEFAULT_TARGET):
+    """``estimate(kernel, target)(*args, **kwargs)`` -> :class:`Estimate`.
+
+    Runs ``kernel`` in the simulator (``nki_kernels.simulator.run``) on ``args`` and models
+    the instruction trace it issued on ``target`` ("trn2" default, "trn3", "trn1").
+    """
+    tgt = get_target(target)
+
+    def run_and_estimate(*args, **kwargs) -> Estimate:
+        from .. import run  # the simulator package; imported lazily (it imports this package)
+
+        result = run(kernel, *args, target=tgt.name, **kwargs)
+        return estimate_trace(result.trace, tgt, outputs=result.outputs)
+
+    run_and_estimate.__name__ = f"estimate_{getattr(kernel, '__name__', 'kernel')}"
+    return run_and_estimate

@@ -1,0 +1,313 @@
+"""Per-op limits and modeled eager-PyTorch baselines on a NeuronCore (all MODELED).
+
+The **limit** of an op call is the least time any kernel could take on one NeuronCore of
+the target: the largest of
+
+* compulsory HBM traffic (every input read once, every output written once) over the
+  practical DMA bandwidth of a core (``dma_bytes_per_s``);
+* matmul FLOPs over the TensorE peak (bf16/fp16 peak, or the fp32 peak for fp32 inputs);
+* transcendental elements (exp, gelu, silu, rsqrt, reciprocal...) over the ScalarE rate
+  (``scalar_hz * scalar_elems_per_cycle``; fp32 rate for fp32 data).
+
+A kernel's *efficiency* is ``limit / modeled latency`` (1.0 = at the limit).
+
+The **modeled eager baseline** is what eager PyTorch runs for the same call, one ATen op
+at a time, as TorchNeuron's eager mode does (each op its own compiled program, every
+intermediate written to HBM and read back by the next op). Each op is charged *at its own
+limit* by the rule above, with zero launch overhead and perfect engine use. That is the
+best case eager could ever reach, so ``speedup = eager / modeled kernel`` is a lower bound
+on the speedup against any real eager run. The op sequences are those ATen dispatches on
+CPU for these calls (checked with a ``TorchDispatchMode``), with two simplifications that
+only make eager faster: SDPA's math path is charged in the input dtype (the CPU math path
+upcasts bf16 to fp32) and ``_safe_softmax`` as a single softmax pass.
+
+Every function takes tensors (or anything with ``.shape``, ``.dtype`` and
+``.element_size()``, e.g. ``torch.empty(shape, dtype=..., device="meta")``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..hardware import DEFAULT_TARGET, Target, get_target
+
+_FP32_NAMES = ("float32", "float64")
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).rsplit(".", 1)[-1]
+
+
+def _itemsize(dtype) -> int:
+    size = getattr(dtype, "itemsize", None)
+    if size is None:
+        raise TypeError(f"dtype {dtype!r} has no itemsize")
+    return int(size)
+
+
+def _nbytes(t) -> int:
+    return math.prod(t.shape) * t.element_size()
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one op (or one ATen op of the eager sequence) must do at minimum."""
+
+    name: str
+    hbm_bytes: int = 0
+    matmul_flops: int = 0
+    transcendentals: int = 0
+    fp32: bool = False          # fp32 data: fp32 TensorE peak and ScalarE fp32 rate
+
+    def terms(self, target: Target) -> dict[str, float]:
+        """Seconds per resource: {"dma", "tensor", "scalar"}."""
+        peak = target.tensor_peak_fp32_flops if self.fp32 else target.tensor_peak_bf16_flops
+        per_cycle = target.scalar_elems_per_cycle_fp32 if self.fp32 else target.scalar_elems_per_cycle
+        return {
+            "dma": self.hbm_bytes / target.dma_bytes_per_s,
+            "tensor": self.matmul_flops / peak,
+            "scalar": self.transcendentals / (target.scalar_hz * per_cycle),
+        }
+
+    def seconds(self, target: Target) -> float:
+        return max(self.terms(target).values())
+
+    def bound(self, target: Target) -> str:
+        terms = self.terms(target)
+        return max(terms, key=terms.get)
+
+
+@dataclass(frozen=True)
+class EagerStep:
+    work: Work
+    us: float                   # modeled: this ATen op at its own limit
+    bound: str
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """Limit and modeled eager baseline of one op call on one target (all MODELED)."""
+
+    op: str
+    target: str
+    work: Work                              # the fused op's compulsory work
+    limit_us: float
+    limit_terms_us: dict[str, float]        # {"dma", "tensor", "scalar"}
+    bound: str                              # the term that sets the limit
+    eager_steps: tuple[EagerStep, ...] = field(default_factory=tuple)
+
+    @property
+    def eager_us(self) -> float:
+        return sum(s.us for s in self.eager_steps)
+
+    @property
+    def eager_hbm_bytes(self) -> int:
+        return sum(s.work.hbm_bytes for s in self.eager_steps)
+
+    def efficiency(self, modeled_us: float) -> float:
+        return self.limit_us / modeled_us if modeled_us > 0 else float("nan")
+
+    def speedup(self, modeled_us: float) -> float:
+        return self.eager_us / modeled_us if modeled_us > 0 else float("nan")
+
+
+def _roofline(op: str, work: Work, eager: list[Work], target) -> Roofline:
+    tgt = get_target(target)
+    terms = work.terms(tgt)
+    steps = tuple(EagerStep(w, w.seconds(tgt) * 1e6, w.bound(tgt)) for w in eager)
+    return Roofline(op, tgt.name, work, max(terms.values()) * 1e6,
+                    {k: v * 1e6 for k, v in terms.items()}, max(terms, key=terms.get), steps)
+
+
+def _is_fp32(t) -> bool:
+    return _dtype_name(t.dtype) in _FP32_NAMES
+
+
+def _elementwise(name, reads_bytes, writes_bytes, transcendentals=0, fp32=False) -> Work:
+    return Work(name, int(reads_bytes + writes_bytes), 0, int(transcendentals), fp32)
+
+
+# ----------------------------------------------------------------------------- attention
+
+def _causal_pairs(sq: int, sk: int) -> int:
+    """(query, key) pairs a top-left-aligned causal mask keeps: key j <= query i."""
+    full = min(sq, sk)
+    return full * (full + 1) // 2 + max(0, sq - sk) * sk
+
+
+def attention(query, key, value, attn_mask=None, is_causal: bool = False,
+              target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """SDPA ``softmax(q k^T * scale + mask) v`` with q ``[B, H, Sq, D]``, k/v ``[B, Hkv, Sk, D]``.
+
+    Eager baseline (SDPA math path): q*sqrt(scale), k*sqrt(scale), [repeat_interleave of
+    k/v for grouped-query heads], bmm q k^T, [causal mask build], [bool mask -> float],
+    [mask add], softmax, bmm p v; in the input dtype.
+    """
+    b, h, sq, d = query.shape
+    hkv, sk, dv = key.shape[1], key.shape[2], value.shape[-1]
+    it = query.element_size()
+    fp32 = _is_fp32(query)
+    pairs = b * h * (_causal_pairs(sq, sk) if is_causal else sq * sk)
+    rows = b * h * sq
+    io = _nbytes(query) + _nbytes(key) + _nbytes(value) + b * h * sq * dv * it
+    mask_bytes = _nbytes(attn_mask) if attn_mask is not None else 0
+    work = Work("attention", io + mask_bytes, 2 * pairs * (d + dv), pairs + rows, fp32)
+
+    scores = b * h * sq * sk * it
+    eager = [
+        _elementwise("mul (q * sqrt(scale))", _nbytes(query), _nbytes(query), fp32=fp32),
+        _elementwise("mul (k * sqrt(scale))", _nbytes(key), _nbytes(key), fp32=fp32),
+    ]
+    k_bytes, v_bytes = _nbytes(key), _nbytes(value)
+    if hkv != h:
+        k_rep, v_rep = b * h * sk * d * it, b * h * sk * dv * it
+        eager += [_elementwise("repeat_interleave (k)", k_bytes, k_rep, fp32=fp32),
+                  _elementwise("repeat_interleave (v)", v_bytes, v_rep, fp32=fp32)]
+        k_bytes, v_bytes = k_rep, v_rep
+    eager.append(Work("bmm (q k^T)", _nbytes(query) + k_bytes + scores, 2 * b * h * sq * sk * d, 0, fp32))
+    mask_read = 0
+    if is_causal:
+        eager.append(_elementwise("ones+tril+where (causal mask)", 0, sq * sk * (1 + 1 + it), fp32=fp32))
+        mask_read = sq * sk * it
+    elif attn_mask is not None:
+        mask_read = mask_bytes
+        if _dtype_name(attn_mask.dtype) == "bool":
+            n_mask = math.prod(attn_mask.shape)
+            eager.append(_elementwise("where (bool mask -> float)", n_mask, n_mask * it, fp32=fp32))
+            mask_read = n_mask * it
+    if mask_read:
+        eager.append(_elementwise("add (mask)", scores + mask_read, scores, fp32=fp32))
+    eager.append(_elementwise("softmax", scores, scores, b * h * sq * sk + rows, fp32))
+    eager.append(Work("bmm (p v)", scores + v_bytes + b * h * sq * dv * it, 2 * b * h * sq * sk * dv, 0, fp32))
+    return _roofline("attention", work, eager, target)
+
+
+# ----------------------------------------------------------------------------- norms
+
+def _rms_norm_eager(x, weight, prefix: str = "") -> list[Work]:
+    """ATen ops of F.rms_norm (CompositeImplicit): upcast, pow, mean, add eps, rsqrt, mul, mul w, downcast."""
+    n = math.prod(x.shape)
+    rows = n // x.shape[-1]
+    it = x.element_size()
+    f32 = 4
+    steps = []
+    if it != f32:
+        steps.append(_elementwise(prefix + "_to_copy (to fp32)", n * it, n * f32))
+    steps += [
+        _elementwise(prefix + "pow", n * f32, n * f32, fp32=True),
+        _elementwise(prefix + "mean", n * f32, rows * f32, fp32=True),
+        _elementwise(prefix + "add (eps)", rows * f32, rows * f32, fp32=True),
+        _elementwise(prefix + "rsqrt", rows * f32, rows * f32, rows, fp32=True),
+        _elementwise(prefix + "mul (x * rstd)", n * f32 + rows * f32, n * f32, fp32=True),
+    ]
+    if weight is not None:
+        steps.append(_elementwise(prefix + "mul (weight)", n * f32 + _nbytes(weight), n * f32, fp32=True))
+    if it != f32:
+        steps.append(_elementwise(prefix + "_to_copy (to input dtype)", n * f32, n * it))
+    return steps
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None,
+               target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """``F.layer_norm`` over the last ``len(normalized_shape)`` dims. Eager: one
+    ``native_layer_norm`` (it also writes fp32 mean and rstd per row)."""
+    hidden = math.prod(normalized_shape)
+    rows = math.prod(input.shape) // hidden
+    params = sum(_nbytes(p) for p in (weight, bias) if p is not None)
+    fp32 = _is_fp32(input)
+    work = Work("layer_norm", 2 * _nbytes(input) + params, 0, rows, fp32)
+    eager = [Work("native_layer_norm", 2 * _nbytes(input) + params + 2 * rows * 4, 0, rows, fp32)]
+    return _roofline("layer_norm", work, eager, target)
+
+
+def rms_norm(input, normalized_shape, weight=None, target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """``F.rms_norm``. Eager: its ATen decomposition (see ``_rms_norm_eager``)."""
+    hidden = math.prod(normalized_shape)
+    rows = math.prod(input.shape) // hidden
+    params = _nbytes(weight) if weight is not None else 0
+    work = Work("rms_norm", 2 * _nbytes(input) + params, 0, rows, _is_fp32(input))
+    return _roofline("rms_norm", work, _rms_norm_eager(input, weight), target)
+
+
+def fused_add_rms_norm(input, residual, weight=None, target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """``(rms_norm(input + residual), input + residual)``. Eager: add, then F.rms_norm's ops."""
+    rows = math.prod(input.shape) // input.shape[-1]
+    params = _nbytes(weight) if weight is not None else 0
+    n_bytes = _nbytes(input)
+    work = Work("fused_add_rms_norm", 4 * n_bytes + params, 0, rows, _is_fp32(input))
+    eager = [_elementwise("add (input + residual)", 2 * n_bytes, n_bytes, fp32=_is_fp32(input))]
+    eager += _rms_norm_eager(input, weight)
+    return _roofline("fused_add_rms_norm", work, eager, target)
+
+
+# ----------------------------------------------------------------------------- activations
+
+def gelu(input, target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """``F.gelu``. Eager: one ``gelu``."""
+    n = math.prod(input.shape)
+    fp32 = _is_fp32(input)
+    work = _elementwise("gelu", _nbytes(input), _nbytes(input), n, fp32)
+    return _roofline("gelu", work, [work], target)
+
+
+def _act_and_mul(op: str, act: str, input, target) -> Roofline:
+    n_out = math.prod(input.shape) // 2
+    it = input.element_size()
+    fp32 = _is_fp32(input)
+    work = _elementwise(op, 2 * n_out * it, n_out * it, n_out, fp32)
+    eager = [_elementwise(f"{act} (x[..., :d])", n_out * it, n_out * it, n_out, fp32),
+             _elementwise("mul (by x[..., d:])", 2 * n_out * it, n_out * it, fp32=fp32)]
+    return _roofline(op, work, eager, target)
+
+
+def silu_and_mul(input, target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """``silu(x[..., :d]) * x[..., d:]``. Eager: silu, mul."""
+    return _act_and_mul("silu_and_mul", "silu", input, target)
+
+
+def gelu_and_mul(input, target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """``gelu(x[..., :d]) * x[..., d:]``. Eager: gelu, mul."""
+    return _act_and_mul("gelu_and_mul", "gelu", input, target)
+
+
+def softmax(input, dim: int = -1, target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """``torch.softmax``. Eager: one ``_softmax`` (exp per element, one reciprocal per row)."""
+    n = math.prod(input.shape)
+    rows = n // input.shape[dim]
+    work = _elementwise("softmax", _nbytes(input), _nbytes(input), n + rows, _is_fp32(input))
+    return _roofline("softmax", work, [work], target)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """transformers' Llama rotary: ``x * cos + rotate_half(x) * sin`` for q and k.
+
+    Eager per tensor: mul (x*cos), neg (second half), cat (rotate_half), mul (*sin), add.
+    """
+    fp32 = _is_fp32(q)
+    cs = _nbytes(cos) + _nbytes(sin)
+    work = _elementwise("apply_rotary_pos_emb", _nbytes(q) + _nbytes(k) + cs, _nbytes(q) + _nbytes(k), 0, fp32)
+    eager = []
+    for name, x in (("q", q), ("k", k)):
+        nb = _nbytes(x)
+        eager += [
+            _elementwise(f"mul ({name} * cos)", nb + _nbytes(cos), nb, fp32=fp32),
+            _elementwise(f"neg ({name}[..., d/2:])", nb // 2, nb // 2, fp32=fp32),
+            _elementwise(f"cat (rotate_half {name})", nb, nb, fp32=fp32),
+            _elementwise(f"mul (rotate_half({name}) * sin)", nb + _nbytes(sin), nb, fp32=fp32),
+            _elementwise(f"add ({name})", 2 * nb, nb, fp32=fp32),
+        ]
+    return _roofline("apply_rotary_pos_emb", work, eager, target)
+
+
+OPS = {
+    "attention": attention,
+    "layer_norm": layer_norm,
+    "rms_norm": rms_norm,
+    "fused_add_rms_norm": fused_add_rms_norm,
+    "gelu": gelu,
+    "silu_and_mul": silu_and_mul,
+    "gelu_and_mul": gelu_and_mul,
+    "softmax": softmax,
+    "apply_rotary_pos_emb": apply_rotary_pos_emb,
+}
