@@ -327,8 +327,8 @@ def run_case(case: Case, target: str, traces_dir: Path | None) -> Row:
     gen = torch.Generator().manual_seed(zlib.crc32(case.slug.encode()))
     inputs = case.make(gen)
     args, kwargs = inputs["args"], inputs["kwargs"]
+    call = call_fn(*args, **kwargs)
     try:
-        call = call_fn(*args, **kwargs)
         _kernel_sources.source_path(call.module)
     except FileNotFoundError as err:
         row.status, row.note = "skipped", f"NKI source not written yet ({err})"

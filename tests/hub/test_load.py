@@ -228,8 +228,7 @@ LAYERS_SOURCE = ROOT / "torch_ext" / "nki_kernels" / "layers.py"
 
 
 def test_local_layer_repository_and_kernelize(build_with_id, monkeypatch):
-    if not LAYERS_SOURCE.exists():
-        pytest.skip("torch_ext/nki_kernels/layers.py does not exist yet (the kernelize layers are being written)")
+    assert LAYERS_SOURCE.exists(), "torch_ext/nki_kernels/layers.py (the kernelize layers) is missing"
     from kernels import LocalLayerRepository, Mode, kernelize, use_kernel_forward_from_hub, use_kernel_mapping
 
     @use_kernel_forward_from_hub("RMSNorm")
@@ -362,8 +361,7 @@ BENCHMARKS = sorted((ROOT / "benchmarks").glob("benchmark*.py"))
 def test_kernels_benchmark_finds_the_benchmarks_in_the_build(default_build):
     from kernels.cli.benchmark import discover_benchmark_classes, discover_benchmark_scripts
 
-    if not BENCHMARKS:
-        pytest.skip("benchmarks/benchmark*.py do not exist yet (the measured benchmarks are being written)")
+    assert BENCHMARKS, "benchmarks/benchmark*.py (the measured benchmarks) are missing"
     out, _ = default_build
     scripts = discover_benchmark_scripts(str(out), out)  # what `kernels benchmark <build dir>` runs
     assert [s.name for s in scripts] == [b.name for b in BENCHMARKS]
@@ -377,8 +375,7 @@ def test_kernels_benchmark_finds_the_benchmarks_in_the_build(default_build):
 @pytest.mark.sweep
 def test_kernels_benchmark_cli_runs_every_benchmark_on_the_build(default_build):
     # `kernels benchmark <build dir>` end to end (all workloads once; ~10-20 s on CPU).
-    if not BENCHMARKS:
-        pytest.skip("benchmarks/benchmark*.py do not exist yet")
+    assert BENCHMARKS, "benchmarks/benchmark*.py (the measured benchmarks) are missing"
     pytest.importorskip("tabulate", reason="the kernels benchmark CLI needs kernels[benchmark]")
     import subprocess
 

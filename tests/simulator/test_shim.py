@@ -130,13 +130,17 @@ def test_inputs_written_by_the_kernel_are_updated_in_place():
 
         nl.store(y[0:4], nl.add(nl.load(x[0:4]), 1.0))
 
-    x, y = torch.randn(8, 6), torch.zeros(8, 6)
+    # y is random, not zeros: rows the kernel does not write must keep their own values
+    x, y = torch.randn(8, 6), torch.randn(8, 6)
+    y_tail = y[4:].clone()
     y_before_id = id(y)
     simulator.run(kernel, x, y)
-    assert id(y) == y_before_id and torch.equal(y[0:4], x[0:4] + 1) and (y[4:] == 0).all()
-    xn, yn = np.random.randn(8, 6).astype(np.float32), np.zeros((8, 6), np.float32)
+    assert id(y) == y_before_id and torch.equal(y[0:4], x[0:4] + 1) and torch.equal(y[4:], y_tail)
+    xn, yn = np.random.randn(8, 6).astype(np.float32), np.random.randn(8, 6).astype(np.float32)
+    yn_tail = yn[4:].copy()
     simulator.run(kernel, xn, yn)
     np.testing.assert_allclose(yn[0:4], xn[0:4] + 1, rtol=1e-6)
+    assert (yn[4:] == yn_tail).all()
     # an input only read is untouched
     x2 = torch.randn(8, 6)
     keep = x2.clone()
