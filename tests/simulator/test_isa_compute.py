@@ -105,6 +105,17 @@ def test_activation_reduce_registers_persist(sim, mk, v):
     assert torch.equal(v(res), torch.zeros(128, 1))  # reset zeroed, idle left them alone
 
 
+@pytest.mark.parametrize("op", ["maximum", "minimum"])
+def test_activation_reduce_only_sums(sim, mk, op):
+    # ScalarE's reduction registers only add (nisa.activation docs, Neuron 2.33).
+    _, nl, nisa = sim
+    dst = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+    res = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+    with pytest.raises(NkiValidationError, match=f"activation: reduce_op {op} is not supported"):
+        nisa.activation(dst, nl.exp, mk(torch.randn(128, 64)), reduce_op=getattr(nl, op),
+                        reduce_res=res, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+
+
 def test_activation_reduce_matches_activation_reset_reduce(sim, mk, v):
     _, nl, nisa = sim
     x = torch.randn(32, 40)

@@ -764,9 +764,11 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
     if reduces:
         ro = "add" if reduce_op is None else _ops.alu_of(
             _ops.resolve(reduce_op, "reduce_op"), I, "reduce_op").name
-        allowed = ("add",) if _gen() == 2 else ("add", "maximum", "minimum")
-        if ro not in allowed:
-            fail(f"{I}: reduce_op {ro} is not supported; use {' or '.join(allowed)}")
+        # ScalarE's reduction registers can only sum (NKI 0.7 / Neuron 2.33 docs of
+        # nisa.activation): max/min need a separate tensor_reduce (or activate2 on v4+).
+        if ro != "add":
+            fail(f"{I}: reduce_op {ro} is not supported; the Scalar engine's reduction "
+                 "registers only sum (use nl.add, or a separate nisa.tensor_reduce)")
         ctx = current()
         sl = lanes(data)
         # the reduction sees the fp32 activation output, before the cast to dst's dtype
