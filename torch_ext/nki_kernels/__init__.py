@@ -36,3 +36,8 @@ __all__ += [
     "silu_and_mul",
     "softmax",
 ]
+
+# attention: SDPA as a custom op (single-pass and flash NKI kernels), transformers backend
+from .attention import nki_attention_forward, scaled_dot_product_attention
+
+__all__ += ["nki_attention_forward", "scaled_dot_product_attention"]

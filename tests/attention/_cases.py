@@ -1,0 +1,75 @@
+"""Shared builders for the attention tests: inputs, masks, the float64 reference, tolerances."""
+
+from __future__ import annotations
+
+import torch
+
+from nki_kernels import references
+from tests._helpers import TOLERANCES, rel_error
+
+# (atol, rtol) per dtype come from tests/_helpers.py (why: see there). On top of the
+# elementwise check, the relative error ||out - ref|| / ||ref|| must stay under:
+# * float32: ~1e-7 is what the kernel reaches (fp32 matmuls, fp32 softmax) -> 1e-5;
+# * bfloat16: P is rounded to bf16 before P·V (2**-9 relative) and the output once more
+#   -> ~2.5e-3 observed -> 1e-2;
+# * float16: 11-bit P and output -> ~2e-4 observed -> 2e-3.
+REL_ERROR = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+def make_qkv(b, h, hkv, sq, sk, d, dv=None, dtype=torch.bfloat16, layout="bhsd"):
+    """Fresh random q [b, h, sq, d], k [b, hkv, sk, d], v [b, hkv, sk, dv]. ``layout="bshd"``
+    returns transposed views of [b, s, h, d] memory, as transformers' projections give."""
+    dv = dv or d
+
+    def one(heads, s, dim):
+        if layout == "bshd":
+            return torch.randn(b, s, heads, dim).to(dtype).transpose(1, 2)
+        return torch.randn(b, heads, s, dim).to(dtype)
+
+    return one(h, sq, d), one(hkv, sk, d), one(hkv, sk, dv)
+
+
+def make_mask(kind, b, h, sq, sk, dtype):
+    """Masks broadcastable to [b, h, sq, sk]; every query row keeps at least one key
+    unless the kind says otherwise."""
+    if kind is None:
+        return None
+    if kind == "key_bool":          # key padding [b, 1, 1, sk], True = attend
+        m = torch.rand(b, 1, 1, sk) > 0.3
+        m[..., 0] = True
+        return m
+    if kind == "key_float":         # additive key padding with -inf and finite biases
+        m = torch.randn(b, 1, 1, sk).to(dtype)
+        m[torch.rand(b, 1, 1, sk) < 0.3] = float("-inf")
+        m[..., 0] = 0.0
+        return m
+    if kind == "full_float":        # per head additive bias [b, h, sq, sk] (e.g. relative position)
+        return torch.randn(b, h, sq, sk)
+    if kind == "bool_2d":           # one [sq, sk] pattern for every batch and head
+        m = torch.rand(sq, sk) > 0.5
+        m[:, 0] = True
+        return m
+    if kind == "finfo_min":         # transformers-style [b, 1, sq, sk] with finfo.min
+        m = torch.zeros(b, 1, sq, sk, dtype=dtype)
+        m[torch.rand(b, 1, sq, sk) < 0.4] = torch.finfo(dtype).min
+        m[..., 0] = 0.0
+        return m
+    raise ValueError(kind)
+
+
+def reference(q, k, v, mask=None, causal=False, scale=None, compute_dtype=torch.float64):
+    return references.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
+        enable_gqa=q.shape[-3] != k.shape[-3], compute_dtype=compute_dtype)
+
+
+def check_close(out, q, k, v, mask=None, causal=False, scale=None):
+    """out (kernel dtype) against the float64 reference, elementwise and in norm."""
+    expected = reference(q, k, v, mask, causal, scale)
+    assert out.dtype == q.dtype and out.shape == expected.shape
+    assert not torch.isnan(out).any(), "NaN in the output (an element the kernel never wrote?)"
+    atol, rtol = TOLERANCES[q.dtype]
+    torch.testing.assert_close(out.double(), expected.double(), atol=atol, rtol=rtol)
+    err = rel_error(out, expected)
+    assert err < REL_ERROR[q.dtype], f"relative error {err:.3e} >= {REL_ERROR[q.dtype]}"
+    return err

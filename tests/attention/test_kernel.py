@@ -1,0 +1,159 @@
+"""The NKI attention kernels (kernels/attention.py) in the simulator, through the op.
+
+Every case runs ``nki_kernels.scaled_dot_product_attention`` with
+``NKI_KERNELS_CPU_BACKEND=simulator`` and compares with the float64 reference. The
+simulator fills the kernel's HBM output with NaN when it is allocated, so an element the
+kernel never writes fails the NaN check; it raises ``CapacityError`` when live SBUF bytes
+or PSUM banks exceed trn2's, so every case here also fits the chip.
+
+Fast tier: one or two representative shapes per feature (tails, head dims, GQA, Sq != Sk,
+masks, causal, flash, dtypes, layouts). ``-m sweep``: the workload grid of issue 3.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import nki_kernels
+from nki_kernels import _dispatch, _kernel_sources, attention, simulator
+from nki_kernels.simulator.hardware import get_target
+from tests.attention._cases import check_close, make_mask, make_qkv
+
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+
+# (B, H, Hkv, Sq, Sk, D, Dv, dtype, layout, mask, causal)
+FAST = [
+    (1, 2, 2, 197, 197, 64, 64, BF16, "bshd", None, False),          # ViT-B/16 tokens, transformers layout
+    (2, 3, 3, 129, 129, 72, 72, F32, "bhsd", None, False),           # 128 + 1 tails, SigLIP head dim, fp32
+    (1, 2, 2, 128, 128, 128, 128, BF16, "bhsd", None, False),        # tile-exact, D = 128
+    (1, 16, 16, 65, 65, 80, 80, BF16, "bshd", None, False),          # 16 heads: two head batches, D = 80
+    (1, 4, 2, 5, 257, 80, 80, BF16, "bshd", "key_bool", False),      # GQA, Sq != Sk, key padding
+    (2, 2, 1, 300, 129, 96, 64, F16, "bhsd", "full_float", True),    # Sq > Sk, causal + bias, Dv != D
+    (1, 1, 1, 127, 1025, 64, 64, F32, "bhsd", None, True),           # causal, Sq < Sk (top-left)
+    (1, 2, 2, 33, 40, 64, 64, BF16, "bhsd", "bool_2d", False),       # [Sq, Sk] boolean mask
+    (2, 2, 2, 20, 70, 64, 64, BF16, "bhsd", "finfo_min", False),     # transformers' finfo.min mask
+    (2, 2, 2, 1, 1, 64, 64, BF16, "bhsd", None, False),              # one query, one key
+    (1, 2, 2, 130, 3000, 64, 64, BF16, "bshd", "key_float", False),  # flash: 2 key blocks + masks
+    (1, 1, 1, 257, 2500, 128, 128, F32, "bhsd", None, True),         # flash, causal, fp32
+    (1, 1, 1, 128, 16384, 64, 64, BF16, "bhsd", None, False),        # flash, 16K keys (8 blocks)
+]
+
+
+def _id(case):
+    b, h, hkv, sq, sk, d, dv, dtype, layout, mask, causal = case
+    return (f"B{b}-H{h}/{hkv}-Sq{sq}-Sk{sk}-D{d}" + (f"-Dv{dv}" if dv != d else "") +
+            f"-{str(dtype)[6:]}-{layout}" + (f"-{mask}" if mask else "") + ("-causal" if causal else ""))
+
+
+def _run_case(case):
+    b, h, hkv, sq, sk, d, dv, dtype, layout, mask_kind, causal = case
+    q, k, v = make_qkv(b, h, hkv, sq, sk, d, dv, dtype, layout)
+    mask = make_mask(mask_kind, b, h, sq, sk, dtype)
+    out = nki_kernels.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                                   enable_gqa=h != hkv)
+    check_close(out, q, k, v, mask, causal)
+
+
+@pytest.mark.parametrize("case", FAST, ids=_id)
+def test_kernel_matches_float64_reference(simulator_backend, case):
+    _run_case(case)
+
+
+# ------------------------------------------------------------------------------ sweep tier
+
+S_GRID = [1, 5, 127, 128, 129, 196, 197, 257, 577, 729, 1025]
+D_GRID = [64, 72, 80, 128]
+HB_GRID = [(1, 1), (12, 3), (16, 1)]          # (H, B)
+SWEEP = [(b, h, h, s, s, d, d, dtype, "bshd" if h > 1 else "bhsd", None, False)
+         for s, d, (h, b), dtype in itertools.product(S_GRID, D_GRID, HB_GRID, [BF16, F32])]
+SWEEP += [(2, 8, 2, sq, sk, 128, 128, dtype, "bhsd", mask, causal)
+          for (sq, sk), dtype, mask, causal in itertools.product(
+              [(129, 1025), (1025, 129), (197, 197), (577, 2049)], [BF16, F32],
+              [None, "key_bool", "full_float"], [False, True])]
+SWEEP += [(1, 2, 1, 16384, 16384, 64, 64, BF16, "bhsd", None, causal) for causal in (False, True)]
+
+
+@pytest.mark.sweep
+@pytest.mark.parametrize("case", SWEEP, ids=_id)
+def test_kernel_sweep(simulator_backend, case):
+    _run_case(case)
+
+
+# ------------------------------------------------------------------------------ behaviours
+
+def test_all_masked_rows_return_zero(simulator_backend):
+    """A query row whose keys are all masked (False / -inf) returns 0, as torch's SDPA does;
+    in the same launch the other rows are unaffected. Covers the key-padding and the full
+    mask paths and the flash kernel."""
+    for sk in (70, 2100):
+        q, k, v = make_qkv(2, 2, 2, 6, sk, 64, dtype=F32)
+        key_pad = torch.rand(2, 1, 1, sk) > 0.5
+        key_pad[1] = False                                  # batch 1: every key padded
+        full = torch.rand(2, 2, 6, sk) > 0.5
+        full[0, 1, 3] = False                               # one row of one head
+        for mask in (key_pad, torch.where(full, 0.0, float("-inf"))):
+            out = nki_kernels.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            check_close(out, q, k, v, mask)
+            rows = (mask if mask.dtype == torch.bool else mask == 0).expand(2, 2, 6, sk).any(-1)
+            assert (out[~rows] == 0).all() and (~rows).any()
+            torch.testing.assert_close(
+                out, torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+                atol=1e-5, rtol=1e-4)
+
+
+def test_all_finfo_min_row_is_mean_of_values(simulator_backend):
+    """A row masked everywhere with a finite "minus large" value (transformers' finfo.min)
+    is plain arithmetic: equal scores, so the output is the mean of the values (as SDPA)."""
+    q, k, v = make_qkv(1, 1, 1, 4, 50, 64, dtype=F32)
+    mask = torch.zeros(1, 1, 4, 50)
+    mask[0, 0, 2] = torch.finfo(F32).min
+    out = nki_kernels.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out[0, 0, 2], v[0, 0].mean(0), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+                               atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("scale", [0.3, -0.2, 0.0])
+def test_custom_scale(simulator_backend, scale):
+    q, k, v = make_qkv(1, 2, 2, 20, 30, 64, dtype=F32)
+    out = nki_kernels.scaled_dot_product_attention(q, k, v, scale=scale)
+    check_close(out, q, k, v, scale=scale)
+    out = nki_kernels.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=True)
+    check_close(out, q, k, v, causal=True, scale=scale)
+
+
+def test_variant_choice():
+    q, k, v = make_qkv(1, 1, 1, 4, attention.SINGLE_PASS_MAX_KEYS, 64)
+    assert attention.attention_kernel_call(q, k, v).kernel == "attention_kernel"
+    q, k, v = make_qkv(1, 1, 1, 4, attention.SINGLE_PASS_MAX_KEYS + 1, 64)
+    assert attention.attention_kernel_call(q, k, v).kernel == "flash_attention_kernel"
+
+
+def test_layout_follows_the_inputs():
+    q, k, v = make_qkv(1, 2, 2, 8, 8, 64, layout="bshd")
+    call = attention.attention_kernel_call(q, k, v)
+    assert call.static["layout"] == "bshd" and call.tensors[0].is_contiguous()
+    q, k, v = make_qkv(1, 2, 2, 8, 8, 64, layout="bhsd")
+    assert attention.attention_kernel_call(q, k, v).static["layout"] == "bhsd"
+
+
+@pytest.mark.parametrize("case", [
+    (1, 16, 16, 2048, 2048, 128, F32, False),        # the biggest single-pass case, fp32
+    (1, 16, 4, 1025, 2049, 128, F32, True),          # flash, fp32, GQA, causal
+], ids=["single-2048-fp32", "flash-2049-fp32"])
+def test_fits_trn2_sbuf_and_psum(case):
+    """Peak live SBUF bytes per partition and PSUM banks stay within trn2's (the 16K x 16K
+    sweep cases are checked by the simulator's capacity accounting as they run)."""
+    b, h, hkv, sq, sk, d, dtype, causal = case
+    q, k, v = make_qkv(b, h, hkv, sq, sk, d, dtype=dtype)
+    call = attention.attention_kernel_call(q, k, v, is_causal=causal)
+    with simulator.activated():
+        kernel = getattr(_kernel_sources.load(call.module, "simulator"), call.kernel)
+    res = simulator.run(kernel, *[t.contiguous() for t in call.tensors], target="trn2", **call.static)
+    trn2 = get_target("trn2")
+    assert res.peak_sbuf_bytes_per_partition <= trn2.sbuf_bytes_per_partition
+    assert res.peak_psum_banks <= trn2.psum_banks
+    assert not torch.isnan(call.finish_outputs(res.outputs)).any()

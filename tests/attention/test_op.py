@@ -1,0 +1,175 @@
+"""``nki_kernels.scaled_dot_product_attention``: the SDPA contract, both CPU backends,
+autograd, opcheck, torch.compile and every bad-input error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import nki_kernels
+from nki_kernels import attention
+from tests._helpers import TOLERANCES
+from tests.attention._cases import check_close, make_mask, make_qkv
+
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+sdpa = nki_kernels.scaled_dot_product_attention
+
+
+# ------------------------------------------------------------------------------ reference path
+
+@pytest.mark.parametrize("dtype", [F32, BF16, F16], ids=str)
+@pytest.mark.parametrize("kwargs", [
+    {},
+    {"is_causal": True},
+    {"scale": 0.37},
+    {"mask": "key_bool"},
+    {"mask": "full_float"},
+    {"mask": "bool_2d", "is_causal": True},
+    {"mask": "finfo_min"},
+], ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()) or "plain")
+def test_reference_path_matches_torch_sdpa(reference_backend, dtype, kwargs):
+    kwargs = dict(kwargs)
+    b, h, sq, sk, d = 2, 3, 9, 13, 16
+    q, k, v = make_qkv(b, h, h, sq, sk, d, dtype=dtype)
+    mask = make_mask(kwargs.pop("mask", None), b, h, sq, sk, dtype)
+    out = sdpa(q, k, v, attn_mask=mask, **kwargs)
+    check_close(out, q, k, v, mask, kwargs.get("is_causal", False), kwargs.get("scale"))
+    if not (mask is not None and kwargs.get("is_causal")):   # torch's CPU SDPA also combines them
+        expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                  attn_mask=mask.float() if mask is not None and mask.is_floating_point() else mask,
+                                                  **kwargs)
+        atol, rtol = TOLERANCES[dtype]
+        torch.testing.assert_close(out.float(), expected, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("backend", ["reference", "simulator"])
+def test_shapes_and_layouts_like_sdpa(monkeypatch, backend):
+    """3-D inputs (one head), 5-D inputs (two batch dims), GQA, Dv != D, and transposed views:
+    output shape, dtype and values as torch's SDPA."""
+    monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", backend)
+    cases = [
+        (torch.randn(3, 7, 16), torch.randn(3, 9, 16), torch.randn(3, 9, 8), {}),
+        (torch.randn(2, 3, 4, 7, 16), torch.randn(2, 3, 4, 9, 16), torch.randn(2, 3, 4, 9, 16),
+         {"attn_mask": torch.rand(3, 1, 7, 9) > 0.2}),
+        (*make_qkv(2, 6, 2, 5, 11, 32, dtype=F32), {"enable_gqa": True}),
+        (*make_qkv(1, 4, 4, 5, 11, 32, dv=24, dtype=F32, layout="bshd"), {"is_causal": True}),
+    ]
+    for q, k, v, kw in cases:
+        out = sdpa(q, k, v, **kw)
+        expected = F.scaled_dot_product_attention(q, k, v, **kw)
+        assert out.shape == expected.shape and out.dtype == expected.dtype
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_output_layout_follows_transposed_inputs(reference_backend):
+    """q/k/v as transposed [B, S, H, D] views (transformers) give an output that is itself a
+    transposed view, so out.transpose(1, 2) is contiguous [B, S, H, D] (no copy)."""
+    q, k, v = make_qkv(2, 4, 4, 6, 6, 16, layout="bshd")
+    out = sdpa(q, k, v)
+    assert out.transpose(1, 2).is_contiguous()
+    q, k, v = make_qkv(2, 4, 4, 6, 6, 16, layout="bhsd")
+    assert sdpa(q, k, v).is_contiguous()
+
+
+# ------------------------------------------------------------------------------ autograd, opcheck, compile
+
+@pytest.mark.parametrize("backend", ["reference", "simulator"])
+def test_gradients_match_torch(monkeypatch, backend):
+    """Backward recomputes attention with PyTorch ops: gradients for q, k, v and a float mask."""
+    monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", backend)
+    q, k, v = make_qkv(2, 4, 2, 7, 9, 16, dtype=F32)
+    mask = torch.randn(2, 1, 7, 9)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v, mask)]
+    ref_leaves = [t.clone().requires_grad_(True) for t in (q, k, v, mask)]
+    grad = torch.randn(2, 4, 7, 16)
+    sdpa(*leaves[:3], attn_mask=leaves[3], enable_gqa=True).backward(grad)
+    F.scaled_dot_product_attention(*ref_leaves[:3], attn_mask=ref_leaves[3], enable_gqa=True).backward(grad)
+    for a, b in zip(leaves, ref_leaves):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_gradients_of_all_masked_rows_are_finite(reference_backend):
+    q, k, v = (t.requires_grad_(True) for t in make_qkv(1, 1, 1, 3, 4, 8, dtype=F32))
+    mask = torch.ones(1, 1, 3, 4, dtype=torch.bool)
+    mask[..., 1, :] = False
+    sdpa(q, k, v, attn_mask=mask).sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+@pytest.mark.parametrize("args", [
+    lambda: (*make_qkv(2, 4, 4, 7, 9, 16, dtype=F32), None, False, 0.25),
+    lambda: (*make_qkv(2, 4, 2, 7, 9, 16, dtype=F32, layout="bshd"), torch.randn(2, 1, 7, 9), True, 0.25),
+    lambda: (*make_qkv(1, 2, 2, 5, 6, 8, dtype=BF16), torch.rand(5, 6) > 0.3, False, 0.5),
+], ids=["plain", "gqa-bshd-mask-causal", "bool-mask-bf16"])
+def test_opcheck(args):
+    q, k, v, mask, causal, scale = args()
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    torch.library.opcheck(attention._sdpa, (q, k, v, mask, causal, scale))
+
+
+def test_compiles_fullgraph():
+    q, k, v = make_qkv(2, 4, 4, 7, 9, 16, dtype=F32, layout="bshd")
+    compiled = torch.compile(lambda a, b, c: sdpa(a, b, c, is_causal=True) * 2, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(q, k, v),
+                               F.scaled_dot_product_attention(q, k, v, is_causal=True) * 2)
+    compiled = torch.compile(lambda a, b, c: sdpa(a, b, c), fullgraph=True)   # inductor
+    torch.testing.assert_close(compiled(q, k, v), F.scaled_dot_product_attention(q, k, v))
+
+
+# ------------------------------------------------------------------------------ bad input
+
+def _q(*shape, dtype=F32):
+    return torch.randn(*shape).to(dtype)
+
+
+BAD = [
+    ("batch", lambda: sdpa(_q(2, 2, 4, 8), _q(3, 2, 4, 8), _q(3, 2, 4, 8)), ValueError, ["batch", "(2, 2, 4, 8)", "(3, 2, 4, 8)"]),
+    ("head_dim", lambda: sdpa(_q(1, 2, 4, 8), _q(1, 2, 4, 16), _q(1, 2, 4, 8)), ValueError, ["key head_dim 16", "query head_dim 8"]),
+    ("head_dim>128", lambda: sdpa(_q(1, 1, 4, 160), _q(1, 1, 4, 160), _q(1, 1, 4, 160)), ValueError, ["160", "128"]),
+    ("v_head_dim>128", lambda: sdpa(_q(1, 1, 4, 64), _q(1, 1, 4, 64), _q(1, 1, 4, 130)), ValueError, ["value head_dim=130", "128"]),
+    ("keys", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 5, 8), _q(1, 1, 6, 8)), ValueError, ["value has 6 keys", "key has 5"]),
+    ("kv_heads", lambda: sdpa(_q(1, 4, 4, 8), _q(1, 2, 4, 8), _q(1, 1, 4, 8)), ValueError, ["value has 1 heads", "key has 2"]),
+    ("gqa_flag", lambda: sdpa(_q(1, 4, 4, 8), _q(1, 2, 4, 8), _q(1, 2, 4, 8)), ValueError, ["4 heads", "2", "enable_gqa=True"]),
+    ("gqa_multiple", lambda: sdpa(_q(1, 6, 4, 8), _q(1, 4, 4, 8), _q(1, 4, 4, 8), enable_gqa=True), ValueError, ["6", "multiple", "4"]),
+    ("ndim", lambda: sdpa(_q(4, 8), _q(4, 8), _q(4, 8)), ValueError, ["query", "at least 3 dims", "(4, 8)"]),
+    ("ndim_mismatch", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 4, 8), _q(1, 4, 8)), ValueError, ["same number of dims", "4, 3"]),
+    ("empty", lambda: sdpa(_q(1, 1, 0, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8)), ValueError, ["query", "empty dim 2"]),
+    ("int", lambda: sdpa(torch.ones(1, 1, 4, 8, dtype=torch.int64), _q(1, 1, 4, 8), _q(1, 1, 4, 8)), TypeError, ["query", "int64"]),
+    ("mixed", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8, dtype=BF16), _q(1, 1, 4, 8)), TypeError, ["key", "bfloat16", "float32"]),
+    ("float64", lambda: sdpa(*(_q(1, 1, 4, 8).double() for _ in range(3))), TypeError, ["query", "float64"]),
+    ("not_tensor", lambda: sdpa([1.0], _q(1, 1, 4, 8), _q(1, 1, 4, 8)), TypeError, ["query", "list"]),
+    ("mask_shape", lambda: sdpa(_q(1, 2, 4, 8), _q(1, 2, 5, 8), _q(1, 2, 5, 8), attn_mask=torch.ones(4, 4, dtype=torch.bool)), ValueError, ["attn_mask", "(4, 4)", "[1, 2, 4, 5]"]),
+    ("mask_dtype", lambda: sdpa(_q(1, 1, 4, 8, dtype=BF16), _q(1, 1, 4, 8, dtype=BF16), _q(1, 1, 4, 8, dtype=BF16), attn_mask=torch.zeros(4, 4, dtype=F16)), TypeError, ["attn_mask", "float16", "bfloat16"]),
+    ("mask_int", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), attn_mask=torch.zeros(4, 4, dtype=torch.int64)), TypeError, ["attn_mask", "int64"]),
+    ("mask_type", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), attn_mask=[[True]]), TypeError, ["attn_mask", "list"]),
+    ("dropout", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), dropout_p=0.1), NotImplementedError, ["dropout_p=0.1"]),
+    ("dropout_range", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), dropout_p=1.5), ValueError, ["dropout_p=1.5", "[0, 1]"]),
+    ("scale_type", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), scale="big"), TypeError, ["scale", "str"]),
+    ("scale_inf", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), scale=float("inf")), ValueError, ["scale=inf", "finite"]),
+    ("causal_type", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), is_causal=1), TypeError, ["is_causal", "int"]),
+    ("gqa_type", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), enable_gqa=None), TypeError, ["enable_gqa", "NoneType"]),
+    ("device", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), attn_mask=torch.ones(4, 4, dtype=torch.bool, device="meta")), RuntimeError, ["attn_mask", "meta", "cpu"]),
+]
+
+
+@pytest.mark.parametrize("bad, error, words", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_input(bad, error, words):
+    with pytest.raises(error) as info:
+        bad()
+    for word in words:
+        assert word in str(info.value), f"{word!r} not in {info.value}"
+
+
+def test_unknown_cpu_backend(monkeypatch):
+    monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", "gpu")
+    with pytest.raises(ValueError, match="NKI_KERNELS_CPU_BACKEND='gpu'"):
+        sdpa(*make_qkv(1, 1, 1, 4, 4, 8))
+
+
+def test_neuron_tensors_without_toolchain_raise():
+    """The neuron path needs AWS's toolchain; here it is absent, and the error says so."""
+    call = attention.attention_kernel_call(*make_qkv(1, 1, 1, 4, 4, 8))
+    from nki_kernels import _dispatch
+    with pytest.raises(RuntimeError, match="torch-neuronx"):
+        _dispatch.run_on_neuron(call)

@@ -1,0 +1,322 @@
+"""Attention: ``scaled_dot_product_attention`` as a custom op running the NKI kernels of
+``kernels/attention.py``, and ``nki_attention_forward``, a transformers attention backend.
+
+Kernel variants (the op picks one per call, see :func:`attention_kernel_call`):
+
+* ``attention_kernel`` (single pass): ``Sk <= SINGLE_PASS_MAX_KEYS``. A 128-query tile's
+  whole score row ``[128, Sk]`` stays on chip (PSUM), softmax in one pass.
+* ``flash_attention_kernel`` (online softmax): any ``Sk`` (tested to 16K). Keys are
+  streamed in blocks of 2048; running max / sum / output are rescaled per block, so
+  SBUF/PSUM use does not grow with the sequence.
+
+Masks: a key-padding mask (broadcasting to ``[B, 1, 1, Sk]``) is passed to the kernel as
+an additive fp32 ``[B or 1, Sk]`` row; any other mask is materialised as an additive fp32
+``[B or 1, H or 1, Sq, Sk]`` tensor. Booleans become ``0 / -inf``.
+
+All-masked query rows (every key masked by ``False`` / ``-inf``, alone or with
+``is_causal``): the output row is 0, as torch's SDPA gives. A finite "minus large" mask
+(``torch.finfo(dtype).min``, as transformers builds) is plain arithmetic: the row is the
+softmax of equal scores, i.e. the mean of the values, again as SDPA gives.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from . import _checks, _dispatch, references
+from ._ops import add_op_namespace_prefix
+
+MAX_HEAD_DIM = 128            # contraction/partition limit of TensorE (Q·Kᵀ over D)
+SINGLE_PASS_MAX_KEYS = 2048   # a [128, Sk] fp32 score row in 4 of the 8 PSUM banks
+KERNEL_MODULE = "attention"   # kernels/attention.py
+_MASK_DTYPES = (torch.bool, torch.float32)
+
+
+# ---------------------------------------------------------------------------- validation
+
+def _dims(name: str, t: torch.Tensor) -> None:
+    if t.dim() < 3:
+        raise ValueError(f"{name} must have at least 3 dims ([..., seq, head_dim]), got shape {tuple(t.shape)}")
+    for i, s in enumerate(t.shape):
+        if s == 0:
+            raise ValueError(f"{name} has an empty dim {i} (shape {tuple(t.shape)}); every size must be >= 1")
+
+
+def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """Check SDPA's contract; every error names the argument, the value and the limit."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        _checks.check_float_tensor(name, t)
+    _checks.check_same_dtype(query=query, key=key, value=value)
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    _checks.check_same_device(query=query, key=key, value=value, attn_mask=attn_mask)
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        _dims(name, t)
+    if not (query.dim() == key.dim() == value.dim()):
+        raise ValueError(
+            f"query, key and value must have the same number of dims, got {query.dim()}, {key.dim()} and {value.dim()}")
+    if not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool) or not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"dropout_p={dropout_p!r} must be a float in [0, 1]")
+    if dropout_p != 0.0:
+        raise NotImplementedError(
+            f"dropout_p={dropout_p}: the NKI attention kernel has no dropout; pass dropout_p=0.0 "
+            "(e.g. model.eval()) or use torch.nn.functional.scaled_dot_product_attention")
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if not isinstance(enable_gqa, bool):
+        raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+        if not math.isfinite(scale):
+            raise ValueError(f"scale={scale} must be finite")
+
+    lead = query.shape[:-3]
+    if key.shape[:-3] != lead or value.shape[:-3] != lead:
+        raise ValueError(
+            f"batch dims differ: query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}")
+    d, dk, dv = query.shape[-1], key.shape[-1], value.shape[-1]
+    if dk != d:
+        raise ValueError(f"key head_dim {dk} does not match query head_dim {d}")
+    for name, size in (("query/key head_dim", d), ("value head_dim", dv)):
+        if size > MAX_HEAD_DIM:
+            raise ValueError(f"{name}={size} exceeds {MAX_HEAD_DIM} (the TensorE partition limit of the kernel)")
+    sk, skv = key.shape[-2], value.shape[-2]
+    if skv != sk:
+        raise ValueError(f"value has {skv} keys (dim -2) but key has {sk}")
+    h, hk, hv = query.shape[-3], key.shape[-3], value.shape[-3]
+    if hv != hk:
+        raise ValueError(f"value has {hv} heads (dim -3) but key has {hk}")
+    if h != hk:
+        if not enable_gqa:
+            raise ValueError(
+                f"query has {h} heads but key/value have {hk}; pass enable_gqa=True for grouped-query attention")
+        if h % hk:
+            raise ValueError(f"query heads {h} must be a multiple of key/value heads {hk} (enable_gqa=True)")
+
+    if attn_mask is not None:
+        if attn_mask.dtype not in _MASK_DTYPES and attn_mask.dtype != query.dtype:
+            raise TypeError(
+                f"attn_mask has dtype {str(attn_mask.dtype).removeprefix('torch.')}; expected bool, "
+                f"float32 or the query dtype {str(query.dtype).removeprefix('torch.')}")
+        target = tuple(lead) + (h, query.shape[-2], sk)
+        try:
+            torch.broadcast_shapes(tuple(attn_mask.shape), target)
+            ok = attn_mask.dim() <= len(target) and all(
+                a in (1, b) for a, b in zip(reversed(attn_mask.shape), reversed(target)))
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
+                f"[..., heads, Sq, Sk] = {list(target)}")
+
+
+# ---------------------------------------------------------------------------- kernel launch
+
+def _layout(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> str:
+    """"bshd" when q/k/v are transposed views of [B, S, H, D] memory (how transformers
+    builds them), so the kernel reads them, and writes the output, with no copy; else "bhsd"."""
+    if query.is_contiguous() and key.is_contiguous() and value.is_contiguous():
+        return "bhsd"
+    if all(t.transpose(1, 2).is_contiguous() for t in (query, key, value)):
+        return "bshd"
+    return "bhsd"
+
+
+def _kernel_mask(attn_mask: Optional[torch.Tensor], b: int, h: int, sq: int, sk: int):
+    """The mask as the kernel takes it: None, an additive fp32 key row [B or 1, Sk], or an
+    additive fp32 [B or 1, H or 1, Sq, Sk] tensor. Booleans become 0 / -inf."""
+    if attn_mask is None:
+        return None
+    m = attn_mask
+    while m.dim() < 4:
+        m = m.unsqueeze(0)
+    if m.dtype == torch.bool:
+        m = torch.zeros(m.shape, dtype=torch.float32, device=m.device).masked_fill(~m, float("-inf"))
+    else:
+        m = m.to(torch.float32)
+    mb, mh, mq, _ = m.shape
+    if mh == 1 and mq == 1:
+        return m.expand(mb, 1, 1, sk).reshape(mb, sk).contiguous()
+    return m.expand(mb, mh, sq, sk).contiguous()
+
+
+def attention_kernel_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                          attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
+                          scale: Optional[float] = None) -> _dispatch.KernelCall:
+    """The NKI launch computing SDPA for 4-D ``query [B, H, Sq, D]``, ``key [B, Hkv, Sk, D]``,
+    ``value [B, Hkv, Sk, Dv]`` (``H`` a multiple of ``Hkv``). Picks ``attention_kernel``
+    (single pass) for ``Sk <= SINGLE_PASS_MAX_KEYS``, else ``flash_attention_kernel``.
+    ``finish`` turns the kernel output into ``[B, H, Sq, Dv]`` (a transposed view of a
+    ``[B, Sq, H, Dv]`` buffer when the inputs were such views)."""
+    b, h, sq, d = query.shape
+    sk = key.shape[2]
+    if scale is None:
+        scale = d ** -0.5
+    layout = _layout(query, key, value)
+    if layout == "bshd":
+        tensors = (query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))
+        finish = _finish_bshd
+    else:
+        tensors = (query.contiguous(), key.contiguous(), value.contiguous())
+        finish = None
+    mask = _kernel_mask(attn_mask, b, h, sq, sk)
+    if mask is not None:
+        tensors = tensors + (mask,)
+    kernel = "attention_kernel" if sk <= SINGLE_PASS_MAX_KEYS else "flash_attention_kernel"
+    static = {"scale": float(scale), "causal": bool(is_causal), "layout": layout}
+    return _dispatch.KernelCall(KERNEL_MODULE, kernel, tensors, static, finish)
+
+
+def _finish_bshd(out):
+    return out.transpose(1, 2)
+
+
+# ---------------------------------------------------------------------------- custom op
+
+def _empty_out(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    b, h, sq, _ = query.shape
+    dv = value.shape[-1]
+    if _layout(query, key, value) == "bshd":
+        return query.new_empty((b, sq, h, dv)).transpose(1, 2)
+    return query.new_empty((b, h, sq, dv))
+
+
+def _reference(query, key, value, attn_mask, is_causal, scale):
+    ref = references.scaled_dot_product_attention(
+        query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+        enable_gqa=query.shape[1] != key.shape[1])
+    out = _empty_out(query, key, value)
+    out.copy_(ref)
+    return out
+
+
+@torch.library.custom_op(add_op_namespace_prefix("scaled_dot_product_attention"), mutates_args=())
+def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+          attn_mask: Optional[torch.Tensor], is_causal: bool, scale: float) -> torch.Tensor:
+    return _dispatch.run(
+        lambda: attention_kernel_call(query, key, value, attn_mask, is_causal, scale),
+        lambda: _reference(query, key, value, attn_mask, is_causal, scale),
+        query.device,
+    )
+
+
+@_sdpa.register_fake
+def _(query, key, value, attn_mask, is_causal, scale):
+    return _empty_out(query, key, value)
+
+
+def _sdpa_setup_context(ctx, inputs, output):
+    query, key, value, attn_mask, is_causal, scale = inputs
+    ctx.save_for_backward(query, key, value, attn_mask)
+    ctx.is_causal = is_causal
+    ctx.scale = scale
+
+
+def _sdpa_backward(ctx, grad_output):
+    # Backward recomputes attention with PyTorch ops in fp32 (no NKI backward kernel yet).
+    query, key, value, attn_mask = ctx.saved_tensors
+    mask_grad = attn_mask is not None and attn_mask.is_floating_point() and ctx.needs_input_grad[3]
+    with torch.enable_grad():
+        q, k, v = (t.detach().float().requires_grad_(True) for t in (query, key, value))
+        m = attn_mask.detach().float().requires_grad_(True) if mask_grad else attn_mask
+        out = references.scaled_dot_product_attention(
+            q, k, v, attn_mask=m, is_causal=ctx.is_causal, scale=ctx.scale,
+            enable_gqa=query.shape[1] != key.shape[1])
+        inputs = (q, k, v, m) if mask_grad else (q, k, v)
+        grads = torch.autograd.grad(out, inputs, grad_output.float())
+    dq, dk, dv = (g.to(t.dtype) for g, t in zip(grads[:3], (query, key, value)))
+    dm = grads[3].to(attn_mask.dtype) if mask_grad else None
+    return dq, dk, dv, dm, None, None
+
+
+_sdpa.register_autograd(_sdpa_backward, setup_context=_sdpa_setup_context)
+
+
+# ---------------------------------------------------------------------------- public API
+
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: Optional[float] = None,
+                                 enable_gqa: bool = False) -> torch.Tensor:
+    """Attention with the ``torch.nn.functional.scaled_dot_product_attention`` contract.
+
+    Shapes: query ``[..., H, Sq, D]``, key ``[..., Hkv, Sk, D]``, value ``[..., Hkv, Sk, Dv]``
+    (3-D ``[N, S, D]`` inputs are one head), ``D, Dv <= 128``, any ``Sq, Sk >= 1``;
+    ``H == Hkv``, or ``H`` a multiple of ``Hkv`` with ``enable_gqa=True`` (query head ``h``
+    reads kv head ``h // (H // Hkv)``). Returns ``[..., H, Sq, Dv]`` in the input dtype.
+    dtypes: float32, bfloat16, float16 (all three the same).
+
+    ``attn_mask`` broadcasts to ``[..., H, Sq, Sk]``: bool (True = attend) or additive float
+    (float32 or the query dtype). ``is_causal`` keeps keys ``j <= i`` (top-left aligned);
+    given together with ``attn_mask`` both apply (as CPU SDPA does). ``scale`` defaults to
+    ``D ** -0.5``. ``dropout_p > 0`` raises ``NotImplementedError``.
+
+    A query row whose keys are all masked (``False`` / ``-inf``) returns 0, like torch's
+    SDPA; a finite large negative mask (``finfo.min``) gives the mean of the values.
+
+    Runs, per input device:
+      * ``neuron``: the NKI kernel through AWS's toolchain (``nki`` + ``torch_neuronx``),
+        written as the TorchNeuron docs describe; NOT YET RUN ON HARDWARE.
+      * ``cpu``: the PyTorch reference (``references.scaled_dot_product_attention``) by
+        default; the NKI kernel in the bundled simulator when
+        ``NKI_KERNELS_CPU_BACKEND=simulator``.
+    Numerics of the kernel: softmax statistics in fp32; matmul operands in the input dtype
+    (bf16 stays bf16, fp32 stays fp32); normalisation after P·V (FlashAttention-2 style).
+
+    Autograd: gradients for query, key, value (and a float ``attn_mask``) come from a
+    backward that RECOMPUTES attention with PyTorch ops in fp32 (no NKI backward kernel).
+    Works under ``torch.compile(fullgraph=True)`` (the op has a fake implementation).
+    """
+    _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if scale is None:
+        scale = query.shape[-1] ** -0.5
+    squeeze = query.dim() == 3
+    lead = query.shape[:-3]
+    if squeeze:  # [N, S, D] -> one head [N, 1, S, D]
+        query, key, value = query.unsqueeze(-3), key.unsqueeze(-3), value.unsqueeze(-3)
+        if attn_mask is not None and attn_mask.dim() == 3:
+            attn_mask = attn_mask.unsqueeze(-3)
+    elif len(lead) > 1:  # [..., H, S, D] -> [prod(...), H, S, D]
+        if attn_mask is not None:
+            full = tuple(lead) + (query.shape[-3], query.shape[-2], key.shape[-2])
+            attn_mask = attn_mask.expand(full).reshape((-1,) + full[-3:])
+        query, key, value = (t.reshape((-1,) + tuple(t.shape[-3:])) for t in (query, key, value))
+    out = _sdpa(query, key, value, attn_mask, is_causal, float(scale))
+    if squeeze:
+        return out.squeeze(-3)
+    if len(lead) > 1:
+        return out.reshape(tuple(lead) + tuple(out.shape[-3:]))
+    return out
+
+
+def nki_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                          value: torch.Tensor, attention_mask: Optional[torch.Tensor],
+                          dropout: float = 0.0, scaling: Optional[float] = None,
+                          is_causal: Optional[bool] = None, **kwargs):
+    """transformers attention-interface function backed by :func:`scaled_dot_product_attention`.
+
+    ``query [B, H, S, D]``, ``key/value [B, Hkv, Sk, D]`` (transformers' layout);
+    returns ``(attn_output [B, S, H, D], None)``. Register it with
+    ``AttentionInterface.register("nki", nki_attention_forward)`` and build the model with
+    ``attn_implementation="nki"`` (or load it from the Hub as ``"<repo>:nki_attention_forward"``).
+    Grouped-query heads run natively (no ``repeat_kv``); ``is_causal`` follows transformers'
+    SDPA rule (causal only with no mask and more than one query). Dropout > 0 (training
+    mode) raises ``NotImplementedError``. When q/k/v are transposed views of
+    ``[B, S, H, D]`` projections, nothing is copied before or after the kernel.
+    """
+    if kwargs.get("softcap") is not None:
+        raise ValueError("nki attention does not support softcap")
+    if kwargs.get("position_bias") is not None:
+        raise ValueError("nki attention does not support position_bias; fold it into attention_mask")
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", False)
+    is_causal = bool(is_causal) and attention_mask is None and query.shape[2] > 1
+    enable_gqa = query.shape[1] != key.shape[1]
+    out = scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                                       is_causal=is_causal, scale=scaling, enable_gqa=enable_gqa)
+    return out.transpose(1, 2), None
