@@ -239,6 +239,7 @@ class Row:
     note: str = ""
     max_abs_err: float = float("nan")  # measured (CPU)
     sim_wall_s: float = float("nan")   # measured (CPU)
+    eager_cpu_ms: float = float("nan")  # measured (CPU): the PyTorch twin in the input dtype
     modeled_us: float = float("nan")
     limit_us: float = float("nan")
     limit_bound: str = ""
@@ -345,6 +346,7 @@ def run_case(case: Case, target: str, traces_dir: Path | None) -> Row:
     row.sim_wall_s = time.perf_counter() - t0
     out = call.finish_outputs(est.outputs)
     ref = case.reference(*args, **kwargs, compute_dtype=case.reference_dtype)
+    row.eager_cpu_ms = _eager_cpu_ms(case, args, kwargs)
     row.max_abs_err = _max_abs_err(out, ref)
     if not _check(out, ref, case.dtype):
         row.status = "mismatch"
@@ -368,6 +370,17 @@ def run_case(case: Case, target: str, traces_dir: Path | None) -> Row:
     return row
 
 
+def _eager_cpu_ms(case: Case, args, kwargs, repeats: int = 3) -> float:
+    """Median wall time of the eager PyTorch twin on this CPU, in the input dtype: what
+    the simulator's own wall time is compared with (measured, CPU; not Trainium)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        case.reference(*args, **kwargs, compute_dtype=case.dtype)
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2] * 1e3
+
+
 # ----------------------------------------------------------------------------- output
 
 def _columns():
@@ -383,6 +396,8 @@ def _columns():
         (MODELED, "bound by", "bound_by", str),
         (MODELED, "eager us", "eager_us", lambda v: f"{v:.1f}"),
         (MODELED, "speedup", "speedup", lambda v: f"{v:.2f}x"),
+        (MEASURED, "sim wall s", "sim_wall_s", lambda v: f"{v:.2f}"),
+        (MEASURED, "eager wall ms", "eager_cpu_ms", lambda v: f"{v:.1f}"),
         ("", "target", "target", str),
         ("", "status", "status", str),
     ]
@@ -399,6 +414,7 @@ def _record(row: Row) -> dict:
     rec = {
         "op": c.op, "workload": c.workload, "dtype": str(c.dtype).removeprefix("torch."),
         f"max_abs_err_{meas}": row.max_abs_err, f"sim_wall_s_{meas}": row.sim_wall_s,
+        f"eager_cpu_ms_{meas}": row.eager_cpu_ms,
         f"kernel_us_{mod}": row.modeled_us, f"limit_us_{mod}": row.limit_us, "limit_set_by": row.limit_bound,
         f"efficiency_{mod}": row.efficiency, f"bound_by_{mod}": row.bound_by,
         f"bound_by_busy_fraction_{mod}": row.bound_busy, f"eager_us_{mod}": row.eager_us,
