@@ -45,6 +45,13 @@ equally busy, and the DMA queues take part of the Pᵀ work when they have room:
              covering every head of a group in one transfer; for 16-bit data a share of
              Pᵀ is made by DMA transposes instead of TensorE + a PSUM copy
              (_plan_dma_share levels the DMA queues with VectorE/ScalarE).
+Transposed scores (bf16, no mask, not causal, Sk <= 384, D in {32, 64, 96}; _ts_tile): P is
+    made directly as Pᵀ, with no Pᵀ transposes or PSUM copies.  VectorE takes the row max m
+    from S as above; GpSimd splits m into bf16 hi + lo and one DMA transpose per tile puts
+    them on partitions D, D+1 of Qᵀ; TensorE computes Sᵀ = [Kᵀ; -1; -1]ᵀ·[Qᵀ; hi; lo] =
+    (S - m)ᵀ per 128-key tile (fp32 accumulation), and ScalarE Pᵀ = exp(scale·Sᵀ) with no
+    per-partition bias, so one exp covers 4 heads and every key tile.  The max is still
+    subtracted (to ~2^-16 relative, a per-row constant softmax ignores).
 Causal: key blocks above the diagonal are skipped; only the ≤128 keys of the diagonal
     block take the masked path, the keys before it are read like unmasked ones.
 Numerics:
@@ -234,10 +241,14 @@ def _plan_dma_share(sh):
 
 # ------------------------------------------------------------------------------ loads/stores
 
-def _load_transposed(sh, src, b, h0, h1, s0, s1):
-    """[d, h1-h0, s1-s0] SBUF tile (matmul dtype) holding src[b, rows s0:s1, heads h0:h1]ᵀ."""
+def _load_transposed(sh, src, b, h0, h1, s0, s1, out=None):
+    """[d, h1-h0, s1-s0] SBUF tile (matmul dtype) holding src[b, rows s0:s1, heads h0:h1]ᵀ
+    (``out``: an SBUF view of that shape to load into, 16-bit data only)."""
     d = src.shape[-1]
     nh, n = h1 - h0, s1 - s0
+    if out is not None:
+        nisa.dma_transpose(dst=out, src=sh.rows(src, b, h0, h1, s0, s1), axes=(2, 1, 0))
+        return out
     out = nl.ndarray((d, nh, n), dtype=sh.dtype, buffer=nl.sbuf)
     if sh.dma_t:
         # DMA engines transpose 2-byte elements on the way in: [n, nh, d] -> [d, nh, n].
@@ -481,12 +492,33 @@ def _single_pass_unit(sh, qT, kT, vals, kv, out_tile, bias, diag, r, n):
 
 def _single_pass_group(sh, q, k, v, mask, out, b, hk0, hk1, key_bias, base):
     h0, h1 = hk0 * sh.G, hk1 * sh.G
-    kT = _load_transposed(sh, k, b, hk0, hk1, 0, sh.Sk)          # [D, kv heads, Sk]
+    if sh.ts:
+        # transposed-scores path (_ts_tile): K^T with two rows of -1 appended, in one of two
+        # persistent tiles (the -1 rows are written on a tile's first use, after the loads
+        # the first scores wait for); Q^T of the first chunk loaded before V
+        slot = sh.ts_rot % len(sh.ts_k)
+        kx = sh.ts_k[slot]
+        kT = kx[:, 0:hk1 - hk0, :]
+        sh.ts_rot += 1
+        _load_transposed(sh, k, b, hk0, hk1, 0, sh.Sk, out=kT[0:sh.D])
+        s1 = min(sh.Sq, sh.q_chunk * P)
+        qT_first = nl.ndarray((sh.D + 2, h1 - h0, s1), dtype=sh.dtype, buffer=nl.sbuf)
+        _load_transposed(sh, q, b, h0, h1, 0, s1, out=qT_first[0:sh.D])
+        if sh.ts_rot <= len(sh.ts_k):
+            nisa.dma_copy(dst=kx[sh.D:sh.D + 2], src=sh.ts_ones[sh.D:sh.D + 2].broadcast(1, sh.kv_group))
+    else:
+        kT = _load_transposed(sh, k, b, hk0, hk1, 0, sh.Sk)      # [D, kv heads, Sk]
     vals = _load_values(sh, v, b, hk0, hk1, 0, sh.Sk)           # [128, key tiles, kv heads, Dv+1]
     for t0 in range(0, sh.nqt, sh.q_chunk):
         t1 = min(sh.nqt, t0 + sh.q_chunk)
         s0, s1 = t0 * P, min(sh.Sq, t1 * P)
-        qT = _load_transposed(sh, q, b, h0, h1, s0, s1)         # [D, q heads, rows]
+        if sh.ts and t0 == 0:
+            qT = qT_first
+        elif sh.ts:
+            qT = nl.ndarray((sh.D + 2, h1 - h0, s1 - s0), dtype=sh.dtype, buffer=nl.sbuf)
+            _load_transposed(sh, q, b, h0, h1, s0, s1, out=qT[0:sh.D])
+        else:
+            qT = _load_transposed(sh, q, b, h0, h1, s0, s1)     # [D, q heads, rows]
         o_sb = nl.ndarray((P, t1 - t0, h1 - h0, sh.Dv), dtype=out.dtype, buffer=nl.sbuf)
         for t in range(t0, t1):
             q0 = t * P
@@ -497,6 +529,22 @@ def _single_pass_group(sh, q, k, v, mask, out, b, hk0, hk1, key_bias, base):
                 return (qT[:, hq - h0, q0 - s0:q0 - s0 + r], kT[:, hq // sh.G - hk0, 0:n],
                         hq // sh.G - hk0, o_sb[:r, t - t0, hq - h0, :])
 
+            if sh.ts:
+                last = b == sh.B - 1 and hk1 == sh.Hkv and t == sh.nqt - 1
+
+                def store(j0, j1, t=t, q0=q0, r=r):
+                    # the launch's last tile: each batch of heads stored as soon as it is done
+                    nisa.dma_copy(dst=sh.rows(out, b, h0 + j0, h0 + j1, q0, q0 + r),
+                                  src=o_sb[:r, t - t0, j0:j1, :])
+
+                # the launch's last batch: outputs normalised on VectorE, which runs out of
+                # work first (ScalarE still has the exps), so the tail is short
+                sh.ts_vec = b == sh.B - 1 and hk1 == sh.Hkv
+                _ts_tile(sh, qT[:, :, q0 - s0:q0 - s0 + r], h0, h1, hk0, kT, vals,
+                         o_sb[:r, t - t0, :, :], r, n, last=last, store=store if last else None)
+                if last:
+                    s1 = q0                        # rows q0.. already stored
+                continue
             if not sh.biased:
                 nb = _batch_heads(sh, n)
                 for hb in range(h0, h1, nb):
@@ -511,7 +559,8 @@ def _single_pass_group(sh, q, k, v, mask, out, b, hk0, hk1, key_bias, base):
                 bias = _tile_bias(sh, b, hq, q0, r, 0, n, key_bias) if per_head else shared
                 qv, kv_view, kv, ov = unit(hq)
                 _single_pass_unit(sh, qv, kv_view, vals, kv, ov, bias, diag, r, n)
-        _store_rows(sh, out, o_sb, b, h0, h1, s0, s1)
+        if s1 > s0:
+            _store_rows(sh, out, o_sb, b, h0, h1, s0, s1)
 
 
 def _batch_heads(sh, n):
@@ -521,6 +570,148 @@ def _batch_heads(sh, n):
     if n > MM_N:
         return 1
     return max(1, min((MM_N // n) * S_BANKS, (MM_N // (sh.Dv + 1)) * O_BANKS))
+
+
+TS_MAX_HEADS = 4            # heads per transposed-scores batch (PSUM: S, Sᵀ, O, hi/lo banks)
+
+
+def _ts_plan(sh):
+    """Set up the transposed-scores path (sh.ts) for unmasked, non-causal bf16 launches with
+    Sk <= 384 and D in {32, 64, 96} (rows D, D+1 must start a partition quadrant): persistent Kᵀ tiles with two rows of -1 (rotated, so one
+    group's load overlaps the previous group's work) and hi/lo staging tiles."""
+    sh.ts = (str(sh.dtype) == "bfloat16" and not sh.biased and sh.Sk <= 3 * P
+             and sh.D % 32 == 0 and sh.D + 2 <= P and sh.key_block >= sh.Sk)
+    if not sh.ts:
+        return
+    sh.ts_rot = 0
+    sh.ts_k = []
+    # rows D, D+1 = -1: one small memset, spread over the kv heads by an SBUF->SBUF DMA (a
+    # memset of every head would cost GpSimd kv_group x Sk cycles on 2 lanes at the start)
+    ones = nl.ndarray((sh.D + 2, 1, sh.Sk), dtype=sh.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=ones[sh.D:sh.D + 2], value=-1.0, engine=nisa.engine.gpsimd)
+    sh.ts_ones = ones
+    for _ in range(2):
+        sh.ts_k.append(nl.ndarray((sh.D + 2, sh.kv_group, sh.Sk), dtype=sh.dtype, buffer=nl.sbuf))
+    sh.ts_first = True
+
+
+def _ts_heads(sh, n, r=P):
+    """Heads per transposed-scores batch: Sᵀ of one key tile for all of them fits a PSUM bank
+    (at most TS_MAX_HEADS; more heads for short tail tiles measured slower: a coarser
+    pipeline), and S of all of them, two Sᵀ tiles (the previous batch's may still be live)
+    and one bank of outputs fit the 8 PSUM banks (hence Sk <= 384 on this path)."""
+    per_bank = max(1, MM_N // n)
+    return max(1, min(TS_MAX_HEADS, MM_N // r, per_bank * (7 - 2 * _cdiv(n, P))))
+
+
+def _ts_hilo(sh, ext, qx, j0, j1, r):
+    """Rows D, D+1 of qx[:, j0:j1, :r] = hi, lo with hi + lo = ext (hi = bf16(ext), lo =
+    bf16(ext - hi), on GpSimd), transposed onto those partitions by one DMA transpose."""
+    nj, D = j1 - j0, sh.D
+    hl = nl.ndarray((P, nj, 2), dtype=sh.dtype, buffer=nl.sbuf)
+    hi = hl[:r, :, 0:1].reshape((r, nj))
+    nisa.tensor_copy(dst=hi, src=ext[:r, j0:j1], engine=nisa.engine.gpsimd)
+    nisa.tensor_tensor(dst=hl[:r, :, 1:2].reshape((r, nj)), data1=ext[:r, j0:j1], data2=hi,
+                       op=nl.subtract, engine=nisa.engine.gpsimd)
+    nisa.dma_transpose(dst=qx[D:D + 2, j0:j1, :], src=hl[:r], axes=(2, 1, 0))
+
+
+def _ts_tile(sh, qx, h0, h1, hk0, kx, vals, out, r, n, last=False, store=None):
+    """Attention of every head of a group for one query tile without a mask, with P made
+    directly in transposed form (no Pᵀ transposes or PSUM copies of P):
+
+    1. per batch of heads, S = Q·Kᵀ side by side in PSUM and one VectorE reduce for the row
+       maxes m (raw units); then for all heads at once m is split into two bf16 values
+       hi + lo (GpSimd) and one DMA transpose writes them onto partitions D, D+1 of Qᵀ;
+    2. per batch of heads, Sᵀ = [Kᵀ; -1; -1]ᵀ·[Qᵀ; hi; lo] = (S - m)ᵀ comes out of TensorE
+       with the max already subtracted (fp32 accumulation; hi + lo = m to ~2^-16 relative,
+       and any error is a per-row constant, which softmax ignores), and ScalarE computes
+       Pᵀ = exp(scale·Sᵀ) with no per-partition bias, so one instruction covers every head
+       of the batch per 128-key tile; Pᵀ is the stationary operand of P·[V | 1].
+    ``qx``: [D+2, heads, r] view of Qᵀ (rows D, D+1 written here); ``kx``: [D+2, kv heads,
+    Sk] with rows D, D+1 = -1; ``out``: [r, heads, Dv] output rows."""
+    nh = h1 - h0
+    D = sh.D
+    nb = _ts_heads(sh, n, r)
+    per_bank = max(1, MM_N // n)
+    nkc = _cdiv(n, P)
+    kvs = [hq // sh.G - hk0 for hq in range(h0, h1)]
+    red = nl.maximum if sh.scale >= 0 else nl.minimum
+    ext = nl.ndarray((P, nh), dtype=nl.float32, buffer=nl.sbuf)
+    for b0 in range(0, nh, nb):
+        m = min(nb, nh - b0)
+        s = nl.ndarray((P, _cdiv(m, per_bank), max(MM_N, n) if m == 1 else MM_N),
+                       dtype=nl.float32, buffer=nl.psum)
+        for j in range(m):
+            c = (j % per_bank) * n
+            nisa.nc_matmul(dst=s[:r, j // per_bank, c:c + n], stationary=qx[0:D, b0 + j, :],
+                           moving=kx[0:D, kvs[b0 + j], 0:n])
+        full_banks = m // per_bank
+        if full_banks:
+            nisa.tensor_reduce(dst=ext[:r, b0:b0 + full_banks * per_bank].reshape((r, full_banks, per_bank)),
+                               op=red, axis=3,
+                               data=s[:r, 0:full_banks, 0:per_bank * n].reshape((r, full_banks, per_bank, n)))
+        rest = m - full_banks * per_bank
+        if rest:
+            nisa.tensor_reduce(dst=ext[:r, b0 + full_banks * per_bank:b0 + m], op=red, axis=2,
+                               data=s[:r, full_banks, 0:rest * n].reshape((r, rest, n)))
+        sh.charge(m * n + INSTR_CYCLES * _cdiv(m, per_bank), 0)
+        if sh.ts_first or last:
+            # the launch's first and last tiles: per batch, so that ScalarE starts early
+            # and the tail is short
+            _ts_hilo(sh, ext, qx, b0, b0 + m, r)
+    if not (sh.ts_first or last):
+        _ts_hilo(sh, ext, qx, 0, nh, r)
+    sh.ts_first = False
+    w = sh.Dv + 1
+    per_o = MM_N // w
+    for b0 in range(0, nh, nb):
+        m = min(nb, nh - b0)
+        st = nl.ndarray((P, nkc, MM_N), dtype=nl.float32, buffer=nl.psum)
+        pT = nl.ndarray((P, nkc, m, P), dtype=sh.dtype, buffer=nl.sbuf)
+        for c in range(nkc):
+            kc = min(P, n - c * P)
+            for j in range(m):
+                nisa.nc_matmul(dst=st[:kc, c, j * r:(j + 1) * r], stationary=kx[:, kvs[b0 + j], c * P:c * P + kc],
+                               moving=qx[:, b0 + j, :])
+        # one exp over every key tile (lanes kc..127 of a tail key tile hold stale PSUM
+        # values: exp runs on them, and P·V never reads those lanes of Pᵀ)
+        nisa.activation(dst=pT[:, :, :, :r], op=nl.exp,
+                        data=st[:, 0:nkc, 0:m * r].reshape((P, nkc, m, r)), scale=sh.scale)
+        sh.charge(0, nkc * m * r + INSTR_CYCLES)
+        o = nl.ndarray((P, _cdiv(m, per_o), MM_N), dtype=nl.float32, buffer=nl.psum)
+        for j in range(m):
+            ov = o[:r, j // per_o, (j % per_o) * w:(j % per_o + 1) * w]
+            for c in range(nkc):
+                kc = min(P, n - c * P)
+                nisa.nc_matmul(dst=ov, stationary=pT[:kc, c, j, :r], moving=vals[:kc, c, kvs[b0 + j], :],
+                               accumulate=(c > 0))
+        _evict(sh, o, out[:, b0:b0 + m, :], m, r, vector=last or sh.ts_vec)
+        if store is not None:
+            store(b0, b0 + m)
+
+
+def _evict(sh, o, out, nb, r, vector=False):
+    """out[:, j, :] = O_j / rowsum_j for nb heads in PSUM o (per_o heads per bank)."""
+    w = sh.Dv + 1
+    per_o = MM_N // w
+    o_raw = nl.ndarray((P, nb, w), dtype=nl.float32, buffer=nl.sbuf)
+    recip = nl.ndarray((P, nb, 1), dtype=nl.float32, buffer=nl.sbuf)
+    for g0 in range(0, nb, per_o):
+        g = min(per_o, nb - g0)
+        bank = o[:r, g0 // per_o, 0:g * w].reshape((r, g, w))
+        if vector:
+            eng = nisa.engine.vector
+        else:
+            eng = sh.pick(2 * INSTR_CYCLES + 64 + g * sh.Dv, g * w + INSTR_CYCLES)
+        if eng == nisa.engine.vector:
+            nisa.reciprocal(dst=recip[:r, g0:g0 + g, :], data=bank[:, :, sh.Dv:w])
+            nisa.tensor_tensor(dst=out[:, g0:g0 + g, :], data1=bank[:, :, 0:sh.Dv],
+                               data2=recip[:r, g0:g0 + g, :].broadcast(2, sh.Dv), op=nl.multiply)
+            continue
+        nisa.activation(dst=o_raw[:r, g0:g0 + g, :], op=nl.copy, data=bank)
+        for j in range(g0, g0 + g):
+            _divide(sh, out[:, j, :], o_raw[:r, j, :], r)
 
 
 def _unbiased_batch(sh, units, vals, out, r, n):
@@ -623,6 +814,7 @@ def _unbiased_batch(sh, units, vals, out, r, n):
 
 def _launch(q, k, v, mask, scale, causal, layout, key_block, group_fn):
     sh = _Shapes(q, k, v, mask, scale, causal, layout, key_block)
+    _ts_plan(sh)
     if layout == "bhsd":
         out = nl.ndarray((sh.B, sh.H, sh.Sq, sh.Dv), dtype=q.dtype, buffer=nl.shared_hbm)
     else:
