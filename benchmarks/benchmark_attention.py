@@ -16,6 +16,15 @@ import torch.nn.functional as F
 
 from kernels.benchmark import Benchmark
 
+
+def _synchronized(result):
+    """Wait for the device before the runner stops its clock: `kernels benchmark`
+    synchronizes CUDA/XPU/MPS only, and neuron ops run asynchronously (the neuron
+    path is written per TorchNeuron's docs, not yet run on hardware). No-op on CPU."""
+    if torch.accelerator.is_available():
+        torch.accelerator.synchronize()
+    return result
+
 WORKLOADS = {
     # name: (B, H, Hkv, S, D, causal, dtype)
     "vit_b16_b8_bf16": (8, 12, 12, 197, 64, False, torch.bfloat16),
@@ -48,8 +57,8 @@ class AttentionBenchmark(Benchmark):
 
 def _add(name, shape):
     setattr(AttentionBenchmark, f"setup_{name}", lambda self: self._setup(*shape))
-    setattr(AttentionBenchmark, f"benchmark_{name}", lambda self: self._run())
-    setattr(AttentionBenchmark, f"verify_{name}", lambda self: self._eager())
+    setattr(AttentionBenchmark, f"benchmark_{name}", lambda self: _synchronized(self._run()))
+    setattr(AttentionBenchmark, f"verify_{name}", lambda self: _synchronized(self._eager()))
 
 
 for _name, _shape in WORKLOADS.items():

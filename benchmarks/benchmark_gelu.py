@@ -10,6 +10,15 @@ import torch.nn.functional as F
 
 from kernels.benchmark import Benchmark
 
+
+def _synchronized(result):
+    """Wait for the device before the runner stops its clock: `kernels benchmark`
+    synchronizes CUDA/XPU/MPS only, and neuron ops run asynchronously (the neuron
+    path is written per TorchNeuron's docs, not yet run on hardware). No-op on CPU."""
+    if torch.accelerator.is_available():
+        torch.accelerator.synchronize()
+    return result
+
 WORKLOADS = {
     # name: (rows, cols, dtype, approximate)
     "vit_b16_mlp_fp32": (1576, 3072, torch.float32, "none"),
@@ -36,8 +45,8 @@ class GeluBenchmark(Benchmark):
 
 def _add(name, shape):
     setattr(GeluBenchmark, f"setup_{name}", lambda self: self._setup(*shape))
-    setattr(GeluBenchmark, f"benchmark_{name}", lambda self: self._run())
-    setattr(GeluBenchmark, f"verify_{name}", lambda self: self._eager())
+    setattr(GeluBenchmark, f"benchmark_{name}", lambda self: _synchronized(self._run()))
+    setattr(GeluBenchmark, f"verify_{name}", lambda self: _synchronized(self._eager()))
 
 
 for _name, _shape in WORKLOADS.items():

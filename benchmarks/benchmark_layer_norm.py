@@ -11,6 +11,15 @@ import torch.nn.functional as F
 
 from kernels.benchmark import Benchmark
 
+
+def _synchronized(result):
+    """Wait for the device before the runner stops its clock: `kernels benchmark`
+    synchronizes CUDA/XPU/MPS only, and neuron ops run asynchronously (the neuron
+    path is written per TorchNeuron's docs, not yet run on hardware). No-op on CPU."""
+    if torch.accelerator.is_available():
+        torch.accelerator.synchronize()
+    return result
+
 WORKLOADS = {
     # name: (rows, hidden, dtype)
     "vit_b16_b8_fp32": (1576, 768, torch.float32),
@@ -42,8 +51,8 @@ class LayerNormBenchmark(Benchmark):
 
 def _add(name, shape):
     setattr(LayerNormBenchmark, f"setup_{name}", lambda self: self._setup(*shape))
-    setattr(LayerNormBenchmark, f"benchmark_{name}", lambda self: self._run())
-    setattr(LayerNormBenchmark, f"verify_{name}", lambda self: self._eager())
+    setattr(LayerNormBenchmark, f"benchmark_{name}", lambda self: _synchronized(self._run()))
+    setattr(LayerNormBenchmark, f"verify_{name}", lambda self: _synchronized(self._eager()))
 
 
 for _name, _shape in WORKLOADS.items():

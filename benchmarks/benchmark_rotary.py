@@ -12,6 +12,15 @@ import torch
 
 from kernels.benchmark import Benchmark
 
+
+def _synchronized(result):
+    """Wait for the device before the runner stops its clock: `kernels benchmark`
+    synchronizes CUDA/XPU/MPS only, and neuron ops run asynchronously (the neuron
+    path is written per TorchNeuron's docs, not yet run on hardware). No-op on CPU."""
+    if torch.accelerator.is_available():
+        torch.accelerator.synchronize()
+    return result
+
 WORKLOADS = {
     # name: (batch, q heads, k heads, positions, head dim, dtype)
     "llama8b_s2048_bf16": (1, 32, 8, 2048, 128, torch.bfloat16),
@@ -49,8 +58,8 @@ class RotaryBenchmark(Benchmark):
 
 def _add(name, shape):
     setattr(RotaryBenchmark, f"setup_{name}", lambda self: self._setup(*shape))
-    setattr(RotaryBenchmark, f"benchmark_{name}", lambda self: self._run())
-    setattr(RotaryBenchmark, f"verify_{name}", lambda self: self._eager())
+    setattr(RotaryBenchmark, f"benchmark_{name}", lambda self: _synchronized(self._run()))
+    setattr(RotaryBenchmark, f"verify_{name}", lambda self: _synchronized(self._eager()))
 
 
 for _name, _shape in WORKLOADS.items():

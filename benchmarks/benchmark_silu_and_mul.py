@@ -12,6 +12,15 @@ import torch.nn.functional as F
 
 from kernels.benchmark import Benchmark
 
+
+def _synchronized(result):
+    """Wait for the device before the runner stops its clock: `kernels benchmark`
+    synchronizes CUDA/XPU/MPS only, and neuron ops run asynchronously (the neuron
+    path is written per TorchNeuron's docs, not yet run on hardware). No-op on CPU."""
+    if torch.accelerator.is_available():
+        torch.accelerator.synchronize()
+    return result
+
 WORKLOADS = {
     # name: (rows, d, dtype)
     "t1576_d3072_fp32": (1576, 3072, torch.float32),
@@ -48,8 +57,8 @@ class GeluAndMulBenchmark(_GateSetup, Benchmark):
 
 def _add(cls, name, shape):
     setattr(cls, f"setup_{name}", lambda self: self._setup(*shape))
-    setattr(cls, f"benchmark_{name}", lambda self: self._run())
-    setattr(cls, f"verify_{name}", lambda self: self._eager())
+    setattr(cls, f"benchmark_{name}", lambda self: _synchronized(self._run()))
+    setattr(cls, f"verify_{name}", lambda self: _synchronized(self._eager()))
 
 
 for _cls in (SiluAndMulBenchmark, GeluAndMulBenchmark):

@@ -9,6 +9,15 @@ import torch
 
 from kernels.benchmark import Benchmark
 
+
+def _synchronized(result):
+    """Wait for the device before the runner stops its clock: `kernels benchmark`
+    synchronizes CUDA/XPU/MPS only, and neuron ops run asynchronously (the neuron
+    path is written per TorchNeuron's docs, not yet run on hardware). No-op on CPU."""
+    if torch.accelerator.is_available():
+        torch.accelerator.synchronize()
+    return result
+
 WORKLOADS = {
     # name: (rows, cols, dtype)
     "vit_b16_scores_fp32": (8 * 12 * 197, 197, torch.float32),
@@ -34,8 +43,8 @@ class SoftmaxBenchmark(Benchmark):
 
 def _add(name, shape):
     setattr(SoftmaxBenchmark, f"setup_{name}", lambda self: self._setup(*shape))
-    setattr(SoftmaxBenchmark, f"benchmark_{name}", lambda self: self._run())
-    setattr(SoftmaxBenchmark, f"verify_{name}", lambda self: self._eager())
+    setattr(SoftmaxBenchmark, f"benchmark_{name}", lambda self: _synchronized(self._run()))
+    setattr(SoftmaxBenchmark, f"verify_{name}", lambda self: _synchronized(self._eager()))
 
 
 for _name, _shape in WORKLOADS.items():
