@@ -187,6 +187,22 @@ def test_tensor_tensor_integer_bitwise(sim, mk, v):
         assert torch.equal(dst._data, fn(a, b))
 
 
+def test_tensor_tensor_int32_defaults_to_gpsimd_unless_psum(sim, mk, v, last):
+    # Beta-2 default engine: GpSimd when every operand is int32/uint32, VectorE when one
+    # is in PSUM (GpSimd cannot reach it) or any operand is a float.
+    _, nl, nisa = sim
+    a = torch.randint(-1000, 1000, (32, 16))
+    b = torch.randint(-1000, 1000, (32, 16))
+    dst = nl.ndarray((32, 16), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst, mk(a, "int32"), mk(b, "int32"), nl.add)
+    assert torch.equal(dst._data, a + b) and last().engine == "gpsimd"
+    nisa.tensor_tensor(dst, mk(a, "int32", buffer="psum"), mk(b, "int32"), nl.add)
+    assert torch.equal(dst._data, a + b) and last().engine == "vector"
+    fdst = nl.ndarray((32, 16), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(fdst, mk(a, "int32"), mk(b.float()), nl.add)
+    assert torch.equal(v(fdst), (a + b).float()) and last().engine == "vector"
+
+
 def test_tensor_tensor_rules(sim, mk):
     _, nl, nisa = sim
     a = mk(torch.randn(64, 8), buffer="psum")

@@ -416,7 +416,11 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
              "must start at the same partition")
     same_free(I, "data1", data1, "data2", data2)
     same_free(I, "data1", data1, "dst", dst)
-    default = "gpsimd" if op.name == "power" else "vector"
+    # Default engine (beta-2 docstring): GpSimd for power, and for all-int32/uint32
+    # operands unless one of them is in PSUM (GpSimd cannot reach PSUM); else VectorE.
+    int32_only = all(t.dtype.name in ("int32", "uint32") for t in (data1, data2, dst))
+    in_psum = any(t._alloc.kind == "psum" for t in (data1, data2, dst))
+    default = "gpsimd" if op.name == "power" or (int32_only and not in_psum) else "vector"
     eng = engine_of(I, engine, ("vector", "gpsimd"), default)
     if eng == "gpsimd":
         no_psum_on_gpsimd(I, ("dst", dst), ("data1", data1), ("data2", data2))
