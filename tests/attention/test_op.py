@@ -35,12 +35,12 @@ def test_reference_path_matches_torch_sdpa(reference_backend, dtype, kwargs):
     mask = make_mask(kwargs.pop("mask", None), b, h, sq, sk, dtype)
     out = sdpa(q, k, v, attn_mask=mask, **kwargs)
     check_close(out, q, k, v, mask, kwargs.get("is_causal", False), kwargs.get("scale"))
-    if not (mask is not None and kwargs.get("is_causal")):   # torch's CPU SDPA also combines them
-        expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
-                                                  attn_mask=mask.float() if mask is not None and mask.is_floating_point() else mask,
-                                                  **kwargs)
-        atol, rtol = TOLERANCES[dtype]
-        torch.testing.assert_close(out.float(), expected, atol=atol, rtol=rtol)
+    # torch's CPU SDPA also combines a mask with is_causal, so every case is compared
+    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                              attn_mask=mask.float() if mask is not None and mask.is_floating_point() else mask,
+                                              **kwargs)
+    atol, rtol = TOLERANCES[dtype]
+    torch.testing.assert_close(out.float(), expected, atol=atol, rtol=rtol)
 
 
 @pytest.mark.parametrize("backend", ["reference", "simulator"])
@@ -50,6 +50,8 @@ def test_shapes_and_layouts_like_sdpa(monkeypatch, backend):
     monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", backend)
     cases = [
         (torch.randn(3, 7, 16), torch.randn(3, 9, 16), torch.randn(3, 9, 8), {}),
+        (torch.randn(4, 7, 16), torch.randn(2, 9, 16), torch.randn(2, 9, 16),
+         {"enable_gqa": True, "attn_mask": torch.rand(4, 7, 9) > 0.2}),        # 3-D GQA: dim -3 is heads
         (torch.randn(2, 3, 4, 7, 16), torch.randn(2, 3, 4, 9, 16), torch.randn(2, 3, 4, 9, 16),
          {"attn_mask": torch.rand(3, 1, 7, 9) > 0.2}),
         (*make_qkv(2, 6, 2, 5, 11, 32, dtype=F32), {"enable_gqa": True}),
@@ -149,6 +151,7 @@ BAD = [
     ("scale_inf", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), scale=float("inf")), ValueError, ["scale=inf", "finite"]),
     ("causal_type", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), is_causal=1), TypeError, ["is_causal", "int"]),
     ("gqa_type", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), enable_gqa=None), TypeError, ["enable_gqa", "NoneType"]),
+    ("device_key", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8).to("meta"), _q(1, 1, 4, 8)), RuntimeError, ["key", "meta", "query", "cpu"]),
     ("device", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), attn_mask=torch.ones(4, 4, dtype=torch.bool, device="meta")), RuntimeError, ["attn_mask", "meta", "cpu"]),
 ]
 

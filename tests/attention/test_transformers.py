@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("transformers")
 from transformers import (AttentionInterface, Dinov2Config, Dinov2Model, SiglipVisionConfig,  # noqa: E402
                           SiglipVisionModel, ViTConfig, ViTModel)
 
@@ -113,6 +112,11 @@ def test_interface_contract(simulator_backend):
     mask[..., 7:] = torch.finfo(torch.float32).min
     out, _ = nki_kernels.nki_attention_forward(module, q, k, v, mask, is_causal=True)
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                                enable_gqa=True).transpose(1, 2)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+    # a module without ``is_causal`` is causal, as in transformers' sdpa_attention_forward
+    out, _ = nki_kernels.nki_attention_forward(torch.nn.Module(), q, k, v, None)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                                 enable_gqa=True).transpose(1, 2)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
     with pytest.raises(NotImplementedError, match="dropout"):

@@ -246,7 +246,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     """Attention with the ``torch.nn.functional.scaled_dot_product_attention`` contract.
 
     Shapes: query ``[..., H, Sq, D]``, key ``[..., Hkv, Sk, D]``, value ``[..., Hkv, Sk, Dv]``
-    (3-D ``[N, S, D]`` inputs are one head), ``D, Dv <= 128``, any ``Sq, Sk >= 1``;
+    (3-D inputs are ``[H, S, D]``, no batch dim), ``D, Dv <= 128``, any ``Sq, Sk >= 1``;
     ``H == Hkv``, or ``H`` a multiple of ``Hkv`` with ``enable_gqa=True`` (query head ``h``
     reads kv head ``h // (H // Hkv)``). Returns ``[..., H, Sq, Dv]`` in the input dtype.
     dtypes: float32, bfloat16, float16 (all three the same).
@@ -277,10 +277,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         scale = query.shape[-1] ** -0.5
     squeeze = query.dim() == 3
     lead = query.shape[:-3]
-    if squeeze:  # [N, S, D] -> one head [N, 1, S, D]
-        query, key, value = query.unsqueeze(-3), key.unsqueeze(-3), value.unsqueeze(-3)
-        if attn_mask is not None and attn_mask.dim() == 3:
-            attn_mask = attn_mask.unsqueeze(-3)
+    if squeeze:  # [H, S, D] -> [1, H, S, D] (dim -3 is the head dim, as SDPA's enable_gqa reads it)
+        query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
     elif len(lead) > 1:  # [..., H, S, D] -> [prod(...), H, S, D]
         if attn_mask is not None:
             full = tuple(lead) + (query.shape[-3], query.shape[-2], key.shape[-2])
@@ -288,7 +286,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         query, key, value = (t.reshape((-1,) + tuple(t.shape[-3:])) for t in (query, key, value))
     out = _sdpa(query, key, value, attn_mask, is_causal, float(scale))
     if squeeze:
-        return out.squeeze(-3)
+        return out.squeeze(0)
     if len(lead) > 1:
         return out.reshape(tuple(lead) + tuple(out.shape[-3:]))
     return out
@@ -314,7 +312,7 @@ def nki_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
     if kwargs.get("position_bias") is not None:
         raise ValueError("nki attention does not support position_bias; fold it into attention_mask")
     if is_causal is None:
-        is_causal = getattr(module, "is_causal", False)
+        is_causal = getattr(module, "is_causal", True)   # transformers' sdpa default
     is_causal = bool(is_causal) and attention_mask is None and query.shape[2] > 1
     enable_gqa = query.shape[1] != key.shape[1]
     out = scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
