@@ -796,20 +796,7 @@ def _unbiased_batch(sh, units, vals, out, r, n):
     # ---- out = O / rowsum, one PSUM bank of outputs at a time, on the less loaded of:
     #      VectorE (one reciprocal of the rowsums, one multiply), or ScalarE (one copy to
     #      SBUF) + GpSimd (one divide per head)
-    o_raw = nl.ndarray((P, nb, w), dtype=nl.float32, buffer=nl.sbuf)
-    recip = nl.ndarray((P, nb, 1), dtype=nl.float32, buffer=nl.sbuf)
-    for g0 in range(0, nb, per_o):
-        g = min(per_o, nb - g0)
-        bank = o[:r, g0 // per_o, 0:g * w].reshape((r, g, w))
-        eng = sh.pick(2 * INSTR_CYCLES + 64 + g * sh.Dv, g * w + INSTR_CYCLES)
-        if eng == nisa.engine.vector:
-            nisa.reciprocal(dst=recip[:r, g0:g0 + g, :], data=bank[:, :, sh.Dv:w])
-            nisa.tensor_tensor(dst=out[:, g0:g0 + g, :], data1=bank[:, :, 0:sh.Dv],
-                               data2=recip[:r, g0:g0 + g, :].broadcast(2, sh.Dv), op=nl.multiply)
-            continue
-        nisa.activation(dst=o_raw[:r, g0:g0 + g, :], op=nl.copy, data=bank)
-        for j in range(g0, g0 + g):
-            _divide(sh, out[:, j, :], o_raw[:r, j, :], r)
+    _evict(sh, o, out, nb, r)
 
 
 def _launch(q, k, v, mask, scale, causal, layout, key_block, group_fn):
