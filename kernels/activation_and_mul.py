@@ -29,7 +29,8 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-PARTITIONS = 128
+from .tiling import row_blocks, rows_per_partition, split_count
+
 # Row packing target: 2048 output elements per partition per DMA (4 KiB bf16 / 8 KiB fp32
 # stored; twice that loaded).
 TARGET_COLS = 2048
@@ -44,26 +45,11 @@ ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
 VECTOR_SHARE = 0.45
 
 
-def _row_blocks(n_rows, in_cols):
-    """[(first_row, partitions, rows_per_partition)]; packs rows only if a row fits a chunk."""
+def _rows_per_partition(in_cols):
+    """Rows per partition of a block: rows are packed only if a whole row fits one chunk."""
     if in_cols > 2 * COL_CHUNK:
-        per_max = 1
-    else:
-        per_max = max(1, min(-(-2 * TARGET_COLS // in_cols), (2 * COL_CHUNK) // in_cols))
-    blocks = []
-    start = 0
-    while n_rows - start >= PARTITIONS:
-        per = min(per_max, (n_rows - start) // PARTITIONS)
-        blocks.append((start, PARTITIONS, per))
-        start += PARTITIONS * per
-    if start < n_rows:
-        blocks.append((start, n_rows - start, 1))
-    return blocks
-
-
-def _split(n, share):
-    """Index splitting range(n) into a VectorE part [0, cut) and a GpSimd part."""
-    return min(n, max(0, int(round(n * share))))
+        return 1
+    return rows_per_partition(in_cols, 2 * TARGET_COLS, 2 * COL_CHUNK)
 
 
 def _gate_mul(out_tile, gate, up, func):
@@ -72,10 +58,10 @@ def _gate_mul(out_tile, gate, up, func):
     act = nl.ndarray((parts, per, width), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=act, op=func, data=gate)                      # ScalarE, fp32
     if per > 1:
-        cut = _split(per, VECTOR_SHARE)
+        cut = split_count(per, VECTOR_SHARE)
         pieces = [(0, cut, 0, width), (cut, per, 0, width)]
     else:
-        cut = _split(width, VECTOR_SHARE)
+        cut = split_count(width, VECTOR_SHARE)
         pieces = [(0, 1, 0, cut), (0, 1, cut, width)]
     for (j0, j1, c0, c1), engine in zip(pieces, (nisa.engine.vector, nisa.engine.gpsimd)):
         if j1 > j0 and c1 > c0:
@@ -100,7 +86,7 @@ def act_and_mul_kernel(x, act="silu"):
     d = in_cols // 2
     out = nl.ndarray((n_rows, d), dtype=x.dtype, buffer=nl.shared_hbm)
 
-    for start, parts, per in _row_blocks(n_rows, in_cols):
+    for start, parts, per in row_blocks(n_rows, _rows_per_partition(in_cols)):
         rows = parts * per
         if d <= COL_CHUNK:
             # whole rows: one DMA of per * 2d elements per partition

@@ -64,10 +64,11 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from .limits import ATTENTION_SINGLE_PASS_MAX_KEYS as SINGLE_PASS_MAX_KEYS
+
 P = 128                     # partitions (SBUF/PSUM lanes); also the TensorE contraction limit
 PSUM_BANK_BYTES = 2048      # one PSUM bank per partition: 512 fp32, the matmul output limit
 MM_N = 512                  # moving free size limit of one nc_matmul (one PSUM bank of fp32)
-SINGLE_PASS_MAX_KEYS = 2048  # [128, Sk] fp32 scores in 4 of the 8 PSUM banks
 KEY_BLOCK = 2048            # flash: keys per block (same PSUM budget as the single pass)
 S_BANKS = 4                 # PSUM banks of scores per unmasked head batch
 O_BANKS = 2                 # PSUM banks of outputs per unmasked head batch

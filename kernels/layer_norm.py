@@ -41,18 +41,18 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-PARTITIONS = 128
-# Largest H: [128, 8192] fp32 tiles are 32 KiB per partition; input, fp32 scratch, output,
-# weight and bias for one block plus the next block's input stay under trn2's 224 KiB.
-MAX_HIDDEN = 8192
+from .limits import NORM_MAX_HIDDEN as MAX_HIDDEN
+from .tiling import (PARTITIONS, broadcast_rows, cdiv, itemsize, row_blocks, rows_per_partition,
+                     split_count, spread)
+
 # Row packing: the least J that makes a transfer this long per partition (the DMA guide's
 # >= 4 KiB for bandwidth; more rows per block would only lengthen the pipeline fill/drain).
 TARGET_BYTES_16 = 4096
 TARGET_BYTES_32 = 8192
 # Where the < 128-row tail block goes in the block order.
 TAIL_POSITION = 1
-# bn_stats reads at most 512 elements per partition (nl.tile_size.bn_stats_fmax).
-BN_CHUNK = 512
+# bn_stats reads at most this many elements per partition (512 on trn2).
+BN_CHUNK = nl.tile_size.bn_stats_fmax
 BN_STATS_WIDTH = 6   # (count, mean, var*count) for even and odd elements
 BN_AGGR_WIDTH = 2    # (mean, var)
 # fp32 input: shares of the affine step given to the VectorE path. Per element on trn2
@@ -75,36 +75,6 @@ VECTOR_SHARE_WEIGHT = 0.2
 SCALAR_STATS_SHARE = 0.8
 VECTOR_SHARE_AFFINE_16 = 0.55
 VECTOR_SHARE_WEIGHT_16 = 0.3
-
-
-def _itemsize(dtype):
-    return 2 if dtype in (nl.bfloat16, nl.float16) else 4
-
-
-def _row_blocks(n_rows, cols, target_cols):
-    """[(first_row, partitions, rows_per_partition)] covering rows [0, n_rows)."""
-    per_max = max(1, min(-(-target_cols // cols), MAX_HIDDEN // cols))
-    blocks = []
-    start = 0
-    while n_rows - start >= PARTITIONS:
-        per = min(per_max, (n_rows - start) // PARTITIONS)
-        blocks.append((start, PARTITIONS, per))
-        start += PARTITIONS * per
-    if start < n_rows:
-        blocks.insert(min(TAIL_POSITION, len(blocks)), (start, n_rows - start, 1))
-    return blocks
-
-
-def _broadcast_rows(vec_hbm, cols):
-    """[128, cols] SBUF copy of a [cols] HBM vector on every partition (one stride-0 DMA)."""
-    tile = nl.ndarray((PARTITIONS, cols), dtype=vec_hbm.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=tile, src=vec_hbm.reshape((1, cols)).broadcast(0, PARTITIONS))
-    return tile
-
-
-def _split(n, share):
-    """Index splitting range(n) into a VectorE-path part [0, cut) and the other path."""
-    return min(n, max(0, int(round(n * share))))
 
 
 def _affine_segment(dst, src, stats, weight, bias, on_vector):
@@ -137,20 +107,15 @@ def _affine_segment(dst, src, stats, weight, bias, on_vector):
     nisa.tensor_tensor(dst=dst, data1=scaled, data2=bias, op=nl.add, engine=nisa.engine.gpsimd)
 
 
-def _stats_on_scalar(i, share):
-    """Whether block i computes its statistics on ScalarE: spreads round(n * share) blocks."""
-    return int((i + 1) * share) > int(i * share)
-
-
 def _block_16bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps_tile, slot0):
     """One block of a 16-bit input: statistics in fp32, y rounded once to the input dtype,
     then y * weight and + bias in the input dtype, in place in ``out_tile``. Row slot
     ``slot0 + j`` takes its statistics on ScalarE or VectorE (SCALAR_STATS_SHARE)."""
-    n_chunks = -(-cols // BN_CHUNK)
+    n_chunks = cdiv(cols, BN_CHUNK)
     rstd = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
     centre = []   # per row j: (op, [P, 1] operand) with y = (x op operand) * rstd
     for j in range(per):
-        if _stats_on_scalar(slot0 + j, SCALAR_STATS_SHARE):
+        if spread(slot0 + j, SCALAR_STATS_SHARE):
             # two-pass statistics on ScalarE (the discarded activation output goes to
             # out_tile, overwritten below): sum(x) -> -mean, then sum((x - mean)^2).
             row_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -184,7 +149,7 @@ def _block_16bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps
     if weight_tile is None:
         return
     share = VECTOR_SHARE_AFFINE_16 if bias_tile is not None else VECTOR_SHARE_WEIGHT_16
-    cut = _split(cols, share)
+    cut = split_count(cols, share)
     # all J rows of a partition at once: weight / bias viewed with a stride-0 row axis
     for lo, hi, engine in ((0, cut, nisa.engine.vector), (cut, cols, nisa.engine.gpsimd)):
         if hi <= lo:
@@ -216,19 +181,20 @@ def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5):
     out = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
     eps_tile = nl.ndarray((PARTITIONS, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=eps_tile, value=eps)
-    n_chunks = -(-cols // BN_CHUNK)
+    n_chunks = cdiv(cols, BN_CHUNK)
 
     sixteen = x.dtype in (nl.bfloat16, nl.float16)
     target_bytes = TARGET_BYTES_16 if sixteen else TARGET_BYTES_32
     slot = 0
-    for i, (start, parts, per) in enumerate(_row_blocks(n_rows, cols, target_bytes // _itemsize(x.dtype))):
+    per_max = rows_per_partition(cols, target_bytes // itemsize(x.dtype), MAX_HIDDEN)
+    for i, (start, parts, per) in enumerate(row_blocks(n_rows, per_max, TAIL_POSITION)):
         rows = parts * per
         x_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=x_tile, src=x[start:start + rows, :].reshape((parts, per, cols)))
         if i == 0:
             # weight and bias after the first block's load, so that load is not queued behind them
-            weight_tile = None if weight is None else _broadcast_rows(weight, cols)
-            bias_tile = None if bias is None else _broadcast_rows(bias, cols)
+            weight_tile = None if weight is None else broadcast_rows(weight, cols)
+            bias_tile = None if bias is None else broadcast_rows(bias, cols)
         if sixteen:
             out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
             _block_16bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps_tile, slot)
@@ -259,10 +225,10 @@ def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5):
         share = 0.0 if weight_tile is None else (
             VECTOR_SHARE_WEIGHT if bias_tile is None else VECTOR_SHARE_AFFINE)
         if per > 1:
-            cut = _split(per, share)
+            cut = split_count(per, share)
             segments = [(j, 0, cols, j < cut) for j in range(per)]
         else:
-            cut = _split(cols, share)
+            cut = split_count(cols, share)
             segments = [(0, lo, hi, on_vector) for lo, hi, on_vector in ((0, cut, True), (cut, cols, False))
                         if hi > lo]
         for j, lo, hi, on_vector in segments:

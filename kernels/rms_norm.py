@@ -35,13 +35,12 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-PARTITIONS = 128
+from .limits import NORM_MAX_HIDDEN as MAX_HIDDEN
+from .tiling import PARTITIONS, broadcast_rows, row_blocks, rows_per_partition, split_count
+
 # Rows are packed per partition until one transfer moves >= 2048 elements per partition:
 # 4 KiB in bf16 / 8 KiB in fp32, the DMA guide's size for saturating bandwidth.
 TARGET_COLS = 2048
-# Largest H one row tile holds: [128, 8192] fp32 = 32 KiB per partition; with the weight
-# (32 KiB), input, output and a second block in flight this stays under trn2's 224 KiB.
-MAX_HIDDEN = 8192
 # Share of the normalisation given to VectorE. Per element, on trn2 (cost-model rules):
 # VectorE scalar_tensor_tensor reads 2 inputs at 0.96 GHz = 2.08 ns; the other path costs
 # ScalarE 0.83 ns (1.2 GHz) + GpSimd 2 x 0.83 ns; ScalarE also squares every element
@@ -49,32 +48,6 @@ MAX_HIDDEN = 8192
 # balances VectorE and ScalarE at 1.19 ns, under the 1.39 ns per element that bf16 HBM
 # traffic (2 B read + 2 B written per element at 368 GB/s over 128 partitions) takes.
 VECTOR_SHARE = 4 / 7
-
-
-def _row_blocks(n_rows, cols):
-    """[(first_row, partitions, rows_per_partition)] covering rows [0, n_rows)."""
-    per_max = max(1, min(-(-TARGET_COLS // cols), MAX_HIDDEN // cols))
-    blocks = []
-    start = 0
-    while n_rows - start >= PARTITIONS:
-        per = min(per_max, (n_rows - start) // PARTITIONS)
-        blocks.append((start, PARTITIONS, per))
-        start += PARTITIONS * per
-    if start < n_rows:
-        blocks.append((start, n_rows - start, 1))
-    return blocks
-
-
-def _broadcast_rows(vec_hbm, cols):
-    """[128, cols] SBUF copy of a [cols] HBM vector on every partition (one stride-0 DMA)."""
-    tile = nl.ndarray((PARTITIONS, cols), dtype=vec_hbm.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=tile, src=vec_hbm.reshape((1, cols)).broadcast(0, PARTITIONS))
-    return tile
-
-
-def _split(n, share):
-    """Index splitting range(n) into a VectorE part [0, cut) and a ScalarE+GpSimd part."""
-    return min(n, max(0, int(round(n * share))))
 
 
 def _scale_rows(dst, src, rstd_col, weight_cols, on_vector):
@@ -112,11 +85,11 @@ def _normalize_block(out_tile, x_tile, parts, per, cols, weight_tile, eps_tile):
     weight = None if weight_tile is None else weight_tile[0:parts, :]
     if per > 1:
         # whole rows to each path
-        cut = _split(per, VECTOR_SHARE)
+        cut = split_count(per, VECTOR_SHARE)
         for j in range(per):
             _scale_rows(out_tile[:, j, :], x_tile[:, j, :], rstd[:, j:j + 1], weight, j < cut)
         return
-    cut = _split(cols, VECTOR_SHARE)
+    cut = split_count(cols, VECTOR_SHARE)
     for lo, hi, on_vector in ((0, cut, True), (cut, cols, False)):
         if hi > lo:
             _scale_rows(out_tile[:, 0, lo:hi], x_tile[:, 0, lo:hi], rstd[:, 0:1],
@@ -143,9 +116,9 @@ def rms_norm_kernel(x, weight=None, eps=1e-6):
     n_rows, cols = x.shape
     assert cols <= MAX_HIDDEN, f"H={cols} exceeds MAX_HIDDEN={MAX_HIDDEN}"
     out = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
-    weight_tile = None if weight is None else _broadcast_rows(weight, cols)
+    weight_tile = None if weight is None else broadcast_rows(weight, cols)
     eps_tile = _eps_tile(eps)
-    for start, parts, per in _row_blocks(n_rows, cols):
+    for start, parts, per in row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS, MAX_HIDDEN)):
         rows = parts * per
         x_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=x_tile, src=x[start:start + rows, :].reshape((parts, per, cols)))
@@ -172,9 +145,9 @@ def fused_add_rms_norm_kernel(x, residual, weight=None, eps=1e-6):
     assert cols <= MAX_HIDDEN, f"H={cols} exceeds MAX_HIDDEN={MAX_HIDDEN}"
     out = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
     total = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
-    weight_tile = None if weight is None else _broadcast_rows(weight, cols)
+    weight_tile = None if weight is None else broadcast_rows(weight, cols)
     eps_tile = _eps_tile(eps)
-    for start, parts, per in _row_blocks(n_rows, cols):
+    for start, parts, per in row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS, MAX_HIDDEN)):
         rows = parts * per
         x_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=x_tile, src=x[start:start + rows, :].reshape((parts, per, cols)))

@@ -38,12 +38,12 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-PARTITIONS = 128
+from .limits import SOFTMAX_MAX_COLS as MAX_COLS
+from .limits import SOFTMAX_RESIDENT_BYTES as RESIDENT_BYTES
+from .tiling import PARTITIONS, cdiv, itemsize, row_blocks, rows_per_partition, split_count, spread
+
 # Row packing target: 2048 elements per partition per DMA = 4 KiB bf16 / 8 KiB fp32.
 TARGET_COLS = 2048
-# Longest row done in one pass: a [128, 8192] fp32 exp tile is 32 KiB per partition; with
-# the input and output tiles of two blocks in flight this stays under trn2's 224 KiB.
-MAX_COLS = 8192
 # Share of the final e * (1/sum) given to VectorE. Per element on trn2 (cost-model rules):
 # VectorE max reduce of bf16 0.52 ns (N/2 at 0.96 GHz; 1.04 for fp32), ScalarE exp 0.83 ns
 # (1.2 GHz); the scaling costs ScalarE 0.83 or VectorE 1.04 (fp32 input). Share f on
@@ -53,10 +53,6 @@ VECTOR_SHARE = 0.6
 # Column chunk of the online form: 4096 elements = 8 KiB bf16 per partition per DMA; small
 # enough that ScalarE starts on a row tile after 1/8 of a 32K-wide row has arrived.
 ONLINE_CHUNK = 4096
-# Largest row tile kept resident in SBUF by the online form (x of the ScalarE chunks, fp32 e
-# of the VectorE chunks): 96 KiB per partition, twice that with the next row tile in
-# flight, plus ~24 KiB of chunk scratch, under trn2's 224 KiB.
-RESIDENT_BYTES = 96 * 1024
 # Share of the online form's chunks finished on VectorE. Per element on trn2: ScalarE's
 # pass-1 exp 0.83 ns plus pass-2 exp 0.83 ns on its share; VectorE max 0.52 ns (bf16) plus
 # 1.04 ns on its share (fp32 e): f = 0.5 gives ScalarE 1.25 and VectorE 1.04 ns, under the
@@ -67,27 +63,8 @@ VECTOR_SHARE_ONLINE = 0.5
 NEG_BIG = -3.0e38
 
 
-def _row_blocks(n_rows, cols):
-    """[(first_row, partitions, rows_per_partition)] covering rows [0, n_rows)."""
-    per_max = max(1, min(-(-TARGET_COLS // cols), MAX_COLS // cols))
-    blocks = []
-    start = 0
-    while n_rows - start >= PARTITIONS:
-        per = min(per_max, (n_rows - start) // PARTITIONS)
-        blocks.append((start, PARTITIONS, per))
-        start += PARTITIONS * per
-    if start < n_rows:
-        blocks.append((start, n_rows - start, 1))
-    return blocks
-
-
-def _split(n, share):
-    """Index splitting range(n) into a VectorE part [0, cut) and a ScalarE part."""
-    return min(n, max(0, int(round(n * share))))
-
-
 def _softmax_rows(x, out, n_rows, cols):
-    for start, parts, per in _row_blocks(n_rows, cols):
+    for start, parts, per in row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS, MAX_COLS)):
         rows = parts * per
         x_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=x_tile, src=x[start:start + rows, :].reshape((parts, per, cols)))
@@ -106,10 +83,10 @@ def _softmax_rows(x, out, n_rows, cols):
         nisa.reciprocal(dst=inv_sum, data=row_sum)
         out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
         if per > 1:
-            cut = _split(per, VECTOR_SHARE)
+            cut = split_count(per, VECTOR_SHARE)
             segments = [(j, 0, cols, j < cut) for j in range(per)]
         else:
-            cut = _split(cols, VECTOR_SHARE)
+            cut = split_count(cols, VECTOR_SHARE)
             segments = [(0, lo, hi, on_vector) for lo, hi, on_vector in ((0, cut, True), (cut, cols, False))
                         if hi > lo]
         for j, lo, hi, on_vector in segments:
@@ -122,26 +99,17 @@ def _softmax_rows(x, out, n_rows, cols):
         nisa.dma_copy(dst=out[start:start + rows, :].reshape((parts, per, cols)), src=out_tile)
 
 
-def _itemsize(dtype):
-    return 2 if dtype in (nl.bfloat16, nl.float16) else 4
-
-
-def _online_on_vector(c, share):
-    """Whether chunk c is finished on VectorE: spreads round(n * share) chunks evenly."""
-    return int((c + 1) * share) > int(c * share)
-
-
 def _resident_bytes(cols, chunk, itemsize):
     """SBUF bytes per partition the resident online form keeps for one row tile."""
     total = 0
-    for c in range(-(-cols // chunk)):
+    for c in range(cdiv(cols, chunk)):
         width = min(chunk, cols - c * chunk)
-        total += width * (4 if _online_on_vector(c, VECTOR_SHARE_ONLINE) else itemsize)
+        total += width * (4 if spread(c, VECTOR_SHARE_ONLINE) else itemsize)
     return total
 
 
 def _softmax_online(x, out, n_rows, cols, chunk, resident):
-    n_chunks = -(-cols // chunk)
+    n_chunks = cdiv(cols, chunk)
     for r0 in range(0, n_rows, PARTITIONS):
         parts = min(PARTITIONS, n_rows - r0)
         kept = []   # per chunk: (x tile, None) for ScalarE chunks, (None, e tile) for VectorE
@@ -154,7 +122,7 @@ def _softmax_online(x, out, n_rows, cols, chunk, resident):
         for c in range(n_chunks):
             c0 = c * chunk
             width = min(chunk, cols - c0)
-            on_vector = resident and _online_on_vector(c, VECTOR_SHARE_ONLINE)
+            on_vector = resident and spread(c, VECTOR_SHARE_ONLINE)
             x_tile = nl.ndarray((parts, width), dtype=x.dtype, buffer=nl.sbuf)
             nisa.dma_copy(dst=x_tile, src=x[r0:r0 + parts, c0:c0 + width])
             chunk_max = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -229,6 +197,6 @@ def softmax_kernel(x, max_cols=MAX_COLS, resident_bytes=RESIDENT_BYTES):
         _softmax_rows(x, out, n_rows, cols)
     else:
         chunk = min(max_cols, ONLINE_CHUNK)
-        resident = _resident_bytes(cols, chunk, _itemsize(x.dtype)) <= resident_bytes
+        resident = _resident_bytes(cols, chunk, itemsize(x.dtype)) <= resident_bytes
         _softmax_online(x, out, n_rows, cols, chunk, resident)
     return out

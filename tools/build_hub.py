@@ -8,7 +8,8 @@ kernel-builder cannot build Neuron kernels, so this script does its job for our 
       torch-cpu/        the package for CPU hosts      (metadata backend "cpu")
       torch-neuron/     the package for Trainium hosts (metadata backend "neuron")
         __init__.py ...     torch_ext/nki_kernels/ copied verbatim (no __pycache__)
-        nki_src/*.py        the NKI sources from kernels/, copied verbatim
+        nki_src/*.py        the NKI sources from kernels/, copied verbatim, plus a generated
+                            __init__.py (a real subpackage: kernels import siblings relatively)
         _ops.py             generated: op namespace ``_nki_kernels_<backend>_<id>``
         metadata.json       name, id, version, license, backend, python-depends, digest
       benchmarks/       benchmarks/benchmark*.py (what ``kernels benchmark`` runs)
@@ -73,6 +74,15 @@ ops = getattr(torch.ops, _OP_NAMESPACE)
 def add_op_namespace_prefix(op_name: str) -> str:
     """Return ``"<namespace>::<op_name>"``, the name every custom op is registered under."""
     return f"{{_OP_NAMESPACE}}::{{op_name}}"
+'''
+
+
+NKI_SRC_INIT = '''\
+"""The NKI kernel sources of {name} (kernels/ of the repository; generated; do not edit).
+
+A subpackage so the kernels' relative imports of shared helpers resolve. Imported as is
+(AWS's toolchain) or through ``_kernel_sources`` (the bundled simulator's flavour).
+"""
 '''
 
 
@@ -186,6 +196,7 @@ def content_id(config_bytes: bytes, sources: Sources) -> str:
 
     feed("build.toml", config_bytes)
     feed("_ops.py template", OPS_TEMPLATE.encode())
+    feed("nki_src/__init__.py template", NKI_SRC_INIT.encode())
     for rel, data in sorted(sources.package.items()):
         feed(f"package/{rel}", data)
     for rel, data in sorted(sources.nki.items()):
@@ -221,6 +232,7 @@ def write_variant(out: Path, config: Config, sources: Sources, backend: str, uni
         _write(variant / rel, data)
     for rel, data in sorted(sources.nki.items()):
         _write(variant / "nki_src" / rel, data)
+    _write(variant / "nki_src" / "__init__.py", NKI_SRC_INIT.format(name=config.name).encode())
     _write(variant / "_ops.py", OPS_TEMPLATE.format(name=config.name, namespace=ns).encode())
     metadata = {
         "name": config.name,

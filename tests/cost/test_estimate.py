@@ -25,7 +25,7 @@ def _gelu_kernel():
 
 def test_estimate_runs_the_kernel_and_models_its_trace():
     x = torch.randn(300, 1000).to(torch.bfloat16)
-    est = simulator.estimate(_gelu_kernel(), target="trn2")(x, approximate="tanh")
+    est = simulator.estimate(_gelu_kernel(), target="trn2")(x, op="gelu_tanh")
     expected = torch.nn.functional.gelu(x.double(), approximate="tanh")
     torch.testing.assert_close(est.outputs.double(), expected, atol=2e-2, rtol=2e-2)
     assert est.target == "trn2"

@@ -90,7 +90,7 @@ def test_shipped_copies_equal_sources(default_build, variant):
     shipped = _tree(out / variant)
     package = {k: v for k, v in _sources(PACKAGE).items() if k != "_ops.py"}
     nki = {f"nki_src/{k}": v for k, v in _sources(ROOT / "kernels", "*.py").items()}
-    generated = {"_ops.py", "metadata.json"}
+    generated = {"_ops.py", "metadata.json", "nki_src/__init__.py"}
     # Every source file is shipped byte for byte; nothing else ships but the generated files.
     assert {k: shipped.get(k) for k in package} == package
     assert {k: shipped.get(k) for k in nki} == nki

@@ -143,8 +143,8 @@ def test_gelu_runs_its_shipped_nki_kernel_in_the_simulator(hub, default_build, m
     expected = dev.references.gelu(x.double(), compute_dtype=torch.float64)  # float64 reference
     torch.testing.assert_close(y.double(), expected, atol=atol, rtol=rtol)
     # It was the NKI source copied into the build that ran, not the repository's kernels/.
-    kernel_module = hub._kernel_sources._loaded[("gelu", "simulator")]
-    assert Path(kernel_module.__file__) == out / "torch-cpu" / "nki_src" / "gelu.py"
+    kernel_module = hub._kernel_sources.load("elementwise", "simulator")
+    assert Path(kernel_module.__file__) == out / "torch-cpu" / "nki_src" / "elementwise.py"
 
 
 # ------------------------------------------------------------------------------ get_kernel from the Hub cache
@@ -200,7 +200,7 @@ def test_get_kernel_from_the_hub_cache_runs_the_simulator(offline_hub, build_wit
     expected = dev.references.gelu(x.double(), compute_dtype=torch.float64)
     torch.testing.assert_close(module.gelu(x).double(), expected,
                                atol=TOLERANCES[torch.float32][0], rtol=TOLERANCES[torch.float32][1])
-    source = Path(module._kernel_sources._loaded[("gelu", "simulator")].__file__)
+    source = Path(module._kernel_sources.load("elementwise", "simulator").__file__)
     assert source.parent.name == "nki_src" and source.is_relative_to(repo)
 
 

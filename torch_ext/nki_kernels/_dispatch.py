@@ -68,20 +68,17 @@ def run(call: Callable[[], KernelCall], reference: Callable[[], Any], device: to
 
 
 def simulator_kernel(call: KernelCall):
-    """The simulator-flavoured kernel function for ``call`` (caller holds ``activated()``)."""
-    return getattr(_kernel_sources.load(call.module, "simulator"), call.kernel)
+    """The simulator-flavoured kernel function for ``call``."""
+    return _kernel_sources.kernel(call.module, call.kernel, "simulator")
 
 
 def run_simulated(call: KernelCall) -> Any:
     """Run the NKI kernel of ``call`` in the bundled simulator on CPU tensors."""
     from . import simulator
 
-    with simulator.activated():
-        kernel = simulator_kernel(call)
-        import nki  # the simulator's, while activated
-
-        inputs = tuple(t.detach().contiguous() for t in call.tensors)
-        return call.finish_outputs(nki.simulate(kernel)(*inputs, **call.static))
+    kernel = simulator_kernel(call)
+    inputs = tuple(t.detach().contiguous() for t in call.tensors)
+    return call.finish_outputs(simulator.nki_modules()["nki"].simulate(kernel)(*inputs, **call.static))
 
 
 def run_on_neuron(call: KernelCall) -> Any:
@@ -95,6 +92,6 @@ def run_on_neuron(call: KernelCall) -> Any:
             "neuron tensors need AWS's NKI toolchain (`nki` and `torch-neuronx` from AWS's "
             "package repository); it is not importable here"
         ) from err
-    kernel = getattr(_kernel_sources.load(call.module, "neuron"), call.kernel)
+    kernel = _kernel_sources.kernel(call.module, call.kernel, "neuron")
     inputs = tuple(t.contiguous() for t in call.tensors)
     return call.finish_outputs(kernel(*inputs, **call.static))

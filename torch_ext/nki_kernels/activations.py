@@ -14,8 +14,9 @@ GELU_APPROXIMATIONS = ("none", "tanh")
 # ---------------------------------------------------------------------------- gelu
 
 def gelu_kernel_call(input: torch.Tensor, approximate: str = "none") -> _dispatch.KernelCall:
-    """The NKI launch computing ``gelu(input)``: kernels/gelu.py, any shape, one pass."""
-    return _dispatch.KernelCall("gelu", "gelu_kernel", (input,), {"approximate": approximate})
+    """The NKI launch computing ``gelu(input)``: kernels/elementwise.py, any shape, one pass."""
+    op = "gelu" if approximate == "none" else "gelu_tanh"
+    return _dispatch.KernelCall("elementwise", "elementwise_kernel", (input,), {"op": op})
 
 
 @torch.library.custom_op(add_op_namespace_prefix("gelu"), mutates_args=())
@@ -69,8 +70,8 @@ def gelu(input: torch.Tensor, approximate: str = "none") -> torch.Tensor:
 # ---------------------------------------------------------------------------- silu
 
 def silu_kernel_call(input: torch.Tensor) -> _dispatch.KernelCall:
-    """The NKI launch computing ``silu(input)``: kernels/silu.py, any shape, one pass."""
-    return _dispatch.KernelCall("silu", "silu_kernel", (input,))
+    """The NKI launch computing ``silu(input)``: kernels/elementwise.py, any shape, one pass."""
+    return _dispatch.KernelCall("elementwise", "elementwise_kernel", (input,), {"op": "silu"})
 
 
 @torch.library.custom_op(add_op_namespace_prefix("silu"), mutates_args=())

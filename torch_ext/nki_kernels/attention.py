@@ -26,11 +26,13 @@ from typing import Optional
 
 import torch
 
-from . import _checks, _dispatch, references
+from . import _checks, _dispatch, _kernel_sources, references
 from ._ops import add_op_namespace_prefix
 
-MAX_HEAD_DIM = 128            # contraction/partition limit of TensorE (Q·Kᵀ over D)
-SINGLE_PASS_MAX_KEYS = 2048   # a [128, Sk] fp32 score row in 4 of the 8 PSUM banks
+# The kernels' limits (kernels/limits.py, where the reasons are): head dims, and the longest
+# key sequence the single-pass kernel takes.
+MAX_HEAD_DIM = _kernel_sources.limits().ATTENTION_MAX_HEAD_DIM
+SINGLE_PASS_MAX_KEYS = _kernel_sources.limits().ATTENTION_SINGLE_PASS_MAX_KEYS
 KERNEL_MODULE = "attention"   # kernels/attention.py
 _MASK_DTYPES = (torch.bool, torch.float32)
 

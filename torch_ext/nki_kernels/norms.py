@@ -13,12 +13,11 @@ from typing import List, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
-from . import _checks, _dispatch, references
+from . import _checks, _dispatch, _kernel_sources, references
 from ._ops import add_op_namespace_prefix
 
-# Largest normalised size the NKI kernels take (kernels/{layer_norm,rms_norm}.py MAX_HIDDEN:
-# one [128, 8192] fp32 row tile is 32 KiB per partition of trn2's 224 KiB SBUF).
-MAX_HIDDEN = 8192
+# Largest normalised size the NKI kernels take (kernels/limits.py, where the reason is).
+MAX_HIDDEN = _kernel_sources.limits().NORM_MAX_HIDDEN
 
 ShapeLike = Union[int, Sequence[int], torch.Size]
 

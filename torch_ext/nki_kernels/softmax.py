@@ -6,13 +6,13 @@ from typing import Optional
 
 import torch
 
-from . import _checks, _dispatch, references
+from . import _checks, _dispatch, _kernel_sources, references
 from ._ops import add_op_namespace_prefix
 
-# kernels/softmax.py MAX_COLS: longest row done in one on-chip pass; longer rows use the
-# online form, resident in SBUF up to RESIDENT_BYTES per partition, else streamed.
-MAX_COLS = 8192
-RESIDENT_BYTES = 96 * 1024
+# Longest row done in one on-chip pass; longer rows use the online form, resident in SBUF
+# up to RESIDENT_BYTES per partition, else streamed (kernels/limits.py, with the reasons).
+MAX_COLS = _kernel_sources.limits().SOFTMAX_MAX_COLS
+RESIDENT_BYTES = _kernel_sources.limits().SOFTMAX_RESIDENT_BYTES
 
 
 def _normalize_dim(input: torch.Tensor, dim: int) -> int:

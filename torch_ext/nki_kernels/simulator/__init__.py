@@ -25,3 +25,10 @@ def estimate(kernel, target="trn2"):
     from .cost import estimate as _e
 
     return _e(kernel, target)
+
+
+def nki_modules():
+    """The simulated ``nki``, ``nki.language`` and ``nki.isa`` module objects, by name."""
+    from .shim import MODULES
+
+    return dict(MODULES)

@@ -1,11 +1,13 @@
-"""GELU, exact (erf) or tanh-approximated, elementwise over a tensor of any shape.
+"""Elementwise activations ``y = f(x)`` over a tensor of any shape: gelu (erf), gelu with
+the tanh approximation, silu.
 
 Dimensions:
     n: number of elements of ``x`` (any n >= 1).
 Layout:
     The tensor is read as flat memory. The first ``128 * (n // 128)`` elements are viewed as
-    ``[128, n // 128]`` (all 128 partitions busy) and processed in column chunks of up to
-    ``COLS`` elements; the ``n % 128`` leftover elements are one ``[tail, 1]`` tile.
+    ``[128, n // 128]`` (all 128 partitions busy, each partition a contiguous run) and
+    processed in column chunks of up to ``COLS`` elements; the ``n % 128`` leftover
+    elements are one ``[tail, 1]`` tile.
 Engines:
     DMA loads a chunk HBM -> SBUF, ScalarE applies the activation (computing in fp32,
     rounding once to the output dtype), DMA stores it back. Each chunk gets fresh SBUF
@@ -19,11 +21,14 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-PARTITIONS = 128
+from .tiling import PARTITIONS, cdiv
+
 # 2048 elements per partition per transfer: 8 KiB (fp32) / 4 KiB (bf16) DMA per partition,
-# at or above the 4 KiB the DMA guide gives for saturating bandwidth; 2 tiles of this size
-# use 16 KiB of the 224 KiB SBUF partition.
+# at or above the 4 KiB the DMA guide gives for saturating bandwidth; in + out tiles of two
+# chunks in flight use 32 KiB of trn2's 224 KiB SBUF partition.
 COLS = 2048
+# op name -> ScalarE activation function
+FUNCTIONS = {"gelu": nl.gelu, "gelu_tanh": nl.gelu_apprx_tanh, "silu": nl.silu}
 
 
 def _apply(dst_hbm, src_hbm, rows, cols, func):
@@ -36,17 +41,17 @@ def _apply(dst_hbm, src_hbm, rows, cols, func):
 
 
 @nki.jit
-def gelu_kernel(x, approximate="none"):
-    """Return ``gelu(x)`` with the same shape and dtype as ``x``.
+def elementwise_kernel(x, op="gelu"):
+    """Return ``op(x)`` with the same shape and dtype as ``x``.
 
     Args:
         x: HBM tensor, any shape, float32/bfloat16/float16.
-        approximate: "none" (erf form) or "tanh".
+        op: "gelu" (erf form), "gelu_tanh" or "silu".
     Returns:
         HBM tensor (shared_hbm), shape and dtype of ``x``.
     """
-    assert approximate in ("none", "tanh"), f"approximate={approximate!r}: expected 'none' or 'tanh'"
-    func = nl.gelu if approximate == "none" else nl.gelu_apprx_tanh
+    assert op in FUNCTIONS, f"op={op!r}: expected one of {tuple(FUNCTIONS)}"
+    func = FUNCTIONS[op]
 
     out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
     n = 1
@@ -60,7 +65,7 @@ def gelu_kernel(x, approximate="none"):
         body = PARTITIONS * body_cols
         x_body = x_flat[0:body].reshape((PARTITIONS, body_cols))
         out_body = out_flat[0:body].reshape((PARTITIONS, body_cols))
-        for c0 in nl.affine_range((body_cols + COLS - 1) // COLS):
+        for c0 in range(cdiv(body_cols, COLS)):
             start = c0 * COLS
             cols = min(COLS, body_cols - start)
             _apply(out_body[:, start:start + cols], x_body[:, start:start + cols], PARTITIONS, cols, func)

@@ -1,0 +1,68 @@
+"""Tiling helpers shared by the kernels: partitions, ceil-division, dtype sizes, row blocks
+with their tail, work splits between engines, and partition-broadcast loads.
+
+Rows go on partitions. A *row block* is ``(first_row, partitions, rows_per_partition)``:
+``partitions * rows_per_partition`` consecutive rows, partition p holding rows
+``[p * J, (p + 1) * J)`` of the block, so a block is one contiguous HBM range and its load
+one DMA of ``J * cols`` elements per partition. The last ``< 128`` rows form a block with
+``J = 1`` (the tail).
+"""
+
+import nki.isa as nisa
+import nki.language as nl
+
+# SBUF/PSUM partitions (lanes) of a NeuronCore, also TensorE's contraction limit.
+PARTITIONS = nl.tile_size.pmax
+
+
+def cdiv(a, b):
+    """Ceiling division of non-negative ints."""
+    return (a + b - 1) // b
+
+
+def itemsize(dtype):
+    """Bytes per element of an NKI float dtype (2 for bf16/fp16, 4 for fp32)."""
+    return 2 if dtype in (nl.bfloat16, nl.float16) else 4
+
+
+def rows_per_partition(cols, target_cols, max_cols):
+    """Rows per partition J so one transfer moves >= ``target_cols`` elements per partition,
+    with a block's row tile (J * cols elements per partition) at most ``max_cols``."""
+    return max(1, min(cdiv(target_cols, cols), max_cols // cols))
+
+
+def row_blocks(n_rows, per_max, tail_position=None):
+    """[(first_row, partitions, rows_per_partition)] covering rows [0, n_rows): full blocks of
+    128 * J rows (J <= per_max), then the < 128-row tail block with J = 1. ``tail_position``
+    moves the tail to that index of the list (e.g. 1: right after the first block)."""
+    blocks = []
+    start = 0
+    while n_rows - start >= PARTITIONS:
+        per = min(per_max, (n_rows - start) // PARTITIONS)
+        blocks.append((start, PARTITIONS, per))
+        start += PARTITIONS * per
+    if start < n_rows:
+        tail = (start, n_rows - start, 1)
+        if tail_position is None:
+            blocks.append(tail)
+        else:
+            blocks.insert(min(tail_position, len(blocks)), tail)
+    return blocks
+
+
+def split_count(n, share):
+    """How many of ``n`` items go to the first of two engines given its ``share`` (0..1):
+    the split point of range(n) into [0, cut) and [cut, n)."""
+    return min(n, max(0, int(round(n * share))))
+
+
+def spread(i, share):
+    """Whether item i is among the round(n * share) items of a sequence spread evenly."""
+    return int((i + 1) * share) > int(i * share)
+
+
+def broadcast_rows(vec_hbm, cols):
+    """[128, cols] SBUF copy of a [cols] HBM vector on every partition (one stride-0 DMA)."""
+    tile = nl.ndarray((PARTITIONS, cols), dtype=vec_hbm.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=tile, src=vec_hbm.reshape((1, cols)).broadcast(0, PARTITIONS))
+    return tile
