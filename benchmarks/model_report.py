@@ -2,30 +2,29 @@
 """The main job (`make demo`): every kernel on its workload grid, run in the bundled NKI
 simulator on CPU, checked against the PyTorch reference, and MODELED on Trainium2.
 
-For each (op, workload) it
+For each op of the registry (``nki_kernels.registry.ops()``) and each of its workloads it
 
-1. builds the op's NKI launch with ``nki_kernels.<module>.<op>_kernel_call(...)``,
+1. builds the op's NKI launch with the op's ``kernel_call``,
 2. runs the kernel in the simulator (``simulator.estimate``), which records every
-   instruction it issues, and compares the result with the reference computed on CPU in
-   float64 (float32 for the largest attention shapes): max |kernel - reference|;
+   instruction it issues, and compares the result with the op's PyTorch twin computed on
+   CPU in float64 (float32 for the largest attention shapes): max |kernel - reference|;
 3. models that instruction stream on one trn2 NeuronCore (simulator/cost/: per-
    instruction costs, list schedule over the engines and 16 DMA queues);
-4. computes the op's limit and the modeled eager-PyTorch baseline
-   (simulator/cost/roofline.py): efficiency = limit / modeled, speedup = eager / modeled.
+4. computes the op's limit and the modeled eager-PyTorch baseline (the op's ``roofline``,
+   nki_kernels/roofline.py): efficiency = limit / modeled, speedup = eager / modeled.
 
 Outputs (``--out``, default out/report): report.csv, report.md, report.png and one Chrome
 trace per row under traces/ (open in https://ui.perfetto.dev). Nothing here ran on a
 Trainium: kernel/limit/eager times are MODELED (trn2); errors and wall times are MEASURED
-(CPU). Ops whose kernel_call or NKI source does not exist yet are skipped with a note.
+(CPU).
 
-Usage: python benchmarks/model_report.py [--ops attention,rms_norm] [--quick] [--out DIR]
+Usage: python benchmarks/model_report.py [--ops scaled_dot_product_attention,rms_norm] [--quick] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import importlib
 import math
 import sys
 import time
@@ -33,15 +32,12 @@ import traceback
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
 
 import torch
 from tqdm import tqdm
 
-from nki_kernels import _dispatch, _kernel_sources, references, simulator
-from nki_kernels.simulator.cost import roofline
+from nki_kernels import _dispatch, registry, simulator
 
-BF16 = torch.bfloat16
 MODELED = "modeled (trn2)"
 MEASURED = "measured (CPU)"
 # max |out - ref| allowed per dtype for the report's check (the tests hold the strict ones):
@@ -51,183 +47,30 @@ EFFICIENCY_TARGET = 0.6
 EFFICIENCY_TARGET_LARGE_MEMORY_BOUND = 0.8
 
 
-@dataclass
+@dataclass(frozen=True)
 class Case:
-    op: str                                   # name in the report (and roofline function)
-    module: str                               # nki_kernels.<module>
-    call: str                                 # <module>.<call>(*args, **kwargs) -> KernelCall
-    workload: str                             # what model/shape this is
-    make: Callable[[torch.Generator], dict]   # inputs: {"args": (...), "kwargs": {...}}
-    reference: Callable[..., Any]             # reference(*args, **kwargs, compute_dtype=...)
-    roof: Callable[..., roofline.Roofline]    # roofline(*args, **kwargs, target=...)
-    dtype: torch.dtype = BF16
-    large: bool = False                       # a larger shape: >= 0.8 efficiency if memory-bound
-    quick: bool = False                       # in the --quick grid
-    speedup_target: float | None = None
-    reference_dtype: torch.dtype = torch.float64
+    """One row of the report: an op of the registry on one of its workloads."""
+
+    spec: registry.OpSpec
+    workload: registry.Workload
+
+    @property
+    def op(self) -> str:
+        return self.spec.name
+
+    @property
+    def name(self) -> str:
+        return self.workload.name
 
     @property
     def slug(self) -> str:
-        safe = "".join(c if c.isalnum() else "_" for c in f"{self.op}_{self.workload}")
+        safe = "".join(c if c.isalnum() else "_" for c in f"{self.op}_{self.name}")
         return "_".join(filter(None, safe.split("_")))
 
 
-def _rand(gen, *shape, dtype=BF16, scale=1.0):
-    return (torch.randn(*shape, generator=gen) * scale).to(dtype)
-
-
-# ----------------------------------------------------------------------------- the grid
-
-def _attention(workload, b, h, s, d, hkv=None, causal=False, quick=False, target=None, ref_dtype=torch.float64):
-    hkv = hkv or h
-
-    def make(gen):
-        q, k, v = _rand(gen, b, h, s, d), _rand(gen, b, hkv, s, d), _rand(gen, b, hkv, s, d)
-        return {"args": (q, k, v), "kwargs": {"attn_mask": None, "is_causal": causal}}
-
-    def reference(q, k, v, attn_mask=None, is_causal=False, compute_dtype=torch.float64):
-        return references.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                                                       enable_gqa=h != hkv, compute_dtype=compute_dtype)
-
-    def roof(q, k, v, attn_mask=None, is_causal=False, target="trn2"):
-        return roofline.attention(q, k, v, attn_mask, is_causal, target=target)
-
-    label = f"{workload} B={b} H={h}" + (f"/{hkv}kv" if hkv != h else "") + f" S={s} D={d}" + (" causal" if causal else "")
-    return Case("attention", "attention", "attention_kernel_call", label, make, reference, roof,
-                quick=quick, speedup_target=target, reference_dtype=ref_dtype)
-
-
-def _rows_hidden(op, module, call, workload, rows, hidden, make_extra, reference, roof, **kw):
-    return Case(op, module, call, f"{workload} [{rows}, {hidden}]", make_extra, reference, roof, **kw)
-
-
-def _layer_norm(workload, rows, hidden, eps, **kw):
-    def make(gen):
-        return {"args": (_rand(gen, rows, hidden), (hidden,), _rand(gen, hidden), _rand(gen, hidden)),
-                "kwargs": {"eps": eps}}
-
-    def reference(x, shape, w, b, eps, compute_dtype):
-        return references.layer_norm(x, shape, w, b, eps, compute_dtype=compute_dtype)
-
-    def roof(x, shape, w, b, eps, target):
-        return roofline.layer_norm(x, shape, w, b, target=target)
-
-    return _rows_hidden("layer_norm", "norms", "layer_norm_kernel_call", workload, rows, hidden,
-                        make, reference, roof, **kw)
-
-
-def _rms_norm(workload, rows, hidden, **kw):
-    def make(gen):
-        return {"args": (_rand(gen, rows, hidden), (hidden,), _rand(gen, hidden)), "kwargs": {"eps": 1e-6}}
-
-    def reference(x, shape, w, eps, compute_dtype):
-        return references.rms_norm(x, shape, w, eps, compute_dtype=compute_dtype)
-
-    def roof(x, shape, w, eps, target):
-        return roofline.rms_norm(x, shape, w, target=target)
-
-    return _rows_hidden("rms_norm", "norms", "rms_norm_kernel_call", workload, rows, hidden, make, reference,
-                        roof, **kw)
-
-
-def _fused_add_rms_norm(workload, rows, hidden, **kw):
-    def make(gen):
-        return {"args": (_rand(gen, rows, hidden), _rand(gen, rows, hidden), _rand(gen, hidden)),
-                "kwargs": {"eps": 1e-6}}
-
-    def reference(x, r, w, eps, compute_dtype):
-        return references.fused_add_rms_norm(x, r, w, eps, compute_dtype=compute_dtype)
-
-    def roof(x, r, w, eps, target):
-        return roofline.fused_add_rms_norm(x, r, w, target=target)
-
-    return _rows_hidden("fused_add_rms_norm", "norms", "fused_add_rms_norm_kernel_call", workload, rows, hidden,
-                        make, reference, roof, **kw)
-
-
-def _gelu(workload, rows, cols, **kw):
-    def make(gen):
-        return {"args": (_rand(gen, rows, cols, scale=3.0),), "kwargs": {"approximate": "none"}}
-
-    def reference(x, approximate, compute_dtype):
-        return references.gelu(x, approximate, compute_dtype=compute_dtype)
-
-    def roof(x, approximate, target):
-        return roofline.gelu(x, target=target)
-
-    return _rows_hidden("gelu", "activations", "gelu_kernel_call", workload, rows, cols, make, reference, roof, **kw)
-
-
-def _act_and_mul(op, workload, rows, d, **kw):
-    def make(gen):
-        return {"args": (_rand(gen, rows, 2 * d, scale=2.0),), "kwargs": {}}
-
-    ref_fn = getattr(references, op)
-
-    def reference(x, compute_dtype):
-        return ref_fn(x, compute_dtype=compute_dtype)
-
-    def roof(x, target):
-        return getattr(roofline, op)(x, target=target)
-
-    return _rows_hidden(op, "activations", f"{op}_kernel_call", workload, rows, 2 * d, make, reference, roof, **kw)
-
-
-def _softmax(workload, rows, cols, **kw):
-    def make(gen):
-        return {"args": (_rand(gen, rows, cols, scale=4.0),), "kwargs": {"dim": -1}}
-
-    def reference(x, dim, compute_dtype):
-        return references.softmax(x, dim, compute_dtype=compute_dtype)
-
-    def roof(x, dim, target):
-        return roofline.softmax(x, dim, target=target)
-
-    return _rows_hidden("softmax", "softmax", "softmax_kernel_call", workload, rows, cols, make, reference, roof, **kw)
-
-
-def _rotary(workload, b, h, hkv, s, d, **kw):
-    def make(gen):
-        pos = torch.arange(s, dtype=torch.float32)[:, None]
-        inv = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
-        ang = torch.cat([pos * inv, pos * inv], dim=-1)[None].expand(b, s, d)
-        return {"args": (_rand(gen, b, h, s, d), _rand(gen, b, hkv, s, d), ang.cos().to(BF16), ang.sin().to(BF16)),
-                "kwargs": {}}
-
-    def reference(q, k, cos, sin, compute_dtype):
-        return references.apply_rotary_pos_emb(q, k, cos, sin, compute_dtype=compute_dtype)
-
-    def roof(q, k, cos, sin, target):
-        return roofline.apply_rotary_pos_emb(q, k, cos, sin, target=target)
-
-    return Case("apply_rotary_pos_emb", "rotary", "apply_rotary_pos_emb_kernel_call",
-                f"{workload} B={b} H={h}/{hkv}kv S={s} D={d}", make, reference, roof, **kw)
-
-
-VIT_TOKENS = 8 * 197  # batch 8 x 197 tokens
-
-
 def grid(quick: bool) -> list[Case]:
-    cases = [
-        _attention("ViT-B/16", 8, 12, 197, 64, quick=True, target=2.4),
-        _attention("ViT-L/16", 8, 16, 197, 64, quick=True, target=2.4),
-        _attention("SigLIP so400m@384", 2, 16, 729, 72),
-        _attention("Llama long-S", 1, 8, 2048, 128, hkv=2, causal=True, quick=True, ref_dtype=torch.float32),
-        _attention("Llama long-S", 1, 16, 4096, 128, hkv=4, causal=True, ref_dtype=torch.float32),
-        _layer_norm("ViT-B/16 B=8", VIT_TOKENS, 768, 1e-12, quick=True),
-        _layer_norm("ViT-L/16 B=8", VIT_TOKENS, 1024, 1e-12, large=True),
-        _rms_norm("Llama-7B 2048 tok", 2048, 4096, quick=True, large=True),
-        _rms_norm("Llama-70B 2048 tok", 2048, 8192, large=True),
-        _fused_add_rms_norm("Llama-7B 2048 tok", 2048, 4096, quick=True, large=True),
-        _gelu("ViT-B/16 MLP B=8", VIT_TOKENS, 3072, quick=True),
-        _gelu("ViT-L/16 MLP B=8", VIT_TOKENS, 4096, large=True),
-        _act_and_mul("silu_and_mul", "Llama-7B MLP 1024 tok", 1024, 11008, quick=True, large=True),
-        _act_and_mul("gelu_and_mul", "GeGLU 1024 tok", 1024, 8192, large=True),
-        _softmax("ViT-B/16 scores B=8 H=12", 8 * 12 * 197, 197, quick=True),
-        _softmax("LM vocab 256 rows", 256, 32000, large=True),
-        _rotary("Llama-7B 2048 tok", 1, 32, 8, 2048, 128, quick=True, large=True),
-    ]
-    return [c for c in cases if c.quick] if quick else cases
+    """Every (op, workload) of the registry; with ``quick``, the workloads marked quick."""
+    return [Case(spec, w) for spec in registry.ops() for w in spec.workloads if w.quick or not quick]
 
 
 # ----------------------------------------------------------------------------- one case
@@ -256,7 +99,7 @@ class Row:
 
     @property
     def efficiency_target(self) -> float:
-        if self.case.large and self.limit_bound == "dma":
+        if self.case.workload.large and self.limit_bound == "dma":
             return EFFICIENCY_TARGET_LARGE_MEMORY_BOUND
         return EFFICIENCY_TARGET
 
@@ -265,15 +108,15 @@ class Row:
         if self.status != "ok":
             return None
         ok = self.efficiency >= self.efficiency_target
-        if self.case.speedup_target is not None:
-            ok = ok and self.speedup >= self.case.speedup_target
+        if self.case.workload.speedup_target is not None:
+            ok = ok and self.speedup >= self.case.workload.speedup_target
         return ok
 
     @property
     def target_text(self) -> str:
         t = f"eff>={self.efficiency_target:g}"
-        if self.case.speedup_target is not None:
-            t += f", speedup>={self.case.speedup_target:g}x"
+        if self.case.workload.speedup_target is not None:
+            t += f", speedup>={self.case.workload.speedup_target:g}x"
         return t
 
 
@@ -320,39 +163,24 @@ def _hot_spots(est, engine: str, top: int = 3) -> list[str]:
 
 def run_case(case: Case, target: str, traces_dir: Path | None) -> Row:
     row = Row(case)
-    module = importlib.import_module(f"nki_kernels.{case.module}")
-    call_fn = getattr(module, case.call, None)
-    if call_fn is None:
-        row.status, row.note = "skipped", f"nki_kernels.{case.module}.{case.call} does not exist yet"
-        return row
+    spec, work = case.spec, case.workload
     gen = torch.Generator().manual_seed(zlib.crc32(case.slug.encode()))
-    inputs = case.make(gen)
-    args, kwargs = inputs["args"], inputs["kwargs"]
-    call = call_fn(*args, **kwargs)
-    try:
-        _kernel_sources.source_path(call.module)
-    except FileNotFoundError as err:
-        row.status, row.note = "skipped", f"NKI source not written yet ({err})"
-        return row
-    with simulator.activated(target):
-        kernel = getattr(_kernel_sources.load(call.module, "simulator"), call.kernel, None)
-    if kernel is None:
-        row.status, row.note = "skipped", f"kernels/{call.module}.py has no {call.kernel} yet"
-        return row
-
+    args, kwargs = work.make(gen)
+    call = spec.kernel_call(*args, **kwargs)
+    kernel = _dispatch.simulator_kernel(call)
     tensors = tuple(t.detach().contiguous() for t in call.tensors)
     t0 = time.perf_counter()
     est = simulator.estimate(kernel, target)(*tensors, **call.static)
     row.sim_wall_s = time.perf_counter() - t0
     out = call.finish_outputs(est.outputs)
-    ref = case.reference(*args, **kwargs, compute_dtype=case.reference_dtype)
+    ref = spec.reference(*args, **kwargs, compute_dtype=work.reference_dtype)
     row.eager_cpu_ms = _eager_cpu_ms(case, args, kwargs)
     row.max_abs_err = _max_abs_err(out, ref)
-    if not _check(out, ref, case.dtype):
+    if not _check(out, ref, work.dtype):
         row.status = "mismatch"
-        row.note = f"max |kernel - reference| = {row.max_abs_err:.3g} exceeds atol/rtol {CHECK_TOL[case.dtype]}"
+        row.note = f"max |kernel - reference| = {row.max_abs_err:.3g} exceeds atol/rtol {CHECK_TOL[work.dtype]}"
 
-    roof = case.roof(*args, **kwargs, target=target)
+    roof = spec.roofline(*args, **kwargs, target=target)
     row.modeled_us = est.latency_us
     row.limit_us, row.limit_bound = roof.limit_us, roof.bound
     row.efficiency = roof.efficiency(est.latency_us)
@@ -376,7 +204,7 @@ def _eager_cpu_ms(case: Case, args, kwargs, repeats: int = 3) -> float:
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        case.reference(*args, **kwargs, compute_dtype=case.dtype)
+        case.spec.reference(*args, **kwargs, compute_dtype=case.workload.dtype)
         times.append(time.perf_counter() - t0)
     return sorted(times)[len(times) // 2] * 1e3
 
@@ -412,7 +240,7 @@ def _record(row: Row) -> dict:
     c = row.case
     mod, meas = _slug(MODELED), _slug(MEASURED)
     rec = {
-        "op": c.op, "workload": c.workload, "dtype": str(c.dtype).removeprefix("torch."),
+        "op": c.op, "workload": c.name, "dtype": str(c.workload.dtype).removeprefix("torch."),
         f"max_abs_err_{meas}": row.max_abs_err, f"sim_wall_s_{meas}": row.sim_wall_s,
         f"eager_cpu_ms_{meas}": row.eager_cpu_ms,
         f"kernel_us_{mod}": row.modeled_us, f"limit_us_{mod}": row.limit_us, "limit_set_by": row.limit_bound,
@@ -486,7 +314,7 @@ def write_markdown(rows: list[Row], records: list[dict], path: Path, target: str
     for row in rows:
         c = row.case
         lines.append("")
-        lines.append(f"**{c.op} — {c.workload}** ({row.status})")
+        lines.append(f"**{c.op} — {c.name}** ({row.status})")
         if row.note:
             lines.append(f"- note: {row.note}")
         if row.status in ("ok", "mismatch"):
@@ -550,7 +378,7 @@ def write_plot(records: list[dict], path: Path, target: str) -> bool:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--ops", default="", help="comma-separated ops to run (default: all), e.g. attention,rms_norm")
+    ap.add_argument("--ops", default="", help="comma-separated ops to run (default: all), e.g. softmax,rms_norm")
     ap.add_argument("--quick", action="store_true", help="one or two shapes per op")
     ap.add_argument("--out", default="out/report", help="output folder (default out/report)")
     ap.add_argument("--target", default="trn2", choices=("trn2", "trn3", "trn1"), help="modeled target")
@@ -579,7 +407,7 @@ def main(argv=None) -> int:
     rows: list[Row] = []
     bar = tqdm(cases, desc="simulate + model", unit="case", file=sys.stderr)
     for case in bar:
-        bar.set_postfix_str(f"{case.op}: {case.workload}"[:60])
+        bar.set_postfix_str(f"{case.op}: {case.name}"[:60])
         try:
             row = run_case(case, args.target, traces)
         except Exception as err:  # report it, keep going: the report must survive a broken kernel
@@ -595,7 +423,7 @@ def main(argv=None) -> int:
     print(format_table(records))
     for r in rows:
         if r.note:
-            print(f"note: {r.case.op} [{r.case.workload}]: {r.note}")
+            print(f"note: {r.case.op} [{r.case.name}]: {r.note}")
     write_csv(records, out / "report.csv")
     write_markdown(rows, records, out / "report.md", args.target, wall)
     plotted = write_plot(records, out / "report.png", args.target)
@@ -603,7 +431,7 @@ def main(argv=None) -> int:
           + (f", traces in {traces}" if traces is not None else "") + f"  ({wall:.0f} s, {MEASURED})")
     below = [r for r in rows if r.meets is False]
     if below:
-        print(f"{len(below)} row(s) below target: " + "; ".join(f"{r.case.op} [{r.case.workload}] bound by "
+        print(f"{len(below)} row(s) below target: " + "; ".join(f"{r.case.op} [{r.case.name}] bound by "
               f"{r.bound_by}" for r in below))
     failed = [r for r in rows if r.status in ("error", "mismatch")]
     return 1 if failed else 0

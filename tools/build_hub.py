@@ -313,7 +313,10 @@ def _introspect_main(variant: Path) -> None:
                 and obj.__module__ == layers_module.__name__ and not n.startswith("_")
             )
         layers = [describe(name, getattr(layers_module, name)) for name in names]
-    print(json.dumps({"doc": inspect.getdoc(module) or "", "public": public, "layers": layers}))
+    registry = getattr(module, "registry", None)
+    ops = [{"name": spec.name, "layers": list(spec.layers), "workloads": [w.name for w in spec.workloads]}
+           for spec in registry.ops()] if inspect.ismodule(registry) else []
+    print(json.dumps({"doc": inspect.getdoc(module) or "", "public": public, "layers": layers, "ops": ops}))
 
 
 def _demote_headings(markdown: str, levels: int) -> str:
@@ -375,6 +378,19 @@ def render_card(config: Config, api: dict, report: str | None, benchmarks: list[
         "not yet been run on hardware). On CPU tensors it runs the PyTorch reference, or the "
         "NKI kernel in the bundled simulator with `NKI_KERNELS_CPU_BACKEND=simulator`.",
         "",
+        "## Ops",
+        "",
+    ]
+    if api.get("ops"):
+        lines += ["Every op of the package's registry (`registry.ops()`), its `kernelize` layers and the "
+                  "model shapes it is modeled on:", "", "| op | layers | representative workloads |", "|---|---|---|"]
+        for op in api["ops"]:
+            layer_names = ", ".join(f"`{name}`" for name in op["layers"]) or "-"
+            lines.append(f"| `{op['name']}` | {layer_names} | {'; '.join(op['workloads']) or '-'} |")
+        lines.append("")
+    else:
+        lines += ["No ops are registered yet.", ""]
+    lines += [
         "## Functions",
         "",
     ]

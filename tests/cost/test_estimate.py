@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nki_kernels import _dispatch, activations, simulator
+from nki_kernels import _dispatch, simulator
+from nki_kernels.ops import activations
 from nki_kernels.simulator.cost import estimate_trace
 from nki_kernels.simulator.cost.regions import region_of
 from nki_kernels.simulator.hardware import TARGETS

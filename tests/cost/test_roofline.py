@@ -1,11 +1,12 @@
-"""Limits and modeled eager baselines (simulator/cost/roofline.py), against hand arithmetic."""
+"""Limits and modeled eager baselines (nki_kernels/roofline.py), against hand arithmetic."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from nki_kernels.simulator.cost import roofline as R
+from nki_kernels import registry
+from nki_kernels import roofline as R
 from nki_kernels.simulator.hardware import TARGETS
 
 TRN2 = TARGETS["trn2"]
@@ -18,7 +19,7 @@ def t(*shape, dtype=BF16):
 
 def test_vit_b_attention_limit_is_its_hbm_traffic():
     q = t(8, 12, 197, 64)
-    r = R.attention(q, q, q)
+    r = R.scaled_dot_product_attention(q, q, q)
     io = 4 * 8 * 12 * 197 * 64 * 2                      # q, k, v read; out written; bf16
     assert r.work.hbm_bytes == io
     assert r.limit_terms_us["dma"] == pytest.approx(io / TRN2.dma_bytes_per_s * 1e6)
@@ -32,7 +33,7 @@ def test_vit_b_attention_limit_is_its_hbm_traffic():
 
 def test_attention_eager_is_the_sdpa_math_path_each_op_at_its_limit():
     q = t(8, 12, 197, 64)
-    r = R.attention(q, q, q)
+    r = R.scaled_dot_product_attention(q, q, q)
     names = [s.work.name.split(" ")[0] for s in r.eager_steps]
     assert names == ["mul", "mul", "bmm", "softmax", "bmm"]
     scores = 8 * 12 * 197 * 197 * 2
@@ -46,11 +47,11 @@ def test_attention_eager_is_the_sdpa_math_path_each_op_at_its_limit():
 
 def test_attention_eager_adds_mask_gqa_and_causal_steps():
     q, kv = t(1, 8, 64, 64), t(1, 2, 64, 64)
-    names = [s.work.name for s in R.attention(q, kv, kv, is_causal=True).eager_steps]
+    names = [s.work.name for s in R.scaled_dot_product_attention(q, kv, kv, is_causal=True).eager_steps]
     assert any(n.startswith("repeat_interleave") for n in names)
     assert any("causal" in n for n in names) and any(n.startswith("add") for n in names)
     mask = t(1, 1, 1, 64, dtype=torch.bool)
-    names = [s.work.name for s in R.attention(q, q, q, attn_mask=mask).eager_steps]
+    names = [s.work.name for s in R.scaled_dot_product_attention(q, q, q, attn_mask=mask).eager_steps]
     assert any("bool mask" in n for n in names)
 
 
@@ -58,12 +59,12 @@ def test_causal_attention_counts_only_the_kept_pairs():
     assert R._causal_pairs(4, 4) == 10
     assert R._causal_pairs(6, 4) == 10 + 2 * 4      # queries past the last key see every key
     q = t(1, 1, 4, 8)
-    assert R.attention(q, q, q, is_causal=True).work.matmul_flops == 2 * 10 * (8 + 8)
+    assert R.scaled_dot_product_attention(q, q, q, is_causal=True).work.matmul_flops == 2 * 10 * (8 + 8)
 
 
 def test_fp32_uses_the_fp32_tensor_peak():
-    bf = R.attention(t(1, 4, 256, 64), t(1, 4, 256, 64), t(1, 4, 256, 64))
-    f32 = R.attention(*(t(1, 4, 256, 64, dtype=torch.float32) for _ in range(3)))
+    bf = R.scaled_dot_product_attention(t(1, 4, 256, 64), t(1, 4, 256, 64), t(1, 4, 256, 64))
+    f32 = R.scaled_dot_product_attention(*(t(1, 4, 256, 64, dtype=torch.float32) for _ in range(3)))
     ratio = TRN2.tensor_peak_bf16_flops / TRN2.tensor_peak_fp32_flops
     assert f32.limit_terms_us["tensor"] == pytest.approx(ratio * bf.limit_terms_us["tensor"])
 
@@ -87,20 +88,14 @@ def test_single_aten_op_baselines_equal_the_limit():
     assert ln.limit_us <= ln.eager_us < 1.01 * ln.limit_us   # + fp32 mean/rstd per row
 
 
-@pytest.mark.parametrize("make", [
-    lambda: R.attention(t(2, 4, 300, 80), t(2, 2, 300, 80), t(2, 2, 300, 80), is_causal=True),
-    lambda: R.layer_norm(t(197, 1024), (1024,), t(1024), t(1024)),
-    lambda: R.rms_norm(t(7, 8192), (8192,), None),
-    lambda: R.fused_add_rms_norm(t(129, 4096), t(129, 4096), t(4096)),
-    lambda: R.gelu(t(3, 1000)),
-    lambda: R.silu_and_mul(t(100, 2 * 1376)),
-    lambda: R.gelu_and_mul(t(100, 2 * 1376)),
-    lambda: R.softmax(t(64, 32000, dtype=torch.float32)),
-    lambda: R.apply_rotary_pos_emb(t(1, 8, 33, 64), t(1, 2, 33, 64), t(1, 33, 64), t(1, 33, 64)),
-], ids=["attention", "layer_norm", "rms_norm", "fused_add_rms_norm", "gelu", "silu_and_mul",
-        "gelu_and_mul", "softmax", "rotary"])
-def test_eager_never_beats_the_limit(make):
-    r = make()
+CASES = [(spec, w) for spec in registry.ops() for w in spec.workloads]
+
+
+@pytest.mark.parametrize("spec, workload", CASES, ids=[f"{s.name}-{w.name}" for s, w in CASES])
+def test_eager_never_beats_the_limit(spec, workload):
+    # every op's eager model, on every workload of the registry
+    args, kwargs = workload.make(torch.Generator().manual_seed(0))
+    r = spec.roofline(*args, **kwargs)
     assert r.limit_us > 0
     assert r.eager_us >= r.limit_us * (1 - 1e-12)
     assert r.efficiency(r.limit_us) == pytest.approx(1.0)

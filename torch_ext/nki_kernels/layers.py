@@ -24,9 +24,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .activations import gelu, gelu_and_mul, silu, silu_and_mul
-from .norms import layer_norm, rms_norm
-from .rotary import apply_rotary_pos_emb
+from .ops.activations import gelu, gelu_and_mul, silu, silu_and_mul
+from .ops.norms import layer_norm, rms_norm
+from .ops.rotary import apply_rotary_pos_emb
 
 
 class RMSNorm(nn.Module):

@@ -16,16 +16,6 @@ def gelu(input: torch.Tensor, approximate: str = "none", compute_dtype: torch.dt
     return F.gelu(input.to(compute_dtype), approximate=approximate).to(input.dtype)
 
 
-# ---------------------------------------------------------------- blockops (norms, activations, softmax, rotary)
-
-def _normalized_rows(input: torch.Tensor, normalized_shape) -> int:
-    """Number of trailing elements normalised together (prod(normalized_shape))."""
-    size = 1
-    for dim in normalized_shape:
-        size *= int(dim)
-    return size
-
-
 def layer_norm(input: torch.Tensor, normalized_shape, weight=None, bias=None, eps: float = 1e-5,
                compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``F.layer_norm`` computed in ``compute_dtype`` (weight and bias too), returned in ``input.dtype``."""

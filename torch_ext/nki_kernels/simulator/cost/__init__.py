@@ -10,18 +10,16 @@ Everything it reports is MODELED for the target, never measured. The model:
 * schedule.py   a list schedule over the engines and the 16 DMA queues with read-after-
                 write, write-after-read and write-after-write dependencies on overlapping
                 parts of the same allocation (regions.py computes the footprints);
-* estimate.py   the ``Estimate`` result, ``estimate``/``estimate_trace`` and the Chrome trace;
-* roofline.py   per-op limits (the best any kernel can do on the target) and the modeled
-                eager-PyTorch baselines.
+* estimate.py   the ``Estimate`` result, ``estimate``/``estimate_trace`` and the Chrome trace.
+
+Per-op limits and modeled eager baselines live with the ops (``nki_kernels.roofline``).
 
 All hardware numbers come from ``simulator/hardware.py``. docs/cost-model.md explains
 the model and its assumptions.
 """
 
-from . import roofline
 from .estimate import Estimate, estimate, estimate_trace
 from .model import CostModelError, DmaCost, InstructionCost, compute_cost, dma_cost
-from .roofline import Roofline
 from .schedule import Schedule, Slot, schedule
 
 __all__ = [
@@ -29,13 +27,11 @@ __all__ = [
     "DmaCost",
     "Estimate",
     "InstructionCost",
-    "Roofline",
     "Schedule",
     "Slot",
     "compute_cost",
     "dma_cost",
     "estimate",
     "estimate_trace",
-    "roofline",
     "schedule",
 ]

@@ -1,5 +1,8 @@
 """Per-op limits and modeled eager-PyTorch baselines on a NeuronCore (all MODELED).
 
+One function per op, with the op's public signature plus ``target=``; the op registry
+(``registry.py``) names it as the op's limit and eager model.
+
 The **limit** of an op call is the least time any kernel could take on one NeuronCore of
 the target: the largest of
 
@@ -30,20 +33,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..hardware import DEFAULT_TARGET, Target, get_target
+from .simulator.hardware import DEFAULT_TARGET, Target, get_target
 
 _FP32_NAMES = ("float32", "float64")
 
 
 def _dtype_name(dtype) -> str:
     return str(dtype).rsplit(".", 1)[-1]
-
-
-def _itemsize(dtype) -> int:
-    size = getattr(dtype, "itemsize", None)
-    if size is None:
-        raise TypeError(f"dtype {dtype!r} has no itemsize")
-    return int(size)
 
 
 def _nbytes(t) -> int:
@@ -136,8 +132,9 @@ def _causal_pairs(sq: int, sk: int) -> int:
     return full * (full + 1) // 2 + max(0, sq - sk) * sk
 
 
-def attention(query, key, value, attn_mask=None, is_causal: bool = False,
-              target: str | Target = DEFAULT_TARGET) -> Roofline:
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale=None, enable_gqa: bool = False,
+                                 target: str | Target = DEFAULT_TARGET) -> Roofline:
     """SDPA ``softmax(q k^T * scale + mask) v`` with q ``[B, H, Sq, D]``, k/v ``[B, Hkv, Sk, D]``.
 
     Eager baseline (SDPA math path): q*sqrt(scale), k*sqrt(scale), [repeat_interleave of
@@ -152,7 +149,7 @@ def attention(query, key, value, attn_mask=None, is_causal: bool = False,
     rows = b * h * sq
     io = _nbytes(query) + _nbytes(key) + _nbytes(value) + b * h * sq * dv * it
     mask_bytes = _nbytes(attn_mask) if attn_mask is not None else 0
-    work = Work("attention", io + mask_bytes, 2 * pairs * (d + dv), pairs + rows, fp32)
+    work = Work("scaled_dot_product_attention", io + mask_bytes, 2 * pairs * (d + dv), pairs + rows, fp32)
 
     scores = b * h * sq * sk * it
     eager = [
@@ -180,7 +177,7 @@ def attention(query, key, value, attn_mask=None, is_causal: bool = False,
         eager.append(_elementwise("add (mask)", scores + mask_read, scores, fp32=fp32))
     eager.append(_elementwise("softmax", scores, scores, b * h * sq * sk + rows, fp32))
     eager.append(Work("bmm (p v)", scores + v_bytes + b * h * sq * dv * it, 2 * b * h * sq * sk * dv, 0, fp32))
-    return _roofline("attention", work, eager, target)
+    return _roofline("scaled_dot_product_attention", work, eager, target)
 
 
 # ----------------------------------------------------------------------------- norms
@@ -208,7 +205,7 @@ def _rms_norm_eager(x, weight, prefix: str = "") -> list[Work]:
     return steps
 
 
-def layer_norm(input, normalized_shape, weight=None, bias=None,
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5,
                target: str | Target = DEFAULT_TARGET) -> Roofline:
     """``F.layer_norm`` over the last ``len(normalized_shape)`` dims. Eager: one
     ``native_layer_norm`` (it also writes fp32 mean and rstd per row)."""
@@ -221,7 +218,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None,
     return _roofline("layer_norm", work, eager, target)
 
 
-def rms_norm(input, normalized_shape, weight=None, target: str | Target = DEFAULT_TARGET) -> Roofline:
+def rms_norm(input, normalized_shape, weight=None, eps=None, target: str | Target = DEFAULT_TARGET) -> Roofline:
     """``F.rms_norm``. Eager: its ATen decomposition (see ``_rms_norm_eager``)."""
     hidden = math.prod(normalized_shape)
     rows = math.prod(input.shape) // hidden
@@ -230,7 +227,8 @@ def rms_norm(input, normalized_shape, weight=None, target: str | Target = DEFAUL
     return _roofline("rms_norm", work, _rms_norm_eager(input, weight), target)
 
 
-def fused_add_rms_norm(input, residual, weight=None, target: str | Target = DEFAULT_TARGET) -> Roofline:
+def fused_add_rms_norm(input, residual, weight=None, eps=None,
+                       target: str | Target = DEFAULT_TARGET) -> Roofline:
     """``(rms_norm(input + residual), input + residual)``. Eager: add, then F.rms_norm's ops."""
     rows = math.prod(input.shape) // input.shape[-1]
     params = _nbytes(weight) if weight is not None else 0
@@ -243,12 +241,20 @@ def fused_add_rms_norm(input, residual, weight=None, target: str | Target = DEFA
 
 # ----------------------------------------------------------------------------- activations
 
-def gelu(input, target: str | Target = DEFAULT_TARGET) -> Roofline:
-    """``F.gelu``. Eager: one ``gelu``."""
+def _unary_activation(op: str, input, target) -> Roofline:
     n = math.prod(input.shape)
-    fp32 = _is_fp32(input)
-    work = _elementwise("gelu", _nbytes(input), _nbytes(input), n, fp32)
-    return _roofline("gelu", work, [work], target)
+    work = _elementwise(op, _nbytes(input), _nbytes(input), n, _is_fp32(input))
+    return _roofline(op, work, [work], target)
+
+
+def gelu(input, approximate: str = "none", target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """``F.gelu``. Eager: one ``gelu``."""
+    return _unary_activation("gelu", input, target)
+
+
+def silu(input, target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """``F.silu``. Eager: one ``silu``."""
+    return _unary_activation("silu", input, target)
 
 
 def _act_and_mul(op: str, act: str, input, target) -> Roofline:
@@ -266,7 +272,7 @@ def silu_and_mul(input, target: str | Target = DEFAULT_TARGET) -> Roofline:
     return _act_and_mul("silu_and_mul", "silu", input, target)
 
 
-def gelu_and_mul(input, target: str | Target = DEFAULT_TARGET) -> Roofline:
+def gelu_and_mul(input, approximate: str = "none", target: str | Target = DEFAULT_TARGET) -> Roofline:
     """``gelu(x[..., :d]) * x[..., d:]``. Eager: gelu, mul."""
     return _act_and_mul("gelu_and_mul", "gelu", input, target)
 
@@ -299,15 +305,3 @@ def apply_rotary_pos_emb(q, k, cos, sin, target: str | Target = DEFAULT_TARGET) 
         ]
     return _roofline("apply_rotary_pos_emb", work, eager, target)
 
-
-OPS = {
-    "attention": attention,
-    "layer_norm": layer_norm,
-    "rms_norm": rms_norm,
-    "fused_add_rms_norm": fused_add_rms_norm,
-    "gelu": gelu,
-    "silu_and_mul": silu_and_mul,
-    "gelu_and_mul": gelu_and_mul,
-    "softmax": softmax,
-    "apply_rotary_pos_emb": apply_rotary_pos_emb,
-}

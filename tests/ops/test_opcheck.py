@@ -3,32 +3,31 @@ the NKI kernels in the simulator; and torch.compile calling the ops for real."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 import nki_kernels
-from nki_kernels import activations, norms, rotary
+from nki_kernels import registry
 
-softmax_module = sys.modules["nki_kernels.softmax"]  # the package exports the function as `softmax`
+
+OP = {spec.name: spec.custom_op for spec in registry.ops()}
 
 
 def _cases():
     g = lambda *s: torch.randn(*s, requires_grad=True)  # noqa: E731
     return [
-        ("layer_norm", norms._layer_norm, lambda: (g(3, 7, 40), [40], g(40), g(40), 1e-5)),
-        ("layer_norm_noaffine", norms._layer_norm, lambda: (g(5, 40), [40], None, None, 1e-5)),
-        ("rms_norm", norms._rms_norm, lambda: (g(3, 7, 40), [40], g(40), 1e-6)),
-        ("rms_norm_noweight", norms._rms_norm, lambda: (g(5, 40), [40], None, 1e-6)),
-        ("fused_add_rms_norm", norms._fused_add_rms_norm, lambda: (g(6, 40), g(6, 40), g(40), 1e-6)),
-        ("silu", activations._silu, lambda: (g(4, 33),)),
-        ("silu_and_mul", activations._silu_and_mul, lambda: (g(2, 5, 34),)),
-        ("gelu_and_mul", activations._gelu_and_mul, lambda: (g(3, 34), "tanh")),
-        ("softmax", softmax_module._softmax, lambda: (g(3, 9, 40), -1)),
-        ("softmax_dim0", softmax_module._softmax, lambda: (g(9, 40), 0)),
-        ("rotary", rotary._apply_rotary_pos_emb, lambda: (g(2, 4, 9, 16), g(2, 2, 9, 16), g(2, 9, 16), g(2, 9, 16))),
+        ("layer_norm", OP["layer_norm"], lambda: (g(3, 7, 40), [40], g(40), g(40), 1e-5)),
+        ("layer_norm_noaffine", OP["layer_norm"], lambda: (g(5, 40), [40], None, None, 1e-5)),
+        ("rms_norm", OP["rms_norm"], lambda: (g(3, 7, 40), [40], g(40), 1e-6)),
+        ("rms_norm_noweight", OP["rms_norm"], lambda: (g(5, 40), [40], None, 1e-6)),
+        ("fused_add_rms_norm", OP["fused_add_rms_norm"], lambda: (g(6, 40), g(6, 40), g(40), 1e-6)),
+        ("silu", OP["silu"], lambda: (g(4, 33),)),
+        ("silu_and_mul", OP["silu_and_mul"], lambda: (g(2, 5, 34),)),
+        ("gelu_and_mul", OP["gelu_and_mul"], lambda: (g(3, 34), "tanh")),
+        ("softmax", OP["softmax"], lambda: (g(3, 9, 40), -1)),
+        ("softmax_dim0", OP["softmax"], lambda: (g(9, 40), 0)),
+        ("rotary", OP["apply_rotary_pos_emb"], lambda: (g(2, 4, 9, 16), g(2, 2, 9, 16), g(2, 9, 16), g(2, 9, 16))),
     ]
 
 

@@ -26,7 +26,7 @@ LAYER_NAMES = ["RMSNorm", "LayerNorm", "SiLU", "Gelu", "GeluTanh", "SiLUAndMul",
 @pytest.fixture(scope="module")
 def local_repo(tmp_path_factory):
     """(repo path, loaded package module) of a local repository built once for this module."""
-    root, namespace = build_local_repo(tmp_path_factory.mktemp("blockops-repo"), "blockops")
+    root, namespace = build_local_repo(tmp_path_factory.mktemp("layers-repo"), "layers")
     from kernels import get_local_kernel
 
     return root, get_local_kernel(root)

@@ -1,9 +1,9 @@
-"""Normalisation ops: layer_norm, rms_norm, fused_add_rms_norm.
+"""Normalisation ops: layer_norm, rms_norm, fused_add_rms_norm (kernels/layer_norm.py,
+kernels/rms_norm.py).
 
-Each op: a ``<op>_kernel_call`` describing the NKI launch (kernels/layer_norm.py,
-kernels/rms_norm.py), a typed ``custom_op`` with its ``register_fake`` right below, a
-``register_autograd`` whose backward recomputes with PyTorch ops in fp32 (no NKI backward
-kernel yet), and the public function with the ``torch.nn.functional`` signature.
+Per op: its NKI launch (``<op>_kernel_call``), its custom op (``_custom_op.define_op``:
+dispatch, fake, recompute backward in fp32), the public function with the
+``torch.nn.functional`` signature, and its registration (twin, eager model, workloads).
 """
 
 from __future__ import annotations
@@ -11,10 +11,12 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Union
 
 import torch
-import torch.nn.functional as F
 
-from . import _checks, _dispatch, _kernel_sources, references
-from ._ops import add_op_namespace_prefix
+from .. import _checks, _dispatch, _kernel_sources, references, registry, roofline
+from .._custom_op import define_op
+from ._workloads import VIT_TOKENS, randn
+
+__all__ = ["fused_add_rms_norm", "layer_norm", "rms_norm"]
 
 # Largest normalised size the NKI kernels take (kernels/limits.py, where the reason is).
 MAX_HIDDEN = _kernel_sources.limits().NORM_MAX_HIDDEN
@@ -84,6 +86,10 @@ def _resolve_eps(eps: Optional[float], dtype: torch.dtype) -> float:
     return float(eps)
 
 
+def _rows_view(t: torch.Tensor, hidden: int) -> torch.Tensor:
+    return t.reshape(-1, hidden)
+
+
 # ---------------------------------------------------------------------------- layer_norm
 
 def layer_norm_kernel_call(input: torch.Tensor, normalized_shape: Sequence[int],
@@ -92,9 +98,9 @@ def layer_norm_kernel_call(input: torch.Tensor, normalized_shape: Sequence[int],
     """The NKI launch: kernels/layer_norm.py on ``input`` viewed as [N, prod(normalized_shape)]."""
     hidden = _hidden(normalized_shape)
     _check_hidden_for_kernel(hidden)
-    tensors = [input.reshape(-1, hidden)]
+    tensors = [_rows_view(input, hidden)]
     if weight is None and bias is not None:
-        weight = torch.ones(normalized_shape, dtype=bias.dtype, device=bias.device)
+        weight = torch.ones(tuple(normalized_shape), dtype=bias.dtype, device=bias.device)
     if weight is not None:
         tensors.append(weight.reshape(hidden))
     if bias is not None:
@@ -104,41 +110,14 @@ def layer_norm_kernel_call(input: torch.Tensor, normalized_shape: Sequence[int],
                                 finish=lambda out: out.reshape(shape))
 
 
-@torch.library.custom_op(add_op_namespace_prefix("layer_norm"), mutates_args=())
 def _layer_norm(input: torch.Tensor, normalized_shape: List[int], weight: Optional[torch.Tensor],
-                bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:
-    if input.numel() == 0:
-        return torch.empty_like(input)
-    return _dispatch.run(
-        lambda: layer_norm_kernel_call(input, normalized_shape, weight, bias, eps),
-        lambda: references.layer_norm(input, normalized_shape, weight, bias, eps),
-        input.device,
-    )
+                bias: Optional[torch.Tensor], eps: float) -> torch.Tensor: ...
 
 
-@_layer_norm.register_fake
-def _(input, normalized_shape, weight, bias, eps):
-    return torch.empty_like(input)
-
-
-def _layer_norm_setup_context(ctx, inputs, output):
-    input, normalized_shape, weight, bias, eps = inputs
-    ctx.save_for_backward(input, weight, bias)
-    ctx.normalized_shape = list(normalized_shape)
-    ctx.eps = eps
-
-
-def _layer_norm_backward(ctx, grad_output):
-    # Backward recomputes with PyTorch ops in fp32 (no NKI backward kernel yet).
-    input, weight, bias = ctx.saved_tensors
-    leaves = _fp32_leaves(ctx, (input, None, weight, bias))
-    with torch.enable_grad():
-        out = F.layer_norm(leaves[0], ctx.normalized_shape, leaves[2], leaves[3], ctx.eps)
-    grads = _grads(out, leaves, grad_output, (input, None, weight, bias))
-    return grads[0], None, grads[2], grads[3], None
-
-
-_layer_norm.register_autograd(_layer_norm_backward, setup_context=_layer_norm_setup_context)
+_layer_norm_op = define_op(
+    _layer_norm, kernel_call=layer_norm_kernel_call, reference=references.layer_norm,
+    fake=lambda input, *_: torch.empty_like(input),
+    grad_reference=lambda *a: references.layer_norm(*a, compute_dtype=torch.float32))
 
 
 def layer_norm(input: torch.Tensor, normalized_shape: ShapeLike, weight: Optional[torch.Tensor] = None,
@@ -155,59 +134,32 @@ def layer_norm(input: torch.Tensor, normalized_shape: ShapeLike, weight: Optiona
     _check_normalized_shape(input, shape)
     _check_param("weight", weight, shape, input)
     _check_param("bias", bias, shape, input)
-    return _layer_norm(input, list(shape), weight, bias, _resolve_eps(eps, input.dtype))
+    return _layer_norm_op(input, list(shape), weight, bias, _resolve_eps(eps, input.dtype))
 
 
 # ---------------------------------------------------------------------------- rms_norm
 
 def rms_norm_kernel_call(input: torch.Tensor, normalized_shape: Sequence[int],
-                         weight: Optional[torch.Tensor] = None, eps: float = 1e-6) -> _dispatch.KernelCall:
+                         weight: Optional[torch.Tensor] = None, eps: Optional[float] = None) -> _dispatch.KernelCall:
     """The NKI launch: kernels/rms_norm.py on ``input`` viewed as [N, prod(normalized_shape)]."""
     hidden = _hidden(normalized_shape)
     _check_hidden_for_kernel(hidden)
-    tensors = [input.reshape(-1, hidden)]
+    tensors = [_rows_view(input, hidden)]
     if weight is not None:
         tensors.append(weight.reshape(hidden))
     shape = input.shape
-    return _dispatch.KernelCall("rms_norm", "rms_norm_kernel", tuple(tensors), {"eps": float(eps)},
-                                finish=lambda out: out.reshape(shape))
+    return _dispatch.KernelCall("rms_norm", "rms_norm_kernel", tuple(tensors),
+                                {"eps": _resolve_eps(eps, input.dtype)}, finish=lambda out: out.reshape(shape))
 
 
-@torch.library.custom_op(add_op_namespace_prefix("rms_norm"), mutates_args=())
 def _rms_norm(input: torch.Tensor, normalized_shape: List[int], weight: Optional[torch.Tensor],
-              eps: float) -> torch.Tensor:
-    if input.numel() == 0:
-        return torch.empty_like(input)
-    return _dispatch.run(
-        lambda: rms_norm_kernel_call(input, normalized_shape, weight, eps),
-        lambda: references.rms_norm(input, normalized_shape, weight, eps),
-        input.device,
-    )
+              eps: float) -> torch.Tensor: ...
 
 
-@_rms_norm.register_fake
-def _(input, normalized_shape, weight, eps):
-    return torch.empty_like(input)
-
-
-def _rms_norm_setup_context(ctx, inputs, output):
-    input, normalized_shape, weight, eps = inputs
-    ctx.save_for_backward(input, weight)
-    ctx.normalized_shape = list(normalized_shape)
-    ctx.eps = eps
-
-
-def _rms_norm_backward(ctx, grad_output):
-    # Backward recomputes with PyTorch ops in fp32 (no NKI backward kernel yet).
-    input, weight = ctx.saved_tensors
-    leaves = _fp32_leaves(ctx, (input, None, weight))
-    with torch.enable_grad():
-        out = F.rms_norm(leaves[0], ctx.normalized_shape, leaves[2], ctx.eps)
-    grads = _grads(out, leaves, grad_output, (input, None, weight))
-    return grads[0], None, grads[2], None
-
-
-_rms_norm.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup_context)
+_rms_norm_op = define_op(
+    _rms_norm, kernel_call=rms_norm_kernel_call, reference=references.rms_norm,
+    fake=lambda input, *_: torch.empty_like(input),
+    grad_reference=lambda *a: references.rms_norm(*a, compute_dtype=torch.float32))
 
 
 def rms_norm(input: torch.Tensor, normalized_shape: ShapeLike, weight: Optional[torch.Tensor] = None,
@@ -223,74 +175,33 @@ def rms_norm(input: torch.Tensor, normalized_shape: ShapeLike, weight: Optional[
     shape = _as_shape(normalized_shape)
     _check_normalized_shape(input, shape)
     _check_param("weight", weight, shape, input)
-    return _rms_norm(input, list(shape), weight, _resolve_eps(eps, input.dtype))
+    return _rms_norm_op(input, list(shape), weight, _resolve_eps(eps, input.dtype))
 
 
 # ---------------------------------------------------------------------------- fused_add_rms_norm
 
 def fused_add_rms_norm_kernel_call(input: torch.Tensor, residual: torch.Tensor,
-                                   weight: Optional[torch.Tensor], eps: float) -> _dispatch.KernelCall:
+                                   weight: Optional[torch.Tensor], eps: Optional[float]) -> _dispatch.KernelCall:
     """The NKI launch: kernels/rms_norm.py::fused_add_rms_norm_kernel on [N, H] views."""
     hidden = input.shape[-1]
     _check_hidden_for_kernel(hidden)
-    tensors = [input.reshape(-1, hidden), residual.reshape(-1, hidden)]
+    tensors = [_rows_view(input, hidden), _rows_view(residual, hidden)]
     if weight is not None:
         tensors.append(weight.reshape(hidden))
     shape = input.shape
-    return _dispatch.KernelCall("rms_norm", "fused_add_rms_norm_kernel", tuple(tensors), {"eps": float(eps)},
+    return _dispatch.KernelCall("rms_norm", "fused_add_rms_norm_kernel", tuple(tensors),
+                                {"eps": _resolve_eps(eps, input.dtype)},
                                 finish=lambda outs: (outs[0].reshape(shape), outs[1].reshape(shape)))
 
 
-@torch.library.custom_op(add_op_namespace_prefix("fused_add_rms_norm"), mutates_args=())
 def _fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor],
-                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    if input.numel() == 0:
-        return torch.empty_like(input), torch.empty_like(input)
-    return _dispatch.run(
-        lambda: fused_add_rms_norm_kernel_call(input, residual, weight, eps),
-        lambda: references.fused_add_rms_norm(input, residual, weight, eps),
-        input.device,
-    )
+                        eps: float) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
-@_fused_add_rms_norm.register_fake
-def _(input, residual, weight, eps):
-    return torch.empty_like(input), torch.empty_like(input)
-
-
-def _fused_add_rms_norm_setup_context(ctx, inputs, output):
-    input, residual, weight, eps = inputs
-    ctx.save_for_backward(input, residual, weight)
-    ctx.eps = eps
-
-
-def _fused_add_rms_norm_backward(ctx, grad_normed, grad_total):
-    # Backward recomputes with PyTorch ops in fp32 (no NKI backward kernel yet).
-    input, residual, weight = ctx.saved_tensors
-    leaves = _fp32_leaves(ctx, (input, residual, weight))
-    with torch.enable_grad():
-        total = leaves[0] + leaves[1]
-        normed = F.rms_norm(total, [total.shape[-1]], leaves[2], ctx.eps)
-    outs, grads_out = [], []
-    for out, grad in ((normed, grad_normed), (total, grad_total)):
-        if grad is not None:
-            outs.append(out)
-            grads_out.append(grad.float())
-    wanted = [t for t in leaves if t is not None and t.requires_grad]
-    found = torch.autograd.grad(outs, wanted, grads_out, allow_unused=True) if wanted and outs else []
-    result = []
-    it = iter(found)
-    for leaf, orig in zip(leaves, (input, residual, weight)):
-        if leaf is None or not leaf.requires_grad:
-            result.append(None)
-        else:
-            g = next(it)
-            result.append(torch.zeros_like(orig) if g is None else g.to(orig.dtype))
-    return result[0], result[1], result[2], None
-
-
-_fused_add_rms_norm.register_autograd(_fused_add_rms_norm_backward,
-                                      setup_context=_fused_add_rms_norm_setup_context)
+_fused_add_rms_norm_op = define_op(
+    _fused_add_rms_norm, kernel_call=fused_add_rms_norm_kernel_call, reference=references.fused_add_rms_norm,
+    fake=lambda input, *_: (torch.empty_like(input), torch.empty_like(input)),
+    grad_reference=lambda *a: references.fused_add_rms_norm(*a, compute_dtype=torch.float32))
 
 
 def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor],
@@ -313,30 +224,41 @@ def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: Opti
     _checks.check_same_dtype(input=input, residual=residual)
     _checks.check_same_device(input=input, residual=residual)
     _check_param("weight", weight, (input.shape[-1],), input)
-    return _fused_add_rms_norm(input, residual, weight, _resolve_eps(eps, input.dtype))
+    return _fused_add_rms_norm_op(input, residual, weight, _resolve_eps(eps, input.dtype))
 
 
-# ---------------------------------------------------------------------------- backward helpers
+# ---------------------------------------------------------------------------- registration
 
-def _fp32_leaves(ctx, tensors):
-    """fp32 copies of the saved tensors, requiring grad where the op's input needs one."""
-    leaves = []
-    for i, t in enumerate(tensors):
-        if t is None:
-            leaves.append(None)
-        else:
-            leaves.append(t.detach().float().requires_grad_(bool(ctx.needs_input_grad[i])))
-    return leaves
+def _layer_norm_workload(name, rows, hidden, eps, **kw):
+    def make(gen):
+        return (randn(gen, rows, hidden), (hidden,), randn(gen, hidden), randn(gen, hidden)), {"eps": eps}
+    return registry.Workload(f"{name} [{rows}, {hidden}]", make, **kw)
 
 
-def _grads(out, leaves, grad_output, originals):
-    """d(out)/d(leaf) for leaves that require grad, cast back to the original dtypes."""
-    wanted = [t for t in leaves if t is not None and t.requires_grad]
-    found = iter(torch.autograd.grad(out, wanted, grad_output.float()) if wanted else ())
-    result = []
-    for leaf, orig in zip(leaves, originals):
-        if leaf is None or not leaf.requires_grad:
-            result.append(None)
-        else:
-            result.append(next(found).to(orig.dtype))
-    return result
+def _rms_norm_workload(name, rows, hidden, **kw):
+    def make(gen):
+        return (randn(gen, rows, hidden), (hidden,), randn(gen, hidden)), {"eps": 1e-6}
+    return registry.Workload(f"{name} [{rows}, {hidden}]", make, **kw)
+
+
+def _fused_add_workload(name, rows, hidden, **kw):
+    def make(gen):
+        return (randn(gen, rows, hidden), randn(gen, rows, hidden), randn(gen, hidden)), {"eps": 1e-6}
+    return registry.Workload(f"{name} [{rows}, {hidden}]", make, **kw)
+
+
+registry.register(registry.OpSpec(
+    "layer_norm", layer_norm, _layer_norm_op, layer_norm_kernel_call, references.layer_norm,
+    roofline.layer_norm,
+    workloads=(_layer_norm_workload("ViT-B/16 B=8", VIT_TOKENS, 768, 1e-12, quick=True),
+               _layer_norm_workload("ViT-L/16 B=8", VIT_TOKENS, 1024, 1e-12, large=True)),
+    layers=("LayerNorm",)))
+registry.register(registry.OpSpec(
+    "rms_norm", rms_norm, _rms_norm_op, rms_norm_kernel_call, references.rms_norm, roofline.rms_norm,
+    workloads=(_rms_norm_workload("Llama-7B 2048 tok", 2048, 4096, quick=True, large=True),
+               _rms_norm_workload("Llama-70B 2048 tok", 2048, 8192, large=True)),
+    layers=("RMSNorm",)))
+registry.register(registry.OpSpec(
+    "fused_add_rms_norm", fused_add_rms_norm, _fused_add_rms_norm_op, fused_add_rms_norm_kernel_call,
+    references.fused_add_rms_norm, roofline.fused_add_rms_norm,
+    workloads=(_fused_add_workload("Llama-7B 2048 tok", 2048, 4096, quick=True, large=True),)))

@@ -18,9 +18,10 @@ import pytest
 import torch
 
 import nki_kernels
-from nki_kernels import _dispatch, _kernel_sources, attention, simulator
+from nki_kernels import _dispatch, _kernel_sources, simulator
+from nki_kernels.ops import attention
 from nki_kernels.simulator.hardware import get_target
-from tests.attention._cases import check_close, make_mask, make_qkv
+from tests.ops._attention_cases import check_close, make_mask, make_qkv
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 

@@ -1,4 +1,4 @@
-"""Shapes, tolerances and input makers shared by the blockops tests."""
+"""Shapes, tolerances and input makers shared by the op tests (norms, activations, softmax, rotary)."""
 
 from __future__ import annotations
 

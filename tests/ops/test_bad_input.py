@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import nki_kernels
-from nki_kernels.softmax import softmax_kernel_call
+from nki_kernels.ops.softmax import softmax_kernel_call
 
 f32 = torch.float32
 x768 = lambda *s: torch.randn(*s)  # noqa: E731

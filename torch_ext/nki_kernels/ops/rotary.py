@@ -1,12 +1,15 @@
-"""Rotary position embedding op (transformers' Llama convention): custom op, fake,
-autograd and public function (kernels/rotary.py)."""
+"""Rotary position embedding op, transformers' Llama convention (kernels/rotary.py): its
+NKI launch, custom op, public function and registration."""
 
 from __future__ import annotations
 
 import torch
 
-from . import _checks, _dispatch, references
-from ._ops import add_op_namespace_prefix
+from .. import _checks, _dispatch, references, registry, roofline
+from .._custom_op import define_op
+from ._workloads import randn
+
+__all__ = ["apply_rotary_pos_emb"]
 
 
 def _check_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
@@ -50,53 +53,15 @@ def apply_rotary_pos_emb_kernel_call(q: torch.Tensor, k: torch.Tensor, cos: torc
                                 finish=lambda outs: (outs[0], outs[1]))
 
 
-@torch.library.custom_op(add_op_namespace_prefix("apply_rotary_pos_emb"), mutates_args=())
 def _apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-                          sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    if q.numel() == 0 or k.numel() == 0:
-        return torch.empty_like(q), torch.empty_like(k)
-    return _dispatch.run(
-        lambda: apply_rotary_pos_emb_kernel_call(q, k, cos, sin),
-        lambda: references.apply_rotary_pos_emb(q, k, cos, sin),
-        q.device,
-    )
+                          sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
-@_apply_rotary_pos_emb.register_fake
-def _(q, k, cos, sin):
-    return torch.empty_like(q), torch.empty_like(k)
-
-
-def _rotary_setup_context(ctx, inputs, output):
-    q, k, cos, sin = inputs
-    ctx.save_for_backward(q, k, cos, sin)
-
-
-def _rotary_backward(ctx, grad_q, grad_k):
-    # Backward recomputes with PyTorch ops in fp32 (no NKI backward kernel yet).
-    q, k, cos, sin = ctx.saved_tensors
-    leaves = [t.detach().float().requires_grad_(bool(ctx.needs_input_grad[i]))
-              for i, t in enumerate((q, k, cos, sin))]
-    with torch.enable_grad():
-        q_out, k_out = references.apply_rotary_pos_emb(*leaves, compute_dtype=torch.float32)
-    outs, grads = [], []
-    for out, grad in ((q_out, grad_q), (k_out, grad_k)):
-        if grad is not None:
-            outs.append(out)
-            grads.append(grad.float())
-    wanted = [t for t in leaves if t.requires_grad]
-    found = iter(torch.autograd.grad(outs, wanted, grads, allow_unused=True) if wanted and outs else ())
-    result = []
-    for leaf, orig in zip(leaves, (q, k, cos, sin)):
-        if not leaf.requires_grad:
-            result.append(None)
-        else:
-            g = next(found)
-            result.append(torch.zeros_like(orig) if g is None else g.to(orig.dtype))
-    return tuple(result)
-
-
-_apply_rotary_pos_emb.register_autograd(_rotary_backward, setup_context=_rotary_setup_context)
+_rotary_op = define_op(
+    _apply_rotary_pos_emb, kernel_call=apply_rotary_pos_emb_kernel_call, reference=references.apply_rotary_pos_emb,
+    fake=lambda q, k, cos, sin: (torch.empty_like(q), torch.empty_like(k)),
+    grad_reference=lambda *a: references.apply_rotary_pos_emb(*a, compute_dtype=torch.float32),
+    is_empty=lambda q, k, cos, sin: q.numel() == 0 or k.numel() == 0)
 
 
 def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
@@ -109,4 +74,21 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     recomputes with PyTorch ops.
     """
     _check_rotary(q, k, cos, sin)
-    return _apply_rotary_pos_emb(q, k, cos, sin)
+    return _rotary_op(q, k, cos, sin)
+
+
+def _workload(name, b, h, hkv, s, d, **kw):
+    def make(gen):
+        pos = torch.arange(s, dtype=torch.float32)[:, None]
+        inv = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
+        ang = torch.cat([pos * inv, pos * inv], dim=-1)[None].expand(b, s, d)
+        cos, sin = ang.cos().to(torch.bfloat16), ang.sin().to(torch.bfloat16)
+        return (randn(gen, b, h, s, d), randn(gen, b, hkv, s, d), cos, sin), {}
+    return registry.Workload(f"{name} B={b} H={h}/{hkv}kv S={s} D={d}", make, **kw)
+
+
+registry.register(registry.OpSpec(
+    "apply_rotary_pos_emb", apply_rotary_pos_emb, _rotary_op, apply_rotary_pos_emb_kernel_call,
+    references.apply_rotary_pos_emb, roofline.apply_rotary_pos_emb,
+    workloads=(_workload("Llama-7B 2048 tok", 1, 32, 8, 2048, 128, quick=True, large=True),),
+    layers=("ApplyRotaryPosEmb",)))

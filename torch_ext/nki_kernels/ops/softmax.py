@@ -1,4 +1,5 @@
-"""Softmax op: custom op, fake, autograd and public function (kernels/softmax.py)."""
+"""Softmax op (kernels/softmax.py): its NKI launch, custom op, public function and
+registration."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ from typing import Optional
 
 import torch
 
-from . import _checks, _dispatch, _kernel_sources, references
-from ._ops import add_op_namespace_prefix
+from .. import _checks, _dispatch, _kernel_sources, references, registry, roofline
+from .._custom_op import define_op
+from ._workloads import randn
+
+__all__ = ["softmax"]
 
 # Longest row done in one on-chip pass; longer rows use the online form, resident in SBUF
 # up to RESIDENT_BYTES per partition, else streamed (kernels/limits.py, with the reasons).
@@ -57,38 +61,12 @@ def softmax_kernel_call(input: torch.Tensor, dim: int = -1, max_cols: Optional[i
                                 finish=finish)
 
 
-@torch.library.custom_op(add_op_namespace_prefix("softmax"), mutates_args=())
-def _softmax(input: torch.Tensor, dim: int) -> torch.Tensor:
-    if input.numel() == 0:
-        return torch.empty_like(input)
-    return _dispatch.run(
-        lambda: softmax_kernel_call(input, dim),
-        lambda: references.softmax(input, dim),
-        input.device,
-    )
+def _softmax(input: torch.Tensor, dim: int) -> torch.Tensor: ...
 
 
-@_softmax.register_fake
-def _(input: torch.Tensor, dim: int) -> torch.Tensor:
-    return torch.empty_like(input)
-
-
-def _softmax_setup_context(ctx, inputs, output):
-    input, dim = inputs
-    ctx.save_for_backward(output)
-    ctx.dim = dim
-
-
-def _softmax_backward(ctx, grad_output):
-    # Backward with PyTorch ops from the saved output, in fp32: dx = y * (g - sum(g * y)).
-    (output,) = ctx.saved_tensors
-    y = output.float()
-    g = grad_output.float()
-    grad = y * (g - (g * y).sum(dim=ctx.dim, keepdim=True))
-    return grad.to(output.dtype), None
-
-
-_softmax.register_autograd(_softmax_backward, setup_context=_softmax_setup_context)
+_softmax_op = define_op(_softmax, kernel_call=softmax_kernel_call, reference=references.softmax,
+                        fake=lambda input, dim: torch.empty_like(input),
+                        grad_reference=lambda *a: references.softmax(*a, compute_dtype=torch.float32))
 
 
 def softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -98,7 +76,19 @@ def softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     rows with an online pass (kept in SBUF up to 32K bf16 / 24K fp32 elements, streamed
     from HBM twice beyond). ``dim`` other than the last costs a transposing
     copy (the kernel works on the last dimension). dtypes: float32, bfloat16, float16; the
-    result has ``input``'s dtype. Backward uses PyTorch ops on the saved output.
+    result has ``input``'s dtype. Backward recomputes with PyTorch ops.
     """
     _checks.check_float_tensor("input", input)
-    return _softmax(input, _normalize_dim(input, dim))
+    return _softmax_op(input, _normalize_dim(input, dim))
+
+
+def _workload(name, rows, cols, **kw):
+    def make(gen):
+        return (randn(gen, rows, cols, scale=4.0),), {"dim": -1}
+    return registry.Workload(f"{name} [{rows}, {cols}]", make, **kw)
+
+
+registry.register(registry.OpSpec(
+    "softmax", softmax, _softmax_op, softmax_kernel_call, references.softmax, roofline.softmax,
+    workloads=(_workload("ViT-B/16 scores B=8 H=12", 8 * 12 * 197, 197, quick=True),
+               _workload("LM vocab 256 rows", 256, 32000, large=True))))

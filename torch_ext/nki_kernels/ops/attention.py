@@ -26,8 +26,11 @@ from typing import Optional
 
 import torch
 
-from . import _checks, _dispatch, _kernel_sources, references
-from ._ops import add_op_namespace_prefix
+from .. import _checks, _dispatch, _kernel_sources, references, registry, roofline
+from .._custom_op import define_op
+from ._workloads import randn
+
+__all__ = ["nki_attention_forward", "scaled_dot_product_attention"]
 
 # The kernels' limits (kernels/limits.py, where the reasons are): head dims, and the longest
 # key sequence the single-pass kernel takes.
@@ -148,10 +151,13 @@ def _kernel_mask(attn_mask: Optional[torch.Tensor], b: int, h: int, sq: int, sk:
 
 
 def attention_kernel_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                          attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
-                          scale: Optional[float] = None) -> _dispatch.KernelCall:
+                          attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+                          is_causal: bool = False, scale: Optional[float] = None,
+                          enable_gqa: bool = False) -> _dispatch.KernelCall:
     """The NKI launch computing SDPA for 4-D ``query [B, H, Sq, D]``, ``key [B, Hkv, Sk, D]``,
-    ``value [B, Hkv, Sk, Dv]`` (``H`` a multiple of ``Hkv``). Picks ``attention_kernel``
+    ``value [B, Hkv, Sk, Dv]`` (``H`` a multiple of ``Hkv``; the kernel reads kv head
+    ``h // (H // Hkv)`` for query head ``h`` whatever ``enable_gqa`` says; ``dropout_p``
+    must be 0, as the public function checks). Picks ``attention_kernel``
     (single pass) for ``Sk <= SINGLE_PASS_MAX_KEYS``, else ``flash_attention_kernel``.
     ``finish`` turns the kernel output into ``[B, H, Sq, Dv]`` (a transposed view of a
     ``[B, Sq, H, Dv]`` buffer when the inputs were such views)."""
@@ -180,7 +186,7 @@ def _finish_bshd(out):
 
 # ---------------------------------------------------------------------------- custom op
 
-def _empty_out(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+def _empty_out(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *_) -> torch.Tensor:
     b, h, sq, _ = query.shape
     dv = value.shape[-1]
     if _layout(query, key, value) == "bshd":
@@ -188,55 +194,26 @@ def _empty_out(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> t
     return query.new_empty((b, h, sq, dv))
 
 
-def _reference(query, key, value, attn_mask, is_causal, scale):
-    ref = references.scaled_dot_product_attention(
+def _twin(query, key, value, attn_mask, is_causal, scale, compute_dtype=torch.float32):
+    return references.scaled_dot_product_attention(
         query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
-        enable_gqa=query.shape[1] != key.shape[1])
+        enable_gqa=query.shape[1] != key.shape[1], compute_dtype=compute_dtype)
+
+
+def _reference(query, key, value, attn_mask, is_causal, scale):
+    """The twin's result in the layout the kernel would write (``_empty_out``)."""
     out = _empty_out(query, key, value)
-    out.copy_(ref)
+    out.copy_(_twin(query, key, value, attn_mask, is_causal, scale))
     return out
 
 
-@torch.library.custom_op(add_op_namespace_prefix("scaled_dot_product_attention"), mutates_args=())
-def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-          attn_mask: Optional[torch.Tensor], is_causal: bool, scale: float) -> torch.Tensor:
-    return _dispatch.run(
-        lambda: attention_kernel_call(query, key, value, attn_mask, is_causal, scale),
-        lambda: _reference(query, key, value, attn_mask, is_causal, scale),
-        query.device,
-    )
+def _scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                  attn_mask: Optional[torch.Tensor], is_causal: bool,
+                                  scale: float) -> torch.Tensor: ...
 
 
-@_sdpa.register_fake
-def _(query, key, value, attn_mask, is_causal, scale):
-    return _empty_out(query, key, value)
-
-
-def _sdpa_setup_context(ctx, inputs, output):
-    query, key, value, attn_mask, is_causal, scale = inputs
-    ctx.save_for_backward(query, key, value, attn_mask)
-    ctx.is_causal = is_causal
-    ctx.scale = scale
-
-
-def _sdpa_backward(ctx, grad_output):
-    # Backward recomputes attention with PyTorch ops in fp32 (no NKI backward kernel yet).
-    query, key, value, attn_mask = ctx.saved_tensors
-    mask_grad = attn_mask is not None and attn_mask.is_floating_point() and ctx.needs_input_grad[3]
-    with torch.enable_grad():
-        q, k, v = (t.detach().float().requires_grad_(True) for t in (query, key, value))
-        m = attn_mask.detach().float().requires_grad_(True) if mask_grad else attn_mask
-        out = references.scaled_dot_product_attention(
-            q, k, v, attn_mask=m, is_causal=ctx.is_causal, scale=ctx.scale,
-            enable_gqa=query.shape[1] != key.shape[1])
-        inputs = (q, k, v, m) if mask_grad else (q, k, v)
-        grads = torch.autograd.grad(out, inputs, grad_output.float())
-    dq, dk, dv = (g.to(t.dtype) for g, t in zip(grads[:3], (query, key, value)))
-    dm = grads[3].to(attn_mask.dtype) if mask_grad else None
-    return dq, dk, dv, dm, None, None
-
-
-_sdpa.register_autograd(_sdpa_backward, setup_context=_sdpa_setup_context)
+_sdpa_op = define_op(_scaled_dot_product_attention, kernel_call=attention_kernel_call, reference=_reference,
+                     fake=_empty_out, grad_reference=_twin, is_empty=lambda *args: False)
 
 
 # ---------------------------------------------------------------------------- public API
@@ -286,7 +263,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             full = tuple(lead) + (query.shape[-3], query.shape[-2], key.shape[-2])
             attn_mask = attn_mask.expand(full).reshape((-1,) + full[-3:])
         query, key, value = (t.reshape((-1,) + tuple(t.shape[-3:])) for t in (query, key, value))
-    out = _sdpa(query, key, value, attn_mask, is_causal, float(scale))
+    out = _sdpa_op(query, key, value, attn_mask, is_causal, float(scale))
     if squeeze:
         return out.squeeze(0)
     if len(lead) > 1:
@@ -320,3 +297,30 @@ def nki_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: tor
     out = scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
                                        is_causal=is_causal, scale=scaling, enable_gqa=enable_gqa)
     return out.transpose(1, 2), None
+
+
+# ---------------------------------------------------------------------------- registration
+
+def _workload(name, b, h, s, d, hkv=None, causal=False, **kw):
+    hkv = hkv or h
+
+    def make(gen):
+        q, k, v = randn(gen, b, h, s, d), randn(gen, b, hkv, s, d), randn(gen, b, hkv, s, d)
+        return (q, k, v), {"attn_mask": None, "is_causal": causal, "enable_gqa": hkv != h}
+
+    label = (f"{name} B={b} H={h}" + (f"/{hkv}kv" if hkv != h else "") + f" S={s} D={d}"
+             + (" causal" if causal else ""))
+    return registry.Workload(label, make, **kw)
+
+
+registry.register(registry.OpSpec(
+    "scaled_dot_product_attention", scaled_dot_product_attention, _sdpa_op, attention_kernel_call,
+    references.scaled_dot_product_attention, roofline.scaled_dot_product_attention,
+    workloads=(
+        _workload("ViT-B/16", 8, 12, 197, 64, quick=True, speedup_target=2.4),
+        _workload("ViT-L/16", 8, 16, 197, 64, quick=True, speedup_target=2.4),
+        _workload("SigLIP so400m@384", 2, 16, 729, 72),
+        _workload("Llama long-S", 1, 8, 2048, 128, hkv=2, causal=True, quick=True,
+                  reference_dtype=torch.float32),
+        _workload("Llama long-S", 1, 16, 4096, 128, hkv=4, causal=True, reference_dtype=torch.float32),
+    )))

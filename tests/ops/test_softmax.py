@@ -7,7 +7,7 @@ import torch
 
 import nki_kernels
 from nki_kernels import _dispatch, references
-from nki_kernels.softmax import softmax_kernel_call
+from nki_kernels.ops.softmax import softmax_kernel_call
 
 from ._cases import DTYPE_IDS, DTYPES, GRID, assert_matches, randn
 

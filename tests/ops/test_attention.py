@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 import nki_kernels
-from nki_kernels import attention
+from nki_kernels.ops import attention
 from tests._helpers import TOLERANCES
-from tests.attention._cases import check_close, make_mask, make_qkv
+from tests.ops._attention_cases import check_close, make_mask, make_qkv
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 sdpa = nki_kernels.scaled_dot_product_attention
@@ -107,7 +107,8 @@ def test_gradients_of_all_masked_rows_are_finite(reference_backend):
 def test_opcheck(args):
     q, k, v, mask, causal, scale = args()
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
-    torch.library.opcheck(attention._sdpa, (q, k, v, mask, causal, scale))
+    torch.library.opcheck(nki_kernels.registry.get("scaled_dot_product_attention").custom_op,
+                          (q, k, v, mask, causal, scale))
 
 
 def test_compiles_fullgraph():

@@ -1,0 +1,78 @@
+"""`kernels benchmark` workloads for the elementwise activations, against eager torch:
+gelu (erf and tanh) against ``F.gelu``, silu against ``F.silu``.
+
+Shapes: the ViT-B/16 and ViT-L/16 MLP activations at 224 px, batch 8 (1576 tokens x 3072 /
+4096), and a Llama-7B MLP gate (1024 tokens x 11008) for silu. bf16 inputs are scaled by
+0.5 so |y| < 2 (1 bf16 ulp <= 2**-7 is inside the runner's fixed atol=1e-2).
+"""
+
+import torch
+import torch.nn.functional as F
+
+from kernels.benchmark import Benchmark
+
+
+def _synchronized(result):
+    """Wait for the device before the runner stops its clock: `kernels benchmark`
+    synchronizes CUDA/XPU/MPS only, and neuron ops run asynchronously (the neuron
+    path is written per TorchNeuron's docs, not yet run on hardware). No-op on CPU."""
+    if torch.accelerator.is_available():
+        torch.accelerator.synchronize()
+    return result
+
+WORKLOADS = {
+    # name: (rows, cols, dtype, approximate)
+    "vit_b16_mlp_fp32": (1576, 3072, torch.float32, "none"),
+    "vit_b16_mlp_bf16": (1576, 3072, torch.bfloat16, "none"),
+    "vit_l16_mlp_tanh_bf16": (1576, 4096, torch.bfloat16, "tanh"),
+}
+
+
+class GeluBenchmark(Benchmark):
+    seed = 0
+
+    def _setup(self, rows, cols, dtype, approximate):
+        scale = 1.0 if dtype == torch.float32 else 0.5
+        self.x = (torch.randn(rows, cols, device=self.device) * scale).to(dtype)
+        self.approximate = approximate
+        self.out = torch.empty_like(self.x)
+
+    def _run(self):
+        self.out = self.kernel.gelu(self.x, self.approximate)
+
+    def _eager(self):
+        return F.gelu(self.x, approximate=self.approximate)
+
+
+SILU_WORKLOADS = {
+    # name: (rows, cols, dtype)
+    "llama7b_mlp_gate_t1024_bf16": (1024, 11008, torch.bfloat16),
+}
+
+
+class SiluBenchmark(Benchmark):
+    seed = 0
+
+    def _setup(self, rows, cols, dtype):
+        scale = 1.0 if dtype == torch.float32 else 0.5
+        self.x = (torch.randn(rows, cols, device=self.device) * scale).to(dtype)
+        self.out = torch.empty_like(self.x)
+
+    def _run(self):
+        self.out = self.kernel.silu(self.x)
+
+    def _eager(self):
+        return F.silu(self.x)
+
+
+def _add(cls, name, shape):
+    setattr(cls, f"setup_{name}", lambda self: self._setup(*shape))
+    setattr(cls, f"benchmark_{name}", lambda self: _synchronized(self._run()))
+    setattr(cls, f"verify_{name}", lambda self: _synchronized(self._eager()))
+
+
+for _cls, _workloads in ((GeluBenchmark, WORKLOADS), (SiluBenchmark, SILU_WORKLOADS)):
+    for _name, _shape in _workloads.items():
+        _add(_cls, _name, _shape)
+
+del _cls, _workloads, _name, _shape  # keep loop names out of the module (the runner scans it)

@@ -1,0 +1,109 @@
+"""One helper defines an op's torch custom op: dispatch, fake and autograd.
+
+Every op of the package is a ``torch.library.custom_op`` whose body runs, per input
+device, the NKI kernel (``kernel_call``) or the PyTorch reference (``_dispatch.run``);
+whose fake returns empty outputs of the right shapes (``torch.compile``, meta tensors);
+and whose backward recomputes the op in fp32 with PyTorch autograd from the saved inputs
+(no NKI backward kernels yet).
+
+``define_op`` takes a *typed stub* (a function whose signature, with type annotations, is
+the op's schema; its body is not used) and the pieces that differ between ops.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Sequence
+
+import torch
+
+from . import _dispatch
+from ._ops import add_op_namespace_prefix
+
+
+def _first_tensor(args: Sequence[Any]) -> torch.Tensor:
+    return next(a for a in args if isinstance(a, torch.Tensor))
+
+
+def _as_tuple(x) -> tuple:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def define_op(stub: Callable, *, kernel_call: Callable, reference: Callable, fake: Callable,
+              grad_reference: Callable, is_empty: Callable | None = None):
+    """The custom op ``<namespace>::<stub name without leading _>`` with the stub's schema.
+
+    * ``kernel_call(**args)``: the NKI launch (``_dispatch.KernelCall``), args by name;
+    * ``reference(*args)``: the result on the reference backend;
+    * ``fake(*args)``: empty outputs with the result's shapes, dtypes and strides;
+    * ``grad_reference(*args)``: the op written with differentiable PyTorch ops, called
+      with fp32 copies of the tensor arguments (the backward differentiates it);
+    * ``is_empty(*args)``: True when the result has no elements, so nothing runs
+      (default: the first tensor argument is empty).
+    """
+    # the schema: the stub's signature with its (possibly string) annotations evaluated in
+    # the stub's module, where the names they use are defined
+    signature = inspect.signature(stub, eval_str=True)
+    names = tuple(signature.parameters)
+    empty = is_empty or (lambda *args: _first_tensor(args).numel() == 0)
+
+    def body(*args):
+        if empty(*args):
+            return fake(*args)
+        return _dispatch.run(lambda: kernel_call(**dict(zip(names, args))),
+                             lambda: reference(*args), _first_tensor(args).device)
+
+    body.__name__, body.__qualname__, body.__module__ = stub.__name__, stub.__qualname__, stub.__module__
+    body.__signature__ = signature
+
+    op = torch.library.custom_op(add_op_namespace_prefix(stub.__name__.lstrip("_")), body, mutates_args=())
+    op.register_fake(fake)
+    op.register_autograd(_recompute_backward(grad_reference), setup_context=_save_inputs)
+    return op
+
+
+def _save_inputs(ctx, inputs, output):
+    """Save the tensor inputs for the backward; remember the other arguments as they are."""
+    tensors = [a for a in inputs if isinstance(a, torch.Tensor)]
+    ctx.save_for_backward(*tensors)
+    ctx.arguments = [None if isinstance(a, torch.Tensor) else a for a in inputs]
+    ctx.is_tensor = [isinstance(a, torch.Tensor) for a in inputs]
+
+
+def _recompute_backward(grad_reference: Callable):
+    """A backward that recomputes ``grad_reference`` in fp32 and differentiates it."""
+
+    def backward(ctx, *grad_outputs):
+        saved = iter(ctx.saved_tensors)
+        originals, leaves = [], []
+        for i, (arg, is_tensor) in enumerate(zip(ctx.arguments, ctx.is_tensor)):
+            if not is_tensor:
+                originals.append(None)
+                leaves.append(arg)
+                continue
+            t = next(saved)
+            originals.append(t)
+            if t.is_floating_point():
+                t = t.detach().float().requires_grad_(bool(ctx.needs_input_grad[i]))
+            leaves.append(t)
+        wanted = [leaf for leaf, orig in zip(leaves, originals) if orig is not None and
+                  isinstance(leaf, torch.Tensor) and leaf.requires_grad]
+        outs, grads = [], []
+        with torch.enable_grad():
+            results = _as_tuple(grad_reference(*leaves))
+        for out, grad in zip(results, grad_outputs):
+            if grad is not None and out.requires_grad:
+                outs.append(out)
+                grads.append(grad.float())
+        found = iter(torch.autograd.grad(outs, wanted, grads, allow_unused=True) if wanted and outs
+                     else [None] * len(wanted))
+        result = []
+        for leaf, orig in zip(leaves, originals):
+            if orig is None or not (isinstance(leaf, torch.Tensor) and leaf.requires_grad):
+                result.append(None)
+                continue
+            g = next(found)
+            result.append(torch.zeros_like(orig) if g is None else g.to(orig.dtype))
+        return tuple(result)
+
+    return backward
