@@ -3,7 +3,7 @@
 
 On a Trainium host the op runs the NKI kernels; on a CPU host it runs the PyTorch
 reference (or the kernel in the bundled simulator with NKI_KERNELS_CPU_BACKEND=simulator,
-which measures the simulator, not Trainium). Shapes (../shared/docs/workloads.md): vision
+which measures the simulator, not Trainium). Shapes (docs/workloads.md): vision
 transformers at batch 8 with q/k/v as transformers lays them out (transposed views of
 [B, S, H, D]), SigLIP so400m at 384 px (D=72), and a long causal grouped-query sequence
 (the online-softmax kernel). q/k are unit normals and v is 0.2 x unit normal: an output row

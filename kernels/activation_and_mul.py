@@ -29,7 +29,7 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-from .tiling import row_blocks, rows_per_partition, split_count
+from .tiling import block_rows, load_block, row_blocks, rows_per_partition, split_count
 
 # Row packing target: 2048 output elements per partition per DMA (4 KiB bf16 / 8 KiB fp32
 # stored; twice that loaded).
@@ -87,14 +87,12 @@ def act_and_mul_kernel(x, act="silu"):
     out = nl.ndarray((n_rows, d), dtype=x.dtype, buffer=nl.shared_hbm)
 
     for start, parts, per in row_blocks(n_rows, _rows_per_partition(in_cols)):
-        rows = parts * per
         if d <= COL_CHUNK:
             # whole rows: one DMA of per * 2d elements per partition
-            x_tile = nl.ndarray((parts, per, in_cols), dtype=x.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=x_tile, src=x[start:start + rows, :].reshape((parts, per, in_cols)))
+            x_tile = load_block(x, start, parts, per)
             out_tile = nl.ndarray((parts, per, d), dtype=x.dtype, buffer=nl.sbuf)
             _gate_mul(out_tile, x_tile[:, :, 0:d], x_tile[:, :, d:in_cols], func)
-            nisa.dma_copy(dst=out[start:start + rows, :].reshape((parts, per, d)), src=out_tile)
+            nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
             continue
         # wide rows (per == 1): column chunks, gate and up slices loaded separately
         for c0 in range(0, d, COL_CHUNK):

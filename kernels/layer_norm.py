@@ -42,8 +42,8 @@ import nki.isa as nisa
 import nki.language as nl
 
 from .limits import NORM_MAX_HIDDEN as MAX_HIDDEN
-from .tiling import (PARTITIONS, broadcast_rows, cdiv, itemsize, row_blocks, rows_per_partition,
-                     split_count, spread)
+from .tiling import (PARTITIONS, block_rows, broadcast_rows, cdiv, engine_segments, itemsize, load_block,
+                     row_blocks, rows_per_partition, split_count, spread)
 
 # Row packing: the least J that makes a transfer this long per partition (the DMA guide's
 # >= 4 KiB for bandwidth; more rows per block would only lengthen the pipeline fill/drain).
@@ -188,9 +188,7 @@ def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5):
     slot = 0
     per_max = rows_per_partition(cols, target_bytes // itemsize(x.dtype), MAX_HIDDEN)
     for i, (start, parts, per) in enumerate(row_blocks(n_rows, per_max, TAIL_POSITION)):
-        rows = parts * per
-        x_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=x_tile, src=x[start:start + rows, :].reshape((parts, per, cols)))
+        x_tile = load_block(x, start, parts, per)
         if i == 0:
             # weight and bias after the first block's load, so that load is not queued behind them
             weight_tile = None if weight is None else broadcast_rows(weight, cols)
@@ -199,7 +197,7 @@ def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5):
             out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
             _block_16bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps_tile, slot)
             slot += per
-            nisa.dma_copy(dst=out[start:start + rows, :].reshape((parts, per, cols)), src=out_tile)
+            nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
             continue
 
         # mean / variance per row: bn_stats per <= 512-element chunk, bn_aggr per row (VectorE).
@@ -224,17 +222,10 @@ def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5):
         out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
         share = 0.0 if weight_tile is None else (
             VECTOR_SHARE_WEIGHT if bias_tile is None else VECTOR_SHARE_AFFINE)
-        if per > 1:
-            cut = split_count(per, share)
-            segments = [(j, 0, cols, j < cut) for j in range(per)]
-        else:
-            cut = split_count(cols, share)
-            segments = [(0, lo, hi, on_vector) for lo, hi, on_vector in ((0, cut, True), (cut, cols, False))
-                        if hi > lo]
-        for j, lo, hi, on_vector in segments:
+        for j, lo, hi, on_vector in engine_segments(per, cols, share):
             stats = (mean_var[:, j, 0:1], rstd[:, j:j + 1], neg_mean_rstd[:, j:j + 1])
             _affine_segment(out_tile[:, j, lo:hi], x_tile[:, j, lo:hi], stats,
                             None if weight_tile is None else weight_tile[0:parts, lo:hi],
                             None if bias_tile is None else bias_tile[0:parts, lo:hi], on_vector)
-        nisa.dma_copy(dst=out[start:start + rows, :].reshape((parts, per, cols)), src=out_tile)
+        nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
     return out

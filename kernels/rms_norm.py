@@ -36,7 +36,8 @@ import nki.isa as nisa
 import nki.language as nl
 
 from .limits import NORM_MAX_HIDDEN as MAX_HIDDEN
-from .tiling import PARTITIONS, broadcast_rows, row_blocks, rows_per_partition, split_count
+from .tiling import (PARTITIONS, block_rows, broadcast_rows, engine_segments, load_block, row_blocks,
+                     rows_per_partition)
 
 # Rows are packed per partition until one transfer moves >= 2048 elements per partition:
 # 4 KiB in bf16 / 8 KiB in fp32, the DMA guide's size for saturating bandwidth.
@@ -83,17 +84,9 @@ def _normalize_block(out_tile, x_tile, parts, per, cols, weight_tile, eps_tile):
     rstd = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=rstd, op=nl.rsqrt, data=mean_sq, bias=eps_tile[0:parts, :])
     weight = None if weight_tile is None else weight_tile[0:parts, :]
-    if per > 1:
-        # whole rows to each path
-        cut = split_count(per, VECTOR_SHARE)
-        for j in range(per):
-            _scale_rows(out_tile[:, j, :], x_tile[:, j, :], rstd[:, j:j + 1], weight, j < cut)
-        return
-    cut = split_count(cols, VECTOR_SHARE)
-    for lo, hi, on_vector in ((0, cut, True), (cut, cols, False)):
-        if hi > lo:
-            _scale_rows(out_tile[:, 0, lo:hi], x_tile[:, 0, lo:hi], rstd[:, 0:1],
-                        None if weight is None else weight[:, lo:hi], on_vector)
+    for j, lo, hi, on_vector in engine_segments(per, cols, VECTOR_SHARE):
+        _scale_rows(out_tile[:, j, lo:hi], x_tile[:, j, lo:hi], rstd[:, j:j + 1],
+                    None if weight is None else weight[:, lo:hi], on_vector)
 
 
 def _eps_tile(eps):
@@ -119,12 +112,10 @@ def rms_norm_kernel(x, weight=None, eps=1e-6):
     weight_tile = None if weight is None else broadcast_rows(weight, cols)
     eps_tile = _eps_tile(eps)
     for start, parts, per in row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS, MAX_HIDDEN)):
-        rows = parts * per
-        x_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=x_tile, src=x[start:start + rows, :].reshape((parts, per, cols)))
+        x_tile = load_block(x, start, parts, per)
         out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
         _normalize_block(out_tile, x_tile, parts, per, cols, weight_tile, eps_tile)
-        nisa.dma_copy(dst=out[start:start + rows, :].reshape((parts, per, cols)), src=out_tile)
+        nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
     return out
 
 
@@ -148,16 +139,13 @@ def fused_add_rms_norm_kernel(x, residual, weight=None, eps=1e-6):
     weight_tile = None if weight is None else broadcast_rows(weight, cols)
     eps_tile = _eps_tile(eps)
     for start, parts, per in row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS, MAX_HIDDEN)):
-        rows = parts * per
-        x_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=x_tile, src=x[start:start + rows, :].reshape((parts, per, cols)))
-        r_tile = nl.ndarray((parts, per, cols), dtype=residual.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=r_tile, src=residual[start:start + rows, :].reshape((parts, per, cols)))
+        x_tile = load_block(x, start, parts, per)
+        r_tile = load_block(residual, start, parts, per)
         # x + residual in fp32 on VectorE, rounded once to the input dtype.
         s_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=s_tile, data1=x_tile, data2=r_tile, op=nl.add)
-        nisa.dma_copy(dst=total[start:start + rows, :].reshape((parts, per, cols)), src=s_tile)
+        nisa.dma_copy(dst=block_rows(total, start, parts, per), src=s_tile)
         out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
         _normalize_block(out_tile, s_tile, parts, per, cols, weight_tile, eps_tile)
-        nisa.dma_copy(dst=out[start:start + rows, :].reshape((parts, per, cols)), src=out_tile)
+        nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
     return out, total

@@ -40,7 +40,8 @@ import nki.language as nl
 
 from .limits import SOFTMAX_MAX_COLS as MAX_COLS
 from .limits import SOFTMAX_RESIDENT_BYTES as RESIDENT_BYTES
-from .tiling import PARTITIONS, cdiv, itemsize, row_blocks, rows_per_partition, split_count, spread
+from .tiling import (PARTITIONS, block_rows, cdiv, engine_segments, itemsize, load_block, row_blocks,
+                     rows_per_partition, spread)
 
 # Row packing target: 2048 elements per partition per DMA = 4 KiB bf16 / 8 KiB fp32.
 TARGET_COLS = 2048
@@ -65,9 +66,7 @@ NEG_BIG = -3.0e38
 
 def _softmax_rows(x, out, n_rows, cols):
     for start, parts, per in row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS, MAX_COLS)):
-        rows = parts * per
-        x_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=x_tile, src=x[start:start + rows, :].reshape((parts, per, cols)))
+        x_tile = load_block(x, start, parts, per)
         # -max per row, all J rows in one VectorE instruction: [parts, per] fp32
         neg_max = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_reduce(dst=neg_max, op=nl.maximum, data=x_tile, axis=2, negate=True)
@@ -82,21 +81,14 @@ def _softmax_rows(x, out, n_rows, cols):
         inv_sum = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
         nisa.reciprocal(dst=inv_sum, data=row_sum)
         out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-        if per > 1:
-            cut = split_count(per, VECTOR_SHARE)
-            segments = [(j, 0, cols, j < cut) for j in range(per)]
-        else:
-            cut = split_count(cols, VECTOR_SHARE)
-            segments = [(0, lo, hi, on_vector) for lo, hi, on_vector in ((0, cut, True), (cut, cols, False))
-                        if hi > lo]
-        for j, lo, hi, on_vector in segments:
+        for j, lo, hi, on_vector in engine_segments(per, cols, VECTOR_SHARE):
             if on_vector:
                 nisa.tensor_scalar(dst=out_tile[:, j, lo:hi], data=exp_tile[:, j, lo:hi],
                                    op0=nl.multiply, operand0=inv_sum[:, j:j + 1])
             else:
                 nisa.activation(dst=out_tile[:, j, lo:hi], op=nl.copy, data=exp_tile[:, j, lo:hi],
                                 scale=inv_sum[:, j:j + 1])
-        nisa.dma_copy(dst=out[start:start + rows, :].reshape((parts, per, cols)), src=out_tile)
+        nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
 
 
 def _resident_bytes(cols, chunk, itemsize):

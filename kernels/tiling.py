@@ -50,10 +50,34 @@ def row_blocks(n_rows, per_max, tail_position=None):
     return blocks
 
 
+def block_rows(hbm, start, parts, per):
+    """[parts, per, cols] view of rows [start, start + parts * per) of an HBM [N, cols]
+    tensor: partition p holds the block's rows [p * per, (p + 1) * per)."""
+    return hbm[start:start + parts * per, :].reshape((parts, per, hbm.shape[1]))
+
+
+def load_block(hbm, start, parts, per):
+    """A new SBUF tile [parts, per, cols] holding a row block of ``hbm`` (one DMA)."""
+    tile = nl.ndarray((parts, per, hbm.shape[1]), dtype=hbm.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=tile, src=block_rows(hbm, start, parts, per))
+    return tile
+
+
 def split_count(n, share):
     """How many of ``n`` items go to the first of two engines given its ``share`` (0..1):
     the split point of range(n) into [0, cut) and [cut, n)."""
     return min(n, max(0, int(round(n * share))))
+
+
+def engine_segments(per, cols, share):
+    """[(row j, first column, end column, on the first engine)] splitting a [P, per, cols]
+    block's work between two engines in the ratio ``share``: whole rows when a partition
+    holds several rows (per > 1), else the columns of its single row."""
+    if per > 1:
+        cut = split_count(per, share)
+        return [(j, 0, cols, j < cut) for j in range(per)]
+    cut = split_count(cols, share)
+    return [(0, lo, hi, first) for lo, hi, first in ((0, cut, True), (cut, cols, False)) if hi > lo]
 
 
 def spread(i, share):

@@ -7,7 +7,7 @@ kernel never writes fails the NaN check; it raises ``CapacityError`` when live S
 or PSUM banks exceed trn2's, so every case here also fits the chip.
 
 Fast tier: one or two representative shapes per feature (tails, head dims, GQA, Sq != Sk,
-masks, causal, flash, dtypes, layouts). ``-m sweep``: the workload grid of issue 3.
+masks, causal, flash, dtypes, layouts). ``-m sweep``: the wide workload grid.
 """
 
 from __future__ import annotations

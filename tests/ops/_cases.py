@@ -9,7 +9,7 @@ import torch
 
 from tests._helpers import TOLERANCES, rel_error  # noqa: F401  (re-exported)
 
-# Row counts (tokens) and hidden sizes from issue 4: rows not multiples of 128 (1, 7, 129)
+# Row counts (tokens) and hidden sizes: rows not multiples of 128 (1, 7, 129)
 # plus the ViT-B/16 batch of 8 (197 * 8 = 1576 = 12 * 128 + 40, a tail of 40); hidden sizes
 # not multiples of 512 (64, 768, 1000) next to 4096 and the largest supported, 8192.
 ROWS = [1, 7, 129, 197 * 8]
