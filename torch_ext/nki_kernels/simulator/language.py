@@ -17,11 +17,12 @@ import operator
 
 import torch
 
-from . import _engine
 from . import dtypes as _dt
 from . import isa as _isa
 from . import ops as _ops
-from ._engine import f32, free_elems, record
+from .isa import operands as _engine
+from .isa.alu import reduce_axes
+from .isa.operands import f32, free_elems, record
 from .context import current
 from .errors import NkiValidationError, UnsupportedError
 from .memory import MemoryRegion, kind_of, to_region
@@ -429,7 +430,7 @@ copy._impl = _copy
 
 def _reduced_shape(fn, x, axis, keepdims):
     nd = x.ndim
-    axes = _isa._axes(f"nl.{fn}", [axis] if isinstance(axis, int) else list(axis), nd)
+    axes = reduce_axes(f"nl.{fn}", [axis] if isinstance(axis, int) else list(axis), nd)
     if keepdims:
         shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
     else:
@@ -478,7 +479,7 @@ mean._impl = _mean
 
 
 def _all_free(fn, x, axis):
-    axes = _isa._axes(f"nl.{fn}", [axis] if isinstance(axis, int) else list(axis), x.ndim)
+    axes = reduce_axes(f"nl.{fn}", [axis] if isinstance(axis, int) else list(axis), x.ndim)
     if axes != list(range(1, x.ndim)):
         raise UnsupportedError(
             f"nl.{fn}: the simulator supports reducing all free axes only (axis "

@@ -28,15 +28,13 @@ from .tensor import NkiTensor, from_torch
 # Module-level helpers of language.py that are not part of nki.language.
 _HELPERS = {"annotations", "builtins", "contextlib", "math", "operator", "torch", "f32",
             "free_elems", "record", "current", "kind_of", "to_region", "allocate",
-            "from_torch", "DynamicSlice", "Op", "UnsupportedError", "NkiValidationError"}
+            "from_torch", "DynamicSlice", "Op", "UnsupportedError", "NkiValidationError",
+            "reduce_axes"}
 
 LANGUAGE_NAMES = tuple(sorted(
     n for n, obj in vars(_language).items()
     if not n.startswith("_") and n not in _HELPERS and not isinstance(obj, types.ModuleType)))
-ISA_NAMES = tuple(_isa.__all__) + ("nc_matmul_mx", "quantize_mx", "activate2", "exponential",
-                                   "rand2", "local_gather", "sequence_bounds", "sendrecv",
-                                   "nonzero_with_count", "topk", "rand_set_state",
-                                   "rand_get_state")
+ISA_NAMES = tuple(_isa.__all__)
 
 # ======================================================================= jit / simulate
 
