@@ -25,6 +25,7 @@ from .isa.alu import reduce_axes
 from .isa.operands import f32, free_elems, record
 from .context import current
 from .errors import NkiValidationError, UnsupportedError
+from .host import numpy_to_torch
 from .memory import MemoryRegion, kind_of, to_region
 from .ops import (Op, abs, abs_max, abs_min, add, all, arctan, average, bitwise_and,  # noqa: F401,A004
                   bitwise_or, bitwise_xor, bypass, ceil, copy, cos, divide, equal, erf, erf_dx,
@@ -35,6 +36,30 @@ from .ops import (Op, abs, abs_max, abs_min, add, all, arctan, average, bitwise_
                   prelu, prod, reciprocal, relu, right_shift, rsqrt, sigmoid, sign, silu,
                   silu_dx, sin, softplus, sqrt, square, subtract, sum, tan, tanh, trunc, var)
 from .tensor import DynamicSlice, NkiTensor, allocate, from_torch
+
+# The nki.language surface (modules.py builds the module from this list).
+__all__ = [
+    "DType", "MemoryRegion", "NKIObject", "NkiTensor", "abs", "abs_max", "abs_min", "add",
+    "affine_range", "all", "arctan", "average", "bf16", "bfloat16", "bitwise_and",
+    "bitwise_or", "bitwise_xor", "bool_", "broadcast_to", "bypass", "ceil", "copy", "cos",
+    "device_print", "divide", "dropout", "ds", "dynamic_range", "empty_like", "equal",
+    "erf", "erf_dx", "exp", "expand_dims", "float16", "float32", "float4_e2m1fn_x4",
+    "float8_e4m3", "float8_e4m3fn", "float8_e4m3fn_x4", "float8_e5m2", "float8_e5m2_x4",
+    "float8_e8m0fnu", "floor", "fmod", "fori_loop", "fp16", "fp32", "full",
+    "gather_flattened", "gelu", "gelu_apprx_sigmoid", "gelu_apprx_sigmoid_dx",
+    "gelu_apprx_tanh", "gelu_dx", "greater", "greater_equal", "hbm", "int16", "int32",
+    "int8", "invert", "is_hbm", "is_on_chip", "is_psum", "is_sbuf", "left_shift", "less",
+    "less_equal", "load", "load_transpose2d", "log", "logical_and", "logical_not",
+    "logical_or", "logical_xor", "matmul", "max", "maximum", "mean", "min", "minimum",
+    "mish", "mod", "multiply", "ndarray", "negative", "no_reorder", "not_equal",
+    "num_programs", "ones", "power", "prelu", "private_hbm", "prod", "program_id",
+    "program_ndim", "psum", "rand", "random_seed", "reciprocal", "relu", "right_shift",
+    "rms_norm", "rsqrt", "sbuf", "sequential_range", "shared_constant", "shared_hbm",
+    "shared_identity_matrix", "sigmoid", "sign", "silu", "silu_dx", "sin", "softmax",
+    "softplus", "sqrt", "square", "static_range", "store", "subtract", "sum", "tan", "tanh",
+    "tfloat32", "tile_size", "transpose", "trunc", "uint16", "uint32", "uint8", "var",
+    "where", "while_loop", "zeros", "zeros_like",
+]
 
 _store = _engine.store  # the engine's round-once write (nl.store is the DMA helper)
 
@@ -183,7 +208,7 @@ def shared_constant(constant):
         dt = _dt.to_nki(data.dtype)
     else:
         dt = _dt.to_nki(constant.dtype)
-        data = _numpy_to_torch(constant)
+        data = numpy_to_torch(constant)
     return from_torch(data, dt, shared_hbm, "shared_constant")
 
 
@@ -196,16 +221,6 @@ def shared_identity_matrix(n, dtype=uint8, dst=None):
            {"bytes": n * n * out.dtype.itemsize, "src_bytes": n * n * out.dtype.itemsize,
             "direction": "hbm_to_sbuf", "constant": True})
     return out
-
-
-def _numpy_to_torch(a):
-    import numpy as np  # lazy: the caller passed numpy data
-
-    a = np.ascontiguousarray(a)
-    name = a.dtype.name
-    if name in ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3"):  # ml_dtypes
-        a = a.astype(np.float32)
-    return torch.from_numpy(a.copy())
 
 
 # ------------------------------------------------------------------ indexing helpers

@@ -1,8 +1,9 @@
 """The analytical cost model of a NeuronCore, driven by the simulator's instruction trace.
 
     from nki_kernels import simulator
-    est = simulator.estimate(kernel, target="trn2")(x, y)     # runs the kernel in the simulator
+    est = simulator.estimate(kernel, target="trn2")(x, y)     # runs the kernel, models its trace
     est.latency_us, est.engine_busy_us, est.bottleneck, est.to_chrome_trace("t.json")
+    est = simulator.cost.estimate_trace(trace, "trn2")         # a trace you already have
 
 Everything it reports is MODELED for the target, never measured. The model:
 
@@ -10,7 +11,7 @@ Everything it reports is MODELED for the target, never measured. The model:
 * schedule.py   a list schedule over the engines and the 16 DMA queues with read-after-
                 write, write-after-read and write-after-write dependencies on overlapping
                 parts of the same allocation (regions.py computes the footprints);
-* estimate.py   the ``Estimate`` result, ``estimate``/``estimate_trace`` and the Chrome trace;
+* estimate.py   the ``Estimate`` result, ``estimate_trace`` and the Chrome trace;
 * roofline.py   per-op limits (the best any kernel can do on the target) and the modeled
                 eager-PyTorch baselines.
 
@@ -19,7 +20,7 @@ the model and its assumptions.
 """
 
 from . import roofline
-from .estimate import Estimate, estimate, estimate_trace
+from .estimate import Estimate, estimate_trace
 from .model import CostModelError, DmaCost, InstructionCost, compute_cost, dma_cost
 from .roofline import Roofline
 from .schedule import Schedule, Slot, schedule
@@ -34,7 +35,6 @@ __all__ = [
     "Slot",
     "compute_cost",
     "dma_cost",
-    "estimate",
     "estimate_trace",
     "roofline",
     "schedule",
