@@ -28,39 +28,37 @@ KIB = 1024
 
 @dataclass(frozen=True)
 class Target:
-    """One NeuronCore generation."""
+    """One NeuronCore generation (values and sources: docs/hardware.md)."""
 
     name: str                     # "trn1" | "trn2" | "trn3"
     neuron_core: str              # "v2" | "v3" | "v4"
-    # on-chip memory
+    # on-chip memory [A1][A2][A3]
     partitions: int               # SBUF/PSUM partitions (lanes)
     sbuf_bytes_per_partition: int
     psum_banks: int               # PSUM banks per partition
     psum_bank_bytes: int          # bytes per bank per partition (512 fp32)
-    # engine clocks (Hz)
+    # engine clocks (Hz) [A1][A2][A3]
     tensor_hz: float
     vector_hz: float
     scalar_hz: float
     gpsimd_hz: float
-    # throughput
+    # throughput [A1][A2][A3]
     tensor_peak_bf16_flops: float  # per core, dense bf16/fp16
     tensor_peak_fp32_flops: float
     scalar_elems_per_cycle: int   # 16-bit data (trn3: 256 for bf16/fp16/fp8)
-    # memory system
+    # memory system [D][DB][A2]
     dma_bytes_per_s: float        # practical DMA bandwidth per core
     dma_queues: int               # DMA engines a transfer is spread over
     dma_fixed_s: float            # fixed cost per DMA transfer (descriptor-generated on v3+)
 
-    # ---- per-instruction cost rules of cost/model.py (added by the cost model) -----------
-    # Cycles are cycles of the engine running the instruction. Sources:
-    # [S] the "Estimated instruction cost" sections of the NKI ISA reference (nki.isa.*
-    #     docstrings, Neuron 2.20-2.26; docs/hardware.md "Instruction costs");
-    # [P] nki/deep-dives/nki_perf_guide.rst (Opt #5a: static instruction overhead ~100
-    #     cycles; dependent 1-element back-to-back instructions at ~266 ScalarE cycles);
-    # [A2] nki/guides/architecture/trainium2_arch.rst; [A3] .../trainium3_arch.rst;
-    # [D] nki/about/nki-dma-overview.rst (8 partitions per DMA engine, 16 engines);
-    # [H] AWS's neuron-agentic-development profiling rules (rule `rsqrt-engine-tradeoff-
-    #     and-psum`: GpSimd rsqrt ~4x slower than ScalarE), via a public NKI heuristics digest.
+    # ---- per-instruction cost rules of cost/model.py ------------------------------------
+    # Cycles are cycles of the engine running the instruction. Source keys as in
+    # docs/hardware.md: [S] the "Estimated instruction cost" texts of the nki.isa
+    # docstrings (Neuron 2.20-2.26); [P] the NKI performance guide (static instruction
+    # overhead ~100 cycles; dependent 1-element instructions ~266 ScalarE cycles apart);
+    # [A1]/[A2]/[A3] the Trainium/Inferentia2, Trainium2, Trainium3 architecture guides;
+    # [D] the DMA overview (16 DMA engines, 8 partitions each); [H] AWS's
+    # neuron-agentic-development profiling rule rsqrt-engine-tradeoff-and-psum.
     min_instruction_cycles: int = 64        # [S] MIN_II of VectorE/ScalarE (applied to GpSimd too)
     static_overhead_cycles: int = 60        # [S] static SBUF access overhead, Vector/Scalar/GpSimd
     dependency_latency_cycles: int = 100    # [S][P] extra wait of a consumer of a Vector/Scalar/GpSimd result
@@ -82,11 +80,10 @@ class Target:
     dma_transpose_sbuf_efficiency: float = 0.5  # [A2] SBUF->SBUF DMA transpose: up to 50%
 
     # ---- ISA limits the simulator's rules check (isa/, language/) ------------------------
-    # Defaults are trn2's; each generation overrides what its docs say differs. Sources:
-    # [I] the instruction's beta-2 docstring in nki/api/nki/isa/__init__.py @a3247f5b;
-    # [A1] nki/guides/architecture/trainium_inferentia2_arch.rst, "Data streaming";
-    # [L] nki/get-started/about/lnc.rst; about-neuron/arch/neuron-hardware/trainium2.rst
-    #     ("Beginning with Trainium2, AWS Neuron adds support for ... LNC").
+    # Defaults are trn2's; each generation overrides what its docs say differs. Sources
+    # (docs/hardware.md "ISA limits"): [I] the instruction's beta-2 docstring in
+    # nki/api/nki/isa/__init__.py; [A1] the Trainium/Inferentia2 architecture guide, "Data
+    # streaming"; [L] "Using Logical Neuron Cores (LNC)" and the Trainium2 chip page.
     # Start partition of an on-chip access [A1]: more than two quadrants start at 0, more
     # than one at 0 or at two quadrants, otherwise at a quadrant boundary and within it.
     partition_quadrant: int = 32
