@@ -61,9 +61,9 @@ import math
 from dataclasses import dataclass
 
 from ..hardware import Target
+from ..trace import ENGINES
 
-COMPUTE_ENGINES = ("tensor", "vector", "scalar", "gpsimd")
-ENGINES = COMPUTE_ENGINES + ("dma",)
+COMPUTE_ENGINES = tuple(e for e in ENGINES if e != "dma")
 
 _SIXTEEN_BIT_FLOATS = frozenset({"bfloat16", "float16"})
 _FP32 = frozenset({"float32"})

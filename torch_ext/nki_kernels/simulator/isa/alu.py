@@ -19,9 +19,6 @@ from .operands import (cast_copy, engine_of, f32, fail, free_elems, is_scalar, n
                        not_both_psum, onchip, operand_vec, record, reduce_last, same_free,
                        same_partitions, start_partition, store, target)
 
-__all__ = ["tensor_copy", "memset", "tensor_tensor", "tensor_scalar", "scalar_tensor_tensor",
-           "tensor_reduce", "scalar_stage", "reduce_axes"]
-
 
 def _ints(*ts):
     return all(isinstance(t, NkiTensor) and t._alloc.dtype.is_int for t in ts)
