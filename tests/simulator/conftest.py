@@ -38,10 +38,8 @@ def mk(sim):
 
 
 def last_instruction():
-    """The most recent trace record of the current simulator context."""
-    from nki_kernels.simulator.context import current
-
-    return current().recorder.instructions[-1]
+    """The most recent trace record of the activated simulator context."""
+    return simulator.current_trace()[-1]
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nki_kernels import simulator
 from nki_kernels.simulator import NkiValidationError
 
 # Matmul sizes: exact tile limits next to deliberately odd ones.
@@ -181,6 +182,4 @@ def test_trace_operands(sim, mk, last):
     assert (r.role, r.buffer, r.shape, r.dtype, r.partitions, r.free_elems, r.nbytes) == \
         ("data", "sbuf", (64, 16, 2), "bfloat16", 64, 32, 64 * 32 * 2)
     assert r.alloc_id == a._alloc.alloc_id
-    assert ins.writes[0].role == "dst" and ins.index == len(
-        __import__("nki_kernels.simulator.context", fromlist=["current"]).current()
-        .recorder.instructions) - 1
+    assert ins.writes[0].role == "dst" and ins.index == len(simulator.current_trace()) - 1

@@ -1,15 +1,22 @@
-"""Every hardware number the simulator and the cost model use, in one table.
+"""Every hardware number and per-generation ISA limit of the simulator and the cost model,
+in one table: one ``Target`` per NeuronCore generation.
 
-Sources (public AWS Neuron documentation, gathered in ../shared/docs/nki-spec.md):
-* architecture guides `about-neuron/arch/neuron-hardware/trainium{,2,3}.rst` and
-  `nki/guides/architecture/*.rst` of aws-neuron/aws-neuron-sdk: engine clocks, peak FLOPS,
-  SBUF/PSUM sizes, HBM bandwidth;
-* `nki/deep-dives/nki-dma-bandwidth-guide.rst`: practical DMA bandwidth per core, DMA
-  fixed cost and queue count;
-* NKI performance guide (per-instruction cycle rules, applied in cost/model.py).
+The simulator's rules (isa/, memory.py, language/) and the cost model (cost/) read the
+numbers from the active target; nothing else in the package spells them. The facts and
+their public AWS sources are listed in docs/hardware.md. In short (all in the repository
+aws-neuron/aws-neuron-sdk, NKI API docstrings at commit a3247f5b):
 
-All figures are per NeuronCore. Numbers not documented per generation (e.g. the vector
-engine's bf16 fast mode width on trn1/trn3) reuse the trn2 value and say so.
+* architecture guides ``about-neuron/arch/neuron-hardware/trainium{,2,3}.rst`` and
+  ``nki/guides/architecture/*_arch.rst``: engine clocks, peak FLOPS, SBUF/PSUM sizes,
+  start-partition rules, Logical NeuronCores;
+* ``nki/get-started/about/nki-dma-overview.rst`` and
+  ``nki/deep-dives/nki-dma-bandwidth-guide.rst``: DMA bandwidth per core, queue count,
+  fixed cost per transfer;
+* the beta-2 instruction docstrings ``nki/api/nki/isa/__init__.py``: per-instruction
+  limits (matmul tile sizes, transpose sizes, bn_stats, max8, ...) and their cost texts.
+
+All figures are per NeuronCore. A number not documented for a generation reuses trn2's
+and says so.
 """
 
 from __future__ import annotations
@@ -17,48 +24,41 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KIB = 1024
-MIB = 1024 * KIB
 
 
 @dataclass(frozen=True)
 class Target:
-    """One NeuronCore generation."""
+    """One NeuronCore generation (values and sources: docs/hardware.md)."""
 
     name: str                     # "trn1" | "trn2" | "trn3"
     neuron_core: str              # "v2" | "v3" | "v4"
-    # on-chip memory
+    # on-chip memory [A1][A2][A3]
     partitions: int               # SBUF/PSUM partitions (lanes)
     sbuf_bytes_per_partition: int
     psum_banks: int               # PSUM banks per partition
     psum_bank_bytes: int          # bytes per bank per partition (512 fp32)
-    # engine clocks (Hz)
+    # engine clocks (Hz) [A1][A2][A3]
     tensor_hz: float
     vector_hz: float
     scalar_hz: float
     gpsimd_hz: float
-    # throughput
+    # throughput [A1][A2][A3]
     tensor_peak_bf16_flops: float  # per core, dense bf16/fp16
     tensor_peak_fp32_flops: float
-    vector_elems_per_cycle_fast: int   # bf16 fast mode (elements per cycle across partitions)
-    vector_elems_per_cycle: int        # otherwise
-    scalar_elems_per_cycle: int
-    # memory system
-    hbm_bytes_per_s_chip: float
+    scalar_elems_per_cycle: int   # 16-bit data (trn3: 256 for bf16/fp16/fp8)
+    # memory system [D][DB][A2]
     dma_bytes_per_s: float        # practical DMA bandwidth per core
     dma_queues: int               # DMA engines a transfer is spread over
     dma_fixed_s: float            # fixed cost per DMA transfer (descriptor-generated on v3+)
-    cores_per_chip: int
 
-    # ---- per-instruction cost rules of cost/model.py (added by the cost model) -----------
-    # Cycles are cycles of the engine running the instruction. Sources:
-    # [S] ../shared/docs/nki-spec.md "Hardware numbers for the cost model", which condenses
-    #     the "Estimated instruction cost" sections of the NKI ISA reference (nki.isa.*);
-    # [P] nki/deep-dives/nki_perf_guide.rst (Opt #5a: static instruction overhead ~100
-    #     cycles; dependent 1-element back-to-back instructions at ~266 ScalarE cycles);
-    # [A2] nki/guides/architecture/trainium2_arch.rst; [A3] .../trainium3_arch.rst;
-    # [D] nki/about/nki-dma-overview.rst (8 partitions per DMA engine, 16 engines);
-    # [H] AWS's neuron-agentic-development profiling rules (rule `rsqrt-engine-tradeoff-
-    #     and-psum`: GpSimd rsqrt ~4x slower than ScalarE), via a public NKI heuristics digest.
+    # ---- per-instruction cost rules of cost/model.py ------------------------------------
+    # Cycles are cycles of the engine running the instruction. Source keys as in
+    # docs/hardware.md: [S] the "Estimated instruction cost" texts of the nki.isa
+    # docstrings (Neuron 2.20-2.26); [P] the NKI performance guide (static instruction
+    # overhead ~100 cycles; dependent 1-element instructions ~266 ScalarE cycles apart);
+    # [A1]/[A2]/[A3] the Trainium/Inferentia2, Trainium2, Trainium3 architecture guides;
+    # [D] the DMA overview (16 DMA engines, 8 partitions each); [H] AWS's
+    # neuron-agentic-development profiling rule rsqrt-engine-tradeoff-and-psum.
     min_instruction_cycles: int = 64        # [S] MIN_II of VectorE/ScalarE (applied to GpSimd too)
     static_overhead_cycles: int = 60        # [S] static SBUF access overhead, Vector/Scalar/GpSimd
     dependency_latency_cycles: int = 100    # [S][P] extra wait of a consumer of a Vector/Scalar/GpSimd result
@@ -79,9 +79,50 @@ class Target:
     dma_transpose_hbm_efficiency: float = 0.9   # [A2] HBM->SBUF DMA transpose: up to 90% of DMA throughput
     dma_transpose_sbuf_efficiency: float = 0.5  # [A2] SBUF->SBUF DMA transpose: up to 50%
 
+    # ---- ISA limits the simulator's rules check (isa/, language/) ------------------------
+    # Defaults are trn2's; each generation overrides what its docs say differs. Sources
+    # (docs/hardware.md "ISA limits"): [I] the instruction's beta-2 docstring in
+    # nki/api/nki/isa/__init__.py; [A1] the Trainium/Inferentia2 architecture guide, "Data
+    # streaming"; [L] "Using Logical Neuron Cores (LNC)" and the Trainium2 chip page.
+    # Start partition of an on-chip access [A1]: more than two quadrants start at 0, more
+    # than one at 0 or at two quadrants, otherwise at a quadrant boundary and within it.
+    partition_quadrant: int = 32
+    # nc_matmul [I]: the 128x128 PE array bounds the contraction (partition) dim and the
+    # stationary free size unless tiling mode (tile_position/tile_size) picks a smaller tile.
+    matmul_rows: int = 128
+    matmul_columns: int = 128
+    matmul_tile_sizes: tuple[int, ...] = (32, 64, 128)   # 2x64 tiles from v2, 4x32 from v3
+    matmul_moving_fmax: int = 512          # moving free size with an fp32 dst (one PSUM bank)
+    matmul_moving_fmax_bf16_dst: int = 512  # with a bf16 dst (v4 only allows that dst)
+    matmul_dst_dtypes: tuple[str, ...] = ("float32",)
+    matmul_dtypes: tuple[str, ...] = ("float8_e4m3", "float8_e5m2", "bfloat16", "float16",
+                                      "tfloat32", "float32")
+    # is_transpose=True also moves these (the simulator's reading of nc_transpose's "any
+    # dtype" for the matmul form nki-library uses with uint8/int8/bf16 identities):
+    matmul_transpose_dtypes: tuple[str, ...] = ("uint8", "int8", "bfloat16")
+    matmul_double_row: bool = True         # fp8 perf_mode double_row, from v3
+    # accumulate=True onto PSUM a memset/copy initialised: undefined on v2/v3, allowed on v4
+    matmul_accumulate_onto_copies: bool = False
+    transpose_tensor_max: int = 128        # [I] nc_transpose: TensorE [128, 128] or smaller
+    transpose_vector_max: int = 32         # [I] nc_transpose: VectorE [32, 32] or smaller
+    # [I] dma_transpose: the permutation of a 2-D, 3-D and 4-D source
+    dma_transpose_axes: tuple[tuple[int, ...], ...] = ((1, 0), (2, 1, 0), (3, 1, 2, 0))
+    dma_compute_max_sources: int = 16      # [I] dma_compute: "max number of source tensors"
+    bn_stats_fmax: int = 512               # [I] bn_stats: elements per partition
+    max8_min_elems: int = 8                # [I] max8: elements per partition read,
+    max8_max_elems: int = 16384            #     between 8 and 16,384 inclusive
+    scalar_engine_copy: bool = True        # [I] tensor_copy on ScalarE: not on v2
+    activation_scalar_bias: bool = True    # [I] activation: a scalar bias from v3 (v2: (P, 1) tile)
+    has_range_select: bool = True          # [I] range_select: v3 and newer
+    max_logical_cores: int = 2             # [L] LNC=2 from Trainium2; trn1 runs LNC=1 only
+    # nl.tile_size.psum_fmax as the simulator reports it (deprecated name). Kept at its
+    # historical value here; NKI 0.7 documents it as one PSUM bank (512): to be fixed.
+    tile_size_psum_fmax: int = 2048
+
     @property
-    def psum_bytes_per_partition(self) -> int:
-        return self.psum_banks * self.psum_bank_bytes
+    def generation(self) -> int:
+        """NeuronCore version number: 2 (trn1), 3 (trn2), 4 (trn3)."""
+        return int(self.neuron_core[1:])
 
 
 TARGETS: dict[str, Target] = {
@@ -91,12 +132,14 @@ TARGETS: dict[str, Target] = {
         psum_banks=8, psum_bank_bytes=2 * KIB,
         tensor_hz=2.8e9, vector_hz=1.12e9, scalar_hz=1.4e9, gpsimd_hz=1.4e9,
         tensor_peak_bf16_flops=92e12, tensor_peak_fp32_flops=23e12,
-        # v2 fast-mode width not documented separately: trn2's figures reused.
-        vector_elems_per_cycle_fast=512, vector_elems_per_cycle=256, scalar_elems_per_cycle=128,
-        hbm_bytes_per_s_chip=820e9, dma_bytes_per_s=272e9, dma_queues=16,
-        dma_fixed_s=1.3e-6, cores_per_chip=2,
+        scalar_elems_per_cycle=128,
+        dma_bytes_per_s=272e9, dma_queues=16, dma_fixed_s=1.3e-6,
         # [A2] transpose mode and VectorE performance mode are new in NeuronCore-v3.
         transpose_fp32_factor=4, vector_perf_mode_full=1, vector_perf_mode_half=1,
+        # [I] NeuronCore-v2: no 32-row matmul tiles, no fp8 double_row, no ScalarE copy,
+        # no scalar activation bias, no range_select; [L] no LNC=2.
+        matmul_tile_sizes=(64, 128), matmul_double_row=False, scalar_engine_copy=False,
+        activation_scalar_bias=False, has_range_select=False, max_logical_cores=1,
     ),
     "trn2": Target(
         name="trn2", neuron_core="v3",
@@ -104,9 +147,8 @@ TARGETS: dict[str, Target] = {
         psum_banks=8, psum_bank_bytes=2 * KIB,
         tensor_hz=2.4e9, vector_hz=0.96e9, scalar_hz=1.2e9, gpsimd_hz=1.2e9,
         tensor_peak_bf16_flops=79e12, tensor_peak_fp32_flops=20e12,
-        vector_elems_per_cycle_fast=512, vector_elems_per_cycle=256, scalar_elems_per_cycle=128,
-        hbm_bytes_per_s_chip=2.9e12, dma_bytes_per_s=368e9, dma_queues=16,
-        dma_fixed_s=0.6e-6, cores_per_chip=8,
+        scalar_elems_per_cycle=128,
+        dma_bytes_per_s=368e9, dma_queues=16, dma_fixed_s=0.6e-6,
     ),
     "trn3": Target(
         name="trn3", neuron_core="v4",
@@ -115,9 +157,16 @@ TARGETS: dict[str, Target] = {
         tensor_hz=2.4e9, vector_hz=1.2e9, scalar_hz=1.2e9, gpsimd_hz=1.2e9,
         # fp32 peak not documented for v4: trn2's reused.
         tensor_peak_bf16_flops=79e12, tensor_peak_fp32_flops=20e12,
-        vector_elems_per_cycle_fast=512, vector_elems_per_cycle=256, scalar_elems_per_cycle=256,
-        hbm_bytes_per_s_chip=4.7e12, dma_bytes_per_s=528e9, dma_queues=16,
-        dma_fixed_s=0.6e-6, cores_per_chip=8,
+        scalar_elems_per_cycle=256,
+        dma_bytes_per_s=528e9, dma_queues=16, dma_fixed_s=0.6e-6,
+        # [I] NeuronCore-v4: the moving tile may fill all 8 PSUM banks (4096 fp32 / 8192
+        # bf16 elements), dst may be bf16, OCP float8_e4m3fn operands, accumulate onto
+        # value-initialised PSUM.
+        matmul_moving_fmax=4096, matmul_moving_fmax_bf16_dst=8192,
+        matmul_dst_dtypes=("float32", "bfloat16"),
+        matmul_dtypes=("float8_e4m3", "float8_e5m2", "bfloat16", "float16", "tfloat32",
+                       "float32", "float8_e4m3fn"),
+        matmul_accumulate_onto_copies=True,
     ),
 }
 

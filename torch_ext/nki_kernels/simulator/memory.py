@@ -1,8 +1,8 @@
 """Buffers, allocations, NaN poisoning and SBUF/PSUM capacity accounting.
 
 Each allocation is one torch tensor (``base``) in the storage format of dtypes.py,
-filled with NaN (floats) or 4 (integers) like the official simulator, so reading memory
-nothing wrote shows up. Views (tensor.py) share it.
+filled with the run's poison values (params.py: NaN for floats, 4 for integers, like the
+official simulator), so reading memory nothing wrote shows up. Views (tensor.py) share it.
 
 Capacity (per target, from hardware.py): live SBUF bytes per partition, i.e. the sum over
 live SBUF allocations of prod(shape[1:]) * itemsize, must stay within
@@ -60,9 +60,7 @@ def kind_of(region: MemoryRegion) -> str:
     return _KIND[region]
 
 
-_ids = itertools.count(1)
-
-POISON_INT = 4  # the official simulator's sentinel for integer memory
+_ids = itertools.count(1)  # allocation ids, unique in the process (next() is atomic in CPython)
 
 
 class Allocation:
@@ -90,8 +88,10 @@ class Allocation:
 class Memory:
     """Live SBUF bytes per partition and PSUM banks of one run, with their peaks."""
 
-    def __init__(self, target):
+    def __init__(self, target, poison_float: float, poison_int: int):
         self.target = target
+        self.poison_float = poison_float
+        self.poison_int = poison_int
         self.sbuf_live = 0
         self.sbuf_peak = 0
         self.psum_live = 0
@@ -135,7 +135,7 @@ class Memory:
                     f"banks in use; limit {t.psum_banks} banks of {t.psum_bank_bytes} bytes "
                     f"on {t.name}")
         if fill is None:
-            fill = float("nan") if dtype.is_float else POISON_INT
+            fill = self.poison_float if dtype.is_float else self.poison_int
         base = torch.full(shape, fill, dtype=dtype.storage)
         alloc = Allocation(region, dtype, name, base)
         if kind == "sbuf":

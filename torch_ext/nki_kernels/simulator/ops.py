@@ -52,10 +52,6 @@ class Op:
         return (by_name, (self.name,))
 
 
-def _f(x):
-    return x.float() if not x.is_floating_point() else x
-
-
 def _b(x):
     return x != 0
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .hardware import DEFAULT_TARGET
-from .shim import activated, run_kernel
+from .interpreter import run_kernel
+from .modules import activated
+from .params import SimParams, resolve
 from .trace import Instruction
 
 
@@ -21,9 +22,11 @@ class SimResult:
     target: str                      # target name, e.g. "trn2" (hardware.get_target(name))
 
 
-def run(kernel, *args, target: str = DEFAULT_TARGET, **kwargs) -> SimResult:
-    """Activate the simulator for ``target``, run ``kernel(*args, **kwargs)``, deactivate."""
-    with activated(target):
-        outputs, ctx = run_kernel(kernel, args, kwargs)
+def run(kernel, *args, target=None, params: SimParams | None = None, **kwargs) -> SimResult:
+    """Run ``kernel(*args, **kwargs)`` in the simulator with ``target`` (default "trn2") or
+    ``params``; ``import nki`` inside the kernel resolves to the simulator meanwhile."""
+    params = resolve(target, params)
+    with activated(params=params):
+        outputs, ctx = run_kernel(kernel, args, kwargs, params)
     return SimResult(outputs, ctx.recorder.instructions, ctx.memory.sbuf_peak,
                      ctx.memory.psum_peak, ctx.target.name)

@@ -25,6 +25,21 @@ from .errors import NkiValidationError, UnsupportedError
 from .memory import Allocation, MemoryRegion, kind_of, to_region
 
 
+def _no_instructions(dst, value):
+    raise RuntimeError("nki_kernels.simulator.isa is not imported: tensor assignment has no "
+                       "instructions to lower to")
+
+
+# `t[...] = value` lowers to an instruction; isa/ (which imports this module) installs it.
+_assign = _no_instructions
+
+
+def install_assignment(fn) -> None:
+    """Called once by isa/: ``fn(dst_view, value)`` issues the instruction of ``t[...] = value``."""
+    global _assign
+    _assign = fn
+
+
 class DynamicSlice:
     """``nl.ds(start, size)``: the slice ``start:start+size``."""
 
@@ -188,23 +203,8 @@ class NkiTensor:
 
     def __setitem__(self, key, value):
         # `t[idx] = tile` copies (tensor_copy on chip, dma_copy when HBM is involved);
-        # `t[idx] = scalar` fills (memset).
-        from . import isa
-
-        dst = self[key]
-        if isinstance(value, NkiTensor):
-            if dst.on_chip and value.on_chip:
-                isa.tensor_copy(dst, value)
-            else:
-                isa.dma_copy(dst, value)
-        elif isinstance(value, (int, float, bool)) or _is_scalar(value):
-            if not dst.on_chip:
-                raise NkiValidationError(
-                    "memset: dst is in HBM; fill an SBUF tile and dma_copy it to HBM")
-            isa.memset(dst, value)
-        else:
-            raise UnsupportedError(
-                f"cannot assign {type(value).__name__} to an NKI tensor; assign a tile or a scalar")
+        # `t[idx] = scalar` fills (memset): the instructions isa/ installs.
+        _assign(self[key], value)
 
     # ------------------------------------------------------------------ view methods
     def _view(self, data) -> "NkiTensor":
@@ -407,10 +407,6 @@ class NkiTensor:
     __invert__ = _no_arith("~", "invert")
     __lshift__ = _no_arith("<<", "left_shift")
     __rshift__ = _no_arith(">>", "right_shift")
-
-
-def _is_scalar(v) -> bool:
-    return (not isinstance(v, NkiTensor) and hasattr(v, "item") and getattr(v, "ndim", 1) == 0)
 
 
 def _check_slice(k: slice, dim: int, n: int, shape) -> slice:

@@ -39,7 +39,7 @@ class Instruction:
     attrs: dict          # op-specific facts the cost model needs
 
 
-ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
+ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")  # the values of Instruction.engine
 
 
 def capture(role: str, t) -> tuple:
@@ -66,11 +66,6 @@ def build_operand(raw: tuple) -> Operand:
         free = n // parts
     return Operand(role, alloc_id, kind, shape, dtype.name, parts, free, n * dtype.itemsize,
                    (lo, hi), lo, tuple(stride))
-
-
-def operand(role: str, t) -> Operand:
-    """The trace record of tensor view ``t`` used as ``role``."""
-    return build_operand(capture(role, t))
 
 
 class Recorder:

@@ -1,8 +1,9 @@
 """The analytical cost model of a NeuronCore, driven by the simulator's instruction trace.
 
     from nki_kernels import simulator
-    est = simulator.estimate(kernel, target="trn2")(x, y)     # runs the kernel in the simulator
+    est = simulator.estimate(kernel, target="trn2")(x, y)     # runs the kernel, models its trace
     est.latency_us, est.engine_busy_us, est.bottleneck, est.to_chrome_trace("t.json")
+    est = simulator.cost.estimate_trace(trace, "trn2")         # a trace you already have
 
 Everything it reports is MODELED for the target, never measured. The model:
 
@@ -10,7 +11,7 @@ Everything it reports is MODELED for the target, never measured. The model:
 * schedule.py   a list schedule over the engines and the 16 DMA queues with read-after-
                 write, write-after-read and write-after-write dependencies on overlapping
                 parts of the same allocation (regions.py computes the footprints);
-* estimate.py   the ``Estimate`` result, ``estimate``/``estimate_trace`` and the Chrome trace.
+* estimate.py   the ``Estimate`` result, ``estimate_trace`` and the Chrome trace.
 
 Per-op limits and modeled eager baselines live with the ops (``nki_kernels.roofline``).
 
@@ -18,7 +19,7 @@ All hardware numbers come from ``simulator/hardware.py``. docs/cost-model.md exp
 the model and its assumptions.
 """
 
-from .estimate import Estimate, estimate, estimate_trace
+from .estimate import Estimate, estimate_trace
 from .model import CostModelError, DmaCost, InstructionCost, compute_cost, dma_cost
 from .schedule import Schedule, Slot, schedule
 
@@ -31,7 +32,6 @@ __all__ = [
     "Slot",
     "compute_cost",
     "dma_cost",
-    "estimate",
     "estimate_trace",
     "schedule",
 ]

@@ -1,9 +1,11 @@
-"""``estimate(kernel, target)(*args)``: run a kernel in the simulator and model its time.
+"""``estimate_trace(trace, target)``: model an instruction trace; the ``Estimate`` result.
 
 The result is an :class:`Estimate`: MODELED numbers for one NeuronCore of the target,
-derived from the exact instruction stream the kernel issued in the simulator (see
-model.py for the per-instruction rules and schedule.py for the schedule). They are
-estimates, never measurements: label them "modeled (<target>)" wherever they are shown.
+derived from the exact instruction stream a kernel issued in the simulator (see model.py
+for the per-instruction rules and schedule.py for the schedule). They are estimates, never
+measurements: label them "modeled (<target>)" wherever they are shown. Running a kernel
+and modeling it in one call is ``simulator.estimate`` (the cost model never imports the
+interpreter).
 """
 
 from __future__ import annotations
@@ -146,21 +148,3 @@ def estimate_trace(trace, target: str | Target = DEFAULT_TARGET, outputs: Any = 
         schedule=sched,
         trace=trace,
     )
-
-
-def estimate(kernel, target: str | Target = DEFAULT_TARGET):
-    """``estimate(kernel, target)(*args, **kwargs)`` -> :class:`Estimate`.
-
-    Runs ``kernel`` in the simulator (``nki_kernels.simulator.run``) on ``args`` and models
-    the instruction trace it issued on ``target`` ("trn2" default, "trn3", "trn1").
-    """
-    tgt = get_target(target)
-
-    def run_and_estimate(*args, **kwargs) -> Estimate:
-        from .. import run  # the simulator package; imported lazily (it imports this package)
-
-        result = run(kernel, *args, target=tgt.name, **kwargs)
-        return estimate_trace(result.trace, tgt, outputs=result.outputs)
-
-    run_and_estimate.__name__ = f"estimate_{getattr(kernel, '__name__', 'kernel')}"
-    return run_and_estimate

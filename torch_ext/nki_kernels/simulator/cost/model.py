@@ -61,9 +61,9 @@ import math
 from dataclasses import dataclass
 
 from ..hardware import Target
+from ..trace import ENGINES
 
-COMPUTE_ENGINES = ("tensor", "vector", "scalar", "gpsimd")
-ENGINES = COMPUTE_ENGINES + ("dma",)
+COMPUTE_ENGINES = tuple(e for e in ENGINES if e != "dma")
 
 _SIXTEEN_BIT_FLOATS = frozenset({"bfloat16", "float16"})
 _FP32 = frozenset({"float32"})
@@ -307,8 +307,6 @@ def dma_cost(ins, target: Target) -> DmaCost:
     if not nbytes:
         nbytes = max(sum(o.nbytes for o in ins.reads), sum(o.nbytes for o in ins.writes))
     hbm = sum(o.nbytes for o in list(ins.reads) + list(ins.writes) if o.buffer == "hbm")
-    if not hbm and "hbm" in str(_attr(ins, "direction", default="")):
-        hbm = nbytes  # e.g. a constant (identity matrix) loaded from HBM with no HBM operand recorded
     on_chip = [o.partitions for o in list(ins.reads) + list(ins.writes) if o.buffer != "hbm"]
     parts = max(on_chip) if on_chip else target.partitions
     per_queue_parts = max(1, target.partitions // target.dma_queues)

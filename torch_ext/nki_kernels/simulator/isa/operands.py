@@ -1,46 +1,24 @@
-"""Shared helpers of the instruction implementations: operand checks, fp32 reads,
-round-once writes, trace recording. Kept small and cheap: each check is a few attribute
-reads, each compute a few whole-tile torch ops.
+"""What every instruction shares: operand checks (on chip, partition counts and start
+partitions, free sizes, PSUM/GpSimd rules), fp32 reads, the round-once write into dst,
+engine selection, accumulator-register updates and trace recording.
+
+Kept small and cheap: each check is a few attribute reads, each compute a few whole-tile
+torch ops. Limits come from the active target (hardware.py).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from enum import Enum
 
 import torch
 
-from .context import current
-from .errors import NkiValidationError
-from .tensor import NkiTensor
-from .trace import capture
-
-
-class engine(Enum):  # noqa: N801  (beta-2 name)
-    """Neuron Device engines."""
-
-    tensor = 1
-    vector = 5
-    scalar = 2
-    gpsimd = 3
-    dma = 4
-    sync = 6
-    unknown = 0
-
-
-class reduce_cmd(Enum):  # noqa: N801
-    """Engine accumulator-register commands."""
-
-    idle = 0
-    reset = 1
-    reduce = 2
-    reset_reduce = 3
-    load_reduce = 4
-
-
-ENGINE_NAME = {engine.tensor: "tensor", engine.vector: "vector", engine.scalar: "scalar",
-               engine.gpsimd: "gpsimd", engine.dma: "dma", engine.sync: "dma"}
+from ..context import current
+from ..errors import NkiValidationError
+from ..hardware import Target
+from ..tensor import NkiTensor
+from ..trace import capture
+from . import enums
 
 
 class NkiInstruction:
@@ -68,6 +46,11 @@ class NkiInstruction:
 
 def fail(msg):
     raise NkiValidationError(msg)
+
+
+def target() -> Target:
+    """The active target (hardware.py): every limit a rule checks comes from it."""
+    return current().target
 
 
 def is_scalar(x) -> bool:
@@ -99,21 +82,25 @@ def onchip(instr, role, t, *, psum=True, sbuf=True, why="") -> NkiTensor:
     if kind == "sbuf" and not sbuf:
         fail(f"{instr}: {role} must be in PSUM, got SBUF{why}")
     p = t._data.shape[0]
-    limit = current().target.partitions
-    if p > limit:
-        fail(f"{instr}: {role} partition dim {p} exceeds maximum {limit}")
+    tgt = current().target
+    if p > tgt.partitions:
+        fail(f"{instr}: {role} partition dim {p} exceeds maximum {tgt.partitions}")
     s = start_partition(t)
     if s:
-        if p > 64:
+        # Start-partition rule (docs/hardware.md): an access of more than two quadrants
+        # starts at 0, of more than one at 0 or at the middle, else at a quadrant boundary.
+        q = tgt.partition_quadrant
+        if p > 2 * q:
             fail(f"{instr}: {role} spans {p} partitions starting at partition {s}; "
-                 "an access of more than 64 partitions must start at partition 0")
-        if p > 32 and s != 64:
+                 f"an access of more than {2 * q} partitions must start at partition 0")
+        if p > q and s != 2 * q:
             fail(f"{instr}: {role} spans {p} partitions starting at partition {s}; "
-                 "an access of 33-64 partitions must start at partition 0 or 64")
-        if s % 32 or s + p > ((s // 32) + 1) * 32 and p <= 32:
+                 f"an access of {q + 1}-{2 * q} partitions must start at partition 0 or {2 * q}")
+        if s % q or s + p > ((s // q) + 1) * q and p <= q:
+            starts = [str(b) for b in range(0, tgt.partitions, q)]
             fail(f"{instr}: {role} spans {p} partitions starting at partition {s}; "
-                 "an access of at most 32 partitions must start at partition 0, 32, 64 or 96 "
-                 "and stay within that quadrant")
+                 f"an access of at most {q} partitions must start at partition "
+                 f"{', '.join(starts[:-1])} or {starts[-1]} and stay within that quadrant")
     return t
 
 
@@ -170,6 +157,17 @@ def store(instr, dst: NkiTensor, value: torch.Tensor, matmul=False, exact=False)
         a.written = True
 
 
+def cast_copy(instr, dst: NkiTensor, src_values: torch.Tensor, src_dtype) -> None:
+    """Write a copy of ``src_values`` (storage format of ``src_dtype``) into dst: equal
+    dtypes copy bits, integer to integer wraps, anything with a float casts through fp32."""
+    if src_dtype == dst._alloc.dtype:
+        store(instr, dst, src_values, exact=True)
+    elif not src_dtype.is_float and not dst._alloc.dtype.is_float:
+        store(instr, dst, src_values)
+    else:
+        store(instr, dst, src_values.to(torch.float32))
+
+
 def psum_state(t: NkiTensor) -> torch.Tensor:
     a = t._alloc
     d = t._data
@@ -196,11 +194,11 @@ def operand_vec(instr, role, x, data: NkiTensor, need_f32=False):
 
 def engine_of(instr, eng, allowed, default):
     """Resolve ``engine=`` to a trace engine name; ``unknown`` picks ``default``."""
-    if eng is None or eng is engine.unknown:
+    if eng is None or eng is enums.engine.unknown:
         return default
-    if not isinstance(eng, engine):
+    if not isinstance(eng, enums.engine):
         fail(f"{instr}: engine={eng!r} is not a nisa.engine member")
-    name = ENGINE_NAME.get(eng)
+    name = enums.ENGINE_NAME.get(eng)
     if name not in allowed:
         fail(f"{instr}: engine {eng.name} is not supported; use one of "
              f"{', '.join('nisa.engine.' + a for a in allowed)}")
@@ -271,11 +269,18 @@ def combine(op_name, acc, r):
     fail(f"accumulation with op {op_name} is not supported")
 
 
+def check_reduce_cmd(instr, cmd) -> enums.reduce_cmd:
+    if isinstance(cmd, enums.reduce_cmd):
+        return cmd
+    fail(f"{instr}: reduce_cmd={cmd!r} is not a nisa.reduce_cmd member")
+
+
 def update_regs(regs, sl, cmd, op_name, r, init=None):
     """Apply ``reduce_cmd`` ``cmd`` to accumulator registers ``regs[sl]`` with partial ``r``."""
-    if cmd is reduce_cmd.reset or cmd is reduce_cmd.reset_reduce:
+    rc = enums.reduce_cmd
+    if cmd is rc.reset or cmd is rc.reset_reduce:
         regs[sl] = REDUCE_IDENTITY.get(op_name, 0.0)
-    elif cmd is reduce_cmd.load_reduce:
+    elif cmd is rc.load_reduce:
         regs[sl] = init
-    if cmd in (reduce_cmd.reduce, reduce_cmd.reset_reduce, reduce_cmd.load_reduce):
+    if cmd in (rc.reduce, rc.reset_reduce, rc.load_reduce):
         regs[sl] = combine(op_name, regs[sl], r)

@@ -1,0 +1,114 @@
+"""Host arrays in and out of a simulated run: numpy arrays and CPU torch tensors become HBM
+tensors named after the kernel's parameters; the HBM tensors a kernel returns go back as the
+caller's array type; inputs the kernel wrote are copied back into the caller's arrays.
+
+numpy is imported lazily, only when a caller passes numpy arrays.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import dtypes as _dt
+from .errors import NkiValidationError
+from .tensor import NkiTensor, from_torch
+
+
+def numpy_to_torch(a) -> torch.Tensor:
+    """A torch copy of numpy array ``a`` (ml_dtypes bf16/fp8 arrays as float32)."""
+    import numpy as np  # lazy: the caller passed numpy data
+
+    a = np.ascontiguousarray(a)
+    if a.dtype.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3"):  # ml_dtypes
+        a = a.astype(np.float32)
+    return torch.from_numpy(a.copy())
+
+
+def _is_numpy(x) -> bool:
+    return type(x).__module__ == "numpy" and hasattr(x, "dtype") and hasattr(x, "shape")
+
+
+def _input_dtype(dtype, name):
+    try:
+        return _dt.to_nki(dtype)
+    except TypeError as err:
+        raise TypeError(f"argument {name}: {err}") from None
+
+
+class Inputs:
+    """The host arrays of one call, wrapped as HBM tensors (``wrap``), and what to hand back."""
+
+    def __init__(self):
+        self.kind = None   # "torch" | "numpy": the array type outputs are returned as
+        self.pairs = []    # (caller's array, NkiTensor)
+
+    def wrap(self, x, name, region):
+        if isinstance(x, torch.Tensor):
+            if x.device.type != "cpu":
+                raise TypeError(f"argument {name}: the simulator takes CPU tensors, got {x.device}")
+            self.kind = self.kind or "torch"
+            dt = _input_dtype(x.dtype, name)
+            if x.dtype == torch.float32 and x.is_contiguous():
+                # zero-copy: the HBM tensor IS the caller's fp32 tensor (in-place semantics)
+                t = from_torch(x.detach(), dt, region, name, alias=True)
+            else:
+                t = from_torch(x.detach(), dt, region, name)
+            self.pairs.append((x, t))
+            return t
+        if _is_numpy(x):
+            self.kind = self.kind or "numpy"
+            t = from_torch(numpy_to_torch(x), _input_dtype(x.dtype, name), region, name)
+            self.pairs.append((x, t))
+            return t
+        if isinstance(x, (list, tuple)) and any(
+                isinstance(e, torch.Tensor) or _is_numpy(e) for e in x):
+            return type(x)(self.wrap(e, f"{name}[{i}]", region) for i, e in enumerate(x))
+        return x
+
+    def outputs(self, result):
+        """The kernel's return value with its HBM tensors as the callers' array type."""
+        return _convert(result, self.kind or "torch")
+
+    def copy_back(self) -> None:
+        """Update the caller's arrays the kernel wrote (aliased fp32 tensors already are)."""
+        for orig, t in self.pairs:
+            if t._alloc.written and not (isinstance(orig, torch.Tensor)
+                                         and orig.data_ptr() == t._alloc.base.data_ptr()):
+                if isinstance(orig, torch.Tensor):
+                    with torch.no_grad():
+                        orig.copy_(_to_torch(t).to(orig.dtype))
+                else:
+                    orig[...] = _to_numpy(t).astype(orig.dtype)
+
+
+def _to_torch(t: NkiTensor) -> torch.Tensor:
+    # After the run nothing writes the simulator's storage again: fp32 outputs are returned
+    # without a copy (a fresh HBM allocation, or the caller's own aliased input).
+    d = t._data
+    dt = t.dtype
+    if dt.is_bool:
+        return d != 0
+    return d.to(_dt.torch_output_dtype(dt))
+
+
+def _to_numpy(t: NkiTensor):
+    d = t._data
+    dt = t.dtype
+    if dt.is_float:
+        return d.to(torch.float32).numpy().astype(_dt.numpy_output_dtype(dt))
+    return d.numpy().astype(_dt.numpy_output_dtype(dt))
+
+
+def _convert(result, kind, index=0):
+    if isinstance(result, NkiTensor):
+        if result.on_chip:
+            raise NkiValidationError(
+                f"kernel output {index} is in {result.buffer.value}; kernel outputs must be "
+                "HBM tensors (nl.ndarray(..., buffer=nl.shared_hbm)) written with nl.store / "
+                "nisa.dma_copy")
+        return _to_numpy(result) if kind == "numpy" else _to_torch(result)
+    if isinstance(result, (tuple, list)):
+        return tuple(_convert(r, kind, i) for i, r in enumerate(result))
+    if isinstance(result, dict):
+        return {k: _convert(v, kind, k) for k, v in result.items()}
+    return result

@@ -1,0 +1,225 @@
+"""ALU instructions the Vector, Scalar and GpSimd engines share: ``tensor_copy``,
+``memset``, ``tensor_tensor``, ``tensor_scalar``, ``scalar_tensor_tensor``,
+``tensor_reduce``.
+
+All compute in fp32 (integer-only arithmetic exactly, bitvec ops on the bit patterns) and
+round once into dst's dtype. ``engine=`` picks the engine where the instruction allows it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import ops as _ops
+from ..tensor import NkiTensor
+from . import enums
+from .operands import (cast_copy, engine_of, f32, fail, free_elems, is_scalar, no_psum_on_gpsimd,
+                       not_both_psum, onchip, operand_vec, record, reduce_last, same_free,
+                       same_partitions, start_partition, store, target)
+
+
+def _ints(*ts):
+    return all(isinstance(t, NkiTensor) and t._alloc.dtype.is_int for t in ts)
+
+
+def tensor_copy(dst, src, engine=enums.engine.unknown, name=None):
+    """Copy ``src`` to ``dst`` on chip (Vector, Scalar or GpSimd); casts through fp32."""
+    onchip("tensor_copy", "dst", dst)
+    onchip("tensor_copy", "src", src)
+    same_partitions("tensor_copy", "src", src, "dst", dst)
+    same_free("tensor_copy", "src", src, "dst", dst)
+    eng = engine_of("tensor_copy", engine, ("vector", "scalar", "gpsimd"), "vector")
+    if eng == "gpsimd":
+        no_psum_on_gpsimd("tensor_copy", ("dst", dst), ("src", src))
+    if eng == "scalar" and not target().scalar_engine_copy:
+        fail("tensor_copy: the Scalar engine cannot copy on NeuronCore-v2; use "
+             "nisa.activation(op=nl.copy)")
+    cast_copy("tensor_copy", dst, src._data, src._alloc.dtype)
+    return record("tensor_copy", eng, [("src", src)], [("dst", dst)], dst._data.numel(), {})
+
+
+def memset(dst, value, engine=enums.engine.unknown, name=None):
+    """Fill ``dst`` with a constant (Vector or GpSimd)."""
+    onchip("memset", "dst", dst)
+    eng = engine_of("memset", engine, ("vector", "gpsimd"), "vector")
+    if eng == "gpsimd":
+        no_psum_on_gpsimd("memset", ("dst", dst))
+    if not is_scalar(value):
+        fail(f"memset: value must be a compile-time scalar, got {type(value).__name__}")
+    dt = dst._alloc.dtype
+    if dt.is_int and isinstance(value, float) and not float(value).is_integer():
+        fail(f"memset: value {value} does not match integer dst dtype {dt.name}")
+    v = torch.tensor(value, dtype=torch.float64 if isinstance(value, float) else torch.int64)
+    store("memset", dst, v.to(torch.float32) if dt.is_float else v.expand(dst._data.shape))
+    return record("memset", eng, [], [("dst", dst)], dst._data.numel(), {"value": value})
+
+
+def tensor_tensor(dst, data1, data2, op, engine=enums.engine.unknown, name=None):
+    """Elementwise ``op(data1, data2)`` on VectorE (or GpSimd), in fp32."""
+    I = "tensor_tensor"
+    onchip(I, "dst", dst)
+    onchip(I, "data1", data1)
+    onchip(I, "data2", data2)
+    op = _ops.alu_of(_ops.resolve(op), I, "op")
+    if op.unary:
+        fail(f"{I}: op {op!r} is unary; use nisa.tensor_scalar")
+    not_both_psum(I, "data1", data1, "data2", data2)
+    same_partitions(I, "data1", data1, "data2", data2)
+    same_partitions(I, "data1", data1, "dst", dst)
+    s1, s2 = start_partition(data1), start_partition(data2)
+    if s1 != s2:  # the inputs' base partitions must align (nki-library copies to realign)
+        fail(f"{I}: data1 starts at partition {s1} but data2 at partition {s2}; both inputs "
+             "must start at the same partition")
+    same_free(I, "data1", data1, "data2", data2)
+    same_free(I, "data1", data1, "dst", dst)
+    # Default engine (beta-2 docstring): GpSimd for power, and for all-int32/uint32
+    # operands unless one of them is in PSUM (GpSimd cannot reach PSUM); else VectorE.
+    int32_only = all(t.dtype.name in ("int32", "uint32") for t in (data1, data2, dst))
+    in_psum = any(t._alloc.kind == "psum" for t in (data1, data2, dst))
+    default = "gpsimd" if op.name == "power" or (int32_only and not in_psum) else "vector"
+    eng = engine_of(I, engine, ("vector", "gpsimd"), default)
+    if eng == "gpsimd":
+        no_psum_on_gpsimd(I, ("dst", dst), ("data1", data1), ("data2", data2))
+    b_shape = data1._data.shape
+    if op.bitvec:
+        if not _ints(data1, data2, dst):
+            fail(f"{I}: bitvec op {op!r} needs integer data1, data2 and dst")
+        value = op.alu(data1._data, data2._data.reshape(b_shape))
+    elif _ints(data1, data2, dst) and op.name in _INT_EXACT:
+        value = op.alu(data1._data, data2._data.reshape(b_shape))  # exact integer arithmetic
+    else:
+        value = op.alu(f32(data1), f32(data2).reshape(b_shape))
+    store(I, dst, value)
+    return record(I, eng, [("data1", data1), ("data2", data2)], [("dst", dst)],
+                  dst._data.numel(), {"op": op.name})
+
+
+_INT_EXACT = ("add", "subtract", "multiply", "maximum", "minimum", "equal", "not_equal",
+              "greater", "greater_equal", "less", "less_equal")
+
+
+def scalar_stage(instr, op, operand, reverse, data_v, data):
+    if op.unary:
+        if operand is not None and not (is_scalar(operand) and float(operand) == 0.0):
+            fail(f"{instr}: operand of unary op {op!r} must be None or 0")
+        return op.alu(data_v)
+    o = operand_vec(instr, "operand", operand, data, need_f32=not op.bitvec)
+    if op.bitvec:
+        o = int(o) if isinstance(o, float) else o.to(torch.int64)
+    elif not isinstance(o, float):
+        o = o.expand_as(data_v)
+    if isinstance(o, (int, float)):
+        o = torch.tensor(o, dtype=data_v.dtype)
+    return op.alu(o, data_v) if reverse else op.alu(data_v, o)
+
+
+_SCALAR_ENGINE_COMBOS = {("multiply", "add"), ("multiply", None), ("add", None)}
+
+
+def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None,
+                  reverse1=False, engine=enums.engine.unknown, name=None):
+    """``(data op0 operand0) op1 operand1`` with scalar or (P, 1) operands broadcast along
+    the free axes (Vector, Scalar or GpSimd), in fp32."""
+    I = "tensor_scalar"
+    onchip(I, "dst", dst)
+    onchip(I, "data", data)
+    same_partitions(I, "data", data, "dst", dst)
+    same_free(I, "data", data, "dst", dst)
+    o0 = _ops.alu_of(_ops.resolve(op0, "op0"), I, "op0")
+    o1 = None if op1 is None else _ops.alu_of(_ops.resolve(op1, "op1"), I, "op1")
+    if o1 is None and operand1 is not None:
+        fail(f"{I}: operand1 is given but op1 is None")
+    if o1 is not None and o0.bitvec != o1.bitvec:
+        fail(f"{I}: op0 {o0!r} and op1 {o1!r} must both be bitvec or both arithmetic")
+    eng = engine_of(I, engine, ("vector", "scalar", "gpsimd"), "vector")
+    if eng == "gpsimd":
+        no_psum_on_gpsimd(I, ("dst", dst), ("data", data), ("operand0", operand0),
+                          ("operand1", operand1))
+    if eng == "scalar":
+        combo = (o0.name, o1.name if o1 else None)
+        if combo not in _SCALAR_ENGINE_COMBOS:
+            fail(f"{I}: the Scalar engine supports only (multiply, add), (multiply, None), "
+                 f"(add, None); got {combo}")
+    if o0.bitvec:
+        if not _ints(data, dst):
+            fail(f"{I}: bitvec op {o0!r} needs integer data and dst")
+        v = data._data
+    else:
+        v = f32(data)
+    v = scalar_stage(I, o0, operand0, reverse0, v, data)
+    if o1 is not None:
+        v = scalar_stage(I, o1, operand1, reverse1, v, data)
+    store(I, dst, v)
+    return record(I, eng, [("data", data), ("operand0", operand0), ("operand1", operand1)],
+                  [("dst", dst)], dst._data.numel(),
+                  {"op0": o0.name, "op1": o1.name if o1 else None})
+
+
+def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False,
+                         reverse1=False, name=None):
+    """``(data op0 operand0) op1 operand1``: operand0 scalar/(P,1), operand1 a full tile."""
+    I = "scalar_tensor_tensor"
+    onchip(I, "dst", dst)
+    onchip(I, "data", data)
+    onchip(I, "operand1", operand1)
+    not_both_psum(I, "data", data, "operand1", operand1)
+    same_partitions(I, "data", data, "dst", dst)
+    same_partitions(I, "data", data, "operand1", operand1)
+    same_free(I, "data", data, "dst", dst)
+    same_free(I, "data", data, "operand1", operand1)
+    o0 = _ops.alu_of(_ops.resolve(op0, "op0"), I, "op0")
+    o1 = _ops.alu_of(_ops.resolve(op1, "op1"), I, "op1")
+    if o0.bitvec or o1.bitvec:
+        fail(f"{I}: bitvec operators are not supported; op0 and op1 must be arithmetic")
+    v = scalar_stage(I, o0, operand0, reverse0, f32(data), data)
+    t = f32(operand1).reshape(v.shape)
+    v = o1.alu(t, v) if reverse1 else o1.alu(v, t)
+    store(I, dst, v)
+    return record(I, "vector", [("data", data), ("operand0", operand0), ("operand1", operand1)],
+                  [("dst", dst)], 2 * dst._data.numel(), {"op0": o0.name, "op1": o1.name})
+
+
+def reduce_axes(instr, axis, ndim):
+    if isinstance(axis, int):
+        axis = (axis,)
+    axes = sorted(a + ndim if a < 0 else a for a in (int(x) for x in axis))
+    if not axes or axes[0] == 0:
+        fail(f"{instr}: axis {tuple(axis)} must name free axes only (axis 0 is the partition dim)")
+    if axes != list(range(axes[0], ndim)):
+        fail(f"{instr}: axis {tuple(axis)} must be the last contiguous free axes of a "
+             f"{ndim}-D tile (e.g. {tuple(range(ndim - 1, ndim))} or {tuple(range(1, ndim))})")
+    return axes
+
+
+def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
+    """Reduce the trailing free ``axis`` of ``data`` with ``op`` on VectorE (fp32)."""
+    I = "tensor_reduce"
+    onchip(I, "dst", dst)
+    onchip(I, "data", data)
+    same_partitions(I, "data", data, "dst", dst)
+    op = _ops.alu_of(_ops.resolve(op), I, "op")
+    if not op.reducible:
+        fail(f"{I}: op {op!r} is not a legal reduction operator")
+    nd = data._data.dim()
+    axes = reduce_axes(I, axis, nd)
+    keep = data._data.shape[:axes[0]]
+    n_out = math.prod(keep[1:])
+    if free_elems(dst) != n_out:
+        fail(f"{I}: dst has {free_elems(dst)} elements per partition; reducing axes "
+             f"{tuple(axes)} of {data.shape} leaves {n_out}")
+    if op.bitvec:
+        if not _ints(data, dst):
+            fail(f"{I}: bitvec op {op!r} needs integer data and dst")
+        v = data._data
+    else:
+        v = f32(data)
+    r = reduce_last(op.name, v.reshape(tuple(keep) + (-1,)))
+    if negate:
+        if op.bitvec:
+            fail(f"{I}: negate applies only to arithmetic operators")
+        r = -r
+    store(I, dst, r)
+    return record(I, "vector", [("data", data)], [("dst", dst)], data._data.numel(),
+                  {"op": op.name, "axis": tuple(axes), "negate": bool(negate)})

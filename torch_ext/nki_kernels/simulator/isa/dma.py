@@ -1,0 +1,91 @@
+"""DMA instructions: ``dma_copy``, ``dma_transpose``, ``dma_compute``.
+
+The DMA engines move data between HBM and SBUF (and SBUF to SBUF, HBM to HBM); they never
+touch PSUM. A copy between different dtypes casts through fp32; equal dtypes copy bits.
+"""
+
+from __future__ import annotations
+
+from .. import ops as _ops
+from . import enums
+from .operands import cast_copy, f32, fail, record, store, target, tensor_arg
+
+
+def _dma_check(instr, role, t):
+    tensor_arg(instr, role, t)
+    if t._alloc.kind == "psum":
+        fail(f"{instr}: {role} is in PSUM; DMA reads and writes only HBM and SBUF "
+             "(copy PSUM to SBUF with nisa.tensor_copy first)")
+
+
+def _direction(dst, src):
+    return f"{'hbm' if src._alloc.kind == 'hbm' else 'sbuf'}_to_" \
+           f"{'hbm' if dst._alloc.kind == 'hbm' else 'sbuf'}"
+
+
+def dma_copy(dst, src, priority=None, oob_mode=enums.oob_mode.error,
+             dge_mode=enums.dge_mode.unknown, engine=enums.engine.unknown, name=None):
+    """Copy ``src`` to ``dst`` with the DMA engines (HBM<->SBUF, SBUF<->SBUF, HBM<->HBM)."""
+    _dma_check("dma_copy", "dst", dst)
+    _dma_check("dma_copy", "src", src)
+    n_dst, n_src = dst._data.numel(), src._data.numel()
+    if n_dst != n_src:
+        fail(f"dma_copy: dst has {n_dst} elements {dst.shape} but src has {n_src} {src.shape}")
+    cast_copy("dma_copy", dst, src._data, src._alloc.dtype)
+    return record("dma_copy", "dma", [("src", src)], [("dst", dst)], 0,
+                  {"bytes": n_dst * dst._alloc.dtype.itemsize,
+                   "src_bytes": n_src * src._alloc.dtype.itemsize,
+                   "direction": _direction(dst, src)})
+
+
+def dma_transpose(dst, src, axes=None, priority=None, dge_mode=enums.dge_mode.unknown,
+                  oob_mode=enums.oob_mode.error, name=None):
+    """Transpose ``src`` (HBM or SBUF) into SBUF ``dst`` with the DMA engines."""
+    _dma_check("dma_transpose", "dst", dst)
+    _dma_check("dma_transpose", "src", src)
+    if dst._alloc.kind != "sbuf":
+        fail("dma_transpose: dst must be in SBUF")
+    nd = src._data.dim()
+    perm = next((p for p in target().dma_transpose_axes if len(p) == nd), None)
+    if perm is None:
+        fail(f"dma_transpose: src must be 2-D, 3-D or 4-D, got shape {src.shape}")
+    if axes is not None and tuple(axes) != perm:
+        fail(f"dma_transpose: axes {tuple(axes)} not supported for {nd}-D src; use {perm}")
+    if src._alloc.dtype != dst._alloc.dtype:
+        fail(f"dma_transpose: dst dtype {dst.dtype.name} must equal src dtype {src.dtype.name}")
+    out = src._data.permute(perm)
+    if tuple(out.shape) != tuple(dst._data.shape):
+        fail(f"dma_transpose: dst shape {dst.shape} must be {tuple(out.shape)} (src {src.shape} "
+             f"permuted by {perm})")
+    store("dma_transpose", dst, out)
+    n = dst._data.numel() * dst._alloc.dtype.itemsize
+    return record("dma_transpose", "dma", [("src", src)], [("dst", dst)], 0,
+                  {"bytes": n, "src_bytes": n, "direction": _direction(dst, src),
+                   "transpose": True})
+
+
+def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True,
+                oob_mode=enums.oob_mode.error, name=None):
+    """``dst = reduce_op(srcs[0]*scales[0], ...)`` in the DMA engines (only nl.add, scales 1.0)."""
+    op = _ops.resolve(reduce_op, "reduce_op")
+    if op.name != "add":
+        fail(f"dma_compute: reduce_op {op!r} is not supported; only nl.add")
+    if scales is not None and any(float(s) != 1.0 for s in scales):
+        fail("dma_compute: all scales must be 1.0")
+    srcs = list(srcs)
+    most = target().dma_compute_max_sources
+    if not 1 <= len(srcs) <= most:
+        fail(f"dma_compute: {len(srcs)} sources; between 1 and {most} are allowed")
+    _dma_check("dma_compute", "dst", dst)
+    acc = None
+    for i, s in enumerate(srcs):
+        _dma_check("dma_compute", f"srcs[{i}]", s)
+        if s._data.numel() != dst._data.numel():
+            fail(f"dma_compute: srcs[{i}] has {s._data.numel()} elements, dst has {dst._data.numel()}")
+        v = f32(s).reshape(-1)
+        acc = v.clone() if acc is None else acc + v
+    store("dma_compute", dst, acc)
+    n = dst._data.numel() * dst._alloc.dtype.itemsize
+    return record("dma_compute", "dma", [(f"srcs[{i}]", s) for i, s in enumerate(srcs)],
+                  [("dst", dst)], dst._data.numel() * (len(srcs) - 1),
+                  {"bytes": n, "src_bytes": n * len(srcs), "direction": "compute"})

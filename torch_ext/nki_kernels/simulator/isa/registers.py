@@ -1,0 +1,53 @@
+"""Engine registers: ``VirtualRegister`` and ``register_alloc/move/load/store``.
+
+The simulator runs the kernel eagerly, so a register is a plain Python int.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import NkiValidationError
+from .operands import fail, store
+
+
+class VirtualRegister:
+    """An engine register holding a 32-bit integer (static in the simulator)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, state=None, frozen=False):
+        self.value = state
+
+    def __int__(self):
+        if self.value is None:
+            raise NkiValidationError("VirtualRegister read before it was written")
+        return int(self.value)
+
+    __index__ = __int__
+
+    def __bool__(self):
+        return int(self) != 0
+
+    def __repr__(self):
+        return f"VirtualRegister({self.value})"
+
+
+def register_alloc(x=None):
+    return VirtualRegister(None if x is None else int(x))
+
+
+def register_move(dst, src):
+    dst.value = int(src)
+
+
+def register_load(dst, src):
+    if src._data.numel() != 1:
+        fail(f"register_load: src must hold exactly one element, got shape {src.shape}")
+    dst.value = int(src._data.reshape(-1)[0])
+
+
+def register_store(dst, src):
+    if dst._data.numel() != 1:
+        fail(f"register_store: dst must hold exactly one element, got shape {dst.shape}")
+    store("register_store", dst, torch.tensor(int(src), dtype=torch.int64).reshape(dst._data.shape))

@@ -1,0 +1,433 @@
+"""VectorE instructions (beyond the shared ALU ones in alu.py): predicated copies and
+selects, the accumulator-register reductions and scans, statistics (``bn_stats``,
+``bn_aggr``), top-8 search, the quadrant shuffle and the random-number instructions.
+
+The 128 per-lane VectorE accumulators live in the run's context (``vector_regs``); they
+start poisoned (NaN), as the hardware leaves them undefined.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import ops as _ops
+from ..context import current
+from ..tensor import NkiTensor
+from . import enums
+from .alu import scalar_stage
+from .operands import (check_reduce_cmd, engine_of, f32, fail, free_elems, lanes,
+                       no_psum_on_gpsimd, not_both_psum, onchip, operand_vec, record, reduce_free,
+                       same_free, same_partitions, store, target, update_regs)
+
+
+def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
+    """``dst = src`` where ``predicate`` (else dst unchanged), on VectorE."""
+    instr = "tensor_copy_predicated"
+    onchip(instr, "dst", dst)
+    onchip(instr, "predicate", predicate)
+    same_partitions(instr, "dst", dst, "predicate", predicate)
+    same_free(instr, "dst", dst, "predicate", predicate)
+    if predicate.dtype.name not in ("uint8", "uint16", "uint32"):
+        fail(f"{instr}: predicate dtype must be uint8, uint16 or uint32, got {predicate.dtype.name}")
+    if isinstance(src, NkiTensor):
+        onchip(instr, "src", src)
+        not_both_psum(instr, "src", src, "predicate", predicate)
+        same_partitions(instr, "dst", dst, "src", src)
+        same_free(instr, "dst", dst, "src", src)
+        if src.dtype != dst.dtype:
+            fail(f"{instr}: src dtype {src.dtype.name} must equal dst dtype {dst.dtype.name}")
+        sv = src._data.reshape(dst._data.shape)
+    else:
+        sv = torch.full(dst._data.shape, float(src), dtype=torch.float32)
+    pred = (predicate._data != 0).reshape(dst._data.shape)
+    if reverse_pred:
+        pred = ~pred
+    store(instr, dst, torch.where(pred, sv.to(dst._data.dtype), dst._data))
+    return record(instr, "vector", [("src", src), ("predicate", predicate)], [("dst", dst)],
+                  dst._data.numel(), {})
+
+
+def reciprocal(dst, data, name=None):
+    """``1 / data`` on VectorE (more precise than activation(nl.reciprocal))."""
+    I = "reciprocal"
+    onchip(I, "dst", dst)
+    onchip(I, "data", data)
+    same_partitions(I, "data", data, "dst", dst)
+    same_free(I, "data", data, "dst", dst)
+    store(I, dst, torch.reciprocal(f32(data)))
+    return record(I, "vector", [("data", data)], [("dst", dst)], dst._data.numel(), {})
+
+
+def _vector_reduce_regs(instr, reduce_op, cmd, r, data, reduce_res, init=None, negate=False):
+    ctx = current()
+    sl = lanes(data)
+    update_regs(ctx.vector_regs, sl, cmd, reduce_op, r, init)
+    if reduce_res is not None:
+        onchip(instr, "reduce_res", reduce_res)
+        same_partitions(instr, "data", data, "reduce_res", reduce_res)
+        if free_elems(reduce_res) != 1:
+            fail(f"{instr}: reduce_res must be ({data._data.shape[0]}, 1), got {reduce_res.shape}")
+        out = ctx.vector_regs[sl].reshape(reduce_res._data.shape)
+        store(instr, reduce_res, -out if negate else out)
+
+
+def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, reverse0=False,
+                         reduce_cmd=enums.reduce_cmd.reset_reduce, reduce_init=None,
+                         reduce_res_negate=False, name=None):
+    """``dst = data op0 operand0`` plus its free-axis reduction into the VectorE accumulators
+    (read out into ``reduce_res``)."""
+    I = "tensor_scalar_reduce"
+    onchip(I, "dst", dst)
+    onchip(I, "data", data)
+    same_partitions(I, "data", data, "dst", dst)
+    same_free(I, "data", data, "dst", dst)
+    o0 = _ops.alu_of(_ops.resolve(op0, "op0"), I, "op0")
+    if o0.bitvec:
+        fail(f"{I}: op0 must be an arithmetic operator, got bitvec {o0!r}")
+    ro = _ops.alu_of(_ops.resolve(reduce_op, "reduce_op"), I, "reduce_op")
+    if ro.name not in ("add", "multiply", "maximum", "minimum"):
+        fail(f"{I}: reduce_op {ro!r} is not supported (add, multiply, max, min)")
+    cmd = check_reduce_cmd(I, reduce_cmd)
+    if cmd is enums.reduce_cmd.load_reduce and reduce_init is None:
+        fail(f"{I}: reduce_cmd load_reduce needs reduce_init")
+    v = scalar_stage(I, o0, operand0, reverse0, f32(data), data)
+    store(I, dst, v)
+    init = None
+    if reduce_init is not None:
+        init = operand_vec(I, "reduce_init", reduce_init, data)
+        init = init.reshape(-1) if isinstance(init, torch.Tensor) else init
+    _vector_reduce_regs(I, ro.name, cmd, reduce_free(ro.name, v), data, reduce_res, init,
+                        reduce_res_negate)
+    return record(I, "vector", [("data", data), ("operand0", operand0)],
+                  [("dst", dst), ("reduce_res", reduce_res)], dst._data.numel(),
+                  {"op0": o0.name, "reduce_op": ro.name, "reduce_cmd": cmd.name,
+                   "reduce": reduce_res is not None})
+
+
+def tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1=None,
+                             reduce_cmd=enums.reduce_cmd.reset_reduce, name=None):
+    """Running ``reg = op1(op0(src[i], imm0), reg)``; ``dst[i] = reg`` along the free axes."""
+    I = "tensor_scalar_cumulative"
+    onchip(I, "dst", dst)
+    onchip(I, "src", src)
+    same_partitions(I, "src", src, "dst", dst)
+    same_free(I, "src", src, "dst", dst)
+    o0 = _ops.alu_of(_ops.resolve(op0, "op0"), I, "op0")
+    o1 = _ops.alu_of(_ops.resolve(op1, "op1"), I, "op1")
+    if o1.name not in ("add", "multiply", "maximum", "minimum"):
+        fail(f"{I}: op1 {o1!r} is not supported by the simulator (add, multiply, maximum, minimum)")
+    cmd = check_reduce_cmd(I, reduce_cmd)
+    v = scalar_stage(I, o0, imm0, False, f32(src), src).reshape(src._data.shape[0], -1)
+    ctx = current()
+    sl = lanes(src)
+    if cmd is enums.reduce_cmd.reset_reduce:
+        ctx.vector_regs[sl] = {"add": 0.0, "multiply": 1.0, "maximum": -math.inf,
+                               "minimum": math.inf}[o1.name]
+    elif cmd is enums.reduce_cmd.load_reduce:
+        init = operand_vec(I, "imm1", imm1, src)
+        ctx.vector_regs[sl] = init.reshape(-1) if isinstance(init, torch.Tensor) else init
+    start = ctx.vector_regs[sl].unsqueeze(1)
+    cat = torch.cat([start, v], dim=1)
+    if o1.name == "add":
+        out = torch.cumsum(cat, 1)
+    elif o1.name == "multiply":
+        out = torch.cumprod(cat, 1)
+    elif o1.name == "maximum":
+        out = torch.cummax(cat, 1).values
+    else:
+        out = torch.cummin(cat, 1).values
+    out = out[:, 1:]
+    ctx.vector_regs[sl] = out[:, -1]
+    store(I, dst, out)
+    return record(I, "vector", [("src", src)], [("dst", dst)], dst._data.numel(),
+                  {"op0": o0.name, "op1": o1.name})
+
+
+def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False,
+                       name=None):
+    """``res[:, i] = op1(op0(data0[:, i], res[:, i-1]), data1[:, i])`` along the free axis."""
+    I = "tensor_tensor_scan"
+    for role, t in (("dst", dst), ("data0", data0), ("data1", data1)):
+        onchip(I, role, t)
+    not_both_psum(I, "data0", data0, "data1", data1)
+    same_partitions(I, "data0", data0, "data1", data1)
+    same_partitions(I, "data0", data0, "dst", dst)
+    same_free(I, "data0", data0, "data1", data1)
+    same_free(I, "data0", data0, "dst", dst)
+    o0 = _ops.alu_of(_ops.resolve(op0, "op0"), I, "op0")
+    o1 = _ops.alu_of(_ops.resolve(op1, "op1"), I, "op1")
+    P = data0._data.shape[0]
+    a = f32(data0).reshape(P, -1)
+    b = f32(data1).reshape(P, -1)
+    init = operand_vec(I, "initial", initial, data0)
+    prev = init.reshape(P) if isinstance(init, torch.Tensor) else torch.full((P,), init)
+    out = torch.empty_like(a)
+    for i in range(a.shape[1]):  # a true recurrence: one step per free element
+        t = o0.alu(prev, a[:, i]) if reverse0 else o0.alu(a[:, i], prev)
+        prev = o1.alu(b[:, i], t) if reverse1 else o1.alu(t, b[:, i])
+        out[:, i] = prev
+    store(I, dst, out)
+    return record(I, "vector", [("data0", data0), ("data1", data1)], [("dst", dst)],
+                  2 * dst._data.numel(), {"op0": o0.name, "op1": o1.name})
+
+
+def select_reduce(dst, predicate, on_true, on_false, reduce_res=None,
+                  reduce_cmd=enums.reduce_cmd.idle, reduce_op=_ops.maximum, reverse_pred=False,
+                  name=None):
+    """``dst = where(predicate, on_true, on_false)`` on VectorE, optional max into the
+    accumulators (read out into ``reduce_res``)."""
+    I = "select_reduce"
+    onchip(I, "dst", dst)
+    onchip(I, "predicate", predicate)
+    onchip(I, "on_true", on_true)
+    not_both_psum(I, "on_true", on_true, "predicate", predicate)
+    same_partitions(I, "on_true", on_true, "dst", dst)
+    same_partitions(I, "on_true", on_true, "predicate", predicate)
+    same_free(I, "on_true", on_true, "dst", dst)
+    same_free(I, "on_true", on_true, "predicate", predicate)
+    if on_true.dtype.name in ("tfloat32", "int32", "uint32"):
+        fail(f"{I}: on_true dtype {on_true.dtype.name} is not supported")
+    if predicate.dtype.name not in ("int8", "uint8", "int16", "uint16"):
+        fail(f"{I}: predicate dtype must be int8, uint8, int16 or uint16, got {predicate.dtype.name}")
+    ro = _ops.alu_of(_ops.resolve(reduce_op, "reduce_op"), I, "reduce_op")
+    if ro.name != "maximum":
+        fail(f"{I}: reduce_op {ro!r} is not supported; only nl.maximum")
+    cmd = check_reduce_cmd(I, reduce_cmd)
+    shape = on_true._data.shape
+    pred = (predicate._data != 0).reshape(shape)
+    if reverse_pred:
+        pred = ~pred
+    f = operand_vec(I, "on_false", on_false, on_true)
+    f = torch.tensor(f) if isinstance(f, float) else f.expand(shape)
+    v = torch.where(pred, f32(on_true), f)
+    store(I, dst, v)
+    if cmd is not enums.reduce_cmd.idle or reduce_res is not None:
+        r = reduce_free("maximum", v)
+        _vector_reduce_regs(I, "maximum", cmd, r, on_true, reduce_res)
+    return record(I, "vector", [("predicate", predicate), ("on_true", on_true),
+                                ("on_false", on_false)], [("dst", dst), ("reduce_res", reduce_res)],
+                  dst._data.numel(), {"reduce": reduce_res is not None, "reduce_cmd": cmd.name})
+
+
+def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1,
+                 reduce_cmd=enums.reduce_cmd.reset_reduce, reduce_res=None, reduce_op=_ops.maximum,
+                 range_start=0, on_false_value=-3.4028235e38, name=None):
+    """Keep elements whose free index (+range_start) satisfies both comparisons with the
+    per-partition bounds; others become on_false_value. Max-reduces into the accumulators."""
+    I = "range_select"
+    if not target().has_range_select:
+        fail(f"{I}: needs NeuronCore-v3 or newer")
+    onchip(I, "dst", dst)
+    onchip(I, "on_true_tile", on_true_tile)
+    same_partitions(I, "on_true_tile", on_true_tile, "dst", dst)
+    same_free(I, "on_true_tile", on_true_tile, "dst", dst)
+    if not on_true_tile.dtype.is_float:
+        fail(f"{I}: on_true_tile must be a float dtype, got {on_true_tile.dtype.name}")
+    c0 = _ops.resolve(comp_op0, "comp_op0")
+    c1 = _ops.resolve(comp_op1, "comp_op1")
+    for role, c in (("comp_op0", c0), ("comp_op1", c1)):
+        if c.name not in ("equal", "less", "less_equal", "greater", "greater_equal"):
+            fail(f"{I}: {role} {c!r} must be one of equal, less, less_equal, greater, greater_equal")
+    b0 = operand_vec(I, "bound0", bound0, on_true_tile, need_f32=True)
+    b1 = operand_vec(I, "bound1", bound1, on_true_tile, need_f32=True)
+    P = on_true_tile._data.shape[0]
+    x = f32(on_true_tile).reshape(P, -1)
+    idx = (torch.arange(x.shape[1], dtype=torch.float32) + float(range_start)).expand(P, -1)
+    b0 = b0.reshape(P, 1) if isinstance(b0, torch.Tensor) else b0
+    b1 = b1.reshape(P, 1) if isinstance(b1, torch.Tensor) else b1
+    mask = (c0.alu(idx, b0) != 0) & (c1.alu(idx, b1) != 0)
+    v = torch.where(mask, x, torch.tensor(float(on_false_value)))
+    store(I, dst, v)
+    cmd = check_reduce_cmd(I, reduce_cmd)
+    _vector_reduce_regs(I, "maximum", cmd, v.amax(1), on_true_tile, reduce_res)
+    return record(I, "vector", [("on_true_tile", on_true_tile), ("bound0", bound0),
+                                ("bound1", bound1)], [("dst", dst), ("reduce_res", reduce_res)],
+                  dst._data.numel(), {"reduce": reduce_res is not None})
+
+
+def bn_stats(dst, data, name=None):
+    """Per partition: [count, mean, var*count] of the even and of the odd elements (6 values)."""
+    I = "bn_stats"
+    onchip(I, "dst", dst)
+    onchip(I, "data", data)
+    same_partitions(I, "data", data, "dst", dst)
+    F = free_elems(data)
+    fmax = target().bn_stats_fmax
+    if F > fmax:
+        fail(f"{I}: data has {F} elements per partition, exceeds maximum {fmax} "
+             "(nl.tile_size.bn_stats_fmax)")
+    if free_elems(dst) != 6:
+        fail(f"{I}: dst must have 6 elements per partition, got {free_elems(dst)}")
+    P = data._data.shape[0]
+    x = f32(data).reshape(P, F)
+    outs = []
+    for part in (x[:, 0::2], x[:, 1::2]):
+        n = part.shape[1]
+        if n:
+            m = part.mean(1)
+            m2 = ((part - m[:, None]) ** 2).sum(1)
+        else:
+            m = torch.zeros(P)
+            m2 = torch.zeros(P)
+        outs += [torch.full((P,), float(n)), m, m2]
+    store(I, dst, torch.stack(outs, 1))
+    return record(I, "vector", [("data", data)], [("dst", dst)], data._data.numel(), {})
+
+
+def bn_aggr(dst, data, name=None):
+    """Combine (count, mean, var*count) triples per partition into [mean, variance]
+    (population variance)."""
+    I = "bn_aggr"
+    onchip(I, "dst", dst)
+    onchip(I, "data", data)
+    same_partitions(I, "data", data, "dst", dst)
+    F = free_elems(data)
+    if F % 3:
+        fail(f"{I}: data must have a multiple of 3 elements per partition, got {F}")
+    if free_elems(dst) != 2:
+        fail(f"{I}: dst must have 2 elements per partition (mean, variance), got {free_elems(dst)}")
+    P = data._data.shape[0]
+    x = f32(data).reshape(P, F // 3, 3)
+    c, m, m2 = x[..., 0], x[..., 1], x[..., 2]
+    n = c.sum(1)
+    safe_n = torch.where(n > 0, n, torch.ones_like(n))
+    mean = (c * m).sum(1) / safe_n
+    var = (m2.sum(1) + (c * (m - mean[:, None]) ** 2).sum(1)) / safe_n
+    store(I, dst, torch.stack([mean, var], 1))
+    return record(I, "vector", [("data", data)], [("dst", dst)], data._data.numel(), {})
+
+
+def max8(dst, src, name=None):
+    """The 8 largest values per partition, descending, on VectorE."""
+    I = "max8"
+    onchip(I, "dst", dst)
+    onchip(I, "src", src)
+    same_partitions(I, "src", src, "dst", dst)
+    F = free_elems(src)
+    lo, hi = target().max8_min_elems, target().max8_max_elems
+    if not lo <= F <= hi:
+        fail(f"{I}: src has {F} elements per partition; between {lo} and {hi} are allowed")
+    if free_elems(dst) != 8:
+        fail(f"{I}: dst must have 8 elements per partition, got {free_elems(dst)}")
+    v = f32(src).reshape(src._data.shape[0], -1)
+    store(I, dst, torch.topk(v, 8, dim=1).values)
+    return record(I, "vector", [("src", src)], [("dst", dst)], src._data.numel(), {})
+
+
+def nc_find_index8(dst, data, vals, name=None):
+    """Index of the first occurrence of each of 8 values per partition (0xFFFFFFFF if absent)."""
+    I = "nc_find_index8"
+    onchip(I, "dst", dst)
+    onchip(I, "data", data)
+    onchip(I, "vals", vals)
+    if free_elems(vals) != 8 or free_elems(dst) != 8:
+        fail(f"{I}: vals and dst must have 8 elements per partition")
+    P = data._data.shape[0]
+    x = f32(data).reshape(P, 1, -1)
+    v = f32(vals).reshape(P, 8, 1)
+    eq = x == v
+    first = eq.to(torch.int64).argmax(2)
+    sentinel = 0xFFFF if dst.dtype.name == "uint16" else 0xFFFFFFFF
+    store(I, dst, torch.where(eq.any(2), first, torch.tensor(sentinel)))
+    return record(I, "vector", [("data", data), ("vals", vals)], [("dst", dst)],
+                  data._data.numel(), {})
+
+
+def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None):
+    """Replace the first occurrence of each of 8 values with ``imm`` (vals in reverse order)."""
+    I = "nc_match_replace8"
+    onchip(I, "dst", dst)
+    onchip(I, "data", data)
+    onchip(I, "vals", vals)
+    same_free(I, "data", data, "dst", dst)
+    P = data._data.shape[0]
+    x = f32(data).reshape(P, -1).clone()
+    v = f32(vals).reshape(P, 8)
+    taken = torch.zeros_like(x, dtype=torch.bool)
+    idx = torch.zeros((P, 8), dtype=torch.int64)
+    for i in range(7, -1, -1):  # reverse order, as the hardware processes vals
+        eq = (x == v[:, i:i + 1]) & ~taken
+        j = eq.to(torch.int64).argmax(1)
+        hit = eq.any(1)
+        rows = torch.arange(P)[hit]
+        taken[rows, j[hit]] = True
+        idx[:, i] = torch.where(hit, j, torch.tensor(0xFFFFFFFF))
+    x[taken] = float(imm)
+    store(I, dst, x)
+    if dst_idx is not None:
+        onchip(I, "dst_idx", dst_idx)
+        store(I, dst_idx, idx)
+    return record(I, "vector", [("data", data), ("vals", vals)], [("dst", dst), ("dst_idx", dst_idx)],
+                  data._data.numel(), {})
+
+
+def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
+    """Cross-partition move within each 32-partition quadrant: dst[i] = src[mask[i]]."""
+    I = "nc_stream_shuffle"
+    onchip(I, "dst", dst)
+    onchip(I, "src", src)
+    same_free(I, "src", src, "dst", dst)
+    if dst.dtype != src.dtype:
+        fail(f"{I}: dst dtype {dst.dtype.name} must equal src dtype {src.dtype.name}")
+    mask = [int(m) for m in shuffle_mask]
+    q = target().partition_quadrant  # the shuffle moves data within each quadrant
+    if len(mask) != q:
+        fail(f"{I}: shuffle_mask must have {q} entries, got {len(mask)}")
+    Ps, Pd = src._data.shape[0], dst._data.shape[0]
+    sv = src._data.reshape(Ps, -1)
+    out = dst._data.reshape(Pd, -1).clone()
+    for i in range(Pd):
+        m = mask[i % q]
+        if m == 255:  # the documented "leave this partition unchanged" value
+            continue
+        j = (i // q) * q + m
+        if j >= Ps:
+            raise IndexError(f"{I}: shuffle_mask[{i % q}]={m} reads partition {j} of a "
+                             f"{Ps}-partition src")
+        out[i] = sv[j]
+    store(I, dst, out)
+    return record(I, "vector", [("src", src)], [("dst", dst)], dst._data.numel(), {})
+
+
+def dropout(dst, data, prob, name=None):
+    """Zero each element with probability ``prob`` (scalar or (P, 1)) on VectorE."""
+    I = "dropout"
+    onchip(I, "dst", dst)
+    onchip(I, "data", data)
+    same_partitions(I, "data", data, "dst", dst)
+    same_free(I, "data", data, "dst", dst)
+    if dst.dtype != data.dtype:
+        fail(f"{I}: dst dtype {dst.dtype.name} must equal data dtype {data.dtype.name}")
+    p = operand_vec(I, "prob", prob, data)
+    x = f32(data)
+    u = torch.rand(x.shape, generator=current().generator)
+    store(I, dst, torch.where(u < p, torch.zeros_like(x), x))  # no rescaling, as documented
+    return record(I, "vector", [("data", data), ("prob", prob)], [("dst", dst)],
+                  dst._data.numel(), {})
+
+
+def rng(dst, engine=enums.engine.vector, name=None):
+    """32 random bits per element, truncated to dst's integer dtype."""
+    I = "rng"
+    onchip(I, "dst", dst)
+    eng = engine_of(I, engine, ("vector", "gpsimd"), "vector")
+    if eng == "gpsimd":
+        no_psum_on_gpsimd(I, ("dst", dst))
+    if not dst.dtype.is_int or dst.dtype.is_bool:
+        fail(f"{I}: dst must be an integer dtype, got {dst.dtype.name}")
+    bits = torch.randint(0, 1 << 32, dst._data.shape, generator=current().generator,
+                         dtype=torch.int64)
+    store(I, dst, bits)
+    return record(I, eng, [], [("dst", dst)], dst._data.numel(), {})
+
+
+def set_rng_seed(src_seeds, name=None):
+    """Seed the engine PRNG from a [1, 1] 32-bit tensor."""
+    I = "set_rng_seed"
+    onchip(I, "src_seeds", src_seeds)
+    if src_seeds._data.numel() != 1:
+        fail(f"{I}: src_seeds must be a [1, 1] tensor, got {src_seeds.shape}")
+    current().generator.manual_seed(int(src_seeds._data.reshape(-1)[0]) & 0xFFFFFFFF)
+    return record(I, "vector", [("src_seeds", src_seeds)], [], 0, {})

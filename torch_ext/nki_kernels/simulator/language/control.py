@@ -1,0 +1,68 @@
+"""``nki.language`` indexing, loops, launch grid and ``device_print``.
+
+Beta-2 loops are ordinary Python loops at specialisation time, so the simulator runs them as
+``range``; ``fori_loop``/``while_loop`` pass a ``VirtualRegister`` like the hardware loops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+
+from .. import isa as _isa
+from ..context import current
+from ..errors import NkiValidationError
+from ..tensor import DynamicSlice, NkiTensor
+
+
+def ds(start, size):
+    """Dynamic slice ``start:start+size`` for indexing."""
+    return DynamicSlice(start, size)
+
+
+def _range(start, stop=None, step=1):
+    if stop is None:
+        return range(operator.index(start))
+    return range(operator.index(start), operator.index(stop), operator.index(step))
+
+
+affine_range = _range
+sequential_range = _range
+static_range = _range
+dynamic_range = _range
+
+
+def fori_loop(lower, upper, body_fun, step=1):
+    for i in range(operator.index(lower), operator.index(upper), operator.index(step)):
+        body_fun(_isa.VirtualRegister(i))
+
+
+def while_loop(init, body_fun):
+    r = init
+    while int(r) != 0:
+        r = body_fun(r)
+
+
+@contextlib.contextmanager
+def no_reorder():
+    yield  # the simulator executes in program order anyway
+
+
+def program_id(axis=0):
+    if axis != 0:
+        raise NkiValidationError(f"program_id: axis {axis}; beta-2 grids have only axis 0")
+    return current().program_id
+
+
+def num_programs(axes=0):
+    if axes not in (0, None, (0,), [0]):
+        raise NkiValidationError(f"num_programs: axes {axes}; beta-2 grids have only axis 0")
+    return current().grid
+
+
+def program_ndim():
+    return 1 if current().bracketed else 0
+
+
+def device_print(print_prefix, tensor):
+    print(print_prefix, tensor._data.clone() if isinstance(tensor, NkiTensor) else tensor)

@@ -1,0 +1,108 @@
+"""The simulated ``nki``, ``nki.language`` and ``nki.isa`` module objects, and
+``activated()``, which makes ``import nki`` resolve to them.
+
+The three modules are built once per process (singletons) from the explicit export lists
+of language/ and isa/. ``nki_modules()`` hands them out without touching ``sys.modules``
+(a loader can bind kernel sources to them through its own ``__import__``).
+
+``activated()`` is reference-counted under a lock, so threads may hold it at once: the
+first enter saves the ``sys.modules`` entries of the three names and installs the
+simulated modules, the last exit restores exactly what was saved. While ANY thread holds
+it, ``import nki`` in EVERY thread of the process resolves to the simulator. Each
+``activated()`` also pushes a context with its options on the calling thread's stack.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import types
+
+from . import isa as _isa
+from . import language as _language
+from .context import Context, pop, push
+from .errors import NkiValidationError
+from .interpreter import Kernel, jit, simulate
+from .params import SimParams, resolve
+
+
+def _module(name, source, doc):
+    m = types.ModuleType(name, doc)
+    for n in source.__all__:
+        setattr(m, n, getattr(source, n))
+    m.__all__ = list(source.__all__)
+    m.__package__ = "nki"
+    return m
+
+
+def _build() -> dict[str, types.ModuleType]:
+    nl = _module("nki.language", _language, "nki.language (beta 2), simulated by nki_kernels.simulator")
+    nisa = _module("nki.isa", _isa, "nki.isa (beta 2), simulated by nki_kernels.simulator")
+    nisa.NkiValidationError = NkiValidationError
+    nki = types.ModuleType("nki", "nki (beta 2) as simulated by nki_kernels.simulator")
+    nki.__path__ = []  # a package, so `import nki.language` resolves through sys.modules
+    nki.language = nl
+    nki.isa = nisa
+    nki.jit = jit
+    nki.simulate = simulate
+    nki.Kernel = Kernel
+    nki.__version__ = "0.7-simulated"
+    nki.__simulator__ = True
+    nki.__all__ = ["jit", "simulate", "language", "isa", "Kernel"]
+    return {"nki": nki, "nki.language": nl, "nki.isa": nisa}
+
+
+_MODULES = _build()
+
+
+def nki_modules() -> dict[str, types.ModuleType]:
+    """The simulated modules by import name: 'nki', 'nki.language', 'nki.isa' (the same
+    objects on every call; the dict is a fresh copy)."""
+    return dict(_MODULES)
+
+
+_MISSING = object()
+_alias_lock = threading.Lock()
+_alias_holders = 0
+_alias_saved: dict[str, object] = {}
+
+
+def _install() -> None:
+    global _alias_holders, _alias_saved
+    with _alias_lock:
+        if _alias_holders == 0:
+            _alias_saved = {name: sys.modules.get(name, _MISSING) for name in _MODULES}
+            sys.modules.update(_MODULES)
+        _alias_holders += 1
+
+
+def _restore() -> None:
+    global _alias_holders
+    with _alias_lock:
+        _alias_holders -= 1
+        if _alias_holders == 0:
+            for name, old in _alias_saved.items():
+                if old is _MISSING:
+                    sys.modules.pop(name, None)
+                else:
+                    sys.modules[name] = old
+            _alias_saved.clear()
+
+
+@contextlib.contextmanager
+def activated(target=None, params: SimParams | None = None):
+    """Make ``import nki`` / ``nki.language`` / ``nki.isa`` resolve to the simulator for the
+    block, with ``target`` (default "trn2") or ``params`` as the options of the ``nl``/``nisa``
+    calls and ``nki.simulate`` runs the calling thread makes inside it. Yields the ``nki``
+    module. Safe to nest and to hold from several threads (see the module docstring)."""
+    ctx = Context(resolve(target, params))
+    _install()
+    try:
+        push(ctx)
+        try:
+            yield _MODULES["nki"]
+        finally:
+            pop(ctx)
+    finally:
+        _restore()
