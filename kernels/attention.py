@@ -64,25 +64,22 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from .engine_costs import (DMA_BYTES_PER_S, DMA_FIXED_NS, DMA_TRANSPOSE_EFFICIENCY, INSTR_CYCLES,
+                           MIN_INSTRUCTION_CYCLES, SCALAR_GHZ, VECTOR_GHZ, VECTOR_PSUM_COPY_16BIT_RATE)
 from .limits import ATTENTION_SINGLE_PASS_MAX_KEYS as SINGLE_PASS_MAX_KEYS
+from .tiling import PARTITIONS, cdiv, itemsize
 
-P = 128                     # partitions (SBUF/PSUM lanes); also the TensorE contraction limit
+P = PARTITIONS              # partitions (SBUF/PSUM lanes); also the TensorE contraction limit
 PSUM_BANK_BYTES = 2048      # one PSUM bank per partition: 512 fp32, the matmul output limit
 MM_N = 512                  # moving free size limit of one nc_matmul (one PSUM bank of fp32)
 KEY_BLOCK = 2048            # flash: keys per block (same PSUM budget as the single pass)
 S_BANKS = 4                 # PSUM banks of scores per unmasked head batch
 O_BANKS = 2                 # PSUM banks of outputs per unmasked head batch
-# Engine balance.  VectorE (0.96 GHz on trn2, bf16 PSUM copies at 2 elements/cycle) and
-# ScalarE (1.2 GHz, 1 element/cycle) are the only engines that read PSUM; the Pᵀ copies
-# out of PSUM go to whichever keeps both busy for the same time (see _Shapes.pick).
-VECTOR_GHZ, SCALAR_GHZ = 0.96, 1.2
-# Pᵀ can also be made by the DMA engines (dma_transpose SBUF->SBUF, 16-bit data) at about
-# half their copy bandwidth (368 GB/s per NeuronCore on trn2): worth it when the DMA queues,
-# busy with q/k/v/out, have room.  _plan_dma_share picks the share of the launch's Pᵀ.
-DMA_BYTES_PER_S = 368e9
-DMA_TRANSPOSE_EFFICIENCY = 0.5
-DMA_FIXED_NS = 600.0        # fixed latency of one DMA transfer (descriptor generation)
-INSTR_CYCLES = 60           # fixed cost of one VectorE/ScalarE instruction (static overhead)
+# Engine balance: VectorE and ScalarE are the only engines that read PSUM; the Pᵀ copies
+# out of PSUM go to whichever keeps both busy for the same time (see _Shapes.pick). Pᵀ can
+# also be made by the DMA engines (dma_transpose SBUF->SBUF, 16-bit data): worth it when
+# the DMA queues, busy with q/k/v/out, have room; _plan_dma_share picks the share of the
+# launch's Pᵀ. The trn2 clocks and DMA figures these use are in engine_costs.py.
 # Per-partition SBUF budgets for the tensors resident while a head group is processed
 # (224 KiB per partition on trn2; the rest holds per-tile scratch and the next group's
 # prefetch).
@@ -93,14 +90,6 @@ TINY = 1e-30                # guard for all-masked rows: 0 / max(0, TINY) = 0
 NEG_INF = float("-inf")      # additive mask value of a masked key
 
 _SIXTEEN_BIT = ("bfloat16", "float16")
-
-
-def _cdiv(a, b):
-    return (a + b - 1) // b
-
-
-def _nbytes(dtype):
-    return 4 if str(dtype) == "float32" else 2
 
 
 class _Shapes:
@@ -125,7 +114,7 @@ class _Shapes:
         self.scale = float(scale)
         self.causal = bool(causal)
         self.dtype = q.dtype           # matmul operands and P use the input dtype
-        self.isz = _nbytes(q.dtype)
+        self.isz = itemsize(q.dtype)
         self.mask = mask
         self.mask_kind = None
         if mask is not None:
@@ -141,10 +130,10 @@ class _Shapes:
         self.guard = mask is not None      # only a user mask can mask a whole row
         self.biased = mask is not None or self.causal
         self.dma_t = str(q.dtype) in _SIXTEEN_BIT   # dma_transpose moves 2-byte elements only
-        self.nqt = _cdiv(self.Sq, P)
+        self.nqt = cdiv(self.Sq, P)
         self.key_block = key_block
         # kv heads per group: K^T, V (+ones column) of the group's kv heads for one key block
-        per_kv = (key_block + _cdiv(key_block, P) * (self.Dv + 1)) * self.isz
+        per_kv = (key_block + cdiv(key_block, P) * (self.Dv + 1)) * self.isz
         self.kv_group = max(1, min(self.Hkv, KV_BUDGET // per_kv))
         # query tiles per chunk: Q^T and the output tile of every query head of a group
         per_qt = self.G * self.kv_group * (P * self.isz + self.Dv * self.isz + (self.Dv + 1) * 4 + 8)
@@ -171,7 +160,8 @@ class _Shapes:
 
     def copy_cycles(self, elems):
         """(VectorE, ScalarE) cycles to copy ``elems`` per partition of Pᵀ out of PSUM."""
-        return (elems / (2.0 if self.isz == 2 else 1.0) + INSTR_CYCLES, elems + INSTR_CYCLES)
+        return (elems / (VECTOR_PSUM_COPY_16BIT_RATE if self.isz == 2 else 1.0) + INSTR_CYCLES,
+                elems + INSTR_CYCLES)
 
     def use_dma(self):
         """True for a share ``dma_share`` of the successive Pᵀ transposes of this launch."""
@@ -215,13 +205,13 @@ def _plan_dma_share(sh):
         units = sh.B * sh.H
         vec += units * (n + 2 * masked + INSTR_CYCLES) / VECTOR_GHZ
         sca += units * (n + 2 * INSTR_CYCLES + sh.Dv + 1) / SCALAR_GHZ
-        e = _cdiv(n, P) * r
-        pt_v += units * e / (2.0 if sh.isz == 2 else 1.0) / VECTOR_GHZ
+        e = cdiv(n, P) * r
+        pt_v += units * e / (VECTOR_PSUM_COPY_16BIT_RATE if sh.isz == 2 else 1.0) / VECTOR_GHZ
         pt_s += units * e / SCALAR_GHZ
         # DMA: one transfer for the full 128-key chunks and one for the tail chunk of a batch
         # of heads, each spread over the 16 queues and costing at least the fixed latency
         nb = _batch_heads(sh, n) if not sh.biased else 1
-        batches = _cdiv(units, nb)
+        batches = cdiv(units, nb)
         for keys in (n // P * P, n % P):
             if keys:
                 data = nb * r * keys * sh.isz / (DMA_BYTES_PER_S * DMA_TRANSPOSE_EFFICIENCY) * 1e9
@@ -276,7 +266,7 @@ def _load_values(sh, v, b, h0, h1, k0, k1):
     """[128, n_tiles, h1-h0, Dv+1] SBUF tile: V rows k0:k1 (128 keys per tile) with a ones
     column appended, so P·[V | 1] also yields the row sum of P."""
     nh, n = h1 - h0, k1 - k0
-    nt = _cdiv(n, P)
+    nt = cdiv(n, P)
     out = nl.ndarray((P, nt, nh, sh.Dv + 1), dtype=sh.dtype, buffer=nl.sbuf)
     nisa.memset(dst=out[:, :, :, sh.Dv:sh.Dv + 1], value=1.0, engine=nisa.engine.gpsimd)
     full = n // P
@@ -427,7 +417,7 @@ def _pv(sh, p, vals, kv, r, n):
     """O = P·[V | 1] for r rows and n keys: [128, Dv+1] fp32 PSUM, column Dv = row sum of P.
     Pᵀ: DMA transposes (a share of the launch, see _plan_dma_share), or 128x128 TensorE
     transposes into PSUM copied to SBUF one bank at a time by VectorE or ScalarE."""
-    nkc = _cdiv(n, P)
+    nkc = cdiv(n, P)
     per_bank = PSUM_BANK_BYTES // (P * sh.isz)      # 128x128 Pᵀ blocks per PSUM bank
     pT = nl.ndarray((P, nkc, P), dtype=sh.dtype, buffer=nl.sbuf)
     if sh.dma_t and sh.use_dma():
@@ -602,7 +592,7 @@ def _ts_heads(sh, n, r=P):
     pipeline), and S of all of them, two Sᵀ tiles (the previous batch's may still be live)
     and one bank of outputs fit the 8 PSUM banks (hence Sk <= 384 on this path)."""
     per_bank = max(1, MM_N // n)
-    return max(1, min(TS_MAX_HEADS, MM_N // r, per_bank * (7 - 2 * _cdiv(n, P))))
+    return max(1, min(TS_MAX_HEADS, MM_N // r, per_bank * (7 - 2 * cdiv(n, P))))
 
 
 def _ts_hilo(sh, ext, qx, j0, j1, r):
@@ -635,13 +625,13 @@ def _ts_tile(sh, qx, h0, h1, hk0, kx, vals, out, r, n, last=False, store=None):
     D = sh.D
     nb = _ts_heads(sh, n, r)
     per_bank = max(1, MM_N // n)
-    nkc = _cdiv(n, P)
+    nkc = cdiv(n, P)
     kvs = [hq // sh.G - hk0 for hq in range(h0, h1)]
     red = nl.maximum if sh.scale >= 0 else nl.minimum
     ext = nl.ndarray((P, nh), dtype=nl.float32, buffer=nl.sbuf)
     for b0 in range(0, nh, nb):
         m = min(nb, nh - b0)
-        s = nl.ndarray((P, _cdiv(m, per_bank), max(MM_N, n) if m == 1 else MM_N),
+        s = nl.ndarray((P, cdiv(m, per_bank), max(MM_N, n) if m == 1 else MM_N),
                        dtype=nl.float32, buffer=nl.psum)
         for j in range(m):
             c = (j % per_bank) * n
@@ -656,7 +646,7 @@ def _ts_tile(sh, qx, h0, h1, hk0, kx, vals, out, r, n, last=False, store=None):
         if rest:
             nisa.tensor_reduce(dst=ext[:r, b0 + full_banks * per_bank:b0 + m], op=red, axis=2,
                                data=s[:r, full_banks, 0:rest * n].reshape((r, rest, n)))
-        sh.charge(m * n + INSTR_CYCLES * _cdiv(m, per_bank), 0)
+        sh.charge(m * n + INSTR_CYCLES * cdiv(m, per_bank), 0)
         if sh.ts_first or last:
             # the launch's first and last tiles: per batch, so that ScalarE starts early
             # and the tail is short
@@ -680,7 +670,7 @@ def _ts_tile(sh, qx, h0, h1, hk0, kx, vals, out, r, n, last=False, store=None):
         nisa.activation(dst=pT[:, :, :, :r], op=nl.exp,
                         data=st[:, 0:nkc, 0:m * r].reshape((P, nkc, m, r)), scale=sh.scale)
         sh.charge(0, nkc * m * r + INSTR_CYCLES)
-        o = nl.ndarray((P, _cdiv(m, per_o), MM_N), dtype=nl.float32, buffer=nl.psum)
+        o = nl.ndarray((P, cdiv(m, per_o), MM_N), dtype=nl.float32, buffer=nl.psum)
         for j in range(m):
             ov = o[:r, j // per_o, (j % per_o) * w:(j % per_o + 1) * w]
             for c in range(nkc):
@@ -704,7 +694,7 @@ def _evict(sh, o, out, nb, r, vector=False):
         if vector:
             eng = nisa.engine.vector
         else:
-            eng = sh.pick(2 * INSTR_CYCLES + 64 + g * sh.Dv, g * w + INSTR_CYCLES)
+            eng = sh.pick(2 * INSTR_CYCLES + MIN_INSTRUCTION_CYCLES + g * sh.Dv, g * w + INSTR_CYCLES)
         if eng == nisa.engine.vector:
             nisa.reciprocal(dst=recip[:r, g0:g0 + g, :], data=bank[:, :, sh.Dv:w])
             nisa.tensor_tensor(dst=out[:, g0:g0 + g, :], data1=bank[:, :, 0:sh.Dv],
@@ -736,7 +726,7 @@ def _unbiased_batch(sh, units, vals, out, r, n):
     nb = len(units)
     # ---- S = Q·Kᵀ: head j at bank j // per_bank, column (j % per_bank) * n
     per_bank = max(1, MM_N // n)
-    s = nl.ndarray((P, _cdiv(nb, per_bank), max(MM_N, n) if nb == 1 else MM_N),
+    s = nl.ndarray((P, cdiv(nb, per_bank), max(MM_N, n) if nb == 1 else MM_N),
                    dtype=nl.float32, buffer=nl.psum)
     views = []
     for j, (qv, kv_view, _) in enumerate(units):
@@ -762,7 +752,7 @@ def _unbiased_batch(sh, units, vals, out, r, n):
     neg_max = nl.ndarray((P, nb), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=neg_max[:r], data=ext[:r], op0=nl.multiply, operand0=-sh.scale,
                        engine=nisa.engine.gpsimd)
-    nkc = _cdiv(n, P)
+    nkc = cdiv(n, P)
     p = nl.ndarray((P, nb, nkc * P), dtype=sh.dtype, buffer=nl.sbuf)
     for j in range(nb):
         nisa.activation(dst=p[:r, j, 0:n], op=nl.exp, data=views[j][:r], bias=neg_max[:r, j:j + 1],
@@ -773,7 +763,7 @@ def _unbiased_batch(sh, units, vals, out, r, n):
     per_tp = PSUM_BANK_BYTES // (P * sh.isz)
     w = sh.Dv + 1
     per_o = MM_N // w
-    sh.charge(nb * n + INSTR_CYCLES * _cdiv(nb, per_bank), nb * (n + INSTR_CYCLES))
+    sh.charge(nb * n + INSTR_CYCLES * cdiv(nb, per_bank), nb * (n + INSTR_CYCLES))
     if sh.dma_t and sh.use_dma():
         _dma_transpose_p(p, pT.reshape((P, nb, nkc, P)), r, n)
         blocks = []
@@ -787,7 +777,7 @@ def _unbiased_batch(sh, units, vals, out, r, n):
         nisa.tensor_copy(dst=pT[:, i0:i0 + len(chunk), :r], src=tp[:, 0:len(chunk), :r],
                          engine=sh.pick(*sh.copy_cycles(len(chunk) * r)))
     # ---- O | rowsum = P·[V | 1]: head j at bank j // per_o, column (j % per_o) * (Dv + 1)
-    o = nl.ndarray((P, _cdiv(nb, per_o), MM_N), dtype=nl.float32, buffer=nl.psum)
+    o = nl.ndarray((P, cdiv(nb, per_o), MM_N), dtype=nl.float32, buffer=nl.psum)
     for j, (_, _, kv) in enumerate(units):
         ov = o[:r, j // per_o, (j % per_o) * w:(j % per_o + 1) * w]
         for c in range(nkc):
