@@ -9,13 +9,14 @@ launch's ``LaunchFacts``, ``plan`` its ``EngineBalance``.
 import nki.isa as nisa
 import nki.language as nl
 
-from .attention_launch import MATMUL_MAX_N, NEG_INF, P, PSUM_BANK_BYTES, PSUM_BANK_FP32
+from .attention_launch import FP32_BYTES, MATMUL_MAX_N, NEG_INF, P, PSUM_BANK_BYTES, PSUM_BANK_FP32
 from .engine_costs import INSTR_CYCLES, MIN_INSTRUCTION_CYCLES
 from .tiling import cdiv
 
 FLT_MAX = 3.4028234663852886e38   # largest fp32: the clamp of a row max (see row_max)
 TINY = 1e-30                      # guard for all-masked rows: 0 / max(0, TINY) = 0
-FP32_PSUM_BLOCKS_PER_BANK = PSUM_BANK_BYTES // (P * 4)   # 128-column fp32 blocks per bank
+# fp32 transposes of 128 rows per PSUM bank (4): one bank holds [d, 4, 128] fp32
+FP32_PSUM_BLOCKS_PER_BANK = PSUM_BANK_BYTES // (P * FP32_BYTES)
 
 
 # ------------------------------------------------------------------------------ loads/stores

@@ -11,7 +11,7 @@ Estimates use the trn2 figures of engine_costs.py; they steer speed, never resul
 import nki.isa as nisa
 import nki.language as nl
 
-from .attention_launch import P, unbiased_heads_per_batch
+from .attention_launch import FP32_BYTES, P, unbiased_heads_per_batch
 from .engine_costs import (DMA_BYTES_PER_S, DMA_FIXED_NS, DMA_TRANSPOSE_EFFICIENCY, INSTR_CYCLES,
                            SCALAR_GHZ, VECTOR_GHZ, VECTOR_PSUM_COPY_16BIT_RATE)
 from .tiling import cdiv
@@ -117,7 +117,7 @@ def _launch_work(facts):
     f = facts
     io = (f.B * f.Sq * f.H * (f.D + f.Dv) + f.B * f.Sk * f.Hkv * (f.D + f.Dv)) * f.itemsize
     if f.mask_kind is not None:         # the fp32 mask
-        io += 4 * (f.mask_batches * f.Sk if f.mask_kind == "key" else
+        io += FP32_BYTES * (f.mask_batches * f.Sk if f.mask_kind == "key" else
                    f.mask_batches * f.mask_heads * f.Sq * f.Sk)
     t_io = io / DMA_BYTES_PER_S * 1e9
     vec = sca = pt_v = pt_s = pt_d = 0.0
