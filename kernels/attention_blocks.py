@@ -1,0 +1,357 @@
+"""Building blocks shared by the attention paths (single pass, transposed scores, flash):
+loads and stores, masks, score matmuls, row max, exp, Pᵀ, P·V, eviction and normalisation.
+
+Conventions: ``r`` query rows (<= 128, on partitions) and ``n`` keys of one query tile;
+tiles are allocated with 128 partitions and only rows ``:r`` are used. ``facts`` is the
+launch's ``LaunchFacts``, ``plan`` its ``EngineBalance``.
+"""
+
+import nki.isa as nisa
+import nki.language as nl
+
+from .attention_launch import FP32_BYTES, MATMUL_MAX_N, NEG_INF, P, PSUM_BANK_BYTES, PSUM_BANK_FP32
+from .engine_costs import INSTR_CYCLES, MIN_INSTRUCTION_CYCLES
+from .tiling import cdiv
+
+FLT_MAX = 3.4028234663852886e38   # largest fp32: the clamp of a row max (see row_max)
+TINY = 1e-30                      # guard for all-masked rows: 0 / max(0, TINY) = 0
+# fp32 transposes of 128 rows per PSUM bank (4): one bank holds [d, 4, 128] fp32
+FP32_PSUM_BLOCKS_PER_BANK = PSUM_BANK_BYTES // (P * FP32_BYTES)
+
+
+# ------------------------------------------------------------------------------ loads/stores
+
+def load_transposed(facts, src, b, h0, h1, s0, s1, out=None):
+    """[d, h1-h0, s1-s0] SBUF tile (matmul dtype) holding src[b, rows s0:s1, heads h0:h1]ᵀ
+    (``out``: an SBUF view of that shape to load into, 16-bit data only)."""
+    d = src.shape[-1]
+    nh, n = h1 - h0, s1 - s0
+    if out is not None:
+        nisa.dma_transpose(dst=out, src=facts.rows(src, b, h0, h1, s0, s1), axes=(2, 1, 0))
+        return out
+    out = nl.ndarray((d, nh, n), dtype=facts.dtype, buffer=nl.sbuf)
+    if facts.dma_transpose:
+        # DMA engines transpose 2-byte elements on the way in: [n, nh, d] -> [d, nh, n].
+        nisa.dma_transpose(dst=out, src=facts.rows(src, b, h0, h1, s0, s1), axes=(2, 1, 0))
+        return out
+    # fp32: load [rows, heads, d] blocks and transpose each head on TensorE (PSUM), a PSUM
+    # bank of fp32 holding 4 heads x 128 rows, evacuated by one ScalarE copy.
+    per_bank = FP32_PSUM_BLOCKS_PER_BANK
+    for r0 in range(s0, s1, P):
+        r = min(P, s1 - r0)
+        nat = nl.ndarray((P, nh, d), dtype=facts.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=nat[:r], src=facts.rows(src, b, h0, h1, r0, r0 + r))
+        for g0 in range(0, nh, per_bank):
+            g = min(per_bank, nh - g0)
+            tp = nl.ndarray((d, per_bank, P), dtype=facts.dtype, buffer=nl.psum)
+            for j in range(g):
+                nisa.nc_transpose(dst=tp[:, j, :r], data=nat[:r, g0 + j, :])
+            nisa.tensor_copy(dst=out[:, g0:g0 + g, r0 - s0:r0 - s0 + r], src=tp[:, :g, :r],
+                             engine=nisa.engine.scalar)
+    return out
+
+
+def load_values(facts, v, b, h0, h1, k0, k1):
+    """[128, n_tiles, h1-h0, Dv+1] SBUF tile: V rows k0:k1 (128 keys per tile) with a ones
+    column appended (GpSimd memset), so P·[V | 1] also yields the row sum of P."""
+    nh, n = h1 - h0, k1 - k0
+    nt = cdiv(n, P)
+    Dv = facts.Dv
+    out = nl.ndarray((P, nt, nh, Dv + 1), dtype=facts.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=out[:, :, :, Dv:Dv + 1], value=1.0, engine=nisa.engine.gpsimd)
+    full = n // P
+    if full:
+        nisa.dma_copy(dst=out[:, 0:full, :, 0:Dv], src=facts.tiles(v, b, h0, h1, k0, k0 + full * P))
+    tail = n - full * P
+    if tail:
+        nisa.dma_copy(dst=out[:tail, full, :, 0:Dv], src=facts.rows(v, b, h0, h1, k0 + full * P, k1))
+    return out
+
+
+def store_rows(facts, out, tile, b, h0, h1, s0, s1):
+    """out[b, rows s0:s1, heads h0:h1] (HBM) <- tile [128, n_tiles, h1-h0, Dv] (SBUF)."""
+    n = s1 - s0
+    full = n // P
+    if full:
+        nisa.dma_copy(dst=facts.tiles(out, b, h0, h1, s0, s0 + full * P), src=tile[:, 0:full])
+    tail = n - full * P
+    if tail:
+        nisa.dma_copy(dst=facts.rows(out, b, h0, h1, s0 + full * P, s1), src=tile[:tail, full])
+
+
+# ------------------------------------------------------------------------------ masks
+
+def key_bias_rows(facts, mask, b):
+    """[128, Sk] fp32 SBUF: the key-padding row of batch b on every partition (or None)."""
+    if facts.mask_kind != "key":
+        return None
+    mb = b if facts.mask_batches > 1 else 0
+    kb = nl.ndarray((P, facts.Sk), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=kb, src=mask[mb:mb + 1, :].broadcast(0, P))   # one HBM row onto 128 partitions
+    return kb
+
+
+def tile_bias(facts, mask, b, h, q0, r, k0, k1, key_bias):
+    """[128, k1-k0] fp32 SBUF additive bias of query rows q0:q0+r, keys k0:k1 (rows :r
+    valid): user mask (key row or full tile) plus, if causal, -inf above the diagonal
+    (GpSimd affine_select). None without a user mask (causal alone: causal_diagonal)."""
+    if facts.mask_kind is None:
+        return None
+    n = k1 - k0
+    bias = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
+    if facts.mask_kind == "full":
+        mb = b if facts.mask_batches > 1 else 0
+        mh = h if facts.mask_heads > 1 else 0
+        nisa.dma_copy(dst=bias[:r], src=mask[mb, mh, q0:q0 + r, k0:k1])
+        base = bias
+    else:
+        base = key_bias[:, k0:k1]
+    if facts.causal:
+        # keep where (q0 + p) - (k0 + j) >= 0, i.e. key <= query (top-left aligned)
+        nisa.affine_select(dst=bias[:r], pattern=[[-1, n]], channel_multiplier=1,
+                           on_true_tile=base[:r], on_false_value=NEG_INF,
+                           cmp_op=nl.greater_equal, offset=q0 - k0)
+    elif facts.mask_kind == "key":
+        return base
+    return bias
+
+
+def causal_diagonal(base, q0, r, k0, n):
+    """(c, cb) of a causal tile without user mask: query rows q0:q0+r, keys k0:k0+n (n already
+    clipped to key < q0 + r).  Keys <= q0 are visible to every row; key q0 + 1 + x is
+    visible to row p iff x <= p - 1, i.e. base[p, x] (0 or -inf, LaunchTensors.causal_base)."""
+    a = max(k0, q0 + 1)
+    c = min(n, a - k0)
+    if c == n:
+        return n, None
+    return c, base[:, a - q0 - 1:k0 + n - q0 - 1]
+
+
+# ------------------------------------------------------------------------------ softmax of one unit
+
+def scores(qT, kT, r, n):
+    """S = Q·Kᵀ (TensorE) for r query rows and n keys: [128, n] fp32 PSUM (rows :r), 512 keys
+    per matmul.  qT: [D, r] SBUF; kT: [D, n] SBUF."""
+    s = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.psum)
+    for c0 in range(0, n, MATMUL_MAX_N):
+        c1 = min(n, c0 + MATMUL_MAX_N)
+        nisa.nc_matmul(dst=s[:r, c0:c1], stationary=qT, moving=kT[:, c0:c1])
+    return s
+
+
+def row_max(facts, s, r, n, bias=None, diag=None):
+    """-rowmax of scale·S + mask, in fp32 (scaled units), for the exp that follows.
+
+    s: [128, n] fp32 PSUM scores (rows :r).  Masking, one of:
+      bias: [128, n] fp32 SBUF additive tile (user mask, causal folded in);
+      diag: (c, cb) for causal without a user mask: columns [0, c) are visible to every
+            row, columns [c, n) get the additive causal tile cb ([128, n - c] SBUF view);
+      neither: no mask.
+    VectorE reads PSUM once for the max, fused with the scale (it reduces min(-scale·S), so
+    either sign of scale works); only masked columns take the extra VectorE pass that adds
+    the mask into z = -(scale·S + mask) in SBUF fp32.
+    Returns (p, neg_max, z, c): p a [128, n] SBUF tile for P (used as scratch here), neg_max
+    [128, 1] fp32 clamped <= FLT_MAX (a row masked everywhere then gives exp(-inf) = 0),
+    z ([128, n - c] or None) and c, the number of leading unmasked columns."""
+    p = nl.ndarray((P, n), dtype=facts.dtype, buffer=nl.sbuf)
+    neg_max = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    if bias is None and diag is None:
+        nisa.tensor_scalar_reduce(dst=p[:r], data=s[:r, 0:n], op0=nl.multiply, operand0=-facts.scale,
+                                  reduce_op=nl.minimum, reduce_res=neg_max[:r])
+        return p, neg_max, None, n
+    c, cb = (0, bias) if diag is None else diag
+    parts = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.sbuf)   # -max of [0, c), of [c, n)
+    z = None
+    if c:
+        nisa.tensor_scalar_reduce(dst=p[:r, 0:c], data=s[:r, 0:c], op0=nl.multiply,
+                                  operand0=-facts.scale, reduce_op=nl.minimum, reduce_res=parts[:r, 0:1])
+    if c < n:
+        z = nl.ndarray((P, n - c), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.scalar_tensor_tensor(dst=z[:r], data=s[:r, c:n], op0=nl.multiply, operand0=facts.scale,
+                                  op1=nl.add, operand1=cb[:r, 0:n - c])
+        nisa.tensor_scalar_reduce(dst=z[:r], data=z[:r], op0=nl.multiply, operand0=-1.0,
+                                  reduce_op=nl.minimum, reduce_res=parts[:r, 1:2])
+    if c and c < n:
+        nisa.tensor_tensor(dst=neg_max[:r], data1=parts[:r, 0:1], data2=parts[:r, 1:2], op=nl.minimum,
+                           engine=nisa.engine.gpsimd)
+        src = neg_max
+    else:
+        src = parts[:, 0:1] if c else parts[:, 1:2]
+    nisa.tensor_scalar(dst=neg_max[:r], data=src[:r], op0=nl.minimum, operand0=FLT_MAX,
+                       engine=nisa.engine.gpsimd)
+    return p, neg_max, z, c
+
+
+def row_exp(facts, p, s, z, c, r, n, neg_max):
+    """p[:r] = exp(scale·S + mask + neg_max) on ScalarE: unmasked columns straight from PSUM,
+    masked ones from z = -(scale·S + mask)."""
+    if c:
+        nisa.activation(dst=p[:r, 0:c], op=nl.exp, data=s[:r, 0:c], bias=neg_max[:r], scale=facts.scale)
+    if c < n:
+        nisa.activation(dst=p[:r, c:n], op=nl.exp, data=z[:r], bias=neg_max[:r], scale=-1.0)
+
+
+def softmax_cycles(facts, n, bias, diag):
+    """(VectorE, ScalarE) cycles of row_max + row_exp for one unit (for EngineBalance.charge):
+    VectorE reads unmasked columns once and masked ones 3 times (max, add the mask,
+    reduce), ScalarE each column once, plus each instruction's fixed cost."""
+    masked = n if bias is not None else (n - diag[0] if diag is not None else 0)
+    vector = (n - masked) + 3 * masked + INSTR_CYCLES * (1 + 2 * (masked > 0))
+    scalar = n + INSTR_CYCLES * (1 + (0 < masked < n))
+    return vector, scalar
+
+
+# ------------------------------------------------------------------------------ batches of heads
+
+def scores_side_by_side(pairs, r, n):
+    """S = Q·Kᵀ of several heads side by side in PSUM: head j at bank j // per_bank, columns
+    (j % per_bank) * n (a bank holds 512 // n heads; a single head may be longer).
+    pairs: [(qT [D, r], kT [D, n])] SBUF per head.  Returns (s, per_bank, views): s
+    [128, banks, 512 or n] fp32 PSUM and views [128, n] of each head's scores."""
+    nb = len(pairs)
+    per_bank = max(1, PSUM_BANK_FP32 // n)
+    s = nl.ndarray((P, cdiv(nb, per_bank), max(PSUM_BANK_FP32, n) if nb == 1 else PSUM_BANK_FP32),
+                   dtype=nl.float32, buffer=nl.psum)
+    views = []
+    for j, (qv, kv_view) in enumerate(pairs):
+        c = (j % per_bank) * n
+        view = s[:, j // per_bank, c:c + n]
+        for c0 in range(0, n, MATMUL_MAX_N):
+            c1 = min(n, c0 + MATMUL_MAX_N)
+            nisa.nc_matmul(dst=view[:r, c0:c1], stationary=qv, moving=kv_view[:, c0:c1])
+        views.append(view)
+    return s, per_bank, views
+
+
+def row_extrema_side_by_side(facts, s, ext, nb, per_bank, r, n):
+    """ext[:r, j] = max_k S_j (min when scale < 0: max(scale·S) = scale·min(S)) for the nb
+    heads of scores_side_by_side, raw units, fp32: one VectorE reduce over the full banks
+    and one over the last, partial one.  ext: [128, >= nb] fp32 SBUF."""
+    red = nl.maximum if facts.scale >= 0 else nl.minimum
+    full_banks = nb // per_bank
+    if full_banks:
+        nisa.tensor_reduce(dst=ext[:r, 0:full_banks * per_bank].reshape((r, full_banks, per_bank)),
+                           op=red, axis=3,
+                           data=s[:r, 0:full_banks, 0:per_bank * n].reshape((r, full_banks, per_bank, n)))
+    rest = nb - full_banks * per_bank
+    if rest:
+        nisa.tensor_reduce(dst=ext[:r, full_banks * per_bank:nb], op=red, axis=2,
+                           data=s[:r, full_banks, 0:rest * n].reshape((r, rest, n)))
+
+
+# ------------------------------------------------------------------------------ Pᵀ and P·V
+
+def transpose_p(facts, plan, p, pT, r, n):
+    """pT[:kc, j * nkc + c, :r] = (p[:r, j, 128c : 128c + kc])ᵀ for every head j and 128-key
+    chunk c (nkc = ceil(n / 128)): by DMA transposes for the planner's share of the launch,
+    else 128x128 TensorE transposes into PSUM, each PSUM bank of blocks copied to SBUF by
+    VectorE or ScalarE (plan.pick).  p: [128, heads, >= n] SBUF; pT: [128, heads * nkc,
+    128] SBUF (rows kc..127 of a tail block are never written: P·V does not read them).
+    Returns the last PSUM tile of blocks (None after DMA transposes): the caller holds it
+    until its P·V is issued, as the PSUM budgets count a bank of Pᵀ blocks in flight."""
+    nu = p.shape[1]
+    nkc = cdiv(n, P)
+    if plan.use_dma():
+        _dma_transpose_p(p, pT.reshape((P, nu, nkc, P)), r, n)
+        return None
+    blocks = [(j, c) for j in range(nu) for c in range(nkc)]
+    per_tp = PSUM_BANK_BYTES // (P * facts.itemsize)      # 128x128 blocks per PSUM bank
+    tp = None
+    for i0 in range(0, len(blocks), per_tp):
+        chunk = blocks[i0:i0 + per_tp]
+        tp = nl.ndarray((P, per_tp, P), dtype=facts.dtype, buffer=nl.psum)
+        for i, (j, c) in enumerate(chunk):
+            kc = min(P, n - c * P)
+            nisa.nc_transpose(dst=tp[:kc, i, :r], data=p[:r, j, c * P:c * P + kc])
+        nisa.tensor_copy(dst=pT[:, i0:i0 + len(chunk), :r], src=tp[:, 0:len(chunk), :r],
+                         engine=plan.pick(*plan.copy_cycles(len(chunk) * r)))
+    return tp
+
+
+def _dma_transpose_p(p, pT, r, n):
+    """pT[:kc, j, c, :r] = (p[:r, j, 128c : 128c + kc])ᵀ on the DMA engines: one 4-D
+    transpose for the full chunks of every head, one 3-D for the tail chunk.
+    p: [r, heads, >= n] SBUF; pT: [128, heads, chunks, 128] SBUF."""
+    nu = p.shape[1]
+    full = n // P
+    if full:
+        nisa.dma_transpose(dst=pT[:, :, 0:full, :r], src=p[:r, :, 0:full * P].reshape((r, nu, full, P)),
+                           axes=(3, 1, 2, 0))
+    if n > full * P:
+        kc = n - full * P
+        nisa.dma_transpose(dst=pT[:kc, :, full, :r], src=p[:r, :, full * P:n], axes=(2, 1, 0))
+
+
+def pv(dst, pT, vals, kv, r, n):
+    """dst = P·[V | 1] on TensorE, accumulated over the 128-key chunks: [r, Dv + 1] fp32 PSUM
+    (column Dv: the row sum of P).  pT: [128, nkc, >= r] SBUF Pᵀ blocks of one head;
+    vals: [128, nkc, kv heads, Dv + 1] SBUF (load_values); kv: the head's kv index."""
+    for c in range(cdiv(n, P)):
+        kc = min(P, n - c * P)
+        nisa.nc_matmul(dst=dst, stationary=pT[:kc, c, :r], moving=vals[:kc, c, kv, :],
+                       accumulate=(c > 0))
+
+
+def unit_pv(facts, plan, p, vals, kv, r, n):
+    """O = P·[V | 1] for one (head, query tile): [128, Dv+1] fp32 PSUM (rows :r), column Dv
+    = row sum of P.  p: [128, n] SBUF P (rows :r)."""
+    nkc = cdiv(n, P)
+    pT = nl.ndarray((P, nkc, P), dtype=facts.dtype, buffer=nl.sbuf)
+    in_flight = transpose_p(facts, plan, p[:, 0:n].reshape((P, 1, n)), pT, r, n)   # noqa: F841
+    o = nl.ndarray((P, facts.Dv + 1), dtype=nl.float32, buffer=nl.psum)
+    pv(o[:r], pT, vals, kv, r, n)
+    return o
+
+
+# ------------------------------------------------------------------------------ normalisation
+
+def evict(facts, plan, o, out, nb, r, vector=False):
+    """out[:, j, :] = O_j / rowsum_j for nb heads in PSUM o (per_o = 512 // (Dv + 1) heads
+    per bank), one bank at a time, on VectorE (reciprocal of the row sums + one multiply)
+    when ``vector`` or when the planner says it is less loaded, else ScalarE copies the
+    bank to SBUF and GpSimd divides per head.  out: [r, nb, Dv] SBUF (output dtype)."""
+    Dv = facts.Dv
+    w = Dv + 1
+    per_o = PSUM_BANK_FP32 // w
+    o_raw = nl.ndarray((P, nb, w), dtype=nl.float32, buffer=nl.sbuf)
+    recip = nl.ndarray((P, nb, 1), dtype=nl.float32, buffer=nl.sbuf)
+    for g0 in range(0, nb, per_o):
+        g = min(per_o, nb - g0)
+        bank = o[:r, g0 // per_o, 0:g * w].reshape((r, g, w))
+        if vector:
+            eng = nisa.engine.vector
+        else:
+            # VectorE: the reciprocal of g row sums (8 cycles each, so mostly the 64-cycle
+            # instruction minimum) and the multiply (g·Dv), two fixed costs; ScalarE: the
+            # copy of the bank (g·(Dv + 1)), one fixed cost
+            eng = plan.pick(2 * INSTR_CYCLES + MIN_INSTRUCTION_CYCLES + g * Dv, g * w + INSTR_CYCLES)
+        if eng == nisa.engine.vector:
+            nisa.reciprocal(dst=recip[:r, g0:g0 + g, :], data=bank[:, :, Dv:w])
+            nisa.tensor_tensor(dst=out[:, g0:g0 + g, :], data1=bank[:, :, 0:Dv],
+                               data2=recip[:r, g0:g0 + g, :].broadcast(2, Dv), op=nl.multiply)
+            continue
+        nisa.activation(dst=o_raw[:r, g0:g0 + g, :], op=nl.copy, data=bank)
+        for j in range(g0, g0 + g):
+            divide(facts, out[:, j, :], o_raw[:r, j, :], r)
+
+
+def normalize(facts, dst, o, r):
+    """dst[:r] = O / rowsum (FlashAttention-2: normalise once, after P·V).  ScalarE moves
+    O | rowsum ([128, Dv + 1] fp32 PSUM) to SBUF, GpSimd divides (see divide)."""
+    raw = nl.ndarray((P, facts.Dv + 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=raw[:r], op=nl.copy, data=o[:r])
+    divide(facts, dst, raw[:r], r)
+
+
+def divide(facts, dst, raw, r):
+    """dst = raw[:, :Dv] / raw[:, Dv] on GpSimd (raw: [r, Dv + 1] fp32 SBUF).  An all-masked
+    row has rowsum 0 and O 0: with a user mask the divisor is max(rowsum, TINY), so the
+    row is 0 (as torch's SDPA)."""
+    Dv = facts.Dv
+    denom = raw[:, Dv:Dv + 1]
+    if facts.guard_empty_rows:
+        d = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=d[:r], data=denom, op0=nl.maximum, operand0=TINY, engine=nisa.engine.gpsimd)
+        denom = d[:r]
+    nisa.tensor_scalar(dst=dst, data=raw[:, 0:Dv], op0=nl.divide, operand0=denom,
+                       engine=nisa.engine.gpsimd)

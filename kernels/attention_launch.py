@@ -1,0 +1,186 @@
+"""What one attention launch is, fixed before its first instruction: ``LaunchFacts``
+(shapes, layout, dtype, mask kind, head grouping, query chunking, which path runs) and
+``LaunchTensors`` (the HBM arguments and the SBUF tiles that live for the whole launch).
+
+Nothing here issues instructions.
+"""
+
+from dataclasses import dataclass
+
+import nki.language as nl
+
+from .tiling import PARTITIONS, cdiv, itemsize
+
+P = PARTITIONS
+# One PSUM bank per partition: 2 KiB, i.e. 512 fp32 (one matmul output at most).
+PSUM_BANK_BYTES = nl.tile_size.psum_bank_fmax_bytes
+PSUM_BANK_FP32 = nl.tile_size.psum_bank_fmax
+PSUM_BANKS = 8                # PSUM banks per partition (16 KiB / 2 KiB on trn1-trn3)
+MATMUL_MAX_N = nl.tile_size.gemm_moving_fmax   # moving free size of one nc_matmul (512)
+# flash: keys per block. A [128, 2048] fp32 score row takes 4 of the 8 PSUM banks, the same
+# budget as the single pass (limits.ATTENTION_SINGLE_PASS_MAX_KEYS).
+KEY_BLOCK = 2048
+# Unmasked head batches (single pass): PSUM banks for the scores of the batch's heads side
+# by side, and for their outputs O | rowsum; with up to 2 banks of Pᵀ blocks in flight the
+# batch uses at most the 8 banks.
+S_BANKS = 4
+O_BANKS = 2
+# Per-partition SBUF budgets for what stays resident while a head group is processed
+# (224 KiB per partition on trn2; the rest holds per-tile scratch and the next group's
+# prefetch): the group's Kᵀ and V (KV_BUDGET), its query chunk's Qᵀ and outputs (Q_BUDGET).
+KV_BUDGET = 48 * 1024
+Q_BUDGET = 48 * 1024
+FP32_BYTES = 4
+# Per (query head, query tile) and partition, besides Qᵀ and the output: fp32 O | rowsum of
+# the flash accumulator, and 8 bytes of row statistics (the running -max takes 4).
+ROW_STATS_BYTES = 8
+# Transposed-scores path (attention_transposed.py): rows D, D+1 of Qᵀ/Kᵀ carry the row max
+# split into bf16 hi + lo. A tile of <= 32 partitions must start at partition 0, 32, 64 or
+# 96 (NKI tile rules), so D is a multiple of 32 and D + 2 <= 128 (D in {32, 64, 96});
+# scores of up to 3 key tiles (384 keys) leave PSUM room for the Sᵀ tiles (_ts_heads).
+TS_EXTRA_ROWS = 2
+TS_PARTITION_QUADRANT = 32
+TS_MAX_KEY_TILES = 3
+NEG_INF = float("-inf")       # additive mask value of a masked key
+
+
+@dataclass(frozen=True)
+class LaunchFacts(nl.NKIObject):
+    """Static facts of one launch, derived from the HBM arguments (see ``launch_facts``).
+
+    A frozen NKI object (NKI language guide, "Class Support": classes used in a kernel
+    inherit from ``nl.NKIObject`` and nothing else; frozen as nki-library's configuration
+    objects are). Field names follow the kernel docstring's dimensions.
+    """
+
+    B: int
+    H: int
+    Hkv: int
+    G: int                   # query heads per kv head (H // Hkv)
+    Sq: int
+    Sk: int
+    D: int
+    Dv: int
+    layout: str              # "bhsd" | "bshd"
+    dtype: object            # q/k/v dtype: matmul operands and P use it
+    itemsize: int            # bytes per element of dtype
+    scale: float
+    causal: bool
+    mask_kind: object        # None | "key" ([Bm, Sk]) | "full" ([Bm, Hm, Sq, Sk])
+    mask_batches: int        # Bm (0 without a mask)
+    mask_heads: int          # Hm of a full mask (1 otherwise)
+    mask_per_head: bool      # a full mask with Hm = H: one bias tile per head
+    causal_only: bool        # causal without a user mask (diagonal: LaunchTensors.causal_base)
+    guard_empty_rows: bool   # a user mask can mask a whole row: divide by max(rowsum, TINY)
+    biased: bool             # an additive bias (user mask or causal) applies to the scores
+    dma_transpose: bool      # 16-bit data: dma_transpose moves 2-byte elements only
+    n_q_tiles: int           # ceil(Sq / 128)
+    key_block: int           # keys per block (single pass: Sk)
+    kv_group: int            # kv heads loaded and processed together
+    q_chunk: int             # query tiles whose Qᵀ and outputs are resident together
+    transposed_scores: bool  # qualifies for the transposed-scores path (attention_kernel
+                             # takes it: attention_transposed.py)
+
+    def rows(self, t, b, h0, h1, s0, s1):
+        """HBM view [s1-s0, h1-h0, d] of q/k/v/out for batch b, heads h0:h1, rows s0:s1."""
+        if self.layout == "bshd":
+            return t[b, s0:s1, h0:h1, :]
+        return t[b, h0:h1, s0:s1, :].permute(1, 0, 2)
+
+    def tiles(self, t, b, h0, h1, s0, s1):
+        """HBM view [128, n_tiles, h1-h0, d] of the full 128-row tiles in rows s0:s1."""
+        n = (s1 - s0) // P
+        return self.rows(t, b, h0, h1, s0, s0 + n * P).reshape(
+            (n, P, h1 - h0, t.shape[-1])).permute(1, 0, 2, 3)
+
+    def out_shape(self):
+        """Shape of the HBM output in the launch's layout."""
+        if self.layout == "bhsd":
+            return (self.B, self.H, self.Sq, self.Dv)
+        return (self.B, self.Sq, self.H, self.Dv)
+
+
+def launch_facts(q, k, v, mask, scale, causal, layout, key_block):
+    """The ``LaunchFacts`` of a launch; checks the shape contract of the kernel docstring."""
+    assert layout in ("bhsd", "bshd"), f"layout={layout!r}: expected 'bhsd' or 'bshd'"
+    if layout == "bhsd":
+        B, H, Sq, D = q.shape
+        _, Hkv, Sk, _ = k.shape
+    else:
+        B, Sq, H, D = q.shape
+        _, Sk, Hkv, _ = k.shape
+    Dv = v.shape[3]
+    assert tuple(k.shape[:3]) == tuple(v.shape[:3]), f"k {k.shape} and v {v.shape} differ"
+    assert D <= P, f"head_dim={D} exceeds {P} (the TensorE contraction limit)"
+    assert Dv <= P, f"value head_dim={Dv} exceeds {P}"
+    assert H % Hkv == 0, f"query heads {H} not a multiple of kv heads {Hkv}"
+    assert str(q.dtype) == str(k.dtype) == str(v.dtype), "q, k, v must share one dtype"
+    mask_kind, mask_batches, mask_heads = _mask_kind(mask, B, H, Sq, Sk)
+    isz = itemsize(q.dtype)
+    G = H // Hkv
+    n_q_tiles = cdiv(Sq, P)
+    kv_group, q_chunk = _grouping(isz, Hkv, G, Dv, n_q_tiles, key_block)
+    biased = mask is not None or bool(causal)
+    transposed_scores = (str(q.dtype) == "bfloat16" and not biased and Sk <= TS_MAX_KEY_TILES * P
+                         and D % TS_PARTITION_QUADRANT == 0 and D + TS_EXTRA_ROWS <= P
+                         and key_block >= Sk)
+    return LaunchFacts(
+        B=B, H=H, Hkv=Hkv, G=G, Sq=Sq, Sk=Sk, D=D, Dv=Dv, layout=layout, dtype=q.dtype,
+        itemsize=isz, scale=float(scale), causal=bool(causal), mask_kind=mask_kind,
+        mask_batches=mask_batches, mask_heads=mask_heads,
+        mask_per_head=mask_kind == "full" and mask_heads > 1,
+        causal_only=bool(causal) and mask is None, guard_empty_rows=mask is not None,
+        biased=biased, dma_transpose=isz == 2, n_q_tiles=n_q_tiles, key_block=key_block,
+        kv_group=kv_group, q_chunk=q_chunk, transposed_scores=transposed_scores)
+
+
+def _mask_kind(mask, B, H, Sq, Sk):
+    """(kind, Bm, Hm) of the optional mask, its shape checked against the kernel contract."""
+    if mask is None:
+        return None, 0, 1
+    if len(mask.shape) == 2:
+        assert mask.shape[0] in (1, B) and mask.shape[1] == Sk, \
+            f"key mask {mask.shape}: expected [1 or {B}, {Sk}]"
+        return "key", mask.shape[0], 1
+    assert len(mask.shape) == 4 and mask.shape[0] in (1, B) and \
+        mask.shape[1] in (1, H) and tuple(mask.shape[2:]) == (Sq, Sk), \
+        f"mask {mask.shape}: expected [1 or {B}, 1 or {H}, {Sq}, {Sk}]"
+    return "full", mask.shape[0], mask.shape[1]
+
+
+def _grouping(isz, Hkv, G, Dv, n_q_tiles, key_block):
+    """(kv heads per group, query tiles per chunk) within KV_BUDGET and Q_BUDGET."""
+    # per kv head and partition: Kᵀ of one key block, V with its ones column
+    per_kv = (key_block + cdiv(key_block, P) * (Dv + 1)) * isz
+    kv_group = max(1, min(Hkv, KV_BUDGET // per_kv))
+    # per query tile and partition, for every query head of a group: Qᵀ, the output tile,
+    # the flash accumulator O | rowsum and the row statistics (the single pass, which has
+    # no accumulator, reserves the same)
+    per_qt = G * kv_group * (P * isz + Dv * isz + (Dv + 1) * FP32_BYTES + ROW_STATS_BYTES)
+    q_chunk = max(1, min(n_q_tiles, Q_BUDGET // per_qt))
+    return kv_group, q_chunk
+
+
+def unbiased_heads_per_batch(facts, n):
+    """Heads per unmasked batch (single pass, n keys): as many [128, n] fp32 score tiles as
+    fit S_BANKS PSUM banks and outputs [128, Dv + 1] fp32 as fit O_BANKS banks; a score
+    row longer than one bank (n > 512) makes batches of one head."""
+    if n > PSUM_BANK_FP32:
+        return 1
+    return max(1, min((PSUM_BANK_FP32 // n) * S_BANKS, (PSUM_BANK_FP32 // (facts.Dv + 1)) * O_BANKS))
+
+
+@dataclass(frozen=True)
+class LaunchTensors(nl.NKIObject):
+    """The tensors every head group of a launch uses: the HBM arguments and output, and the
+    SBUF tiles allocated once per launch."""
+
+    q: object                # HBM, layout of facts
+    k: object
+    v: object
+    mask: object             # HBM fp32 additive mask or None
+    out: object              # HBM (shared_hbm) output
+    causal_base: object      # [128, 128] fp32 SBUF causal tile (causal, no mask) or None
+    ts_keys: object          # TransposedKeys ring (transposed-scores path) or None
+
+

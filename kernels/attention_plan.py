@@ -1,0 +1,145 @@
+"""Engine-balance planning of one attention launch: ``EngineBalance``.
+
+Only VectorE and ScalarE read PSUM, and every softmax needs a pass over the scores on each
+(the row max on VectorE, the exp on ScalarE). The remaining PSUM copies (Pᵀ blocks, output
+banks) can go to either: the planner keeps a running estimate of both engines' busy time
+(ns) over the launch, in issue order, and gives each copy to the one that keeps them most
+even. For 16-bit data it also decides which Pᵀ transposes go to the DMA queues instead.
+Estimates use the trn2 figures of engine_costs.py; they steer speed, never results.
+"""
+
+import nki.isa as nisa
+import nki.language as nl
+
+from .attention_launch import FP32_BYTES, P, unbiased_heads_per_batch
+from .engine_costs import (DMA_BYTES_PER_S, DMA_FIXED_NS, DMA_TRANSPOSE_EFFICIENCY, INSTR_CYCLES,
+                           SCALAR_GHZ, VECTOR_GHZ, VECTOR_PSUM_COPY_16BIT_RATE)
+from .tiling import cdiv
+
+# use_dma spreads the DMA transposes evenly: after i calls, round(i * dma_share) of them
+# went to the DMA (credit >= 0.5: round half up).
+DMA_CREDIT_ROUND = 0.5
+# _plan_dma_share searches the DMA share in steps of 1/20 of the launch's Pᵀ (5% steps: the
+# first-order estimate behind it cannot tell finer ones apart)...
+DMA_SHARE_STEPS = 20
+# ...and keeps the smaller share unless a larger one is faster by more than float noise.
+DMA_SHARE_TIE_NS = 1e-9
+
+
+class EngineBalance(nl.NKIObject):
+    """Running VectorE/ScalarE load estimates of one launch and the choices made from them.
+
+    Mutable by design (it follows the launch's instructions in issue order), unlike
+    ``LaunchFacts``. Created once per launch, before the first instruction.
+    """
+
+    def __init__(self, facts):
+        self.itemsize = facts.itemsize
+        self.vector_ns = 0.0       # estimated VectorE busy time so far
+        self.scalar_ns = 0.0       # estimated ScalarE busy time so far
+        # share (0..1) of the launch's Pᵀ made by DMA transposes; 16-bit data only
+        self.dma_share = _plan_dma_share(facts) if facts.dma_transpose else 0.0
+        self.dma_credit = 0.0
+        # transposed-scores path: the launch's first query tile is still to come
+        self.ts_first_tile = True
+
+    def charge(self, vector_cycles=0.0, scalar_cycles=0.0):
+        """Account work that must run on VectorE / ScalarE (estimated cycles)."""
+        self.vector_ns += vector_cycles / VECTOR_GHZ
+        self.scalar_ns += scalar_cycles / SCALAR_GHZ
+
+    def pick(self, vector_cycles, scalar_cycles):
+        """Engine for a piece of work either can do (a PSUM->SBUF copy): the one that keeps
+        the launch's estimated VectorE and ScalarE loads most even (greedy list schedule)."""
+        tv = self.vector_ns + vector_cycles / VECTOR_GHZ
+        ts = self.scalar_ns + scalar_cycles / SCALAR_GHZ
+        if max(tv, self.scalar_ns) <= max(self.vector_ns, ts):
+            self.vector_ns = tv
+            return nisa.engine.vector
+        self.scalar_ns = ts
+        return nisa.engine.scalar
+
+    def copy_cycles(self, elems):
+        """(VectorE, ScalarE) cycles to copy ``elems`` per partition of Pᵀ out of PSUM."""
+        rate = VECTOR_PSUM_COPY_16BIT_RATE if self.itemsize == 2 else 1.0
+        return (elems / rate + INSTR_CYCLES, elems + INSTR_CYCLES)
+
+    def use_dma(self):
+        """Whether the next Pᵀ is made by DMA transposes: True for a share ``dma_share`` of
+        the launch's successive Pᵀ, spread evenly (never for fp32: its share is 0)."""
+        self.dma_credit += self.dma_share
+        if self.dma_credit >= DMA_CREDIT_ROUND:
+            self.dma_credit -= 1.0
+            return True
+        return False
+
+    def hilo_per_batch(self, last_tile):
+        """Transposed scores: split the row max per batch of heads (True) or once for the
+        tile. The launch's first and last tiles go per batch, so ScalarE starts early and
+        the pipeline drains fast; the others once (one DMA transpose per tile)."""
+        return self.ts_first_tile or last_tile
+
+    def ts_tile_done(self):
+        """Transposed scores: a query tile's row maxes are done (the first tile is past)."""
+        self.ts_first_tile = False
+
+    @staticmethod
+    def normalize_on_vector(facts, b, hk1):
+        """Transposed scores: the launch's last head group normalises its outputs on VectorE,
+        which runs out of work first (ScalarE still has the exps), so the tail is short."""
+        return b == facts.B - 1 and hk1 == facts.Hkv
+
+
+def _plan_dma_share(facts):
+    """Share of Pᵀ to transpose with the DMA engines rather than TensorE + a PSUM copy.
+
+    A first-order estimate of where the time goes, from the shapes alone (``_launch_work``);
+    the share moved to the DMA is the one that levels DMA with VectorE/ScalarE, searched
+    in steps of 1/DMA_SHARE_STEPS."""
+    t_io, vec, sca, pt_v, pt_s, pt_d = _launch_work(facts)
+    best, best_t = 0.0, None
+    for i in range(DMA_SHARE_STEPS + 1):
+        d = i / DMA_SHARE_STEPS
+        rest = 1.0 - d
+        # balanced VectorE/ScalarE time with the remaining copies split between them
+        x = (sca + rest * pt_s - vec) / (pt_v + pt_s)          # share of the copies on VectorE
+        x = min(rest, max(0.0, x))
+        t_vs = max(vec + x * pt_v, sca + (rest - x) * pt_s)
+        t = max(t_io + d * pt_d, t_vs)
+        if best_t is None or t < best_t - DMA_SHARE_TIE_NS:
+            best, best_t = d, t
+    return best
+
+
+def _launch_work(facts):
+    """Estimated ns of the launch: (DMA busy with q/k/v/out (+ mask), VectorE softmax work,
+    ScalarE softmax work, all Pᵀ copies on VectorE, all on ScalarE, all Pᵀ by DMA)."""
+    f = facts
+    io = (f.B * f.Sq * f.H * (f.D + f.Dv) + f.B * f.Sk * f.Hkv * (f.D + f.Dv)) * f.itemsize
+    if f.mask_kind is not None:         # the fp32 mask
+        io += FP32_BYTES * (f.mask_batches * f.Sk if f.mask_kind == "key" else
+                   f.mask_batches * f.mask_heads * f.Sq * f.Sk)
+    t_io = io / DMA_BYTES_PER_S * 1e9
+    vec = sca = pt_v = pt_s = pt_d = 0.0
+    for t in range(f.n_q_tiles):
+        r = min(P, f.Sq - t * P)
+        n = min(f.Sk, t * P + r) if f.causal else f.Sk
+        masked = n if f.mask_kind is not None else (min(n, r) if f.causal else 0)
+        units = f.B * f.H
+        # VectorE: the row max reads n columns; a masked column takes 2 more passes (add the
+        # mask, reduce); ScalarE: the exp and the copy of O | rowsum (Dv + 1 columns)
+        vec += units * (n + 2 * masked + INSTR_CYCLES) / VECTOR_GHZ
+        sca += units * (n + 2 * INSTR_CYCLES + f.Dv + 1) / SCALAR_GHZ
+        e = cdiv(n, P) * r          # Pᵀ elements per partition: r columns per 128-key block
+        rate = VECTOR_PSUM_COPY_16BIT_RATE if f.itemsize == 2 else 1.0
+        pt_v += units * e / rate / VECTOR_GHZ
+        pt_s += units * e / SCALAR_GHZ
+        # DMA: one transfer for the full 128-key chunks and one for the tail chunk of a batch
+        # of heads, each costing at least the fixed latency
+        nb = unbiased_heads_per_batch(f, n) if not f.biased else 1
+        batches = cdiv(units, nb)
+        for keys in (n // P * P, n % P):
+            if keys:
+                data = nb * r * keys * f.itemsize / (DMA_BYTES_PER_S * DMA_TRANSPOSE_EFFICIENCY) * 1e9
+                pt_d += batches * max(DMA_FIXED_NS, data)
+    return t_io, vec, sca, pt_v, pt_s, pt_d

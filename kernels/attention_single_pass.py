@@ -1,0 +1,116 @@
+"""The single-pass attention path (``attention_kernel`` when the transposed-scores path does
+not apply): for each 128-query tile the whole score row ``[128, Sk]`` stays in PSUM; one
+row max, one exp, one P·V per head.
+
+Without a mask (nor causal) heads are processed in batches whose scores sit side by side
+in PSUM (``_unbiased_batch``); with one, head by head (``_biased_unit``).
+"""
+
+import nki.isa as nisa
+import nki.language as nl
+
+from .attention_blocks import (causal_diagonal, evict, load_transposed, load_values, normalize, pv,
+                               row_exp, row_extrema_side_by_side, row_max, scores, scores_side_by_side,
+                               softmax_cycles, store_rows, tile_bias, transpose_p, unit_pv)
+from .attention_launch import P, PSUM_BANK_FP32, unbiased_heads_per_batch
+from .engine_costs import INSTR_CYCLES
+from .tiling import cdiv
+
+
+def single_pass_group(facts, plan, tensors, b, hk0, hk1, key_bias):
+    """Attention of batch b, kv heads hk0:hk1 and their query heads, all Sk keys at once.
+
+    Kᵀ [D, kv heads, Sk] and V [128, key tiles, kv heads, Dv+1] are loaded once; queries
+    go by chunks of facts.q_chunk tiles: Qᵀ [D, q heads, rows] in, outputs
+    [128, tiles, q heads, Dv] out.  key_bias: [128, Sk] fp32 SBUF key-padding row or None."""
+    f = facts
+    h0, h1 = hk0 * f.G, hk1 * f.G
+    kT = load_transposed(f, tensors.k, b, hk0, hk1, 0, f.Sk)      # [D, kv heads, Sk]
+    vals = load_values(f, tensors.v, b, hk0, hk1, 0, f.Sk)       # [128, key tiles, kv heads, Dv+1]
+    for t0 in range(0, f.n_q_tiles, f.q_chunk):
+        t1 = min(f.n_q_tiles, t0 + f.q_chunk)
+        s0, s1 = t0 * P, min(f.Sq, t1 * P)
+        qT = load_transposed(f, tensors.q, b, h0, h1, s0, s1)     # [D, q heads, rows]
+        o_sb = nl.ndarray((P, t1 - t0, h1 - h0, f.Dv), dtype=tensors.out.dtype, buffer=nl.sbuf)
+        for t in range(t0, t1):
+            q0 = t * P
+            r = min(P, f.Sq - q0)
+            n = min(f.Sk, q0 + r) if f.causal else f.Sk    # causal: later keys never attend
+
+            def unit(hq):
+                # (Qᵀ [D, r], Kᵀ [D, n], kv index, output rows [r, Dv]) of query head hq
+                return (qT[:, hq - h0, q0 - s0:q0 - s0 + r], kT[:, hq // f.G - hk0, 0:n],
+                        hq // f.G - hk0, o_sb[:r, t - t0, hq - h0, :])
+
+            if not f.biased:
+                nb = unbiased_heads_per_batch(f, n)
+                for hb in range(h0, h1, nb):
+                    he = min(h1, hb + nb)
+                    _unbiased_batch(f, plan, [unit(hq)[:3] for hq in range(hb, he)], vals,
+                                    o_sb[:r, t - t0, hb - h0:he - h0, :], r, n)
+                continue
+            shared = None if f.mask_per_head else tile_bias(f, tensors.mask, b, 0, q0, r, 0, n, key_bias)
+            diag = causal_diagonal(tensors.causal_base, q0, r, 0, n) if f.causal_only else None
+            for hq in range(h0, h1):
+                bias = tile_bias(f, tensors.mask, b, hq, q0, r, 0, n, key_bias) if f.mask_per_head else shared
+                qv, kv_view, kv, ov = unit(hq)
+                _biased_unit(f, plan, qv, kv_view, vals, kv, ov, bias, diag, r, n)
+        store_rows(f, tensors.out, o_sb, b, h0, h1, s0, s1)
+
+
+def _biased_unit(facts, plan, qT, kT, vals, kv, out_tile, bias, diag, r, n):
+    """One (head, query tile) with a mask or causal: S, masked row max, exp, P·V, O / rowsum
+    into out_tile [r, Dv] SBUF.  bias / diag: see row_max."""
+    s = scores(qT, kT[:, 0:n], r, n)
+    p, neg_max, z, c = row_max(facts, s, r, n, bias, diag)
+    row_exp(facts, p, s, z, c, r, n, neg_max)
+    v_cyc, s_cyc = softmax_cycles(facts, n, bias, diag)
+    # ScalarE also copies O | rowsum (Dv + 1 columns) out of PSUM in normalize
+    plan.charge(v_cyc, s_cyc + facts.Dv + 1 + INSTR_CYCLES)
+    o = unit_pv(facts, plan, p, vals, kv, r, n)
+    normalize(facts, out_tile, o, r)
+
+
+def _unbiased_batch(facts, plan, units, vals, out, r, n):
+    """Attention of several heads for one 128-query tile, no mask.
+
+    Only VectorE and ScalarE can read PSUM, and each softmax needs a pass over the scores
+    for the row max (VectorE: ScalarE's accumulators only add) and one for the exp
+    (ScalarE), plus the Pᵀ and output copies out of PSUM; fixed costs per instruction are
+    amortised by batching heads:
+
+    * S = Q·Kᵀ for every head side by side in PSUM (a bank holds 512 // n heads); one
+      VectorE reduce takes all row maxes, one GpSimd op makes the biases -scale·max, and
+      ScalarE computes P = exp(scale·S - scale·max) per head straight from PSUM.
+    * Pᵀ: transpose_p (DMA, or TensorE + PSUM copies on VectorE/ScalarE).
+    * O | rowsum = P·[V | 1] (ones column in V), then evict normalises (FlashAttention-2:
+      once, after P·V), one PSUM bank of outputs at a time.
+
+    ``units``: (qᵀ [D, r], kᵀ [D, n], kv index) per head; ``out``: [r, heads, Dv] SBUF
+    output rows of those (adjacent) heads."""
+    f = facts
+    nb = len(units)
+    s, per_bank, views = scores_side_by_side([(qv, kv_view) for qv, kv_view, _ in units], r, n)
+    ext = nl.ndarray((P, nb), dtype=nl.float32, buffer=nl.sbuf)       # row max (min) per head
+    row_extrema_side_by_side(f, s, ext, nb, per_bank, r, n)
+    # exp biases -scale·max (GpSimd), then P = exp(scale·S - scale·max) on ScalarE
+    neg_max = nl.ndarray((P, nb), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=neg_max[:r], data=ext[:r], op0=nl.multiply, operand0=-f.scale,
+                       engine=nisa.engine.gpsimd)
+    nkc = cdiv(n, P)
+    p = nl.ndarray((P, nb, nkc * P), dtype=f.dtype, buffer=nl.sbuf)
+    for j in range(nb):
+        nisa.activation(dst=p[:r, j, 0:n], op=nl.exp, data=views[j][:r], bias=neg_max[:r, j:j + 1],
+                        scale=f.scale)
+    pT = nl.ndarray((P, nb * nkc, P), dtype=f.dtype, buffer=nl.sbuf)
+    # VectorE: the reduces (n columns per head); ScalarE: the exps
+    plan.charge(nb * n + INSTR_CYCLES * cdiv(nb, per_bank), nb * (n + INSTR_CYCLES))
+    in_flight = transpose_p(f, plan, p, pT, r, n)   # noqa: F841 (PSUM held until P·V)
+    # O | rowsum = P·[V | 1]: head j at bank j // per_o, columns (j % per_o) * (Dv + 1)
+    w = f.Dv + 1
+    per_o = PSUM_BANK_FP32 // w
+    o = nl.ndarray((P, cdiv(nb, per_o), PSUM_BANK_FP32), dtype=nl.float32, buffer=nl.psum)
+    for j, (_, _, kv) in enumerate(units):
+        pv(o[:r, j // per_o, (j % per_o) * w:(j % per_o + 1) * w], pT[:, j * nkc:(j + 1) * nkc, :],
+           vals, kv, r, n)
+    evict(f, plan, o, out, nb, r)

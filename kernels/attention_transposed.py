@@ -1,0 +1,192 @@
+"""The transposed-scores attention path: P is made directly as Pᵀ, with no Pᵀ transposes
+or PSUM copies of P (bf16, no mask, not causal, Sk <= 384, D in {32, 64, 96}; see
+``LaunchFacts.transposed_scores``).
+
+Per query tile and batch of heads: S = Q·Kᵀ side by side in PSUM and one VectorE reduce
+for the row maxes m (raw units); GpSimd splits m into bf16 hi + lo and one DMA transpose
+puts them on partitions D, D+1 of Qᵀ; TensorE computes
+Sᵀ = [Kᵀ; -1; -1]ᵀ·[Qᵀ; hi; lo] = (S - m)ᵀ per 128-key tile (fp32 accumulation), and
+ScalarE Pᵀ = exp(scale·Sᵀ) with no per-partition bias, so one exp covers the batch's heads
+and every key tile.  The max is still subtracted (hi + lo = m to ~2^-16 relative, and any
+error is a per-row constant, which softmax ignores).  Pᵀ is the stationary operand of
+P·[V | 1].
+"""
+
+import nki.isa as nisa
+import nki.language as nl
+
+from .attention_blocks import (evict, load_transposed, load_values, pv, row_extrema_side_by_side,
+                               scores_side_by_side, store_rows)
+from .attention_launch import P, PSUM_BANK_FP32, PSUM_BANKS, TS_EXTRA_ROWS
+from .engine_costs import INSTR_CYCLES
+from .tiling import cdiv
+
+# Heads per batch: at most 4 (more heads for short tail tiles measured slower: a coarser
+# pipeline); see _ts_heads for the PSUM limits.
+TS_MAX_HEADS = 4
+# PSUM of one batch: the scores S of its heads, TS_ST_TILES tiles of Sᵀ (nkc banks each:
+# the previous batch's may still be live) and TS_O_BANKS bank of outputs, within PSUM_BANKS.
+TS_ST_TILES = 2
+TS_O_BANKS = 1
+# Kᵀ tiles used in turn, so one group's Kᵀ load overlaps the previous group's work.
+TS_KEY_TILES = 2
+
+
+class TransposedKeys(nl.NKIObject):
+    """The persistent Kᵀ tiles of a transposed-scores launch: TS_KEY_TILES SBUF tiles
+    [D+2, kv_group, Sk] (matmul dtype) used in turn, rows D, D+1 = -1.
+
+    Rows D, D+1 come from one small GpSimd memset of a [2, 1, Sk] tile, spread over the kv
+    heads by an SBUF->SBUF DMA on each tile's first use (a memset of every head would cost
+    GpSimd kv_group x Sk cycles on 2 lanes at the start of the launch)."""
+
+    def __init__(self, facts):
+        D = facts.D
+        self.D = D
+        self.kv_group = facts.kv_group
+        self.uses = 0
+        minus_ones = nl.ndarray((D + TS_EXTRA_ROWS, 1, facts.Sk), dtype=facts.dtype, buffer=nl.sbuf)
+        nisa.memset(dst=minus_ones[D:D + TS_EXTRA_ROWS], value=-1.0, engine=nisa.engine.gpsimd)
+        self.minus_ones = minus_ones
+        self.tiles = []
+        for _ in range(TS_KEY_TILES):
+            self.tiles.append(nl.ndarray((D + TS_EXTRA_ROWS, facts.kv_group, facts.Sk),
+                                         dtype=facts.dtype, buffer=nl.sbuf))
+
+    def next_tile(self):
+        """(kx, first_use): the next Kᵀ tile in turn, and whether its -1 rows are unwritten."""
+        kx = self.tiles[self.uses % len(self.tiles)]
+        self.uses += 1
+        return kx, self.uses <= len(self.tiles)
+
+    def write_minus_ones(self, kx):
+        """Rows D, D+1 of kx = -1 (one SBUF->SBUF DMA)."""
+        D = self.D
+        nisa.dma_copy(dst=kx[D:D + TS_EXTRA_ROWS],
+                      src=self.minus_ones[D:D + TS_EXTRA_ROWS].broadcast(1, self.kv_group))
+
+
+def transposed_scores_group(facts, plan, tensors, b, hk0, hk1, key_bias=None):
+    """Attention of batch b, kv heads hk0:hk1 and their query heads (no mask: key_bias None).
+
+    Kᵀ goes into the next TransposedKeys tile; the -1 rows of a tile's first use are
+    written after the loads the first scores wait for (Kᵀ, then Qᵀ of the first chunk,
+    loaded before V).  The launch's last query tile stores each batch of heads as soon as
+    it is done (a short tail)."""
+    f = facts
+    h0, h1 = hk0 * f.G, hk1 * f.G
+    kx, first_use = tensors.ts_keys.next_tile()
+    kT = kx[:, 0:hk1 - hk0, :]                                   # [D+2, kv heads, Sk]
+    load_transposed(f, tensors.k, b, hk0, hk1, 0, f.Sk, out=kT[0:f.D])
+    qT_first = _load_q_extended(f, tensors.q, b, h0, h1, 0, min(f.Sq, f.q_chunk * P))
+    if first_use:
+        tensors.ts_keys.write_minus_ones(kx)
+    vals = load_values(f, tensors.v, b, hk0, hk1, 0, f.Sk)      # [128, key tiles, kv heads, Dv+1]
+    last_group = b == f.B - 1 and hk1 == f.Hkv
+    for t0 in range(0, f.n_q_tiles, f.q_chunk):
+        t1 = min(f.n_q_tiles, t0 + f.q_chunk)
+        s0, s1 = t0 * P, min(f.Sq, t1 * P)
+        qT = qT_first if t0 == 0 else _load_q_extended(f, tensors.q, b, h0, h1, s0, s1)
+        o_sb = nl.ndarray((P, t1 - t0, h1 - h0, f.Dv), dtype=tensors.out.dtype, buffer=nl.sbuf)
+        for t in range(t0, t1):
+            q0 = t * P
+            r = min(P, f.Sq - q0)
+            last = last_group and t == f.n_q_tiles - 1
+
+            def store(j0, j1, t=t, q0=q0, r=r):
+                # the launch's last tile: each batch of heads stored as soon as it is done
+                nisa.dma_copy(dst=f.rows(tensors.out, b, h0 + j0, h0 + j1, q0, q0 + r),
+                              src=o_sb[:r, t - t0, j0:j1, :])
+
+            _ts_tile(f, plan, qT[:, :, q0 - s0:q0 - s0 + r], kT, vals, h0, h1, hk0,
+                     o_sb[:r, t - t0, :, :], r, f.Sk, last=last,
+                     on_vector=plan.normalize_on_vector(f, b, hk1), store=store if last else None)
+            if last:
+                s1 = q0                        # rows q0.. already stored
+        if s1 > s0:
+            store_rows(f, tensors.out, o_sb, b, h0, h1, s0, s1)
+
+
+def _load_q_extended(facts, q, b, h0, h1, s0, s1):
+    """[D+2, h1-h0, s1-s0] SBUF tile with Qᵀ of rows s0:s1 in rows 0:D (rows D, D+1: hi, lo
+    of the row max, written per tile by _ts_hilo)."""
+    qT = nl.ndarray((facts.D + TS_EXTRA_ROWS, h1 - h0, s1 - s0), dtype=facts.dtype, buffer=nl.sbuf)
+    load_transposed(facts, q, b, h0, h1, s0, s1, out=qT[0:facts.D])
+    return qT
+
+
+def _ts_heads(n, r):
+    """Heads per batch: Sᵀ of one key tile for all of them fits a PSUM bank (m·r <= 512, at
+    most TS_MAX_HEADS), and S of all of them beside TS_ST_TILES Sᵀ tiles and TS_O_BANKS
+    output bank fits the PSUM banks (hence Sk <= 384 on this path)."""
+    per_bank = max(1, PSUM_BANK_FP32 // n)
+    s_banks = PSUM_BANKS - TS_O_BANKS - TS_ST_TILES * cdiv(n, P)
+    return max(1, min(TS_MAX_HEADS, PSUM_BANK_FP32 // r, per_bank * s_banks))
+
+
+def _ts_hilo(facts, ext, qx, j0, j1, r):
+    """Rows D, D+1 of qx[:, j0:j1, :r] = hi, lo with hi + lo = ext (hi = bf16(ext), lo =
+    bf16(ext - hi), on GpSimd), transposed onto those partitions by one DMA transpose.
+    ext: [128, heads] fp32 SBUF row maxes."""
+    nj, D = j1 - j0, facts.D
+    hl = nl.ndarray((P, nj, 2), dtype=facts.dtype, buffer=nl.sbuf)
+    hi = hl[:r, :, 0:1].reshape((r, nj))
+    nisa.tensor_copy(dst=hi, src=ext[:r, j0:j1], engine=nisa.engine.gpsimd)
+    nisa.tensor_tensor(dst=hl[:r, :, 1:2].reshape((r, nj)), data1=ext[:r, j0:j1], data2=hi,
+                       op=nl.subtract, engine=nisa.engine.gpsimd)
+    nisa.dma_transpose(dst=qx[D:D + TS_EXTRA_ROWS, j0:j1, :], src=hl[:r], axes=(2, 1, 0))
+
+
+def _ts_tile(facts, plan, qx, kx, vals, h0, h1, hk0, out, r, n, last, on_vector, store):
+    """Attention of every head of a group for one query tile, P made directly as Pᵀ.
+
+    1. per batch of heads, S = Q·Kᵀ side by side in PSUM and one VectorE reduce for the row
+       maxes m; hi + lo = m onto partitions D, D+1 of Qᵀ (_ts_hilo: per batch on the
+       launch's first and last tiles, else once for all heads);
+    2. per batch of heads, Sᵀ = [Kᵀ; -1; -1]ᵀ·[Qᵀ; hi; lo] = (S - m)ᵀ per 128-key tile
+       [128 keys, nkc, heads · r] fp32 PSUM, Pᵀ = exp(scale·Sᵀ) by one ScalarE instruction
+       for the batch, O | rowsum = P·[V | 1], then evict (on VectorE if ``last`` or
+       ``on_vector``) and ``store`` (if given) of the batch's heads.
+    One function: the last batch's S stays allocated through step 2, as the PSUM budget
+    of _ts_heads counts it.  ``qx``: [D+2, heads, r] view of Qᵀ; ``kx``: [D+2, kv heads,
+    Sk] with rows D, D+1 = -1; ``out``: [r, heads, Dv] SBUF output rows."""
+    nh, D = h1 - h0, facts.D
+    nb = _ts_heads(n, r)
+    nkc = cdiv(n, P)
+    kvs = [hq // facts.G - hk0 for hq in range(h0, h1)]
+    per_batch_hilo = plan.hilo_per_batch(last)
+    ext = nl.ndarray((P, nh), dtype=nl.float32, buffer=nl.sbuf)       # row max per head
+    for b0 in range(0, nh, nb):
+        m = min(nb, nh - b0)
+        s, per_bank, _ = scores_side_by_side(
+            [(qx[0:D, b0 + j, :], kx[0:D, kvs[b0 + j], 0:n]) for j in range(m)], r, n)
+        row_extrema_side_by_side(facts, s, ext[:, b0:b0 + m], m, per_bank, r, n)
+        plan.charge(m * n + INSTR_CYCLES * cdiv(m, per_bank), 0)
+        if per_batch_hilo:
+            _ts_hilo(facts, ext, qx, b0, b0 + m, r)
+    if not per_batch_hilo:
+        _ts_hilo(facts, ext, qx, 0, nh, r)
+    plan.ts_tile_done()
+    w = facts.Dv + 1
+    per_o = PSUM_BANK_FP32 // w
+    for b0 in range(0, nh, nb):
+        m = min(nb, nh - b0)
+        st = nl.ndarray((P, nkc, PSUM_BANK_FP32), dtype=nl.float32, buffer=nl.psum)   # Sᵀ
+        pT = nl.ndarray((P, nkc, m, P), dtype=facts.dtype, buffer=nl.sbuf)
+        for c in range(nkc):
+            kc = min(P, n - c * P)
+            for j in range(m):
+                nisa.nc_matmul(dst=st[:kc, c, j * r:(j + 1) * r], stationary=kx[:, kvs[b0 + j], c * P:c * P + kc],
+                               moving=qx[:, b0 + j, :])
+        # one exp over every key tile (lanes kc..127 of a tail key tile hold stale PSUM
+        # values: exp runs on them, and P·V never reads those lanes of Pᵀ)
+        nisa.activation(dst=pT[:, :, :, :r], op=nl.exp,
+                        data=st[:, 0:nkc, 0:m * r].reshape((P, nkc, m, r)), scale=facts.scale)
+        plan.charge(0, nkc * m * r + INSTR_CYCLES)
+        o = nl.ndarray((P, cdiv(m, per_o), PSUM_BANK_FP32), dtype=nl.float32, buffer=nl.psum)
+        for j in range(m):
+            pv(o[:r, j // per_o, (j % per_o) * w:(j % per_o + 1) * w], pT[:, :, j, :], vals,
+               kvs[b0 + j], r, n)
+        evict(facts, plan, o, out[:, b0:b0 + m, :], m, r, vector=last or on_vector)
+        if store is not None:
+            store(b0, b0 + m)
