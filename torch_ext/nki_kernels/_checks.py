@@ -16,31 +16,40 @@ def check_float_tensor(name: str, tensor: object, dtypes: Iterable[torch.dtype] 
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype not in dtypes:
         allowed = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
-        raise TypeError(f"{name} has dtype {str(tensor.dtype).removeprefix('torch.')}; supported: {allowed}")
+        raise TypeError(f"{name} has dtype {_dtype_name(tensor)}; supported: {allowed}")
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _first_mismatch(tensors: dict, key):
+    """(name, tensor, first name, first tensor) of the first non-None tensor whose ``key``
+    differs from the first non-None tensor's, or None."""
+    items = [(n, t) for n, t in tensors.items() if t is not None]
+    first_name, first = items[0]
+    for name, t in items[1:]:
+        if key(t) != key(first):
+            return name, t, first_name, first
+    return None
 
 
 def check_same_dtype(**tensors: torch.Tensor) -> None:
     """Raise TypeError if the named tensors do not all share one dtype."""
-    items = [(n, t) for n, t in tensors.items() if t is not None]
-    first_name, first = items[0]
-    for name, t in items[1:]:
-        if t.dtype != first.dtype:
-            raise TypeError(
-                f"{name} has dtype {str(t.dtype).removeprefix('torch.')} but {first_name} has "
-                f"{str(first.dtype).removeprefix('torch.')}; mixed dtypes are not supported"
-            )
+    bad = _first_mismatch(tensors, lambda t: t.dtype)
+    if bad:
+        name, t, first_name, first = bad
+        raise TypeError(f"{name} has dtype {_dtype_name(t)} but {first_name} has {_dtype_name(first)}; "
+                        "mixed dtypes are not supported")
 
 
 def check_same_device(**tensors: torch.Tensor) -> None:
     """Raise RuntimeError if the named tensors are not all on one device."""
-    items = [(n, t) for n, t in tensors.items() if t is not None]
-    first_name, first = items[0]
-    for name, t in items[1:]:
-        if t.device != first.device:
-            raise RuntimeError(
-                f"{name} is on {t.device} but {first_name} is on {first.device}; "
-                "all tensors must be on the same device"
-            )
+    bad = _first_mismatch(tensors, lambda t: t.device)
+    if bad:
+        name, t, first_name, first = bad
+        raise RuntimeError(f"{name} is on {t.device} but {first_name} is on {first.device}; "
+                           "all tensors must be on the same device")
 
 
 def check_choice(name: str, value: object, choices: tuple) -> None:
