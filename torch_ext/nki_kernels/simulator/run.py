@@ -17,9 +17,13 @@ class SimResult:
 
     outputs: Any                     # as nki.simulate returns them (same array type as inputs)
     trace: list[Instruction]         # in issue order
-    peak_sbuf_bytes_per_partition: int
-    peak_psum_banks: int
+    peak_sbuf_bytes_per_partition: int   # the largest of the cores' peaks
+    peak_psum_banks: int                 # the largest of the cores' peaks
     target: str                      # target name, e.g. "trn2" (hardware.get_target(name))
+    # per physical core (program id order; one entry at LNC=1): each core has its own
+    # SBUF and PSUM, so each has its own peak
+    core_peak_sbuf_bytes_per_partition: tuple[int, ...] = ()
+    core_peak_psum_banks: tuple[int, ...] = ()
 
 
 def run(kernel, *args, target=None, params: SimParams | None = None, **kwargs) -> SimResult:
@@ -28,5 +32,9 @@ def run(kernel, *args, target=None, params: SimParams | None = None, **kwargs) -
     params = resolve(target, params)
     with activated(params=params):
         outputs, ctx = run_kernel(kernel, args, kwargs, params)
-    return SimResult(outputs, ctx.recorder.instructions, ctx.memory.sbuf_peak,
-                     ctx.memory.psum_peak, ctx.target.name)
+    cores = ctx.run.cores
+    return SimResult(outputs, ctx.recorder.instructions,
+                     max(c.memory.sbuf_peak for c in cores),
+                     max(c.memory.psum_peak for c in cores), ctx.target.name,
+                     tuple(c.memory.sbuf_peak for c in cores),
+                     tuple(c.memory.psum_peak for c in cores))

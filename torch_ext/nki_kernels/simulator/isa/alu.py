@@ -15,13 +15,13 @@ import torch
 from .. import ops as _ops
 from ..tensor import NkiTensor
 from . import enums
-from .operands import (cast_copy, engine_of, f32, fail, free_elems, is_scalar, no_psum_on_gpsimd,
+from .operands import (cast_copy, engine_of, f32, fail, free_elems, ints, is_scalar, no_psum_on_gpsimd,
                        not_both_psum, onchip, operand_vec, record, reduce_last, same_free,
                        same_partitions, start_partition, store, target)
 
 
 def _ints(*ts):
-    return all(isinstance(t, NkiTensor) and t._alloc.dtype.is_int for t in ts)
+    return all(isinstance(t, NkiTensor) and t.dtype.is_int for t in ts)
 
 
 def tensor_copy(dst, src, engine=enums.engine.unknown, name=None):
@@ -36,8 +36,8 @@ def tensor_copy(dst, src, engine=enums.engine.unknown, name=None):
     if eng == "scalar" and not target().scalar_engine_copy:
         fail("tensor_copy: the Scalar engine cannot copy on NeuronCore-v2; use "
              "nisa.activation(op=nl.copy)")
-    cast_copy("tensor_copy", dst, src._data, src._alloc.dtype)
-    return record("tensor_copy", eng, [("src", src)], [("dst", dst)], dst._data.numel(), {})
+    cast_copy("tensor_copy", dst, src)
+    return record("tensor_copy", eng, [("src", src)], [("dst", dst)], dst.size, {})
 
 
 def memset(dst, value, engine=enums.engine.unknown, name=None):
@@ -48,12 +48,12 @@ def memset(dst, value, engine=enums.engine.unknown, name=None):
         no_psum_on_gpsimd("memset", ("dst", dst))
     if not is_scalar(value):
         fail(f"memset: value must be a compile-time scalar, got {type(value).__name__}")
-    dt = dst._alloc.dtype
+    dt = dst.dtype
     if dt.is_int and isinstance(value, float) and not float(value).is_integer():
         fail(f"memset: value {value} does not match integer dst dtype {dt.name}")
     v = torch.tensor(value, dtype=torch.float64 if isinstance(value, float) else torch.int64)
-    store("memset", dst, v.to(torch.float32) if dt.is_float else v.expand(dst._data.shape))
-    return record("memset", eng, [], [("dst", dst)], dst._data.numel(), {"value": value})
+    store("memset", dst, v.to(torch.float32) if dt.is_float else v.expand(dst.shape))
+    return record("memset", eng, [], [("dst", dst)], dst.size, {"value": value})
 
 
 def tensor_tensor(dst, data1, data2, op, engine=enums.engine.unknown, name=None):
@@ -82,18 +82,18 @@ def tensor_tensor(dst, data1, data2, op, engine=enums.engine.unknown, name=None)
     eng = engine_of(I, engine, ("vector", "gpsimd"), default)
     if eng == "gpsimd":
         no_psum_on_gpsimd(I, ("dst", dst), ("data1", data1), ("data2", data2))
-    b_shape = data1._data.shape
+    b_shape = data1.shape
     if op.bitvec:
         if not _ints(data1, data2, dst):
             fail(f"{I}: bitvec op {op!r} needs integer data1, data2 and dst")
-        value = op.alu(data1._data, data2._data.reshape(b_shape))
+        value = op.alu(ints(data1), ints(data2).reshape(b_shape))
     elif _ints(data1, data2, dst) and op.name in _INT_EXACT:
-        value = op.alu(data1._data, data2._data.reshape(b_shape))  # exact integer arithmetic
+        value = op.alu(ints(data1), ints(data2).reshape(b_shape))  # exact integer arithmetic
     else:
         value = op.alu(f32(data1), f32(data2).reshape(b_shape))
     store(I, dst, value)
     return record(I, eng, [("data1", data1), ("data2", data2)], [("dst", dst)],
-                  dst._data.numel(), {"op": op.name})
+                  dst.size, {"op": op.name})
 
 
 _INT_EXACT = ("add", "subtract", "multiply", "maximum", "minimum", "equal", "not_equal",
@@ -145,7 +145,7 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     if o0.bitvec:
         if not _ints(data, dst):
             fail(f"{I}: bitvec op {o0!r} needs integer data and dst")
-        v = data._data
+        v = ints(data)
     else:
         v = f32(data)
     v = scalar_stage(I, o0, operand0, reverse0, v, data)
@@ -153,7 +153,7 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
         v = scalar_stage(I, o1, operand1, reverse1, v, data)
     store(I, dst, v)
     return record(I, eng, [("data", data), ("operand0", operand0), ("operand1", operand1)],
-                  [("dst", dst)], dst._data.numel(),
+                  [("dst", dst)], dst.size,
                   {"op0": o0.name, "op1": o1.name if o1 else None})
 
 
@@ -178,7 +178,7 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     v = o1.alu(t, v) if reverse1 else o1.alu(v, t)
     store(I, dst, v)
     return record(I, "vector", [("data", data), ("operand0", operand0), ("operand1", operand1)],
-                  [("dst", dst)], 2 * dst._data.numel(), {"op0": o0.name, "op1": o1.name})
+                  [("dst", dst)], 2 * dst.size, {"op0": o0.name, "op1": o1.name})
 
 
 def reduce_axes(instr, axis, ndim):
@@ -202,9 +202,9 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
     op = _ops.alu_of(_ops.resolve(op), I, "op")
     if not op.reducible:
         fail(f"{I}: op {op!r} is not a legal reduction operator")
-    nd = data._data.dim()
+    nd = data.ndim
     axes = reduce_axes(I, axis, nd)
-    keep = data._data.shape[:axes[0]]
+    keep = data.shape[:axes[0]]
     n_out = math.prod(keep[1:])
     if free_elems(dst) != n_out:
         fail(f"{I}: dst has {free_elems(dst)} elements per partition; reducing axes "
@@ -212,7 +212,7 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
     if op.bitvec:
         if not _ints(data, dst):
             fail(f"{I}: bitvec op {op!r} needs integer data and dst")
-        v = data._data
+        v = ints(data)
     else:
         v = f32(data)
     r = reduce_last(op.name, v.reshape(tuple(keep) + (-1,)))
@@ -221,5 +221,5 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
             fail(f"{I}: negate applies only to arithmetic operators")
         r = -r
     store(I, dst, r)
-    return record(I, "vector", [("data", data)], [("dst", dst)], data._data.numel(),
+    return record(I, "vector", [("data", data)], [("dst", dst)], data.size,
                   {"op": op.name, "axis": tuple(axes), "negate": bool(negate)})

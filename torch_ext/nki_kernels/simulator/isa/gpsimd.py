@@ -11,17 +11,15 @@ import torch
 
 from .. import dtypes as _dt
 from .. import ops as _ops
-from ..context import current
-from ..errors import UnsupportedError
 from . import enums
-from .operands import (f32, fail, free_elems, is_scalar, onchip, record, reduce_last, same_free,
+from .operands import (f32, fail, free_elems, ints, is_scalar, onchip, record, reduce_last, same_free,
                        same_partitions, store)
 
 
 def _pattern_values(I, dst, pattern, offset, channel_multiplier):
     if not isinstance(pattern, (list, tuple)) or not pattern or len(pattern) > 4:
         fail(f"{I}: pattern must be a list of 1 to 4 [step, num] pairs, got {pattern!r}")
-    P = dst._data.shape[0]
+    P = dst.shape[0]
     nums = []
     v = torch.full((P,), int(offset), dtype=torch.int64) + \
         torch.arange(P, dtype=torch.int64) * int(channel_multiplier)
@@ -45,7 +43,7 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
     v = _pattern_values(I, dst, pattern, offset, channel_multiplier)
     v = _dt.int32.round(v)  # generated in 32-bit integer arithmetic
     store(I, dst, v.to(torch.float32) if dst.dtype.is_float else v)
-    return record(I, "gpsimd", [], [("dst", dst)], dst._data.numel(), {})
+    return record(I, "gpsimd", [], [("dst", dst)], dst.size, {})
 
 
 def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value,
@@ -66,7 +64,7 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
     t = f32(on_true_tile).reshape(pred.shape)
     store(I, dst, torch.where(pred, t, torch.tensor(float(on_false_value))))
     return record(I, "gpsimd", [("on_true_tile", on_true_tile)], [("dst", dst)],
-                  dst._data.numel(), {"cmp_op": c.name})
+                  dst.size, {"cmp_op": c.name})
 
 
 def nc_n_gather(dst, data, indices, name=None):
@@ -82,15 +80,15 @@ def nc_n_gather(dst, data, indices, name=None):
         fail(f"{I}: indices must be uint32, got {indices.dtype.name}")
     if dst.dtype != data.dtype:
         fail(f"{I}: dst dtype {dst.dtype.name} must equal data dtype {data.dtype.name}")
-    P = data._data.shape[0]
-    src = data._data.reshape(P, -1)
-    idx = indices._data.reshape(P, -1)
+    P = data.shape[0]
+    src = data._data.reshape(P, -1)  # same dtype: the gather moves bits
+    idx = ints(indices).reshape(P, -1)
     n = src.shape[1]
     if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= n):
         raise IndexError(f"{I}: index {int(idx.max())} out of range [0, {n}) for data {data.shape}")
-    store(I, dst, torch.gather(src, 1, idx))
+    store(I, dst, torch.gather(src, 1, idx), raw=True)
     return record(I, "gpsimd", [("data", data), ("indices", indices)], [("dst", dst)],
-                  dst._data.numel(), {})
+                  dst.size, {})
 
 
 def tensor_partition_reduce(dst, op, data, name=None):
@@ -102,24 +100,14 @@ def tensor_partition_reduce(dst, op, data, name=None):
     name_ = "average" if o.name in ("average", "mean") else _ops.alu_of(o, I, "op").name
     if name_ not in ("add", "average", "maximum", "bitwise_or", "bitwise_and"):
         fail(f"{I}: op {o!r} is not supported (add, average, maximum, bitwise_or, bitwise_and)")
-    if dst._data.shape[0] != 1 or free_elems(dst) != free_elems(data):
+    if dst.shape[0] != 1 or free_elems(dst) != free_elems(data):
         fail(f"{I}: dst must be [1, {free_elems(data)}], got {dst.shape}")
-    v = data._data.reshape(data._data.shape[0], -1)
+    v = ints(data).reshape(data.shape[0], -1) if data.dtype.is_int else None
     if name_ in ("bitwise_or", "bitwise_and"):
         r = reduce_last(name_, v.t())
     else:
-        v = f32(data).reshape(v.shape)
+        v = f32(data).reshape(data.shape[0], -1)
         r = v.mean(0) if name_ == "average" else reduce_last(name_, v.t())
     store(I, dst, r)
-    return record(I, "gpsimd", [("data", data)], [("dst", dst)], data._data.numel(),
+    return record(I, "gpsimd", [("data", data)], [("dst", dst)], data.size,
                   {"op": name_})
-
-
-def core_barrier(data, cores, engine=enums.engine.gpsimd, name=None):
-    """Barrier between the logical cores. kernel[2] runs the cores one after the other, so a
-    barrier cannot be honoured: core 0 would wait for core 1 forever."""
-    if current().grid > 1:
-        raise UnsupportedError(
-            "core_barrier: the simulator runs kernel[2]'s cores sequentially and cannot "
-            "model a barrier between them")
-    return None

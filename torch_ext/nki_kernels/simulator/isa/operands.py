@@ -16,6 +16,7 @@ import torch
 from ..context import current
 from ..errors import NkiValidationError
 from ..hardware import Target
+from ..memory import STATE_DTYPE
 from ..tensor import NkiTensor
 from ..trace import capture
 from . import enums
@@ -65,8 +66,7 @@ def tensor_arg(instr, role, t) -> NkiTensor:
 
 
 def start_partition(t: NkiTensor) -> int:
-    a = t._alloc
-    return (t._data.storage_offset() - a.base_offset) // a.base.stride(0)
+    return t._start_partition()
 
 
 def onchip(instr, role, t, *, psum=True, sbuf=True, why="") -> NkiTensor:
@@ -81,7 +81,7 @@ def onchip(instr, role, t, *, psum=True, sbuf=True, why="") -> NkiTensor:
         fail(f"{instr}: {role} must be in SBUF, got PSUM{why}")
     if kind == "sbuf" and not sbuf:
         fail(f"{instr}: {role} must be in PSUM, got SBUF{why}")
-    p = t._data.shape[0]
+    p = t.shape[0]
     tgt = current().target
     if p > tgt.partitions:
         fail(f"{instr}: {role} partition dim {p} exceeds maximum {tgt.partitions}")
@@ -105,12 +105,12 @@ def onchip(instr, role, t, *, psum=True, sbuf=True, why="") -> NkiTensor:
 
 
 def free_elems(t: NkiTensor) -> int:
-    d = t._data
-    return d.numel() // d.shape[0]
+    shape = t.shape
+    return math.prod(shape) // shape[0]
 
 
 def same_partitions(instr, ra, a, rb, b):
-    pa, pb = a._data.shape[0], b._data.shape[0]
+    pa, pb = a.shape[0], b.shape[0]
     if pa != pb:
         fail(f"{instr}: {rb} partition dim {pb} does not match {ra} partition dim {pa}")
 
@@ -134,22 +134,42 @@ def no_psum_on_gpsimd(instr, *pairs):
 
 
 def f32(t: NkiTensor) -> torch.Tensor:
-    """The view's values as fp32 (floats are stored as fp32 already: no copy)."""
+    """The view's values as fp32 (a float32 view is returned as is: no copy)."""
     d = t._data
-    return d if d.dtype == torch.float32 else d.to(torch.float32)
+    if d.dtype == torch.float32:
+        return d
+    dt = t.dtype
+    if dt.is_float:
+        return dt.decode(d)
+    if dt.is_packed:
+        dt.decode(d)  # raises: packed MX words have no element values
+    return d.to(torch.float32)  # integers: exact, or RNE above 2^24 as any int -> fp32 cast
 
 
-def store(instr, dst: NkiTensor, value: torch.Tensor, matmul=False, exact=False) -> None:
-    """Round ``value`` ONCE into dst's dtype and write it into the dst view (``exact``: the
-    values are already dst-dtype values in storage format, e.g. a same-dtype copy)."""
+def ints(t: NkiTensor) -> torch.Tensor:
+    """The view's values as int64 (integer dtypes: exact)."""
+    return t.dtype.decode(t._data).to(torch.int64)
+
+
+def store(instr, dst: NkiTensor, value: torch.Tensor, matmul=False, raw=False) -> None:
+    """Round ``value`` (fp32/fp64 or integer values) ONCE into dst's dtype and write it into
+    the dst view; ``raw``: ``value`` is already dst's bits (a same-dtype copy)."""
+    if type(dst) is not NkiTensor:
+        bits = value if raw else dst.dtype.encode(value)
+        bits = bits.expand(dst.shape) if bits.numel() == 1 else bits.reshape(dst.shape)
+        dst._store_bits(bits)
+        return
     d = dst._data
     for s, st in zip(d.shape, d.stride()):
         if st == 0 and s > 1:
             fail(f"{instr}: dst is a broadcast view (stride 0); it cannot be written")
-    v = value if exact else dst._alloc.dtype.round(value)
+    v = value
     if v.shape != d.shape and v.numel() == d.numel():
         v = v.reshape(d.shape)
-    d.copy_(v)  # a one-element value broadcasts
+    if raw:
+        d.copy_(v)  # a one-element value broadcasts
+    else:
+        dst.dtype.assign(d, v)
     a = dst._alloc
     if a.kind == "psum":
         psum_state(dst).fill_(1 if matmul else 2)
@@ -157,21 +177,28 @@ def store(instr, dst: NkiTensor, value: torch.Tensor, matmul=False, exact=False)
         a.written = True
 
 
-def cast_copy(instr, dst: NkiTensor, src_values: torch.Tensor, src_dtype) -> None:
-    """Write a copy of ``src_values`` (storage format of ``src_dtype``) into dst: equal
-    dtypes copy bits, integer to integer wraps, anything with a float casts through fp32."""
-    if src_dtype == dst._alloc.dtype:
-        store(instr, dst, src_values, exact=True)
-    elif not src_dtype.is_float and not dst._alloc.dtype.is_float:
-        store(instr, dst, src_values)
+def cast_copy(instr, dst: NkiTensor, src: NkiTensor) -> None:
+    """Copy ``src`` into dst: equal dtypes copy bits, integer to integer wraps, anything
+    with a float casts through fp32."""
+    sd, dd = src.dtype, dst.dtype
+    if sd == dd or (sd.storage == dd.storage and (sd.is_packed or dd.is_packed)):
+        store(instr, dst, src._data, raw=True)
+    elif sd.is_int and dd.is_int:
+        store(instr, dst, ints(src))
     else:
-        store(instr, dst, src_values.to(torch.float32))
+        store(instr, dst, f32(src))
 
 
 def psum_state(t: NkiTensor) -> torch.Tensor:
+    """The PSUM accumulation state of view ``t``'s elements (an int view laid out like
+    ``t``'s bits over the allocation's state bytes; memory.py)."""
     a = t._alloc
+    if type(t) is not NkiTensor:
+        fail(f"PSUM view {t!r}: dynamic or out-of-range access patterns on PSUM are not "
+             "supported by the simulator")
     d = t._data
-    return torch.as_strided(a.psum_state, d.shape, d.stride(), d.storage_offset() - a.base_offset)
+    state = a.state.view(STATE_DTYPE[d.element_size()])
+    return torch.as_strided(state, d.shape, d.stride(), d.storage_offset())
 
 
 def operand_vec(instr, role, x, data: NkiTensor, need_f32=False):
@@ -181,11 +208,11 @@ def operand_vec(instr, role, x, data: NkiTensor, need_f32=False):
         onchip(instr, role, x)
         same_partitions(instr, "data", data, role, x)
         if free_elems(x) != 1:
-            fail(f"{instr}: {role} must be a scalar or a ({data._data.shape[0]}, 1) tile, got "
+            fail(f"{instr}: {role} must be a scalar or a ({data.shape[0]}, 1) tile, got "
                  f"shape {x.shape}")
         if need_f32 and x.dtype.name != "float32":
             fail(f"{instr}: {role} tile must be float32, got {x.dtype.name}")
-        v = f32(x).reshape((x._data.shape[0],) + (1,) * (data._data.dim() - 1))
+        v = f32(x).reshape((x.shape[0],) + (1,) * (data.ndim - 1))
         return v
     if is_scalar(x):
         return float(x) if not isinstance(x, bool) else float(x)
@@ -206,18 +233,39 @@ def engine_of(instr, eng, allowed, default):
 
 
 def record(op, eng, reads, writes, flops, attrs) -> NkiInstruction:
-    rec = current().recorder
-    idx = rec.record(
-        op, eng,
-        [capture(r, t) for r, t in reads if isinstance(t, NkiTensor)],
-        [capture(r, t) for r, t in writes if isinstance(t, NkiTensor)],
-        flops, attrs)
+    ctx = current()
+    rec = ctx.recorder
+    idx = len(rec)
+    r = []
+    for role, t in reads:
+        if isinstance(t, NkiTensor):
+            r.append(capture(role, t))
+            life = t._alloc.life
+            if life is not None:
+                if life.first is None:
+                    life.first = idx
+                life.last = life.last_read = idx
+    w = []
+    for role, t in writes:
+        if isinstance(t, NkiTensor):
+            w.append(capture(role, t))
+            life = t._alloc.life
+            if life is not None:
+                if life.first is None:
+                    life.first = idx
+                if life.first_write is None:
+                    life.first_write = idx
+                life.last = idx
+    races = ctx.run.races
+    if races is not None:
+        races.record(ctx.program_id, idx, op, reads, writes)
+    rec.record(op, eng, r, w, flops, attrs, ctx.program_id if ctx.run.grid > 1 else None)
     return NkiInstruction(rec, idx)
 
 
 def lanes(t: NkiTensor) -> slice:
     s = start_partition(t)
-    return slice(s, s + t._data.shape[0])
+    return slice(s, s + t.shape[0])
 
 
 def reduce_free(op_name, v: torch.Tensor) -> torch.Tensor:

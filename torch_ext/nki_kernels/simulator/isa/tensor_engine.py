@@ -22,7 +22,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     onchip(I, "moving", moving, psum=False, why=" (TensorE reads SBUF only)")
     onchip(I, "dst", dst, sbuf=False, why=" (TensorE writes PSUM only)")
     tgt = target()
-    st_dt, mv_dt, dst_dt = stationary._alloc.dtype, moving._alloc.dtype, dst._alloc.dtype
+    st_dt, mv_dt, dst_dt = stationary.dtype, moving.dtype, dst.dtype
     double = perf_mode is enums.matmul_perf_mode.double_row or perf_mode == "double_row"
     sv, mv = f32(stationary), f32(moving)
     K = sv.shape[0]
@@ -32,7 +32,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         for role, t in (("stationary", stationary), ("moving", moving)):
             if not t.dtype.name.startswith("float8"):
                 fail(f"{I}: perf_mode double_row needs float8 {role}, got {t.dtype.name}")
-            if t._data.dim() < 3 or t._data.shape[1] != 2:
+            if t.ndim < 3 or t.shape[1] != 2:
                 fail(f"{I}: perf_mode double_row needs {role} shaped [K, 2, ...], got {t.shape}")
         # contraction over (partition, first free dim): flatten them
         sv = sv.reshape(K * 2, -1)
@@ -40,8 +40,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     else:
         sv = sv.reshape(K, -1)
         mv = mv.reshape(mv.shape[0], -1)
-    if moving._data.shape[0] != K:
-        fail(f"{I}: moving partition dim {moving._data.shape[0]} must equal stationary "
+    if moving.shape[0] != K:
+        fail(f"{I}: moving partition dim {moving.shape[0]} must equal stationary "
              f"partition dim {K} (the contraction dim)")
     rows, cols = tgt.matmul_rows, tgt.matmul_columns
     row_size, col_size = rows, cols
@@ -64,8 +64,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     n_max = tgt.matmul_moving_fmax_bf16_dst if dst_dt.name == "bfloat16" else tgt.matmul_moving_fmax
     if N > n_max:
         fail(f"{I}: moving free size {N} exceeds maximum {n_max}")
-    if dst._data.shape[0] != M:
-        fail(f"{I}: dst partition dim {dst._data.shape[0]} must equal stationary free size {M}")
+    if dst.shape[0] != M:
+        fail(f"{I}: dst partition dim {dst.shape[0]} must equal stationary free size {M}")
     if free_elems(dst) != N:
         fail(f"{I}: dst has {free_elems(dst)} elements per partition but moving free size is {N}")
     names = (st_dt.name, mv_dt.name)
@@ -88,7 +88,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     if "float8_e4m3" in names and "float8_e4m3fn" in names:
         fail(f"{I}: float8_e4m3 and float8_e4m3fn cannot be mixed in one matmul")
 
-    if is_transpose and N == K and torch.equal(mv, torch.eye(K)):
+    exact_transpose = is_transpose and N == K and not double and torch.equal(mv, torch.eye(K))
+    if exact_transpose:
         prod = sv.t()  # bit-accurate transpose (NaN/Inf pass through), as on NeuronCore-v3+
     else:
         prod = sv.t() @ mv  # fp32 products and fp32 accumulation
@@ -115,7 +116,10 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     else:
         value = prod
         mode = "overwrite"
-    store(I, dst, value.reshape(d.shape), matmul=True)
+    if exact_transpose and value is prod:  # move the bits themselves
+        store(I, dst, stationary._data.reshape(K, M).t().reshape(d.shape), matmul=True, raw=True)
+    else:
+        store(I, dst, value.reshape(d.shape), matmul=True)
     is_f32 = names[0] in f32ish or names[1] in f32ish
     return record(I, "tensor", [("stationary", stationary), ("moving", moving)], [("dst", dst)],
                   2 * K * (2 if double else 1) * M * N,
@@ -131,7 +135,7 @@ def nc_transpose(dst, data, engine=enums.engine.unknown, name=None):
     I = "nc_transpose"
     tensor_arg(I, "dst", dst)
     tensor_arg(I, "data", data)
-    P, F = data._data.shape[0], free_elems(data)
+    P, F = data.shape[0], free_elems(data)
     if engine is None or engine is enums.engine.unknown:
         eng = "tensor" if (data._alloc.kind == "sbuf" and dst._alloc.kind == "psum") else "vector"
     else:
@@ -147,9 +151,9 @@ def nc_transpose(dst, data, engine=enums.engine.unknown, name=None):
     if P > lim or F > lim:
         fail(f"{I}: data shape [{P}, {F}] exceeds maximum [{lim}, {lim}] on the "
              f"{eng} engine")
-    if dst._alloc.dtype != data._alloc.dtype:
+    if dst.dtype != data.dtype:
         fail(f"{I}: dst dtype {dst.dtype.name} must equal data dtype {data.dtype.name}")
-    if dst._data.shape[0] != F or free_elems(dst) != P:
+    if dst.shape[0] != F or free_elems(dst) != P:
         fail(f"{I}: dst shape {dst.shape} must be [{F}, {P}] (data {data.shape} transposed)")
-    store(I, dst, data._data.reshape(P, F).t())
+    store(I, dst, data._data.reshape(P, F).t(), raw=True)  # same dtype: moves bits
     return record(I, eng, [("data", data)], [("dst", dst)], P * F, {"P": P, "F": F})

@@ -8,8 +8,7 @@ from __future__ import annotations
 from ..errors import UnsupportedError
 
 NAMES = ("nc_matmul_mx", "quantize_mx", "activate2", "exponential", "rand2", "local_gather",
-         "sequence_bounds", "sendrecv", "nonzero_with_count", "topk", "rand_set_state",
-         "rand_get_state")
+         "sequence_bounds", "nonzero_with_count", "topk", "rand_set_state", "rand_get_state")
 
 
 def _unsupported(name):
@@ -27,7 +26,6 @@ exponential = _unsupported("exponential")
 rand2 = _unsupported("rand2")
 local_gather = _unsupported("local_gather")
 sequence_bounds = _unsupported("sequence_bounds")
-sendrecv = _unsupported("sendrecv")
 nonzero_with_count = _unsupported("nonzero_with_count")
 topk = _unsupported("topk")
 rand_set_state = _unsupported("rand_set_state")

@@ -65,4 +65,4 @@ def program_ndim():
 
 
 def device_print(print_prefix, tensor):
-    print(print_prefix, tensor._data.clone() if isinstance(tensor, NkiTensor) else tensor)
+    print(print_prefix, tensor.values().clone() if isinstance(tensor, NkiTensor) else tensor)
