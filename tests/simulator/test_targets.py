@@ -124,5 +124,5 @@ def test_tile_size_follows_the_target(on):
         nl, _, _ = on(target)
         ts = nl.tile_size
         assert (ts.pmax, ts.psum_bank_fmax, ts.psum_bank_fmax_bytes, ts.gemm_stationary_fmax,
-                ts.gemm_moving_fmax, ts.psum_num_banks, ts.psum_fmax) == (128, 512, 2048, 128, 512, 8, 2048)
+                ts.gemm_moving_fmax, ts.psum_num_banks, ts.psum_fmax) == (128, 512, 2048, 128, 512, 8, 512)
         assert ts.sbuf_fmax_bytes == sbuf * 1024 and ts.sbuf_size_bytes == 128 * sbuf * 1024

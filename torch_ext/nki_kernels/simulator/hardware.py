@@ -115,9 +115,6 @@ class Target:
     activation_scalar_bias: bool = True    # [I] activation: a scalar bias from v3 (v2: (P, 1) tile)
     has_range_select: bool = True          # [I] range_select: v3 and newer
     max_logical_cores: int = 2             # [L] LNC=2 from Trainium2; trn1 runs LNC=1 only
-    # nl.tile_size.psum_fmax as the simulator reports it (deprecated name). Kept at its
-    # historical value here; NKI 0.7 documents it as one PSUM bank (512): to be fixed.
-    tile_size_psum_fmax: int = 2048
 
     @property
     def generation(self) -> int:
