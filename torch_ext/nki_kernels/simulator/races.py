@@ -4,48 +4,72 @@ Both physical cores of a logical core see the same HBM; AWS documents how they m
 tensor: "two NeuronCores both need to write to disjoint portions of a shared HBM tensor
 (data) and they both need to consume the tensor after both cores have finished writing into
 the tensor ... they both can perform the write ... and then signal to each other ... using
-nisa.core_barrier" (nki.isa.core_barrier, Neuron 2.33). So, within one launch:
+nisa.core_barrier" (nki.isa.core_barrier). What the check reports (``RaceError``, naming the
+tensor, the byte range and the cores), for two accesses of different cores to the same
+bytes with no synchronisation ordering them:
 
-* both cores writing the same bytes of a shared HBM tensor is a race, unless the writes
-  are ordered by a synchronisation between the cores (a core_barrier both pass, or a
-  sendrecv from the first writer to the second);
-* one core reading bytes the other core writes is a race unless the write and the read are
-  ordered that way.
+* a write and a read, when the write changes those bytes: what the reader sees depends on
+  which core gets there first;
+* two writes, when the later one (in the simulator's interleaving) writes different bits
+  than the earlier one left: the final contents depend on the order.
 
-Ordering is tracked with the synchronisation epochs of isa/sync.py: every core counts the
-synchronisations it has completed; an access of core A at A's epoch ``ea`` happens before
-an access of core B at B's epoch ``eb`` when some synchronisation between them was entered
-by A after ``ea`` and left by B before ``eb`` (``RaceTracker.ordered``). The accesses are
-checked when the run ends; ``RaceError`` names the tensor, the byte range and the cores.
-HBM reads and writes of kernel inputs and outputs are all tracked (by byte ranges of the
-views the DMA instructions touch).
+Two cores writing the SAME bits to the same bytes (AWS's cumsum and rope kernels at LNC=2
+both compute and store the whole output) give the same memory in either order: that is not
+reported. Ordering comes from the synchronisations of isa/sync.py: each core counts the
+synchronisations it has completed (its epoch); an access of core A at epoch ``ea`` happens
+before an access of core B at ``eb`` when some synchronisation that A entered at an epoch
+>= ``ea`` was left by B at an epoch < ``eb`` (a core_barrier both passed, or a sendrecv
+message from A that B received). Accesses are recorded at every instruction touching a
+shared HBM tensor (exact element positions, also through dynamic access patterns) and
+checked when the run ends.
 """
 
 from __future__ import annotations
+
+import torch
 
 from .errors import RaceError
 
 
 class RaceTracker:
-    """Shared-HBM accesses of the cores of one LNC=2 run, and the synchronisations between
-    them."""
+    """Shared-HBM accesses of the cores of one LNC=2 run, and their synchronisations."""
 
     def __init__(self, run):
         self.run = run
-        self.accesses: list[tuple] = []  # (core, epoch, instruction, kind, alloc, lo, hi)
+        # (core, epoch, instruction, "read"|"write", allocation, lo, hi, where, changed)
+        self.accesses: list[tuple] = []
         self.epoch = [0] * run.grid      # synchronisations completed, per core
-        # (cores, {core: epoch it entered the synchronisation at}) recorded by isa/sync.py
-        self.syncs: list[tuple] = []
+        self.syncs: list[tuple] = []     # (cores, {core: epoch it entered at})
+        self._changed: dict[int, torch.Tensor] = {}  # id(view) -> changed mask of its store
 
+    # ------------------------------------------------------------------ writes
+    def before_store(self, dst) -> torch.Tensor | None:
+        """The bits ``dst`` holds before a store (HBM views only)."""
+        if dst._alloc.kind != "hbm" or type(dst).__name__ != "NkiTensor":
+            return None
+        return dst._data.clone()
+
+    def after_store(self, dst, old) -> None:
+        """Remember which elements of ``dst`` the store changed (bit for bit)."""
+        if old is None:
+            return
+        new = dst._data
+        self._changed[id(dst)] = _bits(new) != _bits(old)
+
+    # ------------------------------------------------------------------ recording
     def record(self, core, idx, op, reads, writes) -> None:
         for kind, pairs in (("read", reads), ("write", writes)):
             for _, t in pairs:
                 a = getattr(t, "_alloc", None)
                 if a is None or a.kind != "hbm":
                     continue
-                lo, hi = _byte_range(t)
-                self.accesses.append((core, self.epoch[core], idx, kind, a, lo, hi))
+                where = _where(t)
+                changed = self._changed.pop(id(t), None) if kind == "write" else None
+                lo, hi = _hull(where)
+                self.accesses.append((core, self.epoch[core], idx, kind, a, lo, hi, where,
+                                      changed))
 
+    # ------------------------------------------------------------------ synchronisation
     def synchronised(self, cores) -> None:
         """Cores ``cores`` completed a barrier together: what each did before it happens
         before what any of them does after it."""
@@ -68,18 +92,17 @@ class RaceTracker:
         self.epoch[receiver] += 1
 
     def ordered(self, a_core, a_epoch, b_core, b_epoch) -> bool:
-        """Does an access of ``a_core`` at epoch ``a_epoch`` happen before one of ``b_core``
-        at ``b_epoch`` (a synchronisation a_core entered after the first access and b_core
-        left before the second)?"""
-        for cores, entered in self.syncs:
+        """Does an access of ``a_core`` at ``a_epoch`` happen before one of ``b_core`` at
+        ``b_epoch``?"""
+        for _, entered in self.syncs:
             if a_core in entered and b_core in entered and entered[a_core] >= a_epoch \
                     and entered[b_core] < b_epoch:
                 return True
         return False
 
+    # ------------------------------------------------------------------ the check
     def check(self, describe) -> None:
-        """Raise ``RaceError`` for the first unordered pair of accesses of different cores to
-        overlapping bytes of one shared tensor, at least one of them a write."""
+        """Raise ``RaceError`` for the earliest racing pair (see the module docstring)."""
         by_alloc: dict[int, list] = {}
         for acc in self.accesses:
             by_alloc.setdefault(acc[4].alloc_id, []).append(acc)
@@ -97,30 +120,96 @@ class RaceTracker:
                     if self.ordered(x[0], x[1], y[0], y[1]) or \
                             self.ordered(y[0], y[1], x[0], x[1]):
                         continue
-                    found.append((x, y) if x[3] == "write" else (y, x))
-                    break
+                    hit = _conflict(x, y)
+                    if hit is not None:
+                        found.append(hit)
         if found:
-            w, o = min(found, key=lambda p: max(p[0][2], p[1][2]))
-            raise RaceError(_message(w, o, describe))
+            w, o, lo, hi = min(found, key=lambda f: max(f[0][2], f[1][2]))
+            raise RaceError(_message(w, o, lo, hi, describe))
 
 
-def _byte_range(t) -> tuple[int, int]:
-    """Bytes [lo, hi) of the allocation a view may touch (its hull)."""
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """Bits of ``t`` as integers (so NaN payloads compare exactly)."""
+    size = t.element_size()
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size]
+    return t.contiguous().view(ints) if t.dtype != ints else t
+
+
+def _where(t):
+    """What a view touches: ("strided", byte offset, element size, shape, strides) of a
+    plain view, or ("bytes", start offsets) of a data-dependent one (byte offsets relative
+    to the allocation's first byte)."""
     a = t._alloc
-    if type(t).__name__ != "NkiTensor":  # data-dependent view: the whole tensor
-        return 0, a.base.numel() * a.base.element_size()
-    d = t._data
-    es = d.element_size()
-    lo = d.storage_offset() * es - a.base_byte_offset
-    span = sum((s - 1) * st for s, st in zip(d.shape, d.stride()) if st > 0)
-    return lo, lo + (span + 1) * es
+    if type(t).__name__ == "NkiTensor":
+        d = t._data
+        es = d.element_size()
+        return ("strided", d.storage_offset() * es - a.base_byte_offset, es, tuple(d.shape),
+                tuple(d.stride()))
+    if type(t).__name__ == "IndirectView":
+        storage, idx, row_ok = t.resolve()
+        es = storage.element_size()
+        keep = row_ok.reshape((-1,) + (1,) * (idx.dim() - 1)).expand(idx.shape)
+        return ("bytes", idx[keep].reshape(-1) * es - a.base_byte_offset, es)
+    return ("bytes", torch.arange(0, a.base.numel()) * a.base.element_size(),
+            a.base.element_size())
 
 
-def _message(w, o, describe) -> str:
+def _hull(where) -> tuple[int, int]:
+    if where[0] == "strided":
+        _, off, es, shape, stride = where
+        span = sum((s - 1) * st for s, st in zip(shape, stride) if st > 0)
+        return off, off + (span + 1) * es
+    offs = where[1]
+    if offs.numel() == 0:
+        return 0, 0
+    return int(offs.min()), int(offs.max()) + where[2]
+
+
+def _byte_offsets(where) -> torch.Tensor:
+    """Start byte of every element, in the view's element order (flattened)."""
+    if where[0] == "bytes":
+        return where[1]
+    _, off, es, shape, stride = where
+    idx = torch.tensor(0, dtype=torch.int64)
+    for s, st in zip(shape, stride):
+        idx = idx.unsqueeze(-1) + torch.arange(s, dtype=torch.int64) * st
+    return off + idx.reshape(-1) * es
+
+
+def _covering(starts, es, other_starts, other_es) -> torch.Tensor:
+    """Which elements (``starts``, ``es`` bytes each) share a byte with the other set."""
+    if es == other_es and bool(((starts % es) == 0).all()) and bool(((other_starts % es) == 0).all()):
+        return torch.isin(starts, other_starts)
+    mine = (starts.unsqueeze(1) + torch.arange(es)).reshape(-1)
+    theirs = (other_starts.unsqueeze(1) + torch.arange(other_es)).reshape(-1)
+    return torch.isin(mine, theirs).reshape(-1, es).any(1)
+
+
+def _conflict(x, y):
+    """(write, other, lo, hi) if accesses ``x``, ``y`` of different cores race, else None."""
+    w, o = (x, y) if x[3] == "write" else (y, x)
+    if o[3] == "write" and o[2] > w[2]:
+        w, o = o, w  # of two writes, the later one decides whether the order matters
+    wb, ob = _byte_offsets(w[7]), _byte_offsets(o[7])
+    hit = _covering(wb, w[7][2], ob, o[7][2])
+    if not bool(hit.any()):
+        return None
+    changed = w[8]
+    if changed is not None:
+        hit = hit & changed.reshape(-1)
+        if not bool(hit.any()):
+            return None  # same bits either way: the order is not observable
+    starts = wb[hit]
+    return w, o, int(starts.min()), int(starts.max()) + w[7][2]
+
+
+def _message(w, o, lo, hi, describe) -> str:
     a = w[4]
-    lo, hi = max(w[5], o[5]), min(w[6], o[6])
-    what = "both write" if o[3] == "write" else f"core {o[0]} reads what core {w[0]} writes"
+    if o[3] == "write":
+        what = "both cores write different values there"
+    else:
+        what = f"core {o[0]} reads what core {w[0]} writes"
     return (f"LNC race on shared HBM tensor {a.name or '(unnamed)'} {a.shape} {a.dtype.name}, "
             f"bytes {lo}..{hi - 1}: {what} with no core_barrier or sendrecv between them "
-            f"(core {w[0]} {w[3]} at instruction {describe(w[2])}, core {o[0]} {o[3]} at "
-            f"instruction {describe(o[2])})")
+            f"(core {w[0]} writes at instruction {describe(w[2])}, core {o[0]} "
+            f"{'writes' if o[3] == 'write' else 'reads'} at instruction {describe(o[2])})")

@@ -32,6 +32,11 @@ def run(kernel, *args, target=None, params: SimParams | None = None, **kwargs) -
     params = resolve(target, params)
     with activated(params=params):
         outputs, ctx = run_kernel(kernel, args, kwargs, params)
+    return result_of(outputs, ctx)
+
+
+def result_of(outputs, ctx) -> SimResult:
+    """The ``SimResult`` of a finished run (``ctx``: its core 0 context)."""
     cores = ctx.run.cores
     return SimResult(outputs, ctx.recorder.instructions,
                      max(c.memory.sbuf_peak for c in cores),

@@ -166,15 +166,19 @@ def store(instr, dst: NkiTensor, value: torch.Tensor, matmul=False, raw=False) -
     v = value
     if v.shape != d.shape and v.numel() == d.numel():
         v = v.reshape(d.shape)
+    a = dst._alloc
+    races = current().run.races if a.kind == "hbm" else None
+    old = races.before_store(dst) if races is not None else None
     if raw:
         d.copy_(v)  # a one-element value broadcasts
     else:
         dst.dtype.assign(d, v)
-    a = dst._alloc
     if a.kind == "psum":
         psum_state(dst).fill_(1 if matmul else 2)
     elif a.kind == "hbm":
         a.written = True
+        if races is not None:
+            races.after_store(dst, old)
 
 
 def cast_copy(instr, dst: NkiTensor, src: NkiTensor) -> None:
