@@ -17,7 +17,7 @@ from ..tensor import NkiTensor
 from . import enums
 from .operands import (cast_copy, engine_of, f32, fail, free_elems, ints, is_scalar, no_psum_on_gpsimd,
                        not_both_psum, onchip, operand_vec, record, reduce_last, same_free,
-                       same_partitions, start_partition, store, target)
+                       same_partitions, store, target)
 
 
 def _ints(*ts):
@@ -66,12 +66,11 @@ def tensor_tensor(dst, data1, data2, op, engine=enums.engine.unknown, name=None)
     if op.unary:
         fail(f"{I}: op {op!r} is unary; use nisa.tensor_scalar")
     not_both_psum(I, "data1", data1, "data2", data2)
+    # "The two tiles must have the same partition axis size and the same number of
+    # elements per partition" (nki.isa.tensor_tensor): no rule on where each starts (each
+    # operand's own start-partition rule is checked by onchip()).
     same_partitions(I, "data1", data1, "data2", data2)
     same_partitions(I, "data1", data1, "dst", dst)
-    s1, s2 = start_partition(data1), start_partition(data2)
-    if s1 != s2:  # the inputs' base partitions must align (nki-library copies to realign)
-        fail(f"{I}: data1 starts at partition {s1} but data2 at partition {s2}; both inputs "
-             "must start at the same partition")
     same_free(I, "data1", data1, "data2", data2)
     same_free(I, "data1", data1, "dst", dst)
     # Default engine (beta-2 docstring): GpSimd for power, and for all-int32/uint32
@@ -100,12 +99,12 @@ _INT_EXACT = ("add", "subtract", "multiply", "maximum", "minimum", "equal", "not
               "greater", "greater_equal", "less", "less_equal")
 
 
-def scalar_stage(instr, op, operand, reverse, data_v, data):
+def scalar_stage(instr, op, operand, reverse, data_v, data, need_f32=True):
     if op.unary:
         if operand is not None and not (is_scalar(operand) and float(operand) == 0.0):
             fail(f"{instr}: operand of unary op {op!r} must be None or 0")
         return op.alu(data_v)
-    o = operand_vec(instr, "operand", operand, data, need_f32=not op.bitvec)
+    o = operand_vec(instr, "operand", operand, data, need_f32=need_f32 and not op.bitvec)
     if op.bitvec:
         o = int(o) if isinstance(o, float) else o.to(torch.int64)
     elif not isinstance(o, float):
@@ -173,7 +172,9 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     o1 = _ops.alu_of(_ops.resolve(op1, "op1"), I, "op1")
     if o0.bitvec or o1.bitvec:
         fail(f"{I}: bitvec operators are not supported; op0 and op1 must be arithmetic")
-    v = scalar_stage(I, o0, operand0, reverse0, f32(data), data)
+    # "All input tiles can be any supported NKI data type" (nki.isa.scalar_tensor_tensor):
+    # unlike tensor_scalar's, operand0 need not be float32.
+    v = scalar_stage(I, o0, operand0, reverse0, f32(data), data, need_f32=False)
     t = f32(operand1).reshape(v.shape)
     v = o1.alu(t, v) if reverse1 else o1.alu(v, t)
     store(I, dst, v)

@@ -11,7 +11,6 @@ import torch
 
 from .. import dtypes as _dt
 from .. import ops as _ops
-from . import enums
 from .operands import (f32, fail, free_elems, ints, is_scalar, onchip, record, reduce_last, same_free,
                        same_partitions, store)
 

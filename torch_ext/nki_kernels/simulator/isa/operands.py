@@ -160,12 +160,19 @@ def store(instr, dst: NkiTensor, value: torch.Tensor, matmul=False, raw=False) -
         dst._store_bits(bits)
         return
     d = dst._data
-    for s, st in zip(d.shape, d.stride()):
-        if st == 0 and s > 1:
-            fail(f"{instr}: dst is a broadcast view (stride 0); it cannot be written")
     v = value
     if v.shape != d.shape and v.numel() == d.numel():
         v = v.reshape(d.shape)
+    if any(st == 0 and s > 1 for s, st in zip(d.shape, d.stride())):
+        # A dst pattern may repeat addresses (step 0; nothing in the docs forbids it, and
+        # nki-library writes an unused activation_reduce output that way). The engine writes
+        # in pattern order, so the last write to an address wins: the last index of every
+        # step-0 dimension.
+        key = tuple(slice(s - 1, s) if (st == 0 and s > 1) else slice(None)
+                    for s, st in zip(d.shape, d.stride()))
+        v = (v if tuple(v.shape) == tuple(d.shape) else v.expand(d.shape))[key]
+        dst = NkiTensor(dst._alloc, d[key], dst._dtype)
+        d = dst._data
     a = dst._alloc
     races = current().run.races if a.kind == "hbm" else None
     old = races.before_store(dst) if races is not None else None
