@@ -184,7 +184,9 @@ class NkiTensor:
             if isinstance(k, slice):
                 tkey.append(_check_slice(k, dim, n, tuple(shape)))
             elif isinstance(k, DynamicSlice):
-                if k.size <= 0 or k.start < 0 or k.start + k.size > n:
+                # nl.ds(start, 0) is an empty view (nki-library's cross_entropy gives the idle
+                # core of an LNC=2 launch an empty shard); an instruction refuses it.
+                if k.size < 0 or k.start < 0 or k.start + k.size > n or (k.size == 0 and k.start > n):
                     raise IndexError(
                         f"index nl.ds({k.start}, {k.size}) is out of bounds for dim {dim} "
                         f"with size {n} (shape {tuple(shape)})")
@@ -818,16 +820,15 @@ class IndirectView(_PatternOnly):
             raise IndexError(self._oob_message(row_ok))
         return storage[idx]
 
-    def _store_bits(self, bits: torch.Tensor, row_ok=None) -> None:
-        """Scatter ``bits`` (this view's shape, storage dtype) into the tensor; rows outside
-        it are an IndexError unless ``row_ok`` (from ``resolve``) says to skip them."""
+    def _store_bits(self, bits: torch.Tensor, keep=None) -> None:
+        """Scatter ``bits`` (this view's shape, storage dtype) into the tensor; an access
+        outside it is an IndexError, unless ``keep`` (elements to write) leaves it out."""
         storage, idx, ok = self.resolve()
-        if row_ok is None:
+        if keep is None:
             if not bool(ok.all()):
                 raise IndexError(self._oob_message(ok))
             storage[idx.reshape(-1)] = bits.reshape(-1)
         else:
-            keep = (ok & row_ok).reshape((-1,) + (1,) * (idx.dim() - 1)).expand(idx.shape)
             storage[idx[keep]] = bits.reshape(idx.shape)[keep]
         if self._alloc.kind == "hbm":
             self._alloc.written = True

@@ -10,7 +10,8 @@
 * vector_engine.py  VectorE-only instructions (selects, accumulator reductions, scans,
                     bn_stats/bn_aggr, max8 family, shuffle, random numbers)
 * scalar_engine.py  activation, activation_reduce
-* gpsimd.py         iota, affine_select, nc_n_gather, tensor_partition_reduce
+* gpsimd.py         iota, affine_select, nc_n_gather, tensor_partition_reduce, local_gather,
+                    nonzero_with_count
 * sync.py           sendrecv, core_barrier (between the cores of an LNC=2 launch)
 * registers.py      VirtualRegister and register_* instructions
 * unsupported.py    names the simulator does not model (raise UnsupportedError)
@@ -29,19 +30,20 @@ from .dma import dma_compute, dma_copy, dma_transpose
 from .enums import (dge_mode, dma_engine, engine, get_nc_sub_version, get_nc_version,
                     gpsimd_engine, matmul_perf_mode, nc_version, oob_mode, reduce_cmd,
                     scalar_engine, tensor_engine, unknown_engine, vector_engine)
-from .gpsimd import affine_select, iota, nc_n_gather, tensor_partition_reduce
+from .gpsimd import (affine_select, iota, local_gather, nc_n_gather, nonzero_with_count,
+                     tensor_partition_reduce)
 from .operands import NkiInstruction, is_scalar
 from .registers import (VirtualRegister, register_alloc, register_load, register_move,
                         register_store)
 from .scalar_engine import activation, activation_reduce
-from .tensor_engine import nc_matmul, nc_transpose
+from .tensor_engine import nc_matmul, nc_matmul_mx, nc_transpose
 from .unsupported import NAMES as _UNSUPPORTED
 from .sync import core_barrier, sendrecv
-from .unsupported import (activate2, exponential, local_gather, nc_matmul_mx, nonzero_with_count,
-                          quantize_mx, rand2, rand_get_state, rand_set_state, sequence_bounds,
-                          topk)
+from .unsupported import (activate2, exponential, rand2, rand_get_state, rand_set_state,
+                          sequence_bounds, topk)
 from .vector_engine import (bn_aggr, bn_stats, dropout, max8, nc_find_index8, nc_match_replace8,
-                            nc_stream_shuffle, range_select, reciprocal, rng, select_reduce,
+                            nc_stream_shuffle, quantize_mx, range_select, reciprocal, rng,
+                            select_reduce,
                             set_rng_seed, tensor_copy_predicated, tensor_scalar_cumulative,
                             tensor_scalar_reduce, tensor_tensor_scan)
 
@@ -51,11 +53,11 @@ __all__ = [
     "tensor_engine", "vector_engine", "scalar_engine", "gpsimd_engine", "unknown_engine",
     "get_nc_version", "get_nc_sub_version",
     "dma_copy", "dma_transpose", "dma_compute", "tensor_copy", "tensor_copy_predicated", "memset",
-    "nc_matmul", "nc_transpose", "tensor_tensor", "tensor_scalar", "scalar_tensor_tensor",
+    "nc_matmul", "nc_matmul_mx", "quantize_mx", "nc_transpose", "tensor_tensor", "tensor_scalar", "scalar_tensor_tensor",
     "tensor_reduce", "tensor_partition_reduce", "tensor_scalar_reduce", "tensor_scalar_cumulative",
     "tensor_tensor_scan", "activation", "activation_reduce", "iota", "affine_select",
     "select_reduce", "range_select", "reciprocal", "bn_stats", "bn_aggr", "nc_n_gather",
-    "max8", "nc_find_index8", "nc_match_replace8", "nc_stream_shuffle", "dropout", "rng",
+    "local_gather", "nonzero_with_count", "max8", "nc_find_index8", "nc_match_replace8", "nc_stream_shuffle", "dropout", "rng",
     "set_rng_seed", "core_barrier", "sendrecv", "register_alloc", "register_move", "register_load",
     "register_store", *_UNSUPPORTED,
 ]

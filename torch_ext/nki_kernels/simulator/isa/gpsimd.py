@@ -1,6 +1,7 @@
 """GpSimd instructions: the affine patterns (``iota``, ``affine_select``), the
-per-partition gather ``nc_n_gather``, the cross-partition ``tensor_partition_reduce`` and
-``core_barrier``. GpSimd reads and writes SBUF only (never PSUM).
+per-partition gather ``nc_n_gather``, the cross-partition ``tensor_partition_reduce``, the
+16-partition ``local_gather`` and ``nonzero_with_count``. GpSimd reads and writes SBUF only
+(never PSUM).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 from .. import dtypes as _dt
 from .. import ops as _ops
 from .operands import (f32, fail, free_elems, ints, is_scalar, onchip, record, reduce_last, same_free,
-                       same_partitions, store)
+                       same_partitions, start_partition, store, target)
 
 
 def _pattern_values(I, dst, pattern, offset, channel_multiplier):
@@ -110,3 +111,96 @@ def tensor_partition_reduce(dst, op, data, name=None):
     store(I, dst, r)
     return record(I, "gpsimd", [("data", data)], [("dst", dst)], data.size,
                   {"op": name_})
+
+
+# GpSimd has eight cores, each wired to 16 contiguous SBUF partitions (nki.isa.local_gather,
+# nki.isa.nonzero_with_count: "Each of the eight GpSimd cores connects to 16 contiguous SBUF
+# partitions")
+_CORE_PARTITIONS = 16
+_LOCAL_GATHER_ELEMS = (1, 2, 4, 8, 16, 32)  # local_gather: num_elem_per_idx choices
+_LOCAL_GATHER_MAX_INDICES = 4096            # "indices for gather per core ... <= 4096"
+
+
+def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, name=None):
+    """Per GpSimd core (16 partitions): the core's ``index`` slice flattened partition-first
+    gives element offsets into each of its partitions' free elements; ``num_elem_per_idx``
+    contiguous elements are read at each (the docstring's numpy semantics: ``np.take`` of
+    ``index[core].flatten(order='F')[:num_valid_indices]``). No dtype conversion."""
+    I = "local_gather"
+    onchip(I, "dst", dst, psum=False, why=" (GpSimd)")
+    onchip(I, "src_buffer", src_buffer, psum=False, why=" (GpSimd)")
+    onchip(I, "index", index, psum=False, why=" (GpSimd)")
+    P = src_buffer.shape[0]
+    if index.shape[0] != P or P % _CORE_PARTITIONS:
+        fail(f"{I}: src_buffer and index must have the same partition count, a multiple of "
+             f"{_CORE_PARTITIONS}; got {P} and {index.shape[0]}")
+    same_partitions(I, "src_buffer", src_buffer, "dst", dst)
+    if index.dtype.name != "uint16":
+        fail(f"{I}: index must be uint16, got {index.dtype.name}")
+    if dst.dtype != src_buffer.dtype:
+        fail(f"{I}: dst dtype {dst.dtype.name} must equal src_buffer dtype "
+             f"{src_buffer.dtype.name} (no dtype conversion)")
+    if num_elem_per_idx not in _LOCAL_GATHER_ELEMS:
+        fail(f"{I}: num_elem_per_idx={num_elem_per_idx} must be one of {_LOCAL_GATHER_ELEMS}")
+    per_core = free_elems(index) * _CORE_PARTITIONS
+    n = per_core if num_valid_indices is None else int(num_valid_indices)
+    if not 1 <= n <= min(per_core, _LOCAL_GATHER_MAX_INDICES):
+        fail(f"{I}: num_valid_indices={n} must be between 1 and "
+             f"{min(per_core, _LOCAL_GATHER_MAX_INDICES)} (the indices of one core's 16 "
+             f"partitions, at most {_LOCAL_GATHER_MAX_INDICES})")
+    if free_elems(dst) != n * num_elem_per_idx:
+        fail(f"{I}: dst has {free_elems(dst)} elements per partition; {n} indices x "
+             f"{num_elem_per_idx} elements need {n * num_elem_per_idx}")
+    src = src_buffer._data.reshape(P, -1)  # bits: a gather moves them unchanged
+    F = src.shape[1]
+    idx = ints(index).reshape(P, -1)
+    out = torch.empty((P, n * num_elem_per_idx), dtype=src.dtype)
+    span = torch.arange(num_elem_per_idx, dtype=torch.int64)
+    for c in range(P // _CORE_PARTITIONS):
+        rows = slice(c * _CORE_PARTITIONS, (c + 1) * _CORE_PARTITIONS)
+        flat = idx[rows].t().reshape(-1)[:n]  # partition-first (order='F')
+        offs = (flat.unsqueeze(1) + span).reshape(-1)
+        if offs.numel() and (int(offs.min()) < 0 or int(offs.max()) >= F):
+            raise IndexError(f"{I}: core {c} gathers element {int(offs.max())} of {F} per "
+                             "partition (out of range: undefined on hardware)")
+        out[rows] = src[rows][:, offs]
+    store(I, dst, out.reshape(dst.shape), raw=True)
+    return record(I, "gpsimd", [("src_buffer", src_buffer), ("index", index)], [("dst", dst)],
+                  out.numel(), {"num_elem_per_idx": num_elem_per_idx})
+
+
+def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
+    """On partitions 0, 16, ..., 112 (each GpSimd core's 0-th partition): the indices of
+    src's nonzero elements plus ``index_offset``, then ``padding_val``, then the count (dst
+    has one more element per partition than src). Other dst partitions are not modified."""
+    I = "nonzero_with_count"
+    if target().generation < 3:
+        fail(f"{I}: needs NeuronCore-v3 or newer")
+    onchip(I, "dst", dst, psum=False, why=" (GpSimd)")
+    onchip(I, "src", src, psum=False, why=" (GpSimd)")
+    same_partitions(I, "src", src, "dst", dst)
+    if src.dtype.name not in ("float32", "int32"):
+        fail(f"{I}: src dtype must be float32 or int32, got {src.dtype.name}")
+    if dst.dtype.name != "int32":
+        fail(f"{I}: dst dtype must be int32, got {dst.dtype.name}")
+    F = free_elems(src)
+    if free_elems(dst) != F + 1:
+        fail(f"{I}: dst must have one more element per partition than src ({F + 1}), got "
+             f"{free_elems(dst)}")
+    for role, v in (("index_offset", index_offset), ("padding_val", padding_val)):
+        if not isinstance(v, int) or not -(1 << 31) <= v < (1 << 31):
+            fail(f"{I}: {role}={v!r} must be an int32")
+    P = src.shape[0]
+    s0 = start_partition(src)
+    values = f32(src).reshape(P, F) if src.dtype.name == "float32" else ints(src).reshape(P, F)
+    out = ints(dst).reshape(P, F + 1).clone()
+    for p in range(P):
+        if (s0 + p) % _CORE_PARTITIONS:
+            continue
+        nz = torch.nonzero(values[p] != 0).reshape(-1)
+        row = torch.full((F + 1,), int(padding_val), dtype=torch.int64)
+        row[:nz.numel()] = nz + int(index_offset)
+        row[F] = nz.numel()
+        out[p] = row
+    store(I, dst, out.reshape(dst.shape))
+    return record(I, "gpsimd", [("src", src)], [("dst", dst)], P * F, {})

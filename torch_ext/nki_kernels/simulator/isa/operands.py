@@ -74,6 +74,8 @@ def onchip(instr, role, t, *, psum=True, sbuf=True, why="") -> NkiTensor:
     if not isinstance(t, NkiTensor):
         fail(f"{instr}: {role} must be an NKI tensor, got {type(t).__name__}")
     kind = t._alloc.kind
+    if t.size == 0:
+        fail(f"{instr}: {role} is empty (shape {t.shape}); an instruction needs elements")
     if kind == "hbm":
         fail(f"{instr}: {role} is in HBM; compute engines read and write only SBUF/PSUM "
              "(move data with nl.load / nisa.dma_copy)")
@@ -198,6 +200,17 @@ def cast_copy(instr, dst: NkiTensor, src: NkiTensor) -> None:
         store(instr, dst, ints(src))
     else:
         store(instr, dst, f32(src))
+
+
+def convert_bits(bits: torch.Tensor, src_dtype, dst_dtype) -> torch.Tensor:
+    """``bits`` of ``src_dtype`` as ``dst_dtype`` bits, converted as cast_copy does."""
+    if src_dtype == dst_dtype or (src_dtype.storage == dst_dtype.storage
+                                  and (src_dtype.is_packed or dst_dtype.is_packed)):
+        return bits
+    values = src_dtype.decode(bits)
+    if not (src_dtype.is_int and dst_dtype.is_int):
+        values = values.to(torch.float32)
+    return dst_dtype.encode(values)
 
 
 def psum_state(t: NkiTensor) -> torch.Tensor:

@@ -157,3 +157,122 @@ def nc_transpose(dst, data, engine=enums.engine.unknown, name=None):
         fail(f"{I}: dst shape {dst.shape} must be [{F}, {P}] (data {data.shape} transposed)")
     store(I, dst, data._data.reshape(P, F).t(), raw=True)  # same dtype: moves bits
     return record(I, eng, [("data", data)], [("dst", dst)], P * F, {"P": P, "F": F})
+
+
+# ---------------------------------------------------------------------------- MX (v4)
+# float4_e2m1fn (OCP MX): sign, 2 exponent bits (bias 1), 1 mantissa bit
+_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                      -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+_MX_DATA = ("float8_e5m2_x4", "float8_e4m3fn_x4", "float4_e2m1fn_x4")
+_MX_SCALE = ("float8_e8m0fnu", "uint8")
+
+
+def mx_values(t) -> torch.Tensor:
+    """The values of an MX x4 tile [P, F] as fp32 [P, F, 4] (the four packed elements of each
+    word, lowest byte / nibble first)."""
+    d = t._data.contiguous()
+    P = d.shape[0]
+    if t.dtype.name == "float4_e2m1fn_x4":
+        w = d.view(torch.int16).to(torch.int64) & 0xFFFF
+        nib = torch.stack([(w >> (4 * i)) & 0xF for i in range(4)], -1)
+        return _E2M1[nib].reshape(P, -1, 4)
+    codes = d.view(torch.uint8).reshape(P, -1, 4)
+    fp8 = torch.float8_e4m3fn if t.dtype.name == "float8_e4m3fn_x4" else torch.float8_e5m2
+    return codes.view(fp8).to(torch.float32)
+
+
+def mx_scale_rows(P: int, group: int, quadrant: int) -> torch.Tensor:
+    """Scale partition (relative to the scale tile) of each of ``P`` data partitions: the
+    group of ``group`` partitions it belongs to, placed in its own quadrant ("Scales must be
+    placed in the quadrant from which the corresponding scaling group originated", MX deep
+    dive; "for every 32 partitions of the data tensor, we get 32/8=4 partitions worth of
+    scale factors", Trainium3 guide)."""
+    p = torch.arange(P)
+    return quadrant * (p // quadrant) + (p % quadrant) // group
+
+
+def mx_scales(scale, P: int, F: int, role: str) -> torch.Tensor:
+    """Scales (fp32 powers of two) of an MX data tile [P, F], per data partition [P, F]."""
+    tgt = target()
+    rows = mx_scale_rows(P, tgt.mx_group_partitions, tgt.partition_quadrant)
+    need = int(rows.max()) + 1
+    if scale.shape[0] < need or free_elems(scale) != F:
+        fail(f"nc_matmul_mx: {role} must cover {need} partitions x {F} elements (one scale per "
+             f"{tgt.mx_group_partitions} partitions of each quadrant, per x4 column), got "
+             f"{scale.shape}")
+    codes = scale._data.reshape(scale.shape[0], -1).contiguous().view(torch.uint8)
+    exps = codes.to(torch.int64)[rows]  # e8m0: 2^(code - 127); 0xFF is NaN
+    vals = torch.pow(2.0, (exps - 127).to(torch.float64)).to(torch.float32)
+    return torch.where(exps == 255, torch.full_like(vals, float("nan")), vals)
+
+
+def nc_matmul_mx(dst, stationary, moving, stationary_scale, moving_scale, tile_position=None,
+                 tile_size=None, accumulate=None, name=None):
+    """MX matmul on TensorE (NeuronCore-v4): ``dst[M, N] (+)= sum over K and the four packed
+    elements of (stationary * its scale) x (moving * its scale)``, fp32 accumulation."""
+    I = "nc_matmul_mx"
+    tgt = target()
+    if not tgt.has_mx:
+        fail(f"{I}: needs NeuronCore-v4 (trn3); the target is {tgt.name}")
+    for role, t in (("stationary", stationary), ("moving", moving),
+                    ("stationary_scale", stationary_scale), ("moving_scale", moving_scale)):
+        onchip(I, role, t, psum=False, why=" (TensorE reads SBUF only)")
+    onchip(I, "dst", dst, sbuf=False, why=" (TensorE writes PSUM only)")
+    for role, t in (("stationary", stationary), ("moving", moving)):
+        if t.dtype.name not in _MX_DATA:
+            fail(f"{I}: {role} dtype must be one of {', '.join(_MX_DATA)}, got {t.dtype.name}")
+    for role, t in (("stationary_scale", stationary_scale), ("moving_scale", moving_scale)):
+        if t.dtype.name not in _MX_SCALE:
+            fail(f"{I}: {role} dtype must be float8_e8m0fnu or uint8, got {t.dtype.name}")
+    if dst.dtype.name not in ("float32", "bfloat16"):
+        fail(f"{I}: dst dtype must be float32 or bfloat16, got {dst.dtype.name}")
+    K, M, N = stationary.shape[0], free_elems(stationary), free_elems(moving)
+    q = tgt.partition_quadrant
+    if moving.shape[0] != K or K % q or K > tgt.matmul_rows:
+        fail(f"{I}: stationary and moving partition dims ({K}, {moving.shape[0]}) must be equal, "
+             f"a multiple of {q} and at most {tgt.matmul_rows}")
+    row_size = tgt.matmul_rows
+    if tile_position or tile_size:
+        if not (tile_position and tile_size):
+            fail(f"{I}: tile_position and tile_size must be set together")
+        row_size, col_size = (int(x) for x in tile_size)
+        r0, c0 = (int(x) for x in tile_position)
+        if col_size != tgt.matmul_columns or c0 != 0:
+            fail(f"{I}: only row tiling: tile_size column must be {tgt.matmul_columns} and "
+                 f"tile_position column 0, got {tuple(tile_size)} / {tuple(tile_position)}")
+        if row_size not in tgt.matmul_tile_sizes or r0 % row_size or r0 + row_size > tgt.matmul_rows:
+            fail(f"{I}: tile_size row {row_size} / tile_position row {r0} must be one of "
+                 f"{tgt.matmul_tile_sizes} and a multiple of it within {tgt.matmul_rows}")
+        if K > row_size:
+            fail(f"{I}: stationary partition dim {K} exceeds the row tile {row_size}")
+    if M > tgt.matmul_columns or M % 2:
+        fail(f"{I}: stationary free size {M} must be even and at most {tgt.matmul_columns}")
+    n_max = tgt.matmul_moving_fmax_bf16_dst if dst.dtype.name == "bfloat16" else tgt.matmul_moving_fmax
+    if N > n_max:
+        fail(f"{I}: moving free size {N} exceeds maximum {n_max}")
+    if dst.shape[0] != M or free_elems(dst) != N:
+        fail(f"{I}: dst shape {dst.shape} must be [{M}, {N}]")
+    st = mx_values(stationary) * mx_scales(stationary_scale, K, M, "stationary_scale").unsqueeze(-1)
+    mv = mx_values(moving) * mx_scales(moving_scale, K, N, "moving_scale").unsqueeze(-1)
+    # the four packed elements extend the contraction: [K, M, 4] -> [4K, M]; fp32 math
+    prod = st.permute(0, 2, 1).reshape(4 * K, M).t() @ mv.permute(0, 2, 1).reshape(4 * K, N)
+    state = psum_state(dst)
+    if accumulate is None:
+        acc = (state == 1).reshape(M, N)
+        value = torch.where(acc, f32(dst).reshape(M, N) + prod, prod)
+    elif accumulate:
+        if bool((state == 0).any()):
+            fail(f"{I}: accumulate=True onto PSUM locations no previous write initialized")
+        value = f32(dst).reshape(M, N) + prod
+    else:
+        value = prod
+    store(I, dst, value.reshape(dst.shape), matmul=True)
+    return record(I, "tensor", [("stationary", stationary), ("moving", moving),
+                                ("stationary_scale", stationary_scale),
+                                ("moving_scale", moving_scale)], [("dst", dst)],
+                  2 * K * 4 * M * N, {"K": K * 4, "M": M, "N": N, "fp32": False, "mx": True,
+                                      "dtype": stationary.dtype.name,
+                                      "moving_dtype": moving.dtype.name, "is_transpose": False,
+                                      "accumulate": "auto" if accumulate is None else
+                                      ("accumulate" if accumulate else "overwrite"),
+                                      "perf_mode": "none"})

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from ..errors import UnsupportedError
 
-NAMES = ("nc_matmul_mx", "quantize_mx", "activate2", "exponential", "rand2", "local_gather",
-         "sequence_bounds", "nonzero_with_count", "topk", "rand_set_state", "rand_get_state")
+NAMES = ("activate2", "exponential", "rand2", "sequence_bounds", "topk", "rand_set_state",
+         "rand_get_state")
 
 
 def _unsupported(name):
@@ -19,14 +19,10 @@ def _unsupported(name):
     return fn
 
 
-nc_matmul_mx = _unsupported("nc_matmul_mx")
-quantize_mx = _unsupported("quantize_mx")
 activate2 = _unsupported("activate2")
 exponential = _unsupported("exponential")
 rand2 = _unsupported("rand2")
-local_gather = _unsupported("local_gather")
 sequence_bounds = _unsupported("sequence_bounds")
-nonzero_with_count = _unsupported("nonzero_with_count")
 topk = _unsupported("topk")
 rand_set_state = _unsupported("rand_set_state")
 rand_get_state = _unsupported("rand_get_state")

@@ -431,3 +431,60 @@ def set_rng_seed(src_seeds, name=None):
         fail(f"{I}: src_seeds must be a [1, 1] tensor, got {src_seeds.shape}")
     current().generator.manual_seed(int(ints(src_seeds).reshape(-1)[0]) & 0xFFFFFFFF)
     return record(I, "vector", [("src_seeds", src_seeds)], [], 0, {})
+
+
+# quantize_mx: "E_max ... 8 for float8_e4m3fn and 15 for float8_e5m2"
+_MX_EMAX = {"float8_e4m3fn_x4": 8, "float8_e5m2_x4": 15}
+_MX_ZERO_SCALE_EXP = -127  # "For an all-zero group ... X = 2^-127"
+
+
+def quantize_mx(dst, src, dst_scale, name=None):
+    """MXFP8 quantisation on VectorE (NeuronCore-v4): per group of 8 partitions x 4 elements,
+    scale X = 2^(floor(log2(max|v|)) - (E_max - 1)) (2^-127 for an all-zero group), data =
+    v / X rounded to fp8, four per x4 word (lowest byte first); one e8m0 scale per group, in
+    the scale tile's rows of the group's quadrant (nki.isa.quantize_mx; MX deep dive)."""
+    from .tensor_engine import mx_scale_rows
+
+    I = "quantize_mx"
+    tgt = target()
+    if not tgt.has_mx:
+        fail(f"{I}: needs NeuronCore-v4 (trn3); the target is {tgt.name}")
+    for role, t in (("dst", dst), ("src", src), ("dst_scale", dst_scale)):
+        onchip(I, role, t, psum=False, why=" (all tiles in SBUF)")
+    if src.dtype.name not in ("float16", "bfloat16"):
+        fail(f"{I}: src dtype must be float16 or bfloat16, got {src.dtype.name}")
+    if dst.dtype.name not in _MX_EMAX:
+        fail(f"{I}: dst dtype must be float8_e5m2_x4 or float8_e4m3fn_x4, got {dst.dtype.name}")
+    if dst_scale.dtype.name not in ("float8_e8m0fnu", "uint8"):
+        fail(f"{I}: dst_scale dtype must be float8_e8m0fnu or uint8, got {dst_scale.dtype.name}")
+    P, F = src.shape[0], free_elems(src)
+    q, g = tgt.partition_quadrant, tgt.mx_group_partitions
+    if P % q or P > tgt.partitions:
+        fail(f"{I}: src partition dim {P} must be a multiple of {q} and at most {tgt.partitions}")
+    if F % 4:
+        fail(f"{I}: src has {F} elements per partition, not a multiple of 4")
+    same_partitions(I, "src", src, "dst", dst)
+    if free_elems(dst) != F // 4:
+        fail(f"{I}: dst must have {F // 4} x4 elements per partition (src's {F} / 4), got "
+             f"{free_elems(dst)}")
+    rows = mx_scale_rows(P, g, q)
+    need = int(rows.max()) + 1
+    if dst_scale.shape[0] < need or free_elems(dst_scale) != F // 4:
+        fail(f"{I}: dst_scale must cover {need} partitions x {F // 4} elements (one scale per "
+             f"{g} partitions of each quadrant, per x4 column), got {dst_scale.shape}")
+    x = f32(src).reshape(P // g, g, F // 4, 4)
+    amax = x.abs().amax(dim=(1, 3))                       # [P/g, F/4] per group
+    _, e = torch.frexp(amax)                              # amax = m * 2^e, m in [0.5, 1)
+    exp = (e - 1) - (_MX_EMAX[dst.dtype.name] - 1)
+    exp = torch.where(amax > 0, exp, torch.full_like(exp, _MX_ZERO_SCALE_EXP))
+    scale = torch.ldexp(torch.ones_like(amax), exp)
+    q8 = (x / scale[:, None, :, None]).reshape(P, F)
+    fp8 = torch.float8_e4m3fn if dst.dtype.name == "float8_e4m3fn_x4" else torch.float8_e5m2
+    words = q8.to(fp8).view(torch.uint8).reshape(P, F).contiguous().view(torch.uint32)
+    store(I, dst, words.reshape(dst.shape), raw=True)
+    codes = (exp + 127).clamp(0, 254).to(torch.uint8)    # e8m0 bits: 2^(code - 127)
+    sbits = dst_scale._data.reshape(dst_scale.shape[0], -1).clone()
+    sbits.view(torch.uint8)[rows.view(P // g, g)[:, 0]] = codes
+    store(I, dst_scale, sbits.reshape(dst_scale.shape), raw=True)
+    return record(I, "vector", [("src", src)], [("dst", dst), ("dst_scale", dst_scale)],
+                  src.size, {"dtype": dst.dtype.name})
