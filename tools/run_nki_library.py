@@ -385,7 +385,7 @@ if os.environ.get("NKI07_PLUGIN") == "1":
         for part in spec.split(";"):
             func, filt, count = part.split("|")
             picked = [it for it in items if _matches(it.nodeid, func) and filt in it.nodeid
-                      and it not in keep]
+                      and it not in keep and it.get_closest_marker("skip") is None]
             keep += picked[:int(count)]
         items[:] = keep
 

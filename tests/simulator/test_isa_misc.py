@@ -164,8 +164,8 @@ def test_registers_and_loops(sim, mk):
 
 def test_unsupported_names_raise_clearly(sim):
     _, nl, nisa = sim
-    with pytest.raises(UnsupportedError, match="nc_matmul_mx"):
-        nisa.nc_matmul_mx()
+    with pytest.raises(UnsupportedError, match="activate2"):
+        nisa.activate2()
     t = nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.sbuf)
     with pytest.raises(UnsupportedError, match="indirect"):
         t.indirect(t)

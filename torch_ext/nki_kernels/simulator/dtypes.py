@@ -10,8 +10,10 @@ float8_e8m0fnu and the integers natively; float8_e4m3 and bool_ as uint8 codes;
 tfloat32 as the float32 whose low 13 mantissa bits are zero; the packed MX x4 types as
 uint32/uint16 words). So a reinterpreting view (``t.view(dtype)``, ``t.ap(dtype=)``) and
 two tensors placed at one address see each other's bits exactly, as on hardware.
-Instructions compute on decoded values: ``decode`` gives float32 for floats and int64
-for integers; ``assign`` rounds values once into a bits view; ``round`` = decode(encode).
+Instructions compute on decoded values: ``from_bits`` gives float32 for floats and int64
+for integers; ``to_bits`` encodes values; ``assign`` rounds values once into a bits view;
+``round`` = from_bits(to_bits). (Not ``encode``/``decode``: a dtype is a ``str``, and those
+names are ``str``'s.)
 
 Rounding rules (the hardware's are not all documented; what is assumed is said here):
 * floats: round-to-nearest-even. bf16/fp16/float8_e5m2/float8_e4m3fn through torch casts
@@ -85,9 +87,9 @@ class NkiDType(str):
     def round(self, t: torch.Tensor) -> torch.Tensor:
         """Values of ``t`` (fp32/fp64 or integer) as this dtype holds them, decoded
         (float32 for floats, int64 for integers)."""
-        return self.decode(self.encode(t))
+        return self.from_bits(self.to_bits(t))
 
-    def encode(self, t: torch.Tensor) -> torch.Tensor:
+    def to_bits(self, t: torch.Tensor) -> torch.Tensor:
         """Values (fp32/fp64 or integer) -> this dtype's bits, as a ``storage`` tensor."""
         if self.is_packed:
             raise UnsupportedError(f"{self.name} packs four values per element; it has no "
@@ -95,7 +97,7 @@ class NkiDType(str):
                                    "copy, or quantize_mx)")
         return _ENCODERS.get(self.name, _encode_plain)(self, t)
 
-    def decode(self, raw: torch.Tensor) -> torch.Tensor:
+    def from_bits(self, raw: torch.Tensor) -> torch.Tensor:
         """This dtype's bits (a ``storage`` tensor) -> values: float32 or int64."""
         if self.is_packed:
             raise UnsupportedError(f"{self.name} packs four values per element; an "
@@ -112,7 +114,7 @@ class NkiDType(str):
         if self._copy_rounds:
             dst.copy_(_as_f32(values))
         else:
-            dst.copy_(self.encode(values))
+            dst.copy_(self.to_bits(values))
 
     # str subclasses hash/compare by value, which is what we want: nl.float32 == "float32".
     __hash__ = str.__hash__

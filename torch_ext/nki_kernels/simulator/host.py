@@ -91,7 +91,7 @@ def _to_torch(t: NkiTensor) -> torch.Tensor:
         return d != 0
     if dt.is_packed or d.dtype == dt.torch_dtype:
         return d
-    return dt.decode(d).to(_dt.torch_output_dtype(dt))
+    return dt.from_bits(d).to(_dt.torch_output_dtype(dt))
 
 
 def _to_numpy(t: NkiTensor):
@@ -100,8 +100,8 @@ def _to_numpy(t: NkiTensor):
     if dt.is_packed:
         return d.numpy()
     if dt.is_float:
-        return dt.decode(d).to(torch.float32).numpy().astype(_dt.numpy_output_dtype(dt))
-    return dt.decode(d).numpy().astype(_dt.numpy_output_dtype(dt))
+        return dt.from_bits(d).to(torch.float32).numpy().astype(_dt.numpy_output_dtype(dt))
+    return dt.from_bits(d).numpy().astype(_dt.numpy_output_dtype(dt))
 
 
 def _convert(result, kind, index=0):

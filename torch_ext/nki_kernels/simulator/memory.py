@@ -192,7 +192,7 @@ class Memory:
             return torch.full(shape, -1, dtype=torch.int64).to(dtype.storage)  # all-ones bits
         if dtype.storage == dtype.torch_dtype:
             return torch.full(shape, fill, dtype=dtype.storage)
-        return dtype.encode(torch.tensor([fill], dtype=dtype.compute)).expand(shape).clone()
+        return dtype.to_bits(torch.tensor([fill], dtype=dtype.compute)).expand(shape).clone()
 
     def _fits_alone(self, kind, name, shape, dtype, per_part):
         t = self.target

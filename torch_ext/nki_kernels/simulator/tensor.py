@@ -136,7 +136,7 @@ class NkiTensor:
 
     def values(self) -> torch.Tensor:
         """The view's values, decoded: float32 for float dtypes, int64 for integers."""
-        return self.dtype.decode(self._data)
+        return self.dtype.from_bits(self._data)
 
     @property
     def on_chip(self) -> bool:
@@ -882,7 +882,7 @@ def from_torch(data: torch.Tensor, dtype, buffer, name="", alias=False) -> NkiTe
             f"{name or 'input'}: host data cannot be converted to packed {dt.name}; pass its "
             "bits (e.g. uint8) and view them in the kernel (t.view(nl." + dt.name + "))")
     else:
-        base = dt.encode(data.to(torch.float32) if dt.is_float else data.to(torch.int64))
+        base = dt.to_bits(data.to(torch.float32) if dt.is_float else data.to(torch.int64))
     base = base.contiguous()
     alloc = current().memory.wrap_hbm(base, dt, region, name)
     return NkiTensor(alloc, alloc.base)

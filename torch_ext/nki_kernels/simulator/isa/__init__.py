@@ -63,6 +63,14 @@ __all__ = [
 ]
 
 
+# Importing the engine modules (isa/tensor_engine.py, ...) binds their names on this package;
+# the beta-2 names are the engine constants (nisa.scalar_engine == nisa.engine.scalar).
+tensor_engine = engine.tensor
+vector_engine = engine.vector
+scalar_engine = engine.scalar
+gpsimd_engine = engine.gpsimd
+
+
 def _assign(dst, value) -> None:
     """``t[idx] = value``: a tile is copied (tensor_copy on chip, dma_copy when HBM is
     involved), a scalar fills (memset)."""

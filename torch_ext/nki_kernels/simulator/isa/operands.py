@@ -142,22 +142,22 @@ def f32(t: NkiTensor) -> torch.Tensor:
         return d
     dt = t.dtype
     if dt.is_float:
-        return dt.decode(d)
+        return dt.from_bits(d)
     if dt.is_packed:
-        dt.decode(d)  # raises: packed MX words have no element values
+        dt.from_bits(d)  # raises: packed MX words have no element values
     return d.to(torch.float32)  # integers: exact, or RNE above 2^24 as any int -> fp32 cast
 
 
 def ints(t: NkiTensor) -> torch.Tensor:
     """The view's values as int64 (integer dtypes: exact)."""
-    return t.dtype.decode(t._data).to(torch.int64)
+    return t.dtype.from_bits(t._data).to(torch.int64)
 
 
 def store(instr, dst: NkiTensor, value: torch.Tensor, matmul=False, raw=False) -> None:
     """Round ``value`` (fp32/fp64 or integer values) ONCE into dst's dtype and write it into
     the dst view; ``raw``: ``value`` is already dst's bits (a same-dtype copy)."""
     if type(dst) is not NkiTensor:
-        bits = value if raw else dst.dtype.encode(value)
+        bits = value if raw else dst.dtype.to_bits(value)
         bits = bits.expand(dst.shape) if bits.numel() == 1 else bits.reshape(dst.shape)
         dst._store_bits(bits)
         return
@@ -207,10 +207,10 @@ def convert_bits(bits: torch.Tensor, src_dtype, dst_dtype) -> torch.Tensor:
     if src_dtype == dst_dtype or (src_dtype.storage == dst_dtype.storage
                                   and (src_dtype.is_packed or dst_dtype.is_packed)):
         return bits
-    values = src_dtype.decode(bits)
+    values = src_dtype.from_bits(bits)
     if not (src_dtype.is_int and dst_dtype.is_int):
         values = values.to(torch.float32)
-    return dst_dtype.encode(values)
+    return dst_dtype.to_bits(values)
 
 
 def psum_state(t: NkiTensor) -> torch.Tensor:

@@ -40,7 +40,7 @@ def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
             fail(f"{instr}: src dtype {src.dtype.name} must equal dst dtype {dst.dtype.name}")
         sv = src._data.reshape(dst.shape)  # same dtype: bits
     else:
-        sv = dst.dtype.encode(torch.full(dst.shape, float(src), dtype=torch.float32))
+        sv = dst.dtype.to_bits(torch.full(dst.shape, float(src), dtype=torch.float32))
     pred = (ints(predicate) != 0).reshape(dst.shape)
     if reverse_pred:
         pred = ~pred
