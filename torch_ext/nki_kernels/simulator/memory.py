@@ -106,8 +106,12 @@ class Allocation:
     ``base`` is the whole tensor (storage dtype of ``dtype``); ``base_byte_offset`` its first
     byte within the torch storage under it and ``part_stride`` its partition stride in
     bytes (on chip), so views of any dtype locate themselves (tensor.py). ``state`` (PSUM
-    only) is an int8 tensor as large as that torch storage: the accumulation state of
-    every byte (0 = not written, 1 = last written by a matmul, 2 = by another instruction).
+    only) is the tensor's accumulation state, one int8 per byte laid out [partitions,
+    bytes per partition] (0 = not written, 1 = last written by a matmul, 2 = by another
+    instruction). It belongs to the tensor, not to the bytes: a matmul with
+    accumulate=None into a newly placed tensor overwrites, whatever an earlier tensor at
+    that address left (nki.isa.nc_matmul: "auto-detect based on whether this PSUM location
+    was previously written", a property of the tensor the compiler tracks).
     """
 
     __slots__ = ("alloc_id", "region", "kind", "dtype", "name", "base", "base_offset",
@@ -125,8 +129,9 @@ class Allocation:
         self.base_byte_offset = self.base_offset * base.element_size()
         self.part_stride = base.stride(0) * base.element_size() if base.dim() else 0
         self.shape = tuple(base.shape)
-        if self.kind == "psum" and state is None:
-            state = torch.zeros(base.untyped_storage().nbytes(), dtype=torch.int8)
+        if self.kind == "psum":
+            row = math.prod(self.shape[1:]) * base.element_size()
+            state = torch.zeros((self.shape[0], row), dtype=torch.int8)
         self.state = state
         self.written = False  # HBM: did the kernel write it (inputs are copied back if so)
         self.life = None      # on chip: a Life
@@ -144,7 +149,6 @@ class Memory:
         self.core = core
         self.lives: list[Life] = []
         self.phys: dict[str, torch.Tensor] = {}        # kind -> uint8 [partitions, bytes]
-        self.phys_state: torch.Tensor | None = None    # PSUM accumulation state, per byte
         self.sbuf_peak = 0
         self.psum_peak = 0
         self._checked = 0  # lives already swept
@@ -231,12 +235,9 @@ class Memory:
         if phys is None:
             # all-ones bytes: NaN in every float dtype, -1 / max in the integers
             phys = self.phys[kind] = torch.full((t.partitions, width), 255, dtype=torch.uint8)
-            if kind == "psum":
-                self.phys_state = torch.zeros((t.partitions, width), dtype=torch.int8)
         raw = phys[p0:p0 + shape[0], b0:b0 + per_part]
         base = raw.view(dtype.storage).view(shape)
-        state = self.phys_state.view(-1) if kind == "psum" else None
-        alloc = Allocation(region, dtype, name, base, state=state, address=(p0, b0), core=self.core)
+        alloc = Allocation(region, dtype, name, base, address=(p0, b0), core=self.core)
         return alloc, (p0, p0 + shape[0], b0, b0 + per_part)
 
     # ------------------------------------------------------------------ liveness sweep

@@ -56,6 +56,11 @@ class RaceTracker:
         new = dst._data
         self._changed[id(dst)] = _bits(new) != _bits(old)
 
+    def after_store_indirect(self, dst, old, new) -> None:
+        """The same for a store through a run-time access pattern (elements in the view's
+        order; the ones it did not write compare equal)."""
+        self._changed[id(dst)] = _bits(new) != _bits(old)
+
     # ------------------------------------------------------------------ recording
     def record(self, core, idx, op, reads, writes) -> None:
         for kind, pairs in (("read", reads), ("write", writes)):
@@ -63,9 +68,14 @@ class RaceTracker:
                 a = getattr(t, "_alloc", None)
                 if a is None or a.kind != "hbm":
                     continue
-                where = _where(t)
+                where, keep = _where(t)
                 changed = self._changed.pop(id(t), None) if kind == "write" else None
+                if changed is not None and keep is not None:
+                    changed = changed[keep]
+                changed = _compact(changed)
                 lo, hi = _hull(where)
+                if hi <= lo:
+                    continue
                 self.accesses.append((core, self.epoch[core], idx, kind, a, lo, hi, where,
                                       changed))
 
@@ -120,7 +130,7 @@ class RaceTracker:
                     if self.ordered(x[0], x[1], y[0], y[1]) or \
                             self.ordered(y[0], y[1], x[0], x[1]):
                         continue
-                    hit = _conflict(x, y)
+                    hit = _conflict(x, y, accs)
                     if hit is not None:
                         found.append(hit)
         if found:
@@ -136,44 +146,55 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def _where(t):
-    """What a view touches: ("strided", byte offset, element size, shape, strides) of a
-    plain view, or ("bytes", start offsets) of a data-dependent one (byte offsets relative
-    to the allocation's first byte)."""
+    """What a view touches, and which of its elements (None: all): ("strided", byte offset,
+    element size, shape, strides) of a plain view, or ("bytes", start offsets, element
+    size) of a data-dependent one (byte offsets from the allocation's first byte)."""
     a = t._alloc
     if type(t).__name__ == "NkiTensor":
         d = t._data
         es = d.element_size()
         return ("strided", d.storage_offset() * es - a.base_byte_offset, es, tuple(d.shape),
-                tuple(d.stride()))
+                tuple(d.stride())), None
     if type(t).__name__ == "IndirectView":
-        storage, idx, row_ok = t.resolve()
-        es = storage.element_size()
-        keep = row_ok.reshape((-1,) + (1,) * (idx.dim() - 1)).expand(idx.shape)
-        return ("bytes", idx[keep].reshape(-1) * es - a.base_byte_offset, es)
-    return ("bytes", torch.arange(0, a.base.numel()) * a.base.element_size(),
-            a.base.element_size())
+        starts, row_ok, shape, strides = t.rows()
+        es = t.dtype.itemsize
+        # rows of the view written/read: per partition for a vector offset, all or none
+        keep = row_ok if t._vector is not None else row_ok[0].expand(t.shape[0])
+        return ("rows", starts[row_ok] * es, es, tuple(shape), tuple(strides)), keep
+    n = a.base.numel() * a.base.element_size()
+    return ("strided", 0, 1, (n,), (1,)), None
+
+
+def _compact(changed):
+    """A changed mask kept small: None = every element changed, False = none did."""
+    if changed is None:
+        return None
+    if bool(changed.all()):
+        return None
+    if not bool(changed.any()):
+        return False
+    return changed
 
 
 def _hull(where) -> tuple[int, int]:
-    if where[0] == "strided":
-        _, off, es, shape, stride = where
-        span = sum((s - 1) * st for s, st in zip(shape, stride) if st > 0)
+    kind, off, es, shape, stride = where
+    span = sum((s - 1) * st for s, st in zip(shape, stride) if st > 0)
+    if kind == "strided":
         return off, off + (span + 1) * es
-    offs = where[1]
-    if offs.numel() == 0:
+    if off.numel() == 0:
         return 0, 0
-    return int(offs.min()), int(offs.max()) + where[2]
+    return int(off.min()), int(off.max()) + (span + 1) * es
 
 
 def _byte_offsets(where) -> torch.Tensor:
     """Start byte of every element, in the view's element order (flattened)."""
-    if where[0] == "bytes":
-        return where[1]
-    _, off, es, shape, stride = where
+    kind, off, es, shape, stride = where
     idx = torch.tensor(0, dtype=torch.int64)
     for s, st in zip(shape, stride):
         idx = idx.unsqueeze(-1) + torch.arange(s, dtype=torch.int64) * st
-    return off + idx.reshape(-1) * es
+    if kind == "strided":
+        return off + idx.reshape(-1) * es
+    return (off.reshape(-1, 1) + idx.reshape(1, -1) * es).reshape(-1)
 
 
 def _covering(starts, es, other_starts, other_es) -> torch.Tensor:
@@ -185,8 +206,12 @@ def _covering(starts, es, other_starts, other_es) -> torch.Tensor:
     return torch.isin(mine, theirs).reshape(-1, es).any(1)
 
 
-def _conflict(x, y):
-    """(write, other, lo, hi) if accesses ``x``, ``y`` of different cores race, else None."""
+def _conflict(x, y, accs):
+    """(write, other, lo, hi) if accesses ``x``, ``y`` of different cores race, else None.
+    A read of bytes the other core writes is not a race when the reader itself wrote the
+    same bits there earlier (after the other core's write, so its own write changed nothing):
+    it reads those bits in any order (AWS's dynamic_elementwise_add: both cores store the
+    whole result, then read it back)."""
     w, o = (x, y) if x[3] == "write" else (y, x)
     if o[3] == "write" and o[2] > w[2]:
         w, o = o, w  # of two writes, the later one decides whether the order matters
@@ -195,11 +220,27 @@ def _conflict(x, y):
     if not bool(hit.any()):
         return None
     changed = w[8]
+    if changed is False:
+        return None  # the write changed nothing: the order is not observable
     if changed is not None:
         hit = hit & changed.reshape(-1)
         if not bool(hit.any()):
             return None  # same bits either way: the order is not observable
     starts = wb[hit]
+    if o[3] == "read":
+        hit_bytes = (starts.unsqueeze(1) + torch.arange(w[7][2])).reshape(-1)
+        for own in accs:
+            if own[0] != o[0] or own[3] != "write" or not w[2] < own[2] < o[2] \
+                    or own[8] is None:
+                continue
+            ob_own = _byte_offsets(own[7])
+            same = ob_own if own[8] is False else ob_own[~own[8].reshape(-1)]
+            same = (same.unsqueeze(1) + torch.arange(own[7][2])).reshape(-1)
+            hit_bytes = hit_bytes[~torch.isin(hit_bytes, same)]
+            if hit_bytes.numel() == 0:
+                return None
+        starts = hit_bytes
+        return w, o, int(starts.min()), int(starts.max()) + 1
     return w, o, int(starts.min()), int(starts.max()) + w[7][2]
 
 

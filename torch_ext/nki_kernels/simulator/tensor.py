@@ -805,6 +805,23 @@ class IndirectView(_PatternOnly):
         storage = torch.as_strided(root, (total,), (1,), 0)
         return storage, idx, row_ok
 
+    def rows(self):
+        """(row starts, row_ok, inner shape, inner strides) of an HBM view: element i of row
+        w is at ``starts[w] + sum(inner_strides * i)`` (elements of this view's dtype from
+        the tensor's start); a scalar offset gives one row: the whole pattern."""
+        _, _, row_ok = self.resolve()
+        pat = self._pattern
+        if self._vector is not None:
+            vo = self._vector.values().reshape(-1)[:pat[0][1]].to(torch.int64)
+            starts = self._start + vo * self._vstride
+            inner = pat[1:]
+        else:
+            off = 0 if self._scalar is None else _scalar_index(self._what, self._scalar) * self._sstride
+            starts = torch.tensor([self._start + off], dtype=torch.int64)
+            inner = pat
+            row_ok = row_ok[:1]
+        return starts, row_ok, [n for _, n in inner], [st for st, _ in inner]
+
     def _oob_message(self, row_ok) -> str:
         bad = (~row_ok).nonzero().reshape(-1).tolist()
         t = self._root_of
@@ -824,6 +841,8 @@ class IndirectView(_PatternOnly):
         """Scatter ``bits`` (this view's shape, storage dtype) into the tensor; an access
         outside it is an IndexError, unless ``keep`` (elements to write) leaves it out."""
         storage, idx, ok = self.resolve()
+        races = current().run.races if self._alloc.kind == "hbm" else None
+        old = storage[idx] if races is not None else None
         if keep is None:
             if not bool(ok.all()):
                 raise IndexError(self._oob_message(ok))
@@ -832,6 +851,8 @@ class IndirectView(_PatternOnly):
             storage[idx[keep]] = bits.reshape(idx.shape)[keep]
         if self._alloc.kind == "hbm":
             self._alloc.written = True
+            if races is not None:
+                races.after_store_indirect(self, old, storage[idx])
 
 
 def _indirect_view(t, pattern, start, dtype, what, scalar=None, scalar_stride=0, vector=None,

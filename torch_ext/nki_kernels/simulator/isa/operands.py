@@ -214,15 +214,23 @@ def convert_bits(bits: torch.Tensor, src_dtype, dst_dtype) -> torch.Tensor:
 
 
 def psum_state(t: NkiTensor) -> torch.Tensor:
-    """The PSUM accumulation state of view ``t``'s elements (an int view laid out like
-    ``t``'s bits over the allocation's state bytes; memory.py)."""
+    """The PSUM accumulation state of view ``t``'s elements: an int view (one int of the
+    element's size per element) of the allocation's state bytes (memory.py), which are
+    laid out [partitions, bytes per partition] wherever the tensor is placed."""
     a = t._alloc
     if type(t) is not NkiTensor:
         fail(f"PSUM view {t!r}: dynamic or out-of-range access patterns on PSUM are not "
              "supported by the simulator")
     d = t._data
-    state = a.state.view(STATE_DTYPE[d.element_size()])
-    return torch.as_strided(state, d.shape, d.stride(), d.storage_offset())
+    es = d.element_size()
+    rel = d.storage_offset() * es - a.base_byte_offset     # bytes from the tensor's start
+    p, f = divmod(rel, a.part_stride)
+    row = a.state.shape[1]
+    strides = list(d.stride())
+    if strides:
+        strides[0] = strides[0] * es // a.part_stride * row // es if a.part_stride else 0
+    state = a.state.view(-1).view(STATE_DTYPE[es])
+    return torch.as_strided(state, d.shape, strides, (p * row + f) // es)
 
 
 def operand_vec(instr, role, x, data: NkiTensor, need_f32=False):
