@@ -80,7 +80,10 @@ KERNELS = [
     ("qkv_cte", "core/qkv/test_qkv_cte.py", "test_qkv_cte_accuracy_unit", "", 2),
     ("qkv_tkg", "core/qkv/test_qkv_tkg.py", "test_qkv_tkg_accuracy_unit", "", 2),
     ("rmsnorm_quant", "core/rmsnorm/test_rmsnorm_quant.py", "test_rmsnorm_row_quant_sweep", "", 2),
-    ("router_topk", "core/router_topk/test_router_topk.py", "test_router_topk", "T-32_H-256_E-128", 1),
+    ("router_topk", "core/router_topk/test_router_topk.py", "test_router_topk", "T-4_H-3072_E-128_k-4_act_fn-1_bias-1_prenorm-0_normprob-0_coltile-0_scatter-0", 1),
+    # unsharded (shard_on_tokens=0) with the indirect-DMA scatter at LNC=2: both cores zero
+    # and scatter the whole output with no barrier: a real race (see the report)
+    ("router_topk_scatter_lnc2", "core/router_topk/test_router_topk.py", "test_router_topk", "T-32_H-256_E-128_k-4_act_fn-0_bias-1_prenorm-0_normprob-0_coltile-1_scatter-1", 1),
     ("find_nonzero_indices", "core/subkernels/test_find_nonzero_indices.py", "test_find_nonzero_indices_with_col_start_fast", "", 1),
     ("indexed_flatten", "core/subkernels/test_indexed_flatten.py", "test_indexed_flatten_fast", "", 2),
     ("layernorm_tkg", "core/subkernels/test_layernorm_tkg.py", "test_layernorm_tkg_unit", "b-4_s-1", 1),

@@ -28,8 +28,7 @@ from ..errors import NkiValidationError, UnsupportedError
 from .alu import memset, scalar_tensor_tensor, tensor_copy, tensor_reduce, tensor_scalar, tensor_tensor
 from .dma import dma_compute, dma_copy, dma_transpose
 from .enums import (dge_mode, dma_engine, engine, get_nc_sub_version, get_nc_version,
-                    gpsimd_engine, matmul_perf_mode, nc_version, oob_mode, reduce_cmd,
-                    scalar_engine, tensor_engine, unknown_engine, vector_engine)
+                    matmul_perf_mode, nc_version, oob_mode, reduce_cmd, unknown_engine)
 from .gpsimd import (affine_select, iota, local_gather, nc_n_gather, nonzero_with_count,
                      tensor_partition_reduce)
 from .operands import NkiInstruction, is_scalar

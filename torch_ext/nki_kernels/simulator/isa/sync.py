@@ -118,9 +118,10 @@ def core_barrier(data, cores, engine=enums.engine.gpsimd, name=None):
         fail(f"{I}: cores={cores}; only cores=(0, 1) is supported")
     ctx = current()
     run = ctx.run
-    attrs = {"bytes": 0, "cores": cores, "barrier_name": name}
+    # A barrier moves no data: it is not a trace instruction (the cost model has no
+    # cross-core wait to price; the run's sync_state keeps the barriers).
     if run.grid == 1 or run.scheduler is None:
-        return record(I, "dma", [], [], 0, attrs)
+        return None
     me = ctx.program_id
     st = _state(run)
     barriers = st["barriers"]
@@ -137,7 +138,8 @@ def core_barrier(data, cores, engine=enums.engine.gpsimd, name=None):
                        f"core_barrier #{mine}{'' if name is None else f' ({name!r})'}")
     if not b.get("done"):
         b["done"] = True
+        b["at_instruction"] = len(run.recorder)
         if run.races is not None:
             run.races.synchronised(cores)
-    return record(I, "dma", [], [], 0, attrs)
+    return None
 
