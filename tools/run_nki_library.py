@@ -227,6 +227,52 @@ def _install_plugin_environment():
     harness.install()
 
 
+# Known defects of nki-library main d2ad3a5 that stop its own tests before any kernel runs.
+# With --patch-known-defects they are worked around in memory at import time (the checkout
+# is not modified): the affected rows are marked "patched".
+#  * src/nkilib_src/nkilib/core/mlp/mlp.py does not parse: a duplicated tail of the `mlp`
+#    docstring follows the docstring (IndentationError); the repair drops the lines from
+#    the error to the next closing triple quote.
+#  * test/integration/nkilib/core/qkv/test_qkv_tkg.py uses `Platforms` without importing it.
+_PATCHED_MODULES = ("nkilib_src.nkilib.core.mlp.mlp",)
+
+
+class _RepairingLoader(importlib.machinery.SourceFileLoader):
+    def source_to_code(self, data, path, *, _optimize=-1):
+        text = data.decode() if isinstance(data, bytes) else data
+        for _ in range(3):
+            try:
+                return compile(text, path, "exec", dont_inherit=True, optimize=_optimize)
+            except IndentationError as err:
+                lines = text.splitlines(keepends=True)
+                start = err.lineno - 1
+                end = next((i for i in range(start, len(lines))
+                            if lines[i].strip() == '"""'), None)
+                if end is None:
+                    raise
+                text = "".join(lines[:start] + lines[end + 1:])
+        return compile(text, path, "exec", dont_inherit=True, optimize=_optimize)
+
+
+class _RepairFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name not in _PATCHED_MODULES:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is not None and spec.origin:
+            spec.loader = _RepairingLoader(name, spec.origin)
+        return spec
+
+
+def _install_repairs():
+    sys.meta_path.insert(0, _RepairFinder())
+    import builtins
+
+    from test.utils.common_dataclasses import Platforms  # the checkout's own class
+
+    builtins.Platforms = Platforms
+
+
 _CURRENT: dict = {}
 
 
@@ -321,6 +367,10 @@ if os.environ.get("NKI07_PLUGIN") == "1":
 
     _install_plugin_environment()
 
+    def pytest_configure(config):
+        if os.environ.get("NKI07_PATCH") == "1":
+            _install_repairs()
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(item):
         _record_simulation_setup()
@@ -406,6 +456,7 @@ def _run_file(checkout: Path, test_file: str, selections, args, out: Path):
     env.update({
         "NKI07_PLUGIN": "1", "NKI07_RESULTS": str(out), "NKI07_TIMEOUT": str(args.timeout),
         "NKI07_SELECT": ";".join(f"{f}|{flt}|{n}" for f, flt, n in selections),
+        "NKI07_PATCH": "1" if args.patch_known_defects else "0",
         "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent),
                                        str(checkout / "src"), str(ROOT / "torch_ext"),
                                        env.get("PYTHONPATH", "")]),
@@ -422,6 +473,10 @@ def _run_file(checkout: Path, test_file: str, selections, args, out: Path):
     except subprocess.TimeoutExpired:
         tail = [f"pytest on {test_file} timed out"]
     return time.time() - started, tail
+
+
+_PATCHED_FILES = ("core/mlp/test_mlp_cte.py", "core/mlp/test_mlp_tkg.py",
+                  "core/qkv/test_qkv_tkg.py")
 
 
 def _status(rec) -> str:
@@ -469,6 +524,9 @@ def main(argv=None):
     ap.add_argument("--json", type=Path, help="write the records as JSON")
     ap.add_argument("--list", action="store_true", help="list the kernels and exit")
     ap.add_argument("--stop", action="store_true", help="stop a test file at its first failure")
+    ap.add_argument("--patch-known-defects", action="store_true",
+                    help="work around two defects of nki-library d2ad3a5 in memory (mlp.py "
+                         "does not parse; test_qkv_tkg.py misses an import)")
     args = ap.parse_args(argv)
     if args.list:
         for k, f, fn, flt, n in KERNELS:
@@ -499,6 +557,8 @@ def main(argv=None):
                          "error": " / ".join(tail)[-300:]}]
             for r in recs:
                 r["file"] = f
+                if args.patch_known_defects and f in _PATCHED_FILES:
+                    r["patched"] = True
                 fn_flt = [(fn, flt) for fn, flt, _ in sels if _matches(r["nodeid"], fn)
                           and flt in r["nodeid"]]
                 r["label"] = label[(f, *fn_flt[0])] if fn_flt else \
@@ -511,8 +571,10 @@ def main(argv=None):
         err = r.get("error") or r.get("sim_error") or ""
         mod = r.get("modeled_us")
         mod = f"{mod:.1f}" if isinstance(mod, (int, float)) else ("-" if mod is None else mod)
+        if r.get("patched"):
+            st += " (patched)"
         rows.append((r["label"], _config(r["nodeid"]), st, _max_error(r), mod,
-                     r.get("lnc"), err if st != "PASS" else ""))
+                     r.get("lnc"), err if not st.startswith("PASS") else ""))
     w = [max(len(str(x[i])) for x in rows + [("kernel", "configuration", "status", "max error",
                                                "modeled µs", "lnc", "")]) for i in range(5)]
     head = ("kernel", "configuration", "status", "max error", f"modeled µs ({args.target})")
@@ -521,8 +583,8 @@ def main(argv=None):
     for row in rows:
         print(" | ".join(str(row[i]).ljust(w[i]) for i in range(5)))
         if row[6]:
-            print(f"{'':{w[0]}}   -> {row[6][:200]}")
-    passed = {r[0] for r in rows if r[2] == "PASS" and not _negative(records, r)}
+            print(f"{'':{w[0]}}   -> {row[6][:300]}")
+    passed = {r[0] for r in rows if r[2].startswith("PASS") and not _negative(records, r)}
     kernels = [k for k, *_ in chosen]
     print(f"\nkernels with a configuration that runs and matches AWS's reference: "
           f"{len(passed)} of {len(kernels)}")

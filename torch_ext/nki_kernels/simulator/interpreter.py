@@ -186,7 +186,9 @@ class Lockstep:
                 self.turn = other
                 self.cv.notify_all()
                 return
-        self.turn = None
+        # nobody can make progress: wake a blocked core, which finds the deadlock and reports it
+        blocked = [c for c in range(self.n) if not self.done[c]]
+        self.turn = blocked[0] if blocked else None
         self.cv.notify_all()
 
     def wait(self, me: int, ready, what: str) -> None:
