@@ -71,7 +71,10 @@ KERNELS = [
     ("mlp_cte", "core/mlp/test_mlp_cte.py", "test_mlp_cte_unit", "seqlen-512_hidden-1024_intermediate-448", 1),
     ("mlp_tkg", "core/mlp/test_mlp_tkg.py", "test_mlp_tkg_unit", "", 2),
     ("moe_cte", "core/moe/moe_cte/test_moe_cte.py", "test_moe_blockwise_mm_kernel_lnc2", "SHARD_ON_BLOCK-3072-1024-8-256-4-192-bfloat16-1-", 1),
-    ("moe_cte_unified", "core/moe/moe_cte/test_moe_cte_unified.py", "test_moe_cte_unified", "tok-1024_hid-3072", 1),
+    ("moe_cte_unified", "core/moe/moe_cte/test_moe_cte_unified.py", "test_moe_cte_unified", "impl-0_fn-1_vnc-2_tok-1024_hid-3072_int-384", 1),
+    # this implementation passes an SBUF tile as core_barrier's data, which the docs say
+    # "must be data in shared HBM": reported, not counted as the kernel's row
+    ("moe_cte_unified_impl2", "core/moe/moe_cte/test_moe_cte_unified.py", "test_moe_cte_unified", "impl-2_fn-5_vnc-2_tok-1024_hid-3072", 1),
     ("moe_tkg", "core/moe/moe_tkg/test_moe_tkg.py", "test_moe_tkg_bfloat16", "t-128_h-256", 1),
     ("moe_tkg_sbuf_io", "core/moe/moe_tkg/test_moe_tkg.py", "test_moe_tkg_sbuf_io", "", 1),
     ("moe_block_tkg", "core/moe_block/test_moe_block_tkg.py", "test_moe_block_kernel_unit", "ba-19_sq-1_hi-3072", 1),
@@ -79,7 +82,7 @@ KERNELS = [
     ("output_projection_tkg", "core/output_projection/test_output_proj_tkg.py", "test_output_proj_tkg_unit", "", 2),
     ("qkv_cte", "core/qkv/test_qkv_cte.py", "test_qkv_cte_accuracy_unit", "", 2),
     ("qkv_tkg", "core/qkv/test_qkv_tkg.py", "test_qkv_tkg_accuracy_unit", "", 2),
-    ("rmsnorm_quant", "core/rmsnorm/test_rmsnorm_quant.py", "test_rmsnorm_row_quant_sweep", "", 2),
+    ("rmsnorm_quant", "core/rmsnorm/test_rmsnorm_quant.py", "test_rmsnorm_row_quant_sweep", "[128-", 2),
     ("router_topk", "core/router_topk/test_router_topk.py", "test_router_topk", "T-4_H-3072_E-128_k-4_act_fn-1_bias-1_prenorm-0_normprob-0_coltile-0_scatter-0", 1),
     # unsharded (shard_on_tokens=0) with the indirect-DMA scatter at LNC=2: both cores zero
     # and scatter the whole output with no barrier: a real race (see the report)
@@ -97,8 +100,8 @@ KERNELS = [
     ("depthwise_conv1d", "experimental/conv/test_depthwise_conv1d.py", "test_depthwise_conv1d_fast", "", 2),
     ("dynamic_elementwise_add", "experimental/dynamic_shapes/test_dynamic_elementwise_add.py", "test_dynamic_elementwise_add_fast", "", 2),
     ("cross_entropy_forward", "experimental/loss/test_cross_entropy_forward.py", "test_switch_transformers_fast", "", 1),
-    ("cross_entropy_backward", "experimental/loss/test_cross_entropy_backward.py", "test_switch_transformers_fast", "", 1),
-    ("blockwise_mm_bwd", "experimental/moe/test_bwmm_bwd.py", "test_moe_blockwise_mm_bwd_shardH_affinityH_dropless_lnc2", "", 1),
+    ("cross_entropy_backward", "experimental/loss/test_cross_entropy_backward.py", "test_switch_transformers_fast", "B-1_T-1_V-32128", 1),
+    ("blockwise_mm_bwd", "experimental/moe/test_bwmm_bwd.py", "test_moe_blockwise_mm_bwd_shardH_affinityH_dropless_lnc2", "hid-4096_tok-4096_exp-2_bs-512_k-2_int-384", 1),
     ("bwmm_shard_on_H", "experimental/moe/test_bwmm_shard_on_H.py", "test_moe_blockwise_mm_shard_h_lnc2", "sk-0_sm-1", 1),
     ("attention_block_tkg", "experimental/transformer/test_attention_block_tkg.py", "test_attn_blk_megakernel", "", 2),
 ]
@@ -321,6 +324,9 @@ def _record_simulation_setup():
             for name, g in golden.items():
                 if name not in outs:
                     continue
+                if not hasattr(g, "shape"):  # a custom validator, not a reference tensor
+                    errs[name] = [None, None, "AWS's custom validator"]
+                    continue
                 g = np.asarray(g, dtype=np.float64)
                 o = np.asarray(outs[name], dtype=np.float64)
                 if g.shape != o.shape:
@@ -451,8 +457,17 @@ def _matches(nodeid: str, func: str) -> bool:
 # =============================================================================== driver side
 
 
+# AWS's suite skips configurations whose ids contain large sizes ("4096", "16384", ...) in
+# simulation mode unless NKILIB_SIMULATION_RUN_ALL=1; these files' only small enough
+# configurations carry such a number (the filters above pick them).
+_RUN_ALL_FILES = ("experimental/loss/test_cross_entropy_backward.py",
+                  "experimental/moe/test_bwmm_bwd.py")
+
+
 def _run_file(checkout: Path, test_file: str, selections, args, out: Path):
     env = dict(os.environ)
+    if test_file in _RUN_ALL_FILES:
+        env["NKILIB_SIMULATION_RUN_ALL"] = "1"
     env.update({
         "NKI07_PLUGIN": "1", "NKI07_RESULTS": str(out), "NKI07_TIMEOUT": str(args.timeout),
         "NKI07_SELECT": ";".join(f"{f}|{flt}|{n}" for f, flt, n in selections),

@@ -835,24 +835,39 @@ class IndirectView(_PatternOnly):
         storage, idx, row_ok = self.resolve()
         if not bool(row_ok.all()):
             raise IndexError(self._oob_message(row_ok))
-        return storage[idx]
+        return _gather_bits(storage, idx)
 
     def _store_bits(self, bits: torch.Tensor, keep=None) -> None:
         """Scatter ``bits`` (this view's shape, storage dtype) into the tensor; an access
         outside it is an IndexError, unless ``keep`` (elements to write) leaves it out."""
         storage, idx, ok = self.resolve()
         races = current().run.races if self._alloc.kind == "hbm" else None
-        old = storage[idx] if races is not None else None
+        old = _gather_bits(storage, idx) if races is not None else None
+        flat = _signed(storage)
+        bits = _signed(bits.contiguous())
         if keep is None:
             if not bool(ok.all()):
                 raise IndexError(self._oob_message(ok))
-            storage[idx.reshape(-1)] = bits.reshape(-1)
+            flat[idx.reshape(-1)] = bits.reshape(-1)
         else:
-            storage[idx[keep]] = bits.reshape(idx.shape)[keep]
+            flat[idx[keep]] = bits.reshape(idx.shape)[keep]
         if self._alloc.kind == "hbm":
             self._alloc.written = True
             if races is not None:
-                races.after_store_indirect(self, old, storage[idx])
+                races.after_store_indirect(self, old, _gather_bits(storage, idx))
+
+
+_SIGNED = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _signed(bits: torch.Tensor) -> torch.Tensor:
+    """A same-size signed-integer view of ``bits`` (torch's index kernels take these for
+    every element type; uint32, fp8 and others lack some)."""
+    return bits.view(_SIGNED[bits.element_size()])
+
+
+def _gather_bits(storage: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    return _signed(storage)[idx].view(storage.dtype)
 
 
 def _indirect_view(t, pattern, start, dtype, what, scalar=None, scalar_stride=0, vector=None,

@@ -10,7 +10,7 @@ import torch
 
 from .. import ops as _ops
 from . import enums
-from ..tensor import IndirectView
+from ..tensor import IndirectView, _gather_bits
 from .operands import cast_copy, convert_bits, f32, fail, record, store, target, tensor_arg
 
 
@@ -59,7 +59,7 @@ def _indirect_copy(dst, src, skip):
         storage, idx, row_ok = src.resolve()
         if not skip and not bool(row_ok.all()):
             raise IndexError(src._oob_message(row_ok) + " (dma_copy oob_mode=error)")
-        bits = storage[idx]
+        bits = _gather_bits(storage, idx)
         valid &= row_ok.reshape((-1,) + (1,) * (idx.dim() - 1)).expand(idx.shape).reshape(-1)
     else:
         bits = src._data

@@ -13,7 +13,7 @@ import torch
 from .. import dtypes as _dt
 from .. import ops as _ops
 from .operands import (f32, fail, free_elems, ints, is_scalar, onchip, record, reduce_last, same_free,
-                       same_partitions, start_partition, store, target)
+                       same_partitions, signed_bits, start_partition, store, target)
 
 
 def _pattern_values(I, dst, pattern, offset, channel_multiplier):
@@ -81,12 +81,12 @@ def nc_n_gather(dst, data, indices, name=None):
     if dst.dtype != data.dtype:
         fail(f"{I}: dst dtype {dst.dtype.name} must equal data dtype {data.dtype.name}")
     P = data.shape[0]
-    src = data._data.reshape(P, -1)  # same dtype: the gather moves bits
+    src = signed_bits(data._data.reshape(P, -1))  # same dtype: the gather moves bits
     idx = ints(indices).reshape(P, -1)
     n = src.shape[1]
     if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= n):
         raise IndexError(f"{I}: index {int(idx.max())} out of range [0, {n}) for data {data.shape}")
-    store(I, dst, torch.gather(src, 1, idx), raw=True)
+    store(I, dst, torch.gather(src, 1, idx).view(data._data.dtype), raw=True)
     return record(I, "gpsimd", [("data", data), ("indices", indices)], [("dst", dst)],
                   dst.size, {})
 
@@ -151,7 +151,7 @@ def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=N
     if free_elems(dst) != n * num_elem_per_idx:
         fail(f"{I}: dst has {free_elems(dst)} elements per partition; {n} indices x "
              f"{num_elem_per_idx} elements need {n * num_elem_per_idx}")
-    src = src_buffer._data.reshape(P, -1)  # bits: a gather moves them unchanged
+    src = signed_bits(src_buffer._data.reshape(P, -1))  # bits: a gather moves them unchanged
     F = src.shape[1]
     idx = ints(index).reshape(P, -1)
     out = torch.empty((P, n * num_elem_per_idx), dtype=src.dtype)
@@ -164,7 +164,7 @@ def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=N
             raise IndexError(f"{I}: core {c} gathers element {int(offs.max())} of {F} per "
                              "partition (out of range: undefined on hardware)")
         out[rows] = src[rows][:, offs]
-    store(I, dst, out.reshape(dst.shape), raw=True)
+    store(I, dst, out.reshape(dst.shape).view(src_buffer._data.dtype), raw=True)
     return record(I, "gpsimd", [("src_buffer", src_buffer), ("index", index)], [("dst", dst)],
                   out.numel(), {"num_elem_per_idx": num_elem_per_idx})
 

@@ -17,7 +17,7 @@ from ..context import current
 from ..errors import NkiValidationError
 from ..hardware import Target
 from ..memory import STATE_DTYPE
-from ..tensor import NkiTensor
+from ..tensor import NkiTensor, _signed
 from ..trace import capture
 from . import enums
 
@@ -146,6 +146,12 @@ def f32(t: NkiTensor) -> torch.Tensor:
     if dt.is_packed:
         dt.from_bits(d)  # raises: packed MX words have no element values
     return d.to(torch.float32)  # integers: exact, or RNE above 2^24 as any int -> fp32 cast
+
+
+def signed_bits(bits: torch.Tensor) -> torch.Tensor:
+    """``bits`` viewed as a signed integer of the same size (torch's gather/scatter kernels
+    do not take every dtype, e.g. uint32); view the result back with ``.view(dtype)``."""
+    return _signed(bits.contiguous())
 
 
 def ints(t: NkiTensor) -> torch.Tensor:
