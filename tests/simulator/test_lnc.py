@@ -263,3 +263,21 @@ def test_nki_simulate_takes_the_degree_from_neuron_logical_nc_config(monkeypatch
             nki.simulate(_degree)(x)
     # simulator.run takes the degree from its params, not from the environment
     assert simulator.run(_degree, x).outputs.tolist() == [[1.0, 1.0]]
+
+
+def _dynamic_loops(x, differ):
+    import nki.isa as nisa
+    import nki.language as nl
+
+    t = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    trips = 2 + (nl.program_id(0) if differ else 0)  # a run-time value in a register
+    nl.fori_loop(0, nisa.register_alloc(trips), lambda i: nisa.memset(t, 0))
+    return None
+
+
+def test_dynamic_control_flow_must_match_between_the_cores():
+    x = torch.zeros(1, 1)
+    simulator.run(_dynamic_loops, x, False, params=LNC2)
+    with pytest.raises(NkiValidationError, match=r"run-time loop #0 \(core 0: fori_loop ran 2 "
+                                                 r"iterations; core 1: fori_loop ran 3"):
+        simulator.run(_dynamic_loops, x, True, params=LNC2)

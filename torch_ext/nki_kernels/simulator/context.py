@@ -58,6 +58,7 @@ class Context:
         self.scalar_regs = torch.full((self.target.partitions,), float("nan"))
         self.vector_regs = torch.full((self.target.partitions,), float("nan"))
         self.shared_cursor = 0
+        self.dynamic_flow: list = []  # (loop kind, trip count) of run-time loops, in order
         # each core's engines have their own random state; core 0 starts from the seed
         self.generator = torch.Generator().manual_seed(self.params.seed + program_id)
         run.cores.append(self)

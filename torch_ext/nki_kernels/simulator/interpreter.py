@@ -285,6 +285,7 @@ def run_kernel(kernel, args, kwargs, params: SimParams | None = None, launch: bo
             else:
                 result = _run_cores(run, fn, wargs, wkwargs)
             describe = _describer(run)
+            _check_dynamic_flow(run)
             for core in run.cores:
                 core.memory.check_capacity(describe)
             if run.races is not None:
@@ -319,6 +320,26 @@ def _run_cores(run: Run, fn, wargs, wkwargs):
 
     results = run.scheduler.run(body)
     return results[0]
+
+
+def _check_dynamic_flow(run: Run) -> None:
+    """The cores of a launch must take the same dynamic control flow (control.py)."""
+    if len(run.cores) < 2:
+        return
+    flows = [c.dynamic_flow for c in run.cores]
+    for k, steps in enumerate(zip(*flows)):
+        if len(set(steps)) > 1:
+            detail = "; ".join(f"core {c.program_id}: {c.dynamic_flow[k][0]} ran "
+                               f"{c.dynamic_flow[k][1]} iterations" for c in run.cores)
+            raise NkiValidationError(
+                f"dynamic control flow differs between the cores at run-time loop #{k} "
+                f"({detail}); AWS: \"if you use dynamic control flow, and this control-flow is "
+                "different on the different cores, then the behavior is undefined\"")
+    if len({len(f) for f in flows}) > 1:
+        raise NkiValidationError(
+            "dynamic control flow differs between the cores: they ran "
+            f"{' and '.join(str(len(f)) for f in flows)} run-time loops (AWS: differing "
+            "dynamic control flow between the cores is undefined behavior)")
 
 
 def _describer(run: Run):
