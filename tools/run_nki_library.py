@@ -225,9 +225,9 @@ def _install_plugin_environment():
         sys.modules["attr"] = attr
     # AWS's conftest imports nki.isa before its own aliasing runs: install the simulator
     # under the nki* and nki_cpu_simulator.* names first.
-    from nki_kernels.simulator import harness
+    from nki_kernels import simulator
 
-    harness.install()
+    simulator.install_aws_harness()
 
 
 # Known defects of nki-library main d2ad3a5 that stop its own tests before any kernel runs.

@@ -54,7 +54,7 @@ def main(argv=None):
     from nki_kernels.simulator import harness
     from nki_kernels.simulator.cost import estimate_trace
 
-    harness.install()  # `import nki` in the samples -> this simulator
+    simulator.install_aws_harness()  # `import nki` in the samples -> this simulator
     rows = []
 
     def run(label, kernel, target, args_, ref, kw=None, rtol=2e-2):

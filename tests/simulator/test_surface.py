@@ -104,11 +104,11 @@ def _add_one(x):
     return out
 
 
-def test_harness_install_and_cpu_simulate(monkeypatch):
+def test_install_aws_harness_and_cpu_simulate(monkeypatch):
     saved = {k: v for k, v in sys.modules.items()
              if k == "nki" or k.startswith(("nki.", "nki_cpu_simulator", "neuronxcc"))}
     try:
-        harness.install()
+        simulator.install_aws_harness()
         import nki_cpu_simulator.nki.language.dtypes as sim_dtypes
         import neuronxcc.nki.typing as nt
         import nki

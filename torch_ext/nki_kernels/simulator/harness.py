@@ -10,22 +10,21 @@ environment variable ``NKI_NC_VERSION`` (gen2, gen3, gen4). ``install()`` regist
 simulator's modules under all those names, so that harness (or any code written against it)
 runs on ``nki_kernels.simulator``; ``cpu_simulate`` is that entry point.
 
+    from nki_kernels import simulator
     from nki_kernels.simulator import harness
-    harness.install()                       # nki_cpu_simulator.*, nki.* -> this simulator
+    simulator.install_aws_harness()         # nki_cpu_simulator.*, nki.* -> this simulator
     out = nki.cpu_simulate(kernel)[2](x=x_np, w=w_np)
     harness.last_result()                   # the run's SimResult (trace, memory peaks)
 
-``install()`` changes ``sys.modules`` for the whole process and for good (unlike
-``activated()``): it is meant for a test session that runs AWS's harness.
+``install_aws_harness()`` (modules.py) changes ``sys.modules`` for the whole process and
+for good (unlike ``activated()``): it is meant for a test session that runs AWS's harness.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import threading
-import types
 
 from .context import current
 from .errors import NkiValidationError
@@ -68,7 +67,7 @@ class _CpuSimulate:
 
     def _run(self, lnc, args, kwargs):
         from .interpreter import Kernel, _unwrap, run_kernel
-        from .run import result_of
+        from .result import result_of
 
         fn, bracket = _unwrap(self._kernel)
         degree = lnc if lnc is not None else bracket
@@ -92,41 +91,3 @@ def cpu_simulate(kernel):
 def last_result():
     """The ``SimResult`` of the calling thread's last ``cpu_simulate`` run (None before)."""
     return getattr(_last, "result", None)
-
-
-_PACKAGE = "nki_cpu_simulator"
-
-
-def install(alias_nki: bool = True) -> None:
-    """Register the simulator as ``nki_cpu_simulator`` (and, with ``alias_nki``, as ``nki``
-    itself, since nki-library's conftest imports ``nki.isa`` before its own aliasing runs;
-    plus ``neuronxcc.nki.typing``, which nki-library's router_topk still imports).
-    Idempotent; replaces what those names held."""
-    from .modules import nki_modules
-
-    mods = nki_modules()
-    pkg = sys.modules.get(_PACKAGE)
-    if pkg is None or not getattr(pkg, "__simulator__", False):
-        pkg = types.ModuleType(_PACKAGE, "nki_kernels.simulator registered under the name "
-                                         "AWS's test harness imports")
-        pkg.__path__ = []
-        pkg.__simulator__ = True
-        sys.modules[_PACKAGE] = pkg
-    pkg.nki = mods["nki"]
-    for name, mod in mods.items():
-        sys.modules[f"{_PACKAGE}.{name}"] = mod
-        if alias_nki:
-            sys.modules[name] = mod
-    if alias_nki:
-        legacy = sys.modules.get("neuronxcc")
-        if legacy is None:
-            legacy = types.ModuleType("neuronxcc", "placeholder: neuronxcc.nki.typing only")
-            legacy.__path__ = []
-            sys.modules["neuronxcc"] = legacy
-        if getattr(legacy, "__file__", None) is None:  # never shadow a real neuronxcc
-            nxc = types.ModuleType("neuronxcc.nki")
-            nxc.__path__ = []
-            nxc.typing = mods["nki.typing"]
-            legacy.nki = nxc
-            sys.modules["neuronxcc.nki"] = nxc
-            sys.modules["neuronxcc.nki.typing"] = mods["nki.typing"]

@@ -156,3 +156,40 @@ def activated(target=None, params: SimParams | None = None):
             pop(ctx)
     finally:
         _restore()
+
+
+_PACKAGE = "nki_cpu_simulator"
+
+
+def install_aws_harness(alias_nki: bool = True) -> None:
+    """Register the simulator under the module names of AWS's test harness (harness.py):
+    as ``nki_cpu_simulator`` (and, with ``alias_nki``, as ``nki``
+    itself, since nki-library's conftest imports ``nki.isa`` before its own aliasing runs;
+    plus ``neuronxcc.nki.typing``, which nki-library's router_topk still imports).
+    Idempotent; replaces what those names held."""
+    mods = nki_modules()
+    pkg = sys.modules.get(_PACKAGE)
+    if pkg is None or not getattr(pkg, "__simulator__", False):
+        pkg = types.ModuleType(_PACKAGE, "nki_kernels.simulator registered under the name "
+                                         "AWS's test harness imports")
+        pkg.__path__ = []
+        pkg.__simulator__ = True
+        sys.modules[_PACKAGE] = pkg
+    pkg.nki = mods["nki"]
+    for name, mod in mods.items():
+        sys.modules[f"{_PACKAGE}.{name}"] = mod
+        if alias_nki:
+            sys.modules[name] = mod
+    if alias_nki:
+        legacy = sys.modules.get("neuronxcc")
+        if legacy is None:
+            legacy = types.ModuleType("neuronxcc", "placeholder: neuronxcc.nki.typing only")
+            legacy.__path__ = []
+            sys.modules["neuronxcc"] = legacy
+        if getattr(legacy, "__file__", None) is None:  # never shadow a real neuronxcc
+            nxc = types.ModuleType("neuronxcc.nki")
+            nxc.__path__ = []
+            nxc.typing = mods["nki.typing"]
+            legacy.nki = nxc
+            sys.modules["neuronxcc.nki"] = nxc
+            sys.modules["neuronxcc.nki.typing"] = mods["nki.typing"]
