@@ -51,7 +51,7 @@ def capture(role: str, t) -> tuple:
     the range of the allocation it may touch (no strides: the cost model then assumes it
     touches all of that range)."""
     a = t._alloc
-    dt = t.dtype
+    dt = t._dtype or a.dtype
     if type(t).__name__ != "NkiTensor":  # IndirectView / OutOfBoundsView: data-dependent
         return (role, a.alloc_id, a.kind, dt, tuple(t.shape), None,
                 (0, a.base.numel()))

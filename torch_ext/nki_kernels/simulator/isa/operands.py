@@ -74,8 +74,9 @@ def onchip(instr, role, t, *, psum=True, sbuf=True, why="") -> NkiTensor:
     if not isinstance(t, NkiTensor):
         fail(f"{instr}: {role} must be an NKI tensor, got {type(t).__name__}")
     kind = t._alloc.kind
-    if t.size == 0:
-        fail(f"{instr}: {role} is empty (shape {t.shape}); an instruction needs elements")
+    shape = t._data.shape if type(t) is NkiTensor else t.shape
+    if 0 in shape:
+        fail(f"{instr}: {role} is empty (shape {tuple(shape)}); an instruction needs elements")
     if kind == "hbm":
         fail(f"{instr}: {role} is in HBM; compute engines read and write only SBUF/PSUM "
              "(move data with nl.load / nisa.dma_copy)")
@@ -83,7 +84,7 @@ def onchip(instr, role, t, *, psum=True, sbuf=True, why="") -> NkiTensor:
         fail(f"{instr}: {role} must be in SBUF, got PSUM{why}")
     if kind == "sbuf" and not sbuf:
         fail(f"{instr}: {role} must be in PSUM, got SBUF{why}")
-    p = t.shape[0]
+    p = shape[0]
     tgt = current().target
     if p > tgt.partitions:
         fail(f"{instr}: {role} partition dim {p} exceeds maximum {tgt.partitions}")
@@ -107,12 +108,19 @@ def onchip(instr, role, t, *, psum=True, sbuf=True, why="") -> NkiTensor:
 
 
 def free_elems(t: NkiTensor) -> int:
+    if type(t) is NkiTensor:
+        d = t._data
+        return d.numel() // d.shape[0]
     shape = t.shape
     return math.prod(shape) // shape[0]
 
 
+def _parts(t) -> int:
+    return t._data.shape[0] if type(t) is NkiTensor else t.shape[0]
+
+
 def same_partitions(instr, ra, a, rb, b):
-    pa, pb = a.shape[0], b.shape[0]
+    pa, pb = _parts(a), _parts(b)
     if pa != pb:
         fail(f"{instr}: {rb} partition dim {pb} does not match {ra} partition dim {pa}")
 
@@ -171,7 +179,12 @@ def store(instr, dst: NkiTensor, value: torch.Tensor, matmul=False, raw=False) -
     v = value
     if v.shape != d.shape and v.numel() == d.numel():
         v = v.reshape(d.shape)
-    if any(st == 0 and s > 1 for s, st in zip(d.shape, d.stride())):
+    step0 = False
+    for s, st in zip(d.shape, d.stride()):
+        if st == 0 and s > 1:
+            step0 = True
+            break
+    if step0:
         # A dst pattern may repeat addresses (step 0; nothing in the docs forbids it, and
         # nki-library writes an unused activation_reduce output that way). The engine writes
         # in pattern order, so the last write to an address wins: the last index of every
@@ -273,20 +286,20 @@ def engine_of(instr, eng, allowed, default):
 def record(op, eng, reads, writes, flops, attrs) -> NkiInstruction:
     ctx = current()
     rec = ctx.recorder
-    idx = len(rec)
-    r = []
+    r = [capture(role, t) for role, t in reads if isinstance(t, NkiTensor)]
+    w = [capture(role, t) for role, t in writes if isinstance(t, NkiTensor)]
+    run = ctx.run
+    idx = rec.record(op, eng, r, w, flops, attrs, ctx.program_id if run.grid > 1 else None)
+    # liveness (memory.Life): first and last use, first write, last read
     for role, t in reads:
         if isinstance(t, NkiTensor):
-            r.append(capture(role, t))
             life = t._alloc.life
             if life is not None:
                 if life.first is None:
                     life.first = idx
                 life.last = life.last_read = idx
-    w = []
     for role, t in writes:
         if isinstance(t, NkiTensor):
-            w.append(capture(role, t))
             life = t._alloc.life
             if life is not None:
                 if life.first is None:
@@ -294,10 +307,8 @@ def record(op, eng, reads, writes, flops, attrs) -> NkiInstruction:
                 if life.first_write is None:
                     life.first_write = idx
                 life.last = idx
-    races = ctx.run.races
-    if races is not None:
-        races.record(ctx.program_id, idx, op, reads, writes)
-    rec.record(op, eng, r, w, flops, attrs, ctx.program_id if ctx.run.grid > 1 else None)
+    if run.races is not None:
+        run.races.record(ctx.program_id, idx, op, reads, writes)
     return NkiInstruction(rec, idx)
 
 
