@@ -151,3 +151,38 @@ def test_a_step0_dst_takes_the_last_write(sim):
     nisa.activation_reduce(dst.ap([[1, 4], [0, 6]]), nl.copy, _tile(nl, x), nl.add, red)
     assert torch.equal(dst.values().reshape(-1), x[:, -1])
     torch.testing.assert_close(red.values().reshape(-1), x.sum(1))
+
+
+def test_sequence_bounds_docstring_example(sim):
+    _, nl, nisa = sim
+    ids = _tile(nl, torch.tensor([[0, 1, 1, 2, 2, 2, 0, 3, 3]]), "int32")
+    dst = nl.ndarray((1, 2, 9), dtype=nl.int32)
+    nisa.sequence_bounds(dst, ids)
+    assert dst.values().tolist() == [[[9, 1, 1, 3, 3, 3, 9, 7, 7],
+                                      [-1, 3, 3, 6, 6, 6, -1, 9, 9]]]
+    with pytest.raises(NkiValidationError, match="partition dim must be 1"):
+        nisa.sequence_bounds(nl.ndarray((2, 2, 9), dtype=nl.int32),
+                             _tile(nl, torch.zeros(2, 9), "int32"))
+
+
+def test_exponential_subtracts_the_max_and_accumulates():
+    with simulator.activated("trn3") as nki:
+        nl, nisa = nki.language, nki.isa
+        x = torch.randn(16, 40)
+        m = x.amax(1, keepdim=True)
+        dst = nl.ndarray((16, 40), dtype=nl.bfloat16)
+        res = nl.ndarray((16, 1), dtype=nl.float32)
+        src = _tile(nl, x)
+        nisa.exponential(dst, src, max_value=_tile(nl, m), reduce_res=res,
+                         reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        ref = torch.exp(x - m)
+        assert torch.equal(dst.values(), ref.bfloat16().float())
+        torch.testing.assert_close(res.values(), ref.sum(1, keepdim=True))
+        nisa.exponential(dst, src, max_value=_tile(nl, m), reduce_res=res,
+                         reduce_cmd=nisa.reduce_cmd.reduce)  # keeps summing
+        torch.testing.assert_close(res.values(), 2 * ref.sum(1, keepdim=True))
+        with pytest.raises(NkiValidationError, match="reduce_init must be unset"):
+            nisa.exponential(dst, src, reduce_init=1.0)
+    with simulator.activated("trn2") as nki:
+        with pytest.raises(NkiValidationError, match="needs NeuronCore-v4"):
+            nki.isa.exponential(None, None)

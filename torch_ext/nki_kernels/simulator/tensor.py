@@ -530,8 +530,62 @@ class NkiTensor:
         raise UnsupportedError("indirect(): tensor indirection (NeuronCore-v4) is not supported "
                                "by the simulator")
 
-    def rearrange(self, *args, **kwargs):
-        raise UnsupportedError("rearrange(): not supported by the simulator; use reshape/permute")
+    def rearrange(self, src_pattern, dst_pattern, fixed_sizes=None) -> "NkiTensor":
+        """einops-style view (NkiTensor.rearrange docstring): ``src_pattern`` names each dim
+        (a tuple of names splits a dim; ``fixed_sizes`` gives sizes, one may be inferred),
+        ``dst_pattern`` orders the names (a tuple merges them). On chip the partition dim
+        stays first and whole."""
+        sizes = dict(fixed_sizes or {})
+        src = list(src_pattern)
+        if len(src) != self.ndim:
+            raise NkiValidationError(f"rearrange: src_pattern {src_pattern} names {len(src)} "
+                                     f"dims; the tensor has {self.ndim} ({self.shape})")
+        names, split_shape = [], []
+        for dim, entry in enumerate(src):
+            group = list(entry) if isinstance(entry, (tuple, list)) else [entry]
+            n = self.shape[dim]
+            known = [sizes[g] for g in group if g in sizes]
+            missing = [g for g in group if g not in sizes]
+            if len(missing) > 1:
+                raise NkiValidationError(f"rearrange: sizes of {missing} in {entry} are unknown; "
+                                         "give all but one in fixed_sizes")
+            if missing:
+                k = math.prod(known)
+                if k == 0 or n % k:
+                    raise NkiValidationError(f"rearrange: dim {dim} of size {n} cannot split "
+                                             f"into {entry} with {sizes}")
+                sizes[missing[0]] = n // k
+            if math.prod(sizes[g] for g in group) != n:
+                raise NkiValidationError(f"rearrange: {entry} multiplies to "
+                                         f"{math.prod(sizes[g] for g in group)}, dim {dim} is {n}")
+            for g in group:
+                if g in names:
+                    raise NkiValidationError(f"rearrange: name {g!r} appears twice")
+                names.append(g)
+                split_shape.append(sizes[g])
+        order = []
+        for entry in dst_pattern:
+            order += list(entry) if isinstance(entry, (tuple, list)) else [entry]
+        if sorted(order) != sorted(names):
+            raise NkiValidationError(f"rearrange: dst_pattern {dst_pattern} must use the names "
+                                     f"of src_pattern {src_pattern} once each")
+        if self.on_chip and (order[0] != names[0] or split_shape[0] != self.shape[0]
+                             or not isinstance(dst_pattern[0], str)):
+            raise NkiValidationError("rearrange: on-chip tensors keep the partition dim first "
+                                     "and whole")
+        try:
+            d = self._data.view(split_shape) if tuple(split_shape) != self.shape else self._data
+            d = d.permute([names.index(n) for n in order])
+            merged = []
+            for entry in dst_pattern:
+                group = list(entry) if isinstance(entry, (tuple, list)) else [entry]
+                merged.append(math.prod(sizes[g] for g in group))
+            d = d.view(merged) if tuple(merged) != tuple(d.shape) else d
+        except RuntimeError:
+            raise NkiValidationError(f"rearrange: {src_pattern} -> {dst_pattern} is not a view "
+                                     f"of this layout (shape {self.shape}, strides "
+                                     f"{self.strides})") from None
+        return self._view(d)
 
     def _dim(self, dim, what):
         d = int(dim)

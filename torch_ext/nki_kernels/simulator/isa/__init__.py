@@ -30,7 +30,7 @@ from .dma import dma_compute, dma_copy, dma_transpose
 from .enums import (dge_mode, dma_engine, engine, get_nc_sub_version, get_nc_version,
                     matmul_perf_mode, nc_version, oob_mode, reduce_cmd, unknown_engine)
 from .gpsimd import (affine_select, iota, local_gather, nc_n_gather, nonzero_with_count,
-                     tensor_partition_reduce)
+                     sequence_bounds, tensor_partition_reduce)
 from .operands import NkiInstruction, is_scalar
 from .registers import (VirtualRegister, register_alloc, register_load, register_move,
                         register_store)
@@ -38,9 +38,9 @@ from .scalar_engine import activation, activation_reduce
 from .tensor_engine import nc_matmul, nc_matmul_mx, nc_transpose
 from .unsupported import NAMES as _UNSUPPORTED
 from .sync import core_barrier, sendrecv
-from .unsupported import (activate2, exponential, rand2, rand_get_state, rand_set_state,
-                          sequence_bounds, topk)
-from .vector_engine import (bn_aggr, bn_stats, dropout, max8, nc_find_index8, nc_match_replace8,
+from .unsupported import activate2, rand2, rand_get_state, rand_set_state, topk
+from .vector_engine import (bn_aggr, bn_stats, dropout, exponential, max8, nc_find_index8,
+                            nc_match_replace8,
                             nc_stream_shuffle, quantize_mx, range_select, reciprocal, rng,
                             select_reduce,
                             set_rng_seed, tensor_copy_predicated, tensor_scalar_cumulative,
@@ -56,7 +56,7 @@ __all__ = [
     "tensor_reduce", "tensor_partition_reduce", "tensor_scalar_reduce", "tensor_scalar_cumulative",
     "tensor_tensor_scan", "activation", "activation_reduce", "iota", "affine_select",
     "select_reduce", "range_select", "reciprocal", "bn_stats", "bn_aggr", "nc_n_gather",
-    "local_gather", "nonzero_with_count", "max8", "nc_find_index8", "nc_match_replace8", "nc_stream_shuffle", "dropout", "rng",
+    "local_gather", "nonzero_with_count", "sequence_bounds", "exponential", "max8", "nc_find_index8", "nc_match_replace8", "nc_stream_shuffle", "dropout", "rng",
     "set_rng_seed", "core_barrier", "sendrecv", "register_alloc", "register_move", "register_load",
     "register_store", *_UNSUPPORTED,
 ]

@@ -204,3 +204,42 @@ def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
         out[p] = row
     store(I, dst, out.reshape(dst.shape))
     return record(I, "gpsimd", [("src", src)], [("dst", dst)], P * F, {})
+
+
+def sequence_bounds(dst, segment_ids, name=None):
+    """Per element of ``segment_ids`` [1, n]: [start, end) of its segment (a run of equal
+    ids), as dst [1, 2, n]; id 0 is padding: start n, end -1 (nki.isa.sequence_bounds and
+    its numpy example)."""
+    I = "sequence_bounds"
+    onchip(I, "dst", dst, psum=False, why=" (GpSimd)")
+    onchip(I, "segment_ids", segment_ids, psum=False, why=" (GpSimd)")
+    for role, t in (("dst", dst), ("segment_ids", segment_ids)):
+        if t.dtype.name not in ("float32", "int32"):
+            fail(f"{I}: {role} dtype must be float32 or int32, got {t.dtype.name}")
+    if segment_ids.shape[0] != 1 or dst.shape[0] != 1:
+        fail(f"{I}: the partition dim must be 1, got segment_ids {segment_ids.shape}, dst "
+             f"{dst.shape}")
+    n = free_elems(segment_ids)
+    if free_elems(dst) != 2 * n:
+        fail(f"{I}: dst must hold 2 x {n} elements per partition (start and end of each), got "
+             f"{free_elems(dst)}")
+    seq = f32(segment_ids).reshape(-1).tolist()
+    if any(v < 0 for v in seq):
+        fail(f"{I}: segment ids must be non-negative")
+    start, end = [0] * n, [0] * n
+    for i in range(n):
+        if seq[i] == 0:
+            start[i] = n
+        elif i > 0 and seq[i] == seq[i - 1]:
+            start[i] = start[i - 1]
+        else:
+            start[i] = i
+    for i in range(n - 1, -1, -1):
+        if seq[i] == 0:
+            end[i] = -1
+        elif i < n - 1 and seq[i] == seq[i + 1]:
+            end[i] = end[i + 1]
+        else:
+            end[i] = i + 1
+    store(I, dst, torch.tensor([start, end], dtype=torch.float32).reshape(dst.shape))
+    return record(I, "gpsimd", [("segment_ids", segment_ids)], [("dst", dst)], n, {})

@@ -63,7 +63,8 @@ def reciprocal(dst, data, name=None):
 def _vector_reduce_regs(instr, reduce_op, cmd, r, data, reduce_res, init=None, negate=False):
     ctx = current()
     sl = lanes(data)
-    update_regs(ctx.vector_regs, sl, cmd, reduce_op, r, init)
+    if r is not None:
+        update_regs(ctx.vector_regs, sl, cmd, reduce_op, r, init)
     if reduce_res is not None:
         onchip(instr, "reduce_res", reduce_res)
         same_partitions(instr, "data", data, "reduce_res", reduce_res)
@@ -488,3 +489,45 @@ def quantize_mx(dst, src, dst_scale, name=None):
     store(I, dst_scale, sbits.reshape(dst_scale.shape), raw=True)
     return record(I, "vector", [("src", src)], [("dst", dst), ("dst_scale", dst_scale)],
                   src.size, {"dtype": dst.dtype.name})
+
+
+_EXP_DST = ("float8_e4m3", "float8_e5m2", "float16", "bfloat16", "float32", "tfloat32", "int8",
+            "int16", "int32", "uint8", "uint16")
+_EXP_SRC = ("float8_e4m3", "float8_e5m2", "float16", "bfloat16", "float32", "int8", "int16",
+            "int32", "uint8", "uint16", "uint32")
+
+
+def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=enums.reduce_cmd.idle,
+                reduce_init=0.0, name=None):
+    """``dst = exp(src - max_value)`` on VectorE (NeuronCore-v4), optionally summed into the
+    VectorE accumulators (nki.isa.exponential: reset_reduce / reduce / load_reduce)."""
+    I = "exponential"
+    tgt = target()
+    if tgt.generation < 4:
+        fail(f"{I}: needs NeuronCore-v4 (trn3); the target is {tgt.name}")
+    onchip(I, "dst", dst)
+    onchip(I, "src", src)
+    same_partitions(I, "src", src, "dst", dst)
+    same_free(I, "src", src, "dst", dst)
+    if dst.dtype.name not in _EXP_DST:
+        fail(f"{I}: dst dtype {dst.dtype.name} is not supported ({', '.join(_EXP_DST)})")
+    if src.dtype.name not in _EXP_SRC:
+        fail(f"{I}: src dtype {src.dtype.name} is not supported ({', '.join(_EXP_SRC)})")
+    cmd = check_reduce_cmd(I, reduce_cmd)
+    if cmd is enums.reduce_cmd.reset:
+        fail(f"{I}: reduce_cmd reset is not supported (idle, reset_reduce, reduce, load_reduce)")
+    if cmd is not enums.reduce_cmd.load_reduce and (
+            isinstance(reduce_init, NkiTensor) or float(reduce_init) != 0.0):
+        fail(f"{I}: reduce_init must be unset or 0.0 unless reduce_cmd is load_reduce")
+    m = operand_vec(I, "max_value", max_value, src, need_f32=True)
+    y = torch.exp((f32(src) - m).to(torch.float64)).to(torch.float32)
+    store(I, dst, y)
+    if cmd is not enums.reduce_cmd.idle:
+        init = operand_vec(I, "reduce_init", reduce_init, src)
+        init = init.reshape(-1) if isinstance(init, torch.Tensor) else init
+        _vector_reduce_regs(I, "add", cmd, reduce_free("add", y), src, reduce_res, init)
+    elif reduce_res is not None:
+        _vector_reduce_regs(I, "add", cmd, None, src, reduce_res)
+    return record(I, "vector", [("src", src), ("max_value", max_value)],
+                  [("dst", dst), ("reduce_res", reduce_res)], dst.size,
+                  {"reduce": reduce_res is not None, "reduce_cmd": cmd.name})
