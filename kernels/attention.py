@@ -71,6 +71,7 @@ from .attention_launch import KEY_BLOCK, NEG_INF, P, LaunchTensors, launch_facts
 from .attention_plan import EngineBalance
 from .attention_single_pass import single_pass_group
 from .attention_transposed import TransposedKeys, transposed_scores_group
+from .attention_work import program_units
 from .limits import ATTENTION_SINGLE_PASS_MAX_KEYS as SINGLE_PASS_MAX_KEYS
 
 # The kernel's modules: attention_launch.py (LaunchFacts: what a launch is, frozen),
@@ -99,7 +100,8 @@ def flash_attention_kernel(q, k, v, mask=None, scale=1.0, causal=False, layout="
 
 def _launch(q, k, v, mask, scale, causal, layout, key_block, flash):
     """Set up the launch (facts, planner, launch-wide tiles, HBM output), then run the
-    path's group function for every (batch, group of kv_group kv heads)."""
+    path's group function for each of this program's work units (attention_work.py: at
+    LNC=2 each physical core takes half of the (batch, kv head) pairs or query tiles)."""
     facts = launch_facts(q, k, v, mask, scale, causal, layout, key_block)
     plan = EngineBalance(facts)
     # Set up whenever the launch qualifies, also for flash_attention_kernel, which never
@@ -122,8 +124,10 @@ def _launch(q, k, v, mask, scale, causal, layout, key_block, flash):
         group = transposed_scores_group
     else:
         group = single_pass_group
-    for b in range(facts.B):
-        key_bias = key_bias_rows(facts, mask, b)     # [128, Sk] fp32 SBUF or None
-        for hk0 in range(0, facts.Hkv, facts.kv_group):
-            group(facts, plan, tensors, b, hk0, min(facts.Hkv, hk0 + facts.kv_group), key_bias)
+    units = program_units(facts)
+    key_bias, bias_batch = None, None
+    for i, (b, hk0, hk1, t0, t1) in enumerate(units):
+        if b != bias_batch:
+            key_bias, bias_batch = key_bias_rows(facts, mask, b), b   # [128, Sk] fp32 SBUF or None
+        group(facts, plan, tensors, b, hk0, hk1, (t0, t1), key_bias, last=i == len(units) - 1)
     return out

@@ -12,8 +12,9 @@ from .attention_launch import P
 from .engine_costs import INSTR_CYCLES
 
 
-def flash_group(facts, plan, tensors, b, hk0, hk1, key_bias):
-    """Attention of batch b, kv heads hk0:hk1 and their query heads, one key block at a time.
+def flash_group(facts, plan, tensors, b, hk0, hk1, tiles, key_bias, last):
+    """Attention of batch b, kv heads hk0:hk1 and their query heads for query tiles
+    tiles = (t0, t1), one key block at a time (``last``: the program's last unit; unused).
 
     Per chunk of facts.q_chunk query tiles: Qᵀ [D, q heads, rows] is loaded once, the
     accumulators O | rowsum [128, tiles, q heads, Dv+1] fp32 and the running -max
@@ -23,8 +24,8 @@ def flash_group(facts, plan, tensors, b, hk0, hk1, key_bias):
     f = facts
     h0, h1 = hk0 * f.G, hk1 * f.G
     nh = h1 - h0
-    for t0 in range(0, f.n_q_tiles, f.q_chunk):
-        t1 = min(f.n_q_tiles, t0 + f.q_chunk)
+    for t0 in range(tiles[0], tiles[1], f.q_chunk):
+        t1 = min(tiles[1], t0 + f.q_chunk)
         s0, s1 = t0 * P, min(f.Sq, t1 * P)
         nt = t1 - t0
         qT = load_transposed(f, tensors.q, b, h0, h1, s0, s1)

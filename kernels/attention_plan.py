@@ -83,12 +83,6 @@ class EngineBalance(nl.NKIObject):
         """Transposed scores: a query tile's row maxes are done (the first tile is past)."""
         self.ts_first_tile = False
 
-    @staticmethod
-    def normalize_on_vector(facts, b, hk1):
-        """Transposed scores: the launch's last head group normalises its outputs on VectorE,
-        which runs out of work first (ScalarE still has the exps), so the tail is short."""
-        return b == facts.B - 1 and hk1 == facts.Hkv
-
 
 def _plan_dma_share(facts):
     """Share of Pᵀ to transpose with the DMA engines rather than TensorE + a PSUM copy.

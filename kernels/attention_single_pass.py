@@ -17,8 +17,9 @@ from .engine_costs import INSTR_CYCLES
 from .tiling import cdiv
 
 
-def single_pass_group(facts, plan, tensors, b, hk0, hk1, key_bias):
-    """Attention of batch b, kv heads hk0:hk1 and their query heads, all Sk keys at once.
+def single_pass_group(facts, plan, tensors, b, hk0, hk1, tiles, key_bias, last):
+    """Attention of batch b, kv heads hk0:hk1 and their query heads for query tiles
+    tiles = (t0, t1), all Sk keys at once (``last``: the program's last unit; unused here).
 
     Kᵀ [D, kv heads, Sk] and V [128, key tiles, kv heads, Dv+1] are loaded once; queries
     go by chunks of facts.q_chunk tiles: Qᵀ [D, q heads, rows] in, outputs
@@ -27,8 +28,8 @@ def single_pass_group(facts, plan, tensors, b, hk0, hk1, key_bias):
     h0, h1 = hk0 * f.G, hk1 * f.G
     kT = load_transposed(f, tensors.k, b, hk0, hk1, 0, f.Sk)      # [D, kv heads, Sk]
     vals = load_values(f, tensors.v, b, hk0, hk1, 0, f.Sk)       # [128, key tiles, kv heads, Dv+1]
-    for t0 in range(0, f.n_q_tiles, f.q_chunk):
-        t1 = min(f.n_q_tiles, t0 + f.q_chunk)
+    for t0 in range(tiles[0], tiles[1], f.q_chunk):
+        t1 = min(tiles[1], t0 + f.q_chunk)
         s0, s1 = t0 * P, min(f.Sq, t1 * P)
         qT = load_transposed(f, tensors.q, b, h0, h1, s0, s1)     # [D, q heads, rows]
         o_sb = nl.ndarray((P, t1 - t0, h1 - h0, f.Dv), dtype=tensors.out.dtype, buffer=nl.sbuf)

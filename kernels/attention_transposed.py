@@ -66,32 +66,34 @@ class TransposedKeys(nl.NKIObject):
                       src=self.minus_ones[D:D + TS_EXTRA_ROWS].broadcast(1, self.kv_group))
 
 
-def transposed_scores_group(facts, plan, tensors, b, hk0, hk1, key_bias=None):
-    """Attention of batch b, kv heads hk0:hk1 and their query heads (no mask: key_bias None).
+def transposed_scores_group(facts, plan, tensors, b, hk0, hk1, tiles, key_bias, last):
+    """Attention of batch b, kv heads hk0:hk1 and their query heads for query tiles
+    tiles = (t0, t1) (no mask: key_bias None; ``last``: the program's last unit).
 
     Kᵀ goes into the next TransposedKeys tile; the -1 rows of a tile's first use are
     written after the loads the first scores wait for (Kᵀ, then Qᵀ of the first chunk,
     loaded before V).  The launch's last query tile stores each batch of heads as soon as
-    it is done (a short tail)."""
+    it is done (a short tail); the program's last unit normalises its outputs on VectorE,
+    which runs out of work first (ScalarE still has the exps), so the tail is short."""
     f = facts
     h0, h1 = hk0 * f.G, hk1 * f.G
     kx, first_use = tensors.ts_keys.next_tile()
     kT = kx[:, 0:hk1 - hk0, :]                                   # [D+2, kv heads, Sk]
     load_transposed(f, tensors.k, b, hk0, hk1, 0, f.Sk, out=kT[0:f.D])
-    qT_first = _load_q_extended(f, tensors.q, b, h0, h1, 0, min(f.Sq, f.q_chunk * P))
+    qT_first = _load_q_extended(f, tensors.q, b, h0, h1, tiles[0] * P,
+                                min(f.Sq, min(tiles[1], tiles[0] + f.q_chunk) * P))
     if first_use:
         tensors.ts_keys.write_minus_ones(kx)
     vals = load_values(f, tensors.v, b, hk0, hk1, 0, f.Sk)      # [128, key tiles, kv heads, Dv+1]
-    last_group = b == f.B - 1 and hk1 == f.Hkv
-    for t0 in range(0, f.n_q_tiles, f.q_chunk):
-        t1 = min(f.n_q_tiles, t0 + f.q_chunk)
+    for t0 in range(tiles[0], tiles[1], f.q_chunk):
+        t1 = min(tiles[1], t0 + f.q_chunk)
         s0, s1 = t0 * P, min(f.Sq, t1 * P)
-        qT = qT_first if t0 == 0 else _load_q_extended(f, tensors.q, b, h0, h1, s0, s1)
+        qT = qT_first if t0 == tiles[0] else _load_q_extended(f, tensors.q, b, h0, h1, s0, s1)
         o_sb = nl.ndarray((P, t1 - t0, h1 - h0, f.Dv), dtype=tensors.out.dtype, buffer=nl.sbuf)
         for t in range(t0, t1):
             q0 = t * P
             r = min(P, f.Sq - q0)
-            last = last_group and t == f.n_q_tiles - 1
+            last_tile = last and t == tiles[1] - 1
 
             def store(j0, j1, t=t, q0=q0, r=r):
                 # the launch's last tile: each batch of heads stored as soon as it is done
@@ -99,9 +101,9 @@ def transposed_scores_group(facts, plan, tensors, b, hk0, hk1, key_bias=None):
                               src=o_sb[:r, t - t0, j0:j1, :])
 
             _ts_tile(f, plan, qT[:, :, q0 - s0:q0 - s0 + r], kT, vals, h0, h1, hk0,
-                     o_sb[:r, t - t0, :, :], r, f.Sk, last=last,
-                     on_vector=plan.normalize_on_vector(f, b, hk1), store=store if last else None)
-            if last:
+                     o_sb[:r, t - t0, :, :], r, f.Sk, last=last_tile,
+                     on_vector=last, store=store if last_tile else None)
+            if last_tile:
                 s1 = q0                        # rows q0.. already stored
         if s1 > s0:
             store_rows(f, tensors.out, o_sb, b, h0, h1, s0, s1)

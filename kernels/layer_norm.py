@@ -43,7 +43,7 @@ import nki.language as nl
 
 from .limits import NORM_MAX_HIDDEN as MAX_HIDDEN
 from .tiling import (PARTITIONS, block_rows, broadcast_rows, cdiv, engine_segments, itemsize, load_block,
-                     row_blocks, rows_per_partition, split_count, spread)
+                     program_row_blocks, rows_per_partition, split_count, spread)
 
 # Row packing: the least J that makes a transfer this long per partition (the DMA guide's
 # >= 4 KiB for bandwidth; more rows per block would only lengthen the pipeline fill/drain).
@@ -187,7 +187,7 @@ def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5):
     target_bytes = TARGET_BYTES_16 if sixteen else TARGET_BYTES_32
     slot = 0
     per_max = rows_per_partition(cols, target_bytes // itemsize(x.dtype), MAX_HIDDEN)
-    for i, (start, parts, per) in enumerate(row_blocks(n_rows, per_max, TAIL_POSITION)):
+    for i, (start, parts, per) in enumerate(program_row_blocks(n_rows, per_max, TAIL_POSITION)):
         x_tile = load_block(x, start, parts, per)
         if i == 0:
             # weight and bias after the first block's load, so that load is not queued behind them

@@ -36,8 +36,8 @@ import nki.isa as nisa
 import nki.language as nl
 
 from .limits import NORM_MAX_HIDDEN as MAX_HIDDEN
-from .tiling import (PARTITIONS, block_rows, broadcast_rows, engine_segments, load_block, row_blocks,
-                     rows_per_partition)
+from .tiling import (PARTITIONS, block_rows, broadcast_rows, engine_segments, load_block,
+                     program_row_blocks, rows_per_partition)
 
 # Rows are packed per partition until one transfer moves >= 2048 elements per partition:
 # 4 KiB in bf16 / 8 KiB in fp32, the DMA guide's size for saturating bandwidth.
@@ -109,10 +109,14 @@ def rms_norm_kernel(x, weight=None, eps=1e-6):
     n_rows, cols = x.shape
     assert cols <= MAX_HIDDEN, f"H={cols} exceeds MAX_HIDDEN={MAX_HIDDEN}"
     out = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
-    weight_tile = None if weight is None else broadcast_rows(weight, cols)
     eps_tile = _eps_tile(eps)
-    for start, parts, per in row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS, MAX_HIDDEN)):
+    weight_tile = None
+    blocks = program_row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS, MAX_HIDDEN))
+    for i, (start, parts, per) in enumerate(blocks):
         x_tile = load_block(x, start, parts, per)
+        if i == 0 and weight is not None:
+            # after the first block's load, so that load (which compute waits for) goes first
+            weight_tile = broadcast_rows(weight, cols)
         out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
         _normalize_block(out_tile, x_tile, parts, per, cols, weight_tile, eps_tile)
         nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
@@ -138,7 +142,7 @@ def fused_add_rms_norm_kernel(x, residual, weight=None, eps=1e-6):
     total = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
     weight_tile = None if weight is None else broadcast_rows(weight, cols)
     eps_tile = _eps_tile(eps)
-    for start, parts, per in row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS, MAX_HIDDEN)):
+    for start, parts, per in program_row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS, MAX_HIDDEN)):
         x_tile = load_block(x, start, parts, per)
         r_tile = load_block(residual, start, parts, per)
         # x + residual in fp32 on VectorE, rounded once to the input dtype.

@@ -30,7 +30,8 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-PARTITIONS = 128
+from .tiling import PARTITIONS, cdiv, program_share
+
 # Elements per partition of one head group: 4096 = 32 heads x 128 (8 KiB bf16, 16 KiB fp32
 # per transfer, above the 4 KiB that saturates DMA). Input, two fp32 scratch tiles and the
 # output of a group are 48 KiB in fp32: two groups in flight fit trn2's 224 KiB.
@@ -97,22 +98,25 @@ def rotary_kernel(q, k, cos, sin):
     inter_dtype = q.dtype if sixteen_bit else nl.float32
     add_share = VECTOR_SHARE_ADD_16BIT if sixteen_bit else VECTOR_SHARE_ADD_FP32
 
-    for b in range(batch):
+    # work units: (batch, 128-position tile); at LNC=2 each program takes half of them
+    n_pos_tiles = cdiv(seq, PARTITIONS)
+    unit_lo, unit_hi = program_share(batch * n_pos_tiles)
+    for unit in range(unit_lo, unit_hi):
+        b, s0 = unit // n_pos_tiles, (unit % n_pos_tiles) * PARTITIONS
         bc = b if cos_batch > 1 else 0
-        for s0 in range(0, seq, PARTITIONS):
-            parts = min(PARTITIONS, seq - s0)
-            cos_tile = nl.ndarray((parts, dim), dtype=cos.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=cos_tile, src=cos[bc, s0:s0 + parts, :])
-            sin_tile = nl.ndarray((parts, dim), dtype=sin.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=sin_tile, src=sin[bc, s0:s0 + parts, :])
-            # signed sin = (-sin[:D/2], sin[D/2:]), once per position tile (negation is exact)
-            signed_sin = nl.ndarray((parts, dim), dtype=inter_dtype, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=signed_sin[:, 0:half], data=sin_tile[:, 0:half],
-                               op0=nl.multiply, operand0=-1.0)
-            nisa.tensor_copy(dst=signed_sin[:, half:dim], src=sin_tile[:, half:dim])
-            for src, dst, heads in ((q, q_out, q_heads), (k, k_out, k_heads)):
-                for h0 in range(0, heads, group_max):
-                    group = min(group_max, heads - h0)
-                    _rotate(dst, src, b, h0, group, s0, parts, dim, cos_tile, signed_sin,
-                            inter_dtype, add_share)
+        parts = min(PARTITIONS, seq - s0)
+        cos_tile = nl.ndarray((parts, dim), dtype=cos.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=cos_tile, src=cos[bc, s0:s0 + parts, :])
+        sin_tile = nl.ndarray((parts, dim), dtype=sin.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=sin_tile, src=sin[bc, s0:s0 + parts, :])
+        # signed sin = (-sin[:D/2], sin[D/2:]), once per position tile (negation is exact)
+        signed_sin = nl.ndarray((parts, dim), dtype=inter_dtype, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=signed_sin[:, 0:half], data=sin_tile[:, 0:half],
+                           op0=nl.multiply, operand0=-1.0)
+        nisa.tensor_copy(dst=signed_sin[:, half:dim], src=sin_tile[:, half:dim])
+        for src, dst, heads in ((q, q_out, q_heads), (k, k_out, k_heads)):
+            for h0 in range(0, heads, group_max):
+                group = min(group_max, heads - h0)
+                _rotate(dst, src, b, h0, group, s0, parts, dim, cos_tile, signed_sin,
+                        inter_dtype, add_share)
     return q_out, k_out

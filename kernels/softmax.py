@@ -40,8 +40,8 @@ import nki.language as nl
 
 from .limits import SOFTMAX_MAX_COLS as MAX_COLS
 from .limits import SOFTMAX_RESIDENT_BYTES as RESIDENT_BYTES
-from .tiling import (PARTITIONS, block_rows, cdiv, engine_segments, itemsize, load_block, row_blocks,
-                     rows_per_partition, spread)
+from .tiling import (PARTITIONS, block_rows, cdiv, engine_segments, itemsize, load_block,
+                     program_row_blocks, program_rows, rows_per_partition, spread)
 
 # Row packing target: 2048 elements per partition per DMA = 4 KiB bf16 / 8 KiB fp32.
 TARGET_COLS = 2048
@@ -65,7 +65,7 @@ NEG_BIG = -3.0e38
 
 
 def _softmax_rows(x, out, n_rows, cols):
-    for start, parts, per in row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS, MAX_COLS)):
+    for start, parts, per in program_row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS, MAX_COLS)):
         x_tile = load_block(x, start, parts, per)
         # -max per row, all J rows in one VectorE instruction: [parts, per] fp32
         neg_max = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
@@ -102,7 +102,8 @@ def _resident_bytes(cols, chunk, itemsize):
 
 def _softmax_online(x, out, n_rows, cols, chunk, resident):
     n_chunks = cdiv(cols, chunk)
-    for r0 in range(0, n_rows, PARTITIONS):
+    row_lo, row_hi = program_rows(n_rows)    # this program's row tiles (LNC=2: half each)
+    for r0 in range(row_lo, row_hi, PARTITIONS):
         parts = min(PARTITIONS, n_rows - r0)
         kept = []   # per chunk: (x tile, None) for ScalarE chunks, (None, e tile) for VectorE
         maxes = []  # running max after each chunk, m_c

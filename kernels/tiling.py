@@ -1,6 +1,11 @@
 """Tiling helpers shared by the kernels: partitions, ceil-division, dtype sizes, row blocks
 with their tail, work splits between engines, and partition-broadcast loads.
 
+Logical cores: a kernel launched at LNC=2 runs once per physical core (``nl.num_programs()``
+programs, ``nl.program_id(0)`` this one); both share the HBM inputs and outputs and each
+has its own engines, SBUF and PSUM (AWS, "Using Logical NeuronCores (LNC) with NKI").
+``program_share`` and ``program_rows`` give each program its contiguous part of the work.
+
 Rows go on partitions. A *row block* is ``(first_row, partitions, rows_per_partition)``:
 ``partitions * rows_per_partition`` consecutive rows, partition p holding rows
 ``[p * J, (p + 1) * J)`` of the block, so a block is one contiguous HBM range and its load
@@ -31,12 +36,13 @@ def rows_per_partition(cols, target_cols, max_cols):
     return max(1, min(cdiv(target_cols, cols), max_cols // cols))
 
 
-def row_blocks(n_rows, per_max, tail_position=None):
-    """[(first_row, partitions, rows_per_partition)] covering rows [0, n_rows): full blocks of
-    128 * J rows (J <= per_max), then the < 128-row tail block with J = 1. ``tail_position``
-    moves the tail to that index of the list (e.g. 1: right after the first block)."""
+def row_blocks(n_rows, per_max, tail_position=None, first_row=0):
+    """[(first_row, partitions, rows_per_partition)] covering rows [first_row, n_rows): full
+    blocks of 128 * J rows (J <= per_max), then the < 128-row tail block with J = 1.
+    ``tail_position`` moves the tail to that index of the list (e.g. 1: right after the
+    first block)."""
     blocks = []
-    start = 0
+    start = first_row
     while n_rows - start >= PARTITIONS:
         per = min(per_max, (n_rows - start) // PARTITIONS)
         blocks.append((start, PARTITIONS, per))
@@ -50,6 +56,21 @@ def row_blocks(n_rows, per_max, tail_position=None):
     return blocks
 
 
+def program_share(n):
+    """[lo, hi) of range(n) that this program takes: contiguous parts whose sizes differ by
+    at most one (the later programs take the larger parts). At LNC=1: (0, n)."""
+    pid, count = nl.program_id(0), nl.num_programs()
+    return (pid * n) // count, ((pid + 1) * n) // count
+
+
+def program_rows(n_rows):
+    """[lo, hi) of the rows [0, n_rows) this program takes, split at 128-row tiles (so
+    every program but the last has only full tiles, and the last also takes the < 128-row
+    tail): the programs' tile counts differ by at most one."""
+    lo, hi = program_share(cdiv(n_rows, PARTITIONS))
+    return min(n_rows, lo * PARTITIONS), min(n_rows, hi * PARTITIONS)
+
+
 def block_rows(hbm, start, parts, per):
     """[parts, per, cols] view of rows [start, start + parts * per) of an HBM [N, cols]
     tensor: partition p holds the block's rows [p * per, (p + 1) * per)."""
@@ -61,6 +82,12 @@ def load_block(hbm, start, parts, per):
     tile = nl.ndarray((parts, per, hbm.shape[1]), dtype=hbm.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=tile, src=block_rows(hbm, start, parts, per))
     return tile
+
+
+def program_row_blocks(n_rows, per_max, tail_position=None):
+    """``row_blocks`` over the rows this program takes (``program_rows``)."""
+    lo, hi = program_rows(n_rows)
+    return row_blocks(hi, per_max, tail_position, first_row=lo)
 
 
 def split_count(n, share):

@@ -6,6 +6,12 @@
 * ``cpu`` tensors: the PyTorch reference (default), or the NKI kernel in the bundled
   simulator when ``NKI_KERNELS_CPU_BACKEND=simulator``.
 
+Kernels launch at the logical-core degree (LNC) the compiler uses: neuronx-cc compiles at
+``NEURON_LOGICAL_NC_CONFIG`` when it is set, else at LNC=2 on Trn2/Trn3, and since NKI 0.7
+rejects a kernel launched at another degree (NCC_EVRF066; a kernel called without a degree
+is LNC=1). So every launch is ``kernel[degree](...)`` with ``logical_core_degree()``; the
+simulator backend uses the same rule for its target (trn2: 2).
+
 Every op describes its kernel launch as a :class:`KernelCall` (which kernel, which tensors,
 which static arguments, how to turn the kernel's outputs into the op's result), so the op,
 the tests and the modeled report (benchmarks/model_report.py) launch kernels the same way.
@@ -23,6 +29,12 @@ from . import _kernel_sources
 
 CPU_BACKEND_ENV = "NKI_KERNELS_CPU_BACKEND"
 CPU_BACKENDS = ("reference", "simulator")
+# AWS's variable for the logical-core degree of the compiler and of nki.jit launches
+# (nki.jit reference, Neuron 2.33: "set NEURON_LOGICAL_NC_CONFIG to 1 or 2 before
+# invoking the kernel"; see docs/hardware.md, source [L]).
+LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
+# TorchNeuron (Neuron 2.33) runs on Trn2 and Trn3, whose compiler default is LNC=2.
+NEURON_DEFAULT_LNC = 2
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,22 @@ def cpu_backend() -> str:
     return value
 
 
+def logical_core_degree(default: int = NEURON_DEFAULT_LNC, maximum: int = 2) -> int:
+    """The degree kernels launch at: ``NEURON_LOGICAL_NC_CONFIG`` when set (read at every
+    call), else ``default`` (the target's compiler default). Raises ``ValueError`` for a
+    value other than 1 or 2, or above ``maximum`` (trn1: 1)."""
+    raw = os.environ.get(LNC_ENV, "").strip()
+    if not raw:
+        return default
+    if raw not in ("1", "2"):
+        raise ValueError(f"{LNC_ENV}={raw!r} is not supported; expected 1 or 2")
+    degree = int(raw)
+    if degree > maximum:
+        raise ValueError(f"{LNC_ENV}={degree} exceeds {maximum}, the largest logical-core degree "
+                         "of the target (Trainium1 runs LNC=1 only)")
+    return degree
+
+
 def run(call: Callable[[], KernelCall], reference: Callable[[], Any], device: torch.device) -> Any:
     """Run an op on ``device``: the NKI kernel described by ``call()``, or ``reference()``.
 
@@ -72,11 +100,15 @@ def simulator_kernel(call: KernelCall):
     return _kernel_sources.kernel(call.module, call.kernel, "simulator")
 
 
-def run_simulated(call: KernelCall) -> Any:
-    """Run the NKI kernel of ``call`` in the bundled simulator on CPU tensors."""
+def run_simulated(call: KernelCall, lnc: int | None = None) -> Any:
+    """Run the NKI kernel of ``call`` in the bundled simulator on CPU tensors, at degree
+    ``lnc`` (default: ``logical_core_degree()`` for the simulator's default target)."""
     from . import simulator
 
-    kernel = simulator_kernel(call)
+    if lnc is None:
+        target = simulator.SimParams().target
+        lnc = logical_core_degree(default=target.max_logical_cores, maximum=target.max_logical_cores)
+    kernel = simulator_kernel(call)[lnc]
     inputs = tuple(t.detach().contiguous() for t in call.tensors)
     return call.finish_outputs(simulator.nki_modules()["nki"].simulate(kernel)(*inputs, **call.static))
 
@@ -94,4 +126,5 @@ def run_on_neuron(call: KernelCall) -> Any:
         ) from err
     kernel = _kernel_sources.kernel(call.module, call.kernel, "neuron")
     inputs = tuple(t.contiguous() for t in call.tensors)
-    return call.finish_outputs(kernel(*inputs, **call.static))
+    # at the compiler's degree (NCC_EVRF066 rejects another); kernel[n] is the 0.7 launch form
+    return call.finish_outputs(kernel[logical_core_degree()](*inputs, **call.static))
