@@ -45,6 +45,9 @@ MEASURED = "measured (CPU)"
 CHECK_TOL = {torch.bfloat16: (6e-2, 2e-2), torch.float16: (1e-2, 1e-2), torch.float32: (1e-3, 1e-3)}
 EFFICIENCY_TARGET = 0.6
 EFFICIENCY_TARGET_LARGE_MEMORY_BOUND = 0.8
+# LNC=2 rows whose two cores finish more than this far apart (idle fraction of the core that
+# finishes first) are flagged as unbalanced.
+IMBALANCE_FLAG = 0.10
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,11 @@ class Row:
     max_abs_err: float = float("nan")  # measured (CPU)
     sim_wall_s: float = float("nan")   # measured (CPU)
     eager_cpu_ms: float = float("nan")  # measured (CPU): the PyTorch twin in the input dtype
+    lnc: int = 2                       # the logical-core degree of the main columns
     modeled_us: float = float("nan")
+    modeled_us_lnc1: float = float("nan")   # the same kernel at LNC=1 (one core)
+    efficiency_lnc1: float = float("nan")   # against the one-core limit
+    imbalance: float = float("nan")    # LNC=2: idle fraction of the core that finishes first
     limit_us: float = float("nan")
     limit_bound: str = ""
     efficiency: float = float("nan")
@@ -161,8 +168,20 @@ def _hot_spots(est, engine: str, top: int = 3) -> list[str]:
     return [f"{op} x{n} ({rule}): {t * 1e6:.1f} us" for (op, rule), (n, t) in ranked]
 
 
-def run_case(case: Case, target: str, traces_dir: Path | None) -> Row:
-    row = Row(case)
+def core_imbalance(est) -> float:
+    """Idle fraction of the core that finishes first (0: both cores end together); 0 for a
+    one-core trace. Core 1's lanes are named "core1/..." in the schedule."""
+    ends: dict[str, float] = {}
+    for slot in est.schedule.slots:
+        core = slot.lane.split("/")[0] if "/" in slot.lane else "core0"
+        ends[core] = max(ends.get(core, 0.0), slot.end)
+    if len(ends) < 2 or max(ends.values()) <= 0:
+        return 0.0
+    return 1.0 - min(ends.values()) / max(ends.values())
+
+
+def run_case(case: Case, target: str, traces_dir: Path | None, lnc: int = 2) -> Row:
+    row = Row(case, lnc=lnc)
     spec, work = case.spec, case.workload
     gen = torch.Generator().manual_seed(zlib.crc32(case.slug.encode()))
     args, kwargs = work.make(gen)
@@ -170,8 +189,13 @@ def run_case(case: Case, target: str, traces_dir: Path | None) -> Row:
     kernel = _dispatch.simulator_kernel(call)
     tensors = tuple(t.detach().contiguous() for t in call.tensors)
     t0 = time.perf_counter()
-    est = simulator.estimate(kernel, target)(*tensors, **call.static)
+    est = simulator.estimate(kernel[lnc], target)(*tensors, **call.static)
     row.sim_wall_s = time.perf_counter() - t0
+    row.imbalance = core_imbalance(est)
+    if lnc != 1:
+        one = simulator.estimate(kernel[1], target)(*tensors, **call.static)
+        row.modeled_us_lnc1 = one.latency_us
+        row.efficiency_lnc1 = spec.roofline(*args, **kwargs, lnc=1, target=target).efficiency(one.latency_us)
     out = call.finish_outputs(est.outputs)
     ref = spec.reference(*args, **kwargs, compute_dtype=work.reference_dtype)
     row.eager_cpu_ms = _eager_cpu_ms(case, args, kwargs)
@@ -180,7 +204,7 @@ def run_case(case: Case, target: str, traces_dir: Path | None) -> Row:
         row.status = "mismatch"
         row.note = f"max |kernel - reference| = {row.max_abs_err:.3g} exceeds atol/rtol {CHECK_TOL[work.dtype]}"
 
-    roof = spec.roofline(*args, **kwargs, target=target)
+    roof = spec.roofline(*args, **kwargs, lnc=lnc, target=target)
     row.modeled_us = est.latency_us
     row.limit_us, row.limit_bound = roof.limit_us, roof.bound
     row.efficiency = roof.efficiency(est.latency_us)
@@ -224,6 +248,10 @@ def _columns():
         (MODELED, "bound by", "bound_by", str),
         (MODELED, "eager us", "eager_us", lambda v: f"{v:.1f}"),
         (MODELED, "speedup", "speedup", lambda v: f"{v:.2f}x"),
+        (MODELED, "LNC=1 us", "kernel_us_lnc1", lambda v: f"{v:.1f}"),
+        (MODELED, "LNC=1 eff", "efficiency_lnc1", lambda v: f"{v:.2f}"),
+        (MODELED, "LNC2/LNC1", "lnc_ratio", lambda v: f"{v:.2f}"),
+        (MODELED, "core idle", "core_imbalance", lambda v: f"{v:.0%}"),
         (MEASURED, "sim wall s", "sim_wall_s", lambda v: f"{v:.2f}"),
         (MEASURED, "eager wall ms", "eager_cpu_ms", lambda v: f"{v:.1f}"),
         ("", "target", "target", str),
@@ -240,13 +268,17 @@ def _record(row: Row) -> dict:
     c = row.case
     mod, meas = _slug(MODELED), _slug(MEASURED)
     rec = {
-        "op": c.op, "workload": c.name, "dtype": str(c.workload.dtype).removeprefix("torch."),
+        "op": c.op, "workload": c.name, "dtype": str(c.workload.dtype).removeprefix("torch."), "lnc": row.lnc,
         f"max_abs_err_{meas}": row.max_abs_err, f"sim_wall_s_{meas}": row.sim_wall_s,
         f"eager_cpu_ms_{meas}": row.eager_cpu_ms,
         f"kernel_us_{mod}": row.modeled_us, f"limit_us_{mod}": row.limit_us, "limit_set_by": row.limit_bound,
         f"efficiency_{mod}": row.efficiency, f"bound_by_{mod}": row.bound_by,
         f"bound_by_busy_fraction_{mod}": row.bound_busy, f"eager_us_{mod}": row.eager_us,
         f"speedup_{mod}": row.speedup, f"hbm_mb_{mod}": row.hbm_mb, "instructions": row.instructions,
+        f"kernel_us_lnc1_{mod}": row.modeled_us_lnc1, f"efficiency_lnc1_{mod}": row.efficiency_lnc1,
+        f"lnc_ratio_{mod}": row.modeled_us / row.modeled_us_lnc1 if row.lnc != 1 else float("nan"),
+        f"core_imbalance_{mod}": row.imbalance if row.lnc != 1 else float("nan"),
+        "unbalanced": bool(row.lnc != 1 and row.imbalance > IMBALANCE_FLAG),
         "target": row.target_text, "meets_target": row.meets,
         "status": row.status if row.meets is not False else "below target",
         "note": row.note, "trace": row.trace,
@@ -296,9 +328,15 @@ def write_markdown(rows: list[Row], records: list[dict], path: Path, target: str
     lines = [
         f"# nki-kernels: modeled report ({target})",
         "",
-        f"Kernel, limit and eager times are **{MODELED}**: the analytical cost model of one NeuronCore "
+        f"Kernel, limit and eager times are **{MODELED}**: the analytical cost model of a NeuronCore "
         "applied to the exact instructions each kernel issued in the simulator (docs/cost-model.md). "
         f"Errors and wall times are **{MEASURED}**. Nothing here ran on a Trainium.",
+        "",
+        f"The main columns are at LNC={rows[0].lnc if rows else 2} (a logical core of that many physical "
+        "NeuronCores, the compiler's default on trn2): the kernel runs on both cores, and the limit and the "
+        "eager baseline are those of the same logical core. `LNC=1 us` / `LNC=1 eff` are the same kernel on "
+        "one core against the one-core limit; `core idle` is the idle fraction of the core that finishes "
+        f"first (rows above {IMBALANCE_FLAG:.0%} are flagged as unbalanced).",
         "",
         "* efficiency = limit / modeled kernel time (limit: max of compulsory HBM bytes / DMA bandwidth, "
         "matmul FLOPs / TensorE peak, transcendentals / ScalarE rate);",
@@ -383,7 +421,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="out/report", help="output folder (default out/report)")
     ap.add_argument("--target", default="trn2", choices=("trn2", "trn3", "trn1"), help="modeled target")
     ap.add_argument("--no-traces", action="store_true", help="do not write Chrome traces")
+    ap.add_argument("--lnc", type=int, default=None, choices=(1, 2),
+                    help="logical-core degree of the main columns (default: the target's, trn2/trn3: 2); "
+                         "at 2 the LNC=1 figures are reported beside")
     args = ap.parse_args(argv)
+    from nki_kernels.simulator.hardware import get_target
+
+    lnc = args.lnc or get_target(args.target).max_logical_cores   # neuronx-cc's default degree
+    if lnc > get_target(args.target).max_logical_cores:
+        ap.error(f"--lnc {lnc}: {args.target} runs LNC=1 only")
 
     global MODELED
     MODELED = f"modeled ({args.target})"
@@ -409,16 +455,17 @@ def main(argv=None) -> int:
     for case in bar:
         bar.set_postfix_str(f"{case.op}: {case.name}"[:60])
         try:
-            row = run_case(case, args.target, traces)
+            row = run_case(case, args.target, traces, lnc)
         except Exception as err:  # report it, keep going: the report must survive a broken kernel
-            row = Row(case, status="error", note=f"{type(err).__name__}: {err}".splitlines()[0][:300])
+            row = Row(case, lnc=lnc, status="error", note=f"{type(err).__name__}: {err}".splitlines()[0][:300])
             traceback.print_exc(file=sys.stderr)
         rows.append(row)
     wall = time.perf_counter() - t0
 
     records = [_record(r) for r in rows]
     print()
-    print(f"nki-kernels on {args.target}: kernel/limit/eager times {MODELED}; errors {MEASURED}. "
+    print(f"nki-kernels on {args.target} at LNC={lnc} (limit and eager baseline on the same "
+          f"{lnc}-core logical core): kernel/limit/eager times {MODELED}; errors {MEASURED}. "
           "Not measured on hardware.")
     print(format_table(records))
     for r in rows:
@@ -433,6 +480,10 @@ def main(argv=None) -> int:
     if below:
         print(f"{len(below)} row(s) below target: " + "; ".join(f"{r.case.op} [{r.case.name}] bound by "
               f"{r.bound_by}" for r in below))
+    unbalanced = [r for r in rows if r.lnc != 1 and r.status == "ok" and r.imbalance > IMBALANCE_FLAG]
+    if unbalanced:
+        print(f"{len(unbalanced)} row(s) with cores unbalanced by more than {IMBALANCE_FLAG:.0%}: "
+              + "; ".join(f"{r.case.op} [{r.case.name}] {r.imbalance:.0%}" for r in unbalanced))
     failed = [r for r in rows if r.status in ("error", "mismatch")]
     return 1 if failed else 0
 

@@ -1,16 +1,13 @@
 """Which part of an attention launch each physical core runs (LNC=2): ``program_units``.
 
-A launch's work is (batch, kv head, query tile) items. At LNC=1 the one program takes them
-all. At LNC=2 (AWS, "Using Logical NeuronCores (LNC) with NKI": two programs, one per
-physical core, sharing the HBM inputs and output) the split must keep both cores equally
-busy:
-
-* when the (batch, kv head) pairs divide evenly between the programs, each takes a
-  contiguous half of them, with every query tile: nothing is loaded twice;
-* otherwise (e.g. one kv head, or three), every program takes every (batch, kv head) pair
-  and a contiguous range of query tiles holding an equal share of the work, counting keys
-  per tile (causal: tile t attends to min(Sk, 128 (t + 1)) keys, so the later tiles weigh
-  more).
+A launch's work is a grid of (batch, kv head) pairs x query tiles. At LNC=1 the one program
+takes it all. At LNC=2 (AWS, "Using Logical NeuronCores (LNC) with NKI": two programs, one
+per physical core, sharing the HBM inputs and output) the grid, flattened pair by pair,
+is cut into two contiguous halves of equal work, counting a query tile's keys as its work
+(causal: tile t attends to min(Sk, 128 (t + 1)) keys, so later tiles weigh more; a short
+tail tile costs the engines as much as a full one, so rows do not count). When the pairs
+divide evenly the cut falls between pairs, and no kv head is loaded by both cores; else
+(one kv head, or three) the pair at the cut is shared by query tiles.
 
 A unit is ``(b, hk0, hk1, t0, t1)``: batch b, kv heads hk0:hk1 (at most ``kv_group`` of
 them, one batch), query tiles t0:t1. Units are listed in issue order.
@@ -24,28 +21,23 @@ from .attention_launch import P
 def program_units(facts):
     """This program's work units (see the module docstring); [] when it has none."""
     f = facts
-    pid, count = nl.program_id(0), nl.num_programs()
-    pairs = f.B * f.Hkv
-    if pairs % count == 0:
-        lo, hi = (pid * pairs) // count, ((pid + 1) * pairs) // count
-        return _group(f, lo, hi, 0, f.n_q_tiles)
-    t0, t1 = _tile_share(f, pid, count)
-    if t1 <= t0:
-        return []
-    return _group(f, 0, pairs, t0, t1)
-
-
-def _group(facts, lo, hi, t0, t1):
-    """Units for the (batch, kv head) pairs lo:hi (flattened b * Hkv + hk), grouped by
-    batch into runs of at most kv_group kv heads, each over query tiles t0:t1."""
-    f = facts
+    work = [_tile_work(f, t) for t in range(f.n_q_tiles)]
+    lo, hi = _cut(work, f.B * f.Hkv, nl.program_id(0), nl.num_programs())
     units = []
     i = lo
+    T = f.n_q_tiles
     while i < hi:
-        b, hk0 = i // f.Hkv, i % f.Hkv
-        hk1 = min(f.Hkv, hk0 + f.kv_group, hk0 + (hi - i))
-        units.append((b, hk0, hk1, t0, t1))
-        i += hk1 - hk0
+        pair, t0 = i // T, i % T
+        b, hk0 = pair // f.Hkv, pair % f.Hkv
+        if t0 > 0 or hi - i < T:              # part of one pair's query tiles
+            t1 = min(T, t0 + hi - i)
+            units.append((b, hk0, hk0 + 1, t0, t1))
+            i += t1 - t0
+            continue
+        # whole pairs: up to kv_group kv heads of this batch, all query tiles
+        pairs = min(f.Hkv - hk0, f.kv_group, (hi - i) // T)
+        units.append((b, hk0, hk0 + pairs, 0, T))
+        i += pairs * T
     return units
 
 
@@ -55,19 +47,25 @@ def _tile_work(facts, t):
     return min(facts.Sk, t * P + r) if facts.causal else facts.Sk
 
 
-def _tile_share(facts, pid, count):
-    """[t0, t1) of query tiles for program pid: contiguous, splitting the summed tile work
-    as evenly as whole tiles allow."""
-    work = [_tile_work(facts, t) for t in range(facts.n_q_tiles)]
-    total = sum(work)
-    bounds = [0]
-    acc = 0
-    t = 0
-    for p in range(1, count):
+def _cut(tile_work, pairs, pid, count):
+    """[lo, hi) of the flattened (pair, tile) items for program pid: contiguous, the summed
+    work split as evenly as whole items allow (an item goes where its middle falls)."""
+    if count == 1:
+        return 0, pairs * len(tile_work)
+    per_pair = sum(tile_work)
+    total = per_pair * pairs
+    bounds = []
+    for p in (pid, pid + 1):
         goal = total * p / count
-        while t < len(work) and acc + work[t] / 2 <= goal:   # a tile goes where its middle falls
-            acc += work[t]
-            t += 1
-        bounds.append(t)
-    bounds.append(len(work))
-    return bounds[pid], bounds[pid + 1]
+        full = int(goal // per_pair) if per_pair else 0
+        full = min(full, pairs)
+        i, acc = full * len(tile_work), full * per_pair
+        for w in tile_work:
+            if i >= pairs * len(tile_work) or acc + w / 2 > goal:
+                break
+            acc += w
+            i += 1
+        bounds.append(i)
+    return bounds[0], bounds[1]
+
+

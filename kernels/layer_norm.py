@@ -43,7 +43,7 @@ import nki.language as nl
 
 from .limits import NORM_MAX_HIDDEN as MAX_HIDDEN
 from .tiling import (PARTITIONS, block_rows, broadcast_rows, cdiv, engine_segments, itemsize, load_block,
-                     program_row_blocks, rows_per_partition, split_count, spread)
+                     program_row_parts, row_blocks, rows_per_partition, split_count, spread)
 
 # Row packing: the least J that makes a transfer this long per partition (the DMA guide's
 # >= 4 KiB for bandwidth; more rows per block would only lengthen the pipeline fill/drain).
@@ -185,9 +185,14 @@ def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5):
 
     sixteen = x.dtype in (nl.bfloat16, nl.float16)
     target_bytes = TARGET_BYTES_16 if sixteen else TARGET_BYTES_32
-    slot = 0
     per_max = rows_per_partition(cols, target_bytes // itemsize(x.dtype), MAX_HIDDEN)
-    for i, (start, parts, per) in enumerate(program_row_blocks(n_rows, per_max, TAIL_POSITION)):
+    blocks = []   # (first row, partitions, rows per partition, row slot within its part)
+    for lo, hi in program_row_parts(n_rows):    # the same parts and blocks at LNC=1 and 2
+        slot = 0
+        for start, parts, per in row_blocks(hi, per_max, TAIL_POSITION, first_row=lo):
+            blocks.append((start, parts, per, slot))
+            slot += per
+    for i, (start, parts, per, slot) in enumerate(blocks):
         x_tile = load_block(x, start, parts, per)
         if i == 0:
             # weight and bias after the first block's load, so that load is not queued behind them
@@ -196,7 +201,6 @@ def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5):
         if sixteen:
             out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
             _block_16bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps_tile, slot)
-            slot += per
             nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
             continue
 

@@ -5,6 +5,10 @@ Logical cores: a kernel launched at LNC=2 runs once per physical core (``nl.num_
 programs, ``nl.program_id(0)`` this one); both share the HBM inputs and outputs and each
 has its own engines, SBUF and PSUM (AWS, "Using Logical NeuronCores (LNC) with NKI").
 ``program_share`` and ``program_rows`` give each program its contiguous part of the work.
+Row kernels cut the rows into ``WORK_PARTS`` fixed parts whatever the degree
+(``program_row_parts``): at LNC=2 each program takes one, at LNC=1 the one program takes
+both in turn, so every block, and every engine choice made from a row's place in its
+part, is the same at both degrees: the outputs are identical, bit for bit.
 
 Rows go on partitions. A *row block* is ``(first_row, partitions, rows_per_partition)``:
 ``partitions * rows_per_partition`` consecutive rows, partition p holding rows
@@ -18,6 +22,9 @@ import nki.language as nl
 
 # SBUF/PSUM partitions (lanes) of a NeuronCore, also TensorE's contraction limit.
 PARTITIONS = nl.tile_size.pmax
+# Parts the rows of a row kernel are cut into: the largest logical-core degree (LNC=2 on
+# Trn2/Trn3), so each program of any degree takes whole parts.
+WORK_PARTS = 2
 
 
 def cdiv(a, b):
@@ -56,19 +63,36 @@ def row_blocks(n_rows, per_max, tail_position=None, first_row=0):
     return blocks
 
 
+def share(n, part, parts):
+    """[lo, hi) of range(n) for ``part`` of ``parts`` contiguous parts whose sizes differ by
+    at most one (the later parts are the larger)."""
+    return (part * n) // parts, ((part + 1) * n) // parts
+
+
 def program_share(n):
-    """[lo, hi) of range(n) that this program takes: contiguous parts whose sizes differ by
-    at most one (the later programs take the larger parts). At LNC=1: (0, n)."""
-    pid, count = nl.program_id(0), nl.num_programs()
-    return (pid * n) // count, ((pid + 1) * n) // count
+    """[lo, hi) of range(n) that this program takes (``share`` over the programs). At
+    LNC=1: (0, n)."""
+    return share(n, nl.program_id(0), nl.num_programs())
+
+
+def row_part(n_rows, part, parts):
+    """[lo, hi) rows of ``part`` of ``parts``, cut at 128-row tiles (every part but the last
+    has only full tiles; the last also takes the < 128-row tail): their tile counts differ
+    by at most one."""
+    lo, hi = share(cdiv(n_rows, PARTITIONS), part, parts)
+    return min(n_rows, lo * PARTITIONS), min(n_rows, hi * PARTITIONS)
 
 
 def program_rows(n_rows):
-    """[lo, hi) of the rows [0, n_rows) this program takes, split at 128-row tiles (so
-    every program but the last has only full tiles, and the last also takes the < 128-row
-    tail): the programs' tile counts differ by at most one."""
-    lo, hi = program_share(cdiv(n_rows, PARTITIONS))
-    return min(n_rows, lo * PARTITIONS), min(n_rows, hi * PARTITIONS)
+    """[lo, hi) of the rows [0, n_rows) this program takes (``row_part`` over programs)."""
+    return row_part(n_rows, nl.program_id(0), nl.num_programs())
+
+
+def program_row_parts(n_rows):
+    """The [lo, hi) row ranges of the WORK_PARTS parts this program takes, in order."""
+    pid, count = nl.program_id(0), nl.num_programs()
+    lo, hi = share(WORK_PARTS, pid, count)
+    return [row_part(n_rows, part, WORK_PARTS) for part in range(lo, hi)]
 
 
 def block_rows(hbm, start, parts, per):
@@ -85,9 +109,12 @@ def load_block(hbm, start, parts, per):
 
 
 def program_row_blocks(n_rows, per_max, tail_position=None):
-    """``row_blocks`` over the rows this program takes (``program_rows``)."""
-    lo, hi = program_rows(n_rows)
-    return row_blocks(hi, per_max, tail_position, first_row=lo)
+    """``row_blocks`` of each part this program takes (``program_row_parts``), in order:
+    the same blocks at every logical-core degree."""
+    blocks = []
+    for lo, hi in program_row_parts(n_rows):
+        blocks += row_blocks(hi, per_max, tail_position, first_row=lo)
+    return blocks
 
 
 def split_count(n, share):

@@ -319,6 +319,7 @@ registry.register(registry.OpSpec(
     workloads=(
         _workload("ViT-B/16", 8, 12, 197, 64, quick=True, speedup_target=2.4),
         _workload("ViT-L/16", 8, 16, 197, 64, quick=True, speedup_target=2.4),
+        _workload("ViT-B/16 batch 1", 1, 12, 197, 64),
         _workload("SigLIP so400m@384", 2, 16, 729, 72),
         _workload("Llama long-S", 1, 8, 2048, 128, hkv=2, causal=True, quick=True,
                   reference_dtype=torch.float32),
