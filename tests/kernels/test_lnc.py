@@ -142,33 +142,7 @@ def test_degree_follows_neuron_logical_nc_config(monkeypatch):
         _dispatch.logical_core_degree(default=1, maximum=1)
 
 
-class _RecordingKernel:
-    """A test double of an @nki.jit kernel: records the degree it is launched at."""
-
-    def __init__(self):
-        self.degrees = []
-
-    def __getitem__(self, degree):
-        self.degrees.append(degree)
-        return lambda *tensors, **static: tensors[0]
-
-
-@pytest.mark.parametrize("env, degree", [(None, 2), ("1", 1), ("2", 2)])
-def test_neuron_launch_degree(monkeypatch, env, degree):
-    import sys
-    import types
-
-    if env is None:
-        monkeypatch.delenv(_dispatch.LNC_ENV, raising=False)
-    else:
-        monkeypatch.setenv(_dispatch.LNC_ENV, env)
-    fake = _RecordingKernel()
-    monkeypatch.setitem(sys.modules, "nki", types.ModuleType("nki"))
-    monkeypatch.setitem(sys.modules, "torch_neuronx", types.ModuleType("torch_neuronx"))
-    monkeypatch.setattr(_dispatch._kernel_sources, "kernel", lambda module, name, flavour: fake)
-    x = torch.randn(3, 4)
-    out = _dispatch.run_on_neuron(activations.gelu_kernel_call(x))
-    assert fake.degrees == [degree] and out is not None
+# The neuron launch (call form, degree, arguments) is pinned in tests/neuron/test_launch.py.
 
 
 @pytest.mark.parametrize("env, degree", [(None, 2), ("1", 1)])
