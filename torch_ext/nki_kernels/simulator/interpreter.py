@@ -14,6 +14,7 @@ import threading
 
 import torch
 
+from . import kernel_rules
 from .context import Context, current, pop, push
 from .errors import NkiValidationError
 from .host import Inputs
@@ -120,6 +121,7 @@ def run_kernel(kernel, args, kwargs, params: SimParams | None = None):
     ``args``/``kwargs`` with ``params`` (default: the calling thread's current options).
     Returns (outputs, Context of the run)."""
     fn, degree = _unwrap(kernel)
+    kernel_rules.check_kernel(fn, args, kwargs)  # NKI 0.7 language rules (kernel_rules.py)
     params = params if params is not None else current().params
     grid = params.lnc_for(degree)
     ctx = Context(params, grid, bracketed=degree is not None)
