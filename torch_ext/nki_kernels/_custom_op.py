@@ -73,8 +73,9 @@ def define_op(stub: Callable, *, kernel_call: Callable, reference: Callable, fak
     body.__signature__ = signature
     # nki_op wants "explicit type signatures" (TorchNeuron docs, see _neuron.py): the stub's
     # annotations, evaluated, also as __annotations__ for tools that read them directly
-    body.__annotations__ = {n: p.annotation for n, p in signature.parameters.items()}
-    body.__annotations__["return"] = signature.return_annotation
+    annotations = {n: p.annotation for n, p in signature.parameters.items()}
+    annotations["return"] = signature.return_annotation
+    body.__annotations__ = annotations
 
     name = add_op_namespace_prefix(stub.__name__.lstrip("_"))
     register = _neuron.registrar()
