@@ -22,3 +22,13 @@ ATTENTION_MAX_HEAD_DIM = 128
 # attention: the single-pass kernel keeps a [128, Sk] fp32 score row in 4 of the 8 PSUM
 # banks (512 fp32 each); longer key sequences use the flash kernel.
 ATTENTION_SINGLE_PASS_MAX_KEYS = 2048
+
+# Norms for a few rows (kernels/norm_decode.py, token generation): rows up to this many use
+# the hidden-on-partitions kernel. Its engine passes cost ~N * H / 128 cycles against ~H for
+# the row kernels, so the two cross near N = 48 (modeled on trn2 for H = 1024..8192); 40
+# keeps the decode kernel where it is clearly ahead...
+NORM_DECODE_MAX_ROWS = 40
+# ... when H is a multiple of 128 and a partition's share N * H / 128 is at most this many
+# elements: the input, two fp32 scratch tiles and the output then take <= 112 KiB of trn2's
+# 224 KiB SBUF partition (and the row totals [128, N] fp32 fit one PSUM bank).
+NORM_DECODE_MAX_ELEMENTS = 8192

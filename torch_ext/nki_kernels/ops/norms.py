@@ -20,6 +20,11 @@ __all__ = ["fused_add_rms_norm", "layer_norm", "rms_norm"]
 
 # Largest normalised size the NKI kernels take (kernels/limits.py, where the reason is).
 MAX_HIDDEN = _kernel_sources.limits().NORM_MAX_HIDDEN
+# A few rows (token generation) run the hidden-on-partitions kernels of
+# kernels/norm_decode.py: up to DECODE_MAX_ROWS rows of an H that is a multiple of 128 with
+# rows * H / 128 <= DECODE_MAX_ELEMENTS.
+DECODE_MAX_ROWS = _kernel_sources.limits().NORM_DECODE_MAX_ROWS
+DECODE_MAX_ELEMENTS = _kernel_sources.limits().NORM_DECODE_MAX_ELEMENTS
 
 ShapeLike = Union[int, Sequence[int], torch.Size]
 
@@ -90,12 +95,19 @@ def _rows_view(t: torch.Tensor, hidden: int) -> torch.Tensor:
     return t.reshape(-1, hidden)
 
 
+def _decode_shape(rows: int, hidden: int) -> bool:
+    """Whether kernels/norm_decode.py takes [rows, hidden] (see DECODE_MAX_ROWS)."""
+    return (rows <= DECODE_MAX_ROWS and hidden % 128 == 0
+            and rows * (hidden // 128) <= DECODE_MAX_ELEMENTS)
+
+
 # ---------------------------------------------------------------------------- layer_norm
 
 def layer_norm_kernel_call(input: torch.Tensor, normalized_shape: Sequence[int],
                            weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
                            eps: float = 1e-5) -> _dispatch.KernelCall:
-    """The NKI launch: kernels/layer_norm.py on ``input`` viewed as [N, prod(normalized_shape)]."""
+    """The NKI launch: kernels/layer_norm.py on ``input`` viewed as [N, prod(normalized_shape)]
+    (kernels/norm_decode.py for a few rows, see DECODE_MAX_ROWS)."""
     hidden = _hidden(normalized_shape)
     _check_hidden_for_kernel(hidden)
     tensors = [_rows_view(input, hidden)]
@@ -106,8 +118,9 @@ def layer_norm_kernel_call(input: torch.Tensor, normalized_shape: Sequence[int],
     if bias is not None:
         tensors.append(bias.reshape(hidden))
     shape = input.shape
-    return _dispatch.KernelCall("layer_norm", "layer_norm_kernel", tuple(tensors), {"eps": float(eps)},
-                                finish=lambda out: out.reshape(shape))
+    kernel = ("norm_decode", "layer_norm_decode_kernel") if _decode_shape(tensors[0].shape[0], hidden) \
+        else ("layer_norm", "layer_norm_kernel")
+    return _dispatch.KernelCall(*kernel, tuple(tensors), {"eps": float(eps)}, finish=lambda out: out.reshape(shape))
 
 
 def _layer_norm(input: torch.Tensor, normalized_shape: List[int], weight: Optional[torch.Tensor],
@@ -141,15 +154,18 @@ def layer_norm(input: torch.Tensor, normalized_shape: ShapeLike, weight: Optiona
 
 def rms_norm_kernel_call(input: torch.Tensor, normalized_shape: Sequence[int],
                          weight: Optional[torch.Tensor] = None, eps: Optional[float] = None) -> _dispatch.KernelCall:
-    """The NKI launch: kernels/rms_norm.py on ``input`` viewed as [N, prod(normalized_shape)]."""
+    """The NKI launch: kernels/rms_norm.py on ``input`` viewed as [N, prod(normalized_shape)]
+    (kernels/norm_decode.py for a few rows, see DECODE_MAX_ROWS)."""
     hidden = _hidden(normalized_shape)
     _check_hidden_for_kernel(hidden)
     tensors = [_rows_view(input, hidden)]
     if weight is not None:
         tensors.append(weight.reshape(hidden))
     shape = input.shape
-    return _dispatch.KernelCall("rms_norm", "rms_norm_kernel", tuple(tensors),
-                                {"eps": _resolve_eps(eps, input.dtype)}, finish=lambda out: out.reshape(shape))
+    kernel = ("norm_decode", "rms_norm_decode_kernel") if _decode_shape(tensors[0].shape[0], hidden) \
+        else ("rms_norm", "rms_norm_kernel")
+    return _dispatch.KernelCall(*kernel, tuple(tensors), {"eps": _resolve_eps(eps, input.dtype)},
+                                finish=lambda out: out.reshape(shape))
 
 
 def _rms_norm(input: torch.Tensor, normalized_shape: List[int], weight: Optional[torch.Tensor],
