@@ -194,17 +194,20 @@ def _empty_out(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *_) 
     return query.new_empty((b, h, sq, dv))
 
 
-def _twin(query, key, value, attn_mask, is_causal, scale, compute_dtype=torch.float32):
+def _twin(query, key, value, attn_mask, is_causal, scale, compute_dtype=None):
     return references.scaled_dot_product_attention(
         query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
         enable_gqa=query.shape[1] != key.shape[1], compute_dtype=compute_dtype)
 
 
 def _reference(query, key, value, attn_mask, is_causal, scale):
-    """The twin's result in the layout the kernel would write (``_empty_out``)."""
+    """The twin (torch's SDPA in the input dtype) in the layout the kernel would write
+    (``_empty_out``); torch's CPU SDPA already writes that layout, so nothing is copied."""
+    result = _twin(query, key, value, attn_mask, is_causal, scale)
     out = _empty_out(query, key, value)
-    out.copy_(_twin(query, key, value, attn_mask, is_causal, scale))
-    return out
+    if result.stride() == out.stride():
+        return result
+    return out.copy_(result)
 
 
 def _scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -213,7 +216,8 @@ def _scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value:
 
 
 _sdpa_op = define_op(_scaled_dot_product_attention, kernel_call=attention_kernel_call, reference=_reference,
-                     fake=_empty_out, grad_reference=_twin, is_empty=lambda *args: False)
+                     fake=_empty_out, grad_reference=lambda *args: _twin(*args, compute_dtype=torch.float32),
+                     is_empty=lambda *args: False)
 
 
 # ---------------------------------------------------------------------------- public API
