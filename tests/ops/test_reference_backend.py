@@ -102,3 +102,27 @@ def test_float64_twin_is_sdpa_on_upcast_inputs():
     assert got.dtype == BF16
     _same(got, expected.to(BF16))
     assert torch.equal(got[..., 1, :], torch.zeros_like(got[..., 1, :]))
+
+
+def _attention_by_hand(q, k, v, keep, scale):
+    """float64 softmax(q k^T * scale masked by keep) v, written out."""
+    q, k, v = q.double(), k.double(), v.double()
+    scores = (q @ k.transpose(-2, -1)) * scale
+    scores = scores.masked_fill(~keep, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.3, 0.2])
+def test_attention_where_torchs_cpu_sdpa_departs_from_its_contract(reference_backend, scale):
+    """torch 2.13's CPU SDPA returns NaN for is_causal with scale <= 0, and its math path
+    (here Dv != D in fp16) refuses a mask together with is_causal; the reference path
+    passes causality as a mask there and keeps the contract."""
+    q, k, v = make_qkv(1, 2, 2, 7, 11, 32, dtype=F32)
+    got = nki_kernels.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    keep = torch.ones(7, 11, dtype=torch.bool).tril()
+    torch.testing.assert_close(got.double(), _attention_by_hand(q, k, v, keep, scale), atol=1e-5, rtol=1e-4)
+    q, k, v = make_qkv(1, 2, 2, 7, 11, 32, dv=16, dtype=F16)
+    mask = torch.rand(1, 1, 7, 11) > 0.3
+    mask[..., 0] = True
+    got = nki_kernels.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True, scale=scale)
+    torch.testing.assert_close(got.double(), _attention_by_hand(q, k, v, keep & mask, scale), atol=2e-3, rtol=2e-3)

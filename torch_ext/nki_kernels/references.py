@@ -121,6 +121,16 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     return q_out.to(q.dtype), k_out.to(k.dtype)
 
 
+def _with_causal(mask: torch.Tensor | None, sq: int, sk: int, device: torch.device) -> torch.Tensor:
+    """``mask`` (bool, or additive float) with keys ``j > i`` masked as well (top-left)."""
+    keep = torch.ones(sq, sk, dtype=torch.bool, device=device).tril()
+    if mask is None:
+        return keep
+    if mask.dtype == torch.bool:
+        return mask & keep
+    return mask.masked_fill(~keep, float("-inf"))
+
+
 def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                  attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: float | None = None,
@@ -134,7 +144,9 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     the NKI kernel shares: a query row whose keys are all masked (all False / all ``-inf``)
     gives 0; a finite "minus large" mask (``finfo.min``) gives the plain softmax (the mean of
     the values); ``is_causal`` (top-left) combines with ``attn_mask``; a masked key holding
-    inf/NaN makes its rows NaN (masking is additive). A float32 mask is accepted with any
+    inf/NaN makes its rows NaN (masking is additive). (Where torch's CPU SDPA departs from its
+    contract, with a mask and ``is_causal`` on its math path or ``is_causal`` with
+    ``scale <= 0``, causality is passed as a mask.) A float32 mask is accepted with any
     query dtype. Returns ``query.dtype``; for q/k/v that are transposed views of
     ``[B, S, H, D]`` the output is such a view too.
     """
@@ -145,6 +157,11 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     mask = attn_mask
     if mask is not None and mask.is_floating_point() and cd != query.dtype:
         mask = mask.to(cd)       # SDPA takes bool, float32 or the query dtype
+    if is_causal and (mask is not None or (scale is not None and scale <= 0)):
+        # torch 2.13's CPU SDPA refuses a mask with is_causal on its math path (e.g. Dv != D,
+        # float16) and returns NaN for is_causal with scale <= 0: give it causality as a mask
+        mask = _with_causal(mask, q.shape[-2], k.shape[-2], q.device)
+        is_causal = False
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
                                          enable_gqa=bool(enable_gqa))  # a SymBool when traced
     return out.to(query.dtype)
