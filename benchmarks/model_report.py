@@ -19,7 +19,7 @@ Trainium: kernel/limit/eager times are MODELED (trn2); errors and wall times are
 (CPU).
 
 Usage: python benchmarks/model_report.py [--ops scaled_dot_product_attention,rms_norm] [--quick] [--out DIR]
-(the full grid takes about 1.5 minutes on 2 CPU cores, --quick about 30 s; measured, CPU)
+(the full grid takes 50-80 s on 2 CPU cores, --quick 15-30 s; measured, CPU)
 """
 
 from __future__ import annotations
