@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.nki-kernels-installed
 
-.PHONY: setup demo test sweep build publish-dry-run clean
+.PHONY: setup demo test sweep build benchmark publish-dry-run clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,10 @@ sweep: setup
 
 build: setup
 	$(PY) tools/build_hub.py $(ARGS)
+
+# `kernels benchmark` on the Hub tree: measured on this host (CPU-sized workloads on a CPU host)
+benchmark: build
+	$(VENV)/bin/kernels benchmark build $(ARGS)
 
 publish-dry-run: build
 	$(PY) tools/publish_hub.py $(ARGS)

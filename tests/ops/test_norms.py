@@ -75,10 +75,12 @@ def test_rms_norm(simulator_backend, rows, hidden, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_rms_norm_without_weight_and_default_eps(simulator_backend, dtype):
-    # eps=None -> torch.finfo(input.dtype).eps, as F.rms_norm does (0.0078 for bf16: visible).
+    # eps=None -> float32's machine epsilon for every input dtype, as F.rms_norm does (its
+    # opmath type's; bf16's own 0.0078 would be visible at this input scale).
     x = randn(3, 43, 64, dtype=dtype, scale=0.05)
     out = nki_kernels.rms_norm(x, (64,))
-    eps = torch.finfo(dtype).eps
+    eps = torch.finfo(torch.float32).eps
+    assert torch.equal(F.rms_norm(x, (64,)), F.rms_norm(x, (64,), eps=eps))   # torch's own default
     x64 = x.double()
     assert_matches(out, x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + eps), dtype)
 

@@ -171,7 +171,7 @@ registry.register(registry.OpSpec(
     "silu_and_mul", silu_and_mul, _silu_and_mul_op, silu_and_mul_kernel_call, references.silu_and_mul,
     roofline.silu_and_mul,
     workloads=(_rows_workload("Llama-7B MLP 1024 tok", 1024, 2 * 11008, 2.0, {}, quick=True, large=True),),
-    layers=("SiLUAndMul",)))
+    layers=("SiLUAndMul", "SiluGatedMLP")))
 registry.register(registry.OpSpec(
     "gelu_and_mul", gelu_and_mul, _gelu_and_mul_op, gelu_and_mul_kernel_call, references.gelu_and_mul,
     roofline.gelu_and_mul,

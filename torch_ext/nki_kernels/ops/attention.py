@@ -1,5 +1,6 @@
 """Attention: ``scaled_dot_product_attention`` as a custom op running the NKI kernels of
-``kernels/attention.py``, and ``nki_attention_forward``, a transformers attention backend.
+``kernels/attention.py`` (the transformers attention function built on it is
+``nki_kernels.transformers.nki_attention_forward``).
 
 Kernel variants (the op picks one per call, see :func:`attention_kernel_call`):
 
@@ -30,7 +31,7 @@ from .. import _checks, _dispatch, _kernel_sources, references, registry, roofli
 from .._custom_op import define_op
 from ._workloads import randn
 
-__all__ = ["nki_attention_forward", "scaled_dot_product_attention"]
+__all__ = ["scaled_dot_product_attention"]
 
 # The kernels' limits (kernels/limits.py, where the reasons are): head dims, and the longest
 # key sequence the single-pass kernel takes.
@@ -194,17 +195,20 @@ def _empty_out(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *_) 
     return query.new_empty((b, h, sq, dv))
 
 
-def _twin(query, key, value, attn_mask, is_causal, scale, compute_dtype=torch.float32):
+def _twin(query, key, value, attn_mask, is_causal, scale, compute_dtype=None):
     return references.scaled_dot_product_attention(
         query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
         enable_gqa=query.shape[1] != key.shape[1], compute_dtype=compute_dtype)
 
 
 def _reference(query, key, value, attn_mask, is_causal, scale):
-    """The twin's result in the layout the kernel would write (``_empty_out``)."""
+    """The twin (torch's SDPA in the input dtype) in the layout the kernel would write
+    (``_empty_out``); torch's CPU SDPA already writes that layout, so nothing is copied."""
+    result = _twin(query, key, value, attn_mask, is_causal, scale)
     out = _empty_out(query, key, value)
-    out.copy_(_twin(query, key, value, attn_mask, is_causal, scale))
-    return out
+    if result.stride() == out.stride():
+        return result
+    return out.copy_(result)
 
 
 def _scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -213,7 +217,8 @@ def _scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value:
 
 
 _sdpa_op = define_op(_scaled_dot_product_attention, kernel_call=attention_kernel_call, reference=_reference,
-                     fake=_empty_out, grad_reference=_twin, is_empty=lambda *args: False)
+                     fake=_empty_out, grad_reference=lambda *args: _twin(*args, compute_dtype=torch.float32),
+                     is_empty=lambda *args: False)
 
 
 # ---------------------------------------------------------------------------- public API
@@ -269,34 +274,6 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     if len(lead) > 1:
         return out.reshape(tuple(lead) + tuple(out.shape[-3:]))
     return out
-
-
-def nki_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
-                          value: torch.Tensor, attention_mask: Optional[torch.Tensor],
-                          dropout: float = 0.0, scaling: Optional[float] = None,
-                          is_causal: Optional[bool] = None, **kwargs):
-    """transformers attention-interface function backed by :func:`scaled_dot_product_attention`.
-
-    ``query [B, H, S, D]``, ``key/value [B, Hkv, Sk, D]`` (transformers' layout);
-    returns ``(attn_output [B, S, H, D], None)``. Register it with
-    ``AttentionInterface.register("nki", nki_attention_forward)`` and build the model with
-    ``attn_implementation="nki"`` (or load it from the Hub as ``"<repo>:nki_attention_forward"``).
-    Grouped-query heads run natively (no ``repeat_kv``); ``is_causal`` follows transformers'
-    SDPA rule (causal only with no mask and more than one query). Dropout > 0 (training
-    mode) raises ``NotImplementedError``. When q/k/v are transposed views of
-    ``[B, S, H, D]`` projections, nothing is copied before or after the kernel.
-    """
-    if kwargs.get("softcap") is not None:
-        raise ValueError("nki attention does not support softcap")
-    if kwargs.get("position_bias") is not None:
-        raise ValueError("nki attention does not support position_bias; fold it into attention_mask")
-    if is_causal is None:
-        is_causal = getattr(module, "is_causal", True)   # transformers' sdpa default
-    is_causal = bool(is_causal) and attention_mask is None and query.shape[2] > 1
-    enable_gqa = query.shape[1] != key.shape[1]
-    out = scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
-                                       is_causal=is_causal, scale=scaling, enable_gqa=enable_gqa)
-    return out.transpose(1, 2), None
 
 
 # ---------------------------------------------------------------------------- registration

@@ -81,9 +81,15 @@ def _check_hidden_for_kernel(hidden: int) -> None:
         )
 
 
+def default_rms_eps(dtype: torch.dtype) -> float:
+    """``F.rms_norm``'s eps for ``eps=None``: the machine epsilon of the computation (opmath)
+    type, float32's for fp16/bf16/fp32 inputs (torch 2.13, ``torch.nn.RMSNorm`` docstring)."""
+    return float(torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps)
+
+
 def _resolve_eps(eps: Optional[float], dtype: torch.dtype) -> float:
     if eps is None:
-        return float(torch.finfo(dtype).eps)
+        return default_rms_eps(dtype)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):
         raise TypeError(f"eps must be a float, got {type(eps).__name__}")
     if eps < 0:
@@ -183,7 +189,7 @@ def rms_norm(input: torch.Tensor, normalized_shape: ShapeLike, weight: Optional[
     """RMSNorm with the ``torch.nn.functional.rms_norm`` contract.
 
     ``x * rsqrt(mean(x**2 over normalized_shape) + eps) * weight``; ``eps=None`` uses
-    ``torch.finfo(input.dtype).eps`` as torch does. weight (optional) has exactly
+    float32's machine epsilon (the opmath type's) as torch does. weight (optional) has exactly
     ``normalized_shape`` and any float dtype; the result has ``input``'s shape and dtype.
     The NKI kernel takes prod(normalized_shape) <= 8192. Backward recomputes with PyTorch ops.
     """
@@ -225,7 +231,7 @@ def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: Opti
     """``(rms_norm(input + residual, weight, eps), input + residual)`` in one pass over HBM.
 
     input and residual: same shape and dtype, normalised over the last dimension; weight:
-    [H] of any float dtype, or None; ``eps=None`` uses ``torch.finfo(input.dtype).eps``.
+    [H] of any float dtype, or None; ``eps=None`` uses float32's machine epsilon, as ``rms_norm``.
     The sum is rounded to ``input.dtype`` and normalised from that rounded value (what an
     eager ``add`` followed by ``rms_norm`` computes). Backward recomputes with PyTorch ops.
     """
