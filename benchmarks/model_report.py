@@ -37,6 +37,7 @@ import torch
 from tqdm import tqdm
 
 from nki_kernels import _dispatch, registry, simulator
+from nki_kernels.simulator.cost import time_range
 
 MODELED = "modeled (trn2)"
 MEASURED = "measured (CPU)"
@@ -96,6 +97,12 @@ class Row:
     busy_us: dict = field(default_factory=dict)
     hot: list = field(default_factory=list)  # top instruction groups on the bound-by engine
     trace: str = ""
+    # error bars (modeled): the kernel time at the optimistic / pessimistic end of the cost
+    # model's uncertain numbers, and the speedups they give (error_bars())
+    modeled_low_us: float = float("nan")
+    modeled_high_us: float = float("nan")
+    speedup_low: float = float("nan")
+    speedup_high: float = float("nan")
 
     @property
     def efficiency_target(self) -> float:
@@ -109,15 +116,33 @@ class Row:
             return None
         ok = self.efficiency >= self.efficiency_target
         if self.case.workload.speedup_target is not None:
-            ok = ok and self.speedup >= self.case.workload.speedup_target
+            # a speedup is claimed only where the low end of its error bar clears it
+            ok = ok and speedup_claimed(self.speedup_low, self.case.workload.speedup_target)
         return ok
 
     @property
     def target_text(self) -> str:
         t = f"eff>={self.efficiency_target:g}"
         if self.case.workload.speedup_target is not None:
-            t += f", speedup>={self.case.workload.speedup_target:g}x"
+            t += f", speedup low end>={self.case.workload.speedup_target:g}x"
         return t
+
+
+def error_bars(est, eager_us: float) -> dict:
+    """The error bar of a modeled kernel time and of its speedup over ``eager_us``.
+
+    The kernel's trace is re-scheduled with every uncertain cost number at its optimistic
+    and at its pessimistic end (simulator.cost.time_range, docs/cost-model.md "Error
+    bars"); the eager baseline is the limit-based lower bound on eager (unchanged)."""
+    low, high = time_range(est)
+    return {"modeled_low_us": low, "modeled_high_us": high,
+            "speedup_low": eager_us / high if high > 0 else float("nan"),
+            "speedup_high": eager_us / low if low > 0 else float("nan")}
+
+
+def speedup_claimed(speedup_low: float, target: float = 1.0) -> bool:
+    """A speedup counts only where the low end of its error bar clears the target."""
+    return not math.isnan(speedup_low) and speedup_low >= target
 
 
 def _max_abs_err(out, ref) -> float:
@@ -192,6 +217,8 @@ def run_case(case: Case, target: str, traces_dir: Path | None) -> Row:
     row.hbm_mb = est.hbm_bytes / 1e6
     row.instructions = est.instructions
     row.hot = _hot_spots(est, est.bottleneck)
+    for k, v in error_bars(est, roof.eager_us).items():
+        setattr(row, k, v)
     if traces_dir is not None:
         path = est.to_chrome_trace(traces_dir / f"{case.slug}.json")
         row.trace = str(path)
@@ -219,16 +246,24 @@ def _columns():
         ("", "dtype", "dtype", str),
         (MEASURED, "max abs err", "max_abs_err", lambda v: f"{v:.2e}"),
         (MODELED, "kernel us", "kernel_us", lambda v: f"{v:.1f}"),
+        (MODELED, "kernel us range", "kernel_range_us", str),
         (MODELED, "limit us", "limit_us", lambda v: f"{v:.1f}"),
         (MODELED, "efficiency", "efficiency", lambda v: f"{v:.2f}"),
         (MODELED, "bound by", "bound_by", str),
         (MODELED, "eager us", "eager_us", lambda v: f"{v:.1f}"),
         (MODELED, "speedup", "speedup", lambda v: f"{v:.2f}x"),
+        (MODELED, "speedup low/high", "speedup_range", str),
         (MEASURED, "sim wall s", "sim_wall_s", lambda v: f"{v:.2f}"),
         (MEASURED, "eager wall ms", "eager_cpu_ms", lambda v: f"{v:.1f}"),
         ("", "target", "target", str),
         ("", "status", "status", str),
     ]
+
+
+def _range_text(low: float, high: float, fmt: str) -> str:
+    if math.isnan(low) or math.isnan(high):
+        return ""
+    return f"{fmt.format(low)}-{fmt.format(high)}"
 
 
 def _slug(label: str) -> str:
@@ -247,6 +282,10 @@ def _record(row: Row) -> dict:
         f"efficiency_{mod}": row.efficiency, f"bound_by_{mod}": row.bound_by,
         f"bound_by_busy_fraction_{mod}": row.bound_busy, f"eager_us_{mod}": row.eager_us,
         f"speedup_{mod}": row.speedup, f"hbm_mb_{mod}": row.hbm_mb, "instructions": row.instructions,
+        f"kernel_low_us_{mod}": row.modeled_low_us, f"kernel_high_us_{mod}": row.modeled_high_us,
+        f"speedup_low_{mod}": row.speedup_low, f"speedup_high_{mod}": row.speedup_high,
+        "kernel_range_us": _range_text(row.modeled_low_us, row.modeled_high_us, "{:.1f}"),
+        "speedup_range": _range_text(row.speedup_low, row.speedup_high, "{:.2f}x"),
         "target": row.target_text, "meets_target": row.meets,
         "status": row.status if row.meets is not False else "below target",
         "note": row.note, "trace": row.trace,
@@ -303,7 +342,10 @@ def write_markdown(rows: list[Row], records: list[dict], path: Path, target: str
         "* efficiency = limit / modeled kernel time (limit: max of compulsory HBM bytes / DMA bandwidth, "
         "matmul FLOPs / TensorE peak, transcendentals / ScalarE rate);",
         "* speedup = modeled eager PyTorch / modeled kernel, eager charged at each ATen op's own limit with "
-        "zero launch overhead (the best case for eager, so the speedup is a lower bound).",
+        "zero launch overhead (the best case for eager, so the speedup is a lower bound);",
+        "* kernel us range / speedup low/high: the error bar, the kernel re-modeled with every uncertain "
+        "cost number at its optimistic and its pessimistic end (docs/cost-model.md \"Error bars\"); a "
+        "speedup target counts as met only where the low end clears it.",
         "",
         "| " + " | ".join(f"{h}, {lab}" if lab else h for lab, h, _, _ in _columns()) + " |",
         "|" + "---|" * len(_columns()),
@@ -319,7 +361,8 @@ def write_markdown(rows: list[Row], records: list[dict], path: Path, target: str
             lines.append(f"- note: {row.note}")
         if row.status in ("ok", "mismatch"):
             busy = ", ".join(f"{e} {row.busy_us[e]:.1f}" for e in ("tensor", "vector", "scalar", "gpsimd", "dma"))
-            lines.append(f"- {MODELED}: {row.modeled_us:.1f} us; limit {row.limit_us:.1f} us set by "
+            lines.append(f"- {MODELED}: {row.modeled_us:.1f} us (error bar {row.modeled_low_us:.1f}-"
+                         f"{row.modeled_high_us:.1f} us); limit {row.limit_us:.1f} us set by "
                          f"{row.limit_bound}; busy us: {busy}; HBM {row.hbm_mb:.2f} MB; "
                          f"{row.instructions} instructions; simulated in {row.sim_wall_s:.2f} s ({MEASURED})")
             lines.append(f"- bound by {row.bound_by} ({row.bound_busy:.0%} busy); its largest instruction groups:")
@@ -341,15 +384,21 @@ def write_plot(records: list[dict], path: Path, target: str) -> bool:
     labels = [f"{r['op']}\n{r['workload']}" for r in ok]
     y = list(range(len(ok)))[::-1]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 0.55 * len(ok) + 2), sharey=True)
-    ax1.barh(y, [_value(r, "speedup") for r in ok], color="tab:blue")
+    central = [_value(r, "speedup") for r in ok]
+    lows = [_value(r, "speedup_low") for r in ok]
+    highs = [_value(r, "speedup_high") for r in ok]
+    xerr = [[max(0.0, c - lo) if not math.isnan(lo) else 0.0 for c, lo in zip(central, lows)],
+            [max(0.0, hi - c) if not math.isnan(hi) else 0.0 for c, hi in zip(central, highs)]]
+    ax1.barh(y, central, color="tab:blue", xerr=xerr, error_kw={"elinewidth": 0.8, "capsize": 2})
     ax1.axvline(1.0, color="black", lw=0.8)
     ax1.axvline(2.4, color="tab:red", lw=0.8, ls="--", label="attention target 2.4x")
     ax1.set_xscale("log")
     from matplotlib.ticker import FixedLocator, NullLocator
 
     speedups = [_value(r, "speedup") for r in ok]
-    ticks = [v for v in (0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32)
-             if min(speedups) / 2 <= v <= max(max(speedups), 2.4) * 2]
+    spread = [v for v in speedups + lows + highs if not math.isnan(v) and v > 0]
+    ticks = [v for v in (0.0625, 0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32)
+             if min(spread) / 2 <= v <= max(max(spread), 2.4) * 2]
     ax1.xaxis.set_major_locator(FixedLocator(ticks))
     ax1.xaxis.set_minor_locator(NullLocator())
     ax1.set_xticklabels([f"{v:g}x" for v in ticks])
@@ -357,7 +406,7 @@ def write_plot(records: list[dict], path: Path, target: str) -> bool:
         ax1.text(v, yi, f" {v:.2f}x", va="center", fontsize=7)
     for yi, r in zip(y, ok):
         ax2.text(_value(r, "efficiency"), yi, f" {_value(r, 'efficiency'):.2f}", va="center", fontsize=7)
-    ax1.set_xlabel(f"speedup over eager PyTorch [{MODELED}, lower bound]")
+    ax1.set_xlabel(f"speedup over eager PyTorch [{MODELED}, lower bound; bars: error bar]")
     ax1.set_yticks(y, labels, fontsize=7)
     ax1.legend(fontsize=7, loc="lower right")
     ax2.barh(y, [_value(r, "efficiency") for r in ok],

@@ -65,9 +65,10 @@ class Target:
     # Fixed engine occupancy of every Vector/Scalar/GpSimd instruction on top of
     # max(MIN_II, N). [S][A1] say ~60 cycles (SBUF access init) and [P] "~100 cycles"; the
     # profiles measure more: a 1-element ACTIVATE occupies ScalarE 223 cycles on trn1
-    # (perf-guide fig16, row isa.scalar_chain_trn1), ScalarE exp N + ~350 on trn2 (DMA
-    # overview figures), VectorE tensor_tensor 2N + ~380 on trn1 (fig17). [F]
-    static_overhead_cycles: float = 160.0
+    # (perf-guide fig16), ScalarE exp N + ~350 on trn2 (DMA overview figures), VectorE
+    # tensor_tensor 2N + ~380 on trn1 (fig17); NKIBench's engine busy times sit between.
+    # [F] on the instruction-level and busy-time rows of measurements.toml.
+    static_overhead_cycles: float = 220.0
     dependency_latency_cycles: int = 100    # [S][P] extra wait of a consumer of a Vector/Scalar/GpSimd result
     matmul_min_cycles: int = 64             # [S] matmul max(min(64, M), N) cycles
     matmul_fp32_factor: int = 4             # [S] fp32 operands: 4 passes (79 vs 20 TFLOPS)
@@ -105,17 +106,17 @@ class Target:
     #   Every contiguous chunk (DMA buffer) costs extra [A1] ("some performance overhead
     #   at both DMA buffer and transfer levels"); its size is [F]: 2 KiB in 8 chunks of
     #   256 B take 97 ns on one engine, 32 KiB in 4 chunks 1416 ns [D] (rows dma.single_*).
-    dma_descriptor_bytes: float = 20.0
+    dma_descriptor_bytes: float = 20.0     # [F]
     # * occupancy: an engine starts its next transfer no sooner than this after the
     #   previous one started ("the DMA packet rate, not HBM bandwidth, becomes the
     #   limiting factor" [DB]): the figure of [D] is linear in bytes up to 2 KiB per
     #   partition (one [128, B] transfer per ~0.85 us). [F]
-    dma_transfer_gap_s: float = 0.85e-6
+    dma_transfer_gap_s: float = 0.85e-6   # [F]
     # * hand-over: after a transfer's data an engine needs this before the next one's: a
     #   lone transfer's profiled duration is its data time (rows dma.single_*), but a stream
     #   of 4 KiB-per-partition transfers reaches 96.6 % of the 32 KiB throughput, not 100 %
     #   (rows dma.curve.*). [F]
-    dma_transfer_handoff_s: float = 0.05e-6
+    dma_transfer_handoff_s: float = 0.025e-6   # [F]
     dma_transpose_hbm_efficiency: float = 0.9   # [A2] HBM->SBUF DMA transpose: up to 90% of DMA throughput
     dma_transpose_sbuf_efficiency: float = 0.5  # [A2] SBUF->SBUF DMA transpose: up to 50%
     # The two physical cores of a logical core have their own 16 DMA engines each [D] but
@@ -130,11 +131,6 @@ class Target:
     # more of them alive. [A1]/migration guide: "the compiler could choose to allocate 2
     # physical tiles"; nki-library's allocator double-buffers ("interleave_degree=2").
     buffer_rotation_depth: int = 2
-    # Whether each engine runs its instructions strictly in issue order (False: the list
-    # schedule lets an independent later instruction go first, as the compiler's
-    # scheduler may hoist it). Each engine executes one instruction stream [A1]; who orders
-    # it (the kernel or the compiler) is the uncertainty.
-    in_order_engines: bool = False
     # ---- uncertain cost parameters: (optimistic, pessimistic) --------------------------
     # The error bars of every modeled figure: cost.uncertainty re-runs the schedule with
     # all of these at their optimistic and at their pessimistic end (docs/cost-model.md
@@ -147,7 +143,6 @@ class Target:
         ("dma_bytes_per_s_scale", 1.05, 0.9),       # [M] 18.1 vs 17 B/ns (trn1 fig30) .. 10 % short
         ("matmul_latency_cycles", 200.0, 600.0),    # [M] fig18/20/21 spread
         ("buffer_rotation_depth", 4.0, 2.0),        # compiler's choice: undocumented
-        ("in_order_engines", 0.0, 1.0),             # compiler reorders freely .. issue order
     )
 
     # ---- ISA limits the simulator's rules check (isa/, language/) ------------------------

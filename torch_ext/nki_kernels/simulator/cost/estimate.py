@@ -165,14 +165,15 @@ def _describe(o) -> str:
 
 
 def estimate_trace(trace, target: str | Target = DEFAULT_TARGET, outputs: Any = None,
-                   allocations=None) -> Estimate:
+                   allocations=None, preds=None) -> Estimate:
     """Model an instruction trace (a list of ``trace.Instruction``) on ``target``.
 
     ``allocations``: where each on-chip tile was allocated (``SimResult.allocations``),
-    for finite buffering; without it every allocation is its own buffer."""
+    for finite buffering; without it every allocation is its own buffer. ``preds``: the
+    schedule's dependencies when already computed (schedule.dependencies)."""
     tgt = get_target(target)
     trace = list(trace)
-    sched = schedule(trace, tgt, allocations)
+    sched = schedule(trace, tgt, allocations, preds)
     ops = Counter(ins.op for ins in trace)
     engines = Counter(ins.engine for ins in trace)
     return Estimate(

@@ -20,7 +20,8 @@
 3. List scheduling. Engines run in parallel, each one instruction at a time. Whenever an
    engine is idle it starts, among the instructions whose dependencies are done, the one
    issued first (the kernel's order is the priority; an independent later instruction
-   may run ahead of a stalled earlier one, as the compiler's scheduler would hoist it).
+   may run ahead of a stalled earlier one: "without [nl.no_reorder], the compiler scheduler
+   is free to reorder independent operations for better hardware utilization" [I]).
    A DMA transfer, ``dma_latency_s`` after its dependencies are done, is split over
    ``queues`` of its core's 16 DMA queues (the ones with the least pending work); a queue
    moves one transfer's share at a time, starting the next one no sooner than the
@@ -238,7 +239,7 @@ class Schedule:
 
 
 class _Lane:
-    __slots__ = ("name", "free_at", "waiting", "backlog", "busy", "running", "order", "pos")
+    __slots__ = ("name", "free_at", "waiting", "backlog", "busy", "running")
 
     def __init__(self, name: str):
         self.name = name
@@ -247,20 +248,21 @@ class _Lane:
         self.backlog = 0.0           # seconds of work waiting (DMA queue choice)
         self.busy = 0.0
         self.running = False
-        self.order: list[int] | None = None  # in-order engines: their instructions in issue order
-        self.pos = 0
 
 
 def _core(ins) -> int:
     return int(ins.attrs.get("core", 0) or 0)
 
 
-def schedule(trace, target: Target, allocations=None) -> Schedule:
+def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
     """List-schedule ``trace`` (instructions in issue order) on ``target``; ``allocations``
-    (where each on-chip tile was allocated) turns on finite buffering."""
+    (where each on-chip tile was allocated) turns on finite buffering. ``preds``: the
+    trace's ``dependencies(trace, target, allocations)`` when already computed (they depend
+    only on the dependency latencies and the buffer depth of ``target``)."""
     trace = list(trace)
     n = len(trace)
-    preds = dependencies(trace, target, allocations)
+    if preds is None:
+        preds = dependencies(trace, target, allocations)
     succs: list[list[tuple[int, float]]] = [[] for _ in range(n)]
     missing = [0] * n
     for i, mine in enumerate(preds):
@@ -281,13 +283,6 @@ def schedule(trace, target: Target, allocations=None) -> Schedule:
     core_lanes(0)
     for ins in trace:
         core_lanes(_core(ins))
-    if target.in_order_engines:
-        for ins in trace:
-            if ins.engine != "dma":
-                lane = core_lanes(_core(ins))[0][ins.engine]
-                if lane.order is None:
-                    lane.order = []
-                lane.order.append(ins.index)
     # Two cores streaming at once share one HBM stack (static share: both assumed active).
     dma_cores = {_core(ins) for ins in trace if ins.engine == "dma"}
     hbm_share = min(1.0, target.hbm_stack_bytes_per_s / (len(dma_cores) * target.dma_bytes_per_s)) \
@@ -365,11 +360,6 @@ def schedule(trace, target: Target, allocations=None) -> Schedule:
     def dispatch(lane: _Lane, now: float) -> None:
         if lane.running or not lane.waiting or lane.free_at > now:
             return
-        if lane.order is not None:
-            # an in-order engine runs its instructions exactly in issue order
-            if lane.waiting[0][0] != lane.order[lane.pos]:
-                return
-            lane.pos += 1
         i, occ = heapq.heappop(lane.waiting)
         ins = trace[i]
         lane.running = True

@@ -2,8 +2,7 @@
 
 A modeled time rests on a few numbers the public record pins down only to a range (the
 per-instruction overhead, the DMA latency and transfer gap, the achieved DMA bandwidth,
-TensorE's pipeline latency, how many buffers the compiler rotates, whether engines
-reorder their instructions). ``Target.cost_ranges`` lists each with its optimistic and its
+TensorE's pipeline latency, how many buffers the compiler rotates). ``Target.cost_ranges`` lists each with its optimistic and its
 pessimistic value and their sources (simulator/hardware.py). Every one of them moves a
 kernel's modeled time in one direction only, so the whole range of the model is spanned by
 two re-schedules of the same trace: every number at its optimistic end (the low time) and
