@@ -47,7 +47,9 @@ from nki_kernels.simulator.hardware import TARGETS
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "calibration" / "measurements.toml"
+QOR = HERE / "calibration" / "nkilib_qor.toml"     # nki-library's references: need --nkilib
 KERNELS = HERE / "calibration" / "kernels"
+NKILIB_PREFIX = "nkilib:"
 
 # The free parameters and the grids the fit searches (the only numbers fitted; every other
 # cost number is a documented figure, see simulator/hardware.py).
@@ -116,6 +118,18 @@ def load_rows(path: Path = DATA) -> list[Row]:
 
 
 _modules: dict[str, object] = {}
+_nkilib = None   # side_by_side_nki_library.NkiLibrary of --nkilib
+
+
+def use_nkilib(checkout: Path) -> None:
+    """Run the rows whose kernel is ``nkilib:<module>:<function>`` from this checkout."""
+    global _nkilib
+    spec = importlib.util.spec_from_file_location("side_by_side_nki_library", HERE / "side_by_side_nki_library.py")
+    mod = sys.modules.get(spec.name) or importlib.util.module_from_spec(spec)
+    if spec.name not in sys.modules:
+        sys.modules[spec.name] = mod   # its dataclasses look their module up
+        spec.loader.exec_module(mod)
+    _nkilib = mod.NkiLibrary(checkout)
 
 
 def _kernel(spec: str):
@@ -157,7 +171,15 @@ def run_row(row: Row):
     if row.run is None:
         key = (row.kernel, row.target, repr(sorted(row.args.items())))
         if key not in _runs:
-            _runs[key] = simulator.run(_kernel(row.kernel), target=row.target, **_inputs(row))
+            if row.kernel.startswith(NKILIB_PREFIX):
+                if _nkilib is None:
+                    raise ValueError(f"{row.id}: an nki-library kernel; pass --nkilib PATH")
+                module, _, fn = row.kernel[len(NKILIB_PREFIX):].partition(":")
+                kernel = _nkilib.function(module, fn, row.target)
+                with _nkilib.bound(row.target):
+                    _runs[key] = simulator.run(kernel, target=row.target, **_inputs(row))
+            else:
+                _runs[key] = simulator.run(_kernel(row.kernel), target=row.target, **_inputs(row))
         row.run = _runs[key]
     return row.run
 
@@ -309,8 +331,16 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="comma-separated id prefixes to run")
     ap.add_argument("--data", default=str(DATA), help="measurement file (default: %(default)s)")
     ap.add_argument("--skip-slow", action="store_true", help="leave out rows marked slow")
+    ap.add_argument("--nkilib", default="", help="an aws-neuron/nki-library checkout: also model its QoR "
+                    f"rows ({QOR.name}) with its own kernels")
     args = ap.parse_args(argv)
     rows = load_rows(Path(args.data))
+    qor: list[Row] = []
+    if args.nkilib:
+        use_nkilib(Path(args.nkilib))
+        qor = load_rows(QOR)
+    else:
+        print(f"{QOR.name}: {len(load_rows(QOR))} nki-library QoR rows not run (pass --nkilib PATH)")
     if args.only:
         prefixes = tuple(p.strip() for p in args.only.split(",") if p.strip())
         wanted = {r.id for r in rows if r.id.startswith(prefixes)}
@@ -321,6 +351,18 @@ def main(argv=None) -> int:
     params = fit(rows) if args.fit else None
     values = modeled(rows, params)
     print(report(rows, values, params))
+    if qor:
+        if args.skip_slow:
+            qor = [r for r in qor if not r.slow]
+        print(f"\nnki-library QoR rows ({QOR.name}), AWS's kernels from {args.nkilib}:")
+        for r in qor:
+            try:
+                v = modeled([r], params)[r.id]
+                print(f"{r.id}: measured {_fmt(r.measured, r.unit)}, modeled {_fmt(v, r.unit)} "
+                      f"({v / r.measured - 1:+.0%})")
+            except Exception as err:  # not runnable in our simulator yet: say why
+                first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                print(f"{r.id}: blocked: {type(err).__name__}: {first[:160]}")
     return 0
 
 

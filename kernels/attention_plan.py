@@ -13,7 +13,7 @@ import nki.isa as nisa
 import nki.language as nl
 
 from .attention_launch import FP32_BYTES, P, unbiased_heads_per_batch
-from . import engine_costs
+from .engine_costs import active as active_engine_costs
 from .tiling import cdiv
 
 # use_dma spreads the DMA transposes evenly: after i calls, round(i * dma_share) of them
@@ -34,7 +34,7 @@ class EngineBalance(nl.NKIObject):
     """
 
     def __init__(self, facts):
-        self.costs = engine_costs.active()
+        self.costs = active_engine_costs()
         self.itemsize = facts.itemsize
         self.vector_ns = 0.0       # estimated VectorE busy time so far
         self.scalar_ns = 0.0       # estimated ScalarE busy time so far
