@@ -11,7 +11,9 @@ aws-neuron/aws-neuron-sdk, NKI API docstrings at commit a3247f5b):
   start-partition rules, Logical NeuronCores;
 * ``nki/get-started/about/nki-dma-overview.rst`` and
   ``nki/deep-dives/nki-dma-bandwidth-guide.rst``: DMA bandwidth per core, queue count,
-  fixed cost per transfer;
+  latency per transfer;
+* public hardware measurements (benchmarks/calibration/measurements.toml): the few cost
+  numbers the documents do not give are fitted on them (marked [F]);
 * the beta-2 instruction docstrings ``nki/api/nki/isa/__init__.py``: per-instruction
   limits (matmul tile sizes, transpose sizes, bn_stats, max8, ...) and their cost texts.
 
