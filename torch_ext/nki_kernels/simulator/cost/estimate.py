@@ -30,7 +30,8 @@ class Estimate:
 
     target: str
     latency_us: float                    # modeled: completion of the last instruction
-    engine_busy_us: dict[str, float]     # modeled busy time per engine; "dma" = mean over the queues
+    engine_busy_us: dict[str, float]     # modeled busy time per engine ("dma" = mean over the queues;
+                                         # at LNC=2 the mean over the cores: see core_busy_us)
     hbm_bytes: int                       # bytes DMA moved to or from HBM
     flops: int                           # sum of the trace's FLOPs (2*K*M*N per matmul, elements otherwise)
     matmul_flops: int                    # FLOPs of nc_matmul instructions (transposes excluded)
