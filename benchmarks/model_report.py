@@ -38,6 +38,7 @@ import torch
 from tqdm import tqdm
 
 from nki_kernels import _dispatch, registry, simulator
+from nki_kernels.simulator.cost import time_range
 
 MODELED = "modeled (trn2)"
 MEASURED = "measured (CPU)"
@@ -104,6 +105,12 @@ class Row:
     busy_us: dict = field(default_factory=dict)
     hot: list = field(default_factory=list)  # top instruction groups on the bound-by engine
     trace: str = ""
+    # error bars (modeled): the kernel time at the optimistic / pessimistic end of the cost
+    # model's uncertain numbers, and the speedups they give (error_bars())
+    modeled_low_us: float = float("nan")
+    modeled_high_us: float = float("nan")
+    speedup_low: float = float("nan")
+    speedup_high: float = float("nan")
 
     @property
     def efficiency_target(self) -> float:
@@ -117,15 +124,33 @@ class Row:
             return None
         ok = self.efficiency >= self.efficiency_target
         if self.case.workload.speedup_target is not None:
-            ok = ok and self.speedup >= self.case.workload.speedup_target
+            # a speedup is claimed only where the low end of its error bar clears it
+            ok = ok and speedup_claimed(self.speedup_low, self.case.workload.speedup_target)
         return ok
 
     @property
     def target_text(self) -> str:
         t = f"eff>={self.efficiency_target:g}"
         if self.case.workload.speedup_target is not None:
-            t += f", speedup>={self.case.workload.speedup_target:g}x"
+            t += f", speedup low end>={self.case.workload.speedup_target:g}x"
         return t
+
+
+def error_bars(est, eager_us: float) -> dict:
+    """The error bar of a modeled kernel time and of its speedup over ``eager_us``.
+
+    The kernel's trace is re-scheduled with every uncertain cost number at its optimistic
+    and at its pessimistic end (simulator.cost.time_range, docs/cost-model.md "Error
+    bars"); the eager baseline is the limit-based lower bound on eager (unchanged)."""
+    low, high = time_range(est)
+    return {"modeled_low_us": low, "modeled_high_us": high,
+            "speedup_low": eager_us / high if high > 0 else float("nan"),
+            "speedup_high": eager_us / low if low > 0 else float("nan")}
+
+
+def speedup_claimed(speedup_low: float, target: float = 1.0) -> bool:
+    """A speedup counts only where the low end of its error bar clears the target."""
+    return not math.isnan(speedup_low) and speedup_low >= target
 
 
 def _max_abs_err(out, ref) -> float:
@@ -169,18 +194,6 @@ def _hot_spots(est, engine: str, top: int = 3) -> list[str]:
     return [f"{op} x{n} ({rule}): {t * 1e6:.1f} us" for (op, rule), (n, t) in ranked]
 
 
-def core_imbalance(est) -> float:
-    """Idle fraction of the core that finishes first (0: both cores end together); 0 for a
-    one-core trace. Core 1's lanes are named "core1/..." in the schedule."""
-    ends: dict[str, float] = {}
-    for slot in est.schedule.slots:
-        core = slot.lane.split("/")[0] if "/" in slot.lane else "core0"
-        ends[core] = max(ends.get(core, 0.0), slot.end)
-    if len(ends) < 2 or max(ends.values()) <= 0:
-        return 0.0
-    return 1.0 - min(ends.values()) / max(ends.values())
-
-
 def run_case(case: Case, target: str, traces_dir: Path | None, lnc: int = 2) -> Row:
     row = Row(case, lnc=lnc)
     spec, work = case.spec, case.workload
@@ -192,7 +205,7 @@ def run_case(case: Case, target: str, traces_dir: Path | None, lnc: int = 2) -> 
     t0 = time.perf_counter()
     est = simulator.estimate(kernel[lnc], target)(*tensors, **call.static)
     row.sim_wall_s = time.perf_counter() - t0
-    row.imbalance = core_imbalance(est)
+    row.imbalance = est.imbalance
     if lnc != 1:
         one = simulator.estimate(kernel[1], target)(*tensors, **call.static)
         row.modeled_us_lnc1 = one.latency_us
@@ -217,6 +230,8 @@ def run_case(case: Case, target: str, traces_dir: Path | None, lnc: int = 2) -> 
     row.hbm_mb = est.hbm_bytes / 1e6
     row.instructions = est.instructions
     row.hot = _hot_spots(est, est.bottleneck)
+    for k, v in error_bars(est, roof.eager_us).items():
+        setattr(row, k, v)
     if traces_dir is not None:
         path = est.to_chrome_trace(traces_dir / f"{case.slug}.json")
         row.trace = str(path)
@@ -244,11 +259,13 @@ def _columns():
         ("", "dtype", "dtype", str),
         (MEASURED, "max abs err", "max_abs_err", lambda v: f"{v:.2e}"),
         (MODELED, "kernel us", "kernel_us", lambda v: f"{v:.1f}"),
+        (MODELED, "kernel us range", "kernel_range_us", str),
         (MODELED, "limit us", "limit_us", lambda v: f"{v:.1f}"),
         (MODELED, "efficiency", "efficiency", lambda v: f"{v:.2f}"),
         (MODELED, "bound by", "bound_by", str),
         (MODELED, "eager us", "eager_us", lambda v: f"{v:.1f}"),
         (MODELED, "speedup", "speedup", lambda v: f"{v:.2f}x"),
+        (MODELED, "speedup low/high", "speedup_range", str),
         (MODELED, "LNC=1 us", "kernel_us_lnc1", lambda v: f"{v:.1f}"),
         (MODELED, "LNC=1 eff", "efficiency_lnc1", lambda v: f"{v:.2f}"),
         (MODELED, "LNC2/LNC1", "lnc_ratio", lambda v: f"{v:.2f}"),
@@ -258,6 +275,12 @@ def _columns():
         ("", "target", "target", str),
         ("", "status", "status", str),
     ]
+
+
+def _range_text(low: float, high: float, fmt: str) -> str:
+    if math.isnan(low) or math.isnan(high):
+        return ""
+    return f"{fmt.format(low)}-{fmt.format(high)}"
 
 
 def _slug(label: str) -> str:
@@ -280,6 +303,10 @@ def _record(row: Row) -> dict:
         f"lnc_ratio_{mod}": row.modeled_us / row.modeled_us_lnc1 if row.lnc != 1 else float("nan"),
         f"core_imbalance_{mod}": row.imbalance if row.lnc != 1 else float("nan"),
         "unbalanced": bool(row.lnc != 1 and row.imbalance > IMBALANCE_FLAG),
+        f"kernel_low_us_{mod}": row.modeled_low_us, f"kernel_high_us_{mod}": row.modeled_high_us,
+        f"speedup_low_{mod}": row.speedup_low, f"speedup_high_{mod}": row.speedup_high,
+        "kernel_range_us": _range_text(row.modeled_low_us, row.modeled_high_us, "{:.1f}"),
+        "speedup_range": _range_text(row.speedup_low, row.speedup_high, "{:.2f}x"),
         "target": row.target_text, "meets_target": row.meets,
         "status": row.status if row.meets is not False else "below target",
         "note": row.note, "trace": row.trace,
@@ -342,7 +369,10 @@ def write_markdown(rows: list[Row], records: list[dict], path: Path, target: str
         "* efficiency = limit / modeled kernel time (limit: max of compulsory HBM bytes / DMA bandwidth, "
         "matmul FLOPs / TensorE peak, transcendentals / ScalarE rate);",
         "* speedup = modeled eager PyTorch / modeled kernel, eager charged at each ATen op's own limit with "
-        "zero launch overhead (the best case for eager, so the speedup is a lower bound).",
+        "zero launch overhead (the best case for eager, so the speedup is a lower bound);",
+        "* kernel us range / speedup low/high: the error bar, the kernel re-modeled with every uncertain "
+        "cost number at its optimistic and its pessimistic end (docs/cost-model.md \"Error bars\"); a "
+        "speedup target counts as met only where the low end clears it.",
         "",
         "| " + " | ".join(f"{h}, {lab}" if lab else h for lab, h, _, _ in _columns()) + " |",
         "|" + "---|" * len(_columns()),
@@ -360,7 +390,8 @@ def write_markdown(rows: list[Row], records: list[dict], path: Path, target: str
             lines.append(f"- note: {row.note}")
         if row.status in ("ok", "mismatch"):
             busy = ", ".join(f"{e} {row.busy_us[e]:.1f}" for e in ("tensor", "vector", "scalar", "gpsimd", "dma"))
-            lines.append(f"- {MODELED}: {row.modeled_us:.1f} us; limit {row.limit_us:.1f} us set by "
+            lines.append(f"- {MODELED}: {row.modeled_us:.1f} us (error bar {row.modeled_low_us:.1f}-"
+                         f"{row.modeled_high_us:.1f} us); limit {row.limit_us:.1f} us set by "
                          f"{row.limit_bound}; busy us: {busy}; HBM {row.hbm_mb:.2f} MB; "
                          f"{row.instructions} instructions; simulated in {row.sim_wall_s:.2f} s ({MEASURED})")
             lines.append(f"- bound by {row.bound_by} ({row.bound_busy:.0%} busy); its largest instruction groups:")
@@ -382,15 +413,21 @@ def write_plot(records: list[dict], path: Path, target: str) -> bool:
     labels = [f"{r['op']}\n{r['workload']}" for r in ok]
     y = list(range(len(ok)))[::-1]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 0.55 * len(ok) + 2), sharey=True)
-    ax1.barh(y, [_value(r, "speedup") for r in ok], color="tab:blue", label="speedup over eager")
+    central = [_value(r, "speedup") for r in ok]
+    lows = [_value(r, "speedup_low") for r in ok]
+    highs = [_value(r, "speedup_high") for r in ok]
+    xerr = [[max(0.0, c - lo) if not math.isnan(lo) else 0.0 for c, lo in zip(central, lows)],
+            [max(0.0, hi - c) if not math.isnan(hi) else 0.0 for c, hi in zip(central, highs)]]
+    ax1.barh(y, central, color="tab:blue", label="speedup over eager", xerr=xerr, error_kw={"elinewidth": 0.8, "capsize": 2})
     ax1.axvline(1.0, color="black", lw=0.8)
     ax1.axvline(2.4, color="tab:red", lw=0.8, ls="--", label="attention target 2.4x")
     ax1.set_xscale("log")
     from matplotlib.ticker import FixedLocator, NullLocator
 
     speedups = [_value(r, "speedup") for r in ok]
-    ticks = [v for v in (0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32)
-             if min(speedups) / 2 <= v <= max(max(speedups), 2.4) * 2]
+    spread = [v for v in speedups + lows + highs if not math.isnan(v) and v > 0]
+    ticks = [v for v in (0.0625, 0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32)
+             if min(spread) / 2 <= v <= max(max(spread), 2.4) * 2]
     ax1.xaxis.set_major_locator(FixedLocator(ticks))
     ax1.xaxis.set_minor_locator(NullLocator())
     ax1.set_xticklabels([f"{v:g}x" for v in ticks])
@@ -398,7 +435,7 @@ def write_plot(records: list[dict], path: Path, target: str) -> bool:
         ax1.text(v, yi, f" {v:.2f}x", va="center", fontsize=7)
     for yi, r in zip(y, ok):
         ax2.text(_value(r, "efficiency"), yi, f" {_value(r, 'efficiency'):.2f}", va="center", fontsize=7)
-    ax1.set_xlabel(f"speedup over eager PyTorch [{MODELED}, lower bound]")
+    ax1.set_xlabel(f"speedup over eager PyTorch [{MODELED}, lower bound; bars: error bar]")
     ax1.set_yticks(y, labels, fontsize=7)
     ax1.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2)
     ax2.barh(y, [_value(r, "efficiency") for r in ok],

@@ -76,7 +76,7 @@ from .limits import ATTENTION_SINGLE_PASS_MAX_KEYS as SINGLE_PASS_MAX_KEYS
 
 # The kernel's modules: attention_launch.py (LaunchFacts: what a launch is, frozen),
 # attention_plan.py (EngineBalance: the running engine-load estimates and the choices made
-# from them) with engine_costs.py (the trn2 figures it uses), attention_blocks.py (loads,
+# from them) with engine_costs.py (the cost model's figures per generation), attention_blocks.py (loads,
 # masks, scores, row max, exp, Pᵀ, P·V, eviction), and one module per path:
 # attention_single_pass.py, attention_transposed.py, attention_flash.py.
 

@@ -10,7 +10,7 @@ import nki.isa as nisa
 import nki.language as nl
 
 from .attention_launch import FP32_BYTES, MATMUL_MAX_N, NEG_INF, P, PSUM_BANK_BYTES, PSUM_BANK_FP32
-from .engine_costs import INSTR_CYCLES, MIN_INSTRUCTION_CYCLES
+from .engine_costs import active as active_engine_costs
 from .tiling import cdiv
 
 FLT_MAX = 3.4028234663852886e38   # largest fp32: the clamp of a row max (see row_max)
@@ -196,8 +196,9 @@ def softmax_cycles(facts, n, bias, diag):
     VectorE reads unmasked columns once and masked ones 3 times (max, add the mask,
     reduce), ScalarE each column once, plus each instruction's fixed cost."""
     masked = n if bias is not None else (n - diag[0] if diag is not None else 0)
-    vector = (n - masked) + 3 * masked + INSTR_CYCLES * (1 + 2 * (masked > 0))
-    scalar = n + INSTR_CYCLES * (1 + (0 < masked < n))
+    instr = active_engine_costs().instr_cycles
+    vector = (n - masked) + 3 * masked + instr * (1 + 2 * (masked > 0))
+    scalar = n + instr * (1 + (0 < masked < n))
     return vector, scalar
 
 
@@ -324,7 +325,8 @@ def evict(facts, plan, o, out, nb, r, vector=False):
             # VectorE: the reciprocal of g row sums (8 cycles each, so mostly the 64-cycle
             # instruction minimum) and the multiply (g·Dv), two fixed costs; ScalarE: the
             # copy of the bank (g·(Dv + 1)), one fixed cost
-            eng = plan.pick(2 * INSTR_CYCLES + MIN_INSTRUCTION_CYCLES + g * Dv, g * w + INSTR_CYCLES)
+            c = active_engine_costs()
+            eng = plan.pick(2 * c.instr_cycles + c.min_instruction_cycles + g * Dv, g * w + c.instr_cycles)
         if eng == nisa.engine.vector:
             nisa.reciprocal(dst=recip[:r, g0:g0 + g, :], data=bank[:, :, Dv:w])
             nisa.tensor_tensor(dst=out[:, g0:g0 + g, :], data1=bank[:, :, 0:Dv],

@@ -9,7 +9,7 @@ import nki.language as nl
 from .attention_blocks import (causal_diagonal, divide, load_transposed, load_values, row_exp, row_max,
                                scores, softmax_cycles, store_rows, tile_bias, unit_pv)
 from .attention_launch import P
-from .engine_costs import INSTR_CYCLES
+from .engine_costs import active as active_engine_costs
 
 
 def flash_group(facts, plan, tensors, b, hk0, hk1, tiles, key_bias, last):
@@ -70,7 +70,7 @@ def _flash_unit(facts, plan, qT, kT, vals, kv, acc, run_neg_max, bias, diag, r, 
         row_exp(facts, p, s, z, c, r, n, blk)
         nisa.tensor_copy(dst=run_neg_max[:r], src=blk[:r], engine=nisa.engine.gpsimd)
         # ScalarE also copies O | rowsum (Dv + 1 columns) into acc
-        plan.charge(v_cyc, s_cyc + facts.Dv + 1 + INSTR_CYCLES)
+        plan.charge(v_cyc, s_cyc + facts.Dv + 1 + active_engine_costs().instr_cycles)
         o = unit_pv(facts, plan, p, vals, kv, r, n)
         nisa.tensor_copy(dst=acc[:r], src=o[:r], engine=nisa.engine.scalar)
         return
@@ -84,7 +84,8 @@ def _flash_unit(facts, plan, qT, kT, vals, kv, acc, run_neg_max, bias, diag, r, 
     nisa.tensor_copy(dst=run_neg_max[:r], src=new[:r], engine=nisa.engine.gpsimd)
     # VectorE also updates acc below (two full inputs of Dv + 1 columns: 2·(Dv + 1) cycles);
     # ScalarE also runs the one-column alpha exp (its fixed costs only)
-    plan.charge(v_cyc + 2 * (facts.Dv + 1) + INSTR_CYCLES, s_cyc + 2 * INSTR_CYCLES)
+    instr = active_engine_costs().instr_cycles
+    plan.charge(v_cyc + 2 * (facts.Dv + 1) + instr, s_cyc + 2 * instr)
     o = unit_pv(facts, plan, p, vals, kv, r, n)
     # acc = acc·alpha + O (acc in SBUF, O in PSUM; VectorE)
     nisa.scalar_tensor_tensor(dst=acc[:r], data=acc[:r], op0=nl.multiply, operand0=alpha[:r],

@@ -13,7 +13,7 @@ from .attention_blocks import (causal_diagonal, evict, load_transposed, load_val
                                row_exp, row_extrema_side_by_side, row_max, scores, scores_side_by_side,
                                softmax_cycles, store_rows, tile_bias, transpose_p, unit_pv)
 from .attention_launch import P, PSUM_BANK_FP32, unbiased_heads_per_batch
-from .engine_costs import INSTR_CYCLES
+from .engine_costs import active as active_engine_costs
 from .tiling import cdiv
 
 
@@ -67,7 +67,7 @@ def _biased_unit(facts, plan, qT, kT, vals, kv, out_tile, bias, diag, r, n):
     row_exp(facts, p, s, z, c, r, n, neg_max)
     v_cyc, s_cyc = softmax_cycles(facts, n, bias, diag)
     # ScalarE also copies O | rowsum (Dv + 1 columns) out of PSUM in normalize
-    plan.charge(v_cyc, s_cyc + facts.Dv + 1 + INSTR_CYCLES)
+    plan.charge(v_cyc, s_cyc + facts.Dv + 1 + active_engine_costs().instr_cycles)
     o = unit_pv(facts, plan, p, vals, kv, r, n)
     normalize(facts, out_tile, o, r)
 
@@ -105,7 +105,8 @@ def _unbiased_batch(facts, plan, units, vals, out, r, n):
                         scale=f.scale)
     pT = nl.ndarray((P, nb * nkc, P), dtype=f.dtype, buffer=nl.sbuf)
     # VectorE: the reduces (n columns per head); ScalarE: the exps
-    plan.charge(nb * n + INSTR_CYCLES * cdiv(nb, per_bank), nb * (n + INSTR_CYCLES))
+    instr = active_engine_costs().instr_cycles
+    plan.charge(nb * n + instr * cdiv(nb, per_bank), nb * (n + instr))
     in_flight = transpose_p(f, plan, p, pT, r, n)   # noqa: F841 (PSUM held until P·V)
     # O | rowsum = P·[V | 1]: head j at bank j // per_o, columns (j % per_o) * (Dv + 1)
     w = f.Dv + 1

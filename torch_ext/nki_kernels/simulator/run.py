@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .interpreter import run_kernel
 from .modules import activated
 from .params import SimParams, resolve
-from .trace import Instruction
+from .trace import AllocationSite, Instruction
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,8 @@ class SimResult:
     peak_sbuf_bytes_per_partition: int
     peak_psum_banks: int
     target: str                      # target name, e.g. "trn2" (hardware.get_target(name))
+    # where every on-chip tile was allocated, in creation order (the cost model's buffers)
+    allocations: list[AllocationSite] = field(default_factory=list)
 
 
 def run(kernel, *args, target=None, params: SimParams | None = None, **kwargs) -> SimResult:
@@ -29,4 +31,4 @@ def run(kernel, *args, target=None, params: SimParams | None = None, **kwargs) -
     with activated(params=params):
         outputs, ctx = run_kernel(kernel, args, kwargs, params)
     return SimResult(outputs, ctx.recorder.instructions, ctx.memory.sbuf_peak,
-                     ctx.memory.psum_peak, ctx.target.name)
+                     ctx.memory.psum_peak, ctx.target.name, ctx.recorder.allocations)

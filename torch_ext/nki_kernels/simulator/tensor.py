@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import operator
+import sys
 
 import torch
 
@@ -454,7 +455,27 @@ def allocate(shape, dtype, buffer, name="", fill=None) -> NkiTensor:
                     f"{dt.name} differs from core 0's {alloc.shape} {alloc.dtype.name}")
         return NkiTensor(alloc, alloc.base)
     alloc = ctx.memory.allocate(shape, dt, region, name, fill)
+    if alloc.kind != "hbm":
+        ctx.recorder.note_allocation(alloc.alloc_id, alloc.kind, _call_site())
     return NkiTensor(alloc, alloc.base)
+
+
+_SITE_DEPTH = 48  # frames kept: deeper kernel call paths share a site (fewer, larger families)
+
+
+def _call_site() -> tuple:
+    """(filename, line) of every frame from allocate's caller up to the kernel entry (the
+    interpreter's run_kernel), innermost first: tiles allocated by one line on one call
+    path (e.g. in successive loop iterations) share a site."""
+    f = sys._getframe(2)
+    site = []
+    while f is not None and len(site) < _SITE_DEPTH:
+        code = f.f_code
+        if code.co_name == "run_kernel" and code.co_filename.endswith("interpreter.py"):
+            break
+        site.append((code.co_filename, f.f_lineno))
+        f = f.f_back
+    return tuple(site)
 
 
 def from_torch(data: torch.Tensor, dtype, buffer, name="", alias=False) -> NkiTensor:
