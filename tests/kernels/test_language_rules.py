@@ -373,3 +373,19 @@ def test_writing_a_module_global_is_rejected():
 def test_the_neuronxcc_namespace_is_rejected():
     with pytest.raises(kernel_rules.KernelRuleError, match="neuronxcc.nki.language.*NKI 0.4.0"):
         _run(_kernel(lambda: _neuronxcc))
+
+
+def test_an_attribute_named_like_a_jitted_global_is_not_a_call_of_it():
+    # `nisa.activation(...)` in a module that also has a jitted kernel named `activation`:
+    # the attribute is not the global (co_names holds both kinds of name)
+    global scale_rows, _holder
+    import types
+
+    scale_rows = simulator.nki_modules()["nki"].jit(lambda: 1)
+    _holder = types.SimpleNamespace(scale_rows=lambda: 2)
+    try:
+        _run(_kernel(lambda: _holder.scale_rows()))
+        with pytest.raises(kernel_rules.KernelRuleError, match="jitted kernel"):
+            _run(_kernel(lambda: scale_rows()))
+    finally:
+        del scale_rows, _holder

@@ -125,15 +125,22 @@ class _Walk:
         self.seen.add(id(fn))
         where = _where(fn)
         for code in _code_objects(fn.__code__):
+            # co_names mixes global names with attribute names (nisa.activation): only the
+            # names the code loads as globals are looked up in the module
+            global_names, attributes = [], []
             for ins in dis.get_instructions(code):
                 if ins.opname in _GLOBAL_WRITES:
                     raise KernelRuleError(
                         f"{where} assigns the module global {ins.argval!r}: NKI kernels must be pure "
                         "functions of their arguments (NKI language guide, 'Kernel Caching')")
-            for name in code.co_names:
+                if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+                    global_names.append(ins.argval)
+                elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+                    attributes.append(ins.argval)
+            for name in dict.fromkeys(global_names):
                 value = fn.__globals__.get(name, _MISSING)
                 if value is not _MISSING:
-                    self.value(value, where, code.co_names)
+                    self.value(value, where, attributes)
         for cell in fn.__closure__ or ():
             try:
                 self.value(cell.cell_contents, where, fn.__code__.co_names)
