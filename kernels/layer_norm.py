@@ -13,8 +13,10 @@ Layout:
     Fresh SBUF tiles per block let block i+1's load overlap block i's compute.
 16-bit input (bf16/fp16), per row slot (the j-th row of a partition in a block):
     statistics in fp32, on one of two engines (SCALAR_STATS_SHARE of the slots on ScalarE):
-      ScalarE  sum(x) (copy with add-accumulate) -> -mean, then sum((x - mean)^2) (square
-               with bias -mean, accumulate) -> rsqrt(. / H + eps): exact two-pass variance
+      ScalarE  sum(x) (copy with add-accumulate); GpSimd -mean = sum / -H (a division,
+               correctly rounded: a constant row centres to exactly 0, as in torch);
+               ScalarE sum((x - mean)^2) (square with bias -mean, accumulate) ->
+               rsqrt(. / H + eps): exact two-pass variance
       VectorE  bn_stats on <= 512-element chunks, bn_aggr, ScalarE rsqrt(var + eps)
     VectorE  y = (x - mean) * rstd, one tensor_scalar, rounded to the input dtype (16-bit
              in and out: perf mode)
@@ -113,35 +115,43 @@ def _block_16bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps
     ``slot0 + j`` takes its statistics on ScalarE or VectorE (SCALAR_STATS_SHARE)."""
     n_chunks = cdiv(cols, BN_CHUNK)
     rstd = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
-    centre = []   # per row j: (op, [P, 1] operand) with y = (x op operand) * rstd
+    on_scalar = [j for j in range(per) if spread(slot0 + j, SCALAR_STATS_SHARE)]
+    centre = {}   # per row j: (op, [P, 1] operand) with y = (x op operand) * rstd
+    # Two-pass statistics of the ScalarE rows (discarded activation outputs go to out_tile,
+    # overwritten below). First every row's sum(x) on ScalarE and -mean = sum / -H on GpSimd
+    # (each division runs while ScalarE sums the next row). A division, not sum * (-1/H):
+    # 1/H is inexact in fp32 for most H, so rows of 1000.0 would get the mean 999.99994 and
+    # y = 0.019 where torch gives exactly 0.
+    for j in on_scalar:
+        row_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=out_tile[:, j, :], op=nl.copy, data=x_tile[:, j, :],
+                        reduce_op=nl.add, reduce_res=row_sum, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        neg_mean = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=neg_mean, data=row_sum, op0=nl.divide, operand0=-float(cols),
+                           engine=nisa.engine.gpsimd)
+        centre[j] = (nl.add, neg_mean)
+    # ... then sum((x - mean)^2) (square with bias -mean, accumulate) -> rsqrt(. / H + eps)
+    for j in on_scalar:
+        sq_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=out_tile[:, j, :], op=nl.square, data=x_tile[:, j, :],
+                        bias=centre[j][1], reduce_op=nl.add, reduce_res=sq_sum,
+                        reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        nisa.activation(dst=rstd[:, j:j + 1], op=nl.rsqrt, data=sq_sum, scale=1.0 / cols,
+                        bias=eps_tile[0:parts, :])
+    # The other rows: bn_stats per <= 512 columns and bn_aggr on VectorE, rsqrt on ScalarE.
     for j in range(per):
-        if spread(slot0 + j, SCALAR_STATS_SHARE):
-            # two-pass statistics on ScalarE (the discarded activation output goes to
-            # out_tile, overwritten below): sum(x) -> -mean, then sum((x - mean)^2).
-            row_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=out_tile[:, j, :], op=nl.copy, data=x_tile[:, j, :],
-                            reduce_op=nl.add, reduce_res=row_sum,
-                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
-            neg_mean = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=neg_mean, op=nl.copy, data=row_sum, scale=-1.0 / cols)
-            sq_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=out_tile[:, j, :], op=nl.square, data=x_tile[:, j, :],
-                            bias=neg_mean, reduce_op=nl.add, reduce_res=sq_sum,
-                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
-            nisa.activation(dst=rstd[:, j:j + 1], op=nl.rsqrt, data=sq_sum, scale=1.0 / cols,
-                            bias=eps_tile[0:parts, :])
-            centre.append((nl.add, neg_mean))
-        else:
-            stats = nl.ndarray((parts, n_chunks * BN_STATS_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
-            mean_var = nl.ndarray((parts, BN_AGGR_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
-            for c in range(n_chunks):
-                c0 = c * BN_CHUNK
-                nisa.bn_stats(dst=stats[:, c * BN_STATS_WIDTH:(c + 1) * BN_STATS_WIDTH],
-                              data=x_tile[:, j, c0:min(cols, c0 + BN_CHUNK)])
-            nisa.bn_aggr(dst=mean_var, data=stats)
-            nisa.activation(dst=rstd[:, j:j + 1], op=nl.rsqrt, data=mean_var[:, 1:2],
-                            bias=eps_tile[0:parts, :])
-            centre.append((nl.subtract, mean_var[:, 0:1]))
+        if j in centre:
+            continue
+        stats = nl.ndarray((parts, n_chunks * BN_STATS_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
+        mean_var = nl.ndarray((parts, BN_AGGR_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
+        for c in range(n_chunks):
+            c0 = c * BN_CHUNK
+            nisa.bn_stats(dst=stats[:, c * BN_STATS_WIDTH:(c + 1) * BN_STATS_WIDTH],
+                          data=x_tile[:, j, c0:min(cols, c0 + BN_CHUNK)])
+        nisa.bn_aggr(dst=mean_var, data=stats)
+        nisa.activation(dst=rstd[:, j:j + 1], op=nl.rsqrt, data=mean_var[:, 1:2],
+                        bias=eps_tile[0:parts, :])
+        centre[j] = (nl.subtract, mean_var[:, 0:1])
     # y = (x - mean) * rstd, rounded once to the input dtype: VectorE, all 16-bit (perf mode)
     for j in range(per):
         nisa.tensor_scalar(dst=out_tile[:, j, :], data=x_tile[:, j, :], op0=centre[j][0],

@@ -147,3 +147,16 @@ def test_norms_reference_path(reference_backend, dtype):
                                F.layer_norm(x.double(), (33,), w.double(), b.double()), atol=atol, rtol=rtol)
     torch.testing.assert_close(nki_kernels.rms_norm(x, (33,), w, 1e-6).double(),
                                F.rms_norm(x.double(), (33,), w.double(), 1e-6), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_layer_norm_constant_rows_with_large_mean_are_exactly_zero(simulator_backend, dtype):
+    # Issue 13, defect 7: the 16-bit statistics on ScalarE formed the mean as sum * (-1/H);
+    # 1/1000 is inexact in fp32, so rows of 1000.0 centred to 6e-5 and came out as 0.019
+    # (torch: exactly 0). 300 rows: row slots on both statistics engines, and a tail.
+    x = torch.full((300, 1000), 1000.0, dtype=dtype)
+    out = nki_kernels.layer_norm(x, (1000,))
+    assert out.dtype == dtype and torch.equal(out, torch.zeros_like(out))
+    bias = randn(1000, dtype=dtype)
+    out = nki_kernels.layer_norm(x, (1000,), torch.ones(1000, dtype=dtype), bias)
+    torch.testing.assert_close(out, bias.expand_as(out), atol=0, rtol=0)
