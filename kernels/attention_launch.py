@@ -34,11 +34,12 @@ FP32_BYTES = 4
 # Per (query head, query tile) and partition, besides Qᵀ and the output: fp32 O | rowsum of
 # the flash accumulator, and 8 bytes of row statistics (the running -max takes 4).
 ROW_STATS_BYTES = 8
-# Transposed-scores path (attention_transposed.py): rows D, D+1 of Qᵀ/Kᵀ carry the row max
-# split into bf16 hi + lo. A tile of <= 32 partitions must start at partition 0, 32, 64 or
-# 96 (NKI tile rules), so D is a multiple of 32 and D + 2 <= 128 (D in {32, 64, 96});
-# scores of up to 3 key tiles (384 keys) leave PSUM room for the Sᵀ tiles (_ts_heads).
-TS_EXTRA_ROWS = 2
+# Transposed-scores path (attention_transposed.py): rows D..D+2 of Qᵀ/Kᵀ carry the row max
+# split into three bf16 terms hi + mid + lo (exactly the fp32 max: 3 x 8 significant bits).
+# A tile of <= 32 partitions must start at partition 0, 32, 64 or 96 (NKI tile rules), so D
+# is a multiple of 32 and D + 3 <= 128 (D in {32, 64, 96}); scores of up to 3 key tiles
+# (384 keys) leave PSUM room for the Sᵀ tiles (_ts_heads).
+TS_EXTRA_ROWS = 3
 TS_PARTITION_QUADRANT = 32
 TS_MAX_KEY_TILES = 3
 NEG_INF = float("-inf")       # additive mask value of a masked key
