@@ -74,6 +74,36 @@ def test_output_layout_follows_transposed_inputs(reference_backend):
     assert sdpa(q, k, v).is_contiguous()
 
 
+EMPTY = [  # (query shape, key shape, kwargs): some dim 0, as torch's SDPA takes them
+    ((0, 2, 3, 8), (0, 2, 4, 8), {}),                       # B = 0
+    ((1, 0, 3, 8), (1, 0, 4, 8), {}),                       # H = 0
+    ((1, 0, 3, 8), (1, 0, 4, 8), {"enable_gqa": True}),     # H = Hkv = 0 with GQA
+    ((1, 2, 0, 8), (1, 2, 4, 8), {}),                       # Sq = 0
+    ((1, 2, 3, 8), (1, 2, 0, 8), {}),                       # Sk = 0: zeros
+    ((1, 4, 3, 8), (1, 2, 0, 8), {"enable_gqa": True}),     # Sk = 0 with GQA
+    ((2, 3, 8), (2, 0, 8), {}),                             # 3-D, Sk = 0
+    ((2, 0, 2, 3, 8), (2, 0, 2, 4, 8), {}),                 # 5-D with an empty batch dim
+]
+
+
+@pytest.mark.parametrize("backend", ["reference", "simulator"])
+@pytest.mark.parametrize("q_shape, k_shape, kwargs", EMPTY, ids=lambda a: str(a).replace(" ", ""))
+def test_empty_dims_return_what_torch_returns(monkeypatch, backend, q_shape, k_shape, kwargs):
+    """Issue 13: B, H, Sq or Sk = 0 are accepted (they were rejected) and give torch's
+    result: an empty output, or zeros for Sk = 0; with a mask, causal, and backward."""
+    monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", backend)
+    for extra in ({}, {"is_causal": True}, {"attn_mask": torch.rand(q_shape[-2], k_shape[-2]) > 0.5}):
+        q = torch.randn(q_shape, requires_grad=True)
+        k = torch.randn(k_shape, requires_grad=True)
+        v = torch.randn(k_shape[:-1] + (5,), requires_grad=True)
+        out = sdpa(q, k, v, **kwargs, **extra)
+        expected = F.scaled_dot_product_attention(q, k, v, **kwargs, **extra)
+        assert out.shape == expected.shape and out.dtype == expected.dtype
+        assert torch.equal(out, expected)
+        out.sum().backward()
+        assert all(t.grad is not None and t.grad.shape == t.shape and not t.grad.any() for t in (q, k, v))
+
+
 # ------------------------------------------------------------------------------ autograd, opcheck, compile
 
 @pytest.mark.parametrize("backend", ["reference", "simulator"])
@@ -137,7 +167,8 @@ BAD = [
     ("gqa_multiple", lambda: sdpa(_q(1, 6, 4, 8), _q(1, 4, 4, 8), _q(1, 4, 4, 8), enable_gqa=True), ValueError, ["6", "multiple", "4"]),
     ("ndim", lambda: sdpa(_q(4, 8), _q(4, 8), _q(4, 8)), ValueError, ["query", "at least 3 dims", "(4, 8)"]),
     ("ndim_mismatch", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 4, 8), _q(1, 4, 8)), ValueError, ["same number of dims", "4, 3"]),
-    ("empty", lambda: sdpa(_q(1, 1, 0, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8)), ValueError, ["query", "empty dim 2"]),
+    ("head_dim_0", lambda: sdpa(_q(1, 1, 3, 0), _q(1, 1, 4, 0), _q(1, 1, 4, 8)), ValueError, ["query", "head_dim 0", "(1, 1, 3, 0)"]),
+    ("gqa_no_kv_heads", lambda: sdpa(_q(1, 2, 4, 8), _q(1, 0, 4, 8), _q(1, 0, 4, 8), enable_gqa=True), ValueError, ["query heads 2", "key/value heads 0"]),
     ("int", lambda: sdpa(torch.ones(1, 1, 4, 8, dtype=torch.int64), _q(1, 1, 4, 8), _q(1, 1, 4, 8)), TypeError, ["query", "int64"]),
     ("mixed", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8, dtype=BF16), _q(1, 1, 4, 8)), TypeError, ["key", "bfloat16", "float32"]),
     ("float64", lambda: sdpa(*(_q(1, 1, 4, 8).double() for _ in range(3))), TypeError, ["query", "float64"]),
