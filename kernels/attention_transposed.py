@@ -1,6 +1,6 @@
 """The transposed-scores attention path: P is made directly as Pᵀ, with no Pᵀ transposes
-or PSUM copies of P (bf16, no mask, not causal, Sk <= 384, D in {32, 64, 96}; see
-``LaunchFacts.transposed_scores``).
+or PSUM copies of P (bf16, no mask, not causal, Sk <= 384, D in {32, 64, 96}, Dv <= 128;
+see ``LaunchFacts.transposed_scores``).
 
 Per query tile and batch of heads: S = Q·Kᵀ side by side in PSUM and one VectorE reduce
 for the row maxes m (raw units); GpSimd splits m into bf16 hi + mid + lo (exactly m) and
@@ -167,7 +167,7 @@ def _ts_tile(facts, plan, qx, kx, vals, h0, h1, hk0, out, r, n, last, on_vector,
     for b0 in range(0, nh, nb):
         m = min(nb, nh - b0)
         s, per_bank, _ = scores_side_by_side(
-            [(qx[0:D, b0 + j, :], kx[0:D, kvs[b0 + j], 0:n]) for j in range(m)], r, n)
+            [([qx[0:D, b0 + j, :]], [kx[0:D, kvs[b0 + j], 0:n]]) for j in range(m)], r, n)
         row_extrema_side_by_side(facts, s, ext[:, b0:b0 + m], m, per_bank, r, n)
         plan.charge(m * n + INSTR_CYCLES * cdiv(m, per_bank), 0)
         if per_batch_hilo:

@@ -38,8 +38,10 @@ SOFTMAX_MAX_COLS = 8192
 # twice that with the next row tile in flight, plus ~24 KiB of chunk scratch, under 224 KiB.
 SOFTMAX_RESIDENT_BYTES = 96 * 1024
 
-# attention: q/k (and v) head dim. Q·Kᵀ contracts over D on the partition dim of TensorE.
-ATTENTION_MAX_HEAD_DIM = 128
+# attention: q/k and v head dims D, Dv. Q·Kᵀ contracts over D on TensorE's partition dim
+# (<= 128 per matmul): D <= 256 takes two accumulating matmuls. P·[V | 1] writes Dv + 1
+# <= 257 fp32 columns, within one PSUM bank (512). 256 covers Gemma 2/3.
+ATTENTION_MAX_HEAD_DIM = 256
 # attention: the single-pass kernel keeps a [128, Sk] fp32 score row in 4 of the 8 PSUM
 # banks (512 fp32 each); longer key sequences use the flash kernel.
 ATTENTION_SINGLE_PASS_MAX_KEYS = 2048

@@ -68,9 +68,10 @@ CASES = [
 ]
 
 
-def _attention_case(b, h, hkv, sq, sk, d, causal=False, mask=None, dtype=BF16):
+def _attention_case(b, h, hkv, sq, sk, d, causal=False, mask=None, dtype=BF16, dv=None):
     def call():
-        q, k, v = _x(b, h, sq, d, dtype=dtype), _x(b, hkv, sk, d, dtype=dtype), _x(b, hkv, sk, d, dtype=dtype)
+        dv_ = dv or d
+        q, k, v = _x(b, h, sq, d, dtype=dtype), _x(b, hkv, sk, d, dtype=dtype), _x(b, hkv, sk, dv_, dtype=dtype)
         return attention.attention_kernel_call(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=h != hkv)
 
     def ref(c):
@@ -87,6 +88,7 @@ CASES += [
     ("attention-one-pair-causal", *_attention_case(1, 2, 1, 700, 700, 64, causal=True)),  # by key count
     ("attention-one-tile", *_attention_case(1, 1, 1, 5, 40, 32, causal=True)),    # one unit: core 1 idle
     ("attention-flash-odd", *_attention_case(1, 1, 1, 260, 2600, 64, dtype=F32)),   # flash, 3 tiles
+    ("attention-d256-odd", *_attention_case(1, 3, 3, 200, 200, 256, dv=200)),        # two head-dim pieces
 ]
 
 

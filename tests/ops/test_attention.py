@@ -159,8 +159,8 @@ def _q(*shape, dtype=F32):
 BAD = [
     ("batch", lambda: sdpa(_q(2, 2, 4, 8), _q(3, 2, 4, 8), _q(3, 2, 4, 8)), ValueError, ["batch", "(2, 2, 4, 8)", "(3, 2, 4, 8)"]),
     ("head_dim", lambda: sdpa(_q(1, 2, 4, 8), _q(1, 2, 4, 16), _q(1, 2, 4, 8)), ValueError, ["key head_dim 16", "query head_dim 8"]),
-    ("head_dim>128", lambda: sdpa(_q(1, 1, 4, 160), _q(1, 1, 4, 160), _q(1, 1, 4, 160)), ValueError, ["160", "128"]),
-    ("v_head_dim>128", lambda: sdpa(_q(1, 1, 4, 64), _q(1, 1, 4, 64), _q(1, 1, 4, 130)), ValueError, ["value head_dim=130", "128"]),
+    ("head_dim>256", lambda: sdpa(_q(1, 1, 4, 260), _q(1, 1, 4, 260), _q(1, 1, 4, 64)), ValueError, ["260", "256"]),
+    ("v_head_dim>256", lambda: sdpa(_q(1, 1, 4, 64), _q(1, 1, 4, 64), _q(1, 1, 4, 257)), ValueError, ["value head_dim=257", "256"]),
     ("keys", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 5, 8), _q(1, 1, 6, 8)), ValueError, ["value has 6 keys", "key has 5"]),
     ("kv_heads", lambda: sdpa(_q(1, 4, 4, 8), _q(1, 2, 4, 8), _q(1, 1, 4, 8)), ValueError, ["value has 1 heads", "key has 2"]),
     ("gqa_flag", lambda: sdpa(_q(1, 4, 4, 8), _q(1, 2, 4, 8), _q(1, 2, 4, 8)), ValueError, ["4 heads", "2", "enable_gqa=True"]),

@@ -90,7 +90,8 @@ def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
         raise ValueError(f"key head_dim {dk} does not match query head_dim {d}")
     for name, size in (("query/key head_dim", d), ("value head_dim", dv)):
         if size > MAX_HEAD_DIM:
-            raise ValueError(f"{name}={size} exceeds {MAX_HEAD_DIM} (the TensorE partition limit of the kernel)")
+            raise ValueError(f"{name}={size} exceeds {MAX_HEAD_DIM}, the largest head dim the NKI attention "
+                             "kernel takes")
     sk, skv = key.shape[-2], value.shape[-2]
     if skv != sk:
         raise ValueError(f"value has {skv} keys (dim -2) but key has {sk}")
@@ -238,7 +239,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     """Attention with the ``torch.nn.functional.scaled_dot_product_attention`` contract.
 
     Shapes: query ``[..., H, Sq, D]``, key ``[..., Hkv, Sk, D]``, value ``[..., Hkv, Sk, Dv]``
-    (3-D inputs are ``[H, S, D]``, no batch dim), ``D, Dv <= 128``, ``D >= 1``; batch, ``H``,
+    (3-D inputs are ``[H, S, D]``, no batch dim), ``1 <= D <= 256``, ``Dv <= 256``; batch, ``H``,
     ``Sq`` and ``Sk`` may be 0 (an empty result, or zeros when ``Sk = 0``, as torch gives);
     ``H == Hkv``, or ``H`` a multiple of ``Hkv`` with ``enable_gqa=True`` (query head ``h``
     reads kv head ``h // (H // Hkv)``). Returns ``[..., H, Sq, Dv]`` in the input dtype.
