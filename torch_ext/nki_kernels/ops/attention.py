@@ -261,6 +261,9 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         ``NKI_KERNELS_CPU_BACKEND=simulator``.
     Numerics of the kernel: softmax statistics in fp32; matmul operands in the input dtype
     (bf16 stays bf16, fp32 stays fp32); normalisation after P·V (FlashAttention-2 style).
+    For 16-bit inputs P is rounded to the input dtype before P·V (the reference keeps it
+    fp32): an output element is off by up to 2 u max_j |v_j| (its column's largest value)
+    beyond the final rounding, u the dtype's unit roundoff (2**-8 bf16, 2**-11 fp16).
 
     Autograd: gradients for query, key, value (and a float ``attn_mask``) come from a
     backward that RECOMPUTES attention with PyTorch ops in fp32 (no NKI backward kernel).

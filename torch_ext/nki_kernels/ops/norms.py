@@ -131,10 +131,11 @@ def layer_norm(input: torch.Tensor, normalized_shape: ShapeLike, weight: Optiona
     and dtype. dtypes: float32, bfloat16, float16. The NKI kernel takes
     prod(normalized_shape) <= 65536 (rows longer than 8192 stream through SBUF: two passes
     over HBM). Numerics of the kernel: statistics in fp32; fp32 input and streamed rows
-    round once to the output dtype; 16-bit rows of <= 8192 round three times (y, y * weight,
-    y * weight + bias, each to the input dtype; per element <= 3 * 2**-9 relative to the
-    result's scale in bf16 beyond one rounding, measured ||err|| / ||ref|| 2.5e-3 against
-    1.7e-3 for one rounding). Backward recomputes with PyTorch ops (fp32).
+    round once to the output dtype, as the reference; 16-bit rows of <= 8192 with a weight
+    or bias round three times (y, y * weight, y * weight + bias, each to the input dtype),
+    so an element is off by up to u * (2 |y * weight| + |out|) instead of u * |out|, u the
+    dtype's unit roundoff (2**-8 bf16, 2**-11 fp16; measured ||err|| / ||ref|| in bf16:
+    2.5e-3 against 1.7e-3 for one rounding). Backward recomputes with PyTorch ops (fp32).
     """
     _checks.check_float_tensor("input", input)
     shape = _as_shape(normalized_shape)
