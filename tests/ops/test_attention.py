@@ -247,3 +247,20 @@ def _check_masked_special_key(monkeypatch, backend, where, value, kind):
     out = sdpa(q, k, v, attn_mask=mask)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4, equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", ["reference", "simulator"])
+def test_where_torch_sdpa_itself_falls_short(monkeypatch, backend):
+    """Two inputs torch 2.13's own SDPA gets wrong, pinned to the definition on both
+    backends (a reference that calls F.scaled_dot_product_attention must handle them):
+    a 1-D [Sk] mask (broadcasts; torch raises IndexError) and scale=0 with is_causal (every
+    visible key equally likely; torch returns NaN)."""
+    monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", backend)
+    q, k, v = make_qkv(1, 2, 2, 3, 5, 8, dtype=F32)
+    keep = torch.tensor([True, False, True, True, False])
+    out = sdpa(q, k, v, attn_mask=keep)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=keep.expand(3, 5))
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+    out = sdpa(q, k, v, is_causal=True, scale=0.0)
+    visible_mean = v.cumsum(-2)[..., :3, :] / torch.arange(1, 4).view(3, 1)
+    torch.testing.assert_close(out, visible_mean, atol=1e-5, rtol=1e-4)
