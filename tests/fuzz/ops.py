@@ -241,7 +241,7 @@ def _bounds_layer_norm(a, kw, ex):
     x64 = x.double()
     hidden = math.prod(shape)
     mean = x64.mean(dims, keepdim=True)
-    sigma = (x64.var(dims, correction=0, keepdim=True) + kw["eps"]).sqrt()
+    sigma = (((x64 - mean) ** 2).mean(dims, keepdim=True) + kw["eps"]).sqrt()
     kappa = x64.abs().amax(dims, keepdim=True) / sigma
     y = ((x64 - mean) / sigma).abs()
     w64 = torch.ones(()) if w is None else w.double().abs()
