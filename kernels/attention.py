@@ -11,8 +11,8 @@ Two entry points share the building blocks of attention_blocks.py:
 Dimensions:
     B: batch (>= 1).  H: query heads.  Hkv: key/value heads, H % Hkv == 0 (GQA: query head
     h reads kv head h // (H // Hkv)).  Sq, Sk: query / key lengths (any >= 1; tails of
-    128-row tiles are handled, nothing needs padding).  D: q/k head dim <= 128.
-    Dv: v head dim <= 128.
+    128-row tiles are handled, nothing needs padding).  D: q/k head dim <= 256 (Q·Kᵀ
+    accumulates one matmul per 128 of D).  Dv: v head dim <= 256.
 Layouts (static ``layout``):
     "bhsd": q [B, H, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv], out [B, H, Sq, Dv].
     "bshd": q [B, Sq, H, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv], out [B, Sq, H, Dv]
@@ -46,13 +46,14 @@ equally busy, and the DMA queues take part of the Pᵀ work when they have room:
              Pᵀ is made by DMA transposes instead of TensorE + a PSUM copy
              (EngineBalance.dma_share levels the DMA queues with VectorE/ScalarE).
 Transposed scores (attention_kernel with bf16, no mask, not causal, Sk <= 384, D in
-    {32, 64, 96}; attention_transposed.py): P is made directly as Pᵀ, with no Pᵀ
+    {32, 64, 96}, Dv <= 128; attention_transposed.py): P is made directly as Pᵀ, with no Pᵀ
     transposes or PSUM copies.  VectorE takes the row max m
-    from S as above; GpSimd splits m into bf16 hi + lo and one DMA transpose per tile puts
-    them on partitions D, D+1 of Qᵀ; TensorE computes Sᵀ = [Kᵀ; -1; -1]ᵀ·[Qᵀ; hi; lo] =
-    (S - m)ᵀ per 128-key tile (fp32 accumulation), and ScalarE Pᵀ = exp(scale·Sᵀ) with no
-    per-partition bias, so one exp covers 4 heads and every key tile.  The max is still
-    subtracted (to ~2^-16 relative, a per-row constant softmax ignores).
+    from S as above; GpSimd splits m into bf16 hi + mid + lo (summing exactly to m) and one
+    DMA transpose per tile puts them on partitions D..D+2 of Qᵀ; TensorE computes
+    Sᵀ = [Kᵀ; -1; -1; -1]ᵀ·[Qᵀ; hi; mid; lo] = (S - m)ᵀ per 128-key tile (fp32
+    accumulation), and ScalarE Pᵀ = exp(scale·Sᵀ) with no per-partition bias, so one exp
+    covers 4 heads and every key tile.  The max element of a row gives exactly exp(0), so
+    no exp overflows, whatever the logits' size.
 Causal: key blocks above the diagonal are skipped; only the ≤128 keys of the diagonal
     block take the masked path, the keys before it are read like unmasked ones.
 Numerics:

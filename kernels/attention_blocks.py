@@ -21,34 +21,50 @@ FP32_PSUM_BLOCKS_PER_BANK = PSUM_BANK_BYTES // (P * FP32_BYTES)
 
 # ------------------------------------------------------------------------------ loads/stores
 
+def d_chunks(d):
+    """[(d0, d1)]: a head dim of d cut into pieces of <= 128 (TensorE contracts over at most
+    128 partitions); Q·Kᵀ accumulates one matmul per piece."""
+    return [(d0, min(d, d0 + P)) for d0 in range(0, d, P)]
+
+
+def head_views(tiles, h, lo, hi):
+    """One head's columns lo:hi of every piece of a transposed load: [t[:, h, lo:hi]]."""
+    return [t[:, h, lo:hi] for t in tiles]
+
+
 def load_transposed(facts, src, b, h0, h1, s0, s1, out=None):
-    """[d, h1-h0, s1-s0] SBUF tile (matmul dtype) holding src[b, rows s0:s1, heads h0:h1]ᵀ
-    (``out``: an SBUF view of that shape to load into, 16-bit data only)."""
+    """src[b, rows s0:s1, heads h0:h1]ᵀ as a list of SBUF tiles [dc, h1-h0, s1-s0] (matmul
+    dtype), one per piece of the head dim (``d_chunks``: one tile for d <= 128).
+    ``out``: an SBUF view [d, h1-h0, s1-s0] to load into instead (16-bit data, d <= 128)."""
     d = src.shape[-1]
     nh, n = h1 - h0, s1 - s0
     if out is not None:
         nisa.dma_transpose(dst=out, src=facts.rows(src, b, h0, h1, s0, s1), axes=(2, 1, 0))
-        return out
-    out = nl.ndarray((d, nh, n), dtype=facts.dtype, buffer=nl.sbuf)
+        return [out]
+    pieces = d_chunks(d)
+    outs = [nl.ndarray((d1 - d0, nh, n), dtype=facts.dtype, buffer=nl.sbuf) for d0, d1 in pieces]
     if facts.dma_transpose:
         # DMA engines transpose 2-byte elements on the way in: [n, nh, d] -> [d, nh, n].
-        nisa.dma_transpose(dst=out, src=facts.rows(src, b, h0, h1, s0, s1), axes=(2, 1, 0))
-        return out
-    # fp32: load [rows, heads, d] blocks and transpose each head on TensorE (PSUM), a PSUM
-    # bank of fp32 holding 4 heads x 128 rows, evacuated by one ScalarE copy.
+        rows = facts.rows(src, b, h0, h1, s0, s1)
+        for t, (d0, d1) in zip(outs, pieces):
+            nisa.dma_transpose(dst=t, src=rows if len(pieces) == 1 else rows[:, :, d0:d1], axes=(2, 1, 0))
+        return outs
+    # fp32: load [rows, heads, d] blocks and transpose each head (and piece) on TensorE
+    # (PSUM), a PSUM bank of fp32 holding 4 heads x 128 rows, evacuated by one ScalarE copy.
     per_bank = FP32_PSUM_BLOCKS_PER_BANK
     for r0 in range(s0, s1, P):
         r = min(P, s1 - r0)
         nat = nl.ndarray((P, nh, d), dtype=facts.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=nat[:r], src=facts.rows(src, b, h0, h1, r0, r0 + r))
-        for g0 in range(0, nh, per_bank):
-            g = min(per_bank, nh - g0)
-            tp = nl.ndarray((d, per_bank, P), dtype=facts.dtype, buffer=nl.psum)
-            for j in range(g):
-                nisa.nc_transpose(dst=tp[:, j, :r], data=nat[:r, g0 + j, :])
-            nisa.tensor_copy(dst=out[:, g0:g0 + g, r0 - s0:r0 - s0 + r], src=tp[:, :g, :r],
-                             engine=nisa.engine.scalar)
-    return out
+        for t, (d0, d1) in zip(outs, pieces):
+            for g0 in range(0, nh, per_bank):
+                g = min(per_bank, nh - g0)
+                tp = nl.ndarray((d1 - d0, per_bank, P), dtype=facts.dtype, buffer=nl.psum)
+                for j in range(g):
+                    nisa.nc_transpose(dst=tp[:, j, :r], data=nat[:r, g0 + j, d0:d1])
+                nisa.tensor_copy(dst=t[:, g0:g0 + g, r0 - s0:r0 - s0 + r], src=tp[:, :g, :r],
+                                 engine=nisa.engine.scalar)
+    return outs
 
 
 def load_values(facts, v, b, h0, h1, k0, k1):
@@ -129,13 +145,23 @@ def causal_diagonal(base, q0, r, k0, n):
 
 # ------------------------------------------------------------------------------ softmax of one unit
 
+def _contract(dst, q_pieces, k_pieces, c0, c1):
+    """dst = Σ over head-dim pieces of q_pieceᵀ·k_piece[:, c0:c1] (TensorE, accumulating in
+    PSUM; one matmul when the head dim fits 128 partitions)."""
+    if len(q_pieces) == 1:
+        nisa.nc_matmul(dst=dst, stationary=q_pieces[0], moving=k_pieces[0][:, c0:c1])
+        return
+    for i, (qc, kc) in enumerate(zip(q_pieces, k_pieces)):
+        nisa.nc_matmul(dst=dst, stationary=qc, moving=kc[:, c0:c1], accumulate=i > 0)
+
+
 def scores(qT, kT, r, n):
     """S = Q·Kᵀ (TensorE) for r query rows and n keys: [128, n] fp32 PSUM (rows :r), 512 keys
-    per matmul.  qT: [D, r] SBUF; kT: [D, n] SBUF."""
+    per matmul.  qT: [[dc, r]] and kT: [[dc, >= n]] SBUF, one per head-dim piece."""
     s = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.psum)
     for c0 in range(0, n, MATMUL_MAX_N):
         c1 = min(n, c0 + MATMUL_MAX_N)
-        nisa.nc_matmul(dst=s[:r, c0:c1], stationary=qT, moving=kT[:, c0:c1])
+        _contract(s[:r, c0:c1], qT, kT, c0, c1)
     return s
 
 
@@ -207,8 +233,9 @@ def softmax_cycles(facts, n, bias, diag):
 def scores_side_by_side(pairs, r, n):
     """S = Q·Kᵀ of several heads side by side in PSUM: head j at bank j // per_bank, columns
     (j % per_bank) * n (a bank holds 512 // n heads; a single head may be longer).
-    pairs: [(qT [D, r], kT [D, n])] SBUF per head.  Returns (s, per_bank, views): s
-    [128, banks, 512 or n] fp32 PSUM and views [128, n] of each head's scores."""
+    pairs: [(qT, kT)] per head, each a list of SBUF views per head-dim piece ([dc, r] and
+    [dc, >= n]).  Returns (s, per_bank, views): s [128, banks, 512 or n] fp32 PSUM and
+    views [128, n] of each head's scores."""
     nb = len(pairs)
     per_bank = max(1, PSUM_BANK_FP32 // n)
     s = nl.ndarray((P, cdiv(nb, per_bank), max(PSUM_BANK_FP32, n) if nb == 1 else PSUM_BANK_FP32),
@@ -219,7 +246,7 @@ def scores_side_by_side(pairs, r, n):
         view = s[:, j // per_bank, c:c + n]
         for c0 in range(0, n, MATMUL_MAX_N):
             c1 = min(n, c0 + MATMUL_MAX_N)
-            nisa.nc_matmul(dst=view[:r, c0:c1], stationary=qv, moving=kv_view[:, c0:c1])
+            _contract(view[:r, c0:c1], qv, kv_view, c0, c1)
         views.append(view)
     return s, per_bank, views
 

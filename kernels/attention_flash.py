@@ -6,7 +6,7 @@ rescaled per block (FlashAttention-2), so SBUF/PSUM use does not grow with Sk.
 import nki.isa as nisa
 import nki.language as nl
 
-from .attention_blocks import (causal_diagonal, divide, load_transposed, load_values, row_exp, row_max,
+from .attention_blocks import (causal_diagonal, divide, head_views, load_transposed, load_values, row_exp, row_max,
                                scores, softmax_cycles, store_rows, tile_bias, unit_pv)
 from .attention_launch import P
 from .engine_costs import active as active_engine_costs
@@ -48,7 +48,8 @@ def flash_group(facts, plan, tensors, b, hk0, hk1, tiles, key_bias, last):
                 for hq in range(h0, h1):
                     bias = (tile_bias(f, tensors.mask, b, hq, q0, r, k0, k0 + n, key_bias)
                             if f.mask_per_head else shared)
-                    _flash_unit(f, plan, qT[:, hq - h0, q0 - s0:q0 - s0 + r], kT[:, hq // f.G - hk0, :],
+                    _flash_unit(f, plan, head_views(qT, hq - h0, q0 - s0, q0 - s0 + r),
+                                head_views(kT, hq // f.G - hk0, 0, n),
                                 vals, hq // f.G - hk0, acc[:, t - t0, hq - h0, :],
                                 neg_max[:, t - t0, hq - h0:hq - h0 + 1], bias, diag, r, n, first=(k0 == 0))
         o_sb = nl.ndarray((P, nt, nh, f.Dv), dtype=tensors.out.dtype, buffer=nl.sbuf)
@@ -62,8 +63,9 @@ def flash_group(facts, plan, tensors, b, hk0, hk1, tiles, key_bias, last):
 def _flash_unit(facts, plan, qT, kT, vals, kv, acc, run_neg_max, bias, diag, r, n, first):
     """One key block of one (head, query tile): online-softmax update of acc ([128, Dv+1]
     O | rowsum, SBUF fp32) and run_neg_max ([128, 1] -running max, scaled units, SBUF fp32).
-    qT: [D, r]; kT: [D, >= n] SBUF; bias / diag: see row_max; first: the first key block."""
-    s = scores(qT, kT[:, 0:n], r, n)
+    qT: [[dc, r]]; kT: [[dc, n]] SBUF per head-dim piece; bias / diag: see row_max; first:
+    the first key block."""
+    s = scores(qT, kT, r, n)
     p, blk, z, c = row_max(facts, s, r, n, bias, diag)
     v_cyc, s_cyc = softmax_cycles(facts, n, bias, diag)
     if first:

@@ -1,5 +1,6 @@
 """Tiling helpers shared by the kernels: partitions, ceil-division, dtype sizes, row blocks
-with their tail, work splits between engines, and partition-broadcast loads.
+with their tail, column chunks of streamed rows, work splits between engines, and
+partition-broadcast loads.
 
 Logical cores: a kernel launched at LNC=2 runs once per physical core (``nl.num_programs()``
 programs, ``nl.program_id(0)`` this one); both share the HBM inputs and outputs and each
@@ -15,6 +16,10 @@ Rows go on partitions. A *row block* is ``(first_row, partitions, rows_per_parti
 ``[p * J, (p + 1) * J)`` of the block, so a block is one contiguous HBM range and its load
 one DMA of ``J * cols`` elements per partition. The last ``< 128`` rows form a block with
 ``J = 1`` (the tail).
+
+Rows too long for SBUF are streamed in column chunks (``column_chunks``); a [H] parameter
+vector (a norm's weight or bias) is then kept broadcast on all partitions when it fits a
+budget (``resident_params``), else loaded per chunk (``param_columns``).
 """
 
 import nki.isa as nisa
@@ -143,4 +148,32 @@ def broadcast_rows(vec_hbm, cols):
     """[128, cols] SBUF copy of a [cols] HBM vector on every partition (one stride-0 DMA)."""
     tile = nl.ndarray((PARTITIONS, cols), dtype=vec_hbm.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=tile, src=vec_hbm.reshape((1, cols)).broadcast(0, PARTITIONS))
+    return tile
+
+
+def column_chunks(cols, chunk):
+    """[(c0, c1)] column ranges of at most ``chunk`` columns covering [0, cols)."""
+    return [(c0, min(cols, c0 + chunk)) for c0 in range(0, cols, chunk)]
+
+
+def resident_params(params, cols, budget):
+    """[128, cols] SBUF broadcast copies of the [cols] HBM vectors ``params`` (None entries
+    stay None) when together they take at most ``budget`` bytes per partition; else a list
+    of None (``param_columns`` then loads the columns each chunk needs)."""
+    total = sum(cols * itemsize(p.dtype) for p in params if p is not None)
+    if total > budget:
+        return [None for _ in params]
+    return [None if p is None else broadcast_rows(p, cols) for p in params]
+
+
+def param_columns(vec_hbm, resident, c0, c1):
+    """[128, c1 - c0] SBUF columns c0:c1 of the [cols] HBM vector ``vec_hbm`` on every
+    partition: a view of its resident copy, or a new stride-0 load (one DMA). None for a
+    None vector."""
+    if vec_hbm is None:
+        return None
+    if resident is not None:
+        return resident[:, c0:c1]
+    tile = nl.ndarray((PARTITIONS, c1 - c0), dtype=vec_hbm.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=tile, src=vec_hbm[c0:c1].reshape((1, c1 - c0)).broadcast(0, PARTITIONS))
     return tile

@@ -50,6 +50,15 @@ CASES = [
                                                                   None, 1e-5),
      lambda c: references.layer_norm(c.tensors[0].double(), (96,), c.tensors[1].double(), None, 1e-5,
                                      compute_dtype=torch.float64)),
+    ("rms_norm-streamed-3tiles", lambda: norms.rms_norm_kernel_call(_x(300, 8200), (8200,), _x(8200), 1e-6),
+     lambda c: references.rms_norm(c.tensors[0].double(), (8200,), c.tensors[1].double(), 1e-6,
+                                   compute_dtype=torch.float64)),
+    ("fused_add-streamed-1row", lambda: norms.fused_add_rms_norm_kernel_call(_x(1, 9000), _x(1, 9000), None, 1e-6),
+     lambda c: references.fused_add_rms_norm(c.tensors[0], c.tensors[1], None, 1e-6, compute_dtype=torch.float64)),
+    ("layer_norm-streamed-130", lambda: norms.layer_norm_kernel_call(_x(130, 8200), (8200,), _x(8200, dtype=F32),
+                                                                      _x(8200, dtype=F32), 1e-5),
+     lambda c: references.layer_norm(c.tensors[0].double(), (8200,), c.tensors[1].double(), c.tensors[2].double(),
+                                     1e-5, compute_dtype=torch.float64)),
     ("silu_and_mul-3", lambda: activations.silu_and_mul_kernel_call(_x(3, 2 * 40)),
      lambda c: references.silu_and_mul(c.tensors[0].double(), compute_dtype=torch.float64)),
     ("gelu_and_mul-wide-300", lambda: activations.gelu_and_mul_kernel_call(_x(300, 2 * 4100)),
@@ -65,9 +74,10 @@ CASES = [
 ]
 
 
-def _attention_case(b, h, hkv, sq, sk, d, causal=False, mask=None, dtype=BF16):
+def _attention_case(b, h, hkv, sq, sk, d, causal=False, mask=None, dtype=BF16, dv=None):
     def call():
-        q, k, v = _x(b, h, sq, d, dtype=dtype), _x(b, hkv, sk, d, dtype=dtype), _x(b, hkv, sk, d, dtype=dtype)
+        dv_ = dv or d
+        q, k, v = _x(b, h, sq, d, dtype=dtype), _x(b, hkv, sk, d, dtype=dtype), _x(b, hkv, sk, dv_, dtype=dtype)
         return attention.attention_kernel_call(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=h != hkv)
 
     def ref(c):
@@ -84,6 +94,7 @@ CASES += [
     ("attention-one-pair-causal", *_attention_case(1, 2, 1, 700, 700, 64, causal=True)),  # by key count
     ("attention-one-tile", *_attention_case(1, 1, 1, 5, 40, 32, causal=True)),    # one unit: core 1 idle
     ("attention-flash-odd", *_attention_case(1, 1, 1, 260, 2600, 64, dtype=F32)),   # flash, 3 tiles
+    ("attention-d256-odd", *_attention_case(1, 3, 3, 200, 200, 256, dv=200)),        # two head-dim pieces
 ]
 
 

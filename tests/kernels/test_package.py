@@ -36,7 +36,7 @@ def test_limits_need_no_toolchain():
             "from nki_kernels import _kernel_sources\nprint(_kernel_sources.limits().ATTENTION_MAX_HEAD_DIM)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "128"
+    assert out.stdout.strip() == "256"
 
 
 def test_neuron_flavour_needs_the_real_toolchain():

@@ -47,8 +47,9 @@ def gelu(input: torch.Tensor, approximate: str = "none") -> torch.Tensor:
 
     Shapes: any; dtypes: float32, bfloat16, float16. ``approximate``: "none" (erf) or
     "tanh". Runs the NKI kernel on neuron tensors; on CPU the reference, or the kernel in
-    the simulator with ``NKI_KERNELS_CPU_BACKEND=simulator``. Backward recomputes with
-    PyTorch ops.
+    the simulator with ``NKI_KERNELS_CPU_BACKEND=simulator``. Numerics: the activation in
+    fp32 (the simulator's formula is exact in fp32; ScalarE's hardware approximation is not
+    modeled), one rounding to the dtype. Backward recomputes with PyTorch ops.
     """
     _checks.check_float_tensor("input", input)
     _checks.check_choice("approximate", approximate, GELU_APPROXIMATIONS)

@@ -18,8 +18,10 @@ from ._workloads import VIT_TOKENS, randn
 
 __all__ = ["fused_add_rms_norm", "layer_norm", "rms_norm"]
 
-# Largest normalised size the NKI kernels take (kernels/limits.py, where the reason is).
+# Largest normalised size the NKI kernels take, and the longest row they keep in SBUF (one
+# pass over HBM; longer rows are streamed with two) (kernels/limits.py, with the reasons).
 MAX_HIDDEN = _kernel_sources.limits().NORM_MAX_HIDDEN
+ONE_PASS_MAX_HIDDEN = _kernel_sources.limits().NORM_ONE_PASS_MAX_HIDDEN
 # A few rows (token generation) run the hidden-on-partitions kernels of
 # kernels/norm_decode.py: up to DECODE_MAX_ROWS rows of an H that is a multiple of 128 with
 # rows * H / 128 <= DECODE_MAX_ELEMENTS.
@@ -77,7 +79,7 @@ def _check_hidden_for_kernel(hidden: int) -> None:
     if hidden > MAX_HIDDEN:
         raise ValueError(
             f"normalized size {hidden} (prod(normalized_shape)) exceeds {MAX_HIDDEN}, the largest "
-            "row the NKI norm kernels hold in SBUF"
+            "the NKI norm kernels take"
         )
 
 
@@ -146,7 +148,13 @@ def layer_norm(input: torch.Tensor, normalized_shape: ShapeLike, weight: Optiona
     Normalises over ``normalized_shape`` (the last dimensions of ``input``); weight and bias,
     if given, have exactly that shape and any float dtype; the result has ``input``'s shape
     and dtype. dtypes: float32, bfloat16, float16. The NKI kernel takes
-    prod(normalized_shape) <= 8192. Backward recomputes with PyTorch ops (fp32).
+    prod(normalized_shape) <= 65536 (rows longer than 8192 stream through SBUF: two passes
+    over HBM). Numerics of the kernel: statistics in fp32; fp32 input and streamed rows
+    round once to the output dtype, as the reference; 16-bit rows of <= 8192 with a weight
+    or bias round three times (y, y * weight, y * weight + bias, each to the input dtype),
+    so an element is off by up to u * (2 |y * weight| + |out|) instead of u * |out|, u the
+    dtype's unit roundoff (2**-8 bf16, 2**-11 fp16; measured ||err|| / ||ref|| in bf16:
+    2.5e-3 against 1.7e-3 for one rounding). Backward recomputes with PyTorch ops (fp32).
     """
     _checks.check_float_tensor("input", input)
     shape = _as_shape(normalized_shape)
@@ -191,7 +199,9 @@ def rms_norm(input: torch.Tensor, normalized_shape: ShapeLike, weight: Optional[
     ``x * rsqrt(mean(x**2 over normalized_shape) + eps) * weight``; ``eps=None`` uses
     float32's machine epsilon (the opmath type's) as torch does. weight (optional) has exactly
     ``normalized_shape`` and any float dtype; the result has ``input``'s shape and dtype.
-    The NKI kernel takes prod(normalized_shape) <= 8192. Backward recomputes with PyTorch ops.
+    The NKI kernel takes prod(normalized_shape) <= 65536 (rows longer than 8192 stream
+    through SBUF: two passes over HBM); statistics and products in fp32, one rounding.
+    Backward recomputes with PyTorch ops.
     """
     _checks.check_float_tensor("input", input)
     shape = _as_shape(normalized_shape)
@@ -233,7 +243,9 @@ def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: Opti
     input and residual: same shape and dtype, normalised over the last dimension; weight:
     [H] of any float dtype, or None; ``eps=None`` uses float32's machine epsilon, as ``rms_norm``.
     The sum is rounded to ``input.dtype`` and normalised from that rounded value (what an
-    eager ``add`` followed by ``rms_norm`` computes). Backward recomputes with PyTorch ops.
+    eager ``add`` followed by ``rms_norm`` computes). The NKI kernel takes H <= 65536 (rows
+    longer than 8192 stream through SBUF: the inputs are read twice). Backward recomputes
+    with PyTorch ops.
     """
     _checks.check_float_tensor("input", input)
     _checks.check_float_tensor("residual", residual)
