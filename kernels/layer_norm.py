@@ -63,7 +63,7 @@ from .limits import NORM_RESIDENT_PARAM_BYTES as RESIDENT_PARAM_BYTES
 from .limits import NORM_RESIDENT_ROW_BYTES as RESIDENT_ROW_BYTES
 from .limits import NORM_STREAM_CHUNK as STREAM_CHUNK
 from .tiling import (PARTITIONS, block_rows, broadcast_rows, cdiv, column_chunks, engine_segments, itemsize,
-                     load_block, param_columns, program_row_blocks, program_row_parts, resident_params,
+                     load_block, param_columns, pipelined, program_row_blocks, program_row_parts, resident_params,
                      row_blocks, rows_per_partition, split_count, spread)
 
 # Row packing: the least J that makes a transfer this long per partition (the DMA guide's
@@ -72,6 +72,8 @@ TARGET_BYTES_16 = 4096
 TARGET_BYTES_32 = 8192
 # Where the < 128-row tail block goes in the block order.
 TAIL_POSITION = 1
+# Row blocks loaded this many blocks ahead of their compute (tiling.pipelined; see rms_norm.py).
+PREFETCH_AHEAD = 2
 # bn_stats reads at most this many elements per partition (512 on trn2).
 BN_CHUNK = nl.tile_size.bn_stats_fmax
 BN_STATS_WIDTH = 6   # (count, mean, var*count) for even and odd elements
@@ -136,14 +138,16 @@ def _block_16bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps
     rstd = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
     on_scalar = [j for j in range(per) if spread(slot0 + j, SCALAR_STATS_SHARE)]
     centre = {}   # per row j: (op, [P, 1] operand) with y = (x op operand) * rstd
-    # Two-pass statistics of the ScalarE rows (discarded activation outputs go to out_tile,
-    # overwritten below). First every row's sum(x) on ScalarE and -mean = sum / -H on GpSimd
+    # Two-pass statistics of the ScalarE rows (discarded activation outputs go to a scratch
+    # tile of their own: in out_tile they would make the statistics wait for the buffer the
+    # output shares with an earlier block's, i.e. for that block's store). First every row's sum(x) on ScalarE and -mean = sum / -H on GpSimd
     # (each division runs while ScalarE sums the next row). A division, not sum * (-1/H):
     # 1/H is inexact in fp32 for most H, so rows of 1000.0 would get the mean 999.99994 and
     # y = 0.019 where torch gives exactly 0.
+    discard = nl.ndarray((parts, cols), dtype=x_tile.dtype, buffer=nl.sbuf)
     for j in on_scalar:
         row_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=out_tile[:, j, :], op=nl.copy, data=x_tile[:, j, :],
+        nisa.activation(dst=discard, op=nl.copy, data=x_tile[:, j, :],
                         reduce_op=nl.add, reduce_res=row_sum, reduce_cmd=nisa.reduce_cmd.reset_reduce)
         neg_mean = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=neg_mean, data=row_sum, op0=nl.divide, operand0=-float(cols),
@@ -152,7 +156,7 @@ def _block_16bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps
     # ... then sum((x - mean)^2) (square with bias -mean, accumulate) -> rsqrt(. / H + eps)
     for j in on_scalar:
         sq_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=out_tile[:, j, :], op=nl.square, data=x_tile[:, j, :],
+        nisa.activation(dst=discard, op=nl.square, data=x_tile[:, j, :],
                         bias=centre[j][1], reduce_op=nl.add, reduce_res=sq_sum,
                         reduce_cmd=nisa.reduce_cmd.reset_reduce)
         nisa.activation(dst=rstd[:, j:j + 1], op=nl.rsqrt, data=sq_sum, scale=1.0 / cols,
@@ -248,6 +252,37 @@ def _layer_norm_streamed(x, out, weight, bias, eps_tile):
             nisa.dma_copy(dst=out[start:start + parts, c0:c1], src=out_tile)
 
 
+def _block_32bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps_tile):
+    """One block of an fp32 input: bn_stats / bn_aggr statistics, then the affine step split
+    between the VectorE path and the ScalarE + GpSimd path (module docstring)."""
+    n_chunks = cdiv(cols, BN_CHUNK)
+    # mean / variance per row: bn_stats per <= 512-element chunk, bn_aggr per row (VectorE).
+    stats = nl.ndarray((parts, per, n_chunks * BN_STATS_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
+    mean_var = nl.ndarray((parts, per, BN_AGGR_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
+    for j in range(per):
+        for c in range(n_chunks):
+            c0 = c * BN_CHUNK
+            c1 = min(cols, c0 + BN_CHUNK)
+            nisa.bn_stats(dst=stats[:, j, c * BN_STATS_WIDTH:(c + 1) * BN_STATS_WIDTH],
+                          data=x_tile[:, j, c0:c1])
+        nisa.bn_aggr(dst=mean_var[:, j, :], data=stats[:, j, :])
+    # rstd = rsqrt(var + eps) for all J rows at once: [parts, per] fp32 on ScalarE.
+    rstd = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=rstd, op=nl.rsqrt, data=mean_var[:, :, 1], bias=eps_tile[0:parts, :])
+
+    # -mean * rstd, the ScalarE bias that centres and scales in one pass
+    neg_mean_rstd = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=neg_mean_rstd, data=mean_var[:, :, 0], op0=nl.multiply,
+                              operand0=-1.0, op1=nl.multiply, operand1=rstd)
+
+    share = _affine_share(weight_tile, bias_tile)
+    for j, lo, hi, on_vector in engine_segments(per, cols, share):
+        stats = (mean_var[:, j, 0:1], rstd[:, j:j + 1], neg_mean_rstd[:, j:j + 1])
+        _affine_segment(out_tile[:, j, lo:hi], x_tile[:, j, lo:hi], stats,
+                        None if weight_tile is None else weight_tile[0:parts, lo:hi],
+                        None if bias_tile is None else bias_tile[0:parts, lo:hi], on_vector)
+
+
 @nki.jit
 def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5):
     """Return ``layer_norm(x, (H,), weight, bias, eps)``.
@@ -269,7 +304,6 @@ def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5):
     if cols > ONE_PASS_MAX_HIDDEN:
         _layer_norm_streamed(x, out, weight, bias, eps_tile)
         return out
-    n_chunks = cdiv(cols, BN_CHUNK)
 
     sixteen = x.dtype in (nl.bfloat16, nl.float16)
     target_bytes = TARGET_BYTES_16 if sixteen else TARGET_BYTES_32
@@ -280,43 +314,29 @@ def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5):
         for start, parts, per in row_blocks(hi, per_max, TAIL_POSITION, first_row=lo):
             blocks.append((start, parts, per, slot))
             slot += per
-    for i, (start, parts, per, slot) in enumerate(blocks):
+    params = {}
+
+    def load(block):
+        start, parts, per, _ = block
         x_tile = load_block(x, start, parts, per)
-        if i == 0:
+        if not params:
             # weight and bias after the first block's load, so that load is not queued behind them
-            weight_tile = None if weight is None else broadcast_rows(weight, cols)
-            bias_tile = None if bias is None else broadcast_rows(bias, cols)
-        if sixteen:
-            out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-            _block_16bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps_tile, slot)
-            nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
-            continue
+            params["weight"] = None if weight is None else broadcast_rows(weight, cols)
+            params["bias"] = None if bias is None else broadcast_rows(bias, cols)
+        return x_tile
 
-        # mean / variance per row: bn_stats per <= 512-element chunk, bn_aggr per row (VectorE).
-        stats = nl.ndarray((parts, per, n_chunks * BN_STATS_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
-        mean_var = nl.ndarray((parts, per, BN_AGGR_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
-        for j in range(per):
-            for c in range(n_chunks):
-                c0 = c * BN_CHUNK
-                c1 = min(cols, c0 + BN_CHUNK)
-                nisa.bn_stats(dst=stats[:, j, c * BN_STATS_WIDTH:(c + 1) * BN_STATS_WIDTH],
-                              data=x_tile[:, j, c0:c1])
-            nisa.bn_aggr(dst=mean_var[:, j, :], data=stats[:, j, :])
-        # rstd = rsqrt(var + eps) for all J rows at once: [parts, per] fp32 on ScalarE.
-        rstd = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=rstd, op=nl.rsqrt, data=mean_var[:, :, 1], bias=eps_tile[0:parts, :])
-
-        # -mean * rstd, the ScalarE bias that centres and scales in one pass
-        neg_mean_rstd = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.scalar_tensor_tensor(dst=neg_mean_rstd, data=mean_var[:, :, 0], op0=nl.multiply,
-                                  operand0=-1.0, op1=nl.multiply, operand1=rstd)
-
+    def compute(block, x_tile):
+        start, parts, per, slot = block
         out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-        share = _affine_share(weight_tile, bias_tile)
-        for j, lo, hi, on_vector in engine_segments(per, cols, share):
-            stats = (mean_var[:, j, 0:1], rstd[:, j:j + 1], neg_mean_rstd[:, j:j + 1])
-            _affine_segment(out_tile[:, j, lo:hi], x_tile[:, j, lo:hi], stats,
-                            None if weight_tile is None else weight_tile[0:parts, lo:hi],
-                            None if bias_tile is None else bias_tile[0:parts, lo:hi], on_vector)
+        if sixteen:
+            _block_16bit(x_tile, out_tile, parts, per, cols, params["weight"], params["bias"], eps_tile, slot)
+        else:
+            _block_32bit(x_tile, out_tile, parts, per, cols, params["weight"], params["bias"], eps_tile)
+        return out_tile
+
+    def store(block, out_tile):
+        start, parts, per, _ = block
         nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
+
+    pipelined(blocks, load, compute, store, PREFETCH_AHEAD)
     return out

@@ -53,18 +53,25 @@ from .limits import NORM_RESIDENT_PARAM_BYTES as RESIDENT_PARAM_BYTES
 from .limits import NORM_RESIDENT_ROW_BYTES as RESIDENT_ROW_BYTES
 from .limits import NORM_STREAM_CHUNK as STREAM_CHUNK
 from .tiling import (PARTITIONS, block_rows, broadcast_rows, column_chunks, engine_segments, itemsize,
-                     load_block, param_columns, program_row_blocks, resident_params, rows_per_partition)
+                     load_block, param_columns, pipelined, program_row_blocks, resident_params, rows_per_partition)
 
 # Rows are packed per partition until one transfer moves >= 2048 elements per partition:
 # 4 KiB in bf16 / 8 KiB in fp32, the DMA guide's size for saturating bandwidth.
 TARGET_COLS = 2048
+# Row blocks loaded this many blocks ahead of their compute (tiling.pipelined): with the
+# DMA latency (~1.3 us) on every load, a block's data must be on its way two blocks early
+# to reach the engines in time (modeled on trn2: 1 ahead 120 us, 2 ahead 110 us for
+# [2048, 4096] bf16 at LNC=1).
+PREFETCH_AHEAD = 2
 # Share of the normalisation given to VectorE. Per element, on trn2 (cost-model rules):
 # VectorE scalar_tensor_tensor reads 2 inputs at 0.96 GHz = 2.08 ns; the other path costs
 # ScalarE 0.83 ns (1.2 GHz) + GpSimd 2 x 0.83 ns; ScalarE also squares every element
 # (0.83 ns). With share a: VectorE 2.08a, ScalarE 0.83(2 - a), GpSimd 1.67(1 - a); a = 4/7
 # balances VectorE and ScalarE at 1.19 ns, under the 1.39 ns per element that bf16 HBM
-# traffic (2 B read + 2 B written per element at 368 GB/s over 128 partitions) takes.
-VECTOR_SHARE = 4 / 7
+# traffic (2 B read + 2 B written per element at 368 GB/s over 128 partitions) takes. With
+# the calibrated per-instruction cost (docs/cost-model.md) a sweep of 0.45 .. 0.65 puts
+# the optimum at 0.5 (within 3% of 4/7 on the main job's rms_norm rows).
+VECTOR_SHARE = 0.5
 
 
 def _scale_rows(dst, src, rstd_col, weight_cols, on_vector):
@@ -89,11 +96,14 @@ def _scale_rows(dst, src, rstd_col, weight_cols, on_vector):
 def _normalize_block(out_tile, x_tile, parts, per, cols, weight_tile, eps_tile):
     """out_tile[p, j, :] = rms_norm(x_tile[p, j, :]) * weight for a [parts, per, cols] block."""
     # mean(x^2) per row: ScalarE squares x / sqrt(H) and add-reduces along the free axis (fp32).
-    # The squared values themselves are not needed: they land in out_tile, overwritten below.
+    # The squared values themselves are not needed: they go to a scratch tile of their own
+    # (written into out_tile they would make this block's statistics wait for the buffer the
+    # block's output shares with an earlier block's, i.e. for that block's store).
     mean_sq = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
     inv_sqrt_cols = 1.0 / math.sqrt(cols)
+    squares = nl.ndarray((parts, cols), dtype=x_tile.dtype, buffer=nl.sbuf)      # discarded
     for j in range(per):
-        nisa.activation(dst=out_tile[:, j, :], op=nl.square, data=x_tile[:, j, :],
+        nisa.activation(dst=squares, op=nl.square, data=x_tile[:, j, :],
                         scale=inv_sqrt_cols, reduce_op=nl.add, reduce_res=mean_sq[:, j:j + 1],
                         reduce_cmd=nisa.reduce_cmd.reset_reduce)
     # rstd = rsqrt(mean + eps): [parts, per] fp32, ScalarE, eps as a per-partition bias.
@@ -183,16 +193,28 @@ def rms_norm_kernel(x, weight=None, eps=1e-6):
     if cols > ONE_PASS_MAX_HIDDEN:
         _rms_norm_streamed(x, out, weight, eps_tile)
         return out
-    weight_tile = None
+    params = {}
     blocks = program_row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS, ONE_PASS_MAX_HIDDEN))
-    for i, (start, parts, per) in enumerate(blocks):
+
+    def load(block):
+        start, parts, per = block
         x_tile = load_block(x, start, parts, per)
-        if i == 0 and weight is not None:
+        if weight is not None and "weight" not in params:
             # after the first block's load, so that load (which compute waits for) goes first
-            weight_tile = broadcast_rows(weight, cols)
+            params["weight"] = broadcast_rows(weight, cols)
+        return x_tile
+
+    def compute(block, x_tile):
+        start, parts, per = block
         out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-        _normalize_block(out_tile, x_tile, parts, per, cols, weight_tile, eps_tile)
+        _normalize_block(out_tile, x_tile, parts, per, cols, params.get("weight"), eps_tile)
+        return out_tile
+
+    def store(block, out_tile):
+        start, parts, per = block
         nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
+
+    pipelined(blocks, load, compute, store, PREFETCH_AHEAD)
     return out
 
 

@@ -122,6 +122,29 @@ def program_row_blocks(n_rows, per_max, tail_position=None):
     return blocks
 
 
+def pipelined(items, load, compute, store, ahead):
+    """Run load -> compute -> store over ``items`` with the loads issued ``ahead`` items
+    before their compute and each store one item after its compute, in program order.
+
+    The compiler gives tiles a program keeps alive their own buffers and rotates the rest
+    (a loop's tiles share about two): issuing load i + ahead before compute i keeps that
+    many input tiles in flight, and deferring store i past compute i + 1 keeps the next
+    output tile from waiting for it. ``load(item) -> loaded``, ``compute(item, loaded) ->
+    result``, ``store(item, result)``."""
+    items = list(items)
+    loaded = [load(item) for item in items[:ahead]]
+    pending = None
+    for i, item in enumerate(items):
+        if i + ahead < len(items):
+            loaded.append(load(items[i + ahead]))
+        result = compute(item, loaded.pop(0))
+        if pending is not None:
+            store(*pending)
+        pending = (item, result)
+    if pending is not None:
+        store(*pending)
+
+
 def split_count(n, share):
     """How many of ``n`` items go to the first of two engines given its ``share`` (0..1):
     the split point of range(n) into [0, cut) and [cut, n)."""
