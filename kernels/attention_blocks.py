@@ -335,33 +335,36 @@ def unit_pv(facts, plan, p, vals, kv, r, n):
 
 def evict(facts, plan, o, out, nb, r, vector=False):
     """out[:, j, :] = O_j / rowsum_j for nb heads in PSUM o (per_o = 512 // (Dv + 1) heads
-    per bank), one bank at a time, on VectorE (reciprocal of the row sums + one multiply)
+    per bank), one bank at a time, on VectorE (the row sums to SBUF + one divide)
     when ``vector`` or when the planner says it is less loaded, else ScalarE copies the
-    bank to SBUF and GpSimd divides per head.  out: [r, nb, Dv] SBUF (output dtype)."""
+    bank to SBUF and GpSimd divides all its heads at once.  out: [r, nb, Dv] SBUF (output dtype)."""
     Dv = facts.Dv
     w = Dv + 1
     per_o = PSUM_BANK_FP32 // w
     o_raw = nl.ndarray((P, nb, w), dtype=nl.float32, buffer=nl.sbuf)
-    recip = nl.ndarray((P, nb, 1), dtype=nl.float32, buffer=nl.sbuf)
+    sums = nl.ndarray((P, nb, 1), dtype=nl.float32, buffer=nl.sbuf)
     for g0 in range(0, nb, per_o):
         g = min(per_o, nb - g0)
         bank = o[:r, g0 // per_o, 0:g * w].reshape((r, g, w))
         if vector:
             eng = nisa.engine.vector
         else:
-            # VectorE: the reciprocal of g row sums (8 cycles each, so mostly the 64-cycle
-            # instruction minimum) and the multiply (g·Dv), two fixed costs; ScalarE: the
-            # copy of the bank (g·(Dv + 1)), one fixed cost
+            # VectorE: the copy of g row sums (mostly the 64-cycle instruction minimum) and
+            # the divide (g·Dv, one input in PSUM), two fixed costs; ScalarE: the copy of the
+            # bank (g·(Dv + 1)), one fixed cost (GpSimd then divides)
             c = active_engine_costs()
             eng = plan.pick(2 * c.instr_cycles + c.min_instruction_cycles + g * Dv, g * w + c.instr_cycles)
         if eng == nisa.engine.vector:
-            nisa.reciprocal(dst=recip[:r, g0:g0 + g, :], data=bank[:, :, Dv:w])
+            # the row sums to SBUF (floored at TINY with a user mask: all-masked rows give 0),
+            # then one divide with O straight from PSUM: the same division as the GpSimd path,
+            # so the result does not depend on the engine the planner picked
+            nisa.tensor_scalar(dst=sums[:r, g0:g0 + g, :], data=bank[:, :, Dv:w], op0=nl.maximum,
+                               operand0=TINY if facts.guard_empty_rows else -FLT_MAX)
             nisa.tensor_tensor(dst=out[:, g0:g0 + g, :], data1=bank[:, :, 0:Dv],
-                               data2=recip[:r, g0:g0 + g, :].broadcast(2, Dv), op=nl.multiply)
+                               data2=sums[:r, g0:g0 + g, :].broadcast(2, Dv), op=nl.divide)
             continue
         nisa.activation(dst=o_raw[:r, g0:g0 + g, :], op=nl.copy, data=bank)
-        for j in range(g0, g0 + g):
-            divide(facts, out[:, j, :], o_raw[:r, j, :], r)
+        divide(facts, out[:, g0:g0 + g, :], o_raw[:r, g0:g0 + g, :], r)
 
 
 def normalize(facts, dst, o, r):
@@ -373,14 +376,18 @@ def normalize(facts, dst, o, r):
 
 
 def divide(facts, dst, raw, r):
-    """dst = raw[:, :Dv] / raw[:, Dv] on GpSimd (raw: [r, Dv + 1] fp32 SBUF).  An all-masked
-    row has rowsum 0 and O 0: with a user mask the divisor is max(rowsum, TINY), so the
-    row is 0 (as torch's SDPA)."""
+    """dst = raw[..., :Dv] / raw[..., Dv] on GpSimd, every head of the tile in one instruction
+    (raw: [r, (heads,) Dv + 1] fp32 SBUF; dst: [r, (heads,) Dv]).  An all-masked row has
+    rowsum 0 and O 0: with a user mask the divisor is max(rowsum, TINY), so the row is 0
+    (as torch's SDPA)."""
     Dv = facts.Dv
-    denom = raw[:, Dv:Dv + 1]
+    if len(raw.shape) == 2:
+        dst, raw = dst.expand_dim(1), raw.expand_dim(1)         # one head: [r, 1, ...]
+    heads = raw.shape[1]
+    denom = raw[:, :, Dv:Dv + 1]
     if facts.guard_empty_rows:
-        d = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        d = nl.ndarray((P, heads, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=d[:r], data=denom, op0=nl.maximum, operand0=TINY, engine=nisa.engine.gpsimd)
         denom = d[:r]
-    nisa.tensor_scalar(dst=dst, data=raw[:, 0:Dv], op0=nl.divide, operand0=denom,
+    nisa.tensor_tensor(dst=dst, data1=raw[:, :, 0:Dv], data2=denom.broadcast(2, Dv), op=nl.divide,
                        engine=nisa.engine.gpsimd)

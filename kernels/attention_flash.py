@@ -55,8 +55,7 @@ def flash_group(facts, plan, tensors, b, hk0, hk1, tiles, key_bias, last):
         o_sb = nl.ndarray((P, nt, nh, f.Dv), dtype=tensors.out.dtype, buffer=nl.sbuf)
         for t in range(t0, t1):
             r = min(P, f.Sq - t * P)
-            for j in range(nh):
-                divide(f, o_sb[:r, t - t0, j, :], acc[:r, t - t0, j, :], r)
+            divide(f, o_sb[:r, t - t0, :, :], acc[:r, t - t0, :, :], r)       # every head at once
         store_rows(f, tensors.out, o_sb, b, h0, h1, s0, s1)
 
 
