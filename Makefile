@@ -1,12 +1,13 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   - the main job: every kernel in the simulator, checked and modeled on trn2
-#   make test   - the test suite (fast tier); `make sweep` runs the wide sweep
+#   make test   - the test suite (fast tier); `make sweep` runs the wide sweep,
+#                 `make fuzz` the fuzz tier (1000 random cases per op, both CPU backends)
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.nki-kernels-installed
 
-.PHONY: setup demo test sweep build publish-dry-run clean
+.PHONY: setup demo test sweep fuzz build benchmark publish-dry-run clean
 
 setup: $(STAMP)
 
@@ -27,8 +28,15 @@ test: setup
 sweep: setup
 	$(PY) -m pytest -m sweep $(ARGS)
 
+fuzz: setup
+	$(PY) -m tests.fuzz $(ARGS)
+
 build: setup
 	$(PY) tools/build_hub.py $(ARGS)
+
+# `kernels benchmark` on the Hub tree: measured on this host (CPU-sized workloads on a CPU host)
+benchmark: build
+	$(VENV)/bin/kernels benchmark build $(ARGS)
 
 publish-dry-run: build
 	$(PY) tools/publish_hub.py $(ARGS)

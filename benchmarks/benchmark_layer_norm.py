@@ -4,6 +4,7 @@ Shapes: ViT-B/16 and ViT-L/16 at 224 px, batch 8 (197 * 8 = 1576 tokens), and wi
 (4096, 8192). bf16 workloads use a 0.1-scaled weight so outputs stay within |y| < 1: eager bf16 may
 round an intermediate the kernel keeps in fp32, and the differences (<= 2 ulp, 2**-7)
 must stay inside the runner's fixed atol=1e-2.
+These are the Trainium workloads; a CPU host runs CPU_WORKLOADS (below).
 """
 
 import torch
@@ -20,7 +21,16 @@ def _synchronized(result):
         torch.accelerator.synchronize()
     return result
 
-WORKLOADS = {
+
+def _on_trainium() -> bool:
+    """Whether `kernels benchmark` runs on Trainium: it picks "neuron" when torch has a
+    ``neuron`` module (kernels 0.17.2, ``backends._backend``); anywhere else it runs on CPU,
+    where the Trainium-sized shapes would take minutes per workload (x 100+ calls)."""
+    return hasattr(torch, "neuron")
+
+
+# Trainium: the models' shapes (docs/workloads.md).
+TRAINIUM_WORKLOADS = {
     # name: (rows, hidden, dtype)
     "vit_b16_b8_fp32": (1576, 768, torch.float32),
     "vit_b16_b8_bf16": (1576, 768, torch.bfloat16),
@@ -28,6 +38,18 @@ WORKLOADS = {
     "h4096_t2048_bf16": (2048, 4096, torch.bfloat16),
     "h8192_t1024_fp32": (1024, 8192, torch.float32),
 }
+
+# CPU (the reference path against eager torch): ViT at batch 32, since a batch-8 LayerNorm
+# takes under 1 ms on CPU and the op's fixed dispatch cost (~0.1 ms) would dominate it.
+CPU_WORKLOADS = {
+    "vit_b16_b32_fp32": (6304, 768, torch.float32),
+    "vit_b16_b32_bf16": (6304, 768, torch.bfloat16),
+    "vit_l16_b32_bf16": (6304, 1024, torch.bfloat16),
+    "h4096_t2048_bf16": (2048, 4096, torch.bfloat16),
+    "h8192_t1024_fp32": (1024, 8192, torch.float32),
+}
+
+WORKLOADS = TRAINIUM_WORKLOADS if _on_trainium() else CPU_WORKLOADS
 
 
 class LayerNormBenchmark(Benchmark):

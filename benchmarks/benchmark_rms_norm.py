@@ -5,6 +5,7 @@ Shapes: Llama-3-8B (hidden 4096) and -70B (8192) prefill chunks, and a 768-wide 
 1576 tokens. bf16 workloads use a 0.1-scaled weight so |y| < 1: eager bf16 rounds
 x * rstd before the weight product (the kernel rounds once), and those differences must
 stay inside the runner's fixed atol=1e-2.
+These are the Trainium workloads; a CPU host runs CPU_WORKLOADS (below).
 """
 
 import torch
@@ -21,13 +22,34 @@ def _synchronized(result):
         torch.accelerator.synchronize()
     return result
 
-WORKLOADS = {
+
+def _on_trainium() -> bool:
+    """Whether `kernels benchmark` runs on Trainium: it picks "neuron" when torch has a
+    ``neuron`` module (kernels 0.17.2, ``backends._backend``); anywhere else it runs on CPU,
+    where the Trainium-sized shapes would take minutes per workload (x 100+ calls)."""
+    return hasattr(torch, "neuron")
+
+
+# Trainium: the models' shapes (docs/workloads.md).
+TRAINIUM_WORKLOADS = {
     # name: (rows, hidden, dtype)
     "t1576_h768_fp32": (1576, 768, torch.float32),
     "llama8b_t2048_bf16": (2048, 4096, torch.bfloat16),
     "llama70b_t1024_bf16": (1024, 8192, torch.bfloat16),
     "llama70b_t1024_fp32": (1024, 8192, torch.float32),
 }
+
+# CPU (the reference path against eager torch): 4x fewer Llama tokens (torch's CPU rms_norm is
+# a composition of ops, 10-30 ms at the Trainium sizes) and 4x more 768-wide rows, so every
+# call takes a few ms and the op's ~0.1 ms of custom-op dispatch stays a few percent.
+CPU_WORKLOADS = {
+    "t6304_h768_fp32": (6304, 768, torch.float32),
+    "llama8b_t512_bf16": (512, 4096, torch.bfloat16),
+    "llama70b_t256_bf16": (256, 8192, torch.bfloat16),
+    "llama70b_t256_fp32": (256, 8192, torch.float32),
+}
+
+WORKLOADS = TRAINIUM_WORKLOADS if _on_trainium() else CPU_WORKLOADS
 
 
 class _NormSetup:

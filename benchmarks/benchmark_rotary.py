@@ -6,6 +6,7 @@ Shapes: Llama-3-8B prefill (32 query / 8 key heads, D = 128, 2048 positions) and
 output (``self.out``); bf16 q/k are scaled by 0.1 so |q_embed| < 1:
 eager bf16 rounds each product and the sum (the kernel rounds once), and the differences
 must stay inside the runner's fixed atol=1e-2.
+These are the Trainium workloads; a CPU host runs CPU_WORKLOADS (below).
 """
 
 import torch
@@ -21,12 +22,31 @@ def _synchronized(result):
         torch.accelerator.synchronize()
     return result
 
-WORKLOADS = {
+
+def _on_trainium() -> bool:
+    """Whether `kernels benchmark` runs on Trainium: it picks "neuron" when torch has a
+    ``neuron`` module (kernels 0.17.2, ``backends._backend``); anywhere else it runs on CPU,
+    where the Trainium-sized shapes would take minutes per workload (x 100+ calls)."""
+    return hasattr(torch, "neuron")
+
+
+# Trainium: the models' shapes (docs/workloads.md).
+TRAINIUM_WORKLOADS = {
     # name: (batch, q heads, k heads, positions, head dim, dtype)
     "llama8b_s2048_bf16": (1, 32, 8, 2048, 128, torch.bfloat16),
     "llama8b_s2048_fp32": (1, 32, 8, 2048, 128, torch.float32),
     "b8_s197_h12_d64_bf16": (8, 12, 12, 197, 64, torch.bfloat16),
 }
+
+# CPU (the reference path against eager torch): the Llama prefill at 256 positions. In bf16 the reference rounds
+# once from fp32 (the kernels' contract; eager rounds three times): 2-3x eager's CPU time.
+CPU_WORKLOADS = {
+    "llama8b_s256_bf16": (1, 32, 8, 256, 128, torch.bfloat16),
+    "llama8b_s256_fp32": (1, 32, 8, 256, 128, torch.float32),
+    "b8_s197_h12_d64_bf16": (8, 12, 12, 197, 64, torch.bfloat16),
+}
+
+WORKLOADS = TRAINIUM_WORKLOADS if _on_trainium() else CPU_WORKLOADS
 
 
 def _rotate_half(x):

@@ -5,6 +5,7 @@ Shapes: a Llama-3-8B MLP gate (d = 14336) for a 1024-token chunk and a 768-wide 
 (d = 3072) for 1576 tokens. bf16 inputs are scaled by 0.15 so |y| < 1:
 eager bf16 rounds act(gate) before the product (the kernel rounds once), and the
 differences must stay inside the runner's fixed atol=1e-2.
+These are the Trainium workloads; a CPU host runs CPU_WORKLOADS (below).
 """
 
 import torch
@@ -21,12 +22,32 @@ def _synchronized(result):
         torch.accelerator.synchronize()
     return result
 
-WORKLOADS = {
+
+def _on_trainium() -> bool:
+    """Whether `kernels benchmark` runs on Trainium: it picks "neuron" when torch has a
+    ``neuron`` module (kernels 0.17.2, ``backends._backend``); anywhere else it runs on CPU,
+    where the Trainium-sized shapes would take minutes per workload (x 100+ calls)."""
+    return hasattr(torch, "neuron")
+
+
+# Trainium: the models' shapes (docs/workloads.md).
+TRAINIUM_WORKLOADS = {
     # name: (rows, d, dtype)
     "t1576_d3072_fp32": (1576, 3072, torch.float32),
     "t1576_d3072_bf16": (1576, 3072, torch.bfloat16),
     "llama8b_t1024_bf16": (1024, 14336, torch.bfloat16),
 }
+
+# CPU (the reference path against eager torch): ViT-B/16 at batch 4 and the Llama MLP at 128 tokens. In bf16 the
+# reference computes in fp32 and rounds once (the kernels' contract; eager rounds twice),
+# which costs 2-4x eager's time on CPU: see the README's CPU section.
+CPU_WORKLOADS = {
+    "t788_d3072_fp32": (788, 3072, torch.float32),
+    "t788_d3072_bf16": (788, 3072, torch.bfloat16),
+    "llama8b_t128_bf16": (128, 14336, torch.bfloat16),
+}
+
+WORKLOADS = TRAINIUM_WORKLOADS if _on_trainium() else CPU_WORKLOADS
 
 
 class _GateSetup:

@@ -3,6 +3,7 @@
 Shapes: ViT-B/16 attention scores at 224 px, batch 8 (8 x 12 heads x 197 rows of 197),
 square 4096-long rows, and rows of 32768 (longer than 8192: the kernel's online form).
 Outputs are in [0, 1], so bf16 rounding stays inside the runner's fixed atol=1e-2.
+These are the Trainium workloads; a CPU host runs CPU_WORKLOADS (below).
 """
 
 import torch
@@ -18,13 +19,32 @@ def _synchronized(result):
         torch.accelerator.synchronize()
     return result
 
-WORKLOADS = {
+
+def _on_trainium() -> bool:
+    """Whether `kernels benchmark` runs on Trainium: it picks "neuron" when torch has a
+    ``neuron`` module (kernels 0.17.2, ``backends._backend``); anywhere else it runs on CPU,
+    where the Trainium-sized shapes would take minutes per workload (x 100+ calls)."""
+    return hasattr(torch, "neuron")
+
+
+# Trainium: the models' shapes (docs/workloads.md).
+TRAINIUM_WORKLOADS = {
     # name: (rows, cols, dtype)
     "vit_b16_scores_fp32": (8 * 12 * 197, 197, torch.float32),
     "vit_b16_scores_bf16": (8 * 12 * 197, 197, torch.bfloat16),
     "rows4096_bf16": (4096, 4096, torch.bfloat16),
     "long_rows32768_fp32": (256, 32768, torch.float32),
 }
+
+# CPU (the reference path against eager torch): 2x fewer of the long rows; 4096-wide rows 4x fewer.
+CPU_WORKLOADS = {
+    "vit_b16_scores_fp32": (8 * 12 * 197, 197, torch.float32),
+    "vit_b16_scores_bf16": (8 * 12 * 197, 197, torch.bfloat16),
+    "rows1024_bf16": (1024, 4096, torch.bfloat16),
+    "long_rows32768_fp32": (128, 32768, torch.float32),
+}
+
+WORKLOADS = TRAINIUM_WORKLOADS if _on_trainium() else CPU_WORKLOADS
 
 
 class SoftmaxBenchmark(Benchmark):

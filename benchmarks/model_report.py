@@ -19,6 +19,7 @@ Trainium: kernel/limit/eager times are MODELED (trn2); errors and wall times are
 (CPU).
 
 Usage: python benchmarks/model_report.py [--ops scaled_dot_product_attention,rms_norm] [--quick] [--out DIR]
+(the full grid takes 50-80 s on 2 CPU cores, --quick 15-30 s; measured, CPU)
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import torch
 from tqdm import tqdm
 
 from nki_kernels import _dispatch, registry, simulator
+from nki_kernels.simulator.cost import time_range
 
 MODELED = "modeled (trn2)"
 MEASURED = "measured (CPU)"
@@ -45,6 +47,9 @@ MEASURED = "measured (CPU)"
 CHECK_TOL = {torch.bfloat16: (6e-2, 2e-2), torch.float16: (1e-2, 1e-2), torch.float32: (1e-3, 1e-3)}
 EFFICIENCY_TARGET = 0.6
 EFFICIENCY_TARGET_LARGE_MEMORY_BOUND = 0.8
+# LNC=2 rows whose two cores finish more than this far apart (idle fraction of the core that
+# finishes first) are flagged as unbalanced.
+IMBALANCE_FLAG = 0.10
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,11 @@ class Row:
     max_abs_err: float = float("nan")  # measured (CPU)
     sim_wall_s: float = float("nan")   # measured (CPU)
     eager_cpu_ms: float = float("nan")  # measured (CPU): the PyTorch twin in the input dtype
+    lnc: int = 2                       # the logical-core degree of the main columns
     modeled_us: float = float("nan")
+    modeled_us_lnc1: float = float("nan")   # the same kernel at LNC=1 (one core)
+    efficiency_lnc1: float = float("nan")   # against the one-core limit
+    imbalance: float = float("nan")    # LNC=2: idle fraction of the core that finishes first
     limit_us: float = float("nan")
     limit_bound: str = ""
     efficiency: float = float("nan")
@@ -96,6 +105,12 @@ class Row:
     busy_us: dict = field(default_factory=dict)
     hot: list = field(default_factory=list)  # top instruction groups on the bound-by engine
     trace: str = ""
+    # error bars (modeled): the kernel time at the optimistic / pessimistic end of the cost
+    # model's uncertain numbers, and the speedups they give (error_bars())
+    modeled_low_us: float = float("nan")
+    modeled_high_us: float = float("nan")
+    speedup_low: float = float("nan")
+    speedup_high: float = float("nan")
 
     @property
     def efficiency_target(self) -> float:
@@ -109,15 +124,33 @@ class Row:
             return None
         ok = self.efficiency >= self.efficiency_target
         if self.case.workload.speedup_target is not None:
-            ok = ok and self.speedup >= self.case.workload.speedup_target
+            # a speedup is claimed only where the low end of its error bar clears it
+            ok = ok and speedup_claimed(self.speedup_low, self.case.workload.speedup_target)
         return ok
 
     @property
     def target_text(self) -> str:
         t = f"eff>={self.efficiency_target:g}"
         if self.case.workload.speedup_target is not None:
-            t += f", speedup>={self.case.workload.speedup_target:g}x"
+            t += f", speedup low end>={self.case.workload.speedup_target:g}x"
         return t
+
+
+def error_bars(est, eager_us: float) -> dict:
+    """The error bar of a modeled kernel time and of its speedup over ``eager_us``.
+
+    The kernel's trace is re-scheduled with every uncertain cost number at its optimistic
+    and at its pessimistic end (simulator.cost.time_range, docs/cost-model.md "Error
+    bars"); the eager baseline is the limit-based lower bound on eager (unchanged)."""
+    low, high = time_range(est)
+    return {"modeled_low_us": low, "modeled_high_us": high,
+            "speedup_low": eager_us / high if high > 0 else float("nan"),
+            "speedup_high": eager_us / low if low > 0 else float("nan")}
+
+
+def speedup_claimed(speedup_low: float, target: float = 1.0) -> bool:
+    """A speedup counts only where the low end of its error bar clears the target."""
+    return not math.isnan(speedup_low) and speedup_low >= target
 
 
 def _max_abs_err(out, ref) -> float:
@@ -161,8 +194,8 @@ def _hot_spots(est, engine: str, top: int = 3) -> list[str]:
     return [f"{op} x{n} ({rule}): {t * 1e6:.1f} us" for (op, rule), (n, t) in ranked]
 
 
-def run_case(case: Case, target: str, traces_dir: Path | None) -> Row:
-    row = Row(case)
+def run_case(case: Case, target: str, traces_dir: Path | None, lnc: int = 2) -> Row:
+    row = Row(case, lnc=lnc)
     spec, work = case.spec, case.workload
     gen = torch.Generator().manual_seed(zlib.crc32(case.slug.encode()))
     args, kwargs = work.make(gen)
@@ -170,8 +203,13 @@ def run_case(case: Case, target: str, traces_dir: Path | None) -> Row:
     kernel = _dispatch.simulator_kernel(call)
     tensors = tuple(t.detach().contiguous() for t in call.tensors)
     t0 = time.perf_counter()
-    est = simulator.estimate(kernel, target)(*tensors, **call.static)
+    est = simulator.estimate(kernel[lnc], target)(*tensors, **call.static)
     row.sim_wall_s = time.perf_counter() - t0
+    row.imbalance = est.imbalance
+    if lnc != 1:
+        one = simulator.estimate(kernel[1], target)(*tensors, **call.static)
+        row.modeled_us_lnc1 = one.latency_us
+        row.efficiency_lnc1 = spec.roofline(*args, **kwargs, lnc=1, target=target).efficiency(one.latency_us)
     out = call.finish_outputs(est.outputs)
     ref = spec.reference(*args, **kwargs, compute_dtype=work.reference_dtype)
     row.eager_cpu_ms = _eager_cpu_ms(case, args, kwargs)
@@ -180,7 +218,7 @@ def run_case(case: Case, target: str, traces_dir: Path | None) -> Row:
         row.status = "mismatch"
         row.note = f"max |kernel - reference| = {row.max_abs_err:.3g} exceeds atol/rtol {CHECK_TOL[work.dtype]}"
 
-    roof = spec.roofline(*args, **kwargs, target=target)
+    roof = spec.roofline(*args, **kwargs, lnc=lnc, target=target)
     row.modeled_us = est.latency_us
     row.limit_us, row.limit_bound = roof.limit_us, roof.bound
     row.efficiency = roof.efficiency(est.latency_us)
@@ -192,6 +230,8 @@ def run_case(case: Case, target: str, traces_dir: Path | None) -> Row:
     row.hbm_mb = est.hbm_bytes / 1e6
     row.instructions = est.instructions
     row.hot = _hot_spots(est, est.bottleneck)
+    for k, v in error_bars(est, roof.eager_us).items():
+        setattr(row, k, v)
     if traces_dir is not None:
         path = est.to_chrome_trace(traces_dir / f"{case.slug}.json")
         row.trace = str(path)
@@ -219,16 +259,28 @@ def _columns():
         ("", "dtype", "dtype", str),
         (MEASURED, "max abs err", "max_abs_err", lambda v: f"{v:.2e}"),
         (MODELED, "kernel us", "kernel_us", lambda v: f"{v:.1f}"),
+        (MODELED, "kernel us range", "kernel_range_us", str),
         (MODELED, "limit us", "limit_us", lambda v: f"{v:.1f}"),
         (MODELED, "efficiency", "efficiency", lambda v: f"{v:.2f}"),
         (MODELED, "bound by", "bound_by", str),
         (MODELED, "eager us", "eager_us", lambda v: f"{v:.1f}"),
         (MODELED, "speedup", "speedup", lambda v: f"{v:.2f}x"),
+        (MODELED, "speedup low/high", "speedup_range", str),
+        (MODELED, "LNC=1 us", "kernel_us_lnc1", lambda v: f"{v:.1f}"),
+        (MODELED, "LNC=1 eff", "efficiency_lnc1", lambda v: f"{v:.2f}"),
+        (MODELED, "LNC2/LNC1", "lnc_ratio", lambda v: f"{v:.2f}"),
+        (MODELED, "core idle", "core_imbalance", lambda v: f"{v:.0%}"),
         (MEASURED, "sim wall s", "sim_wall_s", lambda v: f"{v:.2f}"),
         (MEASURED, "eager wall ms", "eager_cpu_ms", lambda v: f"{v:.1f}"),
         ("", "target", "target", str),
         ("", "status", "status", str),
     ]
+
+
+def _range_text(low: float, high: float, fmt: str) -> str:
+    if math.isnan(low) or math.isnan(high):
+        return ""
+    return f"{fmt.format(low)}-{fmt.format(high)}"
 
 
 def _slug(label: str) -> str:
@@ -240,13 +292,21 @@ def _record(row: Row) -> dict:
     c = row.case
     mod, meas = _slug(MODELED), _slug(MEASURED)
     rec = {
-        "op": c.op, "workload": c.name, "dtype": str(c.workload.dtype).removeprefix("torch."),
+        "op": c.op, "workload": c.name, "dtype": str(c.workload.dtype).removeprefix("torch."), "lnc": row.lnc,
         f"max_abs_err_{meas}": row.max_abs_err, f"sim_wall_s_{meas}": row.sim_wall_s,
         f"eager_cpu_ms_{meas}": row.eager_cpu_ms,
         f"kernel_us_{mod}": row.modeled_us, f"limit_us_{mod}": row.limit_us, "limit_set_by": row.limit_bound,
         f"efficiency_{mod}": row.efficiency, f"bound_by_{mod}": row.bound_by,
         f"bound_by_busy_fraction_{mod}": row.bound_busy, f"eager_us_{mod}": row.eager_us,
         f"speedup_{mod}": row.speedup, f"hbm_mb_{mod}": row.hbm_mb, "instructions": row.instructions,
+        f"kernel_us_lnc1_{mod}": row.modeled_us_lnc1, f"efficiency_lnc1_{mod}": row.efficiency_lnc1,
+        f"lnc_ratio_{mod}": row.modeled_us / row.modeled_us_lnc1 if row.lnc != 1 else float("nan"),
+        f"core_imbalance_{mod}": row.imbalance if row.lnc != 1 else float("nan"),
+        "unbalanced": bool(row.lnc != 1 and row.imbalance > IMBALANCE_FLAG),
+        f"kernel_low_us_{mod}": row.modeled_low_us, f"kernel_high_us_{mod}": row.modeled_high_us,
+        f"speedup_low_{mod}": row.speedup_low, f"speedup_high_{mod}": row.speedup_high,
+        "kernel_range_us": _range_text(row.modeled_low_us, row.modeled_high_us, "{:.1f}"),
+        "speedup_range": _range_text(row.speedup_low, row.speedup_high, "{:.2f}x"),
         "target": row.target_text, "meets_target": row.meets,
         "status": row.status if row.meets is not False else "below target",
         "note": row.note, "trace": row.trace,
@@ -296,14 +356,23 @@ def write_markdown(rows: list[Row], records: list[dict], path: Path, target: str
     lines = [
         f"# nki-kernels: modeled report ({target})",
         "",
-        f"Kernel, limit and eager times are **{MODELED}**: the analytical cost model of one NeuronCore "
+        f"Kernel, limit and eager times are **{MODELED}**: the analytical cost model of a NeuronCore "
         "applied to the exact instructions each kernel issued in the simulator (docs/cost-model.md). "
         f"Errors and wall times are **{MEASURED}**. Nothing here ran on a Trainium.",
+        "",
+        f"The main columns are at LNC={rows[0].lnc if rows else 2} (a logical core of that many physical "
+        "NeuronCores, the compiler's default on trn2): the kernel runs on both cores, and the limit and the "
+        "eager baseline are those of the same logical core. `LNC=1 us` / `LNC=1 eff` are the same kernel on "
+        "one core against the one-core limit; `core idle` is the idle fraction of the core that finishes "
+        f"first (rows above {IMBALANCE_FLAG:.0%} are flagged as unbalanced).",
         "",
         "* efficiency = limit / modeled kernel time (limit: max of compulsory HBM bytes / DMA bandwidth, "
         "matmul FLOPs / TensorE peak, transcendentals / ScalarE rate);",
         "* speedup = modeled eager PyTorch / modeled kernel, eager charged at each ATen op's own limit with "
-        "zero launch overhead (the best case for eager, so the speedup is a lower bound).",
+        "zero launch overhead (the best case for eager, so the speedup is a lower bound);",
+        "* kernel us range / speedup low/high: the error bar, the kernel re-modeled with every uncertain "
+        "cost number at its optimistic and its pessimistic end (docs/cost-model.md \"Error bars\"); a "
+        "speedup target counts as met only where the low end clears it.",
         "",
         "| " + " | ".join(f"{h}, {lab}" if lab else h for lab, h, _, _ in _columns()) + " |",
         "|" + "---|" * len(_columns()),
@@ -311,15 +380,18 @@ def write_markdown(rows: list[Row], records: list[dict], path: Path, target: str
     for rec in records:
         lines.append("| " + " | ".join(_cell(rec, k, f) for _, _, k, f in _columns()) + " |")
     lines += ["", f"Report generated in {wall_s:.0f} s ({MEASURED} wall time).", "", "## Where the time goes"]
-    for row in rows:
+    for row, rec in zip(rows, records):
         c = row.case
         lines.append("")
-        lines.append(f"**{c.op} — {c.name}** ({row.status})")
+        # the table's status (accuracy, then the modeled target), so a heading never says "ok"
+        # for a row the table marks "below target"
+        lines.append(f"**{c.op} — {c.name}** ({rec['status']}; target {row.target_text})")
         if row.note:
             lines.append(f"- note: {row.note}")
         if row.status in ("ok", "mismatch"):
             busy = ", ".join(f"{e} {row.busy_us[e]:.1f}" for e in ("tensor", "vector", "scalar", "gpsimd", "dma"))
-            lines.append(f"- {MODELED}: {row.modeled_us:.1f} us; limit {row.limit_us:.1f} us set by "
+            lines.append(f"- {MODELED}: {row.modeled_us:.1f} us (error bar {row.modeled_low_us:.1f}-"
+                         f"{row.modeled_high_us:.1f} us); limit {row.limit_us:.1f} us set by "
                          f"{row.limit_bound}; busy us: {busy}; HBM {row.hbm_mb:.2f} MB; "
                          f"{row.instructions} instructions; simulated in {row.sim_wall_s:.2f} s ({MEASURED})")
             lines.append(f"- bound by {row.bound_by} ({row.bound_busy:.0%} busy); its largest instruction groups:")
@@ -341,15 +413,21 @@ def write_plot(records: list[dict], path: Path, target: str) -> bool:
     labels = [f"{r['op']}\n{r['workload']}" for r in ok]
     y = list(range(len(ok)))[::-1]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 0.55 * len(ok) + 2), sharey=True)
-    ax1.barh(y, [_value(r, "speedup") for r in ok], color="tab:blue")
+    central = [_value(r, "speedup") for r in ok]
+    lows = [_value(r, "speedup_low") for r in ok]
+    highs = [_value(r, "speedup_high") for r in ok]
+    xerr = [[max(0.0, c - lo) if not math.isnan(lo) else 0.0 for c, lo in zip(central, lows)],
+            [max(0.0, hi - c) if not math.isnan(hi) else 0.0 for c, hi in zip(central, highs)]]
+    ax1.barh(y, central, color="tab:blue", label="speedup over eager", xerr=xerr, error_kw={"elinewidth": 0.8, "capsize": 2})
     ax1.axvline(1.0, color="black", lw=0.8)
     ax1.axvline(2.4, color="tab:red", lw=0.8, ls="--", label="attention target 2.4x")
     ax1.set_xscale("log")
     from matplotlib.ticker import FixedLocator, NullLocator
 
     speedups = [_value(r, "speedup") for r in ok]
-    ticks = [v for v in (0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32)
-             if min(speedups) / 2 <= v <= max(max(speedups), 2.4) * 2]
+    spread = [v for v in speedups + lows + highs if not math.isnan(v) and v > 0]
+    ticks = [v for v in (0.0625, 0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32)
+             if min(spread) / 2 <= v <= max(max(spread), 2.4) * 2]
     ax1.xaxis.set_major_locator(FixedLocator(ticks))
     ax1.xaxis.set_minor_locator(NullLocator())
     ax1.set_xticklabels([f"{v:g}x" for v in ticks])
@@ -357,16 +435,21 @@ def write_plot(records: list[dict], path: Path, target: str) -> bool:
         ax1.text(v, yi, f" {v:.2f}x", va="center", fontsize=7)
     for yi, r in zip(y, ok):
         ax2.text(_value(r, "efficiency"), yi, f" {_value(r, 'efficiency'):.2f}", va="center", fontsize=7)
-    ax1.set_xlabel(f"speedup over eager PyTorch [{MODELED}, lower bound]")
+    ax1.set_xlabel(f"speedup over eager PyTorch [{MODELED}, lower bound; bars: error bar]")
     ax1.set_yticks(y, labels, fontsize=7)
-    ax1.legend(fontsize=7, loc="lower right")
+    ax1.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2)
     ax2.barh(y, [_value(r, "efficiency") for r in ok],
              color=["tab:green" if r["meets_target"] else "tab:orange" for r in ok])
     ax2.axvline(0.6, color="tab:red", lw=0.8, ls="--", label="0.6 target")
     ax2.axvline(0.8, color="tab:purple", lw=0.8, ls=":", label="0.8 (memory-bound, large)")
     ax2.set_xlim(0, 1.05)
     ax2.set_xlabel(f"efficiency = limit / kernel [{MODELED}]")
-    ax2.legend(fontsize=7, loc="lower right")
+    from matplotlib.patches import Patch
+
+    # the bar colours say whether the row meets its target (efficiency, and speedup where set)
+    handles, _ = ax2.get_legend_handles_labels()
+    handles += [Patch(color="tab:green", label="meets its target"), Patch(color="tab:orange", label="below its target")]
+    ax2.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2)
     fig.suptitle(f"nki-kernels on {target}: MODELED by the cost model (not measured on hardware)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -383,7 +466,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="out/report", help="output folder (default out/report)")
     ap.add_argument("--target", default="trn2", choices=("trn2", "trn3", "trn1"), help="modeled target")
     ap.add_argument("--no-traces", action="store_true", help="do not write Chrome traces")
+    ap.add_argument("--lnc", type=int, default=None, choices=(1, 2),
+                    help="logical-core degree of the main columns (default: the target's, trn2/trn3: 2); "
+                         "at 2 the LNC=1 figures are reported beside")
     args = ap.parse_args(argv)
+    from nki_kernels.simulator.hardware import get_target
+
+    lnc = args.lnc or get_target(args.target).max_logical_cores   # neuronx-cc's default degree
+    if lnc > get_target(args.target).max_logical_cores:
+        ap.error(f"--lnc {lnc}: {args.target} runs LNC=1 only")
 
     global MODELED
     MODELED = f"modeled ({args.target})"
@@ -409,16 +500,17 @@ def main(argv=None) -> int:
     for case in bar:
         bar.set_postfix_str(f"{case.op}: {case.name}"[:60])
         try:
-            row = run_case(case, args.target, traces)
+            row = run_case(case, args.target, traces, lnc)
         except Exception as err:  # report it, keep going: the report must survive a broken kernel
-            row = Row(case, status="error", note=f"{type(err).__name__}: {err}".splitlines()[0][:300])
+            row = Row(case, lnc=lnc, status="error", note=f"{type(err).__name__}: {err}".splitlines()[0][:300])
             traceback.print_exc(file=sys.stderr)
         rows.append(row)
     wall = time.perf_counter() - t0
 
     records = [_record(r) for r in rows]
     print()
-    print(f"nki-kernels on {args.target}: kernel/limit/eager times {MODELED}; errors {MEASURED}. "
+    print(f"nki-kernels on {args.target} at LNC={lnc} (limit and eager baseline on the same "
+          f"{lnc}-core logical core): kernel/limit/eager times {MODELED}; errors {MEASURED}. "
           "Not measured on hardware.")
     print(format_table(records))
     for r in rows:
@@ -433,6 +525,10 @@ def main(argv=None) -> int:
     if below:
         print(f"{len(below)} row(s) below target: " + "; ".join(f"{r.case.op} [{r.case.name}] bound by "
               f"{r.bound_by}" for r in below))
+    unbalanced = [r for r in rows if r.lnc != 1 and r.status == "ok" and r.imbalance > IMBALANCE_FLAG]
+    if unbalanced:
+        print(f"{len(unbalanced)} row(s) with cores unbalanced by more than {IMBALANCE_FLAG:.0%}: "
+              + "; ".join(f"{r.case.op} [{r.case.name}] {r.imbalance:.0%}" for r in unbalanced))
     failed = [r for r in rows if r.status in ("error", "mismatch")]
     return 1 if failed else 0
 

@@ -29,7 +29,7 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-from .tiling import block_rows, load_block, row_blocks, rows_per_partition, split_count
+from .tiling import block_rows, load_block, program_row_blocks, rows_per_partition, split_count
 
 # Row packing target: 2048 output elements per partition per DMA (4 KiB bf16 / 8 KiB fp32
 # stored; twice that loaded).
@@ -86,7 +86,7 @@ def act_and_mul_kernel(x, act="silu"):
     d = in_cols // 2
     out = nl.ndarray((n_rows, d), dtype=x.dtype, buffer=nl.shared_hbm)
 
-    for start, parts, per in row_blocks(n_rows, _rows_per_partition(in_cols)):
+    for start, parts, per in program_row_blocks(n_rows, _rows_per_partition(in_cols)):
         if d <= COL_CHUNK:
             # whole rows: one DMA of per * 2d elements per partition
             x_tile = load_block(x, start, parts, per)

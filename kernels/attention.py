@@ -11,8 +11,8 @@ Two entry points share the building blocks of attention_blocks.py:
 Dimensions:
     B: batch (>= 1).  H: query heads.  Hkv: key/value heads, H % Hkv == 0 (GQA: query head
     h reads kv head h // (H // Hkv)).  Sq, Sk: query / key lengths (any >= 1; tails of
-    128-row tiles are handled, nothing needs padding).  D: q/k head dim <= 128.
-    Dv: v head dim <= 128.
+    128-row tiles are handled, nothing needs padding).  D: q/k head dim <= 256 (Q·Kᵀ
+    accumulates one matmul per 128 of D).  Dv: v head dim <= 256.
 Layouts (static ``layout``):
     "bhsd": q [B, H, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv], out [B, H, Sq, Dv].
     "bshd": q [B, Sq, H, D], k [B, Sk, Hkv, D], v [B, Sk, Hkv, Dv], out [B, Sq, H, Dv]
@@ -46,13 +46,14 @@ equally busy, and the DMA queues take part of the Pᵀ work when they have room:
              Pᵀ is made by DMA transposes instead of TensorE + a PSUM copy
              (EngineBalance.dma_share levels the DMA queues with VectorE/ScalarE).
 Transposed scores (attention_kernel with bf16, no mask, not causal, Sk <= 384, D in
-    {32, 64, 96}; attention_transposed.py): P is made directly as Pᵀ, with no Pᵀ
+    {32, 64, 96}, Dv <= 128; attention_transposed.py): P is made directly as Pᵀ, with no Pᵀ
     transposes or PSUM copies.  VectorE takes the row max m
-    from S as above; GpSimd splits m into bf16 hi + lo and one DMA transpose per tile puts
-    them on partitions D, D+1 of Qᵀ; TensorE computes Sᵀ = [Kᵀ; -1; -1]ᵀ·[Qᵀ; hi; lo] =
-    (S - m)ᵀ per 128-key tile (fp32 accumulation), and ScalarE Pᵀ = exp(scale·Sᵀ) with no
-    per-partition bias, so one exp covers 4 heads and every key tile.  The max is still
-    subtracted (to ~2^-16 relative, a per-row constant softmax ignores).
+    from S as above; GpSimd splits m into bf16 hi + mid + lo (summing exactly to m) and one
+    DMA transpose per tile puts them on partitions D..D+2 of Qᵀ; TensorE computes
+    Sᵀ = [Kᵀ; -1; -1; -1]ᵀ·[Qᵀ; hi; mid; lo] = (S - m)ᵀ per 128-key tile (fp32
+    accumulation), and ScalarE Pᵀ = exp(scale·Sᵀ) with no per-partition bias, so one exp
+    covers 4 heads and every key tile.  The max element of a row gives exactly exp(0), so
+    no exp overflows, whatever the logits' size.
 Causal: key blocks above the diagonal are skipped; only the ≤128 keys of the diagonal
     block take the masked path, the keys before it are read like unmasked ones.
 Numerics:
@@ -71,11 +72,12 @@ from .attention_launch import KEY_BLOCK, NEG_INF, P, LaunchTensors, launch_facts
 from .attention_plan import EngineBalance
 from .attention_single_pass import single_pass_group
 from .attention_transposed import TransposedKeys, transposed_scores_group
+from .attention_work import program_units
 from .limits import ATTENTION_SINGLE_PASS_MAX_KEYS as SINGLE_PASS_MAX_KEYS
 
 # The kernel's modules: attention_launch.py (LaunchFacts: what a launch is, frozen),
 # attention_plan.py (EngineBalance: the running engine-load estimates and the choices made
-# from them) with engine_costs.py (the trn2 figures it uses), attention_blocks.py (loads,
+# from them) with engine_costs.py (the cost model's figures per generation), attention_blocks.py (loads,
 # masks, scores, row max, exp, Pᵀ, P·V, eviction), and one module per path:
 # attention_single_pass.py, attention_transposed.py, attention_flash.py.
 
@@ -99,7 +101,8 @@ def flash_attention_kernel(q, k, v, mask=None, scale=1.0, causal=False, layout="
 
 def _launch(q, k, v, mask, scale, causal, layout, key_block, flash):
     """Set up the launch (facts, planner, launch-wide tiles, HBM output), then run the
-    path's group function for every (batch, group of kv_group kv heads)."""
+    path's group function for each of this program's work units (attention_work.py: at
+    LNC=2 each physical core takes half of the (batch, kv head) pairs or query tiles)."""
     facts = launch_facts(q, k, v, mask, scale, causal, layout, key_block)
     plan = EngineBalance(facts)
     # Set up whenever the launch qualifies, also for flash_attention_kernel, which never
@@ -122,8 +125,10 @@ def _launch(q, k, v, mask, scale, causal, layout, key_block, flash):
         group = transposed_scores_group
     else:
         group = single_pass_group
-    for b in range(facts.B):
-        key_bias = key_bias_rows(facts, mask, b)     # [128, Sk] fp32 SBUF or None
-        for hk0 in range(0, facts.Hkv, facts.kv_group):
-            group(facts, plan, tensors, b, hk0, min(facts.Hkv, hk0 + facts.kv_group), key_bias)
+    units = program_units(facts)
+    key_bias, bias_batch = None, None
+    for i, (b, hk0, hk1, t0, t1) in enumerate(units):
+        if b != bias_batch:
+            key_bias, bias_batch = key_bias_rows(facts, mask, b), b   # [128, Sk] fp32 SBUF or None
+        group(facts, plan, tensors, b, hk0, hk1, (t0, t1), key_bias, last=i == len(units) - 1)
     return out

@@ -10,7 +10,7 @@ import nki.isa as nisa
 import nki.language as nl
 
 from .attention_launch import FP32_BYTES, MATMUL_MAX_N, NEG_INF, P, PSUM_BANK_BYTES, PSUM_BANK_FP32
-from .engine_costs import INSTR_CYCLES, MIN_INSTRUCTION_CYCLES
+from .engine_costs import active as active_engine_costs
 from .tiling import cdiv
 
 FLT_MAX = 3.4028234663852886e38   # largest fp32: the clamp of a row max (see row_max)
@@ -21,34 +21,50 @@ FP32_PSUM_BLOCKS_PER_BANK = PSUM_BANK_BYTES // (P * FP32_BYTES)
 
 # ------------------------------------------------------------------------------ loads/stores
 
+def d_chunks(d):
+    """[(d0, d1)]: a head dim of d cut into pieces of <= 128 (TensorE contracts over at most
+    128 partitions); Q·Kᵀ accumulates one matmul per piece."""
+    return [(d0, min(d, d0 + P)) for d0 in range(0, d, P)]
+
+
+def head_views(tiles, h, lo, hi):
+    """One head's columns lo:hi of every piece of a transposed load: [t[:, h, lo:hi]]."""
+    return [t[:, h, lo:hi] for t in tiles]
+
+
 def load_transposed(facts, src, b, h0, h1, s0, s1, out=None):
-    """[d, h1-h0, s1-s0] SBUF tile (matmul dtype) holding src[b, rows s0:s1, heads h0:h1]ᵀ
-    (``out``: an SBUF view of that shape to load into, 16-bit data only)."""
+    """src[b, rows s0:s1, heads h0:h1]ᵀ as a list of SBUF tiles [dc, h1-h0, s1-s0] (matmul
+    dtype), one per piece of the head dim (``d_chunks``: one tile for d <= 128).
+    ``out``: an SBUF view [d, h1-h0, s1-s0] to load into instead (16-bit data, d <= 128)."""
     d = src.shape[-1]
     nh, n = h1 - h0, s1 - s0
     if out is not None:
         nisa.dma_transpose(dst=out, src=facts.rows(src, b, h0, h1, s0, s1), axes=(2, 1, 0))
-        return out
-    out = nl.ndarray((d, nh, n), dtype=facts.dtype, buffer=nl.sbuf)
+        return [out]
+    pieces = d_chunks(d)
+    outs = [nl.ndarray((d1 - d0, nh, n), dtype=facts.dtype, buffer=nl.sbuf) for d0, d1 in pieces]
     if facts.dma_transpose:
         # DMA engines transpose 2-byte elements on the way in: [n, nh, d] -> [d, nh, n].
-        nisa.dma_transpose(dst=out, src=facts.rows(src, b, h0, h1, s0, s1), axes=(2, 1, 0))
-        return out
-    # fp32: load [rows, heads, d] blocks and transpose each head on TensorE (PSUM), a PSUM
-    # bank of fp32 holding 4 heads x 128 rows, evacuated by one ScalarE copy.
+        rows = facts.rows(src, b, h0, h1, s0, s1)
+        for t, (d0, d1) in zip(outs, pieces):
+            nisa.dma_transpose(dst=t, src=rows if len(pieces) == 1 else rows[:, :, d0:d1], axes=(2, 1, 0))
+        return outs
+    # fp32: load [rows, heads, d] blocks and transpose each head (and piece) on TensorE
+    # (PSUM), a PSUM bank of fp32 holding 4 heads x 128 rows, evacuated by one ScalarE copy.
     per_bank = FP32_PSUM_BLOCKS_PER_BANK
     for r0 in range(s0, s1, P):
         r = min(P, s1 - r0)
         nat = nl.ndarray((P, nh, d), dtype=facts.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=nat[:r], src=facts.rows(src, b, h0, h1, r0, r0 + r))
-        for g0 in range(0, nh, per_bank):
-            g = min(per_bank, nh - g0)
-            tp = nl.ndarray((d, per_bank, P), dtype=facts.dtype, buffer=nl.psum)
-            for j in range(g):
-                nisa.nc_transpose(dst=tp[:, j, :r], data=nat[:r, g0 + j, :])
-            nisa.tensor_copy(dst=out[:, g0:g0 + g, r0 - s0:r0 - s0 + r], src=tp[:, :g, :r],
-                             engine=nisa.engine.scalar)
-    return out
+        for t, (d0, d1) in zip(outs, pieces):
+            for g0 in range(0, nh, per_bank):
+                g = min(per_bank, nh - g0)
+                tp = nl.ndarray((d1 - d0, per_bank, P), dtype=facts.dtype, buffer=nl.psum)
+                for j in range(g):
+                    nisa.nc_transpose(dst=tp[:, j, :r], data=nat[:r, g0 + j, d0:d1])
+                nisa.tensor_copy(dst=t[:, g0:g0 + g, r0 - s0:r0 - s0 + r], src=tp[:, :g, :r],
+                                 engine=nisa.engine.scalar)
+    return outs
 
 
 def load_values(facts, v, b, h0, h1, k0, k1):
@@ -129,13 +145,23 @@ def causal_diagonal(base, q0, r, k0, n):
 
 # ------------------------------------------------------------------------------ softmax of one unit
 
+def _contract(dst, q_pieces, k_pieces, c0, c1):
+    """dst = Σ over head-dim pieces of q_pieceᵀ·k_piece[:, c0:c1] (TensorE, accumulating in
+    PSUM; one matmul when the head dim fits 128 partitions)."""
+    if len(q_pieces) == 1:
+        nisa.nc_matmul(dst=dst, stationary=q_pieces[0], moving=k_pieces[0][:, c0:c1])
+        return
+    for i, (qc, kc) in enumerate(zip(q_pieces, k_pieces)):
+        nisa.nc_matmul(dst=dst, stationary=qc, moving=kc[:, c0:c1], accumulate=i > 0)
+
+
 def scores(qT, kT, r, n):
     """S = Q·Kᵀ (TensorE) for r query rows and n keys: [128, n] fp32 PSUM (rows :r), 512 keys
-    per matmul.  qT: [D, r] SBUF; kT: [D, n] SBUF."""
+    per matmul.  qT: [[dc, r]] and kT: [[dc, >= n]] SBUF, one per head-dim piece."""
     s = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.psum)
     for c0 in range(0, n, MATMUL_MAX_N):
         c1 = min(n, c0 + MATMUL_MAX_N)
-        nisa.nc_matmul(dst=s[:r, c0:c1], stationary=qT, moving=kT[:, c0:c1])
+        _contract(s[:r, c0:c1], qT, kT, c0, c1)
     return s
 
 
@@ -196,8 +222,9 @@ def softmax_cycles(facts, n, bias, diag):
     VectorE reads unmasked columns once and masked ones 3 times (max, add the mask,
     reduce), ScalarE each column once, plus each instruction's fixed cost."""
     masked = n if bias is not None else (n - diag[0] if diag is not None else 0)
-    vector = (n - masked) + 3 * masked + INSTR_CYCLES * (1 + 2 * (masked > 0))
-    scalar = n + INSTR_CYCLES * (1 + (0 < masked < n))
+    instr = active_engine_costs().instr_cycles
+    vector = (n - masked) + 3 * masked + instr * (1 + 2 * (masked > 0))
+    scalar = n + instr * (1 + (0 < masked < n))
     return vector, scalar
 
 
@@ -206,8 +233,9 @@ def softmax_cycles(facts, n, bias, diag):
 def scores_side_by_side(pairs, r, n):
     """S = Q·Kᵀ of several heads side by side in PSUM: head j at bank j // per_bank, columns
     (j % per_bank) * n (a bank holds 512 // n heads; a single head may be longer).
-    pairs: [(qT [D, r], kT [D, n])] SBUF per head.  Returns (s, per_bank, views): s
-    [128, banks, 512 or n] fp32 PSUM and views [128, n] of each head's scores."""
+    pairs: [(qT, kT)] per head, each a list of SBUF views per head-dim piece ([dc, r] and
+    [dc, >= n]).  Returns (s, per_bank, views): s [128, banks, 512 or n] fp32 PSUM and
+    views [128, n] of each head's scores."""
     nb = len(pairs)
     per_bank = max(1, PSUM_BANK_FP32 // n)
     s = nl.ndarray((P, cdiv(nb, per_bank), max(PSUM_BANK_FP32, n) if nb == 1 else PSUM_BANK_FP32),
@@ -218,7 +246,7 @@ def scores_side_by_side(pairs, r, n):
         view = s[:, j // per_bank, c:c + n]
         for c0 in range(0, n, MATMUL_MAX_N):
             c1 = min(n, c0 + MATMUL_MAX_N)
-            nisa.nc_matmul(dst=view[:r, c0:c1], stationary=qv, moving=kv_view[:, c0:c1])
+            _contract(view[:r, c0:c1], qv, kv_view, c0, c1)
         views.append(view)
     return s, per_bank, views
 
@@ -307,32 +335,36 @@ def unit_pv(facts, plan, p, vals, kv, r, n):
 
 def evict(facts, plan, o, out, nb, r, vector=False):
     """out[:, j, :] = O_j / rowsum_j for nb heads in PSUM o (per_o = 512 // (Dv + 1) heads
-    per bank), one bank at a time, on VectorE (reciprocal of the row sums + one multiply)
+    per bank), one bank at a time, on VectorE (the row sums to SBUF + one divide)
     when ``vector`` or when the planner says it is less loaded, else ScalarE copies the
-    bank to SBUF and GpSimd divides per head.  out: [r, nb, Dv] SBUF (output dtype)."""
+    bank to SBUF and GpSimd divides all its heads at once.  out: [r, nb, Dv] SBUF (output dtype)."""
     Dv = facts.Dv
     w = Dv + 1
     per_o = PSUM_BANK_FP32 // w
     o_raw = nl.ndarray((P, nb, w), dtype=nl.float32, buffer=nl.sbuf)
-    recip = nl.ndarray((P, nb, 1), dtype=nl.float32, buffer=nl.sbuf)
+    sums = nl.ndarray((P, nb, 1), dtype=nl.float32, buffer=nl.sbuf)
     for g0 in range(0, nb, per_o):
         g = min(per_o, nb - g0)
         bank = o[:r, g0 // per_o, 0:g * w].reshape((r, g, w))
         if vector:
             eng = nisa.engine.vector
         else:
-            # VectorE: the reciprocal of g row sums (8 cycles each, so mostly the 64-cycle
-            # instruction minimum) and the multiply (g·Dv), two fixed costs; ScalarE: the
-            # copy of the bank (g·(Dv + 1)), one fixed cost
-            eng = plan.pick(2 * INSTR_CYCLES + MIN_INSTRUCTION_CYCLES + g * Dv, g * w + INSTR_CYCLES)
+            # VectorE: the copy of g row sums (mostly the 64-cycle instruction minimum) and
+            # the divide (g·Dv, one input in PSUM), two fixed costs; ScalarE: the copy of the
+            # bank (g·(Dv + 1)), one fixed cost (GpSimd then divides)
+            c = active_engine_costs()
+            eng = plan.pick(2 * c.instr_cycles + c.min_instruction_cycles + g * Dv, g * w + c.instr_cycles)
         if eng == nisa.engine.vector:
-            nisa.reciprocal(dst=recip[:r, g0:g0 + g, :], data=bank[:, :, Dv:w])
+            # the row sums to SBUF (floored at TINY with a user mask: all-masked rows give 0),
+            # then one divide with O straight from PSUM: the same division as the GpSimd path,
+            # so the result does not depend on the engine the planner picked
+            nisa.tensor_scalar(dst=sums[:r, g0:g0 + g, :], data=bank[:, :, Dv:w], op0=nl.maximum,
+                               operand0=TINY if facts.guard_empty_rows else -FLT_MAX)
             nisa.tensor_tensor(dst=out[:, g0:g0 + g, :], data1=bank[:, :, 0:Dv],
-                               data2=recip[:r, g0:g0 + g, :].broadcast(2, Dv), op=nl.multiply)
+                               data2=sums[:r, g0:g0 + g, :].broadcast(2, Dv), op=nl.divide)
             continue
         nisa.activation(dst=o_raw[:r, g0:g0 + g, :], op=nl.copy, data=bank)
-        for j in range(g0, g0 + g):
-            divide(facts, out[:, j, :], o_raw[:r, j, :], r)
+        divide(facts, out[:, g0:g0 + g, :], o_raw[:r, g0:g0 + g, :], r)
 
 
 def normalize(facts, dst, o, r):
@@ -344,14 +376,18 @@ def normalize(facts, dst, o, r):
 
 
 def divide(facts, dst, raw, r):
-    """dst = raw[:, :Dv] / raw[:, Dv] on GpSimd (raw: [r, Dv + 1] fp32 SBUF).  An all-masked
-    row has rowsum 0 and O 0: with a user mask the divisor is max(rowsum, TINY), so the
-    row is 0 (as torch's SDPA)."""
+    """dst = raw[..., :Dv] / raw[..., Dv] on GpSimd, every head of the tile in one instruction
+    (raw: [r, (heads,) Dv + 1] fp32 SBUF; dst: [r, (heads,) Dv]).  An all-masked row has
+    rowsum 0 and O 0: with a user mask the divisor is max(rowsum, TINY), so the row is 0
+    (as torch's SDPA)."""
     Dv = facts.Dv
-    denom = raw[:, Dv:Dv + 1]
+    if len(raw.shape) == 2:
+        dst, raw = dst.expand_dim(1), raw.expand_dim(1)         # one head: [r, 1, ...]
+    heads = raw.shape[1]
+    denom = raw[:, :, Dv:Dv + 1]
     if facts.guard_empty_rows:
-        d = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        d = nl.ndarray((P, heads, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=d[:r], data=denom, op0=nl.maximum, operand0=TINY, engine=nisa.engine.gpsimd)
         denom = d[:r]
-    nisa.tensor_scalar(dst=dst, data=raw[:, 0:Dv], op0=nl.divide, operand0=denom,
+    nisa.tensor_tensor(dst=dst, data1=raw[:, :, 0:Dv], data2=denom.broadcast(2, Dv), op=nl.divide,
                        engine=nisa.engine.gpsimd)

@@ -6,14 +6,15 @@ rescaled per block (FlashAttention-2), so SBUF/PSUM use does not grow with Sk.
 import nki.isa as nisa
 import nki.language as nl
 
-from .attention_blocks import (causal_diagonal, divide, load_transposed, load_values, row_exp, row_max,
+from .attention_blocks import (causal_diagonal, divide, head_views, load_transposed, load_values, row_exp, row_max,
                                scores, softmax_cycles, store_rows, tile_bias, unit_pv)
 from .attention_launch import P
-from .engine_costs import INSTR_CYCLES
+from .engine_costs import active as active_engine_costs
 
 
-def flash_group(facts, plan, tensors, b, hk0, hk1, key_bias):
-    """Attention of batch b, kv heads hk0:hk1 and their query heads, one key block at a time.
+def flash_group(facts, plan, tensors, b, hk0, hk1, tiles, key_bias, last):
+    """Attention of batch b, kv heads hk0:hk1 and their query heads for query tiles
+    tiles = (t0, t1), one key block at a time (``last``: the program's last unit; unused).
 
     Per chunk of facts.q_chunk query tiles: Qᵀ [D, q heads, rows] is loaded once, the
     accumulators O | rowsum [128, tiles, q heads, Dv+1] fp32 and the running -max
@@ -23,8 +24,8 @@ def flash_group(facts, plan, tensors, b, hk0, hk1, key_bias):
     f = facts
     h0, h1 = hk0 * f.G, hk1 * f.G
     nh = h1 - h0
-    for t0 in range(0, f.n_q_tiles, f.q_chunk):
-        t1 = min(f.n_q_tiles, t0 + f.q_chunk)
+    for t0 in range(tiles[0], tiles[1], f.q_chunk):
+        t1 = min(tiles[1], t0 + f.q_chunk)
         s0, s1 = t0 * P, min(f.Sq, t1 * P)
         nt = t1 - t0
         qT = load_transposed(f, tensors.q, b, h0, h1, s0, s1)
@@ -47,29 +48,30 @@ def flash_group(facts, plan, tensors, b, hk0, hk1, key_bias):
                 for hq in range(h0, h1):
                     bias = (tile_bias(f, tensors.mask, b, hq, q0, r, k0, k0 + n, key_bias)
                             if f.mask_per_head else shared)
-                    _flash_unit(f, plan, qT[:, hq - h0, q0 - s0:q0 - s0 + r], kT[:, hq // f.G - hk0, :],
+                    _flash_unit(f, plan, head_views(qT, hq - h0, q0 - s0, q0 - s0 + r),
+                                head_views(kT, hq // f.G - hk0, 0, n),
                                 vals, hq // f.G - hk0, acc[:, t - t0, hq - h0, :],
                                 neg_max[:, t - t0, hq - h0:hq - h0 + 1], bias, diag, r, n, first=(k0 == 0))
         o_sb = nl.ndarray((P, nt, nh, f.Dv), dtype=tensors.out.dtype, buffer=nl.sbuf)
         for t in range(t0, t1):
             r = min(P, f.Sq - t * P)
-            for j in range(nh):
-                divide(f, o_sb[:r, t - t0, j, :], acc[:r, t - t0, j, :], r)
+            divide(f, o_sb[:r, t - t0, :, :], acc[:r, t - t0, :, :], r)       # every head at once
         store_rows(f, tensors.out, o_sb, b, h0, h1, s0, s1)
 
 
 def _flash_unit(facts, plan, qT, kT, vals, kv, acc, run_neg_max, bias, diag, r, n, first):
     """One key block of one (head, query tile): online-softmax update of acc ([128, Dv+1]
     O | rowsum, SBUF fp32) and run_neg_max ([128, 1] -running max, scaled units, SBUF fp32).
-    qT: [D, r]; kT: [D, >= n] SBUF; bias / diag: see row_max; first: the first key block."""
-    s = scores(qT, kT[:, 0:n], r, n)
+    qT: [[dc, r]]; kT: [[dc, n]] SBUF per head-dim piece; bias / diag: see row_max; first:
+    the first key block."""
+    s = scores(qT, kT, r, n)
     p, blk, z, c = row_max(facts, s, r, n, bias, diag)
     v_cyc, s_cyc = softmax_cycles(facts, n, bias, diag)
     if first:
         row_exp(facts, p, s, z, c, r, n, blk)
         nisa.tensor_copy(dst=run_neg_max[:r], src=blk[:r], engine=nisa.engine.gpsimd)
         # ScalarE also copies O | rowsum (Dv + 1 columns) into acc
-        plan.charge(v_cyc, s_cyc + facts.Dv + 1 + INSTR_CYCLES)
+        plan.charge(v_cyc, s_cyc + facts.Dv + 1 + active_engine_costs().instr_cycles)
         o = unit_pv(facts, plan, p, vals, kv, r, n)
         nisa.tensor_copy(dst=acc[:r], src=o[:r], engine=nisa.engine.scalar)
         return
@@ -83,7 +85,8 @@ def _flash_unit(facts, plan, qT, kT, vals, kv, acc, run_neg_max, bias, diag, r, 
     nisa.tensor_copy(dst=run_neg_max[:r], src=new[:r], engine=nisa.engine.gpsimd)
     # VectorE also updates acc below (two full inputs of Dv + 1 columns: 2·(Dv + 1) cycles);
     # ScalarE also runs the one-column alpha exp (its fixed costs only)
-    plan.charge(v_cyc + 2 * (facts.Dv + 1) + INSTR_CYCLES, s_cyc + 2 * INSTR_CYCLES)
+    instr = active_engine_costs().instr_cycles
+    plan.charge(v_cyc + 2 * (facts.Dv + 1) + instr, s_cyc + 2 * instr)
     o = unit_pv(facts, plan, p, vals, kv, r, n)
     # acc = acc·alpha + O (acc in SBUF, O in PSUM; VectorE)
     nisa.scalar_tensor_tensor(dst=acc[:r], data=acc[:r], op0=nl.multiply, operand0=alpha[:r],

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import nki.language as nl
 
+from .limits import ATTENTION_MAX_HEAD_DIM as MAX_HEAD_DIM
 from .tiling import PARTITIONS, cdiv, itemsize
 
 P = PARTITIONS
@@ -34,11 +35,12 @@ FP32_BYTES = 4
 # Per (query head, query tile) and partition, besides Qᵀ and the output: fp32 O | rowsum of
 # the flash accumulator, and 8 bytes of row statistics (the running -max takes 4).
 ROW_STATS_BYTES = 8
-# Transposed-scores path (attention_transposed.py): rows D, D+1 of Qᵀ/Kᵀ carry the row max
-# split into bf16 hi + lo. A tile of <= 32 partitions must start at partition 0, 32, 64 or
-# 96 (NKI tile rules), so D is a multiple of 32 and D + 2 <= 128 (D in {32, 64, 96});
-# scores of up to 3 key tiles (384 keys) leave PSUM room for the Sᵀ tiles (_ts_heads).
-TS_EXTRA_ROWS = 2
+# Transposed-scores path (attention_transposed.py): rows D..D+2 of Qᵀ/Kᵀ carry the row max
+# split into three bf16 terms hi + mid + lo (exactly the fp32 max: 3 x 8 significant bits).
+# A tile of <= 32 partitions must start at partition 0, 32, 64 or 96 (NKI tile rules), so D
+# is a multiple of 32 and D + 3 <= 128 (D in {32, 64, 96}); scores of up to 3 key tiles
+# (384 keys) leave PSUM room for the Sᵀ tiles (_ts_heads).
+TS_EXTRA_ROWS = 3
 TS_PARTITION_QUADRANT = 32
 TS_MAX_KEY_TILES = 3
 NEG_INF = float("-inf")       # additive mask value of a masked key
@@ -111,19 +113,19 @@ def launch_facts(q, k, v, mask, scale, causal, layout, key_block):
         _, Sk, Hkv, _ = k.shape
     Dv = v.shape[3]
     assert tuple(k.shape[:3]) == tuple(v.shape[:3]), f"k {k.shape} and v {v.shape} differ"
-    assert D <= P, f"head_dim={D} exceeds {P} (the TensorE contraction limit)"
-    assert Dv <= P, f"value head_dim={Dv} exceeds {P}"
+    assert 1 <= D <= MAX_HEAD_DIM, f"head_dim={D} outside [1, {MAX_HEAD_DIM}]"
+    assert 1 <= Dv <= MAX_HEAD_DIM, f"value head_dim={Dv} outside [1, {MAX_HEAD_DIM}]"
     assert H % Hkv == 0, f"query heads {H} not a multiple of kv heads {Hkv}"
     assert str(q.dtype) == str(k.dtype) == str(v.dtype), "q, k, v must share one dtype"
     mask_kind, mask_batches, mask_heads = _mask_kind(mask, B, H, Sq, Sk)
     isz = itemsize(q.dtype)
     G = H // Hkv
     n_q_tiles = cdiv(Sq, P)
-    kv_group, q_chunk = _grouping(isz, Hkv, G, Dv, n_q_tiles, key_block)
+    kv_group, q_chunk = _grouping(isz, Hkv, G, cdiv(D, P), Dv, n_q_tiles, key_block)
     biased = mask is not None or bool(causal)
     transposed_scores = (str(q.dtype) == "bfloat16" and not biased and Sk <= TS_MAX_KEY_TILES * P
                          and D % TS_PARTITION_QUADRANT == 0 and D + TS_EXTRA_ROWS <= P
-                         and key_block >= Sk)
+                         and Dv <= P and key_block >= Sk)
     return LaunchFacts(
         B=B, H=H, Hkv=Hkv, G=G, Sq=Sq, Sk=Sk, D=D, Dv=Dv, layout=layout, dtype=q.dtype,
         itemsize=isz, scale=float(scale), causal=bool(causal), mask_kind=mask_kind,
@@ -148,15 +150,17 @@ def _mask_kind(mask, B, H, Sq, Sk):
     return "full", mask.shape[0], mask.shape[1]
 
 
-def _grouping(isz, Hkv, G, Dv, n_q_tiles, key_block):
-    """(kv heads per group, query tiles per chunk) within KV_BUDGET and Q_BUDGET."""
-    # per kv head and partition: Kᵀ of one key block, V with its ones column
-    per_kv = (key_block + cdiv(key_block, P) * (Dv + 1)) * isz
+def _grouping(isz, Hkv, G, d_pieces, Dv, n_q_tiles, key_block):
+    """(kv heads per group, query tiles per chunk) within KV_BUDGET and Q_BUDGET.
+    d_pieces: the head dim's pieces of <= 128 partitions (Qᵀ and Kᵀ take one row of
+    partitions per piece)."""
+    # per kv head and partition: Kᵀ of one key block (per head-dim piece), V with its ones column
+    per_kv = (d_pieces * key_block + cdiv(key_block, P) * (Dv + 1)) * isz
     kv_group = max(1, min(Hkv, KV_BUDGET // per_kv))
-    # per query tile and partition, for every query head of a group: Qᵀ, the output tile,
-    # the flash accumulator O | rowsum and the row statistics (the single pass, which has
-    # no accumulator, reserves the same)
-    per_qt = G * kv_group * (P * isz + Dv * isz + (Dv + 1) * FP32_BYTES + ROW_STATS_BYTES)
+    # per query tile and partition, for every query head of a group: Qᵀ (per head-dim
+    # piece), the output tile, the flash accumulator O | rowsum and the row statistics (the
+    # single pass, which has no accumulator, reserves the same)
+    per_qt = G * kv_group * (d_pieces * P * isz + Dv * isz + (Dv + 1) * FP32_BYTES + ROW_STATS_BYTES)
     q_chunk = max(1, min(n_q_tiles, Q_BUDGET // per_qt))
     return kv_group, q_chunk
 

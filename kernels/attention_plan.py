@@ -5,15 +5,15 @@ Only VectorE and ScalarE read PSUM, and every softmax needs a pass over the scor
 banks) can go to either: the planner keeps a running estimate of both engines' busy time
 (ns) over the launch, in issue order, and gives each copy to the one that keeps them most
 even. For 16-bit data it also decides which Pᵀ transposes go to the DMA queues instead.
-Estimates use the trn2 figures of engine_costs.py; they steer speed, never results.
+Estimates use the cost model's figures for the generation being built for
+(engine_costs.active()); they steer speed, never results.
 """
 
 import nki.isa as nisa
 import nki.language as nl
 
 from .attention_launch import FP32_BYTES, P, unbiased_heads_per_batch
-from .engine_costs import (DMA_BYTES_PER_S, DMA_FIXED_NS, DMA_TRANSPOSE_EFFICIENCY, INSTR_CYCLES,
-                           SCALAR_GHZ, VECTOR_GHZ, VECTOR_PSUM_COPY_16BIT_RATE)
+from .engine_costs import active as active_engine_costs
 from .tiling import cdiv
 
 # use_dma spreads the DMA transposes evenly: after i calls, round(i * dma_share) of them
@@ -34,25 +34,26 @@ class EngineBalance(nl.NKIObject):
     """
 
     def __init__(self, facts):
+        self.costs = active_engine_costs()
         self.itemsize = facts.itemsize
         self.vector_ns = 0.0       # estimated VectorE busy time so far
         self.scalar_ns = 0.0       # estimated ScalarE busy time so far
         # share (0..1) of the launch's Pᵀ made by DMA transposes; 16-bit data only
-        self.dma_share = _plan_dma_share(facts) if facts.dma_transpose else 0.0
+        self.dma_share = _plan_dma_share(facts, self.costs) if facts.dma_transpose else 0.0
         self.dma_credit = 0.0
         # transposed-scores path: the launch's first query tile is still to come
         self.ts_first_tile = True
 
     def charge(self, vector_cycles=0.0, scalar_cycles=0.0):
         """Account work that must run on VectorE / ScalarE (estimated cycles)."""
-        self.vector_ns += vector_cycles / VECTOR_GHZ
-        self.scalar_ns += scalar_cycles / SCALAR_GHZ
+        self.vector_ns += vector_cycles / self.costs.vector_ghz
+        self.scalar_ns += scalar_cycles / self.costs.scalar_ghz
 
     def pick(self, vector_cycles, scalar_cycles):
         """Engine for a piece of work either can do (a PSUM->SBUF copy): the one that keeps
         the launch's estimated VectorE and ScalarE loads most even (greedy list schedule)."""
-        tv = self.vector_ns + vector_cycles / VECTOR_GHZ
-        ts = self.scalar_ns + scalar_cycles / SCALAR_GHZ
+        tv = self.vector_ns + vector_cycles / self.costs.vector_ghz
+        ts = self.scalar_ns + scalar_cycles / self.costs.scalar_ghz
         if max(tv, self.scalar_ns) <= max(self.vector_ns, ts):
             self.vector_ns = tv
             return nisa.engine.vector
@@ -61,8 +62,9 @@ class EngineBalance(nl.NKIObject):
 
     def copy_cycles(self, elems):
         """(VectorE, ScalarE) cycles to copy ``elems`` per partition of Pᵀ out of PSUM."""
-        rate = VECTOR_PSUM_COPY_16BIT_RATE if self.itemsize == 2 else 1.0
-        return (elems / rate + INSTR_CYCLES, elems + INSTR_CYCLES)
+        c = self.costs
+        rate = c.vector_psum_copy_16bit_rate if self.itemsize == 2 else 1.0
+        return (elems / rate + c.instr_cycles, elems + c.instr_cycles)
 
     def use_dma(self):
         """Whether the next Pᵀ is made by DMA transposes: True for a share ``dma_share`` of
@@ -83,20 +85,14 @@ class EngineBalance(nl.NKIObject):
         """Transposed scores: a query tile's row maxes are done (the first tile is past)."""
         self.ts_first_tile = False
 
-    @staticmethod
-    def normalize_on_vector(facts, b, hk1):
-        """Transposed scores: the launch's last head group normalises its outputs on VectorE,
-        which runs out of work first (ScalarE still has the exps), so the tail is short."""
-        return b == facts.B - 1 and hk1 == facts.Hkv
 
-
-def _plan_dma_share(facts):
+def _plan_dma_share(facts, costs):
     """Share of Pᵀ to transpose with the DMA engines rather than TensorE + a PSUM copy.
 
     A first-order estimate of where the time goes, from the shapes alone (``_launch_work``);
     the share moved to the DMA is the one that levels DMA with VectorE/ScalarE, searched
     in steps of 1/DMA_SHARE_STEPS."""
-    t_io, vec, sca, pt_v, pt_s, pt_d = _launch_work(facts)
+    t_io, vec, sca, pt_v, pt_s, pt_d = _launch_work(facts, costs)
     best, best_t = 0.0, None
     for i in range(DMA_SHARE_STEPS + 1):
         d = i / DMA_SHARE_STEPS
@@ -111,7 +107,7 @@ def _plan_dma_share(facts):
     return best
 
 
-def _launch_work(facts):
+def _launch_work(facts, costs):
     """Estimated ns of the launch: (DMA busy with q/k/v/out (+ mask), VectorE softmax work,
     ScalarE softmax work, all Pᵀ copies on VectorE, all on ScalarE, all Pᵀ by DMA)."""
     f = facts
@@ -119,7 +115,8 @@ def _launch_work(facts):
     if f.mask_kind is not None:         # the fp32 mask
         io += FP32_BYTES * (f.mask_batches * f.Sk if f.mask_kind == "key" else
                    f.mask_batches * f.mask_heads * f.Sq * f.Sk)
-    t_io = io / DMA_BYTES_PER_S * 1e9
+    c = costs
+    t_io = io / c.dma_bytes_per_s * 1e9
     vec = sca = pt_v = pt_s = pt_d = 0.0
     for t in range(f.n_q_tiles):
         r = min(P, f.Sq - t * P)
@@ -128,18 +125,19 @@ def _launch_work(facts):
         units = f.B * f.H
         # VectorE: the row max reads n columns; a masked column takes 2 more passes (add the
         # mask, reduce); ScalarE: the exp and the copy of O | rowsum (Dv + 1 columns)
-        vec += units * (n + 2 * masked + INSTR_CYCLES) / VECTOR_GHZ
-        sca += units * (n + 2 * INSTR_CYCLES + f.Dv + 1) / SCALAR_GHZ
+        vec += units * (n + 2 * masked + c.instr_cycles) / c.vector_ghz
+        sca += units * (n + 2 * c.instr_cycles + f.Dv + 1) / c.scalar_ghz
         e = cdiv(n, P) * r          # Pᵀ elements per partition: r columns per 128-key block
-        rate = VECTOR_PSUM_COPY_16BIT_RATE if f.itemsize == 2 else 1.0
-        pt_v += units * e / rate / VECTOR_GHZ
-        pt_s += units * e / SCALAR_GHZ
+        rate = c.vector_psum_copy_16bit_rate if f.itemsize == 2 else 1.0
+        pt_v += units * e / rate / c.vector_ghz
+        pt_s += units * e / c.scalar_ghz
         # DMA: one transfer for the full 128-key chunks and one for the tail chunk of a batch
-        # of heads, each costing at least the fixed latency
+        # of heads; a transpose spreads over all 16 queues, each held for its share's data
+        # (plus hand-over) and at least the gap between transfers
         nb = unbiased_heads_per_batch(f, n) if not f.biased else 1
         batches = cdiv(units, nb)
         for keys in (n // P * P, n % P):
             if keys:
-                data = nb * r * keys * f.itemsize / (DMA_BYTES_PER_S * DMA_TRANSPOSE_EFFICIENCY) * 1e9
-                pt_d += batches * max(DMA_FIXED_NS, data)
+                data = nb * r * keys * f.itemsize / (c.dma_bytes_per_s * c.dma_transpose_efficiency) * 1e9
+                pt_d += batches * c.dma_occupancy_ns(data)
     return t_io, vec, sca, pt_v, pt_s, pt_d

@@ -9,28 +9,29 @@ in PSUM (``_unbiased_batch``); with one, head by head (``_biased_unit``).
 import nki.isa as nisa
 import nki.language as nl
 
-from .attention_blocks import (causal_diagonal, evict, load_transposed, load_values, normalize, pv,
+from .attention_blocks import (causal_diagonal, evict, head_views, load_transposed, load_values, normalize, pv,
                                row_exp, row_extrema_side_by_side, row_max, scores, scores_side_by_side,
                                softmax_cycles, store_rows, tile_bias, transpose_p, unit_pv)
 from .attention_launch import P, PSUM_BANK_FP32, unbiased_heads_per_batch
-from .engine_costs import INSTR_CYCLES
+from .engine_costs import active as active_engine_costs
 from .tiling import cdiv
 
 
-def single_pass_group(facts, plan, tensors, b, hk0, hk1, key_bias):
-    """Attention of batch b, kv heads hk0:hk1 and their query heads, all Sk keys at once.
+def single_pass_group(facts, plan, tensors, b, hk0, hk1, tiles, key_bias, last):
+    """Attention of batch b, kv heads hk0:hk1 and their query heads for query tiles
+    tiles = (t0, t1), all Sk keys at once (``last``: the program's last unit; unused here).
 
     Kᵀ [D, kv heads, Sk] and V [128, key tiles, kv heads, Dv+1] are loaded once; queries
     go by chunks of facts.q_chunk tiles: Qᵀ [D, q heads, rows] in, outputs
     [128, tiles, q heads, Dv] out.  key_bias: [128, Sk] fp32 SBUF key-padding row or None."""
     f = facts
     h0, h1 = hk0 * f.G, hk1 * f.G
-    kT = load_transposed(f, tensors.k, b, hk0, hk1, 0, f.Sk)      # [D, kv heads, Sk]
+    kT = load_transposed(f, tensors.k, b, hk0, hk1, 0, f.Sk)      # [[dc, kv heads, Sk]]
     vals = load_values(f, tensors.v, b, hk0, hk1, 0, f.Sk)       # [128, key tiles, kv heads, Dv+1]
-    for t0 in range(0, f.n_q_tiles, f.q_chunk):
-        t1 = min(f.n_q_tiles, t0 + f.q_chunk)
+    for t0 in range(tiles[0], tiles[1], f.q_chunk):
+        t1 = min(tiles[1], t0 + f.q_chunk)
         s0, s1 = t0 * P, min(f.Sq, t1 * P)
-        qT = load_transposed(f, tensors.q, b, h0, h1, s0, s1)     # [D, q heads, rows]
+        qT = load_transposed(f, tensors.q, b, h0, h1, s0, s1)     # [[dc, q heads, rows]]
         o_sb = nl.ndarray((P, t1 - t0, h1 - h0, f.Dv), dtype=tensors.out.dtype, buffer=nl.sbuf)
         for t in range(t0, t1):
             q0 = t * P
@@ -38,8 +39,9 @@ def single_pass_group(facts, plan, tensors, b, hk0, hk1, key_bias):
             n = min(f.Sk, q0 + r) if f.causal else f.Sk    # causal: later keys never attend
 
             def unit(hq):
-                # (Qᵀ [D, r], Kᵀ [D, n], kv index, output rows [r, Dv]) of query head hq
-                return (qT[:, hq - h0, q0 - s0:q0 - s0 + r], kT[:, hq // f.G - hk0, 0:n],
+                # (Qᵀ [[dc, r]], Kᵀ [[dc, n]] per head-dim piece, kv index, output rows
+                # [r, Dv]) of query head hq
+                return (head_views(qT, hq - h0, q0 - s0, q0 - s0 + r), head_views(kT, hq // f.G - hk0, 0, n),
                         hq // f.G - hk0, o_sb[:r, t - t0, hq - h0, :])
 
             if not f.biased:
@@ -60,13 +62,14 @@ def single_pass_group(facts, plan, tensors, b, hk0, hk1, key_bias):
 
 def _biased_unit(facts, plan, qT, kT, vals, kv, out_tile, bias, diag, r, n):
     """One (head, query tile) with a mask or causal: S, masked row max, exp, P·V, O / rowsum
-    into out_tile [r, Dv] SBUF.  bias / diag: see row_max."""
-    s = scores(qT, kT[:, 0:n], r, n)
+    into out_tile [r, Dv] SBUF.  qT / kT: [[dc, r]] / [[dc, n]] per head-dim piece;
+    bias / diag: see row_max."""
+    s = scores(qT, kT, r, n)
     p, neg_max, z, c = row_max(facts, s, r, n, bias, diag)
     row_exp(facts, p, s, z, c, r, n, neg_max)
     v_cyc, s_cyc = softmax_cycles(facts, n, bias, diag)
     # ScalarE also copies O | rowsum (Dv + 1 columns) out of PSUM in normalize
-    plan.charge(v_cyc, s_cyc + facts.Dv + 1 + INSTR_CYCLES)
+    plan.charge(v_cyc, s_cyc + facts.Dv + 1 + active_engine_costs().instr_cycles)
     o = unit_pv(facts, plan, p, vals, kv, r, n)
     normalize(facts, out_tile, o, r)
 
@@ -86,7 +89,8 @@ def _unbiased_batch(facts, plan, units, vals, out, r, n):
     * O | rowsum = P·[V | 1] (ones column in V), then evict normalises (FlashAttention-2:
       once, after P·V), one PSUM bank of outputs at a time.
 
-    ``units``: (qᵀ [D, r], kᵀ [D, n], kv index) per head; ``out``: [r, heads, Dv] SBUF
+    ``units``: (qᵀ, kᵀ, kv index) per head, qᵀ / kᵀ lists of [dc, r] / [dc, n] views per
+    head-dim piece; ``out``: [r, heads, Dv] SBUF
     output rows of those (adjacent) heads."""
     f = facts
     nb = len(units)
@@ -104,7 +108,8 @@ def _unbiased_batch(facts, plan, units, vals, out, r, n):
                         scale=f.scale)
     pT = nl.ndarray((P, nb * nkc, P), dtype=f.dtype, buffer=nl.sbuf)
     # VectorE: the reduces (n columns per head); ScalarE: the exps
-    plan.charge(nb * n + INSTR_CYCLES * cdiv(nb, per_bank), nb * (n + INSTR_CYCLES))
+    instr = active_engine_costs().instr_cycles
+    plan.charge(nb * n + instr * cdiv(nb, per_bank), nb * (n + instr))
     in_flight = transpose_p(f, plan, p, pT, r, n)   # noqa: F841 (PSUM held until P·V)
     # O | rowsum = P·[V | 1]: head j at bank j // per_o, columns (j % per_o) * (Dv + 1)
     w = f.Dv + 1

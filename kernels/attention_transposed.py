@@ -1,15 +1,15 @@
 """The transposed-scores attention path: P is made directly as Pᵀ, with no Pᵀ transposes
-or PSUM copies of P (bf16, no mask, not causal, Sk <= 384, D in {32, 64, 96}; see
-``LaunchFacts.transposed_scores``).
+or PSUM copies of P (bf16, no mask, not causal, Sk <= 384, D in {32, 64, 96}, Dv <= 128;
+see ``LaunchFacts.transposed_scores``).
 
 Per query tile and batch of heads: S = Q·Kᵀ side by side in PSUM and one VectorE reduce
-for the row maxes m (raw units); GpSimd splits m into bf16 hi + lo and one DMA transpose
-puts them on partitions D, D+1 of Qᵀ; TensorE computes
-Sᵀ = [Kᵀ; -1; -1]ᵀ·[Qᵀ; hi; lo] = (S - m)ᵀ per 128-key tile (fp32 accumulation), and
-ScalarE Pᵀ = exp(scale·Sᵀ) with no per-partition bias, so one exp covers the batch's heads
-and every key tile.  The max is still subtracted (hi + lo = m to ~2^-16 relative, and any
-error is a per-row constant, which softmax ignores).  Pᵀ is the stationary operand of
-P·[V | 1].
+for the row maxes m (raw units); GpSimd splits m into bf16 hi + mid + lo (exactly m) and
+one DMA transpose puts them on partitions D..D+2 of Qᵀ; TensorE computes
+Sᵀ = [Kᵀ; -1; -1; -1]ᵀ·[Qᵀ; hi; mid; lo] = (S - m)ᵀ per 128-key tile (fp32 accumulation),
+and ScalarE Pᵀ = exp(scale·Sᵀ) with no per-partition bias, so one exp covers the batch's
+heads and every key tile.  bf16 products are exact in fp32, so accumulated in the order of
+S = Q·Kᵀ the max element gives exactly 0 and every other exp argument is <= 0: no
+overflow whatever the logits' size.  Pᵀ is the stationary operand of P·[V | 1].
 """
 
 import nki.isa as nisa
@@ -18,7 +18,7 @@ import nki.language as nl
 from .attention_blocks import (evict, load_transposed, load_values, pv, row_extrema_side_by_side,
                                scores_side_by_side, store_rows)
 from .attention_launch import P, PSUM_BANK_FP32, PSUM_BANKS, TS_EXTRA_ROWS
-from .engine_costs import INSTR_CYCLES
+from .engine_costs import active as active_engine_costs
 from .tiling import cdiv
 
 # Heads per batch: at most 4 (more heads for short tail tiles measured slower: a coarser
@@ -34,9 +34,9 @@ TS_KEY_TILES = 2
 
 class TransposedKeys(nl.NKIObject):
     """The persistent Kᵀ tiles of a transposed-scores launch: TS_KEY_TILES SBUF tiles
-    [D+2, kv_group, Sk] (matmul dtype) used in turn, rows D, D+1 = -1.
+    [D+3, kv_group, Sk] (matmul dtype) used in turn, rows D..D+2 = -1.
 
-    Rows D, D+1 come from one small GpSimd memset of a [2, 1, Sk] tile, spread over the kv
+    Rows D..D+2 come from one small GpSimd memset of a [3, 1, Sk] tile, spread over the kv
     heads by an SBUF->SBUF DMA on each tile's first use (a memset of every head would cost
     GpSimd kv_group x Sk cycles on 2 lanes at the start of the launch)."""
 
@@ -60,38 +60,40 @@ class TransposedKeys(nl.NKIObject):
         return kx, self.uses <= len(self.tiles)
 
     def write_minus_ones(self, kx):
-        """Rows D, D+1 of kx = -1 (one SBUF->SBUF DMA)."""
+        """Rows D..D+2 of kx = -1 (one SBUF->SBUF DMA)."""
         D = self.D
         nisa.dma_copy(dst=kx[D:D + TS_EXTRA_ROWS],
                       src=self.minus_ones[D:D + TS_EXTRA_ROWS].broadcast(1, self.kv_group))
 
 
-def transposed_scores_group(facts, plan, tensors, b, hk0, hk1, key_bias=None):
-    """Attention of batch b, kv heads hk0:hk1 and their query heads (no mask: key_bias None).
+def transposed_scores_group(facts, plan, tensors, b, hk0, hk1, tiles, key_bias, last):
+    """Attention of batch b, kv heads hk0:hk1 and their query heads for query tiles
+    tiles = (t0, t1) (no mask: key_bias None; ``last``: the program's last unit).
 
     Kᵀ goes into the next TransposedKeys tile; the -1 rows of a tile's first use are
     written after the loads the first scores wait for (Kᵀ, then Qᵀ of the first chunk,
     loaded before V).  The launch's last query tile stores each batch of heads as soon as
-    it is done (a short tail)."""
+    it is done (a short tail); the program's last unit normalises its outputs on VectorE,
+    which runs out of work first (ScalarE still has the exps), so the tail is short."""
     f = facts
     h0, h1 = hk0 * f.G, hk1 * f.G
     kx, first_use = tensors.ts_keys.next_tile()
-    kT = kx[:, 0:hk1 - hk0, :]                                   # [D+2, kv heads, Sk]
+    kT = kx[:, 0:hk1 - hk0, :]                                   # [D+3, kv heads, Sk]
     load_transposed(f, tensors.k, b, hk0, hk1, 0, f.Sk, out=kT[0:f.D])
-    qT_first = _load_q_extended(f, tensors.q, b, h0, h1, 0, min(f.Sq, f.q_chunk * P))
+    qT_first = _load_q_extended(f, tensors.q, b, h0, h1, tiles[0] * P,
+                                min(f.Sq, min(tiles[1], tiles[0] + f.q_chunk) * P))
     if first_use:
         tensors.ts_keys.write_minus_ones(kx)
     vals = load_values(f, tensors.v, b, hk0, hk1, 0, f.Sk)      # [128, key tiles, kv heads, Dv+1]
-    last_group = b == f.B - 1 and hk1 == f.Hkv
-    for t0 in range(0, f.n_q_tiles, f.q_chunk):
-        t1 = min(f.n_q_tiles, t0 + f.q_chunk)
+    for t0 in range(tiles[0], tiles[1], f.q_chunk):
+        t1 = min(tiles[1], t0 + f.q_chunk)
         s0, s1 = t0 * P, min(f.Sq, t1 * P)
-        qT = qT_first if t0 == 0 else _load_q_extended(f, tensors.q, b, h0, h1, s0, s1)
+        qT = qT_first if t0 == tiles[0] else _load_q_extended(f, tensors.q, b, h0, h1, s0, s1)
         o_sb = nl.ndarray((P, t1 - t0, h1 - h0, f.Dv), dtype=tensors.out.dtype, buffer=nl.sbuf)
         for t in range(t0, t1):
             q0 = t * P
             r = min(P, f.Sq - q0)
-            last = last_group and t == f.n_q_tiles - 1
+            last_tile = last and t == tiles[1] - 1
 
             def store(j0, j1, t=t, q0=q0, r=r):
                 # the launch's last tile: each batch of heads stored as soon as it is done
@@ -99,17 +101,17 @@ def transposed_scores_group(facts, plan, tensors, b, hk0, hk1, key_bias=None):
                               src=o_sb[:r, t - t0, j0:j1, :])
 
             _ts_tile(f, plan, qT[:, :, q0 - s0:q0 - s0 + r], kT, vals, h0, h1, hk0,
-                     o_sb[:r, t - t0, :, :], r, f.Sk, last=last,
-                     on_vector=plan.normalize_on_vector(f, b, hk1), store=store if last else None)
-            if last:
+                     o_sb[:r, t - t0, :, :], r, f.Sk, last=last_tile,
+                     on_vector=last, store=store if last_tile else None)
+            if last_tile:
                 s1 = q0                        # rows q0.. already stored
         if s1 > s0:
             store_rows(f, tensors.out, o_sb, b, h0, h1, s0, s1)
 
 
 def _load_q_extended(facts, q, b, h0, h1, s0, s1):
-    """[D+2, h1-h0, s1-s0] SBUF tile with Qᵀ of rows s0:s1 in rows 0:D (rows D, D+1: hi, lo
-    of the row max, written per tile by _ts_hilo)."""
+    """[D+3, h1-h0, s1-s0] SBUF tile with Qᵀ of rows s0:s1 in rows 0:D (rows D..D+2: hi,
+    mid, lo of the row max, written per tile by _ts_hilo)."""
     qT = nl.ndarray((facts.D + TS_EXTRA_ROWS, h1 - h0, s1 - s0), dtype=facts.dtype, buffer=nl.sbuf)
     load_transposed(facts, q, b, h0, h1, s0, s1, out=qT[0:facts.D])
     return qT
@@ -125,31 +127,37 @@ def _ts_heads(n, r):
 
 
 def _ts_hilo(facts, ext, qx, j0, j1, r):
-    """Rows D, D+1 of qx[:, j0:j1, :r] = hi, lo with hi + lo = ext (hi = bf16(ext), lo =
-    bf16(ext - hi), on GpSimd), transposed onto those partitions by one DMA transpose.
-    ext: [128, heads] fp32 SBUF row maxes."""
+    """Rows D, D+1, D+2 of qx[:, j0:j1, :r] = hi, mid, lo: three bf16 values whose sum is
+    exactly ext (hi = bf16(ext), mid = bf16(ext - hi), lo = ext - hi - mid: each step takes
+    8 more of fp32's 24 significant bits, and ext - hi is exact in fp32), made on GpSimd
+    and transposed onto those partitions by one DMA transpose. Exact, so the max score of
+    a row gives Sᵀ - m = 0 and exp never overflows (two terms, exact to ~2^-17 relative,
+    overflowed for scaled logits of ~1e7). ext: [128, heads] fp32 SBUF row maxes."""
     nj, D = j1 - j0, facts.D
-    hl = nl.ndarray((P, nj, 2), dtype=facts.dtype, buffer=nl.sbuf)
-    hi = hl[:r, :, 0:1].reshape((r, nj))
+    hml = nl.ndarray((P, nj, TS_EXTRA_ROWS), dtype=facts.dtype, buffer=nl.sbuf)
+    hi, mid, lo = (hml[:r, :, i:i + 1].reshape((r, nj)) for i in range(TS_EXTRA_ROWS))
+    rest = nl.ndarray((P, nj), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=hi, src=ext[:r, j0:j1], engine=nisa.engine.gpsimd)
-    nisa.tensor_tensor(dst=hl[:r, :, 1:2].reshape((r, nj)), data1=ext[:r, j0:j1], data2=hi,
-                       op=nl.subtract, engine=nisa.engine.gpsimd)
-    nisa.dma_transpose(dst=qx[D:D + TS_EXTRA_ROWS, j0:j1, :], src=hl[:r], axes=(2, 1, 0))
+    nisa.tensor_tensor(dst=rest[:r], data1=ext[:r, j0:j1], data2=hi, op=nl.subtract,
+                       engine=nisa.engine.gpsimd)
+    nisa.tensor_copy(dst=mid, src=rest[:r], engine=nisa.engine.gpsimd)
+    nisa.tensor_tensor(dst=lo, data1=rest[:r], data2=mid, op=nl.subtract, engine=nisa.engine.gpsimd)
+    nisa.dma_transpose(dst=qx[D:D + TS_EXTRA_ROWS, j0:j1, :], src=hml[:r], axes=(2, 1, 0))
 
 
 def _ts_tile(facts, plan, qx, kx, vals, h0, h1, hk0, out, r, n, last, on_vector, store):
     """Attention of every head of a group for one query tile, P made directly as Pᵀ.
 
     1. per batch of heads, S = Q·Kᵀ side by side in PSUM and one VectorE reduce for the row
-       maxes m; hi + lo = m onto partitions D, D+1 of Qᵀ (_ts_hilo: per batch on the
+       maxes m; hi + mid + lo = m onto partitions D..D+2 of Qᵀ (_ts_hilo: per batch on the
        launch's first and last tiles, else once for all heads);
-    2. per batch of heads, Sᵀ = [Kᵀ; -1; -1]ᵀ·[Qᵀ; hi; lo] = (S - m)ᵀ per 128-key tile
+    2. per batch of heads, Sᵀ = [Kᵀ; -1; -1; -1]ᵀ·[Qᵀ; hi; mid; lo] = (S - m)ᵀ per key tile
        [128 keys, nkc, heads · r] fp32 PSUM, Pᵀ = exp(scale·Sᵀ) by one ScalarE instruction
        for the batch, O | rowsum = P·[V | 1], then evict (on VectorE if ``last`` or
        ``on_vector``) and ``store`` (if given) of the batch's heads.
     One function: the last batch's S stays allocated through step 2, as the PSUM budget
-    of _ts_heads counts it.  ``qx``: [D+2, heads, r] view of Qᵀ; ``kx``: [D+2, kv heads,
-    Sk] with rows D, D+1 = -1; ``out``: [r, heads, Dv] SBUF output rows."""
+    of _ts_heads counts it.  ``qx``: [D+3, heads, r] view of Qᵀ; ``kx``: [D+3, kv heads,
+    Sk] with rows D..D+2 = -1; ``out``: [r, heads, Dv] SBUF output rows."""
     nh, D = h1 - h0, facts.D
     nb = _ts_heads(n, r)
     nkc = cdiv(n, P)
@@ -159,9 +167,9 @@ def _ts_tile(facts, plan, qx, kx, vals, h0, h1, hk0, out, r, n, last, on_vector,
     for b0 in range(0, nh, nb):
         m = min(nb, nh - b0)
         s, per_bank, _ = scores_side_by_side(
-            [(qx[0:D, b0 + j, :], kx[0:D, kvs[b0 + j], 0:n]) for j in range(m)], r, n)
+            [([qx[0:D, b0 + j, :]], [kx[0:D, kvs[b0 + j], 0:n]]) for j in range(m)], r, n)
         row_extrema_side_by_side(facts, s, ext[:, b0:b0 + m], m, per_bank, r, n)
-        plan.charge(m * n + INSTR_CYCLES * cdiv(m, per_bank), 0)
+        plan.charge(m * n + active_engine_costs().instr_cycles * cdiv(m, per_bank), 0)
         if per_batch_hilo:
             _ts_hilo(facts, ext, qx, b0, b0 + m, r)
     if not per_batch_hilo:
@@ -182,7 +190,7 @@ def _ts_tile(facts, plan, qx, kx, vals, h0, h1, hk0, out, r, n, last, on_vector,
         # values: exp runs on them, and P·V never reads those lanes of Pᵀ)
         nisa.activation(dst=pT[:, :, :, :r], op=nl.exp,
                         data=st[:, 0:nkc, 0:m * r].reshape((P, nkc, m, r)), scale=facts.scale)
-        plan.charge(0, nkc * m * r + INSTR_CYCLES)
+        plan.charge(0, nkc * m * r + active_engine_costs().instr_cycles)
         o = nl.ndarray((P, cdiv(m, per_o), PSUM_BANK_FP32), dtype=nl.float32, buffer=nl.psum)
         for j in range(m):
             pv(o[:r, j // per_o, (j % per_o) * w:(j % per_o + 1) * w], pT[:, :, j, :], vals,

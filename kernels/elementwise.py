@@ -7,7 +7,8 @@ Layout:
     The tensor is read as flat memory. The first ``128 * (n // 128)`` elements are viewed as
     ``[128, n // 128]`` (all 128 partitions busy, each partition a contiguous run) and
     processed in column chunks of up to ``COLS`` elements; the ``n % 128`` leftover
-    elements are one ``[tail, 1]`` tile.
+    elements are one ``[tail, 1]`` tile. At LNC=2 each core takes half of the columns
+    (``program_share``) and the last core also the tail.
 Engines:
     DMA loads a chunk HBM -> SBUF, ScalarE applies the activation (computing in fp32,
     rounding once to the output dtype), DMA stores it back. Each chunk gets fresh SBUF
@@ -21,7 +22,7 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-from .tiling import PARTITIONS, cdiv
+from .tiling import PARTITIONS, program_share
 
 # 2048 elements per partition per transfer: 8 KiB (fp32) / 4 KiB (bf16) DMA per partition,
 # at or above the 4 KiB the DMA guide gives for saturating bandwidth; in + out tiles of two
@@ -65,13 +66,13 @@ def elementwise_kernel(x, op="gelu"):
         body = PARTITIONS * body_cols
         x_body = x_flat[0:body].reshape((PARTITIONS, body_cols))
         out_body = out_flat[0:body].reshape((PARTITIONS, body_cols))
-        for c0 in range(cdiv(body_cols, COLS)):
-            start = c0 * COLS
-            cols = min(COLS, body_cols - start)
+        col_lo, col_hi = program_share(body_cols)     # this program's columns
+        for start in range(col_lo, col_hi, COLS):
+            cols = min(COLS, col_hi - start)
             _apply(out_body[:, start:start + cols], x_body[:, start:start + cols], PARTITIONS, cols, func)
 
     tail = n - PARTITIONS * body_cols
-    if tail > 0:
+    if tail > 0 and nl.program_id(0) == nl.num_programs() - 1:   # the last program takes the tail
         start = PARTITIONS * body_cols
         x_tail = x_flat[start:n].reshape((tail, 1))
         out_tail = out_flat[start:n].reshape((tail, 1))

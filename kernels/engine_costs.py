@@ -1,28 +1,83 @@
-"""Engine clocks and DMA figures the attention kernel plans its engine balance with.
+"""The cost model's engine and DMA figures, per NeuronCore generation, for the kernels'
+engine-balance planning (attention_plan.py).
 
-These numbers MIRROR the cost model's trn2 table (``Target`` ``TARGETS["trn2"]`` in
-torch_ext/nki_kernels/simulator/hardware.py, where each one's AWS source is cited):
-copied, not imported, because kernel sources import only nki and sibling kernel modules.
-They steer choices (which engine copies a PSUM tile, how much of Pᵀ the DMA queues
-transpose), never correctness: a different value changes speed, not results. Keep them
-equal to that table; the kernels will read the active target's numbers in a later step.
+Kernel sources import only nki, nki.language, nki.isa and sibling modules, so they cannot
+import the cost model. This module is the one place in kernels/ that holds its numbers,
+keyed by NeuronCore generation (``nisa.get_nc_version()``, the generation the kernel is
+compiled for); tests/cost/test_engine_costs.py checks that every value equals the field
+of the cost model's ``Target`` it names (torch_ext/nki_kernels/simulator/hardware.py,
+where each number's AWS source is cited), so a change to the model fails that test until
+this table follows. The numbers steer speed (which engine copies a PSUM tile, how much of
+Pᵀ the DMA queues transpose), never results.
 """
 
-# VectorE and ScalarE clocks (GHz): work estimated in cycles is divided by these to give ns.
-VECTOR_GHZ = 0.96                 # hardware.py trn2 vector_hz = 0.96e9
-SCALAR_GHZ = 1.2                  # hardware.py trn2 scalar_hz = 1.2e9
+import nki.isa as nisa
+import nki.language as nl
 
-# VectorE performance mode: a 16-bit copy with one side in PSUM moves 2 elements per lane
-# and cycle (hardware.py vector_perf_mode_half); ScalarE moves 1.
-VECTOR_PSUM_COPY_16BIT_RATE = 2.0
 
-# Fixed cost of one VectorE/ScalarE/GpSimd instruction (static SBUF access overhead).
-INSTR_CYCLES = 60                 # hardware.py static_overhead_cycles
-# Shortest VectorE/ScalarE instruction (MIN_II): tiny instructions still cost this much.
-MIN_INSTRUCTION_CYCLES = 64       # hardware.py min_instruction_cycles
+class EngineCosts(nl.NKIObject):
+    """Figures of one NeuronCore generation (names: the Target field each one mirrors)."""
 
-# DMA: practical bandwidth per NeuronCore, fixed cost of one transfer (descriptor
-# generation), and the share of that bandwidth an SBUF->SBUF dma_transpose reaches.
-DMA_BYTES_PER_S = 368e9           # hardware.py trn2 dma_bytes_per_s
-DMA_FIXED_NS = 600.0              # hardware.py trn2 dma_fixed_s = 0.6e-6
-DMA_TRANSPOSE_EFFICIENCY = 0.5    # hardware.py dma_transpose_sbuf_efficiency
+    def __init__(self, vector_ghz, scalar_ghz, vector_psum_copy_16bit_rate, instr_cycles,
+                 min_instruction_cycles, dma_bytes_per_s, dma_transfer_gap_ns,
+                 dma_transfer_handoff_ns, dma_transpose_efficiency):
+        # VectorE and ScalarE clocks (GHz): estimated cycles / clock = ns
+        self.vector_ghz = vector_ghz
+        self.scalar_ghz = scalar_ghz
+        # VectorE performance mode: elements per lane and cycle of a 16-bit copy with one
+        # side in PSUM (ScalarE: 1)
+        self.vector_psum_copy_16bit_rate = vector_psum_copy_16bit_rate
+        # fixed cost of a VectorE/ScalarE/GpSimd instruction, and the shortest one (MIN_II)
+        self.instr_cycles = instr_cycles
+        self.min_instruction_cycles = min_instruction_cycles
+        # DMA: bandwidth of a core's 16 queues; per transfer and queue the occupancy is
+        # max(gap, data + hand-over); SBUF->SBUF dma_transpose efficiency
+        self.dma_bytes_per_s = dma_bytes_per_s
+        self.dma_transfer_gap_ns = dma_transfer_gap_ns
+        self.dma_transfer_handoff_ns = dma_transfer_handoff_ns
+        self.dma_transpose_efficiency = dma_transpose_efficiency
+
+    def dma_occupancy_ns(self, data_ns):
+        """How long a queue is held by a transfer share whose data takes ``data_ns``."""
+        return max(self.dma_transfer_gap_ns, data_ns + self.dma_transfer_handoff_ns)
+
+
+# Target field (and unit factor) each attribute mirrors; the test compares them.
+MIRRORS = {
+    "vector_ghz": ("vector_hz", 1e-9),
+    "scalar_ghz": ("scalar_hz", 1e-9),
+    "vector_psum_copy_16bit_rate": ("vector_perf_mode_half", 1),
+    "instr_cycles": ("static_overhead_cycles", 1),
+    "min_instruction_cycles": ("min_instruction_cycles", 1),
+    "dma_bytes_per_s": ("dma_bytes_per_s", 1),
+    "dma_transfer_gap_ns": ("dma_transfer_gap_s", 1e9),
+    "dma_transfer_handoff_ns": ("dma_transfer_handoff_s", 1e9),
+    "dma_transpose_efficiency": ("dma_transpose_sbuf_efficiency", 1),
+}
+
+# NeuronCore-v2 (trn1), -v3 (trn2), -v4 (trn3)
+_GEN2 = EngineCosts(vector_ghz=1.12, scalar_ghz=1.4, vector_psum_copy_16bit_rate=1,
+                    instr_cycles=220.0, min_instruction_cycles=64, dma_bytes_per_s=272e9,
+                    dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=25.0,
+                    dma_transpose_efficiency=0.5)
+_GEN3 = EngineCosts(vector_ghz=0.96, scalar_ghz=1.2, vector_psum_copy_16bit_rate=2,
+                    instr_cycles=220.0, min_instruction_cycles=64, dma_bytes_per_s=368e9,
+                    dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=25.0,
+                    dma_transpose_efficiency=0.5)
+_GEN4 = EngineCosts(vector_ghz=1.2, scalar_ghz=1.2, vector_psum_copy_16bit_rate=2,
+                    instr_cycles=220.0, min_instruction_cycles=64, dma_bytes_per_s=528e9,
+                    dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=25.0,
+                    dma_transpose_efficiency=0.5)
+
+
+def by_generation():
+    """{nisa.nc_version member: EngineCosts} (for the test and for planning code)."""
+    return {nisa.nc_version.gen2: _GEN2, nisa.nc_version.gen3: _GEN3, nisa.nc_version.gen4: _GEN4}
+
+
+def active():
+    """The figures of the NeuronCore generation the kernel is being built for."""
+    version = nisa.get_nc_version()
+    table = by_generation()
+    assert version in table, f"no engine costs for NeuronCore version {version}"
+    return table[version]

@@ -2,7 +2,9 @@
 
 Dimensions:
     N: rows (any N >= 1).
-    H: normalised size, 1 <= H <= MAX_HIDDEN (8192; checked by the op wrapper).
+    H: normalised size, 1 <= H <= MAX_HIDDEN (65536; checked by the op wrapper). Rows of up
+       to ONE_PASS_MAX_HIDDEN (8192) stay in SBUF: one pass over HBM. Longer rows are
+       streamed (see "Streamed rows").
 Layout:
     Rows on partitions, in blocks of 128 * J consecutive rows (partition p holds rows
     [p*J, (p+1)*J) of the block: one contiguous DMA of J*H elements per partition, J the
@@ -13,8 +15,10 @@ Layout:
     Fresh SBUF tiles per block let block i+1's load overlap block i's compute.
 16-bit input (bf16/fp16), per row slot (the j-th row of a partition in a block):
     statistics in fp32, on one of two engines (SCALAR_STATS_SHARE of the slots on ScalarE):
-      ScalarE  sum(x) (copy with add-accumulate) -> -mean, then sum((x - mean)^2) (square
-               with bias -mean, accumulate) -> rsqrt(. / H + eps): exact two-pass variance
+      ScalarE  sum(x) (copy with add-accumulate); GpSimd -mean = sum / -H (a division,
+               correctly rounded: a constant row centres to exactly 0, as in torch);
+               ScalarE sum((x - mean)^2) (square with bias -mean, accumulate) ->
+               rsqrt(. / H + eps): exact two-pass variance
       VectorE  bn_stats on <= 512-element chunks, bn_aggr, ScalarE rsqrt(var + eps)
     VectorE  y = (x - mean) * rstd, one tensor_scalar, rounded to the input dtype (16-bit
              in and out: perf mode)
@@ -29,12 +33,24 @@ fp32 input, per row:
     weight only: VectorE path (x - mean) * weight then ScalarE * rstd; other path ScalarE y,
     GpSimd y * weight. No weight/bias: ScalarE y only. Intermediates stay fp32.
     Bias only (any dtype): the op passes weight = ones.
+Streamed rows (H > ONE_PASS_MAX_HIDDEN, any dtype): tiles of 128 rows, in column chunks of
+    STREAM_CHUNK, two passes (the chunks kept in SBUF between them when the row tile takes
+    <= RESIDENT_ROW_BYTES per partition: bf16 up to H = 32768, fp32 up to 16384; else
+    reloaded from HBM):
+      pass 1 per chunk: VectorE bn_stats per 512 columns into the row's statistics; then
+              bn_aggr over the whole row -> mean, variance; ScalarE rsqrt(var + eps)
+      pass 2 per chunk: the chunk, normalised as the fp32 input above (two paths
+              split by columns, intermediates fp32, ONE rounding to the output dtype also
+              for 16-bit input), stored.
+    weight and bias stay in SBUF when their [128, H] copies take <= RESIDENT_PARAM_BYTES
+    per partition together, else each chunk loads its columns.
 Expected error:
     fp32: statistics and arithmetic in fp32, one rounding to the output (~1e-7 relative to
     the output scale). 16-bit: statistics in fp32, but y, y * weight and y * weight + bias
     are each rounded to the input dtype: three roundings instead of one (bf16: each
     <= 2**-9 relative; measured ||err|| / ||ref|| vs float64 2.5e-3 at [1576, 768] with
     weight and bias, against 1.7e-3 with a single rounding; no weight: one rounding).
+    Streamed rows: one rounding for every dtype.
 """
 
 import nki
@@ -42,7 +58,12 @@ import nki.isa as nisa
 import nki.language as nl
 
 from .limits import NORM_MAX_HIDDEN as MAX_HIDDEN
-from .tiling import (PARTITIONS, block_rows, broadcast_rows, cdiv, engine_segments, itemsize, load_block,
+from .limits import NORM_ONE_PASS_MAX_HIDDEN as ONE_PASS_MAX_HIDDEN
+from .limits import NORM_RESIDENT_PARAM_BYTES as RESIDENT_PARAM_BYTES
+from .limits import NORM_RESIDENT_ROW_BYTES as RESIDENT_ROW_BYTES
+from .limits import NORM_STREAM_CHUNK as STREAM_CHUNK
+from .tiling import (PARTITIONS, block_rows, broadcast_rows, cdiv, column_chunks, engine_segments, itemsize,
+                     load_block, param_columns, pipelined, program_row_blocks, program_row_parts, resident_params,
                      row_blocks, rows_per_partition, split_count, spread)
 
 # Row packing: the least J that makes a transfer this long per partition (the DMA guide's
@@ -51,6 +72,8 @@ TARGET_BYTES_16 = 4096
 TARGET_BYTES_32 = 8192
 # Where the < 128-row tail block goes in the block order.
 TAIL_POSITION = 1
+# Row blocks loaded this many blocks ahead of their compute (tiling.pipelined; see rms_norm.py).
+PREFETCH_AHEAD = 2
 # bn_stats reads at most this many elements per partition (512 on trn2).
 BN_CHUNK = nl.tile_size.bn_stats_fmax
 BN_STATS_WIDTH = 6   # (count, mean, var*count) for even and odd elements
@@ -113,35 +136,45 @@ def _block_16bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps
     ``slot0 + j`` takes its statistics on ScalarE or VectorE (SCALAR_STATS_SHARE)."""
     n_chunks = cdiv(cols, BN_CHUNK)
     rstd = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
-    centre = []   # per row j: (op, [P, 1] operand) with y = (x op operand) * rstd
+    on_scalar = [j for j in range(per) if spread(slot0 + j, SCALAR_STATS_SHARE)]
+    centre = {}   # per row j: (op, [P, 1] operand) with y = (x op operand) * rstd
+    # Two-pass statistics of the ScalarE rows (discarded activation outputs go to a scratch
+    # tile of their own: in out_tile they would make the statistics wait for the buffer the
+    # output shares with an earlier block's, i.e. for that block's store). First every row's sum(x) on ScalarE and -mean = sum / -H on GpSimd
+    # (each division runs while ScalarE sums the next row). A division, not sum * (-1/H):
+    # 1/H is inexact in fp32 for most H, so rows of 1000.0 would get the mean 999.99994 and
+    # y = 0.019 where torch gives exactly 0.
+    discard = nl.ndarray((parts, cols), dtype=x_tile.dtype, buffer=nl.sbuf)
+    for j in on_scalar:
+        row_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=discard, op=nl.copy, data=x_tile[:, j, :],
+                        reduce_op=nl.add, reduce_res=row_sum, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        neg_mean = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=neg_mean, data=row_sum, op0=nl.divide, operand0=-float(cols),
+                           engine=nisa.engine.gpsimd)
+        centre[j] = (nl.add, neg_mean)
+    # ... then sum((x - mean)^2) (square with bias -mean, accumulate) -> rsqrt(. / H + eps)
+    for j in on_scalar:
+        sq_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=discard, op=nl.square, data=x_tile[:, j, :],
+                        bias=centre[j][1], reduce_op=nl.add, reduce_res=sq_sum,
+                        reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        nisa.activation(dst=rstd[:, j:j + 1], op=nl.rsqrt, data=sq_sum, scale=1.0 / cols,
+                        bias=eps_tile[0:parts, :])
+    # The other rows: bn_stats per <= 512 columns and bn_aggr on VectorE, rsqrt on ScalarE.
     for j in range(per):
-        if spread(slot0 + j, SCALAR_STATS_SHARE):
-            # two-pass statistics on ScalarE (the discarded activation output goes to
-            # out_tile, overwritten below): sum(x) -> -mean, then sum((x - mean)^2).
-            row_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=out_tile[:, j, :], op=nl.copy, data=x_tile[:, j, :],
-                            reduce_op=nl.add, reduce_res=row_sum,
-                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
-            neg_mean = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=neg_mean, op=nl.copy, data=row_sum, scale=-1.0 / cols)
-            sq_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=out_tile[:, j, :], op=nl.square, data=x_tile[:, j, :],
-                            bias=neg_mean, reduce_op=nl.add, reduce_res=sq_sum,
-                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
-            nisa.activation(dst=rstd[:, j:j + 1], op=nl.rsqrt, data=sq_sum, scale=1.0 / cols,
-                            bias=eps_tile[0:parts, :])
-            centre.append((nl.add, neg_mean))
-        else:
-            stats = nl.ndarray((parts, n_chunks * BN_STATS_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
-            mean_var = nl.ndarray((parts, BN_AGGR_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
-            for c in range(n_chunks):
-                c0 = c * BN_CHUNK
-                nisa.bn_stats(dst=stats[:, c * BN_STATS_WIDTH:(c + 1) * BN_STATS_WIDTH],
-                              data=x_tile[:, j, c0:min(cols, c0 + BN_CHUNK)])
-            nisa.bn_aggr(dst=mean_var, data=stats)
-            nisa.activation(dst=rstd[:, j:j + 1], op=nl.rsqrt, data=mean_var[:, 1:2],
-                            bias=eps_tile[0:parts, :])
-            centre.append((nl.subtract, mean_var[:, 0:1]))
+        if j in centre:
+            continue
+        stats = nl.ndarray((parts, n_chunks * BN_STATS_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
+        mean_var = nl.ndarray((parts, BN_AGGR_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
+        for c in range(n_chunks):
+            c0 = c * BN_CHUNK
+            nisa.bn_stats(dst=stats[:, c * BN_STATS_WIDTH:(c + 1) * BN_STATS_WIDTH],
+                          data=x_tile[:, j, c0:min(cols, c0 + BN_CHUNK)])
+        nisa.bn_aggr(dst=mean_var, data=stats)
+        nisa.activation(dst=rstd[:, j:j + 1], op=nl.rsqrt, data=mean_var[:, 1:2],
+                        bias=eps_tile[0:parts, :])
+        centre[j] = (nl.subtract, mean_var[:, 0:1])
     # y = (x - mean) * rstd, rounded once to the input dtype: VectorE, all 16-bit (perf mode)
     for j in range(per):
         nisa.tensor_scalar(dst=out_tile[:, j, :], data=x_tile[:, j, :], op0=centre[j][0],
@@ -163,12 +196,99 @@ def _block_16bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps
                                data2=bias_tile[0:parts, lo:hi].expand_dim(1).broadcast_to(shape))
 
 
+def _affine_share(weight, bias):
+    """Share of the affine step on the VectorE path (fp32 arithmetic, _affine_segment)."""
+    if weight is None:
+        return 0.0
+    return VECTOR_SHARE_WEIGHT if bias is None else VECTOR_SHARE_AFFINE
+
+
+def _layer_norm_streamed(x, out, weight, bias, eps_tile):
+    """layer_norm of rows longer than the one-pass limit: 128-row tiles, column chunks, two
+    passes (module docstring, "Streamed rows")."""
+    n_rows, cols = x.shape
+    assert STREAM_CHUNK % BN_CHUNK == 0, "a chunk must hold whole bn_stats pieces"
+    chunks = column_chunks(cols, STREAM_CHUNK)
+    n_pieces = cdiv(cols, BN_CHUNK)
+    weight_res, bias_res = resident_params([weight, bias], cols, RESIDENT_PARAM_BYTES)
+    share = _affine_share(weight, bias)
+    resident = cols * itemsize(x.dtype) <= RESIDENT_ROW_BYTES
+    for start, parts, _ in program_row_blocks(n_rows, 1):       # 128-row tiles, J = 1
+        # pass 1: bn_stats of every 512-column piece of the row, then bn_aggr over all; the
+        # chunks kept in SBUF for pass 2 when the row tile fits
+        kept = []
+        stats = nl.ndarray((parts, n_pieces * BN_STATS_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
+        for c0, c1 in chunks:
+            x_tile = nl.ndarray((parts, c1 - c0), dtype=x.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=x_tile, src=x[start:start + parts, c0:c1])
+            if resident:
+                kept.append(x_tile)
+            for b0 in range(c0, c1, BN_CHUNK):
+                k = b0 // BN_CHUNK
+                nisa.bn_stats(dst=stats[:, k * BN_STATS_WIDTH:(k + 1) * BN_STATS_WIDTH],
+                              data=x_tile[:, b0 - c0:min(c1, b0 + BN_CHUNK) - c0])
+        mean_var = nl.ndarray((parts, BN_AGGR_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.bn_aggr(dst=mean_var, data=stats)
+        rstd = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=rstd, op=nl.rsqrt, data=mean_var[:, 1:2], bias=eps_tile[0:parts, :])
+        neg_mean_rstd = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.scalar_tensor_tensor(dst=neg_mean_rstd, data=mean_var[:, 0:1], op0=nl.multiply,
+                                  operand0=-1.0, op1=nl.multiply, operand1=rstd)
+        row_stats = (mean_var[:, 0:1], rstd, neg_mean_rstd)
+        # pass 2: the kept or reloaded chunk, normalised in fp32, rounded once, stored
+        for c, (c0, c1) in enumerate(chunks):
+            if resident:
+                x_tile = kept[c]
+            else:
+                x_tile = nl.ndarray((parts, c1 - c0), dtype=x.dtype, buffer=nl.sbuf)
+                nisa.dma_copy(dst=x_tile, src=x[start:start + parts, c0:c1])
+            w_cols = param_columns(weight, weight_res, c0, c1)
+            b_cols = param_columns(bias, bias_res, c0, c1)
+            out_tile = nl.ndarray((parts, c1 - c0), dtype=x.dtype, buffer=nl.sbuf)
+            for _, lo, hi, on_vector in engine_segments(1, c1 - c0, share):
+                _affine_segment(out_tile[:, lo:hi], x_tile[:, lo:hi], row_stats,
+                                None if w_cols is None else w_cols[0:parts, lo:hi],
+                                None if b_cols is None else b_cols[0:parts, lo:hi], on_vector)
+            nisa.dma_copy(dst=out[start:start + parts, c0:c1], src=out_tile)
+
+
+def _block_32bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps_tile):
+    """One block of an fp32 input: bn_stats / bn_aggr statistics, then the affine step split
+    between the VectorE path and the ScalarE + GpSimd path (module docstring)."""
+    n_chunks = cdiv(cols, BN_CHUNK)
+    # mean / variance per row: bn_stats per <= 512-element chunk, bn_aggr per row (VectorE).
+    stats = nl.ndarray((parts, per, n_chunks * BN_STATS_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
+    mean_var = nl.ndarray((parts, per, BN_AGGR_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
+    for j in range(per):
+        for c in range(n_chunks):
+            c0 = c * BN_CHUNK
+            c1 = min(cols, c0 + BN_CHUNK)
+            nisa.bn_stats(dst=stats[:, j, c * BN_STATS_WIDTH:(c + 1) * BN_STATS_WIDTH],
+                          data=x_tile[:, j, c0:c1])
+        nisa.bn_aggr(dst=mean_var[:, j, :], data=stats[:, j, :])
+    # rstd = rsqrt(var + eps) for all J rows at once: [parts, per] fp32 on ScalarE.
+    rstd = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=rstd, op=nl.rsqrt, data=mean_var[:, :, 1], bias=eps_tile[0:parts, :])
+
+    # -mean * rstd, the ScalarE bias that centres and scales in one pass
+    neg_mean_rstd = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=neg_mean_rstd, data=mean_var[:, :, 0], op0=nl.multiply,
+                              operand0=-1.0, op1=nl.multiply, operand1=rstd)
+
+    share = _affine_share(weight_tile, bias_tile)
+    for j, lo, hi, on_vector in engine_segments(per, cols, share):
+        stats = (mean_var[:, j, 0:1], rstd[:, j:j + 1], neg_mean_rstd[:, j:j + 1])
+        _affine_segment(out_tile[:, j, lo:hi], x_tile[:, j, lo:hi], stats,
+                        None if weight_tile is None else weight_tile[0:parts, lo:hi],
+                        None if bias_tile is None else bias_tile[0:parts, lo:hi], on_vector)
+
+
 @nki.jit
 def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5):
     """Return ``layer_norm(x, (H,), weight, bias, eps)``.
 
     Args:
-        x: HBM [N, H], float32/bfloat16/float16.
+        x: HBM [N, H], float32/bfloat16/float16, H <= MAX_HIDDEN.
         weight: HBM [H] (any float dtype) or None.
         bias: HBM [H] (any float dtype) or None; needs ``weight`` (the op passes ones).
         eps: float added to the variance.
@@ -181,51 +301,42 @@ def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5):
     out = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
     eps_tile = nl.ndarray((PARTITIONS, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=eps_tile, value=eps)
-    n_chunks = cdiv(cols, BN_CHUNK)
+    if cols > ONE_PASS_MAX_HIDDEN:
+        _layer_norm_streamed(x, out, weight, bias, eps_tile)
+        return out
 
     sixteen = x.dtype in (nl.bfloat16, nl.float16)
     target_bytes = TARGET_BYTES_16 if sixteen else TARGET_BYTES_32
-    slot = 0
-    per_max = rows_per_partition(cols, target_bytes // itemsize(x.dtype), MAX_HIDDEN)
-    for i, (start, parts, per) in enumerate(row_blocks(n_rows, per_max, TAIL_POSITION)):
-        x_tile = load_block(x, start, parts, per)
-        if i == 0:
-            # weight and bias after the first block's load, so that load is not queued behind them
-            weight_tile = None if weight is None else broadcast_rows(weight, cols)
-            bias_tile = None if bias is None else broadcast_rows(bias, cols)
-        if sixteen:
-            out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-            _block_16bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps_tile, slot)
+    per_max = rows_per_partition(cols, target_bytes // itemsize(x.dtype), ONE_PASS_MAX_HIDDEN)
+    blocks = []   # (first row, partitions, rows per partition, row slot within its part)
+    for lo, hi in program_row_parts(n_rows):    # the same parts and blocks at LNC=1 and 2
+        slot = 0
+        for start, parts, per in row_blocks(hi, per_max, TAIL_POSITION, first_row=lo):
+            blocks.append((start, parts, per, slot))
             slot += per
-            nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
-            continue
+    params = {}
 
-        # mean / variance per row: bn_stats per <= 512-element chunk, bn_aggr per row (VectorE).
-        stats = nl.ndarray((parts, per, n_chunks * BN_STATS_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
-        mean_var = nl.ndarray((parts, per, BN_AGGR_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
-        for j in range(per):
-            for c in range(n_chunks):
-                c0 = c * BN_CHUNK
-                c1 = min(cols, c0 + BN_CHUNK)
-                nisa.bn_stats(dst=stats[:, j, c * BN_STATS_WIDTH:(c + 1) * BN_STATS_WIDTH],
-                              data=x_tile[:, j, c0:c1])
-            nisa.bn_aggr(dst=mean_var[:, j, :], data=stats[:, j, :])
-        # rstd = rsqrt(var + eps) for all J rows at once: [parts, per] fp32 on ScalarE.
-        rstd = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=rstd, op=nl.rsqrt, data=mean_var[:, :, 1], bias=eps_tile[0:parts, :])
+    def load(block):
+        start, parts, per, _ = block
+        x_tile = load_block(x, start, parts, per)
+        if not params:
+            # weight and bias after the first block's load, so that load is not queued behind them
+            params["weight"] = None if weight is None else broadcast_rows(weight, cols)
+            params["bias"] = None if bias is None else broadcast_rows(bias, cols)
+        return x_tile
 
-        # -mean * rstd, the ScalarE bias that centres and scales in one pass
-        neg_mean_rstd = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.scalar_tensor_tensor(dst=neg_mean_rstd, data=mean_var[:, :, 0], op0=nl.multiply,
-                                  operand0=-1.0, op1=nl.multiply, operand1=rstd)
-
+    def compute(block, x_tile):
+        start, parts, per, slot = block
         out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-        share = 0.0 if weight_tile is None else (
-            VECTOR_SHARE_WEIGHT if bias_tile is None else VECTOR_SHARE_AFFINE)
-        for j, lo, hi, on_vector in engine_segments(per, cols, share):
-            stats = (mean_var[:, j, 0:1], rstd[:, j:j + 1], neg_mean_rstd[:, j:j + 1])
-            _affine_segment(out_tile[:, j, lo:hi], x_tile[:, j, lo:hi], stats,
-                            None if weight_tile is None else weight_tile[0:parts, lo:hi],
-                            None if bias_tile is None else bias_tile[0:parts, lo:hi], on_vector)
+        if sixteen:
+            _block_16bit(x_tile, out_tile, parts, per, cols, params["weight"], params["bias"], eps_tile, slot)
+        else:
+            _block_32bit(x_tile, out_tile, parts, per, cols, params["weight"], params["bias"], eps_tile)
+        return out_tile
+
+    def store(block, out_tile):
+        start, parts, per, _ = block
         nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
+
+    pipelined(blocks, load, compute, store, PREFETCH_AHEAD)
     return out

@@ -5,10 +5,31 @@ arguments against these numbers on any host, with or without AWS's toolchain. Si
 partition below are for trn2 (224 KiB of SBUF per partition, 8 PSUM banks of 2 KiB).
 """
 
-# Norms (layer_norm, rms_norm, fused_add_rms_norm): largest normalised size H. A row tile
-# [128, 8192] fp32 is 32 KiB per partition; with the weight, input, output and the next
-# block in flight this stays under trn2's 224 KiB per partition.
-NORM_MAX_HIDDEN = 8192
+# Norms (layer_norm, rms_norm, fused_add_rms_norm): largest normalised size H kept on chip
+# for one pass over HBM. A row tile [128, 8192] fp32 is 32 KiB per partition; with the
+# weight, input, output and the next block in flight this stays under trn2's 224 KiB per
+# partition.
+NORM_ONE_PASS_MAX_HIDDEN = 8192
+# Norms: largest normalised size H. Longer rows than the one-pass limit are streamed in
+# column chunks of NORM_STREAM_CHUNK, in two passes (statistics, then the normalisation):
+# over SBUF-resident chunks when the row tile fits NORM_RESIDENT_ROW_BYTES, else over HBM
+# (read twice). SBUF use does not grow with H except for the per-row statistics
+# (layer_norm: 6 fp32 per 512 columns, 3 KiB per partition at 65536) and the weight/bias,
+# kept resident up to NORM_RESIDENT_PARAM_BYTES per partition, else loaded per chunk.
+# 65536 covers every released model (Llama-3.1-405B: 16384) four times over.
+NORM_MAX_HIDDEN = 65536
+# Columns per chunk of a streamed row: 4096 = 8 KiB bf16 / 16 KiB fp32 per partition per
+# DMA (above the 4 KiB that saturates DMA bandwidth); input, fp32 scratch, weight and
+# output chunks of two chunks in flight take <= 128 KiB per partition in fp32.
+NORM_STREAM_CHUNK = 4096
+# A streamed row tile [128, H] kept in SBUF between its two passes (so HBM sees one read)
+# when it takes at most this many bytes per partition: bf16 rows up to H = 32768, fp32 up
+# to 16384; with resident weights (64 KiB) and the chunks in flight it fits 224 KiB.
+NORM_RESIDENT_ROW_BYTES = 64 * 1024
+# Weight (+ bias) of a streamed norm kept in SBUF for the whole kernel when their [128, H]
+# broadcast copies take at most this many bytes per partition (bf16 weight up to H = 32768,
+# fp32 up to 16384), so the chunks in flight (<= 128 KiB) still fit trn2's 224 KiB.
+NORM_RESIDENT_PARAM_BYTES = 64 * 1024
 
 # softmax: longest row done in one on-chip pass. A [128, 8192] fp32 exp tile is 32 KiB per
 # partition; with the input and output tiles of two blocks in flight it fits 224 KiB.
@@ -17,8 +38,20 @@ SOFTMAX_MAX_COLS = 8192
 # twice that with the next row tile in flight, plus ~24 KiB of chunk scratch, under 224 KiB.
 SOFTMAX_RESIDENT_BYTES = 96 * 1024
 
-# attention: q/k (and v) head dim. Q·Kᵀ contracts over D on the partition dim of TensorE.
-ATTENTION_MAX_HEAD_DIM = 128
+# attention: q/k and v head dims D, Dv. Q·Kᵀ contracts over D on TensorE's partition dim
+# (<= 128 per matmul): D <= 256 takes two accumulating matmuls. P·[V | 1] writes Dv + 1
+# <= 257 fp32 columns, within one PSUM bank (512). 256 covers Gemma 2/3.
+ATTENTION_MAX_HEAD_DIM = 256
 # attention: the single-pass kernel keeps a [128, Sk] fp32 score row in 4 of the 8 PSUM
 # banks (512 fp32 each); longer key sequences use the flash kernel.
 ATTENTION_SINGLE_PASS_MAX_KEYS = 2048
+
+# Norms for a few rows (kernels/norm_decode.py, token generation): rows up to this many use
+# the hidden-on-partitions kernel. Its engine passes cost ~N * H / 128 cycles against ~H for
+# the row kernels, so the two cross near N = 48 (modeled on trn2 for H = 1024..8192); 40
+# keeps the decode kernel where it is clearly ahead...
+NORM_DECODE_MAX_ROWS = 40
+# ... when H is a multiple of 128 and a partition's share N * H / 128 is at most this many
+# elements: the input, two fp32 scratch tiles and the output then take <= 112 KiB of trn2's
+# 224 KiB SBUF partition (and the row totals [128, N] fp32 fit one PSUM bank).
+NORM_DECODE_MAX_ELEMENTS = 8192

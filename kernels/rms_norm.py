@@ -5,8 +5,9 @@
 
 Dimensions:
     N: rows (any N >= 1).
-    H: normalised size, 1 <= H <= MAX_HIDDEN (8192 fp32 / bf16 rows fit SBUF with room for
-       double buffering; the op wrapper checks the limit).
+    H: normalised size, 1 <= H <= MAX_HIDDEN (65536; the op wrapper checks the limit). Rows
+       of up to ONE_PASS_MAX_HIDDEN (8192) stay in SBUF: one pass over HBM. Longer rows are
+       streamed (see "Streamed rows").
 Layout:
     Rows go on partitions. Rows are cut into blocks of 128 * J consecutive rows, partition p of
     a block holding rows [p*J, (p+1)*J): a block is one contiguous HBM range, so its load is one
@@ -24,6 +25,17 @@ Engines, per row:
     fused:   VectorE x + residual rounded to the input dtype (stored as the second output and
              normalised from that rounded value, matching an eager add followed by rms_norm).
     Every block gets fresh SBUF tiles, so block i+1's load overlaps block i's compute.
+Streamed rows (H > ONE_PASS_MAX_HIDDEN): tiles of 128 rows, in column chunks of
+    STREAM_CHUNK, two passes:
+      pass 1 per chunk: (fused: VectorE s = x + residual, stored) ScalarE
+              square(x / sqrt(H)) with add-reduction -> one partial sum per chunk; then
+              VectorE adds the partials, ScalarE rsqrt(mean + eps)
+      pass 2 per chunk: normalised as above, stored. The chunks are kept in SBUF from
+              pass 1 when the row tile takes <= RESIDENT_ROW_BYTES per partition (bf16 up
+              to H = 32768, fp32 up to 16384: HBM read once), else reloaded from HBM
+              (fused: s recomputed from x and residual, the same rounded values).
+    The weight stays in SBUF when its [128, H] copy takes <= RESIDENT_PARAM_BYTES per
+    partition (bf16 up to H = 32768), else each chunk loads its columns.
 Expected error:
     statistics and products in fp32; one rounding to the output dtype (bf16: <= 2**-8
     relative per element; fp32: ~1e-6 relative).
@@ -36,19 +48,30 @@ import nki.isa as nisa
 import nki.language as nl
 
 from .limits import NORM_MAX_HIDDEN as MAX_HIDDEN
-from .tiling import (PARTITIONS, block_rows, broadcast_rows, engine_segments, load_block, row_blocks,
-                     rows_per_partition)
+from .limits import NORM_ONE_PASS_MAX_HIDDEN as ONE_PASS_MAX_HIDDEN
+from .limits import NORM_RESIDENT_PARAM_BYTES as RESIDENT_PARAM_BYTES
+from .limits import NORM_RESIDENT_ROW_BYTES as RESIDENT_ROW_BYTES
+from .limits import NORM_STREAM_CHUNK as STREAM_CHUNK
+from .tiling import (PARTITIONS, block_rows, broadcast_rows, column_chunks, engine_segments, itemsize,
+                     load_block, param_columns, pipelined, program_row_blocks, resident_params, rows_per_partition)
 
 # Rows are packed per partition until one transfer moves >= 2048 elements per partition:
 # 4 KiB in bf16 / 8 KiB in fp32, the DMA guide's size for saturating bandwidth.
 TARGET_COLS = 2048
+# Row blocks loaded this many blocks ahead of their compute (tiling.pipelined): with the
+# DMA latency (~1.3 us) on every load, a block's data must be on its way two blocks early
+# to reach the engines in time (modeled on trn2: 1 ahead 120 us, 2 ahead 110 us for
+# [2048, 4096] bf16 at LNC=1).
+PREFETCH_AHEAD = 2
 # Share of the normalisation given to VectorE. Per element, on trn2 (cost-model rules):
 # VectorE scalar_tensor_tensor reads 2 inputs at 0.96 GHz = 2.08 ns; the other path costs
 # ScalarE 0.83 ns (1.2 GHz) + GpSimd 2 x 0.83 ns; ScalarE also squares every element
 # (0.83 ns). With share a: VectorE 2.08a, ScalarE 0.83(2 - a), GpSimd 1.67(1 - a); a = 4/7
 # balances VectorE and ScalarE at 1.19 ns, under the 1.39 ns per element that bf16 HBM
-# traffic (2 B read + 2 B written per element at 368 GB/s over 128 partitions) takes.
-VECTOR_SHARE = 4 / 7
+# traffic (2 B read + 2 B written per element at 368 GB/s over 128 partitions) takes. With
+# the calibrated per-instruction cost (docs/cost-model.md) a sweep of 0.45 .. 0.65 puts
+# the optimum at 0.5 (within 3% of 4/7 on the main job's rms_norm rows).
+VECTOR_SHARE = 0.5
 
 
 def _scale_rows(dst, src, rstd_col, weight_cols, on_vector):
@@ -73,11 +96,14 @@ def _scale_rows(dst, src, rstd_col, weight_cols, on_vector):
 def _normalize_block(out_tile, x_tile, parts, per, cols, weight_tile, eps_tile):
     """out_tile[p, j, :] = rms_norm(x_tile[p, j, :]) * weight for a [parts, per, cols] block."""
     # mean(x^2) per row: ScalarE squares x / sqrt(H) and add-reduces along the free axis (fp32).
-    # The squared values themselves are not needed: they land in out_tile, overwritten below.
+    # The squared values themselves are not needed: they go to a scratch tile of their own
+    # (written into out_tile they would make this block's statistics wait for the buffer the
+    # block's output shares with an earlier block's, i.e. for that block's store).
     mean_sq = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
     inv_sqrt_cols = 1.0 / math.sqrt(cols)
+    squares = nl.ndarray((parts, cols), dtype=x_tile.dtype, buffer=nl.sbuf)      # discarded
     for j in range(per):
-        nisa.activation(dst=out_tile[:, j, :], op=nl.square, data=x_tile[:, j, :],
+        nisa.activation(dst=squares, op=nl.square, data=x_tile[:, j, :],
                         scale=inv_sqrt_cols, reduce_op=nl.add, reduce_res=mean_sq[:, j:j + 1],
                         reduce_cmd=nisa.reduce_cmd.reset_reduce)
     # rstd = rsqrt(mean + eps): [parts, per] fp32, ScalarE, eps as a per-partition bias.
@@ -95,12 +121,66 @@ def _eps_tile(eps):
     return tile
 
 
+def _load_rows(x, residual, total, start, parts, c0, c1, store):
+    """[parts, c1 - c0] SBUF tile of rows start:start+parts, columns c0:c1 of x, or of
+    s = x + residual (VectorE, fp32 inside, rounded once to x's dtype; stored to ``total``
+    when ``store``)."""
+    x_tile = nl.ndarray((parts, c1 - c0), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=x_tile, src=x[start:start + parts, c0:c1])
+    if residual is None:
+        return x_tile
+    r_tile = nl.ndarray((parts, c1 - c0), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=r_tile, src=residual[start:start + parts, c0:c1])
+    s_tile = nl.ndarray((parts, c1 - c0), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=s_tile, data1=x_tile, data2=r_tile, op=nl.add)
+    if store:
+        nisa.dma_copy(dst=total[start:start + parts, c0:c1], src=s_tile)
+    return s_tile
+
+
+def _rms_norm_streamed(x, out, weight, eps_tile, residual=None, total=None):
+    """rms_norm (fused with the residual add when ``residual`` is given) of rows too long
+    for SBUF: 128-row tiles, column chunks, two passes over HBM (module docstring)."""
+    n_rows, cols = x.shape
+    chunks = column_chunks(cols, STREAM_CHUNK)
+    inv_sqrt_cols = 1.0 / math.sqrt(cols)
+    weight_res = resident_params([weight], cols, RESIDENT_PARAM_BYTES)[0]
+    resident = cols * itemsize(x.dtype) <= RESIDENT_ROW_BYTES
+    for start, parts, _ in program_row_blocks(n_rows, 1):       # 128-row tiles, J = 1
+        # pass 1: sum over chunks of (x / sqrt(H))^2, one partial per chunk; the chunks
+        # (fused: of s) kept in SBUF for pass 2 when the row tile fits
+        kept = []
+        partial = nl.ndarray((parts, len(chunks)), dtype=nl.float32, buffer=nl.sbuf)
+        for c, (c0, c1) in enumerate(chunks):
+            s_tile = _load_rows(x, residual, total, start, parts, c0, c1, store=True)
+            if resident:
+                kept.append(s_tile)
+            squares = nl.ndarray((parts, c1 - c0), dtype=x.dtype, buffer=nl.sbuf)   # discarded
+            nisa.activation(dst=squares, op=nl.square, data=s_tile, scale=inv_sqrt_cols,
+                            reduce_op=nl.add, reduce_res=partial[:, c:c + 1],
+                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        mean_sq = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=mean_sq, op=nl.add, data=partial, axis=1)
+        rstd = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=rstd, op=nl.rsqrt, data=mean_sq, bias=eps_tile[0:parts, :])
+        # pass 2: normalise the kept chunks, or reload them (fused: recompute s from x and
+        # residual: the same rounded values), store
+        for c, (c0, c1) in enumerate(chunks):
+            s_tile = kept[c] if resident else _load_rows(x, residual, total, start, parts, c0, c1, store=False)
+            w_cols = param_columns(weight, weight_res, c0, c1)
+            out_tile = nl.ndarray((parts, c1 - c0), dtype=x.dtype, buffer=nl.sbuf)
+            for _, lo, hi, on_vector in engine_segments(1, c1 - c0, VECTOR_SHARE):
+                _scale_rows(out_tile[:, lo:hi], s_tile[:, lo:hi], rstd,
+                            None if w_cols is None else w_cols[0:parts, lo:hi], on_vector)
+            nisa.dma_copy(dst=out[start:start + parts, c0:c1], src=out_tile)
+
+
 @nki.jit
 def rms_norm_kernel(x, weight=None, eps=1e-6):
     """Return ``x * rsqrt(mean(x**2, -1) + eps) * weight``.
 
     Args:
-        x: HBM [N, H], float32/bfloat16/float16.
+        x: HBM [N, H], float32/bfloat16/float16, H <= MAX_HIDDEN.
         weight: HBM [H] of any float dtype, or None (no scaling).
         eps: float added to the mean square.
     Returns:
@@ -109,13 +189,32 @@ def rms_norm_kernel(x, weight=None, eps=1e-6):
     n_rows, cols = x.shape
     assert cols <= MAX_HIDDEN, f"H={cols} exceeds MAX_HIDDEN={MAX_HIDDEN}"
     out = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
-    weight_tile = None if weight is None else broadcast_rows(weight, cols)
     eps_tile = _eps_tile(eps)
-    for start, parts, per in row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS, MAX_HIDDEN)):
+    if cols > ONE_PASS_MAX_HIDDEN:
+        _rms_norm_streamed(x, out, weight, eps_tile)
+        return out
+    params = {}
+    blocks = program_row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS, ONE_PASS_MAX_HIDDEN))
+
+    def load(block):
+        start, parts, per = block
         x_tile = load_block(x, start, parts, per)
+        if weight is not None and "weight" not in params:
+            # after the first block's load, so that load (which compute waits for) goes first
+            params["weight"] = broadcast_rows(weight, cols)
+        return x_tile
+
+    def compute(block, x_tile):
+        start, parts, per = block
         out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-        _normalize_block(out_tile, x_tile, parts, per, cols, weight_tile, eps_tile)
+        _normalize_block(out_tile, x_tile, parts, per, cols, params.get("weight"), eps_tile)
+        return out_tile
+
+    def store(block, out_tile):
+        start, parts, per = block
         nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
+
+    pipelined(blocks, load, compute, store, PREFETCH_AHEAD)
     return out
 
 
@@ -124,7 +223,7 @@ def fused_add_rms_norm_kernel(x, residual, weight=None, eps=1e-6):
     """Return ``(rms_norm(x + residual) * weight, x + residual)``.
 
     Args:
-        x: HBM [N, H], float32/bfloat16/float16.
+        x: HBM [N, H], float32/bfloat16/float16, H <= MAX_HIDDEN.
         residual: HBM [N, H], dtype of ``x``.
         weight: HBM [H] of any float dtype, or None.
         eps: float added to the mean square.
@@ -136,9 +235,13 @@ def fused_add_rms_norm_kernel(x, residual, weight=None, eps=1e-6):
     assert cols <= MAX_HIDDEN, f"H={cols} exceeds MAX_HIDDEN={MAX_HIDDEN}"
     out = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
     total = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
+    if cols > ONE_PASS_MAX_HIDDEN:
+        _rms_norm_streamed(x, out, weight, _eps_tile(eps), residual=residual, total=total)
+        return out, total
     weight_tile = None if weight is None else broadcast_rows(weight, cols)
     eps_tile = _eps_tile(eps)
-    for start, parts, per in row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS, MAX_HIDDEN)):
+    for start, parts, per in program_row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS,
+                                                                            ONE_PASS_MAX_HIDDEN)):
         x_tile = load_block(x, start, parts, per)
         r_tile = load_block(residual, start, parts, per)
         # x + residual in fp32 on VectorE, rounded once to the input dtype.

@@ -19,11 +19,13 @@ Engines:
                for a share of the rows/columns, VectorE (tensor_scalar) for the rest
                (VECTOR_SHARE), split by rows when J > 1, else by columns
     online (C > max_cols), per row tile of up to 128 rows, in column chunks:
-      pass 1 per chunk: VectorE chunk max; running max m_c = max(m, chunk max);
-              ScalarE e = exp(x - m_c) with add-reduction; running sum
-              l = l * exp(m - m_c) + sum(e)  (tiny [P, 1] ops)
-      pass 2 per chunk: out = exp(x - m - ln l) on ScalarE, or, for a share of the chunks
-              (VECTOR_SHARE_ONLINE) whose e pass 1 kept in fp32, VectorE e * exp(m_c - m) / l.
+      pass 1 per chunk: VectorE chunk max; running max m_c = max(m, chunk max) (m starts
+              at the lowest finite fp32); ScalarE e = exp(x - m_c) with add-reduction;
+              running sum l = l * exp(m - m_c) + sum(e)  (tiny [P, 1] ops)
+      pass 2 per chunk: ScalarE exp(x - m) in fp32, GpSimd * (1 / l) rounded to the output;
+              or, for a share of the chunks (VECTOR_SHARE_ONLINE) whose e pass 1 kept in
+              fp32, VectorE e * exp(m_c - m) * (1 / l). (Not exp(x - m - ln l): m + ln l
+              rounded to fp32 loses ln l when |m| is large.)
       resident (the row tile fits RESIDENT_BYTES per partition: bf16 rows up to 32K, fp32
       up to 24K elements): pass 1 keeps x (ScalarE chunks) or e (VectorE chunks) in SBUF and
       pass 2 reads them back, so HBM sees one read and one write.
@@ -31,7 +33,8 @@ Engines:
       ScalarE (3 HBM passes: read, read, write).
 Expected error:
     fp32 statistics and exponentials, one rounding to the output dtype (bf16: <= 2**-8
-    relative; fp32: ~1e-6 relative; the online form adds ~1e-7 * ln(C) from ln l).
+    relative; fp32: ~1e-6 relative; the online form adds two fp32 roundings, from the
+    rescaling exp(m_c - m) and the product with 1 / l).
 """
 
 import nki
@@ -40,8 +43,8 @@ import nki.language as nl
 
 from .limits import SOFTMAX_MAX_COLS as MAX_COLS
 from .limits import SOFTMAX_RESIDENT_BYTES as RESIDENT_BYTES
-from .tiling import (PARTITIONS, block_rows, cdiv, engine_segments, itemsize, load_block, row_blocks,
-                     rows_per_partition, spread)
+from .tiling import (PARTITIONS, block_rows, cdiv, engine_segments, itemsize, load_block,
+                     program_row_blocks, program_rows, rows_per_partition, spread)
 
 # Row packing target: 2048 elements per partition per DMA = 4 KiB bf16 / 8 KiB fp32.
 TARGET_COLS = 2048
@@ -60,12 +63,14 @@ ONLINE_CHUNK = 4096
 # 1.39 ns of bf16 HBM traffic (ScalarE alone would need 1.67). Resident bytes per element:
 # 0.5 * 4 (e) + 0.5 * itemsize (x), so bf16 rows up to 32K and fp32 rows up to 24K fit.
 VECTOR_SHARE_ONLINE = 0.5
-# "-inf" for the running max: finite, so exp(m - m') never sees inf - inf.
-NEG_BIG = -3.0e38
+# Start of the running max: the most negative finite fp32 (finite, so exp(m - m') never
+# sees inf - inf; the lowest value a row can hold other than -inf, so a row of
+# finfo(float32).min, as transformers' masks build them, still finds its true max).
+FP32_LOWEST = -3.4028234663852886e38
 
 
 def _softmax_rows(x, out, n_rows, cols):
-    for start, parts, per in row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS, MAX_COLS)):
+    for start, parts, per in program_row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS, MAX_COLS)):
         x_tile = load_block(x, start, parts, per)
         # -max per row, all J rows in one VectorE instruction: [parts, per] fp32
         neg_max = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
@@ -102,12 +107,13 @@ def _resident_bytes(cols, chunk, itemsize):
 
 def _softmax_online(x, out, n_rows, cols, chunk, resident):
     n_chunks = cdiv(cols, chunk)
-    for r0 in range(0, n_rows, PARTITIONS):
+    row_lo, row_hi = program_rows(n_rows)    # this program's row tiles (LNC=2: half each)
+    for r0 in range(row_lo, row_hi, PARTITIONS):
         parts = min(PARTITIONS, n_rows - r0)
         kept = []   # per chunk: (x tile, None) for ScalarE chunks, (None, e tile) for VectorE
         maxes = []  # running max after each chunk, m_c
         run_max = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.memset(dst=run_max, value=NEG_BIG)
+        nisa.memset(dst=run_max, value=FP32_LOWEST)
         run_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.memset(dst=run_sum, value=0.0)
         # pass 1: running max and rescaled running sum
@@ -141,13 +147,13 @@ def _softmax_online(x, out, n_rows, cols, chunk, resident):
             run_max = new_max
             run_sum = new_sum
             maxes.append(new_max)
-        # bias = -(m + ln l), so exp(x + bias) = exp(x - m) / l
-        log_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=log_sum, op=nl.log, data=run_sum)
-        bias = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=bias, data1=run_max, data2=log_sum, op=nl.add)
-        neg_bias = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=neg_bias, data=bias, op0=nl.multiply, operand0=-1.0)
+        # 1 / l, and -m for the exponentials of pass 2. The normalisation multiplies by 1 / l
+        # after the exp rather than folding ln l into the exp's bias: -(m + ln l) rounded to
+        # fp32 loses ln l when |m| is large (at |m| = 1e10 a two-way tie came out [1, 1]).
+        inv_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.reciprocal(dst=inv_sum, data=run_sum)
+        neg_max = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=neg_max, data=run_max, op0=nl.multiply, operand0=-1.0)
         # pass 2: normalised exponentials
         for c in range(n_chunks):
             c0 = c * chunk
@@ -155,15 +161,20 @@ def _softmax_online(x, out, n_rows, cols, chunk, resident):
             out_tile = nl.ndarray((parts, width), dtype=x.dtype, buffer=nl.sbuf)
             x_tile, exp_tile = kept[c] if resident else (None, None)
             if exp_tile is not None:
-                # e * exp(m_c - m) / l = e * exp(m_c + bias): a [P, 1] scale, VectorE pass
-                scale = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.activation(dst=scale, op=nl.exp, data=maxes[c], bias=neg_bias)
-                nisa.tensor_scalar(dst=out_tile, data=exp_tile, op0=nl.multiply, operand0=scale)
+                # e * exp(m_c - m) * (1 / l): two [P, 1] scalars, one VectorE pass
+                rescale = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.activation(dst=rescale, op=nl.exp, data=maxes[c], bias=neg_max)
+                nisa.tensor_scalar(dst=out_tile, data=exp_tile, op0=nl.multiply, operand0=rescale,
+                                   op1=nl.multiply, operand1=inv_sum)
             else:
                 if x_tile is None:
                     x_tile = nl.ndarray((parts, width), dtype=x.dtype, buffer=nl.sbuf)
                     nisa.dma_copy(dst=x_tile, src=x[r0:r0 + parts, c0:c0 + width])
-                nisa.activation(dst=out_tile, op=nl.exp, data=x_tile, bias=neg_bias)
+                # exp(x - m) in fp32 on ScalarE, times 1 / l on GpSimd (otherwise idle here)
+                exp_full = nl.ndarray((parts, width), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.activation(dst=exp_full, op=nl.exp, data=x_tile, bias=neg_max)
+                nisa.tensor_scalar(dst=out_tile, data=exp_full, op0=nl.multiply, operand0=inv_sum,
+                                   engine=nisa.engine.gpsimd)
             nisa.dma_copy(dst=out[r0:r0 + parts, c0:c0 + width], src=out_tile)
 
 

@@ -1,11 +1,25 @@
 """Tiling helpers shared by the kernels: partitions, ceil-division, dtype sizes, row blocks
-with their tail, work splits between engines, and partition-broadcast loads.
+with their tail, column chunks of streamed rows, work splits between engines, and
+partition-broadcast loads.
+
+Logical cores: a kernel launched at LNC=2 runs once per physical core (``nl.num_programs()``
+programs, ``nl.program_id(0)`` this one); both share the HBM inputs and outputs and each
+has its own engines, SBUF and PSUM (AWS, "Using Logical NeuronCores (LNC) with NKI").
+``program_share`` and ``program_rows`` give each program its contiguous part of the work.
+Row kernels cut the rows into ``WORK_PARTS`` fixed parts whatever the degree
+(``program_row_parts``): at LNC=2 each program takes one, at LNC=1 the one program takes
+both in turn, so every block, and every engine choice made from a row's place in its
+part, is the same at both degrees: the outputs are identical, bit for bit.
 
 Rows go on partitions. A *row block* is ``(first_row, partitions, rows_per_partition)``:
 ``partitions * rows_per_partition`` consecutive rows, partition p holding rows
 ``[p * J, (p + 1) * J)`` of the block, so a block is one contiguous HBM range and its load
 one DMA of ``J * cols`` elements per partition. The last ``< 128`` rows form a block with
 ``J = 1`` (the tail).
+
+Rows too long for SBUF are streamed in column chunks (``column_chunks``); a [H] parameter
+vector (a norm's weight or bias) is then kept broadcast on all partitions when it fits a
+budget (``resident_params``), else loaded per chunk (``param_columns``).
 """
 
 import nki.isa as nisa
@@ -13,6 +27,9 @@ import nki.language as nl
 
 # SBUF/PSUM partitions (lanes) of a NeuronCore, also TensorE's contraction limit.
 PARTITIONS = nl.tile_size.pmax
+# Parts the rows of a row kernel are cut into: the largest logical-core degree (LNC=2 on
+# Trn2/Trn3), so each program of any degree takes whole parts.
+WORK_PARTS = 2
 
 
 def cdiv(a, b):
@@ -31,12 +48,13 @@ def rows_per_partition(cols, target_cols, max_cols):
     return max(1, min(cdiv(target_cols, cols), max_cols // cols))
 
 
-def row_blocks(n_rows, per_max, tail_position=None):
-    """[(first_row, partitions, rows_per_partition)] covering rows [0, n_rows): full blocks of
-    128 * J rows (J <= per_max), then the < 128-row tail block with J = 1. ``tail_position``
-    moves the tail to that index of the list (e.g. 1: right after the first block)."""
+def row_blocks(n_rows, per_max, tail_position=None, first_row=0):
+    """[(first_row, partitions, rows_per_partition)] covering rows [first_row, n_rows): full
+    blocks of 128 * J rows (J <= per_max), then the < 128-row tail block with J = 1.
+    ``tail_position`` moves the tail to that index of the list (e.g. 1: right after the
+    first block)."""
     blocks = []
-    start = 0
+    start = first_row
     while n_rows - start >= PARTITIONS:
         per = min(per_max, (n_rows - start) // PARTITIONS)
         blocks.append((start, PARTITIONS, per))
@@ -50,6 +68,38 @@ def row_blocks(n_rows, per_max, tail_position=None):
     return blocks
 
 
+def share(n, part, parts):
+    """[lo, hi) of range(n) for ``part`` of ``parts`` contiguous parts whose sizes differ by
+    at most one (the later parts are the larger)."""
+    return (part * n) // parts, ((part + 1) * n) // parts
+
+
+def program_share(n):
+    """[lo, hi) of range(n) that this program takes (``share`` over the programs). At
+    LNC=1: (0, n)."""
+    return share(n, nl.program_id(0), nl.num_programs())
+
+
+def row_part(n_rows, part, parts):
+    """[lo, hi) rows of ``part`` of ``parts``, cut at 128-row tiles (every part but the last
+    has only full tiles; the last also takes the < 128-row tail): their tile counts differ
+    by at most one."""
+    lo, hi = share(cdiv(n_rows, PARTITIONS), part, parts)
+    return min(n_rows, lo * PARTITIONS), min(n_rows, hi * PARTITIONS)
+
+
+def program_rows(n_rows):
+    """[lo, hi) of the rows [0, n_rows) this program takes (``row_part`` over programs)."""
+    return row_part(n_rows, nl.program_id(0), nl.num_programs())
+
+
+def program_row_parts(n_rows):
+    """The [lo, hi) row ranges of the WORK_PARTS parts this program takes, in order."""
+    pid, count = nl.program_id(0), nl.num_programs()
+    lo, hi = share(WORK_PARTS, pid, count)
+    return [row_part(n_rows, part, WORK_PARTS) for part in range(lo, hi)]
+
+
 def block_rows(hbm, start, parts, per):
     """[parts, per, cols] view of rows [start, start + parts * per) of an HBM [N, cols]
     tensor: partition p holds the block's rows [p * per, (p + 1) * per)."""
@@ -61,6 +111,38 @@ def load_block(hbm, start, parts, per):
     tile = nl.ndarray((parts, per, hbm.shape[1]), dtype=hbm.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=tile, src=block_rows(hbm, start, parts, per))
     return tile
+
+
+def program_row_blocks(n_rows, per_max, tail_position=None):
+    """``row_blocks`` of each part this program takes (``program_row_parts``), in order:
+    the same blocks at every logical-core degree."""
+    blocks = []
+    for lo, hi in program_row_parts(n_rows):
+        blocks += row_blocks(hi, per_max, tail_position, first_row=lo)
+    return blocks
+
+
+def pipelined(items, load, compute, store, ahead):
+    """Run load -> compute -> store over ``items`` with the loads issued ``ahead`` items
+    before their compute and each store one item after its compute, in program order.
+
+    The compiler gives tiles a program keeps alive their own buffers and rotates the rest
+    (a loop's tiles share about two): issuing load i + ahead before compute i keeps that
+    many input tiles in flight, and deferring store i past compute i + 1 keeps the next
+    output tile from waiting for it. ``load(item) -> loaded``, ``compute(item, loaded) ->
+    result``, ``store(item, result)``."""
+    items = list(items)
+    loaded = [load(item) for item in items[:ahead]]
+    pending = None
+    for i, item in enumerate(items):
+        if i + ahead < len(items):
+            loaded.append(load(items[i + ahead]))
+        result = compute(item, loaded.pop(0))
+        if pending is not None:
+            store(*pending)
+        pending = (item, result)
+    if pending is not None:
+        store(*pending)
 
 
 def split_count(n, share):
@@ -89,4 +171,32 @@ def broadcast_rows(vec_hbm, cols):
     """[128, cols] SBUF copy of a [cols] HBM vector on every partition (one stride-0 DMA)."""
     tile = nl.ndarray((PARTITIONS, cols), dtype=vec_hbm.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=tile, src=vec_hbm.reshape((1, cols)).broadcast(0, PARTITIONS))
+    return tile
+
+
+def column_chunks(cols, chunk):
+    """[(c0, c1)] column ranges of at most ``chunk`` columns covering [0, cols)."""
+    return [(c0, min(cols, c0 + chunk)) for c0 in range(0, cols, chunk)]
+
+
+def resident_params(params, cols, budget):
+    """[128, cols] SBUF broadcast copies of the [cols] HBM vectors ``params`` (None entries
+    stay None) when together they take at most ``budget`` bytes per partition; else a list
+    of None (``param_columns`` then loads the columns each chunk needs)."""
+    total = sum(cols * itemsize(p.dtype) for p in params if p is not None)
+    if total > budget:
+        return [None for _ in params]
+    return [None if p is None else broadcast_rows(p, cols) for p in params]
+
+
+def param_columns(vec_hbm, resident, c0, c1):
+    """[128, c1 - c0] SBUF columns c0:c1 of the [cols] HBM vector ``vec_hbm`` on every
+    partition: a view of its resident copy, or a new stride-0 load (one DMA). None for a
+    None vector."""
+    if vec_hbm is None:
+        return None
+    if resident is not None:
+        return resident[:, c0:c1]
+    tile = nl.ndarray((PARTITIONS, c1 - c0), dtype=vec_hbm.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=tile, src=vec_hbm[c0:c1].reshape((1, c1 - c0)).broadcast(0, PARTITIONS))
     return tile

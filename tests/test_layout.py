@@ -61,25 +61,31 @@ def test_limits_import_nothing():
     assert list(_imports(ROOT / "kernels" / "limits.py")) == []
 
 
+# The Hugging Face integration module may import transformers and kernels, lazily inside its
+# functions (checked by test_package_imports_without_optional_deps).
+HF_INTEGRATION = ROOT / "torch_ext" / "nki_kernels" / "transformers.py"
+
+
 @pytest.mark.parametrize("path", PACKAGE_SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_package_imports_are_relative_or_torch(path):
+    optional = {"numpy", "nki", "torch_neuronx"} | ({"transformers", "kernels"} if path == HF_INTEGRATION else set())
     for module, level in _imports(path):
         if level:
             continue
         top = module.split(".")[0]
-        # numpy / nki / torch_neuronx / transformers are imported lazily inside functions
-        # only (checked by test_package_imports_without_optional_deps).
-        assert top in STDLIB or top in {"torch", "numpy", "nki", "torch_neuronx"}, (
+        # numpy / nki / torch_neuronx (and transformers / kernels in the integration module)
+        # are imported lazily inside functions only (checked by test_package_imports_without_optional_deps).
+        assert top in STDLIB or top in {"torch"} | optional, (
             f"{path.relative_to(ROOT)} imports {module!r}; the shipped package may only "
             "use relative imports, the stdlib and torch"
         )
 
 
 def test_package_imports_without_optional_deps():
-    # Importing the package must not pull numpy, transformers or nki.
+    # Importing the package must not pull numpy, transformers, kernels or nki.
     code = (
         "import sys\n"
-        "for name in ('numpy', 'transformers', 'nki', 'torch_neuronx'):\n"
+        "for name in ('numpy', 'transformers', 'kernels', 'nki', 'torch_neuronx'):\n"
         "    sys.modules[name] = None  # makes `import name` raise ImportError\n"
         "import nki_kernels, nki_kernels.simulator\n"
         "print('ok')\n"

@@ -106,3 +106,23 @@ def test_limits_follow_the_target():
     x = t(2048, 4096)
     assert R.rms_norm(x, (4096,), None, target="trn3").limit_us < R.rms_norm(x, (4096,), None).limit_us
     assert R.rms_norm(x, (4096,), None, target="trn3").target == "trn3"
+
+
+@pytest.mark.parametrize("spec, workload", CASES[:1] + CASES[5:6], ids=lambda x: getattr(x, "name", ""))
+def test_two_cores_halve_the_limit_and_the_eager_baseline(spec, workload):
+    # LNC=2: the kernel and every eager ATen op (compiled at the same degree) get two
+    # cores' DMA engines, TensorE and ScalarE
+    args, kwargs = workload.make(torch.Generator().manual_seed(0))
+    one, two = spec.roofline(*args, **kwargs, lnc=1), spec.roofline(*args, **kwargs, lnc=2)
+    assert (one.lnc, two.lnc) == (1, 2)
+    assert two.limit_us == pytest.approx(one.limit_us / 2)
+    assert two.eager_us == pytest.approx(one.eager_us / 2)
+    assert two.bound == one.bound
+
+
+def test_lnc_must_be_one_or_two_and_trn1_has_one():
+    x = t(128, 1024)
+    with pytest.raises(ValueError, match="lnc=3 is not supported on trn2; expected 1 or 2"):
+        R.rms_norm(x, (1024,), None, lnc=3)
+    with pytest.raises(ValueError, match="lnc=2 is not supported on trn1.*starts with Trainium2"):
+        R.rms_norm(x, (1024,), None, lnc=2, target="trn1")

@@ -40,6 +40,13 @@ FAST = [
     (1, 2, 2, 130, 3000, 64, 64, BF16, "bshd", "key_float", False),  # flash: 2 key blocks + masks
     (1, 1, 1, 257, 2500, 128, 128, F32, "bhsd", None, True),         # flash, causal, fp32
     (1, 1, 1, 128, 16384, 64, 64, BF16, "bhsd", None, False),        # flash, 16K keys (8 blocks)
+    # head dims past 128 (issue 13: the limit was 128; Gemma 2/3 use 256): Q·Kᵀ in two
+    # accumulating matmuls, P·[V | 1] 257 columns wide
+    (1, 2, 2, 129, 197, 256, 256, BF16, "bshd", None, False),        # Gemma head dim, unmasked batches
+    (1, 2, 1, 70, 300, 200, 160, F32, "bhsd", "key_bool", True),     # uneven pieces 128 + 72, fp32
+    (1, 4, 2, 130, 2100, 256, 256, BF16, "bhsd", "full_float", False),  # flash, D = 256
+    (1, 3, 3, 65, 65, 256, 256, F16, "bhsd", None, False),           # fp16
+    (1, 2, 2, 33, 100, 96, 256, BF16, "bhsd", None, False),          # transposed-scores D, Dv = 256
 ]
 
 
@@ -144,7 +151,9 @@ def test_layout_follows_the_inputs():
 @pytest.mark.parametrize("case", [
     (1, 16, 16, 2048, 2048, 128, F32, False),        # the biggest single-pass case, fp32
     (1, 16, 4, 1025, 2049, 128, F32, True),          # flash, fp32, GQA, causal
-], ids=["single-2048-fp32", "flash-2049-fp32"])
+    (1, 16, 16, 2048, 2048, 256, F32, False),        # the same at the largest head dim
+    (1, 16, 4, 1025, 2049, 256, F32, True),
+], ids=["single-2048-fp32", "flash-2049-fp32", "single-2048-fp32-d256", "flash-2049-fp32-d256"])
 def test_fits_trn2_sbuf_and_psum(case):
     """Peak live SBUF bytes per partition and PSUM banks stay within trn2's (the 16K x 16K
     sweep cases are checked by the simulator's capacity accounting as they run)."""
@@ -158,3 +167,16 @@ def test_fits_trn2_sbuf_and_psum(case):
     assert res.peak_sbuf_bytes_per_partition <= trn2.sbuf_bytes_per_partition
     assert res.peak_psum_banks <= trn2.psum_banks
     assert not torch.isnan(call.finish_outputs(res.outputs)).any()
+
+
+@pytest.mark.parametrize("d", [32, 64, 96])
+def test_transposed_scores_stay_finite_for_huge_logits(simulator_backend, d):
+    # Issue 13, defect 4: the transposed-scores path (bf16, no mask, Sk <= 384, D in
+    # {32, 64, 96}) subtracts the row max as bf16 hi + lo, exact only to ~2^-17 relative:
+    # with scaled logits of ~1e7 (q, k ~ 5e3 randn) exp overflowed and the output was NaN.
+    # The max is now split into three bf16 terms that sum to it exactly.
+    q, k, v = make_qkv(1, 4, 4, 70, 197, d, dtype=BF16)
+    q, k = (q.float() * 5e3).to(BF16), (k.float() * 5e3).to(BF16)
+    out = nki_kernels.scaled_dot_product_attention(q, k, v)
+    assert torch.isfinite(out).all()
+    check_close(out, q, k, v)

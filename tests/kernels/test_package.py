@@ -21,7 +21,7 @@ def test_simulator_flavour_binds_the_simulated_nki_without_sys_modules():
     assert sys.modules.get("nki") is before          # nothing aliased globally
     # the shared helper module came through the same flavour, relatively imported
     tiling = sys.modules["nki_kernels._nki_src_simulator.tiling"]
-    assert mod.row_blocks is tiling.row_blocks and tiling.nl is simulator.nki_modules()["nki.language"]
+    assert mod.program_row_blocks is tiling.program_row_blocks and tiling.nl is simulator.nki_modules()["nki.language"]
 
 
 def test_neuron_flavour_is_a_real_package_name():
@@ -36,7 +36,7 @@ def test_limits_need_no_toolchain():
             "from nki_kernels import _kernel_sources\nprint(_kernel_sources.limits().ATTENTION_MAX_HEAD_DIM)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "128"
+    assert out.stdout.strip() == "256"
 
 
 def test_neuron_flavour_needs_the_real_toolchain():

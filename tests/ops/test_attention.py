@@ -74,6 +74,36 @@ def test_output_layout_follows_transposed_inputs(reference_backend):
     assert sdpa(q, k, v).is_contiguous()
 
 
+EMPTY = [  # (query shape, key shape, kwargs): some dim 0, as torch's SDPA takes them
+    ((0, 2, 3, 8), (0, 2, 4, 8), {}),                       # B = 0
+    ((1, 0, 3, 8), (1, 0, 4, 8), {}),                       # H = 0
+    ((1, 0, 3, 8), (1, 0, 4, 8), {"enable_gqa": True}),     # H = Hkv = 0 with GQA
+    ((1, 2, 0, 8), (1, 2, 4, 8), {}),                       # Sq = 0
+    ((1, 2, 3, 8), (1, 2, 0, 8), {}),                       # Sk = 0: zeros
+    ((1, 4, 3, 8), (1, 2, 0, 8), {"enable_gqa": True}),     # Sk = 0 with GQA
+    ((2, 3, 8), (2, 0, 8), {}),                             # 3-D, Sk = 0
+    ((2, 0, 2, 3, 8), (2, 0, 2, 4, 8), {}),                 # 5-D with an empty batch dim
+]
+
+
+@pytest.mark.parametrize("backend", ["reference", "simulator"])
+@pytest.mark.parametrize("q_shape, k_shape, kwargs", EMPTY, ids=lambda a: str(a).replace(" ", ""))
+def test_empty_dims_return_what_torch_returns(monkeypatch, backend, q_shape, k_shape, kwargs):
+    """Issue 13: B, H, Sq or Sk = 0 are accepted (they were rejected) and give torch's
+    result: an empty output, or zeros for Sk = 0; with a mask, causal, and backward."""
+    monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", backend)
+    for extra in ({}, {"is_causal": True}, {"attn_mask": torch.rand(q_shape[-2], k_shape[-2]) > 0.5}):
+        q = torch.randn(q_shape, requires_grad=True)
+        k = torch.randn(k_shape, requires_grad=True)
+        v = torch.randn(k_shape[:-1] + (5,), requires_grad=True)
+        out = sdpa(q, k, v, **kwargs, **extra)
+        expected = F.scaled_dot_product_attention(q, k, v, **kwargs, **extra)
+        assert out.shape == expected.shape and out.dtype == expected.dtype
+        assert torch.equal(out, expected)
+        out.sum().backward()
+        assert all(t.grad is not None and t.grad.shape == t.shape and not t.grad.any() for t in (q, k, v))
+
+
 # ------------------------------------------------------------------------------ autograd, opcheck, compile
 
 @pytest.mark.parametrize("backend", ["reference", "simulator"])
@@ -129,15 +159,16 @@ def _q(*shape, dtype=F32):
 BAD = [
     ("batch", lambda: sdpa(_q(2, 2, 4, 8), _q(3, 2, 4, 8), _q(3, 2, 4, 8)), ValueError, ["batch", "(2, 2, 4, 8)", "(3, 2, 4, 8)"]),
     ("head_dim", lambda: sdpa(_q(1, 2, 4, 8), _q(1, 2, 4, 16), _q(1, 2, 4, 8)), ValueError, ["key head_dim 16", "query head_dim 8"]),
-    ("head_dim>128", lambda: sdpa(_q(1, 1, 4, 160), _q(1, 1, 4, 160), _q(1, 1, 4, 160)), ValueError, ["160", "128"]),
-    ("v_head_dim>128", lambda: sdpa(_q(1, 1, 4, 64), _q(1, 1, 4, 64), _q(1, 1, 4, 130)), ValueError, ["value head_dim=130", "128"]),
+    ("head_dim>256", lambda: sdpa(_q(1, 1, 4, 260), _q(1, 1, 4, 260), _q(1, 1, 4, 64)), ValueError, ["260", "256"]),
+    ("v_head_dim>256", lambda: sdpa(_q(1, 1, 4, 64), _q(1, 1, 4, 64), _q(1, 1, 4, 257)), ValueError, ["value head_dim=257", "256"]),
     ("keys", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 5, 8), _q(1, 1, 6, 8)), ValueError, ["value has 6 keys", "key has 5"]),
     ("kv_heads", lambda: sdpa(_q(1, 4, 4, 8), _q(1, 2, 4, 8), _q(1, 1, 4, 8)), ValueError, ["value has 1 heads", "key has 2"]),
     ("gqa_flag", lambda: sdpa(_q(1, 4, 4, 8), _q(1, 2, 4, 8), _q(1, 2, 4, 8)), ValueError, ["4 heads", "2", "enable_gqa=True"]),
     ("gqa_multiple", lambda: sdpa(_q(1, 6, 4, 8), _q(1, 4, 4, 8), _q(1, 4, 4, 8), enable_gqa=True), ValueError, ["6", "multiple", "4"]),
     ("ndim", lambda: sdpa(_q(4, 8), _q(4, 8), _q(4, 8)), ValueError, ["query", "at least 3 dims", "(4, 8)"]),
     ("ndim_mismatch", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 4, 8), _q(1, 4, 8)), ValueError, ["same number of dims", "4, 3"]),
-    ("empty", lambda: sdpa(_q(1, 1, 0, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8)), ValueError, ["query", "empty dim 2"]),
+    ("head_dim_0", lambda: sdpa(_q(1, 1, 3, 0), _q(1, 1, 4, 0), _q(1, 1, 4, 8)), ValueError, ["query", "head_dim 0", "(1, 1, 3, 0)"]),
+    ("gqa_no_kv_heads", lambda: sdpa(_q(1, 2, 4, 8), _q(1, 0, 4, 8), _q(1, 0, 4, 8), enable_gqa=True), ValueError, ["query heads 2", "key/value heads 0"]),
     ("int", lambda: sdpa(torch.ones(1, 1, 4, 8, dtype=torch.int64), _q(1, 1, 4, 8), _q(1, 1, 4, 8)), TypeError, ["query", "int64"]),
     ("mixed", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8, dtype=BF16), _q(1, 1, 4, 8)), TypeError, ["key", "bfloat16", "float32"]),
     ("float64", lambda: sdpa(*(_q(1, 1, 4, 8).double() for _ in range(3))), TypeError, ["query", "float64"]),
@@ -177,3 +208,52 @@ def test_neuron_tensors_without_toolchain_raise():
     from nki_kernels import _dispatch
     with pytest.raises(RuntimeError, match="torch-neuronx"):
         _dispatch.run_on_neuron(call)
+
+
+# ------------------------------------------------------------------------------ inf/NaN in masked keys
+
+# Both CPU backends give what F.scaled_dot_product_attention gives when a key that the mask
+# excludes holds inf or NaN (torch: NaN in every row, since its score inf/NaN plus the mask's
+# -inf is NaN): the kernel does, and the reference backend calls torch's own SDPA.
+
+
+_SPECIAL = {"k-inf": ("key", float("inf")), "k-nan": ("key", float("nan")),
+            "v-inf": ("value", float("inf")), "v-nan": ("value", float("nan"))}
+_SPECIAL_CASES = [
+    pytest.param(backend, kind, special, id=f"{backend}-{kind}-{special}")
+    for backend in ("reference", "simulator") for kind in ("bool", "float") for special in _SPECIAL]
+
+
+@pytest.mark.parametrize("backend, kind, special", _SPECIAL_CASES)
+def test_masked_key_with_inf_or_nan_gives_what_torch_gives(monkeypatch, backend, kind, special):
+    where, value = _SPECIAL[special]
+    _check_masked_special_key(monkeypatch, backend, where, value, kind)
+
+
+def _check_masked_special_key(monkeypatch, backend, where, value, kind):
+    monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", backend)
+    q, k, v = make_qkv(1, 2, 2, 5, 7, 16, dtype=F32)
+    (k if where == "key" else v)[:, :, 3] = value
+    keep = torch.ones(1, 1, 5, 7, dtype=torch.bool)
+    keep[..., 3] = False
+    mask = keep if kind == "bool" else torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
+    out = sdpa(q, k, v, attn_mask=mask)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4, equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", ["reference", "simulator"])
+def test_where_torch_sdpa_itself_falls_short(monkeypatch, backend):
+    """Two inputs torch 2.13's own SDPA gets wrong, pinned to the definition on both
+    backends (a reference that calls F.scaled_dot_product_attention must handle them):
+    a 1-D [Sk] mask (broadcasts; torch raises IndexError) and scale=0 with is_causal (every
+    visible key equally likely; torch returns NaN)."""
+    monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", backend)
+    q, k, v = make_qkv(1, 2, 2, 3, 5, 8, dtype=F32)
+    keep = torch.tensor([True, False, True, True, False])
+    out = sdpa(q, k, v, attn_mask=keep)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=keep.expand(3, 5))
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+    out = sdpa(q, k, v, is_causal=True, scale=0.0)
+    visible_mean = v.cumsum(-2)[..., :3, :] / torch.arange(1, 4).view(3, 1)
+    torch.testing.assert_close(out, visible_mean, atol=1e-5, rtol=1e-4)

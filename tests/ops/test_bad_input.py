@@ -115,22 +115,23 @@ def test_bad_input(name, call, error, words):
 
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "fused_add_rms_norm"])
 def test_norm_hidden_limit_on_kernel_path(simulator_backend, op):
-    # The kernels hold a row in SBUF up to 8192; beyond that the kernel path refuses clearly.
-    x = torch.randn(2, 8193)
+    # The kernels take rows up to 65536 (streamed beyond 8192); beyond that the kernel path
+    # refuses clearly, before any kernel runs.
+    x = torch.randn(1, 65537)
     with pytest.raises(ValueError) as info:
         if op == "layer_norm":
-            nki_kernels.layer_norm(x, (8193,))
+            nki_kernels.layer_norm(x, (65537,))
         elif op == "rms_norm":
-            nki_kernels.rms_norm(x, (8193,))
+            nki_kernels.rms_norm(x, (65537,))
         else:
             nki_kernels.fused_add_rms_norm(x, x, None, 1e-6)
-    assert "8193" in str(info.value) and "8192" in str(info.value)
+    assert "65537" in str(info.value) and "65536" in str(info.value)
 
 
 def test_norm_hidden_limit_not_applied_to_reference(reference_backend):
-    x = torch.randn(2, 8193)
-    torch.testing.assert_close(nki_kernels.rms_norm(x, (8193,), None, 1e-6),
-                               torch.nn.functional.rms_norm(x, (8193,), None, 1e-6))
+    x = torch.randn(2, 65537)
+    torch.testing.assert_close(nki_kernels.rms_norm(x, (65537,), None, 1e-6),
+                               torch.nn.functional.rms_norm(x, (65537,), None, 1e-6))
 
 
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "silu_and_mul", "softmax", "silu"])

@@ -75,10 +75,12 @@ def test_rms_norm(simulator_backend, rows, hidden, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_rms_norm_without_weight_and_default_eps(simulator_backend, dtype):
-    # eps=None -> torch.finfo(input.dtype).eps, as F.rms_norm does (0.0078 for bf16: visible).
+    # eps=None -> float32's machine epsilon for every input dtype, as F.rms_norm does (its
+    # opmath type's; bf16's own 0.0078 would be visible at this input scale).
     x = randn(3, 43, 64, dtype=dtype, scale=0.05)
     out = nki_kernels.rms_norm(x, (64,))
-    eps = torch.finfo(dtype).eps
+    eps = torch.finfo(torch.float32).eps
+    assert torch.equal(F.rms_norm(x, (64,)), F.rms_norm(x, (64,), eps=eps))   # torch's own default
     x64 = x.double()
     assert_matches(out, x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + eps), dtype)
 
@@ -147,3 +149,64 @@ def test_norms_reference_path(reference_backend, dtype):
                                F.layer_norm(x.double(), (33,), w.double(), b.double()), atol=atol, rtol=rtol)
     torch.testing.assert_close(nki_kernels.rms_norm(x, (33,), w, 1e-6).double(),
                                F.rms_norm(x.double(), (33,), w.double(), 1e-6), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_layer_norm_constant_rows_with_large_mean_are_exactly_zero(simulator_backend, dtype):
+    # Issue 13, defect 7: the 16-bit statistics on ScalarE formed the mean as sum * (-1/H);
+    # 1/1000 is inexact in fp32, so rows of 1000.0 centred to 6e-5 and came out as 0.019
+    # (torch: exactly 0). 300 rows: row slots on both statistics engines, and a tail.
+    x = torch.full((300, 1000), 1000.0, dtype=dtype)
+    out = nki_kernels.layer_norm(x, (1000,))
+    assert out.dtype == dtype and torch.equal(out, torch.zeros_like(out))
+    bias = randn(1000, dtype=dtype)
+    out = nki_kernels.layer_norm(x, (1000,), torch.ones(1000, dtype=dtype), bias)
+    torch.testing.assert_close(out, bias.expand_as(out), atol=0, rtol=0)
+
+
+# ---------------------------------------------------------------------------- streamed rows (H > 8192)
+
+# (rows, hidden): just past the one-pass limit (3 chunks, ragged last), Llama-3.1-405B's
+# hidden with a 128-row tile and a 2-row tail (row tiles kept in SBUF between the passes),
+# 20000 (fp32: rows and weights past the SBUF budgets, reloaded from HBM per chunk), and
+# the largest supported size.
+STREAMED = [(3, 8193), (130, 16384), (5, 20000), pytest.param(2, 65536, marks=pytest.mark.sweep)]
+STREAM_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("dtype", STREAM_DTYPES, ids=str)
+@pytest.mark.parametrize("rows, hidden", STREAMED)
+def test_streamed_rows(simulator_backend, rows, hidden, dtype):
+    # Issue 13: hidden sizes past 8192 (the limit was 8192) stream through SBUF in column
+    # chunks, two passes over HBM. Weight in the input dtype (resident up to 64 KiB) and
+    # in fp32 with a bias (loaded per chunk past 16384 columns).
+    x = randn(rows, hidden, dtype=dtype, scale=2.0, shift=3.0)
+    weight = randn(hidden, dtype=dtype, scale=0.5, shift=1.0)
+    bias32 = randn(hidden)
+    x64, w64 = _f64(x, weight)
+    assert_matches(nki_kernels.rms_norm(x, (hidden,), weight, 1e-6),
+                   references.rms_norm(x64, (hidden,), w64, 1e-6, compute_dtype=torch.float64), dtype)
+    assert_matches(nki_kernels.layer_norm(x, (hidden,), weight.float(), bias32, 1e-5),
+                   references.layer_norm(x64, (hidden,), w64, bias32.double(), 1e-5,
+                                         compute_dtype=torch.float64), dtype)
+    residual = randn(rows, hidden, dtype=dtype)
+    normed, total = nki_kernels.fused_add_rms_norm(x, residual, None, 1e-6)
+    expected_total = (x.double() + residual.double()).to(dtype)
+    assert torch.equal(total, expected_total)
+    assert_matches(normed, references.rms_norm(expected_total.double(), (hidden,), None, 1e-6,
+                                               compute_dtype=torch.float64), dtype)
+
+
+@pytest.mark.parametrize("affine", ["none", "bias"])
+def test_streamed_layer_norm_without_weight_and_with_a_large_mean(simulator_backend, affine):
+    # bn_stats pieces combined over the whole row: a mean 1e4 times the spread is kept
+    x = randn(5, 9000, dtype=torch.float32, scale=1.0, shift=1e4)
+    bias = randn(9000) if affine == "bias" else None
+    out = nki_kernels.layer_norm(x, (9000,), None, bias, 1e-5)
+    expected = F.layer_norm(x.double(), (9000,), None, None if bias is None else bias.double(), 1e-5)
+    # fp32 statistics: the mean is off by ~ one fp32 ulp of the mean (2**-24 * 1e4), i.e.
+    # ~6e-4 of a std after centring (torch's own fp32 layer_norm too): bound 8 ulps' worth
+    bound = 8 * 2.0 ** -24 * 1e4
+    assert (out.double() - expected).abs().max() < bound
+    torch_fp32 = F.layer_norm(x, (9000,), None, bias, 1e-5).double()
+    assert (torch_fp32 - expected).abs().max() < bound

@@ -101,3 +101,44 @@ def test_rotary_backward_matches_torch(simulator_backend):
     ((rq * gq).sum() + (rk * gk).sum()).backward()
     for a, b in zip(leaves, ref):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["reference", "simulator"])
+@pytest.mark.parametrize("empty", ["k", "q"])
+def test_rotary_with_zero_heads_in_one_tensor(monkeypatch, backend, empty):
+    # Issue 13, defect 3: with zero heads in k (or q) the op returned torch.empty_like for
+    # BOTH outputs on both backends: the other tensor's result was uninitialised memory.
+    monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", backend)
+    q, k = randn(2, 3, 9, 16), randn(2, 2, 9, 16)
+    if empty == "k":
+        k = k[:, :0]
+    else:
+        q = q[:, :0]
+    cos, sin = _cos_sin(2, 9, 16, torch.float32)
+    q_out, k_out = nki_kernels.apply_rotary_pos_emb(q, k, cos, sin)
+    q_ref, k_ref = _expected(q, k, cos, sin)
+    assert q_out.shape == q.shape and k_out.shape == k.shape
+    full_out, full_ref = (q_out, q_ref) if empty == "k" else (k_out, k_ref)
+    assert_matches(full_out, full_ref, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_rotary_16bit_rounds_once_like_the_reference(simulator_backend, dtype):
+    # Issue 13, defect 6: 16-bit inputs kept x*cos and rotate_half(x)*sin in the input dtype
+    # (three roundings: one bf16 ulp off on some elements, and fp16 products overflowing
+    # where the result does not). Now fp32 products and one rounding, as the reference:
+    # the kernel equals the fp32-math reference bit for bit.
+    q, k = randn(2, 5, 131, 64, dtype=dtype, scale=3.0), randn(2, 1, 131, 64, dtype=dtype)
+    cos, sin = randn(2, 131, 64, dtype=dtype), randn(2, 131, 64, dtype=dtype)   # any tables
+    for got, want in zip(nki_kernels.apply_rotary_pos_emb(q, k, cos, sin),
+                         references.apply_rotary_pos_emb(q, k, cos, sin)):
+        assert torch.equal(got, want)
+    # fp16 overflow of a product: x_lo * cos = 90000 > 65504, but the result is 50000
+    q = torch.empty(1, 1, 3, 8, dtype=dtype)
+    q[..., :4], q[..., 4:] = 60000.0, 40000.0
+    cos = torch.full((3, 8), 1.5, dtype=dtype)
+    sin = torch.cat([torch.full((3, 4), 1.0), torch.full((3, 4), -0.5)], -1).to(dtype)
+    q_out, _ = nki_kernels.apply_rotary_pos_emb(q, q.clone(), cos, sin)
+    q_ref, _ = _expected(q, q, cos, sin)
+    assert torch.isfinite(q_out).all()
+    assert_matches(q_out, q_ref, dtype)

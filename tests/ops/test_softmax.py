@@ -78,3 +78,31 @@ def test_softmax_reference_path(reference_backend, dtype):
     x = randn(4, 33, dtype=dtype, scale=3.0)
     atol, rtol = TOLERANCES[dtype]
     torch.testing.assert_close(nki_kernels.softmax(x).double(), _expected(x), atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("resident", [True, False], ids=["resident", "streaming"])
+def test_softmax_online_keeps_ln_sum_when_the_max_is_large(resident):
+    # Issue 13, defect 1: the online form's bias -(m + ln l) was formed in fp32, which loses
+    # ln l when |m| is large: a two-way tie at 1e10 came out [1, 1], and rows of randn + 3000
+    # had relative error 1e-4 (8192 columns, the one-pass form: 1e-7).
+    tie = torch.full((2, 8193), -1e30)
+    tie[:, :2] = 1e10
+    tie[1, -2:] = 1e10                                  # the tie in the last chunk too
+    shifted = randn(3, 8193) + 3000.0
+    for x in (tie, shifted):
+        call = softmax_kernel_call(x, resident_bytes=None if resident else 0)
+        assert_matches(_dispatch.run_simulated(call), _expected(x), torch.float32)
+    out = _dispatch.run_simulated(softmax_kernel_call(tie, resident_bytes=None if resident else 0))
+    assert out[0, :2].tolist() == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_softmax_online_rows_of_finfo_min(simulator_backend, dtype):
+    # Issue 13, defect 2: rows longer than 8192 whose every value is below -3e38 (masked
+    # with finfo(float32).min, as transformers builds masks) returned inf: the running max
+    # started at -3e38 instead of at or below the true row max.
+    lowest = torch.finfo(dtype).min                     # bf16: -3.39e38
+    x = torch.full((3, 8193), lowest, dtype=dtype)
+    x[1, 5000] = -3.2e38                                # one value above the others
+    x[2, :8000] = float("-inf")                         # -inf, then the masked value
+    assert_matches(nki_kernels.softmax(x), _expected(x), dtype)

@@ -49,3 +49,28 @@ def test_ops_from_several_threads(monkeypatch, backend):
         for out, expected, dtype in per_thread:
             atol, rtol = TOLERANCES[dtype]
             torch.testing.assert_close(out.double(), expected, atol=atol, rtol=rtol)
+
+
+# Every op of the registry, from several threads at once: the fuzz tier's seeded cases (odd
+# shapes, every dtype, masks, views), each checked against float64 with its derived bound.
+THREAD_SEED = 7
+CASES_PER_OP = 4
+
+
+@pytest.mark.parametrize("backend", ["reference", "simulator"])
+def test_every_op_from_several_threads(monkeypatch, backend):
+    from tests.fuzz.ops import OPS
+    from tests.fuzz.runner import build, check, reproduction
+
+    monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", backend)
+
+    def job(op_index):
+        op, index = op_index
+        args, kwargs, desc = build(op, THREAD_SEED, index)
+        problem = check(op, args, kwargs, OPS[op].run(args, kwargs))
+        return None if problem is None else f"{op} [{desc}]: {problem}\n  {reproduction(op, THREAD_SEED, index, backend)}"
+
+    jobs = [(op, i) for i in range(CASES_PER_OP) for op in OPS]     # ops interleaved
+    with ThreadPoolExecutor(THREADS) as pool:
+        problems = [p for p in pool.map(job, jobs) if p]
+    assert not problems, "\n".join(problems)

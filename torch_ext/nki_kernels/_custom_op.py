@@ -1,10 +1,21 @@
 """One helper defines an op's torch custom op: dispatch, fake and autograd.
 
-Every op of the package is a ``torch.library.custom_op`` whose body runs, per input
-device, the NKI kernel (``kernel_call``) or the PyTorch reference (``_dispatch.run``);
-whose fake returns empty outputs of the right shapes (``torch.compile``, meta tensors);
-and whose backward recomputes the op in fp32 with PyTorch autograd from the saved inputs
-(no NKI backward kernels yet).
+Every op of the package is a custom op whose body runs, per input device, the NKI kernel
+(``kernel_call``) or the PyTorch reference (``_dispatch.run``); whose fake returns empty
+outputs of the right shapes (``torch.compile``, meta tensors); and whose backward
+recomputes the op in fp32 with PyTorch autograd from the saved inputs (no NKI backward
+kernels yet).
+
+How the op is registered depends on the host (``_neuron.registrar``):
+
+* where ``torch_neuronx`` imports (the ``torch-neuron`` Hub variant on a Trainium host, or
+  any install with torch-neuronx): ``torch_neuronx.nki_op(name, mutates_args={})`` on the
+  annotated body, the registration TorchNeuron documents for NKI kernels (``_neuron.py``);
+  NOT YET RUN ON HARDWARE;
+* elsewhere: ``torch.library.custom_op(name, body, mutates_args=())``.
+
+The body, the fake and the backward are the same in both cases; ``registered_with`` says
+which registration each op got.
 
 ``define_op`` takes a *typed stub* (a function whose signature, with type annotations, is
 the op's schema; its body is not used) and the pieces that differ between ops.
@@ -17,8 +28,13 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from . import _dispatch
+from . import _dispatch, _neuron
 from ._ops import add_op_namespace_prefix
+
+TORCH_CUSTOM_OP = "torch.library.custom_op"
+NKI_OP = "torch_neuronx.nki_op"
+# op name -> TORCH_CUSTOM_OP or NKI_OP: how each op of this process was registered
+registered_with: dict[str, str] = {}
 
 
 def _first_tensor(args: Sequence[Any]) -> torch.Tensor:
@@ -55,8 +71,22 @@ def define_op(stub: Callable, *, kernel_call: Callable, reference: Callable, fak
 
     body.__name__, body.__qualname__, body.__module__ = stub.__name__, stub.__qualname__, stub.__module__
     body.__signature__ = signature
+    # nki_op wants "explicit type signatures" (TorchNeuron docs, see _neuron.py): the stub's
+    # annotations, evaluated, also as __annotations__ for tools that read them directly
+    annotations = {n: p.annotation for n, p in signature.parameters.items()}
+    annotations["return"] = signature.return_annotation
+    body.__annotations__ = annotations
 
-    op = torch.library.custom_op(add_op_namespace_prefix(stub.__name__.lstrip("_")), body, mutates_args=())
+    name = add_op_namespace_prefix(stub.__name__.lstrip("_"))
+    register = _neuron.registrar()
+    if register is not None:
+        op = register(name)(body)
+        registered_with[name] = NKI_OP
+    else:
+        op = torch.library.custom_op(name, body, mutates_args=())
+        registered_with[name] = TORCH_CUSTOM_OP
+    # our fake on both paths (nki_op registers the body as the fake, which would run the
+    # kernel's own shape inference; ours is the same empty outputs as on CPU)
     op.register_fake(fake)
     op.register_autograd(_recompute_backward(grad_reference), setup_context=_save_inputs)
     return op

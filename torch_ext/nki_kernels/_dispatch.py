@@ -1,14 +1,20 @@
 """Which implementation of an op runs, decided per call from the input device.
 
-* ``neuron`` tensors: the NKI kernel through AWS's toolchain. torch-neuronx compiles an
-  ``@nki.jit`` kernel called with neuron tensors on first use (TorchNeuron's documented
-  eager path). WRITTEN AS TORCHNEURON DOCUMENTS IT; NOT YET RUN ON HARDWARE.
+* ``neuron`` tensors: the NKI kernel through AWS's toolchain (``_neuron.py``: torch-neuronx
+  compiles an ``@nki.jit`` kernel called with neuron tensors on first use, TorchNeuron's
+  documented eager path; launched at neuronx-cc's logical-core degree). WRITTEN AS AWS
+  DOCUMENTS IT; NOT YET RUN ON HARDWARE.
 * ``cpu`` tensors: the PyTorch reference (default), or the NKI kernel in the bundled
   simulator when ``NKI_KERNELS_CPU_BACKEND=simulator``.
 
+The simulator backend launches kernels at the degree neuronx-cc would use for its target
+(``logical_core_degree``: ``NEURON_LOGICAL_NC_CONFIG`` when set, else the target's default,
+trn2: 2), as ``kernel[degree](...)``.
+
 Every op describes its kernel launch as a :class:`KernelCall` (which kernel, which tensors,
 which static arguments, how to turn the kernel's outputs into the op's result), so the op,
-the tests and the modeled report (benchmarks/model_report.py) launch kernels the same way.
+the tests, the modeled report (benchmarks/model_report.py) and the acceptance run
+(``acceptance.py``) launch kernels the same way.
 """
 
 from __future__ import annotations
@@ -19,10 +25,15 @@ from typing import Any, Callable
 
 import torch
 
-from . import _kernel_sources
+from . import _kernel_sources, _neuron
 
 CPU_BACKEND_ENV = "NKI_KERNELS_CPU_BACKEND"
 CPU_BACKENDS = ("reference", "simulator")
+# AWS's variable for the logical-core degree of the compiler and of nki.jit launches
+# (nki.jit reference, Neuron 2.33; see _neuron.py and docs/hardware.md, source [L]).
+LNC_ENV = _neuron.LNC_ENV
+# TorchNeuron (Neuron 2.33) runs on Trn2 and Trn3, whose compiler default is LNC=2.
+NEURON_DEFAULT_LNC = _neuron.COMPILER_DEFAULT_LNC
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,22 @@ def cpu_backend() -> str:
     return value
 
 
+def logical_core_degree(default: int = NEURON_DEFAULT_LNC, maximum: int = 2) -> int:
+    """The degree kernels launch at: ``NEURON_LOGICAL_NC_CONFIG`` when set (read at every
+    call), else ``default`` (the target's compiler default). Raises ``ValueError`` for a
+    value other than 1 or 2, or above ``maximum`` (trn1: 1)."""
+    raw = os.environ.get(LNC_ENV, "").strip()
+    if not raw:
+        return default
+    if raw not in ("1", "2"):
+        raise ValueError(f"{LNC_ENV}={raw!r} is not supported; expected 1 or 2")
+    degree = int(raw)
+    if degree > maximum:
+        raise ValueError(f"{LNC_ENV}={degree} exceeds {maximum}, the largest logical-core degree "
+                         "of the target (Trainium1 runs LNC=1 only)")
+    return degree
+
+
 def run(call: Callable[[], KernelCall], reference: Callable[[], Any], device: torch.device) -> Any:
     """Run an op on ``device``: the NKI kernel described by ``call()``, or ``reference()``.
 
@@ -72,26 +99,29 @@ def simulator_kernel(call: KernelCall):
     return _kernel_sources.kernel(call.module, call.kernel, "simulator")
 
 
-def run_simulated(call: KernelCall) -> Any:
-    """Run the NKI kernel of ``call`` in the bundled simulator on CPU tensors."""
+def run_simulated(call: KernelCall, lnc: int | None = None) -> Any:
+    """Run the NKI kernel of ``call`` in the bundled simulator on CPU tensors, at degree
+    ``lnc`` (default: ``logical_core_degree()`` for the simulator's default target)."""
     from . import simulator
 
-    kernel = simulator_kernel(call)
+    if lnc is None:
+        target = simulator.SimParams().target
+        lnc = logical_core_degree(default=target.max_logical_cores, maximum=target.max_logical_cores)
+    kernel = simulator_kernel(call)[lnc]
     inputs = tuple(t.detach().contiguous() for t in call.tensors)
     return call.finish_outputs(simulator.nki_modules()["nki"].simulate(kernel)(*inputs, **call.static))
 
 
+def neuron_kernel(call: KernelCall):
+    """The AWS-toolchain kernel function for ``call`` (kernels/ imported with the real ``nki``)."""
+    return _kernel_sources.kernel(call.module, call.kernel, "neuron")
+
+
 def run_on_neuron(call: KernelCall) -> Any:
-    # NOT YET RUN ON HARDWARE. torch-neuronx compiles and runs an @nki.jit kernel called with
-    # neuron tensors (eager: compiled on first call per shape/dtype/static arguments).
-    try:
-        import nki  # noqa: F401  (the real toolchain)
-        import torch_neuronx  # noqa: F401
-    except ImportError as err:
-        raise RuntimeError(
-            "neuron tensors need AWS's NKI toolchain (`nki` and `torch-neuronx` from AWS's "
-            "package repository); it is not importable here"
-        ) from err
-    kernel = _kernel_sources.kernel(call.module, call.kernel, "neuron")
+    """Run ``call``'s kernel on neuron tensors through AWS's toolchain (``_neuron.launch``:
+    eager compile per shape, dtype and static values; at neuronx-cc's degree).
+    NOT YET RUN ON HARDWARE."""
+    _neuron.toolchain()  # a clear error naming the missing package before anything else
+    kernel = neuron_kernel(call)
     inputs = tuple(t.contiguous() for t in call.tensors)
-    return call.finish_outputs(kernel(*inputs, **call.static))
+    return call.finish_outputs(_neuron.launch(kernel, inputs, call.static))

@@ -17,6 +17,9 @@ Mapping names used by transformers 5.x:
 | ``rotary_pos_emb`` (Llama ``apply_rotary_pos_emb``) | ``ApplyRotaryPosEmb`` |
 | ``nn.LayerNorm`` via ``replace_kernel_forward_from_hub(cls, "LayerNorm")`` | ``LayerNorm`` |
 | kernels-community ``SiluAndMul`` / ``GeluAndMul`` / ``GeluTanhAndMul`` | same names |
+| ``SiluGatedMLP`` (``nki_kernels.transformers``: Llama/Mistral/Qwen MLPs) | ``SiluGatedMLP`` |
+
+``nki_kernels.transformers.kernelize`` names transformers' layers and maps them onto these.
 """
 
 from __future__ import annotations
@@ -122,6 +125,25 @@ class GeluTanhAndMul(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gelu_and_mul(x, "tanh")
+
+
+class SiluGatedMLP(nn.Module):
+    """The gated MLP of Llama, Mistral, Qwen2/3: ``down_proj(silu(gate_proj(x)) * up_proj(x))``,
+    with the replaced module's ``gate_proj``, ``up_proj`` and ``down_proj`` and the gate in one
+    ``silu_and_mul`` op (one rounding; eager rounds after the SiLU and after the product).
+
+    Shapes: x [..., hidden] -> [..., hidden]. The two projections are concatenated to
+    [..., 2 * intermediate] for the op: one extra copy of the intermediate activations.
+    Under tensor parallelism (gate/up column-sharded) each rank concatenates its own halves,
+    which stay paired.
+    """
+
+    has_backward = True
+    can_torch_compile = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = torch.cat((self.gate_proj(x), self.up_proj(x)), dim=-1)
+        return self.down_proj(silu_and_mul(gate_up))
 
 
 class ApplyRotaryPosEmb(nn.Module):

@@ -1,10 +1,12 @@
 """Per-op limits and modeled eager-PyTorch baselines on a NeuronCore (all MODELED).
 
-One function per op, with the op's public signature plus ``target=``; the op registry
-(``registry.py``) names it as the op's limit and eager model.
+One function per op, with the op's public signature plus ``lnc=`` (the logical-core
+degree: how many physical NeuronCores work on the call, 1 or 2) and ``target=``; the op
+registry (``registry.py``) names it as the op's limit and eager model.
 
-The **limit** of an op call is the least time any kernel could take on one NeuronCore of
-the target: the largest of
+The **limit** of an op call is the least time any kernel could take on the ``lnc``
+NeuronCores of the target (each with its own DMA engines, TensorE and ScalarE): the
+largest of
 
 * compulsory HBM traffic (every input read once, every output written once) over the
   practical DMA bandwidth of a core (``dma_bytes_per_s``);
@@ -56,21 +58,23 @@ class Work:
     transcendentals: int = 0
     fp32: bool = False          # fp32 data: fp32 TensorE peak and ScalarE fp32 rate
 
-    def terms(self, target: Target) -> dict[str, float]:
-        """Seconds per resource: {"dma", "tensor", "scalar"}."""
+    def terms(self, target: Target, cores: int = 1) -> dict[str, float]:
+        """Seconds per resource of ``cores`` physical cores working together (a logical
+        core of degree ``cores``: each has its own DMA engines, TensorE and ScalarE):
+        {"dma", "tensor", "scalar"}."""
         peak = target.tensor_peak_fp32_flops if self.fp32 else target.tensor_peak_bf16_flops
         per_cycle = target.scalar_elems_per_cycle_fp32 if self.fp32 else target.scalar_elems_per_cycle
         return {
-            "dma": self.hbm_bytes / target.dma_bytes_per_s,
-            "tensor": self.matmul_flops / peak,
-            "scalar": self.transcendentals / (target.scalar_hz * per_cycle),
+            "dma": self.hbm_bytes / (cores * target.dma_bytes_per_s),
+            "tensor": self.matmul_flops / (cores * peak),
+            "scalar": self.transcendentals / (cores * target.scalar_hz * per_cycle),
         }
 
-    def seconds(self, target: Target) -> float:
-        return max(self.terms(target).values())
+    def seconds(self, target: Target, cores: int = 1) -> float:
+        return max(self.terms(target, cores).values())
 
-    def bound(self, target: Target) -> str:
-        terms = self.terms(target)
+    def bound(self, target: Target, cores: int = 1) -> str:
+        terms = self.terms(target, cores)
         return max(terms, key=terms.get)
 
 
@@ -87,6 +91,7 @@ class Roofline:
 
     op: str
     target: str
+    lnc: int                                # logical-core degree: physical cores working on the call
     work: Work                              # the fused op's compulsory work
     limit_us: float
     limit_terms_us: dict[str, float]        # {"dma", "tensor", "scalar"}
@@ -108,11 +113,17 @@ class Roofline:
         return self.eager_us / modeled_us if modeled_us > 0 else float("nan")
 
 
-def _roofline(op: str, work: Work, eager: list[Work], target) -> Roofline:
+def _roofline(op: str, work: Work, eager: list[Work], target, lnc: int) -> Roofline:
+    """The op's limit and its eager baseline on a logical core of degree ``lnc``: at LNC=2
+    the kernel has two physical cores, and so does every eager ATen op (neuronx-cc
+    compiles each at the same degree), so both are charged on two cores' resources."""
     tgt = get_target(target)
-    terms = work.terms(tgt)
-    steps = tuple(EagerStep(w, w.seconds(tgt) * 1e6, w.bound(tgt)) for w in eager)
-    return Roofline(op, tgt.name, work, max(terms.values()) * 1e6,
+    if lnc not in (1, 2) or lnc > tgt.max_logical_cores:
+        raise ValueError(f"lnc={lnc!r} is not supported on {tgt.name}; expected 1"
+                         + (" or 2" if tgt.max_logical_cores > 1 else " (LNC=2 starts with Trainium2)"))
+    terms = work.terms(tgt, lnc)
+    steps = tuple(EagerStep(w, w.seconds(tgt, lnc) * 1e6, w.bound(tgt, lnc)) for w in eager)
+    return Roofline(op, tgt.name, lnc, work, max(terms.values()) * 1e6,
                     {k: v * 1e6 for k, v in terms.items()}, max(terms, key=terms.get), steps)
 
 
@@ -134,7 +145,7 @@ def _causal_pairs(sq: int, sk: int) -> int:
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale=None, enable_gqa: bool = False,
-                                 target: str | Target = DEFAULT_TARGET) -> Roofline:
+                                 lnc: int = 1, target: str | Target = DEFAULT_TARGET) -> Roofline:
     """SDPA ``softmax(q k^T * scale + mask) v`` with q ``[B, H, Sq, D]``, k/v ``[B, Hkv, Sk, D]``.
 
     Eager baseline (SDPA math path): q*sqrt(scale), k*sqrt(scale), [repeat_interleave of
@@ -177,7 +188,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         eager.append(_elementwise("add (mask)", scores + mask_read, scores, fp32=fp32))
     eager.append(_elementwise("softmax", scores, scores, b * h * sq * sk + rows, fp32))
     eager.append(Work("bmm (p v)", scores + v_bytes + b * h * sq * dv * it, 2 * b * h * sq * sk * dv, 0, fp32))
-    return _roofline("scaled_dot_product_attention", work, eager, target)
+    return _roofline("scaled_dot_product_attention", work, eager, target, lnc)
 
 
 # ----------------------------------------------------------------------------- norms
@@ -206,7 +217,7 @@ def _rms_norm_eager(x, weight, prefix: str = "") -> list[Work]:
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5,
-               target: str | Target = DEFAULT_TARGET) -> Roofline:
+               lnc: int = 1, target: str | Target = DEFAULT_TARGET) -> Roofline:
     """``F.layer_norm`` over the last ``len(normalized_shape)`` dims. Eager: one
     ``native_layer_norm`` (it also writes fp32 mean and rstd per row)."""
     hidden = math.prod(normalized_shape)
@@ -215,20 +226,21 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
     fp32 = _is_fp32(input)
     work = Work("layer_norm", 2 * _nbytes(input) + params, 0, rows, fp32)
     eager = [Work("native_layer_norm", 2 * _nbytes(input) + params + 2 * rows * 4, 0, rows, fp32)]
-    return _roofline("layer_norm", work, eager, target)
+    return _roofline("layer_norm", work, eager, target, lnc)
 
 
-def rms_norm(input, normalized_shape, weight=None, eps=None, target: str | Target = DEFAULT_TARGET) -> Roofline:
+def rms_norm(input, normalized_shape, weight=None, eps=None, lnc: int = 1,
+             target: str | Target = DEFAULT_TARGET) -> Roofline:
     """``F.rms_norm``. Eager: its ATen decomposition (see ``_rms_norm_eager``)."""
     hidden = math.prod(normalized_shape)
     rows = math.prod(input.shape) // hidden
     params = _nbytes(weight) if weight is not None else 0
     work = Work("rms_norm", 2 * _nbytes(input) + params, 0, rows, _is_fp32(input))
-    return _roofline("rms_norm", work, _rms_norm_eager(input, weight), target)
+    return _roofline("rms_norm", work, _rms_norm_eager(input, weight), target, lnc)
 
 
 def fused_add_rms_norm(input, residual, weight=None, eps=None,
-                       target: str | Target = DEFAULT_TARGET) -> Roofline:
+                       lnc: int = 1, target: str | Target = DEFAULT_TARGET) -> Roofline:
     """``(rms_norm(input + residual), input + residual)``. Eager: add, then F.rms_norm's ops."""
     rows = math.prod(input.shape) // input.shape[-1]
     params = _nbytes(weight) if weight is not None else 0
@@ -236,56 +248,62 @@ def fused_add_rms_norm(input, residual, weight=None, eps=None,
     work = Work("fused_add_rms_norm", 4 * n_bytes + params, 0, rows, _is_fp32(input))
     eager = [_elementwise("add (input + residual)", 2 * n_bytes, n_bytes, fp32=_is_fp32(input))]
     eager += _rms_norm_eager(input, weight)
-    return _roofline("fused_add_rms_norm", work, eager, target)
+    return _roofline("fused_add_rms_norm", work, eager, target, lnc)
 
 
 # ----------------------------------------------------------------------------- activations
 
-def _unary_activation(op: str, input, target) -> Roofline:
+def _unary_activation(op: str, input, target, lnc) -> Roofline:
     n = math.prod(input.shape)
     work = _elementwise(op, _nbytes(input), _nbytes(input), n, _is_fp32(input))
-    return _roofline(op, work, [work], target)
+    return _roofline(op, work, [work], target, lnc)
 
 
-def gelu(input, approximate: str = "none", target: str | Target = DEFAULT_TARGET) -> Roofline:
+def gelu(input, approximate: str = "none", lnc: int = 1,
+         target: str | Target = DEFAULT_TARGET) -> Roofline:
     """``F.gelu``. Eager: one ``gelu``."""
-    return _unary_activation("gelu", input, target)
+    return _unary_activation("gelu", input, target, lnc)
 
 
-def silu(input, target: str | Target = DEFAULT_TARGET) -> Roofline:
+def silu(input, lnc: int = 1,
+         target: str | Target = DEFAULT_TARGET) -> Roofline:
     """``F.silu``. Eager: one ``silu``."""
-    return _unary_activation("silu", input, target)
+    return _unary_activation("silu", input, target, lnc)
 
 
-def _act_and_mul(op: str, act: str, input, target) -> Roofline:
+def _act_and_mul(op: str, act: str, input, target, lnc) -> Roofline:
     n_out = math.prod(input.shape) // 2
     it = input.element_size()
     fp32 = _is_fp32(input)
     work = _elementwise(op, 2 * n_out * it, n_out * it, n_out, fp32)
     eager = [_elementwise(f"{act} (x[..., :d])", n_out * it, n_out * it, n_out, fp32),
              _elementwise("mul (by x[..., d:])", 2 * n_out * it, n_out * it, fp32=fp32)]
-    return _roofline(op, work, eager, target)
+    return _roofline(op, work, eager, target, lnc)
 
 
-def silu_and_mul(input, target: str | Target = DEFAULT_TARGET) -> Roofline:
+def silu_and_mul(input, lnc: int = 1,
+                 target: str | Target = DEFAULT_TARGET) -> Roofline:
     """``silu(x[..., :d]) * x[..., d:]``. Eager: silu, mul."""
-    return _act_and_mul("silu_and_mul", "silu", input, target)
+    return _act_and_mul("silu_and_mul", "silu", input, target, lnc)
 
 
-def gelu_and_mul(input, approximate: str = "none", target: str | Target = DEFAULT_TARGET) -> Roofline:
+def gelu_and_mul(input, approximate: str = "none", lnc: int = 1,
+                 target: str | Target = DEFAULT_TARGET) -> Roofline:
     """``gelu(x[..., :d]) * x[..., d:]``. Eager: gelu, mul."""
-    return _act_and_mul("gelu_and_mul", "gelu", input, target)
+    return _act_and_mul("gelu_and_mul", "gelu", input, target, lnc)
 
 
-def softmax(input, dim: int = -1, target: str | Target = DEFAULT_TARGET) -> Roofline:
+def softmax(input, dim: int = -1, lnc: int = 1,
+            target: str | Target = DEFAULT_TARGET) -> Roofline:
     """``torch.softmax``. Eager: one ``_softmax`` (exp per element, one reciprocal per row)."""
     n = math.prod(input.shape)
     rows = n // input.shape[dim]
     work = _elementwise("softmax", _nbytes(input), _nbytes(input), n + rows, _is_fp32(input))
-    return _roofline("softmax", work, [work], target)
+    return _roofline("softmax", work, [work], target, lnc)
 
 
-def apply_rotary_pos_emb(q, k, cos, sin, target: str | Target = DEFAULT_TARGET) -> Roofline:
+def apply_rotary_pos_emb(q, k, cos, sin, lnc: int = 1,
+                         target: str | Target = DEFAULT_TARGET) -> Roofline:
     """transformers' Llama rotary: ``x * cos + rotate_half(x) * sin`` for q and k.
 
     Eager per tensor: mul (x*cos), neg (second half), cat (rotate_half), mul (*sin), add.
@@ -303,5 +321,5 @@ def apply_rotary_pos_emb(q, k, cos, sin, target: str | Target = DEFAULT_TARGET) 
             _elementwise(f"mul (rotate_half({name}) * sin)", nb + _nbytes(sin), nb, fp32=fp32),
             _elementwise(f"add ({name})", 2 * nb, nb, fp32=fp32),
         ]
-    return _roofline("apply_rotary_pos_emb", work, eager, target)
+    return _roofline("apply_rotary_pos_emb", work, eager, target, lnc)
 

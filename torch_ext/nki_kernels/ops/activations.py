@@ -47,8 +47,9 @@ def gelu(input: torch.Tensor, approximate: str = "none") -> torch.Tensor:
 
     Shapes: any; dtypes: float32, bfloat16, float16. ``approximate``: "none" (erf) or
     "tanh". Runs the NKI kernel on neuron tensors; on CPU the reference, or the kernel in
-    the simulator with ``NKI_KERNELS_CPU_BACKEND=simulator``. Backward recomputes with
-    PyTorch ops.
+    the simulator with ``NKI_KERNELS_CPU_BACKEND=simulator``. Numerics: the activation in
+    fp32 (the simulator's formula is exact in fp32; ScalarE's hardware approximation is not
+    modeled), one rounding to the dtype. Backward recomputes with PyTorch ops.
     """
     _checks.check_float_tensor("input", input)
     _checks.check_choice("approximate", approximate, GELU_APPROXIMATIONS)
@@ -171,7 +172,7 @@ registry.register(registry.OpSpec(
     "silu_and_mul", silu_and_mul, _silu_and_mul_op, silu_and_mul_kernel_call, references.silu_and_mul,
     roofline.silu_and_mul,
     workloads=(_rows_workload("Llama-7B MLP 1024 tok", 1024, 2 * 11008, 2.0, {}, quick=True, large=True),),
-    layers=("SiLUAndMul",)))
+    layers=("SiLUAndMul", "SiluGatedMLP")))
 registry.register(registry.OpSpec(
     "gelu_and_mul", gelu_and_mul, _gelu_and_mul_op, gelu_and_mul_kernel_call, references.gelu_and_mul,
     roofline.gelu_and_mul,

@@ -1,5 +1,6 @@
 """Attention: ``scaled_dot_product_attention`` as a custom op running the NKI kernels of
-``kernels/attention.py``, and ``nki_attention_forward``, a transformers attention backend.
+``kernels/attention.py`` (the transformers attention function built on it is
+``nki_kernels.transformers.nki_attention_forward``).
 
 Kernel variants (the op picks one per call, see :func:`attention_kernel_call`):
 
@@ -30,7 +31,7 @@ from .. import _checks, _dispatch, _kernel_sources, references, registry, roofli
 from .._custom_op import define_op
 from ._workloads import randn
 
-__all__ = ["nki_attention_forward", "scaled_dot_product_attention"]
+__all__ = ["scaled_dot_product_attention"]
 
 # The kernels' limits (kernels/limits.py, where the reasons are): head dims, and the longest
 # key sequence the single-pass kernel takes.
@@ -45,9 +46,11 @@ _MASK_DTYPES = (torch.bool, torch.float32)
 def _dims(name: str, t: torch.Tensor) -> None:
     if t.dim() < 3:
         raise ValueError(f"{name} must have at least 3 dims ([..., seq, head_dim]), got shape {tuple(t.shape)}")
-    for i, s in enumerate(t.shape):
-        if s == 0:
-            raise ValueError(f"{name} has an empty dim {i} (shape {tuple(t.shape)}); every size must be >= 1")
+    # Batch, heads and sequence may be empty (the result is what torch's SDPA gives); the
+    # query/key head dim is what Q·Kᵀ contracts over and must not be.
+    if name in ("query", "key") and t.shape[-1] == 0:
+        raise ValueError(f"{name} has head_dim 0 (shape {tuple(t.shape)}); the query/key head dim "
+                         "must be >= 1")
 
 
 def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
@@ -88,7 +91,8 @@ def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
         raise ValueError(f"key head_dim {dk} does not match query head_dim {d}")
     for name, size in (("query/key head_dim", d), ("value head_dim", dv)):
         if size > MAX_HEAD_DIM:
-            raise ValueError(f"{name}={size} exceeds {MAX_HEAD_DIM} (the TensorE partition limit of the kernel)")
+            raise ValueError(f"{name}={size} exceeds {MAX_HEAD_DIM}, the largest head dim the NKI attention "
+                             "kernel takes")
     sk, skv = key.shape[-2], value.shape[-2]
     if skv != sk:
         raise ValueError(f"value has {skv} keys (dim -2) but key has {sk}")
@@ -99,7 +103,7 @@ def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
         if not enable_gqa:
             raise ValueError(
                 f"query has {h} heads but key/value have {hk}; pass enable_gqa=True for grouped-query attention")
-        if h % hk:
+        if hk == 0 or h % hk:
             raise ValueError(f"query heads {h} must be a multiple of key/value heads {hk} (enable_gqa=True)")
 
     if attn_mask is not None:
@@ -187,24 +191,38 @@ def _finish_bshd(out):
 # ---------------------------------------------------------------------------- custom op
 
 def _empty_out(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *_) -> torch.Tensor:
+    """The output's shape, dtype and layout (uninitialised), or zeros when there are no keys:
+    an empty softmax attends to nothing, and torch's SDPA returns 0 for Sk = 0."""
     b, h, sq, _ = query.shape
     dv = value.shape[-1]
+    new = query.new_zeros if key.shape[2] == 0 else query.new_empty
     if _layout(query, key, value) == "bshd":
-        return query.new_empty((b, sq, h, dv)).transpose(1, 2)
-    return query.new_empty((b, h, sq, dv))
+        return new((b, sq, h, dv)).transpose(1, 2)
+    return new((b, h, sq, dv))
 
 
-def _twin(query, key, value, attn_mask, is_causal, scale, compute_dtype=torch.float32):
+def _nothing_to_compute(query, key, value, *_) -> bool:
+    """No output element, or no key (zeros): ``_empty_out`` is the result, no kernel runs."""
+    return query.shape[0] * query.shape[1] * query.shape[2] * value.shape[-1] == 0 or key.shape[2] == 0
+
+
+def _twin(query, key, value, attn_mask, is_causal, scale, compute_dtype=None):
+    if _nothing_to_compute(query, key, value):
+        # constant (empty or zeros): no gradient flows to the inputs
+        return query.new_zeros(tuple(query.shape[:3]) + (value.shape[-1],))
     return references.scaled_dot_product_attention(
         query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
         enable_gqa=query.shape[1] != key.shape[1], compute_dtype=compute_dtype)
 
 
 def _reference(query, key, value, attn_mask, is_causal, scale):
-    """The twin's result in the layout the kernel would write (``_empty_out``)."""
+    """The twin (torch's SDPA in the input dtype) in the layout the kernel would write
+    (``_empty_out``); torch's CPU SDPA already writes that layout, so nothing is copied."""
+    result = _twin(query, key, value, attn_mask, is_causal, scale)
     out = _empty_out(query, key, value)
-    out.copy_(_twin(query, key, value, attn_mask, is_causal, scale))
-    return out
+    if result.stride() == out.stride():
+        return result
+    return out.copy_(result)
 
 
 def _scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -213,7 +231,8 @@ def _scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value:
 
 
 _sdpa_op = define_op(_scaled_dot_product_attention, kernel_call=attention_kernel_call, reference=_reference,
-                     fake=_empty_out, grad_reference=_twin, is_empty=lambda *args: False)
+                     fake=_empty_out, grad_reference=lambda *args: _twin(*args, compute_dtype=torch.float32),
+                     is_empty=_nothing_to_compute)
 
 
 # ---------------------------------------------------------------------------- public API
@@ -225,7 +244,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     """Attention with the ``torch.nn.functional.scaled_dot_product_attention`` contract.
 
     Shapes: query ``[..., H, Sq, D]``, key ``[..., Hkv, Sk, D]``, value ``[..., Hkv, Sk, Dv]``
-    (3-D inputs are ``[H, S, D]``, no batch dim), ``D, Dv <= 128``, any ``Sq, Sk >= 1``;
+    (3-D inputs are ``[H, S, D]``, no batch dim), ``1 <= D <= 256``, ``Dv <= 256``; batch, ``H``,
+    ``Sq`` and ``Sk`` may be 0 (an empty result, or zeros when ``Sk = 0``, as torch gives);
     ``H == Hkv``, or ``H`` a multiple of ``Hkv`` with ``enable_gqa=True`` (query head ``h``
     reads kv head ``h // (H // Hkv)``). Returns ``[..., H, Sq, Dv]`` in the input dtype.
     dtypes: float32, bfloat16, float16 (all three the same).
@@ -246,6 +266,9 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         ``NKI_KERNELS_CPU_BACKEND=simulator``.
     Numerics of the kernel: softmax statistics in fp32; matmul operands in the input dtype
     (bf16 stays bf16, fp32 stays fp32); normalisation after P·V (FlashAttention-2 style).
+    For 16-bit inputs P is rounded to the input dtype before P·V (the reference keeps it
+    fp32): an output element is off by up to 2 u max_j |v_j| (its column's largest value)
+    beyond the final rounding, u the dtype's unit roundoff (2**-8 bf16, 2**-11 fp16).
 
     Autograd: gradients for query, key, value (and a float ``attn_mask``) come from a
     backward that RECOMPUTES attention with PyTorch ops in fp32 (no NKI backward kernel).
@@ -258,45 +281,18 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     lead = query.shape[:-3]
     if squeeze:  # [H, S, D] -> [1, H, S, D] (dim -3 is the head dim, as SDPA's enable_gqa reads it)
         query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
-    elif len(lead) > 1:  # [..., H, S, D] -> [prod(...), H, S, D]
+    elif len(lead) > 1:  # [..., H, S, D] -> [prod(...), H, S, D] (explicit size: may be 0)
+        batch = math.prod(lead)
         if attn_mask is not None:
             full = tuple(lead) + (query.shape[-3], query.shape[-2], key.shape[-2])
-            attn_mask = attn_mask.expand(full).reshape((-1,) + full[-3:])
-        query, key, value = (t.reshape((-1,) + tuple(t.shape[-3:])) for t in (query, key, value))
+            attn_mask = attn_mask.expand(full).reshape((batch,) + full[-3:])
+        query, key, value = (t.reshape((batch,) + tuple(t.shape[-3:])) for t in (query, key, value))
     out = _sdpa_op(query, key, value, attn_mask, is_causal, float(scale))
     if squeeze:
         return out.squeeze(0)
     if len(lead) > 1:
         return out.reshape(tuple(lead) + tuple(out.shape[-3:]))
     return out
-
-
-def nki_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
-                          value: torch.Tensor, attention_mask: Optional[torch.Tensor],
-                          dropout: float = 0.0, scaling: Optional[float] = None,
-                          is_causal: Optional[bool] = None, **kwargs):
-    """transformers attention-interface function backed by :func:`scaled_dot_product_attention`.
-
-    ``query [B, H, S, D]``, ``key/value [B, Hkv, Sk, D]`` (transformers' layout);
-    returns ``(attn_output [B, S, H, D], None)``. Register it with
-    ``AttentionInterface.register("nki", nki_attention_forward)`` and build the model with
-    ``attn_implementation="nki"`` (or load it from the Hub as ``"<repo>:nki_attention_forward"``).
-    Grouped-query heads run natively (no ``repeat_kv``); ``is_causal`` follows transformers'
-    SDPA rule (causal only with no mask and more than one query). Dropout > 0 (training
-    mode) raises ``NotImplementedError``. When q/k/v are transposed views of
-    ``[B, S, H, D]`` projections, nothing is copied before or after the kernel.
-    """
-    if kwargs.get("softcap") is not None:
-        raise ValueError("nki attention does not support softcap")
-    if kwargs.get("position_bias") is not None:
-        raise ValueError("nki attention does not support position_bias; fold it into attention_mask")
-    if is_causal is None:
-        is_causal = getattr(module, "is_causal", True)   # transformers' sdpa default
-    is_causal = bool(is_causal) and attention_mask is None and query.shape[2] > 1
-    enable_gqa = query.shape[1] != key.shape[1]
-    out = scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
-                                       is_causal=is_causal, scale=scaling, enable_gqa=enable_gqa)
-    return out.transpose(1, 2), None
 
 
 # ---------------------------------------------------------------------------- registration
@@ -319,6 +315,7 @@ registry.register(registry.OpSpec(
     workloads=(
         _workload("ViT-B/16", 8, 12, 197, 64, quick=True, speedup_target=2.4),
         _workload("ViT-L/16", 8, 16, 197, 64, quick=True, speedup_target=2.4),
+        _workload("ViT-B/16 batch 1", 1, 12, 197, 64),
         _workload("SigLIP so400m@384", 2, 16, 729, 72),
         _workload("Llama long-S", 1, 8, 2048, 128, hkv=2, causal=True, quick=True,
                   reference_dtype=torch.float32),

@@ -18,8 +18,15 @@ from ._workloads import VIT_TOKENS, randn
 
 __all__ = ["fused_add_rms_norm", "layer_norm", "rms_norm"]
 
-# Largest normalised size the NKI kernels take (kernels/limits.py, where the reason is).
+# Largest normalised size the NKI kernels take, and the longest row they keep in SBUF (one
+# pass over HBM; longer rows are streamed with two) (kernels/limits.py, with the reasons).
 MAX_HIDDEN = _kernel_sources.limits().NORM_MAX_HIDDEN
+ONE_PASS_MAX_HIDDEN = _kernel_sources.limits().NORM_ONE_PASS_MAX_HIDDEN
+# A few rows (token generation) run the hidden-on-partitions kernels of
+# kernels/norm_decode.py: up to DECODE_MAX_ROWS rows of an H that is a multiple of 128 with
+# rows * H / 128 <= DECODE_MAX_ELEMENTS.
+DECODE_MAX_ROWS = _kernel_sources.limits().NORM_DECODE_MAX_ROWS
+DECODE_MAX_ELEMENTS = _kernel_sources.limits().NORM_DECODE_MAX_ELEMENTS
 
 ShapeLike = Union[int, Sequence[int], torch.Size]
 
@@ -72,13 +79,19 @@ def _check_hidden_for_kernel(hidden: int) -> None:
     if hidden > MAX_HIDDEN:
         raise ValueError(
             f"normalized size {hidden} (prod(normalized_shape)) exceeds {MAX_HIDDEN}, the largest "
-            "row the NKI norm kernels hold in SBUF"
+            "the NKI norm kernels take"
         )
+
+
+def default_rms_eps(dtype: torch.dtype) -> float:
+    """``F.rms_norm``'s eps for ``eps=None``: the machine epsilon of the computation (opmath)
+    type, float32's for fp16/bf16/fp32 inputs (torch 2.13, ``torch.nn.RMSNorm`` docstring)."""
+    return float(torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps)
 
 
 def _resolve_eps(eps: Optional[float], dtype: torch.dtype) -> float:
     if eps is None:
-        return float(torch.finfo(dtype).eps)
+        return default_rms_eps(dtype)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):
         raise TypeError(f"eps must be a float, got {type(eps).__name__}")
     if eps < 0:
@@ -90,12 +103,19 @@ def _rows_view(t: torch.Tensor, hidden: int) -> torch.Tensor:
     return t.reshape(-1, hidden)
 
 
+def _decode_shape(rows: int, hidden: int) -> bool:
+    """Whether kernels/norm_decode.py takes [rows, hidden] (see DECODE_MAX_ROWS)."""
+    return (rows <= DECODE_MAX_ROWS and hidden % 128 == 0
+            and rows * (hidden // 128) <= DECODE_MAX_ELEMENTS)
+
+
 # ---------------------------------------------------------------------------- layer_norm
 
 def layer_norm_kernel_call(input: torch.Tensor, normalized_shape: Sequence[int],
                            weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
                            eps: float = 1e-5) -> _dispatch.KernelCall:
-    """The NKI launch: kernels/layer_norm.py on ``input`` viewed as [N, prod(normalized_shape)]."""
+    """The NKI launch: kernels/layer_norm.py on ``input`` viewed as [N, prod(normalized_shape)]
+    (kernels/norm_decode.py for a few rows, see DECODE_MAX_ROWS)."""
     hidden = _hidden(normalized_shape)
     _check_hidden_for_kernel(hidden)
     tensors = [_rows_view(input, hidden)]
@@ -106,8 +126,9 @@ def layer_norm_kernel_call(input: torch.Tensor, normalized_shape: Sequence[int],
     if bias is not None:
         tensors.append(bias.reshape(hidden))
     shape = input.shape
-    return _dispatch.KernelCall("layer_norm", "layer_norm_kernel", tuple(tensors), {"eps": float(eps)},
-                                finish=lambda out: out.reshape(shape))
+    kernel = ("norm_decode", "layer_norm_decode_kernel") if _decode_shape(tensors[0].shape[0], hidden) \
+        else ("layer_norm", "layer_norm_kernel")
+    return _dispatch.KernelCall(*kernel, tuple(tensors), {"eps": float(eps)}, finish=lambda out: out.reshape(shape))
 
 
 def _layer_norm(input: torch.Tensor, normalized_shape: List[int], weight: Optional[torch.Tensor],
@@ -127,7 +148,13 @@ def layer_norm(input: torch.Tensor, normalized_shape: ShapeLike, weight: Optiona
     Normalises over ``normalized_shape`` (the last dimensions of ``input``); weight and bias,
     if given, have exactly that shape and any float dtype; the result has ``input``'s shape
     and dtype. dtypes: float32, bfloat16, float16. The NKI kernel takes
-    prod(normalized_shape) <= 8192. Backward recomputes with PyTorch ops (fp32).
+    prod(normalized_shape) <= 65536 (rows longer than 8192 stream through SBUF: two passes
+    over HBM). Numerics of the kernel: statistics in fp32; fp32 input and streamed rows
+    round once to the output dtype, as the reference; 16-bit rows of <= 8192 with a weight
+    or bias round three times (y, y * weight, y * weight + bias, each to the input dtype),
+    so an element is off by up to u * (2 |y * weight| + |out|) instead of u * |out|, u the
+    dtype's unit roundoff (2**-8 bf16, 2**-11 fp16; measured ||err|| / ||ref|| in bf16:
+    2.5e-3 against 1.7e-3 for one rounding). Backward recomputes with PyTorch ops (fp32).
     """
     _checks.check_float_tensor("input", input)
     shape = _as_shape(normalized_shape)
@@ -141,15 +168,18 @@ def layer_norm(input: torch.Tensor, normalized_shape: ShapeLike, weight: Optiona
 
 def rms_norm_kernel_call(input: torch.Tensor, normalized_shape: Sequence[int],
                          weight: Optional[torch.Tensor] = None, eps: Optional[float] = None) -> _dispatch.KernelCall:
-    """The NKI launch: kernels/rms_norm.py on ``input`` viewed as [N, prod(normalized_shape)]."""
+    """The NKI launch: kernels/rms_norm.py on ``input`` viewed as [N, prod(normalized_shape)]
+    (kernels/norm_decode.py for a few rows, see DECODE_MAX_ROWS)."""
     hidden = _hidden(normalized_shape)
     _check_hidden_for_kernel(hidden)
     tensors = [_rows_view(input, hidden)]
     if weight is not None:
         tensors.append(weight.reshape(hidden))
     shape = input.shape
-    return _dispatch.KernelCall("rms_norm", "rms_norm_kernel", tuple(tensors),
-                                {"eps": _resolve_eps(eps, input.dtype)}, finish=lambda out: out.reshape(shape))
+    kernel = ("norm_decode", "rms_norm_decode_kernel") if _decode_shape(tensors[0].shape[0], hidden) \
+        else ("rms_norm", "rms_norm_kernel")
+    return _dispatch.KernelCall(*kernel, tuple(tensors), {"eps": _resolve_eps(eps, input.dtype)},
+                                finish=lambda out: out.reshape(shape))
 
 
 def _rms_norm(input: torch.Tensor, normalized_shape: List[int], weight: Optional[torch.Tensor],
@@ -167,9 +197,11 @@ def rms_norm(input: torch.Tensor, normalized_shape: ShapeLike, weight: Optional[
     """RMSNorm with the ``torch.nn.functional.rms_norm`` contract.
 
     ``x * rsqrt(mean(x**2 over normalized_shape) + eps) * weight``; ``eps=None`` uses
-    ``torch.finfo(input.dtype).eps`` as torch does. weight (optional) has exactly
+    float32's machine epsilon (the opmath type's) as torch does. weight (optional) has exactly
     ``normalized_shape`` and any float dtype; the result has ``input``'s shape and dtype.
-    The NKI kernel takes prod(normalized_shape) <= 8192. Backward recomputes with PyTorch ops.
+    The NKI kernel takes prod(normalized_shape) <= 65536 (rows longer than 8192 stream
+    through SBUF: two passes over HBM); statistics and products in fp32, one rounding.
+    Backward recomputes with PyTorch ops.
     """
     _checks.check_float_tensor("input", input)
     shape = _as_shape(normalized_shape)
@@ -209,9 +241,11 @@ def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: Opti
     """``(rms_norm(input + residual, weight, eps), input + residual)`` in one pass over HBM.
 
     input and residual: same shape and dtype, normalised over the last dimension; weight:
-    [H] of any float dtype, or None; ``eps=None`` uses ``torch.finfo(input.dtype).eps``.
+    [H] of any float dtype, or None; ``eps=None`` uses float32's machine epsilon, as ``rms_norm``.
     The sum is rounded to ``input.dtype`` and normalised from that rounded value (what an
-    eager ``add`` followed by ``rms_norm`` computes). Backward recomputes with PyTorch ops.
+    eager ``add`` followed by ``rms_norm`` computes). The NKI kernel takes H <= 65536 (rows
+    longer than 8192 stream through SBUF: the inputs are read twice). Backward recomputes
+    with PyTorch ops.
     """
     _checks.check_float_tensor("input", input)
     _checks.check_float_tensor("residual", residual)

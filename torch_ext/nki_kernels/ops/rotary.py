@@ -46,9 +46,17 @@ def _check_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torc
 
 def apply_rotary_pos_emb_kernel_call(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
                                      sin: torch.Tensor) -> _dispatch.KernelCall:
-    """The NKI launch: kernels/rotary.py, cos/sin given to the kernel as [Bc, S, D]."""
+    """The NKI launch: kernels/rotary.py, cos/sin given to the kernel as [Bc, S, D]. When q
+    or k has no element (e.g. zero heads), only the other one goes to the kernel
+    (``rotary_single_kernel``) and the empty one's result is a new empty tensor."""
     if cos.dim() == 2:
         cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
+    if k.numel() == 0:
+        return _dispatch.KernelCall("rotary", "rotary_single_kernel", (q, cos, sin),
+                                    finish=lambda out: (out, torch.empty_like(k)))
+    if q.numel() == 0:
+        return _dispatch.KernelCall("rotary", "rotary_single_kernel", (k, cos, sin),
+                                    finish=lambda out: (torch.empty_like(q), out))
     return _dispatch.KernelCall("rotary", "rotary_kernel", (q, k, cos, sin),
                                 finish=lambda outs: (outs[0], outs[1]))
 
@@ -61,7 +69,7 @@ _rotary_op = define_op(
     _apply_rotary_pos_emb, kernel_call=apply_rotary_pos_emb_kernel_call, reference=references.apply_rotary_pos_emb,
     fake=lambda q, k, cos, sin: (torch.empty_like(q), torch.empty_like(k)),
     grad_reference=lambda *a: references.apply_rotary_pos_emb(*a, compute_dtype=torch.float32),
-    is_empty=lambda q, k, cos, sin: q.numel() == 0 or k.numel() == 0)
+    is_empty=lambda q, k, cos, sin: q.numel() == 0 and k.numel() == 0)
 
 
 def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
@@ -70,7 +78,9 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
 
     q: [B, Hq, S, D], k: [B, Hk, S, D] (Hq and Hk may differ), D even; cos/sin: [B, S, D],
     [1, S, D] or [S, D], broadcast over heads (``unsqueeze_dim=1`` in transformers' terms).
-    All four tensors share one float dtype. Returns ``(q_embed, k_embed)``. Backward
+    All four tensors share one float dtype. Returns ``(q_embed, k_embed)``; q or k may be
+    empty (e.g. zero heads). Numerics on every backend: products and sum in fp32, one
+    rounding to the input dtype (the kernel matches the reference bit for bit). Backward
     recomputes with PyTorch ops.
     """
     _check_rotary(q, k, cos, sin)

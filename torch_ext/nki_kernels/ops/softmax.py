@@ -76,7 +76,8 @@ def softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     rows with an online pass (kept in SBUF up to 32K bf16 / 24K fp32 elements, streamed
     from HBM twice beyond). ``dim`` other than the last costs a transposing
     copy (the kernel works on the last dimension). dtypes: float32, bfloat16, float16; the
-    result has ``input``'s dtype. Backward recomputes with PyTorch ops.
+    result has ``input``'s dtype. Numerics of the kernel: statistics and exponentials in
+    fp32, one rounding to the dtype (as the reference). Backward recomputes with PyTorch ops.
     """
     _checks.check_float_tensor("input", input)
     return _softmax_op(input, _normalize_dim(input, dim))

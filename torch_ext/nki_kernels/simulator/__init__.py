@@ -39,7 +39,8 @@ def estimate(kernel, target=None, params: SimParams | None = None):
         from .cost import estimate_trace  # lazy: the cost model needs numpy (regions.py)
 
         result = run(kernel, *args, params=params, **kwargs)
-        return estimate_trace(result.trace, params.target, outputs=result.outputs)
+        return estimate_trace(result.trace, params.target, outputs=result.outputs,
+                              allocations=result.allocations)
 
     run_and_estimate.__name__ = f"estimate_{getattr(kernel, '__name__', 'kernel')}"
     return run_and_estimate

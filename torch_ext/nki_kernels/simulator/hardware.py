@@ -11,7 +11,9 @@ aws-neuron/aws-neuron-sdk, NKI API docstrings at commit a3247f5b):
   start-partition rules, Logical NeuronCores;
 * ``nki/get-started/about/nki-dma-overview.rst`` and
   ``nki/deep-dives/nki-dma-bandwidth-guide.rst``: DMA bandwidth per core, queue count,
-  fixed cost per transfer;
+  latency per transfer;
+* public hardware measurements (benchmarks/calibration/measurements.toml): the few cost
+  numbers the documents do not give are fitted on them (marked [F]);
 * the beta-2 instruction docstrings ``nki/api/nki/isa/__init__.py``: per-instruction
   limits (matmul tile sizes, transpose sizes, bn_stats, max8, ...) and their cost texts.
 
@@ -49,7 +51,6 @@ class Target:
     # memory system [D][DB][A2]
     dma_bytes_per_s: float        # practical DMA bandwidth per core
     dma_queues: int               # DMA engines a transfer is spread over
-    dma_fixed_s: float            # fixed cost per DMA transfer (descriptor-generated on v3+)
 
     # ---- per-instruction cost rules of cost/model.py ------------------------------------
     # Cycles are cycles of the engine running the instruction. Source keys as in
@@ -58,12 +59,31 @@ class Target:
     # overhead ~100 cycles; dependent 1-element instructions ~266 ScalarE cycles apart);
     # [A1]/[A2]/[A3] the Trainium/Inferentia2, Trainium2, Trainium3 architecture guides;
     # [D] the DMA overview (16 DMA engines, 8 partitions each); [H] AWS's
-    # neuron-agentic-development profiling rule rsqrt-engine-tradeoff-and-psum.
+    # neuron-agentic-development profiling rule rsqrt-engine-tradeoff-and-psum;
+    # [M] a public hardware measurement (benchmarks/calibration/measurements.toml, row id
+    # named); [F] FITTED by benchmarks/calibrate.py on the training rows of that file
+    # (docs/cost-model.md "Calibration").
     min_instruction_cycles: int = 64        # [S] MIN_II of VectorE/ScalarE (applied to GpSimd too)
-    static_overhead_cycles: int = 60        # [S] static SBUF access overhead, Vector/Scalar/GpSimd
+    # Fixed engine occupancy of every Vector/Scalar/GpSimd instruction on top of
+    # max(MIN_II, N). [S][A1] say ~60 cycles (SBUF access init) and [P] "~100 cycles"; the
+    # profiles measure more: a 1-element ACTIVATE occupies ScalarE 223 cycles on trn1
+    # (perf-guide fig16), ScalarE exp N + ~350 on trn2 (DMA overview figures), VectorE
+    # tensor_tensor 2N + ~380 on trn1 (fig17); NKIBench's engine busy times sit between.
+    # [F] on the instruction-level and busy-time rows of measurements.toml.
+    static_overhead_cycles: float = 220.0
     dependency_latency_cycles: int = 100    # [S][P] extra wait of a consumer of a Vector/Scalar/GpSimd result
     matmul_min_cycles: int = 64             # [S] matmul max(min(64, M), N) cycles
     matmul_fp32_factor: int = 4             # [S] fp32 operands: 4 passes (79 vs 20 TFLOPS)
+    # TensorE pipeline latency: a matmul's PSUM result is readable this many TensorE cycles
+    # after its initiation interval ends. [M] perf-guide fig18/fig20-21 (trn1): a 128-column
+    # MultiplyMoving lasts 188-219 ns = 526-613 cycles at 2.8 GHz against its 128-cycle
+    # initiation interval [S]; ~400 more. Back-to-back matmuls (accumulation into one bank
+    # or independent ones) do not wait for it [A1] (background LoadStationary).
+    matmul_latency_cycles: int = 400
+    # [A1] "Fast LoadStationary": loading a stationary tile is up to 4x faster than a
+    # matmul of the same free size, and happens in the background; a matmul's initiation
+    # interval is at least M / 4 (never binding above the 64-cycle floor for M <= 128).
+    load_stationary_speedup: int = 4
     transpose_fp32_factor: int = 2          # [A2] TensorE transpose mode: fp32 2x faster than fp32 matmul
     activation_readout_cycles: int = 64     # [S] ScalarE: +64 cycles to read the accumulator out
     gpsimd_pattern_cycles: int = 150        # [S] GpSimd iota/affine_select: 150 + N
@@ -76,8 +96,56 @@ class Target:
     # are iterative on VectorE/GpSimd, unlike ScalarE's activation tables:
     alu_transcendental_factor_vector: int = 8  # [S] VectorE reciprocal ~8N, applied to each such op
     alu_transcendental_factor_gpsimd: int = 4  # [H] GpSimd ~4 cycles per element (4x ScalarE's rate)
+
+    # ---- DMA rules of cost/model.py (docs/cost-model.md "DMA") -------------------------
+    # A transfer is spread over ceil(P / 8) of the dma_queues engines [D]; each engine
+    # processes one transfer at a time [A1] "Data movement". Per transfer and engine:
+    # * latency: trigger to first byte, overlapped with other transfers in flight. [DB]
+    #   "descriptor setup, synchronization, and semaphore-to-start latency (~1300 ns
+    #   cross-engine)"; hardware DGE instructions take ~600 ns [A2].
+    dma_latency_s: float = 1.3e-6
+    # * data time: (bytes + descriptors x dma_descriptor_bytes) / (dma_bytes_per_s / 16).
+    #   Every contiguous chunk (DMA buffer) costs extra [A1] ("some performance overhead
+    #   at both DMA buffer and transfer levels"); its size is [F]: 2 KiB in 8 chunks of
+    #   256 B take 97 ns on one engine, 32 KiB in 4 chunks 1416 ns [D] (rows dma.single_*).
+    dma_descriptor_bytes: float = 20.0     # [F]
+    # * occupancy: an engine starts its next transfer no sooner than this after the
+    #   previous one started ("the DMA packet rate, not HBM bandwidth, becomes the
+    #   limiting factor" [DB]): the figure of [D] is linear in bytes up to 2 KiB per
+    #   partition (one [128, B] transfer per ~0.85 us). [F]
+    dma_transfer_gap_s: float = 0.85e-6   # [F]
+    # * hand-over: after a transfer's data an engine needs this before the next one's: a
+    #   lone transfer's profiled duration is its data time (rows dma.single_*), but a stream
+    #   of 4 KiB-per-partition transfers reaches 96.6 % of the 32 KiB throughput, not 100 %
+    #   (rows dma.curve.*). [F]
+    dma_transfer_handoff_s: float = 0.025e-6   # [F]
     dma_transpose_hbm_efficiency: float = 0.9   # [A2] HBM->SBUF DMA transpose: up to 90% of DMA throughput
     dma_transpose_sbuf_efficiency: float = 0.5  # [A2] SBUF->SBUF DMA transpose: up to 50%
+    # The two physical cores of a logical core have their own 16 DMA engines each [D] but
+    # share one HBM stack [L] ("Each bank is shared by two physical NeuronCore-v3");
+    # per-stack bandwidth = chip HBM bandwidth / stacks [C] (trn2: 2.9 TB/s / 4 stacks).
+    # Both cores streaming get min(1, stack / (2 x dma_bytes_per_s)) of their DMA bandwidth.
+    hbm_stack_bytes_per_s: float = 725e9
+    # ---- finite buffering (cost/schedule.py "Buffers") ----------------------------------
+    # Tiles allocated at the same place of a kernel (the same source line and call path) in
+    # successive loop iterations share this many physical buffers, rotated: tile k waits
+    # until every instruction touching tile k - depth is done. More when the program keeps
+    # more of them alive. [A1]/migration guide: "the compiler could choose to allocate 2
+    # physical tiles"; nki-library's allocator double-buffers ("interleave_degree=2").
+    buffer_rotation_depth: int = 2
+    # ---- uncertain cost parameters: (optimistic, pessimistic) --------------------------
+    # The error bars of every modeled figure: cost.uncertainty re-runs the schedule with
+    # all of these at their optimistic and at their pessimistic end (docs/cost-model.md
+    # "Error bars"). Ranges: the spread of the public measurements behind each value.
+    cost_ranges: tuple[tuple[str, float, float], ...] = (
+        ("static_overhead_cycles", 100.0, 350.0),   # [P] ~100 .. [M] ScalarE exp trn2 ~350
+        ("dma_latency_s", 0.6e-6, 1.3e-6),          # [A2] DGE ~600 ns .. [DB] ~1300 ns
+        ("dma_transfer_gap_s", 0.3e-6, 1.3e-6),     # [A2] 600 ns over 2 DGE instances .. [DB] 1.3 us
+        ("dma_descriptor_bytes", 0.0, 166.0),       # [F] none .. the whole curve tail charged to chunks
+        ("dma_bytes_per_s_scale", 1.05, 0.9),       # [M] 18.1 vs 17 B/ns (trn1 fig30) .. 10 % short
+        ("matmul_latency_cycles", 200.0, 600.0),    # [M] fig18/20/21 spread
+        ("buffer_rotation_depth", 4.0, 2.0),        # compiler's choice: undocumented
+    )
 
     # ---- ISA limits the simulator's rules check (isa/, language/) ------------------------
     # Defaults are trn2's; each generation overrides what its docs say differs. Sources
@@ -133,7 +201,9 @@ TARGETS: dict[str, Target] = {
         tensor_hz=2.8e9, vector_hz=1.12e9, scalar_hz=1.4e9, gpsimd_hz=1.4e9,
         tensor_peak_bf16_flops=92e12, tensor_peak_fp32_flops=23e12,
         scalar_elems_per_cycle=128,
-        dma_bytes_per_s=272e9, dma_queues=16, dma_fixed_s=1.3e-6,
+        dma_bytes_per_s=272e9, dma_queues=16,
+        # [C] 820 GB/s of HBM for the chip's two cores (no LNC=2 on trn1: never shared)
+        hbm_stack_bytes_per_s=820e9,
         # [A2] transpose mode and VectorE performance mode are new in NeuronCore-v3.
         transpose_fp32_factor=4, vector_perf_mode_full=1, vector_perf_mode_half=1,
         # [I] NeuronCore-v2: no 32-row matmul tiles, no fp8 double_row, no ScalarE copy,
@@ -148,7 +218,7 @@ TARGETS: dict[str, Target] = {
         tensor_hz=2.4e9, vector_hz=0.96e9, scalar_hz=1.2e9, gpsimd_hz=1.2e9,
         tensor_peak_bf16_flops=79e12, tensor_peak_fp32_flops=20e12,
         scalar_elems_per_cycle=128,
-        dma_bytes_per_s=368e9, dma_queues=16, dma_fixed_s=0.6e-6,
+        dma_bytes_per_s=368e9, dma_queues=16,
     ),
     "trn3": Target(
         name="trn3", neuron_core="v4",
@@ -158,7 +228,9 @@ TARGETS: dict[str, Target] = {
         # fp32 peak not documented for v4: trn2's reused.
         tensor_peak_bf16_flops=79e12, tensor_peak_fp32_flops=20e12,
         scalar_elems_per_cycle=256,
-        dma_bytes_per_s=528e9, dma_queues=16, dma_fixed_s=0.6e-6,
+        dma_bytes_per_s=528e9, dma_queues=16,
+        # [C] 4.9 TB/s over 4 stacks (the NKI trn3 guide says 4.7 TB/s: 1.18 TB/s)
+        hbm_stack_bytes_per_s=1.225e12,
         # [I] NeuronCore-v4: the moving tile may fill all 8 PSUM banks (4096 fp32 / 8192
         # bf16 elements), dst may be bf16, OCP float8_e4m3fn operands, accumulate onto
         # value-initialised PSUM.

@@ -30,6 +30,7 @@ import threading
 
 import torch
 
+from . import kernel_rules
 from .context import Context, Run, current, pop, push
 from .errors import DeadlockError, NkiValidationError
 from .host import Inputs
@@ -262,6 +263,7 @@ def run_kernel(kernel, args, kwargs, params: SimParams | None = None, launch: bo
     fn, degree = _unwrap(kernel)
     if launch:
         degree = launch_degree(degree)
+    kernel_rules.check_kernel(fn, args, kwargs)  # NKI 0.7 language rules (kernel_rules.py)
     params = params if params is not None else current().params
     grid = params.lnc_for(degree)
     run = Run(params, grid, bracketed=degree is not None)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from .trace import Instruction
+from .trace import AllocationSite, Instruction
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,8 @@ class SimResult:
     # SBUF and PSUM, so each has its own peak
     core_peak_sbuf_bytes_per_partition: tuple[int, ...] = ()
     core_peak_psum_banks: tuple[int, ...] = ()
+    # where every on-chip tile was allocated, in creation order (the cost model's buffers)
+    allocations: list[AllocationSite] = field(default_factory=list)
 
 
 def result_of(outputs, ctx) -> SimResult:
@@ -30,4 +32,4 @@ def result_of(outputs, ctx) -> SimResult:
                      max(c.memory.sbuf_peak for c in cores),
                      max(c.memory.psum_peak for c in cores), ctx.target.name,
                      tuple(c.memory.sbuf_peak for c in cores),
-                     tuple(c.memory.psum_peak for c in cores))
+                     tuple(c.memory.psum_peak for c in cores), ctx.recorder.allocations)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import operator
+import sys
 
 import torch
 
@@ -953,7 +954,31 @@ def allocate(shape, dtype, buffer, name="", fill=None, address=None) -> NkiTenso
         alloc = ctx.shared_hbm_tensor(shape, dt, region, name, fill)
         return NkiTensor(alloc, alloc.base)
     alloc = ctx.memory.allocate(shape, dt, region, name, fill, address)
+    if alloc.kind != "hbm":
+        ctx.recorder.note_allocation(alloc.alloc_id, alloc.kind, _call_site(),
+                                     ctx.program_id if ctx.grid > 1 else None)
     return NkiTensor(alloc, alloc.base)
+
+
+# the interpreter's frames that call the kernel: run_kernel (LNC=1) and each core's thread
+# body of an LNC=2 launch (_run_cores.body)
+_KERNEL_ENTRIES = ("run_kernel", "body")
+_SITE_DEPTH = 48  # frames kept: deeper kernel call paths share a site (fewer, larger families)
+
+
+def _call_site() -> tuple:
+    """(filename, line) of every frame from allocate's caller up to the kernel entry (the
+    interpreter's run_kernel or core thread), innermost first: tiles allocated by one line on one call
+    path (e.g. in successive loop iterations) share a site."""
+    f = sys._getframe(2)
+    site = []
+    while f is not None and len(site) < _SITE_DEPTH:
+        code = f.f_code
+        if code.co_name in _KERNEL_ENTRIES and code.co_filename.endswith("interpreter.py"):
+            break
+        site.append((code.co_filename, f.f_lineno))
+        f = f.f_back
+    return tuple(site)
 
 
 def from_torch(data: torch.Tensor, dtype, buffer, name="", alias=False) -> NkiTensor:

@@ -42,6 +42,18 @@ class Instruction:
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")  # the values of Instruction.engine
 
 
+@dataclass(frozen=True)
+class AllocationSite:
+    """Where an on-chip tile was allocated: the cost model's finite buffering gives tiles
+    of one site (same source lines on the kernel's call path, same core) a bounded number
+    of physical buffers, as the compiler's address rotation does (cost/schedule.py)."""
+
+    alloc_id: int
+    buffer: str          # "sbuf" | "psum"
+    site: tuple          # ((filename, line), ...) from the allocating call up to the kernel entry
+    core: int | None     # program id of a kernel[2] run, else None
+
+
 def capture(role: str, t) -> tuple:
     """What the trace needs of tensor view ``t`` (cheap, holds no tensor or allocation, so
     recording never keeps memory alive); ``build_operand`` turns it into an ``Operand``.
@@ -91,11 +103,17 @@ class Recorder:
     """The instructions of one run, in issue order. Recording appends raw tuples (a few
     hundred nanoseconds); ``instructions`` builds the dataclasses on first access."""
 
-    __slots__ = ("_done", "_pending")
+    __slots__ = ("_done", "_pending", "allocations")
 
     def __init__(self):
         self._done: list[Instruction] = []
         self._pending: list[tuple] = []
+        self.allocations: list[AllocationSite] = []  # on-chip allocations, in creation order
+
+    def note_allocation(self, alloc_id: int, buffer: str, site: tuple, core: int | None) -> None:
+        """Record where on-chip allocation ``alloc_id`` was made (for the cost model);
+        ``core``: the program id in an LNC=2 run, else None."""
+        self.allocations.append(AllocationSite(alloc_id, buffer, site, core))
 
     def record(self, op, engine, reads, writes, flops, attrs, core=None) -> int:
         """Append one instruction (``reads``/``writes``: ``capture`` tuples; ``core``: the

@@ -11,7 +11,8 @@ Everything it reports is MODELED for the target, never measured. The model:
 * schedule.py   a list schedule over the engines and the 16 DMA queues with read-after-
                 write, write-after-read and write-after-write dependencies on overlapping
                 parts of the same allocation (regions.py computes the footprints);
-* estimate.py   the ``Estimate`` result, ``estimate_trace`` and the Chrome trace.
+* estimate.py   the ``Estimate`` result, ``estimate_trace`` and the Chrome trace;
+* uncertainty.py  error bars: the same trace at both ends of the uncertain numbers.
 
 Per-op limits and modeled eager baselines live with the ops (``nki_kernels.roofline``).
 
@@ -22,6 +23,7 @@ the model and its assumptions.
 from .estimate import Estimate, estimate_trace
 from .model import CostModelError, DmaCost, InstructionCost, compute_cost, dma_cost
 from .schedule import Schedule, Slot, schedule
+from .uncertainty import time_range, variant
 
 __all__ = [
     "CostModelError",
@@ -34,4 +36,6 @@ __all__ = [
     "dma_cost",
     "estimate_trace",
     "schedule",
+    "time_range",
+    "variant",
 ]

@@ -8,13 +8,15 @@ cycles depend on ``N`` only: a tile with ``P < 128`` costs the same as a full on
 wastes ``128 - P`` lanes.
 
 TensorE (``tensor_hz``)
-    ``nc_matmul``: ``max(min(64, M), N)`` cycles, M the stationary free size (output
+    ``nc_matmul``: ``max(min(64, M), N, M / 4)`` cycles, M the stationary free size (output
     partitions), N the moving free size (output columns); x4 when an operand is float32
-    (fp32 runs in four passes: 20 vs 79 TFLOPS; tfloat32 runs at the bf16 rate).
+    (fp32 runs in four passes: 20 vs 79 TFLOPS; tfloat32 runs at the bf16 rate). ``M / 4``:
+    the background LoadStationary, up to 4x faster than a matmul of the same size [A1].
     ``nc_transpose`` on TensorE (and ``nc_matmul(is_transpose=True)``): ``max(P, min(64, F))``
     cycles for a ``[P, F]`` input; fp32 x2 with v3+ transpose mode (x4 on v2).
-    No static overhead: TensorE loads the next stationary operand while the current
-    moving operand streams, so back-to-back matmuls issue at the rate above.
+    Back-to-back matmuls issue at that rate (the next stationary loads while the current
+    moving operand streams); a consumer of the PSUM result waits the pipeline latency
+    ``matmul_latency_cycles`` after the matmul's interval ends (perf-guide profiles).
 
 VectorE (``vector_hz``)
     one input pass ``N`` cycles, two full-size inputs (``tensor_tensor``,
@@ -25,7 +27,7 @@ VectorE (``vector_hz``)
     ``tensor_copy``/``tensor_scalar`` with every operand bf16/fp16 run 4x faster when all
     operands are in SBUF, 2x when one is in PSUM; ``tensor_tensor`` with both inputs in SBUF
     and every operand bf16/fp16 runs 2x faster. Then ``max(MIN_II=64, cycles)`` plus the
-    static SBUF access overhead (60 cycles).
+    static overhead ``static_overhead_cycles`` (calibrated, see hardware.py).
 
 ScalarE (``scalar_hz``)
     ``activation`` and anything else on ScalarE: ``max(64, N / r)`` cycles, ``r`` = elements
@@ -37,22 +39,33 @@ GpSimd (``gpsimd_hz``)
     performance mode, x4 with an ALU ``power``/``rsqrt``/``reciprocal`` op (~4x slower than
     ScalarE's rsqrt); plus the static overhead.
 
-DMA (16 queues, ``dma_bytes_per_s / 16`` each)
+DMA (16 engines per core, called queues here, ``dma_bytes_per_s / 16`` each)
     A transfer is spread over ``ceil(P / 8)`` queues (each DMA engine serves 8 SBUF
-    partitions; HBM to HBM uses all 16), each moving an equal share of the bytes.
-    Each queue pays the fixed cost ``dma_fixed_s`` per transfer and moves its bytes at
-    the per-queue bandwidth. The fixed cost (descriptor generation, semaphore-to-start) is
-    latency that a queue overlaps with moving the previous transfer's data: a queue is
-    occupied ``max(fixed, data)`` per transfer and the transfer completes ``fixed + data``
-    after it starts. This reproduces the documented behaviour: a lone transfer takes fixed
-    + bytes/bandwidth; a stream of transfers with >= ~2-4 KiB per partition saturates the
-    bandwidth; small transfers are bound by the fixed cost (descriptor rate), not bandwidth.
-    A DMA transpose (``dma_transpose``) uses all 16 queues at 90% (from HBM) or 50% (SBUF
-    to SBUF) of the copy bandwidth. Bytes are those of the larger side (casts, dma_compute).
+    partitions [D]; HBM to HBM uses all 16), each moving an equal share. Per queue:
+
+    * data time = (bytes + descriptors x ``dma_descriptor_bytes``) / per-queue bandwidth,
+      where descriptors are the contiguous chunks (DMA buffers) of the transfer: the finer
+      side's chunking (an SBUF row never continues into the next partition) [A1];
+    * occupancy = max(``dma_transfer_gap_s``, data time + ``dma_transfer_handoff_s``): an
+      engine moves one transfer at a time, hands over to the next one (a transfer's own
+      profiled duration is its data time), and starts transfers no closer than the gap
+      (the packet rate [DB]);
+    * latency: the data starts ``dma_latency_s`` after the transfer was triggered (its
+      dependencies done) [DB]; queued transfers overlap it, so streams hide it and only
+      dependency chains pay it.
+
+    A lone transfer therefore takes latency + data; a stream of [128, B] transfers runs at
+    data / max(gap, data) of the bandwidth (the DMA overview's curve: linear below ~2 KiB
+    per partition, saturated from ~4 KiB). ``dma_transpose`` uses all 16 queues at 90%
+    (from HBM) or 50% (SBUF to SBUF) of the copy bandwidth [A2]. A casting copy moves the
+    bytes of its larger side (it converts through fp32 element by element [D]; the docs
+    do not price it). At LNC=2, transfers touching HBM run at ``min(1, stack / (2 x core))``
+    of the bandwidth while both cores are active (schedule.py): one HBM stack per core pair.
 
 Dependencies: a consumer of a Vector/Scalar/GpSimd result starts at the earliest
 ``dependency_latency_cycles`` (100, of the producer's clock) after the producer ends
-(results committed to SBUF/PSUM before the next instruction reads them).
+(results committed to SBUF/PSUM before the next instruction reads them); a consumer of a
+matmul's PSUM result ``matmul_latency_cycles`` of TensorE after it.
 """
 
 from __future__ import annotations
@@ -97,19 +110,24 @@ class DmaCost:
     queues: int
     bytes: int             # bytes moved in total
     bytes_per_queue: float
-    data_seconds: float    # per queue: bytes_per_queue / per-queue bandwidth
-    fixed_seconds: float   # per queue: fixed cost of a transfer
+    data_seconds: float    # per queue: (bytes + descriptor overhead) / per-queue bandwidth
+    gap_seconds: float     # per queue: minimum spacing between two transfer starts
+    latency_seconds: float  # trigger to first byte (overlapped with queued transfers)
     hbm_bytes: int         # bytes read from or written to HBM
+    descriptors: int = 0   # contiguous chunks moved (DMA buffers)
+    rule: str = ""
+    handoff_seconds: float = 0.0  # per queue: hand-over to the next transfer after the data
 
     @property
     def occupancy_seconds(self) -> float:
-        """How long each queue is occupied (fixed cost overlapped with earlier data)."""
-        return max(self.fixed_seconds, self.data_seconds)
+        """How long each queue is held: one transfer at a time (its data, then the hand-over
+        to the next), at least the gap between transfer starts."""
+        return max(self.gap_seconds, self.data_seconds + self.handoff_seconds)
 
     @property
-    def latency_seconds(self) -> float:
-        """From the start of the transfer on a queue to the completion of its share."""
-        return self.fixed_seconds + self.data_seconds
+    def lone_seconds(self) -> float:
+        """A transfer on idle queues: latency, then its data."""
+        return self.latency_seconds + self.data_seconds
 
 
 def engine_hz(target: Target, engine: str) -> float:
@@ -200,8 +218,8 @@ def tensor_engine_cost(ins, target: Target) -> tuple[float, str]:
         fp32 = _attr(ins, "fp32", default=None)
         if fp32 is None:
             fp32 = any(_is_fp32(o) for o in (st, mv) if o is not None)
-        cycles = max(min(target.matmul_min_cycles, m), n)
-        rule = "matmul max(min(64, M), N)"
+        cycles = max(min(target.matmul_min_cycles, m), n, m / target.load_stationary_speedup)
+        rule = "matmul max(min(64, M), N, M/4)"
         if fp32:
             cycles *= target.matmul_fp32_factor
             rule += f" x{target.matmul_fp32_factor} fp32"
@@ -292,13 +310,42 @@ def compute_cost(ins, target: Target) -> InstructionCost:
             raise CostModelError(f"instruction {ins.index} ({ins.op}): engine={engine!r}; "
                                  f"expected one of {ENGINES}")
         cycles = max(target.min_instruction_cycles, cycles) + target.static_overhead_cycles
-        rule += f", min {target.min_instruction_cycles}, +{target.static_overhead_cycles} static"
+        rule += f", min {target.min_instruction_cycles}, +{target.static_overhead_cycles:g} static"
         _, lanes = _main_free(ins)
     return InstructionCost(engine, cycles, cycles / engine_hz(target, engine), rule, lanes)
 
 
-def dma_cost(ins, target: Target) -> DmaCost:
-    """Queues, bytes and time of one DMA transfer."""
+def contiguous_runs(operand) -> int:
+    """How many contiguous chunks (DMA buffers) ``operand``'s elements form.
+
+    Innermost dimensions merge while their strides nest exactly; an on-chip operand's
+    partition dimension always starts a new chunk (each partition is its own address
+    range). Without strides (older traces) every partition row (on chip) or the whole
+    tensor (HBM) counts as one chunk."""
+    shape = tuple(operand.shape)
+    n = math.prod(shape)
+    if n == 0:
+        return 0
+    strides = getattr(operand, "strides", ())
+    on_chip = operand.buffer != "hbm"
+    if not strides or len(strides) != len(shape):
+        return operand.partitions if on_chip else 1
+    dims = list(zip(shape, strides))
+    if on_chip:
+        dims = dims[1:]  # the partition dim never merges
+    dims = [(s, st) for s, st in dims if s != 1]
+    run = 1
+    # walk from the innermost dim outwards while the layout stays contiguous
+    for size, st in reversed(dims):
+        if st != run:
+            break
+        run *= size
+    return max(1, n // max(1, run))
+
+
+def dma_cost(ins, target: Target, bandwidth_scale: float = 1.0) -> DmaCost:
+    """Queues, bytes and time of one DMA transfer (``bandwidth_scale``: share of the
+    per-queue bandwidth it gets, < 1 when two cores share the HBM stack)."""
     if not ins.reads and not ins.writes:
         raise CostModelError(f"instruction {ins.index} ({ins.op}): DMA without operands")
     # Bytes through the engines: the larger side (a casting copy reads one size and writes
@@ -306,24 +353,38 @@ def dma_cost(ins, target: Target) -> DmaCost:
     nbytes = max(int(_attr(ins, "bytes", default=0) or 0), int(_attr(ins, "src_bytes", default=0) or 0))
     if not nbytes:
         nbytes = max(sum(o.nbytes for o in ins.reads), sum(o.nbytes for o in ins.writes))
-    hbm = sum(o.nbytes for o in list(ins.reads) + list(ins.writes) if o.buffer == "hbm")
-    on_chip = [o.partitions for o in list(ins.reads) + list(ins.writes) if o.buffer != "hbm"]
+    operands = list(ins.reads) + list(ins.writes)
+    hbm = sum(o.nbytes for o in operands if o.buffer == "hbm")
+    on_chip = [o.partitions for o in operands if o.buffer != "hbm"]
     parts = max(on_chip) if on_chip else target.partitions
     per_queue_parts = max(1, target.partitions // target.dma_queues)
     queues = max(1, min(target.dma_queues, math.ceil(parts / per_queue_parts)))
-    per_queue_bw = target.dma_bytes_per_s / target.dma_queues
+    per_queue_bw = target.dma_bytes_per_s / target.dma_queues * bandwidth_scale
     if ins.op == "dma_transpose" or _attr(ins, "transpose", default=False):
         # All 16 engines cooperate on a DMA transpose, at a documented fraction of the
-        # copy throughput (HBM->SBUF 90%, SBUF->SBUF 50%).
+        # copy throughput (HBM->SBUF 90%, SBUF->SBUF 50%) that covers its element-wise
+        # access pattern: no descriptor term.
         queues = target.dma_queues
         from_hbm = any(o.buffer == "hbm" for o in ins.reads)
-        per_queue_bw *= target.dma_transpose_hbm_efficiency if from_hbm else target.dma_transpose_sbuf_efficiency
+        eff = target.dma_transpose_hbm_efficiency if from_hbm else target.dma_transpose_sbuf_efficiency
+        share = nbytes / queues
+        return DmaCost(queues, nbytes, share, share / (per_queue_bw * eff), target.dma_transfer_gap_s,
+                       target.dma_latency_s, hbm, 0, f"dma transpose {eff:.0%} of copy bandwidth",
+                       target.dma_transfer_handoff_s)
+    # A descriptor is contiguous on both sides: the finer side sets the count.
+    descriptors = max((contiguous_runs(o) for o in operands), default=1)
     share = nbytes / queues
-    return DmaCost(queues, nbytes, share, share / per_queue_bw, target.dma_fixed_s, hbm)
+    data = (share + descriptors / queues * target.dma_descriptor_bytes) / per_queue_bw
+    rule = f"{queues} queues, {descriptors} chunks of {nbytes / max(1, descriptors):.0f} B"
+    return DmaCost(queues, nbytes, share, data, target.dma_transfer_gap_s, target.dma_latency_s,
+                   hbm, descriptors, rule, target.dma_transfer_handoff_s)
 
 
 def dependency_latency_seconds(engine: str, target: Target) -> float:
-    """Extra wait of a consumer after a producer on ``engine`` ends."""
+    """Extra wait of a consumer of a result (read after write) after its producer on
+    ``engine`` ends: the Vector/Scalar/GpSimd write-back latency, TensorE's pipeline."""
     if engine in ("vector", "scalar", "gpsimd"):
         return target.dependency_latency_cycles / engine_hz(target, engine)
+    if engine == "tensor":
+        return target.matmul_latency_cycles / target.tensor_hz
     return 0.0

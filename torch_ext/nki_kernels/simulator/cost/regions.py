@@ -16,15 +16,20 @@ MAX_RUNS = 4096
 
 
 class Region:
-    """Sorted, disjoint ``[start, end)`` runs of element offsets plus their hull."""
+    """Sorted, disjoint ``[start, end)`` runs of element offsets plus their hull.
 
-    __slots__ = ("lo", "hi", "starts", "ends")
+    A view with one strided dimension over contiguous runs (a 2-D tile or HBM slice, the
+    common case) also keeps that pattern, ``runs = [lo + k * stride, lo + k * stride + run)``
+    for ``k < count``: two such regions with the same stride are compared in closed form."""
 
-    def __init__(self, lo: int, hi: int, starts=None, ends=None):
+    __slots__ = ("lo", "hi", "starts", "ends", "pattern")
+
+    def __init__(self, lo: int, hi: int, starts=None, ends=None, pattern=None):
         self.lo = lo
         self.hi = hi
         self.starts = starts  # None: a single run [lo, hi)
         self.ends = ends
+        self.pattern = pattern  # (stride, count, run) of a regular region, else None
 
     @property
     def single(self) -> bool:
@@ -44,6 +49,16 @@ class Region:
             return False
         if self.single and other.single:
             return True
+        a, b = self.pattern, other.pattern
+        if a is not None and b is not None and a[0] == b[0]:
+            # runs [lo1 + k S, + r1) and [lo2 + j S, + r2) meet iff some m = k - j with
+            # d - r1 < m S < d + r2 (d = lo2 - lo1), -(c2 - 1) <= m <= c1 - 1
+            stride, c1, r1 = a
+            _, c2, r2 = b
+            d = other.lo - self.lo
+            m_lo = max(-(c2 - 1), (d - r1) // stride + 1)
+            m_hi = min(c1 - 1, -((-(d + r2)) // stride) - 1)
+            return m_lo <= m_hi
         a, b = (self, other) if not self.single else (other, self)
         # a has runs; test b's runs (or b's single run) against a's sorted runs.
         if b.single:
@@ -84,6 +99,11 @@ def region_of(operand) -> Region:
         count *= size
     if count > MAX_RUNS:
         return Region(lo, hi)
+    if len(dims) == 1 and dims[0][1] >= run:
+        count, stride = dims[0]
+        starts = offset + np.arange(count, dtype=np.int64) * stride
+        return Region(offset, offset + (count - 1) * stride + run, starts, starts + run,
+                      pattern=(stride, count, run))
     starts = np.full(1, offset, dtype=np.int64)
     for size, st in dims:
         starts = (starts[:, None] + np.arange(size, dtype=np.int64)[None, :] * st).reshape(-1)

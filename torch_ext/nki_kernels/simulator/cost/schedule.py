@@ -1,27 +1,37 @@
-"""The list schedule: when each traced instruction runs on the modeled NeuronCore.
+"""The list schedule: when each traced instruction runs on the modeled NeuronCore(s).
 
 1. Dependencies. Walking the trace in issue order, an instruction depends on every
    earlier instruction that
 
-   * wrote an overlapping part of an allocation it reads (read after write); when that
-     producer ran on VectorE/ScalarE/GpSimd the consumer also waits the dependency
-     latency (model.py);
+   * wrote an overlapping part of an allocation it reads (read after write); the
+     consumer also waits the producer's result latency (model.py: Vector/Scalar/GpSimd
+     write-back, TensorE pipeline);
    * read (write after read) or wrote (write after write) an overlapping part of an
      allocation it writes.
 
    Footprints are exact sets of element runs (regions.py).
-2. List scheduling. Engines run in parallel, each one instruction at a time. Whenever an
+2. Buffers. Tiles allocated by the same line on the same call path (loop iterations) share
+   ``buffer_rotation_depth`` physical buffers (more when the program keeps more of them
+   alive at once), rotated in allocation order: the first writes of tile k wait for every
+   instruction that touched the tile whose buffer it takes (write after read on the
+   physical buffer). So prefetching reaches as far ahead as the buffers allow, as with
+   the compiler's address rotation. Without allocation sites (hand-built traces) every
+   allocation is its own buffer.
+3. List scheduling. Engines run in parallel, each one instruction at a time. Whenever an
    engine is idle it starts, among the instructions whose dependencies are done, the one
    issued first (the kernel's order is the priority; an independent later instruction
-   may run ahead of a stalled earlier one, as the compiler's scheduler would hoist it).
-   A DMA transfer, once ready, is split over ``queues`` of the 16 DMA queues (the ones
-   with the least pending work); each queue serves its shares in issue order, occupying
-   ``max(fixed, data)`` per share, and the transfer completes when its last share lands.
+   may run ahead of a stalled earlier one: "without [nl.no_reorder], the compiler scheduler
+   is free to reorder independent operations for better hardware utilization" [I]).
+   A DMA transfer, ``dma_latency_s`` after its dependencies are done, is split over
+   ``queues`` of its core's 16 DMA queues (the ones with the least pending work); a queue
+   moves one transfer's share at a time, starting the next one no sooner than the
+   transfer gap after the previous start; the transfer completes when its last share lands.
+4. Cores. Instructions of a kernel[2] trace carry their core (``attrs["core"]``); each core
+   has its own engines and queues. While both cores are active, transfers touching HBM get
+   ``min(1, hbm_stack_bytes_per_s / (cores x dma_bytes_per_s))`` of the bandwidth (the two
+   cores of a logical core share one HBM stack).
 
-The modeled latency is the completion of the last instruction. Every allocation is its
-own buffer: the model assumes the compiler gives each tile the buffers it needs (the
-simulator checks that the live tiles fit SBUF/PSUM), so prefetching is limited only by the
-dependencies a kernel expresses, e.g. by reusing one tile for every iteration.
+The modeled latency is the completion of the last instruction (the later core).
 """
 
 from __future__ import annotations
@@ -98,8 +108,9 @@ class _AllocState:
         self.writes.add(region, index)
 
 
-def dependencies(trace, target: Target) -> list[dict[int, float]]:
-    """Per instruction: {predecessor index: extra latency in seconds}."""
+def dependencies(trace, target: Target, allocations=None) -> list[dict[int, float]]:
+    """Per instruction: {predecessor index: extra latency in seconds}. With
+    ``allocations`` (``trace.AllocationSite`` records), also the buffer-rotation edges."""
     allocs: dict[int, _AllocState] = {}
     preds: list[dict[int, float]] = []
     engine_of: dict[int, str] = {}
@@ -129,7 +140,60 @@ def dependencies(trace, target: Target) -> list[dict[int, float]]:
             allocs.setdefault(alloc, _AllocState()).add_write(reg, pos)
         engine_of[pos] = ins.engine
         preds.append(mine)
+    if allocations:
+        for p, s in rotation_edges(trace, allocations, int(target.buffer_rotation_depth)):
+            preds[s].setdefault(p, 0.0)
     return preds
+
+
+def rotation_edges(trace, allocations, depth: int) -> list[tuple[int, int]]:
+    """(earlier, later) instruction pairs the sharing of physical buffers adds.
+
+    Tiles of one family (same site, buffer kind and core) take ``depth`` buffers in
+    allocation order; a new tile takes the buffer whose occupant was last used longest
+    ago among those whose occupant is dead in program order (last access issued before the
+    new tile's first access), or a fresh buffer when none is (the program keeps them all
+    alive, so the compiler must give it its own). The new tile's accesses up to and
+    including its first read then wait for every access of the old occupant."""
+    if depth < 1:
+        raise CostModelError(f"buffer_rotation_depth={depth}; expected at least 1")
+    access: dict[int, list[tuple[int, bool]]] = {}
+    for ins in trace:
+        seen = set()
+        for o in ins.reads:
+            if o.buffer != "hbm" and o.alloc_id not in seen:
+                seen.add(o.alloc_id)
+                access.setdefault(o.alloc_id, []).append((ins.index, True))
+        for o in ins.writes:
+            if o.buffer != "hbm" and o.alloc_id not in seen:
+                seen.add(o.alloc_id)
+                access.setdefault(o.alloc_id, []).append((ins.index, False))
+    families: dict[tuple, list[int]] = {}
+    for a in allocations:
+        if a.alloc_id in access:
+            families.setdefault((a.core, a.buffer, a.site), []).append(a.alloc_id)
+    edges: list[tuple[int, int]] = []
+    for members in families.values():
+        if len(members) <= depth:
+            continue
+        occupants: list[int] = []
+        for alloc in members:
+            acc = access[alloc]
+            first = acc[0][0]
+            dead = [b for b, occ in enumerate(occupants) if access[occ][-1][0] < first]
+            if len(occupants) < depth or not dead:
+                occupants.append(alloc)
+                continue
+            b = min(dead, key=lambda b: access[occupants[b]][-1][0])
+            old = [i for i, _ in access[occupants[b]]]
+            initial = []
+            for i, is_read in acc:
+                initial.append(i)
+                if is_read:
+                    break
+            edges.extend((p, s) for s in initial for p in old)
+            occupants[b] = alloc
+    return edges
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +221,10 @@ class Schedule:
     lanes: list[str] = field(default_factory=list)  # every lane name, in display order
     costs: list = field(default_factory=list, repr=False)  # InstructionCost | DmaCost per instruction
     ready: list[float] = field(default_factory=list, repr=False)  # when dependencies were met
+    # per physical core: its engines' busy seconds ("dma" = mean over its queues) and the
+    # completion of its last instruction
+    core_busy: dict[int, dict[str, float]] = field(default_factory=dict)
+    core_finish: dict[int, float] = field(default_factory=dict)
 
     def detail(self, index: int) -> dict:
         """What the model charged instruction ``index`` (for traces and debugging)."""
@@ -165,7 +233,8 @@ class Schedule:
                   "finish_us": self.finish[index] * 1e6}
         if hasattr(c, "queues"):
             return {"bytes": c.bytes, "queues": c.queues, "bytes_per_queue": round(c.bytes_per_queue),
-                    "fixed_us": c.fixed_seconds * 1e6, "data_us_per_queue": c.data_seconds * 1e6, **common}
+                    "descriptors": c.descriptors, "rule": c.rule, "latency_us": c.latency_seconds * 1e6,
+                    "gap_us": c.gap_seconds * 1e6, "data_us_per_queue": c.data_seconds * 1e6, **common}
         return {"cycles": round(c.cycles, 1), "rule": c.rule, "lanes": c.lanes, **common}
 
 
@@ -181,11 +250,19 @@ class _Lane:
         self.running = False
 
 
-def schedule(trace, target: Target) -> Schedule:
-    """List-schedule ``trace`` (instructions in issue order) on ``target``."""
+def _core(ins) -> int:
+    return int(ins.attrs.get("core", 0) or 0)
+
+
+def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
+    """List-schedule ``trace`` (instructions in issue order) on ``target``; ``allocations``
+    (where each on-chip tile was allocated) turns on finite buffering. ``preds``: the
+    trace's ``dependencies(trace, target, allocations)`` when already computed (they depend
+    only on the dependency latencies and the buffer depth of ``target``)."""
     trace = list(trace)
     n = len(trace)
-    preds = dependencies(trace, target)
+    if preds is None:
+        preds = dependencies(trace, target, allocations)
     succs: list[list[tuple[int, float]]] = [[] for _ in range(n)]
     missing = [0] * n
     for i, mine in enumerate(preds):
@@ -204,12 +281,18 @@ def schedule(trace, target: Target) -> Schedule:
         return cores[core]
 
     core_lanes(0)
+    for ins in trace:
+        core_lanes(_core(ins))
+    # Two cores streaming at once share one HBM stack (static share: both assumed active).
+    dma_cores = {_core(ins) for ins in trace if ins.engine == "dma"}
+    hbm_share = min(1.0, target.hbm_stack_bytes_per_s / (len(dma_cores) * target.dma_bytes_per_s)) \
+        if len(dma_cores) > 1 else 1.0
     costs = []
     hbm_bytes = dma_bytes = 0
     for ins in trace:
-        core_lanes(int(ins.attrs.get("core", 0) or 0))
         if ins.engine == "dma":
-            c = dma_cost(ins, target)
+            touches_hbm = any(o.buffer == "hbm" for o in list(ins.reads) + list(ins.writes))
+            c = dma_cost(ins, target, hbm_share if touches_hbm else 1.0)
             hbm_bytes += c.hbm_bytes
             dma_bytes += c.bytes
         elif ins.engine in COMPUTE_ENGINES:
@@ -225,8 +308,9 @@ def schedule(trace, target: Target) -> Schedule:
     shares_left = [0] * n
     slots: list[Slot] = []
     # events: (time, kind, seq, payload); kind 0 lane free, 1 instruction ready, 2 DMA share
-    # done, 3 compute instruction done. Events pushed for `now` while handling `now` (zero-
-    # latency successors) are handled in the same round, before idle lanes pick work.
+    # done, 3 compute instruction done, 4 DMA trigger latency over (goes to its queues).
+    # Events pushed for `now` while handling `now` (zero-latency successors) are handled in
+    # the same round, before idle lanes pick work.
     events: list = []
     seq = 0
 
@@ -243,21 +327,25 @@ def schedule(trace, target: Target) -> Schedule:
 
     def release(i: int, now: float) -> None:
         ins = trace[i]
-        lanes, queues = core_lanes(int(ins.attrs.get("core", 0) or 0))
         c = costs[i]
         if ins.engine == "dma":
-            occ = c.occupancy_seconds
-            chosen = sorted(queues, key=lambda q: (max(q.free_at, now) + q.backlog, q.name))[: c.queues]
-            shares_left[i] = len(chosen)
             start[i] = float("inf")
-            for q in chosen:
-                heapq.heappush(q.waiting, (i, occ))
-                q.backlog += occ
-                touched.add(q)
+            push(now + c.latency_seconds, 4, i)
         else:
-            lane = lanes[ins.engine]
+            lane = core_lanes(_core(ins))[0][ins.engine]
             heapq.heappush(lane.waiting, (i, c.seconds))
             touched.add(lane)
+
+    def enqueue_dma(i: int, now: float) -> None:
+        c = costs[i]
+        occ = c.occupancy_seconds
+        queues = core_lanes(_core(trace[i]))[1]
+        chosen = sorted(queues, key=lambda q: (max(q.free_at, now) + q.backlog, q.name))[: c.queues]
+        shares_left[i] = len(chosen)
+        for q in chosen:
+            heapq.heappush(q.waiting, (i, occ))
+            q.backlog += occ
+            touched.add(q)
 
     def complete(i: int, now: float) -> None:
         finish[i] = now
@@ -280,11 +368,10 @@ def schedule(trace, target: Target) -> Schedule:
         if ins.engine == "dma":
             c = costs[i]
             lane.backlog -= occ
-            data_start = now + c.fixed_seconds
-            done = data_start + c.data_seconds
+            done = now + c.data_seconds
             if now < start[i]:
                 start[i] = now
-            slots.append(Slot(i, ins.op, "dma", lane.name, data_start, done))
+            slots.append(Slot(i, ins.op, "dma", lane.name, now, done))
             push(now + occ, 0, lane)
             push(done, 2, i)
         else:
@@ -306,6 +393,8 @@ def schedule(trace, target: Target) -> Schedule:
                 shares_left[payload] -= 1
                 if shares_left[payload] == 0:
                     complete(payload, now)
+            elif kind == 4:
+                enqueue_dma(payload, now)
             else:
                 complete(payload, now)
         for lane in sorted(touched, key=lambda l: l.name):
@@ -317,9 +406,17 @@ def schedule(trace, target: Target) -> Schedule:
 
     latency = max(finish, default=0.0)
     n_cores = len(cores)
-    busy = {e: sum(c[0][e].busy for c in cores.values()) / n_cores for e in COMPUTE_ENGINES}
+    core_busy = {}
+    for k, (engines, queues) in sorted(cores.items()):
+        b = {e: engines[e].busy for e in COMPUTE_ENGINES}
+        b["dma"] = sum(q.busy for q in queues) / len(queues)
+        core_busy[k] = b
+    core_finish = {k: 0.0 for k in cores}
+    for ins in trace:
+        k = _core(ins)
+        core_finish[k] = max(core_finish[k], finish[ins.index])
+    busy = {e: sum(b[e] for b in core_busy.values()) / n_cores for e in COMPUTE_ENGINES + ("dma",)}
     queue_busy = [q.busy for c in cores.values() for q in c[1]]
-    busy["dma"] = sum(queue_busy) / len(queue_busy)
     names = [lane.name for c in cores.values() for lane in list(c[0].values()) + c[1]]
     return Schedule(slots, start, finish, latency, busy, queue_busy, hbm_bytes, dma_bytes, names,
-                    costs, ready_at)
+                    costs, ready_at, core_busy, dict(sorted(core_finish.items())))

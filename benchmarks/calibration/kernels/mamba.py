@@ -1,0 +1,125 @@
+"""The selective-scan (Mamba SSM) kernel variants of AWS's fused-Mamba tutorial and of
+AccelOpt, measured on trn1 in fp32 (hw-measurements.md 5, 10, 11).
+
+    out[c, t] = sum_s C[s, t] * h_s[c, t],  h_s[c, t] = exp(delta[c, t] * A[c, s]) * h_s[c, t-1]
+                                                        + delta[c, t] * u[c, t] * B[s, t]
+
+Our own beta-2 code, written from the tutorial's description of each version (aws-neuron-sdk
+nki/guides/tutorials/fused_mamba.rst) and AccelOpt's description of its kernel; every version
+issues per (channel tile, state[, sequence chunk]) the same instructions:
+
+    ScalarE  deltaA = exp(delta * A[:, s])                  (activation, A as the scale)
+    VectorE  deltaU = delta * u; deltaBu = deltaU * B[s]    (tensor_tensor x 2)
+    VectorE  h = scan(deltaA, deltaBu)                      (tensor_tensor_scan: h = a*h + b)
+    VectorE  scanC = h * C[s]; acc += scanC                 (tensor_tensor x 2)
+
+B[s] and C[s] reach all 128 partitions by one partition-broadcast DMA each (the beta-1
+code's ``broadcast_to``). Versions differ in loop order, reuse and tiling:
+
+* v1: states outer, channel tiles inner; every operand loaded per (state, tile);
+* v2: channel tiles outer; delta and u loaded once per tile, reused across states;
+* v3: v2 with the sequence in 512-column chunks, the scan carried between chunks;
+* accelopt: sequence chunks outer, then tiles, then states; delta/u per (chunk, tile).
+"""
+
+import nki
+import nki.isa as nisa
+import nki.language as nl
+
+P = 128
+CHUNK = 512
+
+
+def _load(src):
+    t = nl.ndarray(tuple(src.shape), dtype=src.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=src)
+    return t
+
+
+def _row_on_partitions(row_hbm):
+    """[P, n] SBUF copy of a [1, n] HBM row (one stride-0 DMA)."""
+    n = row_hbm.shape[1]
+    t = nl.ndarray((P, n), dtype=row_hbm.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=row_hbm.broadcast(0, P))
+    return t
+
+
+def _state_step(acc, delta_t, u_t, a_col, b_row, c_row, init, first_state):
+    """One (tile, state[, chunk]) step; returns the scan result (for a carried state)."""
+    n = delta_t.shape[1]
+    dA = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=dA, op=nl.exp, data=delta_t, scale=a_col)
+    b_t = _row_on_partitions(b_row)
+    dU = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=dU, data1=delta_t, data2=u_t, op=nl.multiply, engine=nisa.engine.vector)
+    dBu = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=dBu, data1=dU, data2=b_t, op=nl.multiply, engine=nisa.engine.vector)
+    h = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor_scan(dst=h, data0=dA, data1=dBu, initial=init, op0=nl.multiply, op1=nl.add)
+    c_t = _row_on_partitions(c_row)
+    if first_state:
+        nisa.tensor_tensor(dst=acc, data1=h, data2=c_t, op=nl.multiply, engine=nisa.engine.vector)
+    else:
+        sc = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=sc, data1=h, data2=c_t, op=nl.multiply, engine=nisa.engine.vector)
+        nisa.tensor_tensor(dst=acc, data1=acc, data2=sc, op=nl.add, engine=nisa.engine.vector)
+    return h
+
+
+@nki.jit
+def mamba(delta, u, a, b, c, version):
+    """delta, u: [channels, seq]; a: [channels, states]; b, c: [states, seq]; fp32."""
+    channels, seq = delta.shape
+    states = a.shape[1]
+    tiles = channels // P
+    out = nl.ndarray((channels, seq), dtype=delta.dtype, buffer=nl.shared_hbm)
+
+    if version == "v1":
+        accs = [nl.ndarray((P, seq), dtype=nl.float32, buffer=nl.sbuf) for _ in range(tiles)]
+        for s in range(states):
+            for t in range(tiles):
+                rows = slice(t * P, (t + 1) * P)
+                _state_step(accs[t], _load(delta[rows, :]), _load(u[rows, :]), _load(a[rows, s:s + 1]),
+                            b[s:s + 1, :], c[s:s + 1, :], 0.0, s == 0)
+        for t in range(tiles):
+            nisa.dma_copy(dst=out[t * P:(t + 1) * P, :], src=accs[t])
+    elif version in ("v2", "v3"):
+        for t in range(tiles):
+            rows = slice(t * P, (t + 1) * P)
+            acc = nl.ndarray((P, seq), dtype=nl.float32, buffer=nl.sbuf)
+            delta_t = _load(delta[rows, :])
+            u_t = _load(u[rows, :])
+            for s in range(states):
+                a_col = _load(a[rows, s:s + 1])
+                if version == "v2":
+                    _state_step(acc, delta_t, u_t, a_col, b[s:s + 1, :], c[s:s + 1, :], 0.0, s == 0)
+                    continue
+                carry = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.memset(dst=carry, value=0.0)
+                for k in range(seq // CHUNK):
+                    cols = slice(k * CHUNK, (k + 1) * CHUNK)
+                    h = _state_step(acc[:, cols], delta_t[:, cols], u_t[:, cols], a_col, b[s:s + 1, cols],
+                                    c[s:s + 1, cols], carry, s == 0)
+                    nisa.tensor_copy(dst=carry, src=h[:, CHUNK - 1:CHUNK], engine=nisa.engine.vector)
+            nisa.dma_copy(dst=out[rows, :], src=acc)
+    elif version == "accelopt":
+        carries = [nl.ndarray((P, states), dtype=nl.float32, buffer=nl.sbuf) for _ in range(tiles)]
+        for carry in carries:
+            nisa.memset(dst=carry, value=0.0)
+        for k in range(seq // CHUNK):
+            cols = slice(k * CHUNK, (k + 1) * CHUNK)
+            accs = [nl.ndarray((P, CHUNK), dtype=nl.float32, buffer=nl.sbuf) for _ in range(tiles)]
+            for t in range(tiles):
+                rows = slice(t * P, (t + 1) * P)
+                delta_t = _load(delta[rows, cols])
+                u_t = _load(u[rows, cols])
+                for s in range(states):
+                    h = _state_step(accs[t], delta_t, u_t, _load(a[rows, s:s + 1]), b[s:s + 1, cols],
+                                    c[s:s + 1, cols], carries[t][:, s:s + 1], s == 0)
+                    nisa.tensor_copy(dst=carries[t][:, s:s + 1], src=h[:, CHUNK - 1:CHUNK],
+                                     engine=nisa.engine.vector)
+            for t in range(tiles):
+                nisa.dma_copy(dst=out[t * P:(t + 1) * P, cols], src=accs[t])
+    else:
+        raise ValueError(f"version={version!r}; expected v1, v2, v3 or accelopt")
+    return out

@@ -1,0 +1,118 @@
+"""Ports of NKIBench kernels (zhang677/AccelOpt @2dbeab40, NKIBench/kernels/*_0.py and
+samples/nki/*_optimized.py), measured on trn1.32xlarge in fp32 (hw-measurements.md 10).
+
+Our own beta-2 code (NKI 0.7) that issues the instruction sequence of each beta-1 kernel:
+the same tiles, loop order, instructions and engines. Where the beta-1 code left a
+choice to the compiler (``nl.copy``, ``engine=unknown``, block-dimension buffering) the
+port takes the engine the published profile shows busy (VectorE / ScalarE active %), and
+allocates each block's tile inside its loop (the compiler's buffering is then the cost
+model's finite buffering). What the compiler did beyond that (spills, reordering) is not
+reproduced; the rows' notes say where that matters.
+"""
+
+import nki
+import nki.isa as nisa
+import nki.language as nl
+
+P = 128
+
+
+@nki.jit
+def silu(x):
+    """NKIBench silu_M4096_N7168: x [128, 32, 7168] fp32 -> x * sigmoid(x).
+
+    Per [128, 1024] block (loaded and stored once), per 512-column half: ScalarE exp(-x),
+    VectorE 1 + e, ScalarE reciprocal (the profile: ScalarE 31.5 %, VectorE 73.9 % busy),
+    VectorE x * r."""
+    parts, rows, cols = x.shape
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    zero = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=zero, value=0.0)
+    block, half = 1024, 512
+    for r in range(rows):
+        for c in range(cols // block):
+            xt = nl.ndarray((parts, block), dtype=x.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=xt, src=x[:, r, c * block:(c + 1) * block])
+            yt = nl.ndarray((parts, block), dtype=x.dtype, buffer=nl.sbuf)
+            for h in range(block // half):
+                xs = xt[:, h * half:(h + 1) * half]
+                e = nl.ndarray((parts, half), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.activation(dst=e, op=nl.exp, data=xs, bias=zero, scale=-1.0)
+                d = nl.ndarray((parts, half), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_scalar(dst=d, data=e, op0=nl.add, operand0=1.0, engine=nisa.engine.vector)
+                rcp = nl.ndarray((parts, half), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.activation(dst=rcp, op=nl.reciprocal, data=d)
+                nisa.tensor_tensor(dst=yt[:, h * half:(h + 1) * half], data1=xs, data2=rcp,
+                                   op=nl.multiply, engine=nisa.engine.vector)
+            nisa.dma_copy(dst=out[:, r, c * block:(c + 1) * block], src=yt)
+    return out
+
+
+@nki.jit
+def rope_baseline(x_in, cos, sin):
+    """NKIBench rope_single_freq_apply_B1_H64_N4096_D128_0: x [128, S], cos/sin [64, S],
+    fp32, S in 512-column tiles.
+
+    Per tile: load x [128, 512], cos and sin [64, 512]; copy the lower half of x to
+    partitions 0-63 (ScalarE: the profile shows ScalarE 14 % busy); four VectorE products
+    and a subtract/add into the two halves of the output tile; one store."""
+    d_head, seq = x_in.shape
+    half = d_head // 2
+    out = nl.ndarray((d_head, seq), dtype=x_in.dtype, buffer=nl.shared_hbm)
+    ts = 512
+    for s0 in range(0, seq, ts):
+        xt = nl.ndarray((d_head, ts), dtype=x_in.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=xt, src=x_in[:, s0:s0 + ts])
+        ct = nl.ndarray((half, ts), dtype=x_in.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=ct, src=cos[:, s0:s0 + ts])
+        st = nl.ndarray((half, ts), dtype=x_in.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=st, src=sin[:, s0:s0 + ts])
+        odd = nl.ndarray((half, ts), dtype=x_in.dtype, buffer=nl.sbuf)
+        nisa.activation(dst=odd, op=nl.copy, data=xt[half:d_head, :])
+        even = xt[0:half, :]
+        e_cos = nl.ndarray((half, ts), dtype=x_in.dtype, buffer=nl.sbuf)
+        o_cos = nl.ndarray((half, ts), dtype=x_in.dtype, buffer=nl.sbuf)
+        e_sin = nl.ndarray((half, ts), dtype=x_in.dtype, buffer=nl.sbuf)
+        o_sin = nl.ndarray((half, ts), dtype=x_in.dtype, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=e_cos, data1=even, data2=ct, op=nl.multiply, engine=nisa.engine.vector)
+        nisa.tensor_tensor(dst=o_cos, data1=odd, data2=ct, op=nl.multiply, engine=nisa.engine.vector)
+        nisa.tensor_tensor(dst=e_sin, data1=even, data2=st, op=nl.multiply, engine=nisa.engine.vector)
+        nisa.tensor_tensor(dst=o_sin, data1=odd, data2=st, op=nl.multiply, engine=nisa.engine.vector)
+        ot = nl.ndarray((d_head, ts), dtype=x_in.dtype, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=ot[0:half, :], data1=e_cos, data2=o_sin, op=nl.subtract,
+                           engine=nisa.engine.vector)
+        nisa.tensor_tensor(dst=ot[half:d_head, :], data1=o_cos, data2=e_sin, op=nl.add,
+                           engine=nisa.engine.vector)
+        nisa.dma_copy(dst=out[:, s0:s0 + ts], src=ot)
+    return out
+
+
+@nki.jit
+def rope_optimized(x_in, cos, sin):
+    """AccelOpt samples/nki/rope_optimized.py: the same rotation in 2048-column tiles, every
+    operand loaded straight to partitions 0-63 (x's halves, cos and sin twice each: eight
+    [64, 2048] loads), four products, subtract/add, two [64, 2048] stores; no copy."""
+    d_head, seq = x_in.shape
+    half = d_head // 2
+    out = nl.ndarray((d_head, seq), dtype=x_in.dtype, buffer=nl.shared_hbm)
+    ts = 2048
+
+    def load(src):
+        t = nl.ndarray((half, ts), dtype=x_in.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=src)
+        return t
+
+    def product(a, b, op):
+        t = nl.ndarray((half, ts), dtype=x_in.dtype, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=t, data1=a, data2=b, op=op, engine=nisa.engine.vector)
+        return t
+
+    for s0 in range(0, seq, ts):
+        cols = slice(s0, s0 + ts)
+        e_cos = product(load(x_in[0:half, cols]), load(cos[:, cols]), nl.multiply)
+        o_sin = product(load(x_in[half:d_head, cols]), load(sin[:, cols]), nl.multiply)
+        e_sin = product(load(x_in[0:half, cols]), load(sin[:, cols]), nl.multiply)
+        o_cos = product(load(x_in[half:d_head, cols]), load(cos[:, cols]), nl.multiply)
+        nisa.dma_copy(dst=out[0:half, cols], src=product(e_cos, o_sin, nl.subtract))
+        nisa.dma_copy(dst=out[half:d_head, cols], src=product(o_cos, e_sin, nl.add))
+    return out

@@ -1,0 +1,292 @@
+#!/usr/bin/env python
+"""Side by side: AWS's nki-library kernels and ours on the same shapes, both MODELED.
+
+Given a checkout of aws-neuron/nki-library, this runs each of its kernels that overlaps one
+of our ops (RMSNorm and LayerNorm token generation incl. 1-64 token decode shapes, RoPE,
+attention_cte, attention_bwd, the MLP pieces) and our kernel for the same shape in the
+bundled simulator, models both traces with the same cost model on the same target, and
+prints one row per shape: modeled us (error bar) of each, and ours / AWS's.
+
+Nothing ran on a Trainium: every time is MODELED (<target>). AWS's kernels run from the
+checkout as they are (their code is not copied into this repository); a kernel our
+simulator cannot run yet is a row with status "blocked" and the first error.
+
+Usage:
+    python benchmarks/side_by_side_nki_library.py --nkilib /path/to/nki-library
+        [--target trn2] [--ops rms_norm,layer_norm,rope,attention] [--quick] [--markdown FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import math
+import sys
+import traceback
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from nki_kernels import _dispatch, registry, simulator
+from nki_kernels.simulator.cost import estimate_trace, time_range
+
+# nki-library's test harness aliases these module names to the simulator's (test/utils/
+# simulation_setup.py); ours provides the first three, the others are not modelled yet.
+_NKI_NAMES = ("nki", "nki.language", "nki.isa")
+
+DECODE_TOKENS = (1, 4, 8, 16, 32, 64)
+DECODE_HIDDEN = (2048, 4096, 8192)
+
+
+@dataclass
+class Side:
+    """One kernel on one shape: modeled latency and its error bar, or why it did not run."""
+
+    status: str = "not run"            # ok | blocked | no counterpart
+    us: float = float("nan")
+    low: float = float("nan")
+    high: float = float("nan")
+    note: str = ""
+
+    def text(self) -> str:
+        if self.status != "ok":
+            return f"{self.status}: {self.note}"[:70]
+        return f"{self.us:.1f} ({self.low:.1f}-{self.high:.1f})"
+
+
+@dataclass
+class Pair:
+    op: str
+    shape: str
+    ours: Side = field(default_factory=Side)
+    aws: Side = field(default_factory=Side)
+
+    @property
+    def ratio(self) -> float:
+        """ours / AWS's modeled time (< 1: ours faster)."""
+        if self.ours.status == self.aws.status == "ok":
+            return self.ours.us / self.aws.us
+        return float("nan")
+
+    @property
+    def ours_at_least_as_fast(self) -> bool | None:
+        """At the central value and at both ends of the error bar (same cost numbers)."""
+        if math.isnan(self.ratio):
+            return None
+        return (self.ours.us <= self.aws.us and self.ours.low <= self.aws.low
+                and self.ours.high <= self.aws.high)
+
+
+def _side(est) -> Side:
+    low, high = time_range(est)
+    return Side("ok", est.latency_us, low, high)
+
+
+# ----------------------------------------------------------------------------- ours
+
+def _ours(op: str, args, kwargs, target: str) -> Side:
+    spec = registry.get(op)
+    call = spec.kernel_call(*args, **kwargs)
+    kernel = _dispatch.simulator_kernel(call)
+    tensors = tuple(t.detach().contiguous() for t in call.tensors)
+    est = simulator.estimate(kernel, target)(*tensors, **call.static)
+    return _side(est)
+
+
+# ----------------------------------------------------------------------------- AWS's
+
+class NkiLibrary:
+    """Imports nki-library kernels from a checkout with ``nki`` bound to our simulator."""
+
+    def __init__(self, checkout: Path):
+        src = checkout / "src"
+        if not (src / "nkilib_src" / "nkilib").is_dir():
+            raise FileNotFoundError(f"--nkilib {checkout}: no src/nkilib_src/nkilib (not an nki-library checkout)")
+        self.src = src
+        self.commit = _git_head(checkout)
+
+    @contextlib.contextmanager
+    def bound(self, target: str):
+        """sys.path and ``nki`` modules as nki-library's own simulation harness sets them."""
+        sys.path.insert(0, str(self.src))
+        try:
+            with simulator.activated(target=target):
+                yield
+        finally:
+            sys.path.remove(str(self.src))
+
+    def function(self, module: str, name: str, target: str):
+        with self.bound(target):
+            mod = importlib.import_module(f"nkilib_src.nkilib.{module}")
+        return getattr(mod, name)
+
+    def run(self, module: str, name: str, target: str, lnc: int, **inputs) -> Side:
+        try:
+            fn = self.function(module, name, target)
+            with self.bound(target):
+                kernel = fn[lnc] if lnc > 1 and hasattr(fn, "__getitem__") else fn
+                res = simulator.run(kernel, target=target, **inputs)
+            est = estimate_trace(res.trace, target, allocations=res.allocations)
+            return _side(est)
+        except Exception as err:  # a kernel our simulator cannot run yet: report, go on
+            where = traceback.extract_tb(err.__traceback__)[-1]
+            msg = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+            return Side("blocked", note=f"{msg} ({Path(where.filename).name}:{where.lineno})")
+
+
+def _git_head(path: Path) -> str:
+    head = path / ".git" / "HEAD"
+    try:
+        ref = head.read_text().strip()
+        if ref.startswith("ref: "):
+            return (path / ".git" / ref[5:]).read_text().strip()[:12]
+        return ref[:12]
+    except OSError:
+        return "unknown"
+
+
+# ----------------------------------------------------------------------------- the table
+
+def _rand(shape, dtype, gen):
+    return (torch.rand(shape, generator=gen) * 2 - 1).to(dtype)
+
+
+def norm_pairs(lib: NkiLibrary, op: str, target: str, lnc: int, quick: bool) -> list[Pair]:
+    """RMSNorm / LayerNorm on [tokens, H] fp16 (AWS's TKG kernels: input [1, T, H], gamma
+    [1, H], output [128, T, H / 128] in HBM, the layout their next matmul reads)."""
+    pairs = []
+    tokens = (1, 64) if quick else DECODE_TOKENS
+    hidden = (2048,) if quick else DECODE_HIDDEN
+    for h in hidden:
+        for t in tokens:
+            gen = torch.Generator().manual_seed(zlib.crc32(f"{op}{t}{h}".encode()))
+            x = _rand((t, h), torch.float16, gen)
+            w = _rand((h,), torch.float16, gen)
+            b = _rand((h,), torch.float16, gen)
+            pair = Pair(op, f"[{t}, {h}] fp16")
+            if op == "rms_norm":
+                pair.ours = _ours("rms_norm", (x, (h,), w, 1e-6), {}, target)
+                pair.aws = lib.run("core.subkernels.rmsnorm_tkg", "rmsnorm_tkg", target, lnc,
+                                   input=x.reshape(1, t, h), gamma=w.reshape(1, h),
+                                   output=torch.zeros((128, t, h // 128), dtype=torch.float16), eps=1e-6)
+            else:
+                pair.ours = _ours("layer_norm", (x, (h,), w, b, 1e-6), {}, target)
+                pair.aws = lib.run("core.subkernels.layernorm_tkg", "layernorm_tkg", target, lnc,
+                                   input=x.reshape(1, t, h), gamma=w.reshape(1, h),
+                                   output=torch.zeros((128, t, h // 128), dtype=torch.float16),
+                                   beta=b.reshape(1, h), eps=1e-6)
+            pairs.append(pair)
+    return pairs
+
+
+def rope_pairs(lib: NkiLibrary, target: str, lnc: int, quick: bool) -> list[Pair]:
+    """Rotary on q [1, 32, S, 128] and k [1, 8, S, 128] bf16 (Llama-7B heads). Ours: one
+    launch for q and k; AWS's RoPE (x [d, B, heads, S]): one launch each, times added."""
+    pairs = []
+    for s in ((128,) if quick else (128, 512, 2048)):
+        gen = torch.Generator().manual_seed(zlib.crc32(f"rope{s}".encode()))
+        q = _rand((1, 32, s, 128), torch.bfloat16, gen)
+        k = _rand((1, 8, s, 128), torch.bfloat16, gen)
+        cos = _rand((1, s, 128), torch.bfloat16, gen)
+        sin = _rand((1, s, 128), torch.bfloat16, gen)
+        pair = Pair("apply_rotary_pos_emb", f"q [1, 32, {s}, 128], k [1, 8, {s}, 128] bf16")
+        pair.ours = _ours("apply_rotary_pos_emb", (q, k, cos, sin), {}, target)
+        sides = []
+        # cos/sin of the first half of d (rotate_half repeats them in the second half)
+        cos_h = cos[..., :64].permute(2, 0, 1).contiguous()
+        sin_h = sin[..., :64].permute(2, 0, 1).contiguous()
+        for x in (q, k):
+            sides.append(lib.run("core.embeddings.rope", "RoPE", target, lnc,
+                                 x_in=x.permute(3, 0, 1, 2).contiguous(), cos=cos_h, sin=sin_h))
+        pair.aws = _sum(sides)
+        pairs.append(pair)
+    return pairs
+
+
+def attention_pairs(lib: NkiLibrary, target: str, lnc: int, quick: bool) -> list[Pair]:
+    """Prefill attention: ours (SDPA) vs AWS's attention_cte (heads folded into the batch,
+    q [B*H, S, d] with tp_q, k [B*H, d, S], v [B*H, S, d], fp32 softmax)."""
+    shapes = [(8, 12, 197, 64, False), (1, 8, 2048, 128, True)]
+    if quick:
+        shapes = shapes[:1]
+    pairs = []
+    for b, h, s, d, causal in shapes:
+        gen = torch.Generator().manual_seed(zlib.crc32(f"attn{b}{h}{s}{d}".encode()))
+        q, k, v = (_rand((b, h, s, d), torch.bfloat16, gen) for _ in range(3))
+        pair = Pair("scaled_dot_product_attention", f"B={b} H={h} S={s} D={d}{' causal' if causal else ''} bf16")
+        pair.ours = _ours("scaled_dot_product_attention", (q, k, v), {"is_causal": causal}, target)
+        bh = b * h
+        pair.aws = lib.run("core.attention.attention_cte", "attention_cte", target, lnc,
+                           q=q.reshape(bh, s, d), k=k.reshape(bh, s, d).transpose(1, 2).contiguous(),
+                           v=v.reshape(bh, s, d), scale=1.0 / math.sqrt(d), causal_mask=causal)
+        pairs.append(pair)
+    return pairs
+
+
+def no_counterpart_pairs() -> list[Pair]:
+    """AWS kernels that overlap ours only in part: listed, not compared."""
+    return [
+        Pair("attention backward", "any", Side("no counterpart", note="ours: backward is the fp32 PyTorch recompute, no kernel"),
+             Side("not run", note="core.attention.attention_bwd")),
+        Pair("MLP pieces", "any", Side("no counterpart", note="ours: silu_and_mul/gelu_and_mul only; AWS's mlp fuses the matmuls"),
+             Side("not run", note="core.mlp.mlp (CTE/TKG)")),
+    ]
+
+
+def _sum(sides: list[Side]) -> Side:
+    bad = [s for s in sides if s.status != "ok"]
+    if bad:
+        return bad[0]
+    return Side("ok", sum(s.us for s in sides), sum(s.low for s in sides), sum(s.high for s in sides))
+
+
+def table(pairs: list[Pair], target: str) -> str:
+    lines = [f"| op | shape | ours, modeled ({target}) us (error bar) | nki-library, modeled ({target}) us "
+             "(error bar) | ours / AWS | ours at least as fast |", "|---|---|---|---|---|---|"]
+    for p in pairs:
+        ratio = "-" if math.isnan(p.ratio) else f"{p.ratio:.2f}"
+        claim = {None: "-", True: "yes", False: "no"}[p.ours_at_least_as_fast]
+        lines.append(f"| {p.op} | {p.shape} | {p.ours.text()} | {p.aws.text()} | {ratio} | {claim} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nkilib", required=True, help="path of an aws-neuron/nki-library checkout")
+    ap.add_argument("--target", default="trn2", choices=("trn2", "trn3"))
+    ap.add_argument("--lnc", type=int, default=1, choices=(1, 2), help="AWS kernels' launch degree")
+    ap.add_argument("--ops", default="rms_norm,layer_norm,rope,attention")
+    ap.add_argument("--quick", action="store_true", help="two shapes per op")
+    ap.add_argument("--markdown", default="", help="also write the table to this file")
+    args = ap.parse_args(argv)
+    lib = NkiLibrary(Path(args.nkilib))
+    ops = {o.strip() for o in args.ops.split(",") if o.strip()}
+    unknown = ops - {"rms_norm", "layer_norm", "rope", "attention"}
+    if unknown:
+        ap.error(f"--ops {sorted(unknown)} unknown; choose from rms_norm, layer_norm, rope, attention")
+    pairs: list[Pair] = []
+    for op in ("rms_norm", "layer_norm"):
+        if op in ops:
+            pairs += norm_pairs(lib, op, args.target, args.lnc, args.quick)
+    if "rope" in ops:
+        pairs += rope_pairs(lib, args.target, args.lnc, args.quick)
+    if "attention" in ops:
+        pairs += attention_pairs(lib, args.target, args.lnc, args.quick)
+    pairs += no_counterpart_pairs()
+    text = (f"nki-library @ {lib.commit} vs nki-kernels, both MODELED ({args.target}) by the nki_kernels cost "
+            f"model; AWS kernels at LNC={args.lnc}, ours at LNC=1. Not measured on hardware.\n\n"
+            + table(pairs, args.target))
+    print(text)
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+    blocked = [p for p in pairs if p.aws.status == "blocked"]
+    if blocked:
+        print(f"\n{len(blocked)} AWS kernel run(s) blocked in our simulator; first: {blocked[0].aws.note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""kernels/engine_costs.py holds the cost model's numbers for the kernels (which may not
+import the model): every value must equal the Target field it mirrors, per generation,
+and a kernel built for a target must get that target's figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from nki_kernels import _kernel_sources, simulator
+from nki_kernels.simulator.hardware import TARGETS
+
+
+@pytest.fixture(scope="module")
+def engine_costs():
+    return _kernel_sources.load("engine_costs", "simulator")
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_every_figure_equals_the_cost_model_target(engine_costs, name):
+    target = TARGETS[name]
+    with simulator.activated(target=name):
+        costs = engine_costs.active()
+    for attr, (field, factor) in engine_costs.MIRRORS.items():
+        assert getattr(costs, attr) == pytest.approx(getattr(target, field) * factor), (
+            f"engine_costs {attr} for {name} differs from Target.{field}: update kernels/engine_costs.py")
+
+
+def test_every_figure_is_mirrored(engine_costs):
+    # a figure added to EngineCosts without naming its Target field would escape the check
+    with simulator.activated(target="trn2"):
+        costs = engine_costs.active()
+    attrs = {a for a in vars(costs) if not a.startswith("_")}
+    assert attrs == set(engine_costs.MIRRORS)
+
+
+def test_the_active_generation_follows_the_target(engine_costs):
+    seen = {}
+    for name in TARGETS:
+        with simulator.activated(target=name):
+            seen[name] = engine_costs.active()
+    assert seen["trn1"] is not seen["trn2"] and seen["trn2"] is not seen["trn3"]
+    assert seen["trn1"].vector_ghz == pytest.approx(TARGETS["trn1"].vector_hz / 1e9)
+
+
+def test_queue_occupancy_is_the_models_rule(engine_costs):
+    with simulator.activated(target="trn2"):
+        c = engine_costs.active()
+    t = TARGETS["trn2"]
+    assert c.dma_occupancy_ns(10.0) == pytest.approx(t.dma_transfer_gap_s * 1e9)
+    big = 10 * t.dma_transfer_gap_s * 1e9
+    assert c.dma_occupancy_ns(big) == pytest.approx(big + t.dma_transfer_handoff_s * 1e9)

@@ -1,0 +1,225 @@
+"""Schedule rules beyond one instruction: finite buffering, TensorE's result latency,
+in-order engines, the two cores of an LNC=2 launch, and the error bars.
+
+Expected numbers come from the rules in docs/cost-model.md and the Target fields."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from nki_kernels import simulator
+from nki_kernels.simulator.cost import dma_cost, estimate_trace, time_range, variant
+from nki_kernels.simulator.cost.schedule import rotation_edges
+from nki_kernels.simulator.hardware import TARGETS
+from nki_kernels.simulator.trace import AllocationSite
+from tests.cost._build import TraceBuilder, hbm, new_alloc, psum, sbuf
+
+TRN2 = TARGETS["trn2"]
+US = 1e6
+
+
+def _stream(chunks: int, cols: int = 2048):
+    """Per chunk: load a fresh tile (one allocation site), ScalarE on it, store the result
+    (another site). Returns (trace, allocations, tile ids)."""
+    b = TraceBuilder()
+    allocs, tiles = [], []
+    x, out = new_alloc(), new_alloc()
+    for i in range(chunks):
+        tile, res = new_alloc(), new_alloc()
+        tiles.append(tile)
+        allocs += [AllocationSite(tile, "sbuf", (("k.py", 10),), None),
+                   AllocationSite(res, "sbuf", (("k.py", 12),), None)]
+        off = i * 128 * cols
+        b.dma(sbuf("dst", tile, (128, cols)), hbm("src", x, (128, cols), offset=off))
+        b.activation(sbuf("dst", res, (128, cols)), sbuf("data", tile, (128, cols)))
+        b.dma(hbm("dst", out, (128, cols), offset=off), sbuf("src", res, (128, cols)))
+    return b.trace, allocs, tiles
+
+
+# ----------------------------------------------------------------------------- buffers
+
+def test_tiles_of_one_site_rotate_through_depth_buffers():
+    trace, allocs, _ = _stream(8)
+    est = estimate_trace(trace, TRN2, allocations=allocs)
+    s = est.schedule
+    depth = TRN2.buffer_rotation_depth
+    for k in range(depth, 8):
+        load, act_old, store_old = 3 * k, 3 * (k - depth) + 1, 3 * (k - depth) + 2
+        # the load may only overwrite tile k-depth's buffer once its reader is done, and
+        # the result tile's buffer once its store is done (the store waits on the result)
+        assert s.start[load] >= s.finish[act_old] + TRN2.dma_latency_s - 1e-12
+        assert s.start[3 * k + 1] >= s.finish[store_old] - 1e-12
+
+
+def test_more_buffers_prefetch_further_and_unbounded_buffers_are_the_old_model():
+    trace, allocs, _ = _stream(16)
+    t = {d: estimate_trace(trace, dataclasses.replace(TRN2, buffer_rotation_depth=d), allocations=allocs).latency_us
+         for d in (1, 2, 4, 64)}
+    assert t[1] > t[2] >= t[4] >= t[64]
+    assert t[64] == pytest.approx(estimate_trace(trace, TRN2).latency_us)   # no sites: unbounded
+
+
+def test_tiles_the_program_keeps_alive_get_their_own_buffers():
+    # all tiles loaded first, used afterwards: live at once, so no rotation edge is possible
+    b = TraceBuilder()
+    tiles = [new_alloc() for _ in range(6)]
+    allocs = [AllocationSite(t, "sbuf", (("k.py", 3),), None) for t in tiles]
+    for t in tiles:
+        b.dma(sbuf("dst", t, (128, 512)), hbm("src", new_alloc(), (128, 512)))
+    for t in tiles:
+        b.activation(sbuf("dst", new_alloc(), (128, 512)), sbuf("data", t, (128, 512)))
+    assert rotation_edges(b.trace, allocs, 2) == []
+
+
+def test_sites_and_cores_are_separate_families():
+    trace, allocs, tiles = _stream(4)
+    other_site = [dataclasses.replace(a, site=(("k.py", 99 + i),)) for i, a in enumerate(allocs)]
+    assert rotation_edges(trace, other_site, 1) == []
+    core_of = {t: k % 2 for k, t in enumerate(tiles)}   # alternate loads on cores 0 and 1
+    other_core = [dataclasses.replace(a, core=core_of.get(a.alloc_id)) for a in allocs]
+    assert len(rotation_edges(trace, other_core, 1)) < len(rotation_edges(trace, allocs, 1))
+
+
+def test_a_depth_below_one_is_an_error():
+    trace, allocs, _ = _stream(3)
+    with pytest.raises(ValueError, match="buffer_rotation_depth=0"):
+        rotation_edges(trace, allocs, 0)
+
+
+def test_the_simulator_records_one_site_per_allocating_line():
+    with simulator.activated():
+        import nki
+        import nki.isa as nisa
+        import nki.language as nl
+
+        @nki.jit
+        def kernel(x):
+            out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+            for i in range(3):
+                t = nl.ndarray((128, 64), dtype=x.dtype, buffer=nl.sbuf)      # site A
+                nisa.dma_copy(dst=t, src=x[i * 128:(i + 1) * 128, :])
+                u = nl.ndarray((128, 64), dtype=x.dtype, buffer=nl.sbuf)      # site B
+                nisa.activation(dst=u, op=nl.exp, data=t)
+                nisa.dma_copy(dst=out[i * 128:(i + 1) * 128, :], src=u)
+            return out
+
+    res = simulator.run(kernel, torch.rand(384, 64))
+    assert len(res.allocations) == 6 and all(a.buffer == "sbuf" for a in res.allocations)
+    sites = [a.site for a in res.allocations]
+    assert sites[0] == sites[2] == sites[4] and sites[1] == sites[3] == sites[5] and sites[0] != sites[1]
+    assert any(f.endswith("test_schedule_rules.py") for f, _ in sites[0])
+    est = simulator.estimate(kernel)(torch.rand(384, 64))
+    assert est.allocations is not None and len(est.allocations) == 6
+
+
+# ----------------------------------------------------------------------------- engines
+
+def test_a_psum_reader_waits_for_the_matmul_pipeline():
+    b = TraceBuilder()
+    acc = new_alloc()
+    b.matmul(psum("dst", acc, (128, 128)), sbuf("stationary", new_alloc(), (128, 128)),
+             sbuf("moving", new_alloc(), (128, 128)))
+    b.tensor_copy(sbuf("dst", new_alloc(), (128, 128), "float32"), psum("src", acc, (128, 128)))
+    est = estimate_trace(b.trace)
+    interval = 128 / TRN2.tensor_hz
+    assert est.schedule.start[1] == pytest.approx(interval + TRN2.matmul_latency_cycles / TRN2.tensor_hz)
+
+
+def test_back_to_back_matmuls_do_not_wait_for_the_pipeline():
+    b = TraceBuilder()
+    acc = new_alloc()
+    st = sbuf("stationary", new_alloc(), (128, 128))
+    for _ in range(4):   # accumulating into one PSUM tile
+        b.matmul(psum("dst", acc, (128, 512)), st, sbuf("moving", new_alloc(), (128, 512)))
+    assert estimate_trace(b.trace).latency_us == pytest.approx(4 * 512 / TRN2.tensor_hz * US)
+
+
+def test_a_ready_instruction_passes_a_stalled_earlier_one_on_its_engine():
+    # the compiler's scheduler reorders independent operations (nl.no_reorder's docstring)
+    b = TraceBuilder()
+    t = new_alloc()
+    b.dma(sbuf("dst", t, (128, 4096)), hbm("src", new_alloc(), (128, 4096)))
+    b.activation(sbuf("dst", new_alloc(), (128, 64)), sbuf("data", t, (128, 64)))        # waits on the load
+    b.activation(sbuf("dst", new_alloc(), (128, 64)), sbuf("data", new_alloc(), (128, 64)))  # ready at once
+    est = estimate_trace(b.trace, TRN2)
+    assert est.schedule.start[2] == 0.0 < est.schedule.start[1]
+
+
+# ----------------------------------------------------------------------------- two cores
+
+def _two_core_trace(rows_core1: int):
+    b = TraceBuilder()
+    for core, rows in ((0, 8), (1, rows_core1)):
+        for _ in range(rows):
+            t = new_alloc()
+            b._add("dma_copy", "dma", [hbm("src", new_alloc(), (128, 2048))], [sbuf("dst", t, (128, 2048))],
+                   bytes=128 * 2048 * 2, core=core)
+            b._add("activation", "scalar", [sbuf("data", t, (128, 2048))],
+                   [sbuf("dst", new_alloc(), (128, 2048))], core=core)
+    return b.trace
+
+
+def test_each_core_has_its_busy_time_latency_and_the_launch_is_the_later_core(tmp_path):
+    est = estimate_trace(_two_core_trace(4))
+    assert est.cores == 2 and set(est.core_latency_us) == {0, 1}
+    assert est.latency_us == pytest.approx(max(est.core_latency_us.values()))
+    assert est.core_busy_us[0]["scalar"] == pytest.approx(2 * est.core_busy_us[1]["scalar"])
+    assert est.imbalance == pytest.approx(1 - est.core_latency_us[1] / est.core_latency_us[0])
+    assert 0.3 < est.imbalance < 0.7
+    assert "imbalance" in est.summary()
+    doc = json.loads(est.to_chrome_trace(tmp_path / "t.json").read_text())
+    procs = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "process_name"}
+    assert sorted(procs) == [1, 2] and "NeuronCore 1" in procs[2]
+    lanes = {(e["pid"], e["args"]["name"]) for e in doc["traceEvents"] if e.get("name") == "thread_name"}
+    assert (1, "ScalarE") in lanes and (2, "ScalarE") in lanes and (2, "DMA queue 15") in lanes
+    pids = {e["pid"] for e in doc["traceEvents"] if e["ph"] == "X"}
+    assert pids == {1, 2}
+    assert doc["otherData"]["imbalance"] == pytest.approx(est.imbalance)
+
+
+def test_one_core_launch_has_no_imbalance():
+    est = estimate_trace(_two_core_trace(0)[:16])
+    assert est.cores == 1 and est.imbalance == 0.0
+
+
+def test_two_streaming_cores_share_the_hbm_stack():
+    trace = _two_core_trace(8)
+    est = estimate_trace(trace)
+    share = TRN2.hbm_stack_bytes_per_s / (2 * TRN2.dma_bytes_per_s)
+    assert share < 1
+    alone = dma_cost(trace[0], TRN2)
+    assert est.schedule.costs[0].data_seconds == pytest.approx(alone.data_seconds / share)
+    one_core = estimate_trace(trace[:16])
+    assert one_core.schedule.costs[0].data_seconds == pytest.approx(alone.data_seconds)
+
+
+# ----------------------------------------------------------------------------- error bars
+
+def test_variants_put_every_uncertain_number_at_its_end():
+    opt, pes = variant("trn2", "optimistic"), variant("trn2", "pessimistic")
+    for name, o, p in TRN2.cost_ranges:
+        field = name.removesuffix("_scale")
+        if name.endswith("_scale"):
+            assert getattr(opt, field) == pytest.approx(getattr(TRN2, field) * o)
+            assert getattr(pes, field) == pytest.approx(getattr(TRN2, field) * p)
+        else:
+            assert getattr(opt, field) == o and getattr(pes, field) == p
+
+
+def test_the_time_range_brackets_the_central_value():
+    trace, allocs, _ = _stream(12)
+    est = estimate_trace(trace, TRN2, allocations=allocs)
+    low, high = time_range(est)
+    assert low < est.latency_us < high
+
+
+def test_bad_variant_requests_are_errors():
+    with pytest.raises(ValueError, match="end='middle'"):
+        variant("trn2", "middle")
+    bad = dataclasses.replace(TRN2, cost_ranges=(("no_such_field", 1.0, 2.0),))
+    with pytest.raises(ValueError, match="no_such_field"):
+        variant(bad, "optimistic")

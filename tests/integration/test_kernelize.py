@@ -1,0 +1,173 @@
+"""``nki_kernels.transformers.kernelize``: one call replaces the layers of Llama / Qwen2 /
+Qwen3 / Mistral (RMSNorm, SiLU-gated MLP, rotary) and ViT-style models (LayerNorm, GELU) with
+the package's layers under the pinned kernels 0.17.2; the NKI kernels run (simulator) and
+the model computes what it computed before. The README's snippet is run as written."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import nki_kernels
+from nki_kernels import layers
+from nki_kernels import transformers as nkt
+
+from ._models import CAUSAL_LM, VISION, build, padded_batch, perturb_norms, pixels
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# kernels that run per forward of the two-layer models: a norm before attention and MLP per
+# layer plus the final norm (Qwen3 adds q/k norms, 2 per layer); one rotary, one attention
+# and one gated MLP per layer. Vision: two LayerNorms per layer plus the final one (SigLIP's
+# pooling head adds one LayerNorm and one GELU); one GELU and one attention per layer.
+TEXT_KERNELS = {"rms_norm_kernel": 5, "rotary_kernel": 2, "act_and_mul_kernel": 2, "attention_kernel": 2}
+EXPECTED = {
+    "llama": TEXT_KERNELS,
+    "qwen2": TEXT_KERNELS,
+    "qwen3": {**TEXT_KERNELS, "rms_norm_kernel": 9},
+    "mistral": TEXT_KERNELS,
+    "vit": {"layer_norm_kernel": 5, "elementwise_kernel": 2, "attention_kernel": 2},
+    "dinov2": {"layer_norm_kernel": 5, "elementwise_kernel": 2, "attention_kernel": 2},
+    "siglip_vision": {"layer_norm_kernel": 6, "elementwise_kernel": 3, "attention_kernel": 2},
+}
+FAMILIES = {**{f: CAUSAL_LM[f] for f in ("llama", "qwen2", "qwen3", "mistral")}, **VISION}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _registered():
+    nkt.register()
+
+
+def _inputs(family):
+    if family in VISION:
+        return {"pixel_values": pixels()}, None, lambda out: out.last_hidden_state
+    batch = padded_batch("left")
+    return batch.kwargs(), batch.valid, lambda out: out.logits
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_kernelize_runs_the_kernels_and_keeps_the_outputs(simulator_backend, kernel_calls, family):
+    model = build(FAMILIES[family], "sdpa")
+    perturb_norms(model)
+    inputs, valid, result = _inputs(family)
+    with torch.no_grad():
+        expected = result(model(**inputs))
+    model.set_attn_implementation("nki")
+    assert nkt.kernelize(model) is model
+    kernel_calls.clear()
+    with torch.no_grad():
+        got = result(model(**inputs))
+    assert dict(kernel_calls) == EXPECTED[family]
+    if valid is not None:
+        got, expected = got[valid], expected[valid]
+    # fp32 kernels against eager fp32 ops: rounding order only (~1e-7 relative per op)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_kernelized_llama_generates_the_same_tokens(simulator_backend):
+    reference = build(CAUSAL_LM["llama"], "sdpa")
+    perturb_norms(reference)
+    batch = padded_batch("left")
+    args = dict(max_new_tokens=5, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        expected = reference.generate(**batch.kwargs(), **args)
+    model = build(CAUSAL_LM["llama"], "nki")
+    model.load_state_dict(reference.state_dict())
+    nkt.kernelize(model)
+    with torch.no_grad():
+        assert torch.equal(model.generate(**batch.kwargs(), **args), expected)
+
+
+def test_what_kernelize_names_and_replaces(reference_backend):
+    from transformers.models.llama import modeling_llama
+
+    model = build(CAUSAL_LM["llama"], "nki")
+    named = nkt.make_kernelizable(model)
+    assert sorted(named) == ["LlamaMLP -> SiluGatedMLP", "LlamaRMSNorm -> RMSNorm", "SiLUActivation -> SiLU",
+                             "transformers.models.llama.modeling_llama.apply_rotary_pos_emb -> rotary_pos_emb"]
+    assert nkt.make_kernelizable(model) == []          # named once
+    nkt.kernelize(model)
+    layer0 = model.model.layers[0]
+    assert layer0.input_layernorm.forward.__func__ is layers.RMSNorm.forward
+    assert layer0.mlp.forward.__func__ is layers.SiluGatedMLP.forward
+    assert modeling_llama.apply_rotary_pos_emb.forward.__func__ is layers.ApplyRotaryPosEmb.forward
+    # a second kernelize is harmless (its own forwards are not "someone else's wrapper")
+    nkt.kernelize(model)
+
+
+def test_gemma_norms_keep_their_own_forward(reference_backend):
+    """Gemma's RMSNorm computes x * (1 + weight): it is not on the allow-list, so kernelize
+    leaves it alone (the package's RMSNorm layer would compute x * weight)."""
+    model = build(CAUSAL_LM["gemma3"], "nki")
+    named = nkt.make_kernelizable(model)
+    assert not any("RMSNorm" in n or "rotary" in n for n in named), named
+    assert named == ["GELUTanh -> GeluTanh"]
+
+
+def test_kernelize_for_training(simulator_backend, kernel_calls):
+    """Mode.TRAINING (the default in train mode): the layers' backward recomputes in fp32;
+    loss and gradients as the eager model's."""
+    reference = build(CAUSAL_LM["qwen3"], "sdpa")
+    perturb_norms(reference)
+    model = build(CAUSAL_LM["qwen3"], "nki")
+    model.load_state_dict(reference.state_dict())
+    nkt.kernelize(model.train())
+    reference.train()
+    batch = padded_batch("left")
+    labels = batch.input_ids.masked_fill(batch.attention_mask == 0, -100)
+    losses = [m(**batch.kwargs(), labels=labels).loss for m in (reference, model)]
+    assert kernel_calls["act_and_mul_kernel"] == 2
+    for loss in losses:
+        loss.backward()
+    torch.testing.assert_close(losses[1], losses[0], atol=1e-5, rtol=1e-4)
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-3, msg=name)
+
+
+def test_kernelize_refuses_to_drop_a_forward_wrapper(reference_backend):
+    """A sharding plan (or an accelerate hook) sets ``module.forward``; kernelize would
+    replace it, so it raises and says to kernelize first."""
+    model = build(CAUSAL_LM["llama"], "nki")
+    norm = model.model.norm
+    original = norm.forward
+    norm.forward = lambda hidden_states: original(hidden_states)
+    with pytest.raises(ValueError, match=r"model\.norm \(LlamaRMSNorm\).*before sharding"):
+        nkt.kernelize(model)
+
+
+def test_layer_mapping():
+    mapping = nkt.layer_mapping("neuron")
+    assert set(mapping) == set(nkt.LAYER_FOR_NAME)
+    for name, devices in mapping.items():
+        assert list(devices) == ["neuron"]
+        assert devices["neuron"].load() is getattr(layers, nkt.LAYER_FOR_NAME[name])
+    with pytest.raises(ValueError, match="device='cuda'"):
+        nkt.layer_mapping("cuda")
+
+
+def _readme_block(heading: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text.split(heading, 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_readme_transformers_snippet_runs_as_written(simulator_backend, kernel_calls):
+    """The README's transformers + kernelize block, run as written (≤ 10 lines), with a
+    tiny config and a left-padded batch for its `config` and `batch`."""
+    from transformers import LlamaConfig
+
+    from ._models import TEXT
+
+    code = _readme_block("### transformers")
+    assert len(code.strip().splitlines()) <= 10
+    batch = padded_batch("left")
+    namespace = {"config": LlamaConfig(**TEXT), "batch": batch.kwargs()}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert namespace["model"].config._attn_implementation == "nki"
+    assert namespace["out"].shape[0] == 3
+    assert {"rms_norm_kernel", "rotary_kernel", "act_and_mul_kernel", "attention_kernel"} <= set(kernel_calls)
+    assert "nki_kernels" in sys.modules

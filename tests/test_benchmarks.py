@@ -1,0 +1,44 @@
+"""The `kernels benchmark` files pick their workloads by host: Trainium-sized on a Trainium
+host (torch has a ``neuron`` module, as kernels' runner checks), CPU-sized elsewhere, so
+`kernels benchmark build` finishes in minutes on a CPU box."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SPLIT = sorted(p for p in (ROOT / "benchmarks").glob("benchmark_*.py") if "TRAINIUM_WORKLOADS" in p.read_text())
+
+
+def _load(path: Path):
+    spec = importlib.util.spec_from_file_location(f"_bench_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_heavy_benchmarks_have_cpu_workloads():
+    assert {p.stem for p in SPLIT} >= {"benchmark_attention", "benchmark_layer_norm", "benchmark_rms_norm",
+                                       "benchmark_rotary", "benchmark_silu_and_mul", "benchmark_softmax"}
+
+
+@pytest.mark.parametrize("path", SPLIT, ids=lambda p: p.stem)
+@pytest.mark.parametrize("trainium", [False, True])
+def test_workloads_follow_the_host(path, trainium, monkeypatch):
+    if trainium:
+        monkeypatch.setattr(torch, "neuron", object(), raising=False)
+    elif hasattr(torch, "neuron"):
+        monkeypatch.delattr(torch, "neuron")
+    module = _load(path)
+    expected = module.TRAINIUM_WORKLOADS if trainium else module.CPU_WORKLOADS
+    assert module.WORKLOADS is expected
+    assert module.CPU_WORKLOADS != module.TRAINIUM_WORKLOADS
+    methods = {m for cls in vars(module).values() if isinstance(cls, type)
+               for m in dir(cls) if m.startswith("benchmark_")}
+    assert {name for name in expected} <= {m.removeprefix("benchmark_") for m in methods}
+    other = module.CPU_WORKLOADS if trainium else module.TRAINIUM_WORKLOADS
+    assert not (set(other) - set(expected)) & {m.removeprefix("benchmark_") for m in methods}

@@ -1,0 +1,66 @@
+"""Error bars: the model at the optimistic and the pessimistic end of its uncertain numbers.
+
+A modeled time rests on a few numbers the public record pins down only to a range (the
+per-instruction overhead, the DMA latency and transfer gap, the achieved DMA bandwidth,
+TensorE's pipeline latency, how many buffers the compiler rotates). ``Target.cost_ranges`` lists each with its optimistic and its
+pessimistic value and their sources (simulator/hardware.py). Every one of them moves a
+kernel's modeled time in one direction only, so the whole range of the model is spanned by
+two re-schedules of the same trace: every number at its optimistic end (the low time) and
+every number at its pessimistic end (the high time). The central time is the model as is.
+
+    est = simulator.estimate(kernel, target="trn2")(x)
+    low, high = time_range(est)          # modeled us at both ends (low <= est.latency_us <= high)
+
+A speedup over a baseline is then ``baseline / high`` at the low end and ``baseline / low``
+at the high end: a kernel is claimed faster only when the low end clears 1 (or the target).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..hardware import Target, get_target
+
+ENDS = ("optimistic", "pessimistic")
+_SCALE = "_scale"
+
+
+def variant(target: str | Target, end: str) -> Target:
+    """``target`` with every ``cost_ranges`` number at its ``end`` ("optimistic" or
+    "pessimistic"). A name ending in ``_scale`` multiplies the field it names."""
+    if end not in ENDS:
+        raise ValueError(f"end={end!r}; expected one of {ENDS}")
+    tgt = get_target(target)
+    changes = {}
+    for name, optimistic, pessimistic in tgt.cost_ranges:
+        value = optimistic if end == "optimistic" else pessimistic
+        field = name.removesuffix(_SCALE)
+        if not hasattr(tgt, field):
+            raise ValueError(f"cost_ranges of {tgt.name} names {name!r}: Target has no field {field!r}")
+        current = getattr(tgt, field)
+        if name.endswith(_SCALE):
+            value = current * value
+        elif isinstance(current, bool):
+            value = bool(value)
+        elif isinstance(current, int):
+            value = int(value)
+        changes[field] = value
+    return dataclasses.replace(tgt, **changes)
+
+
+def time_range(est, target: str | Target | None = None) -> tuple[float, float]:
+    """(low, high) modeled latency in us of an ``Estimate``'s trace: re-scheduled with every
+    uncertain number at its optimistic and at its pessimistic end."""
+    from .estimate import estimate_trace  # estimate.py imports nothing from here
+
+    if est.trace is None:
+        raise ValueError("this Estimate kept no trace to re-schedule")
+    tgt = get_target(target if target is not None else est.target)
+    out = []
+    for end in ENDS:
+        e = estimate_trace(est.trace, variant(tgt, end), allocations=est.allocations)
+        out.append(e.latency_us)
+    low, high = out
+    # list scheduling can, rarely, finish a little later with less work (a different
+    # order): the range always contains the central value
+    return min(low, est.latency_us), max(high, est.latency_us)
