@@ -14,9 +14,14 @@ What AWS documents, and what is checked here (a violation raises :class:`KernelR
   them). ``@dataclass`` is optional (guide). With 0.7, ``==`` on such objects follows
   Python ("Kernels that use == on user-defined classes can behave differently"): a
   dataclass compares fields, any other class identity, which is what the simulator does.
-* **Helpers.** Functions a kernel calls are plain Python functions, inlined; "the nki.jit
-  decorator will need to be removed from sub-kernels" (NKI migration guide, 0.1 -> 0.2).
-  A jitted kernel referenced from inside another kernel's code is an error.
+* **Helpers.** Functions a kernel calls are traced as ordinary Python and inlined (NKI 0.7
+  specialises kernels by running them with Python). A jitted kernel called from inside
+  another kernel is inlined the same way, not launched: AWS's nki-library (2.33) does it
+  (core/moe/moe_cte/moe_cte.py calls the jitted ``bwmm_shard_on_block``; attention_block_tkg,
+  moe_tkg likewise), and the 2.33 ``nki.jit`` docstring's ``specialization_config``
+  (``allow_nested_config_override``) configures exactly such nested jitted calls. The old
+  "remove the nki.jit decorator from sub-kernels" (NKI migration guide, 0.1 -> 0.2) is not
+  a rule of 0.7, so it is not enforced; the rules below apply to the inlined kernel's code.
 * **Imports.** The ``neuronxcc.nki`` namespace inside kernels is a compilation error since
   NKI 0.4.0 (NKI migration guide, 0.3 -> 0.4); kernels use ``nki``, ``nki.language``,
   ``nki.isa``.
@@ -149,10 +154,9 @@ class _Walk:
 
     def value(self, value, used_by: str, names) -> None:
         if _is_jitted(value):
-            if value.fn is not self.root:
-                raise KernelRuleError(
-                    f"{used_by} calls the jitted kernel {_where(value.fn)}: sub-kernels are plain "
-                    "functions; remove @nki.jit from them (NKI migration guide, 0.1 -> 0.2)")
+            # a nested jitted kernel is inlined (module docstring): its code obeys the rules
+            if value.fn is not self.root and isinstance(value.fn, types.FunctionType):
+                self.function(value.fn, used_by)
             return
         if isinstance(value, types.ModuleType):
             if value.__name__.split(".")[0] == "neuronxcc":
