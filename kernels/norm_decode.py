@@ -195,46 +195,55 @@ def rms_norm_decode_kernel(x, weight=None, eps=1e-6):
 # ----------------------------------------------------------------------------- LayerNorm
 
 def _layer_rows(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
-    """Few rows, per row: sum(x) on ScalarE; then c = x - m with sum(c) on VectorE
-    (tensor_scalar_reduce) while ScalarE sums (x - m)**2 (square with bias -m, scale -1 on
-    x: the same fp32 value as c**2); var = q - m2**2 in one tensor_scalar; y = (c - m2)
-    * weight meanwhile; out = (y * rstd) + bias."""
+    """Few rows, per row: sum(x) on ScalarE; then c = x - m with -sum(c) on VectorE
+    (tensor_scalar_reduce, negated read-out) while ScalarE sums (x - m)**2 (square with
+    bias m, scale -1 on x: the same fp32 value as c**2). Two matmuls give PSUM
+    (-m2 | q + eps) (the eps columns are put in PSUM by a matmul issued before x arrives)
+    and m2, so rstd = rsqrt(-m2 * m2 + (q + eps)) is one ScalarE instruction; meanwhile
+    y = (c - m2) * weight on VectorE; then out = (y * rstd) + bias."""
     n_rows, h1 = x_tile.shape[1], x_tile.shape[2]
-    inv, eps_tile = _mean_matrix(cols), _eps_tile(eps)
+    inv = _mean_matrix(cols)
+    neg_inv = nl.ndarray((PARTITIONS, PARTITIONS), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=neg_inv, value=-1.0 / cols)
+    # moving [128, 2N] = 0 | eps * H1: its column sums / H are 0 | eps (exact for H a power of 2)
+    eps_cols = nl.ndarray((PARTITIONS, 2 * n_rows), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=eps_cols[:, 0:n_rows], value=0.0)
+    nisa.memset(dst=eps_cols[:, n_rows:2 * n_rows], value=eps * h1)
+    stats = nl.ndarray((PARTITIONS, 2 * n_rows), dtype=nl.float32, buffer=nl.psum)   # -m2 | q + eps
+    nisa.nc_matmul(dst=stats, stationary=inv, moving=eps_cols, accumulate=False)
     discard = nl.ndarray((PARTITIONS, h1), dtype=nl.float32, buffer=nl.sbuf)
     sums = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
     for r in range(n_rows):
         nisa.activation(dst=discard, op=nl.copy, data=x_tile[:, r, :], reduce_op=nl.add,
                         reduce_res=_col(sums, r), reduce_cmd=nisa.reduce_cmd.reset_reduce)
     mean = _row_means(inv, sums)                                       # PSUM [128, N]: m
-    # partials [128, 2N]: sum(c) per row | sum(c**2) per row
+    # partials [128, 2N]: -sum(c) per row | sum(c**2) per row
     partials = nl.ndarray((PARTITIONS, 2 * n_rows), dtype=nl.float32, buffer=nl.sbuf)
     centred = nl.ndarray((PARTITIONS, n_rows, h1), dtype=nl.float32, buffer=nl.sbuf)
     for r in range(n_rows):
         nisa.tensor_scalar_reduce(dst=centred[:, r, :], data=x_tile[:, r, :], op0=nl.subtract,
-                                  operand0=_col(mean, r), reduce_op=nl.add, reduce_res=_col(partials, r))
+                                  operand0=_col(mean, r), reduce_op=nl.add, reduce_res=_col(partials, r),
+                                  reduce_res_negate=True)
         # (m - x)**2: -x + m is -(x - m) exactly in fp32, so this is c**2
         nisa.activation(dst=discard, op=nl.square, data=x_tile[:, r, :], scale=-1.0, bias=_col(mean, r),
                         reduce_op=nl.add, reduce_res=_col(partials, n_rows + r),
                         reduce_cmd=nisa.reduce_cmd.reset_reduce)
-    stats = _row_means(inv, partials)                                  # PSUM [128, 2N]: m2 | q
-    var = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.nc_matmul(dst=stats, stationary=inv, moving=partials, accumulate=True)
+    m2 = _row_means(neg_inv, partials[:, 0:n_rows])                    # PSUM [128, N]: m2
     rstd = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
     for r in range(n_rows):
-        m2, q = _col(stats, r), _col(stats, n_rows + r)
-        # var = q - m2 * m2 (reverse1: operand1 - value)
-        nisa.tensor_scalar(dst=_col(var, r), data=m2, op0=nl.multiply, operand0=m2,
-                           op1=nl.subtract, operand1=q, reverse1=True)
-        nisa.activation(dst=_col(rstd, r), op=nl.rsqrt, data=_col(var, r), bias=eps_tile)
+        neg_m2, q_eps = _col(stats, r), _col(stats, n_rows + r)
+        # rsqrt(-m2 * m2 + q + eps): var = mean(c**2) - mean(c)**2
+        nisa.activation(dst=_col(rstd, r), op=nl.rsqrt, data=neg_m2, scale=_col(m2, r), bias=q_eps)
         c_r, out_r = centred[:, r, :], out_tile[:, r, :]
         if weight_tile is None and bias_tile is None:
-            nisa.tensor_scalar(dst=out_r, data=c_r, op0=nl.subtract, operand0=m2,
+            nisa.tensor_scalar(dst=out_r, data=c_r, op0=nl.add, operand0=neg_m2,
                                op1=nl.multiply, operand1=_col(rstd, r))
             continue
         if weight_tile is None:
-            nisa.tensor_scalar(dst=c_r, data=c_r, op0=nl.subtract, operand0=m2)
+            nisa.tensor_scalar(dst=c_r, data=c_r, op0=nl.add, operand0=neg_m2)
         else:
-            nisa.scalar_tensor_tensor(dst=c_r, data=c_r, op0=nl.subtract, operand0=m2,
+            nisa.scalar_tensor_tensor(dst=c_r, data=c_r, op0=nl.add, operand0=neg_m2,
                                       op1=nl.multiply, operand1=weight_tile)
         if bias_tile is None:
             nisa.tensor_scalar(dst=out_r, data=c_r, op0=nl.multiply, operand0=_col(rstd, r))
