@@ -265,18 +265,21 @@ def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
     nisa.tensor_tensor(dst=centred, data1=x_tile, data2=_along_h1(mean, h1), op=nl.subtract)
     squares = nl.ndarray((PARTITIONS, n_rows, h1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=squares, op=nl.square, data=centred)
-    partials = nl.ndarray((PARTITIONS, 2 * n_rows), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=partials[:, 0:n_rows], op=nl.add, data=centred, axis=2)
-    nisa.tensor_reduce(dst=partials[:, n_rows:2 * n_rows], op=nl.add, data=squares, axis=2)
-    stats = _row_means(inv, partials)                                  # PSUM [128, 2N]: m2 | q
-    m2, q = stats[:, 0:n_rows], stats[:, n_rows:2 * n_rows]
+    # two matmuls: m2 (and m2**2 on ScalarE) while VectorE still sums the squares
+    sum_c = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=sum_c, op=nl.add, data=centred, axis=2)
+    m2 = _row_means(inv, sum_c)                                        # PSUM [128, N]: m2
     m2_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=m2_sq, op=nl.square, data=m2)
+    sum_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=sum_sq, op=nl.add, data=squares, axis=2)
+    nisa.tensor_tensor(dst=centred, data1=centred, data2=_along_h1(m2, h1), op=nl.subtract)
+    q = _row_means(inv, sum_sq)                                        # PSUM [128, N]: mean(c**2)
     var = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=var, data1=q, data2=m2_sq, op=nl.subtract)
-    rstd = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
+    # rstd into PSUM: a VectorE tensor_tensor with one input in PSUM costs N, not 2N
+    rstd = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.psum)
     nisa.activation(dst=rstd, op=nl.rsqrt, data=var, bias=eps_tile)
-    nisa.tensor_tensor(dst=centred, data1=centred, data2=_along_h1(m2, h1), op=nl.subtract)
     if weight_tile is not None:
         nisa.tensor_tensor(dst=centred, data1=centred, data2=_along_rows(weight_tile, n_rows), op=nl.multiply,
                            engine=nisa.engine.gpsimd)
