@@ -254,10 +254,20 @@ def _layer_rows(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
 
 def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
     """More rows: sum(x) on VectorE; c = x - m (m read from PSUM); c**2 on ScalarE while
-    VectorE sums c; var = q - m2**2; y = (c - m2) (* weight on GpSimd) while ScalarE takes
-    rsqrt; out = y * rstd (+ bias on GpSimd)."""
+    VectorE sums c; m2 = mean(c) and m2**2 (ScalarE) while VectorE sums the squares; TensorE
+    accumulates var + eps = eps + mean(c**2) - m2**2 in one PSUM tile; y = (c - m2)
+    (* weight on GpSimd) meanwhile; rsqrt; out = y * rstd (+ bias on GpSimd)."""
     n_rows, h1 = x_tile.shape[1], x_tile.shape[2]
-    inv, eps_tile = _mean_matrix(cols), _eps_tile(eps)
+    inv = _mean_matrix(cols)
+    # stationary [128, 128]: -1 on partition 0, 0 elsewhere: adds minus row 0 of the moving
+    # tile (exactly) to every partition's accumulator
+    neg_first = nl.ndarray((PARTITIONS, PARTITIONS), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=neg_first, value=0.0, engine=nisa.engine.gpsimd)
+    nisa.memset(dst=neg_first[0:1, :], value=-1.0, engine=nisa.engine.gpsimd)
+    neg_eps = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=neg_eps, value=-eps, engine=nisa.engine.gpsimd)
+    var_eps = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=var_eps, stationary=neg_first, moving=neg_eps, accumulate=False)  # eps, before x arrives
     sums = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_reduce(dst=sums, op=nl.add, data=x_tile, axis=2)
     mean = _row_means(inv, sums)                                       # PSUM [128, N]: m
@@ -265,7 +275,6 @@ def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
     nisa.tensor_tensor(dst=centred, data1=x_tile, data2=_along_h1(mean, h1), op=nl.subtract)
     squares = nl.ndarray((PARTITIONS, n_rows, h1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=squares, op=nl.square, data=centred)
-    # two matmuls: m2 (and m2**2 on ScalarE) while VectorE still sums the squares
     sum_c = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_reduce(dst=sum_c, op=nl.add, data=centred, axis=2)
     m2 = _row_means(inv, sum_c)                                        # PSUM [128, N]: m2
@@ -274,12 +283,11 @@ def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
     sum_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_reduce(dst=sum_sq, op=nl.add, data=squares, axis=2)
     nisa.tensor_tensor(dst=centred, data1=centred, data2=_along_h1(m2, h1), op=nl.subtract)
-    q = _row_means(inv, sum_sq)                                        # PSUM [128, N]: mean(c**2)
-    var = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=var, data1=q, data2=m2_sq, op=nl.subtract)
+    nisa.nc_matmul(dst=var_eps, stationary=inv, moving=sum_sq, accumulate=True)       # + mean(c**2)
+    nisa.nc_matmul(dst=var_eps, stationary=neg_first, moving=m2_sq, accumulate=True)  # - m2**2
     # rstd into PSUM: a VectorE tensor_tensor with one input in PSUM costs N, not 2N
     rstd = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.psum)
-    nisa.activation(dst=rstd, op=nl.rsqrt, data=var, bias=eps_tile)
+    nisa.activation(dst=rstd, op=nl.rsqrt, data=var_eps)
     if weight_tile is not None:
         nisa.tensor_tensor(dst=centred, data1=centred, data2=_along_rows(weight_tile, n_rows), op=nl.multiply,
                            engine=nisa.engine.gpsimd)
