@@ -204,11 +204,11 @@ def _layer_rows(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
     n_rows, h1 = x_tile.shape[1], x_tile.shape[2]
     inv = _mean_matrix(cols)
     neg_inv = nl.ndarray((PARTITIONS, PARTITIONS), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=neg_inv, value=-1.0 / cols)
-    # moving [128, 2N] = 0 | eps * H1: its column sums / H are 0 | eps (exact for H a power of 2)
+    nisa.memset(dst=neg_inv, value=-1.0 / cols, engine=nisa.engine.gpsimd)
+    # moving [128, 2N] = 0 | eps * H1: its column sums / H are 0 | eps (to fp32 rounding)
     eps_cols = nl.ndarray((PARTITIONS, 2 * n_rows), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=eps_cols[:, 0:n_rows], value=0.0)
-    nisa.memset(dst=eps_cols[:, n_rows:2 * n_rows], value=eps * h1)
+    nisa.memset(dst=eps_cols[:, 0:n_rows], value=0.0, engine=nisa.engine.gpsimd)
+    nisa.memset(dst=eps_cols[:, n_rows:2 * n_rows], value=eps * h1, engine=nisa.engine.gpsimd)
     stats = nl.ndarray((PARTITIONS, 2 * n_rows), dtype=nl.float32, buffer=nl.psum)   # -m2 | q + eps
     nisa.nc_matmul(dst=stats, stationary=inv, moving=eps_cols, accumulate=False)
     discard = nl.ndarray((PARTITIONS, h1), dtype=nl.float32, buffer=nl.sbuf)
