@@ -58,3 +58,11 @@ NORM_DECODE_MAX_ROWS = 64
 # elements: the input, two fp32 scratch tiles and the output then take <= 112 KiB of trn2's
 # 224 KiB SBUF partition (and the row totals [128, N] fp32 fit one PSUM bank).
 NORM_DECODE_MAX_ELEMENTS = 8192
+# Up to this many rows (in total, so that both LNC degrees take the same path and give the
+# same bits) the decode kernels issue per-row instructions that take a row's statistics as
+# (P, 1) operands: ScalarE accumulation, activation bias/scale, two-op VectorE instructions
+# fuse the steps. At these sizes an instruction costs mostly its fixed overhead (~220
+# cycles), so the shorter per-row chain wins while the row count keeps the engine queues
+# short; above it, one instruction per step over all rows is faster (modeled trn2, LNC=2,
+# fp16, H = 2048..8192: at 8 rows the per-row path is 1.1-1.6 us slower).
+NORM_DECODE_ROW_LOOP_MAX_ROWS = 4

@@ -1,4 +1,4 @@
-"""RMSNorm and LayerNorm for a few rows (token generation: 1-40 tokens), hidden on partitions.
+"""RMSNorm and LayerNorm for a few rows (token generation: 1-64 tokens), hidden on partitions.
 
     rms_norm:   out = x * rsqrt(mean(x**2) + eps) * weight
     layer_norm: out = (x - mean) * rsqrt(var + eps) * weight + bias
@@ -16,26 +16,30 @@ Layout:
     of every row (one DMA; each partition reads N runs of H1 elements). weight / bias [H]
     are [128, H1] (contiguous per partition). The output is written back the same way.
 Statistics:
-    VectorE or ScalarE reduce over H1 per partition -> partials [128, N] fp32; TensorE sums
-    them over the partitions: stationary [128, 128] all 1/H, moving the partials -> [128, N]
-    fp32 PSUM, every partition holding each row's mean (an fp32 matmul). The engines read
-    the means straight from PSUM.
+    per-partition partial sums over H1 (VectorE tensor_reduce or a ScalarE accumulator) ->
+    [128, N] fp32; TensorE sums them over the partitions: stationary [128, 128] all 1/H,
+    moving the partials -> [128, N] fp32 PSUM, every partition holding each row's mean (an
+    fp32 matmul). The engines read these means straight from PSUM.
     LayerNorm takes two passes: the mean m, then the sums of c = x - m and of c**2; the
     small residual mean m2 = mean(c) corrects the first pass (var = mean(c**2) - m2**2,
     y = c - m2), so rows with a large mean keep an exact variance (like the row kernel's
-    ScalarE path).
-Two paths (both give the same numbers at LNC=1 and LNC=2: the path depends on the total
-row count, never on a program's share):
+    ScalarE path). TensorE also adds eps (and, for many rows, -m2**2) into the PSUM tile
+    rsqrt reads, so no VectorE step sits between the statistics and rsqrt.
+Two paths, chosen by the total row count (never by a program's share, so LNC=1 and LNC=2
+give the same bits):
     few rows (N <= ROW_LOOP_MAX_ROWS): a decode step is a chain of small dependent
-        instructions, each costing mostly its fixed overhead, so the kernel issues per row
-        the instructions that take a row's statistics as a per-partition (P, 1) operand:
-        ScalarE sums with its accumulator (activation reduce_res), activation biases and
-        tensor_scalar / scalar_tensor_tensor operands fuse the centring, squaring, rstd and
-        affine steps (RMSNorm: 4 instructions per row, LayerNorm: 7).
-    more rows: one instruction per step over all rows, with the per-row statistics broadcast
-        along H1 (stride 0) as tensor_tensor operands.
-    Steps that do not need rstd (c - m2, * weight) run while ScalarE computes it, so after
-    rsqrt only the last multiply (+ bias) remains before the store.
+        instructions, each costing mostly its fixed overhead, so per row the kernels issue
+        instructions that take the row's statistics as (P, 1) operands, fusing steps:
+        RMSNorm: sum(x**2) in ScalarE's accumulator, rsqrt, (x * rstd) * weight in one
+        scalar_tensor_tensor. LayerNorm: sum(x) on ScalarE; c = x - m with its sum on
+        VectorE (tensor_scalar_reduce) while ScalarE sums (m - x)**2 (activation bias m);
+        rstd = rsqrt(-m2 * m2 + (q + eps)) in one activation (scale and bias (P, 1) PSUM
+        columns); y = (c - m2) * weight and out = y * rstd + bias, one VectorE instruction
+        each.
+    more rows: one instruction per step over all rows, the per-row statistics broadcast
+        along H1 (stride 0) as tensor_tensor operands; c**2 on ScalarE, m2**2 on ScalarE
+        while VectorE still sums the squares; (c - m2) * weight before rsqrt is known, so
+        after rsqrt only * rstd (+ bias) remain.
 LNC:
     each program takes a contiguous half of the rows (``program_share``); rows are
     independent, so both degrees give the same output.
@@ -50,16 +54,9 @@ import nki.language as nl
 
 from .limits import NORM_DECODE_MAX_ELEMENTS as DECODE_MAX_ELEMENTS
 from .limits import NORM_DECODE_MAX_ROWS as DECODE_MAX_ROWS
+from .limits import NORM_DECODE_ROW_LOOP_MAX_ROWS as ROW_LOOP_MAX_ROWS
 from .tiling import PARTITIONS, program_share
 
-# Up to this many rows (in total, so that both LNC degrees take the same path) the kernels
-# issue per-row instructions with (P, 1) statistics operands. Per instruction the fixed
-# cost (~220 cycles, docs/cost-model.md) dominates at these sizes, and the per-row
-# instructions fuse steps (ScalarE accumulation, bias, two-op VectorE instructions), so
-# a short chain wins while the row count keeps the engines' queues short. Chosen on the
-# modeled (trn2, LNC=2) times of both paths for H = 2048..8192, fp16; above it the
-# one-instruction-per-step path is faster.
-ROW_LOOP_MAX_ROWS = 4
 
 
 def _check(x):
