@@ -48,12 +48,12 @@ ATTENTION_SINGLE_PASS_MAX_KEYS = 2048
 
 # Norms for a few rows (kernels/norm_decode.py, token generation): rows up to this many use
 # the hidden-on-partitions kernel. Its engine passes cost ~N * H / 128 cycles against ~H for
-# the row kernels; with the decode kernel's short instruction chains the two cross (modeled,
-# trn2, LNC=2, central values) near N = 72 for LayerNorm at H = 1024, ~90 at H = 2048 and
-# above 96 for H >= 4096 (RMSNorm later still); 64 keeps the decode kernel ahead for
-# H >= 768 (at H <= 256 the row kernels are ahead at any row count, and LayerNorm's at
-# H = 512 from ~48 rows, by <= 1 us: choosing by H too would be a rule in ops/norms.py) ...
-NORM_DECODE_MAX_ROWS = 64
+# the row kernels. Modeled (trn2, LNC=2, central values) the two now cross near N = 72 for
+# LayerNorm at H = 1024, ~90 at H = 2048 and above 96 for H >= 4096 (RMSNorm later still),
+# but at H <= 256 the row kernels are ahead at any row count (LayerNorm's at H = 512 from
+# ~48 rows). 40 keeps the decode kernel where it is clearly ahead for H >= 768; a higher
+# limit would need a rule on H as well (in ops/norms.py) ...
+NORM_DECODE_MAX_ROWS = 40
 # ... when H is a multiple of 128 and a partition's share N * H / 128 is at most this many
 # elements: the input, two fp32 scratch tiles and the output then take <= 112 KiB of trn2's
 # 224 KiB SBUF partition (and the row totals [128, N] fp32 fit one PSUM bank).

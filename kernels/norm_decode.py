@@ -1,4 +1,4 @@
-"""RMSNorm and LayerNorm for a few rows (token generation: 1-64 tokens), hidden on partitions.
+"""RMSNorm and LayerNorm for a few rows (token generation: 1-40 tokens), hidden on partitions.
 
     rms_norm:   out = x * rsqrt(mean(x**2) + eps) * weight
     layer_norm: out = (x - mean) * rsqrt(var + eps) * weight + bias
