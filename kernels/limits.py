@@ -48,10 +48,21 @@ ATTENTION_SINGLE_PASS_MAX_KEYS = 2048
 
 # Norms for a few rows (kernels/norm_decode.py, token generation): rows up to this many use
 # the hidden-on-partitions kernel. Its engine passes cost ~N * H / 128 cycles against ~H for
-# the row kernels, so the two cross near N = 48 (modeled on trn2 for H = 1024..8192); 40
-# keeps the decode kernel where it is clearly ahead...
+# the row kernels. Modeled (trn2, LNC=2, central values) the two now cross near N = 72 for
+# LayerNorm at H = 1024, ~90 at H = 2048 and above 96 for H >= 4096 (RMSNorm later still),
+# but at H <= 256 the row kernels are ahead at any row count (LayerNorm's at H = 512 from
+# ~48 rows). 40 keeps the decode kernel where it is clearly ahead for H >= 768; a higher
+# limit would need a rule on H as well (in ops/norms.py) ...
 NORM_DECODE_MAX_ROWS = 40
 # ... when H is a multiple of 128 and a partition's share N * H / 128 is at most this many
 # elements: the input, two fp32 scratch tiles and the output then take <= 112 KiB of trn2's
 # 224 KiB SBUF partition (and the row totals [128, N] fp32 fit one PSUM bank).
 NORM_DECODE_MAX_ELEMENTS = 8192
+# Up to this many rows (in total, so that both LNC degrees take the same path and give the
+# same bits) the decode kernels issue per-row instructions that take a row's statistics as
+# (P, 1) operands: ScalarE accumulation, activation bias/scale, two-op VectorE instructions
+# fuse the steps. At these sizes an instruction costs mostly its fixed overhead (~220
+# cycles), so the shorter per-row chain wins while the row count keeps the engine queues
+# short; above it, one instruction per step over all rows is faster (modeled trn2, LNC=2,
+# fp16, H = 2048..8192: at 8 rows the per-row path is 1.1-1.6 us slower).
+NORM_DECODE_ROW_LOOP_MAX_ROWS = 4

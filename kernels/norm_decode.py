@@ -1,4 +1,4 @@
-"""RMSNorm and LayerNorm for a few rows (token generation: 1-64 tokens), hidden on partitions.
+"""RMSNorm and LayerNorm for a few rows (token generation: 1-40 tokens), hidden on partitions.
 
     rms_norm:   out = x * rsqrt(mean(x**2) + eps) * weight
     layer_norm: out = (x - mean) * rsqrt(var + eps) * weight + bias
@@ -15,16 +15,31 @@ Layout:
     x [N, H] in HBM is read as [128, N, H1]: partition p holds columns p*H1 .. p*H1 + H1 - 1
     of every row (one DMA; each partition reads N runs of H1 elements). weight / bias [H]
     are [128, H1] (contiguous per partition). The output is written back the same way.
-Engines:
-    VectorE  per-partition partial sums over H1: sum(x) and/or sum(x**2) -> [128, N] fp32
-    TensorE  the sum over partitions: ones[128, 128]ᵀ · partials [128, N] -> [128, N] fp32
-             PSUM, every partition holding each row's total (fp32 matmul: exact accumulation
-             order aside, the partials stay fp32)
-    ScalarE  rsqrt(total / H + eps) -> [128, N] fp32 (reads PSUM)
-    VectorE / GpSimd  x * rstd (broadcast over H1), then * weight (+ bias), fp32 inside, one
-             rounding to the output dtype
-    LayerNorm takes two passes (mean, then the centred squares) like the row kernel's
-    ScalarE path: exact for rows with a large mean.
+Statistics:
+    per-partition partial sums over H1 (VectorE tensor_reduce or a ScalarE accumulator) ->
+    [128, N] fp32; TensorE sums them over the partitions: stationary [128, 128] all 1/H,
+    moving the partials -> [128, N] fp32 PSUM, every partition holding each row's mean (an
+    fp32 matmul). The engines read these means straight from PSUM.
+    LayerNorm takes two passes: the mean m, then the sums of c = x - m and of c**2; the
+    small residual mean m2 = mean(c) corrects the first pass (var = mean(c**2) - m2**2,
+    y = c - m2), so rows with a large mean keep an exact variance (like the row kernel's
+    ScalarE path). TensorE also adds eps (and, for many rows, -m2**2) into the PSUM tile
+    rsqrt reads, so no VectorE step sits between the statistics and rsqrt.
+Two paths, chosen by the total row count (never by a program's share, so LNC=1 and LNC=2
+give the same bits):
+    few rows (N <= ROW_LOOP_MAX_ROWS): a decode step is a chain of small dependent
+        instructions, each costing mostly its fixed overhead, so per row the kernels issue
+        instructions that take the row's statistics as (P, 1) operands, fusing steps:
+        RMSNorm: sum(x**2) in ScalarE's accumulator, rsqrt, (x * rstd) * weight in one
+        scalar_tensor_tensor. LayerNorm: sum(x) on ScalarE; c = x - m with its sum on
+        VectorE (tensor_scalar_reduce) while ScalarE sums (m - x)**2 (activation bias m);
+        rstd = rsqrt(-m2 * m2 + (q + eps)) in one activation (scale and bias (P, 1) PSUM
+        columns); y = (c - m2) * weight and out = y * rstd + bias, one VectorE instruction
+        each.
+    more rows: one instruction per step over all rows, the per-row statistics broadcast
+        along H1 (stride 0) as tensor_tensor operands; c**2 on ScalarE, m2**2 on ScalarE
+        while VectorE still sums the squares; (c - m2) * weight before rsqrt is known, so
+        after rsqrt only * rstd (+ bias) remain.
 LNC:
     each program takes a contiguous half of the rows (``program_share``); rows are
     independent, so both degrees give the same output.
@@ -39,7 +54,9 @@ import nki.language as nl
 
 from .limits import NORM_DECODE_MAX_ELEMENTS as DECODE_MAX_ELEMENTS
 from .limits import NORM_DECODE_MAX_ROWS as DECODE_MAX_ROWS
+from .limits import NORM_DECODE_ROW_LOOP_MAX_ROWS as ROW_LOOP_MAX_ROWS
 from .tiling import PARTITIONS, program_share
+
 
 
 def _check(x):
@@ -63,55 +80,85 @@ def _vector_on_partitions(v, h1):
     return tile
 
 
-def _row_totals(partials, n_rows):
-    """[128, N] fp32 PSUM: every partition holds, per row, the sum of ``partials`` [128, N]
-    over the 128 partitions (TensorE with a ones stationary)."""
-    ones = nl.ndarray((PARTITIONS, PARTITIONS), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=ones, value=1.0)
-    totals = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=totals, stationary=ones, moving=partials)
-    return totals
+def _mean_matrix(cols):
+    """[128, 128] fp32 SBUF of 1/H: the stationary that turns per-partition partial sums
+    into every partition's row means (memset on VectorE while the input loads)."""
+    inv = nl.ndarray((PARTITIONS, PARTITIONS), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=inv, value=1.0 / cols)
+    return inv
 
 
-def _partial_sums(data, n_rows, h1, square):
-    """[128, N] fp32: per partition and row, the sum over H1 of data (or data**2)."""
-    partials = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
-    if square:
-        sq = nl.ndarray((PARTITIONS, n_rows, h1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=sq, data1=data, data2=data, op=nl.multiply)
-        nisa.tensor_reduce(dst=partials, op=nl.add, data=sq, axis=2)
-    else:
-        nisa.tensor_reduce(dst=partials, op=nl.add, data=data, axis=2)
-    return partials
+def _row_means(inv, partials):
+    """[128, K] fp32 PSUM: per column, the sum of ``partials`` [128, K] over the partitions
+    divided by H, on every partition (TensorE)."""
+    means = nl.ndarray((PARTITIONS, partials.shape[1]), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=means, stationary=inv, moving=partials)
+    return means
 
 
-def _rstd(sum_sq, cols, eps):
-    """[128, N] fp32 SBUF: rsqrt(sum_sq / H + eps) on ScalarE (sum_sq in PSUM)."""
-    n_rows = sum_sq.shape[1]
-    eps_tile = nl.ndarray((PARTITIONS, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=eps_tile, value=eps)
+def _eps_tile(eps):
+    tile = nl.ndarray((PARTITIONS, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=tile, value=eps)
+    return tile
+
+
+def _col(t, j):
+    """Column j of a [128, K] tile as a (128, 1) operand."""
+    return t[:, j:j + 1]
+
+
+def _along_h1(stat, h1):
+    """[128, N] per-row statistics as a [128, N, H1] operand (stride 0 over H1)."""
+    return stat.expand_dim(2).broadcast(2, h1)
+
+
+def _along_rows(vec, n_rows):
+    """[128, H1] weight / bias as a [128, N, H1] operand (stride 0 over N)."""
+    return vec.expand_dim(1).broadcast(1, n_rows)
+
+
+# ----------------------------------------------------------------------------- RMSNorm
+
+def _rms_rows(x_tile, out_tile, weight_tile, cols, eps):
+    """Few rows: per row, sum(x**2) on ScalarE's accumulator; rsqrt; one VectorE pass
+    (x * rstd) * weight into the output dtype."""
+    n_rows, h1 = x_tile.shape[1], x_tile.shape[2]
+    inv, eps_tile = _mean_matrix(cols), _eps_tile(eps)
+    discard = nl.ndarray((PARTITIONS, h1), dtype=nl.float32, buffer=nl.sbuf)
+    sum_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
+    for r in range(n_rows):
+        nisa.activation(dst=discard, op=nl.square, data=x_tile[:, r, :], reduce_op=nl.add,
+                        reduce_res=_col(sum_sq, r), reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    mean_sq = _row_means(inv, sum_sq)                                  # PSUM [128, N]
     rstd = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=rstd, op=nl.rsqrt, data=sum_sq, scale=1.0 / cols, bias=eps_tile)
-    return rstd
+    for r in range(n_rows):
+        nisa.activation(dst=_col(rstd, r), op=nl.rsqrt, data=_col(mean_sq, r), bias=eps_tile)
+        if weight_tile is None:
+            nisa.tensor_scalar(dst=out_tile[:, r, :], data=x_tile[:, r, :], op0=nl.multiply,
+                               operand0=_col(rstd, r))
+        else:
+            nisa.scalar_tensor_tensor(dst=out_tile[:, r, :], data=x_tile[:, r, :], op0=nl.multiply,
+                                      operand0=_col(rstd, r), op1=nl.multiply, operand1=weight_tile)
 
 
-def _scale_and_affine(out_tile, centred, rstd, weight_tile, bias_tile, n_rows, h1):
-    """out = centred * rstd (* weight) (+ bias), fp32 inside, one rounding into out_tile."""
-    shape = (PARTITIONS, n_rows, h1)
-    rstd_b = rstd.expand_dim(2).broadcast(2, h1)                # [128, N, H1], stride 0 over H1
-    if weight_tile is None and bias_tile is None:
-        nisa.tensor_tensor(dst=out_tile, data1=centred, data2=rstd_b, op=nl.multiply)
-        return
-    scaled = nl.ndarray(shape, dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=scaled, data1=centred, data2=rstd_b, op=nl.multiply)
-    last = weight_tile is not None and bias_tile is None
+def _rms_all(x_tile, out_tile, weight_tile, cols, eps):
+    """More rows: x**2 on ScalarE, its sum over H1 on VectorE, rsqrt; x * weight on GpSimd
+    meanwhile, then one multiply by rstd."""
+    n_rows, h1 = x_tile.shape[1], x_tile.shape[2]
+    inv, eps_tile = _mean_matrix(cols), _eps_tile(eps)
+    squares = nl.ndarray((PARTITIONS, n_rows, h1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=squares, op=nl.square, data=x_tile)
+    sum_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=sum_sq, op=nl.add, data=squares, axis=2)
+    scaled = x_tile
     if weight_tile is not None:
-        w_b = weight_tile.expand_dim(1).broadcast(1, n_rows)      # [128, N, H1], stride 0 over N
-        dst = out_tile if last else scaled
-        nisa.tensor_tensor(dst=dst, data1=scaled, data2=w_b, op=nl.multiply, engine=nisa.engine.gpsimd)
-    if bias_tile is not None:
-        b_b = bias_tile.expand_dim(1).broadcast(1, n_rows)
-        nisa.tensor_tensor(dst=out_tile, data1=scaled, data2=b_b, op=nl.add, engine=nisa.engine.gpsimd)
+        scaled = nl.ndarray((PARTITIONS, n_rows, h1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=scaled, data1=x_tile, data2=_along_rows(weight_tile, n_rows), op=nl.multiply,
+                           engine=nisa.engine.gpsimd)
+    mean_sq = _row_means(inv, sum_sq)                                  # PSUM [128, N]
+    rstd = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=rstd, op=nl.rsqrt, data=mean_sq, bias=eps_tile)
+    nisa.tensor_tensor(dst=out_tile, data1=scaled, data2=_along_h1(rstd, h1), op=nl.multiply)
 
 
 @nki.jit
@@ -135,12 +182,118 @@ def rms_norm_decode_kernel(x, weight=None, eps=1e-6):
     x_tile = nl.ndarray((PARTITIONS, n_rows, h1), dtype=x.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=x_tile, src=_hidden_on_partitions(x, h1))
     weight_tile = None if weight is None else _vector_on_partitions(weight, h1)
-    totals = _row_totals(_partial_sums(x_tile, n_rows, h1, square=True), n_rows)
-    rstd = _rstd(totals, cols, eps)
     out_tile = nl.ndarray((PARTITIONS, n_rows, h1), dtype=x.dtype, buffer=nl.sbuf)
-    _scale_and_affine(out_tile, x_tile, rstd, weight_tile, None, n_rows, h1)
+    body = _rms_rows if total_rows <= ROW_LOOP_MAX_ROWS else _rms_all
+    body(x_tile, out_tile, weight_tile, cols, eps)
     nisa.dma_copy(dst=_hidden_on_partitions(out_rows, h1), src=out_tile)
     return out
+
+
+# ----------------------------------------------------------------------------- LayerNorm
+
+def _layer_rows(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
+    """Few rows, per row: sum(x) on ScalarE; then c = x - m with -sum(c) on VectorE
+    (tensor_scalar_reduce, negated read-out) while ScalarE sums (x - m)**2 (square with
+    bias m, scale -1 on x: the same fp32 value as c**2). Two matmuls give PSUM
+    (-m2 | q + eps) (the eps columns are put in PSUM by a matmul issued before x arrives)
+    and m2, so rstd = rsqrt(-m2 * m2 + (q + eps)) is one ScalarE instruction; meanwhile
+    y = (c - m2) * weight on VectorE; then out = (y * rstd) + bias."""
+    n_rows, h1 = x_tile.shape[1], x_tile.shape[2]
+    inv = _mean_matrix(cols)
+    neg_inv = nl.ndarray((PARTITIONS, PARTITIONS), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=neg_inv, value=-1.0 / cols, engine=nisa.engine.gpsimd)
+    # moving [128, 2N] = 0 | eps * H1: its column sums / H are 0 | eps (to fp32 rounding)
+    eps_cols = nl.ndarray((PARTITIONS, 2 * n_rows), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=eps_cols[:, 0:n_rows], value=0.0, engine=nisa.engine.gpsimd)
+    nisa.memset(dst=eps_cols[:, n_rows:2 * n_rows], value=eps * h1, engine=nisa.engine.gpsimd)
+    stats = nl.ndarray((PARTITIONS, 2 * n_rows), dtype=nl.float32, buffer=nl.psum)   # -m2 | q + eps
+    nisa.nc_matmul(dst=stats, stationary=inv, moving=eps_cols, accumulate=False)
+    discard = nl.ndarray((PARTITIONS, h1), dtype=nl.float32, buffer=nl.sbuf)
+    sums = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
+    for r in range(n_rows):
+        nisa.activation(dst=discard, op=nl.copy, data=x_tile[:, r, :], reduce_op=nl.add,
+                        reduce_res=_col(sums, r), reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    mean = _row_means(inv, sums)                                       # PSUM [128, N]: m
+    # partials [128, 2N]: -sum(c) per row | sum(c**2) per row
+    partials = nl.ndarray((PARTITIONS, 2 * n_rows), dtype=nl.float32, buffer=nl.sbuf)
+    centred = nl.ndarray((PARTITIONS, n_rows, h1), dtype=nl.float32, buffer=nl.sbuf)
+    for r in range(n_rows):
+        nisa.tensor_scalar_reduce(dst=centred[:, r, :], data=x_tile[:, r, :], op0=nl.subtract,
+                                  operand0=_col(mean, r), reduce_op=nl.add, reduce_res=_col(partials, r),
+                                  reduce_res_negate=True)
+        # (m - x)**2: -x + m is -(x - m) exactly in fp32, so this is c**2
+        nisa.activation(dst=discard, op=nl.square, data=x_tile[:, r, :], scale=-1.0, bias=_col(mean, r),
+                        reduce_op=nl.add, reduce_res=_col(partials, n_rows + r),
+                        reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    nisa.nc_matmul(dst=stats, stationary=inv, moving=partials, accumulate=True)
+    m2 = _row_means(neg_inv, partials[:, 0:n_rows])                    # PSUM [128, N]: m2
+    rstd = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
+    for r in range(n_rows):
+        neg_m2, q_eps = _col(stats, r), _col(stats, n_rows + r)
+        # rsqrt(-m2 * m2 + q + eps): var = mean(c**2) - mean(c)**2
+        nisa.activation(dst=_col(rstd, r), op=nl.rsqrt, data=neg_m2, scale=_col(m2, r), bias=q_eps)
+        c_r, out_r = centred[:, r, :], out_tile[:, r, :]
+        if weight_tile is None and bias_tile is None:
+            nisa.tensor_scalar(dst=out_r, data=c_r, op0=nl.add, operand0=neg_m2,
+                               op1=nl.multiply, operand1=_col(rstd, r))
+            continue
+        if weight_tile is None:
+            nisa.tensor_scalar(dst=c_r, data=c_r, op0=nl.add, operand0=neg_m2)
+        else:
+            nisa.scalar_tensor_tensor(dst=c_r, data=c_r, op0=nl.add, operand0=neg_m2,
+                                      op1=nl.multiply, operand1=weight_tile)
+        if bias_tile is None:
+            nisa.tensor_scalar(dst=out_r, data=c_r, op0=nl.multiply, operand0=_col(rstd, r))
+        else:
+            nisa.scalar_tensor_tensor(dst=out_r, data=c_r, op0=nl.multiply, operand0=_col(rstd, r),
+                                      op1=nl.add, operand1=bias_tile)
+
+
+def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
+    """More rows: sum(x) on VectorE; c = x - m (m read from PSUM); c**2 on ScalarE while
+    VectorE sums c; m2 = mean(c) and m2**2 (ScalarE) while VectorE sums the squares; TensorE
+    accumulates var + eps = eps + mean(c**2) - m2**2 in one PSUM tile; y = (c - m2)
+    (* weight on GpSimd) meanwhile; rsqrt; out = y * rstd (+ bias on GpSimd)."""
+    n_rows, h1 = x_tile.shape[1], x_tile.shape[2]
+    inv = _mean_matrix(cols)
+    # stationary [128, 128]: -1 on partition 0, 0 elsewhere: adds minus row 0 of the moving
+    # tile (exactly) to every partition's accumulator
+    neg_first = nl.ndarray((PARTITIONS, PARTITIONS), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=neg_first, value=0.0, engine=nisa.engine.gpsimd)
+    nisa.memset(dst=neg_first[0:1, :], value=-1.0, engine=nisa.engine.gpsimd)
+    neg_eps = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=neg_eps, value=-eps, engine=nisa.engine.gpsimd)
+    var_eps = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=var_eps, stationary=neg_first, moving=neg_eps, accumulate=False)  # eps, before x arrives
+    sums = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=sums, op=nl.add, data=x_tile, axis=2)
+    mean = _row_means(inv, sums)                                       # PSUM [128, N]: m
+    centred = nl.ndarray((PARTITIONS, n_rows, h1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=centred, data1=x_tile, data2=_along_h1(mean, h1), op=nl.subtract)
+    squares = nl.ndarray((PARTITIONS, n_rows, h1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=squares, op=nl.square, data=centred)
+    sum_c = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=sum_c, op=nl.add, data=centred, axis=2)
+    m2 = _row_means(inv, sum_c)                                        # PSUM [128, N]: m2
+    m2_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=m2_sq, op=nl.square, data=m2)
+    sum_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=sum_sq, op=nl.add, data=squares, axis=2)
+    nisa.tensor_tensor(dst=centred, data1=centred, data2=_along_h1(m2, h1), op=nl.subtract)
+    nisa.nc_matmul(dst=var_eps, stationary=inv, moving=sum_sq, accumulate=True)       # + mean(c**2)
+    nisa.nc_matmul(dst=var_eps, stationary=neg_first, moving=m2_sq, accumulate=True)  # - m2**2
+    # rstd into PSUM: a VectorE tensor_tensor with one input in PSUM costs N, not 2N
+    rstd = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.psum)
+    nisa.activation(dst=rstd, op=nl.rsqrt, data=var_eps)
+    if weight_tile is not None:
+        nisa.tensor_tensor(dst=centred, data1=centred, data2=_along_rows(weight_tile, n_rows), op=nl.multiply,
+                           engine=nisa.engine.gpsimd)
+    if bias_tile is None:
+        nisa.tensor_tensor(dst=out_tile, data1=centred, data2=_along_h1(rstd, h1), op=nl.multiply)
+        return
+    nisa.tensor_tensor(dst=centred, data1=centred, data2=_along_h1(rstd, h1), op=nl.multiply)
+    nisa.tensor_tensor(dst=out_tile, data1=centred, data2=_along_rows(bias_tile, n_rows), op=nl.add,
+                       engine=nisa.engine.gpsimd)
 
 
 @nki.jit
@@ -165,34 +318,8 @@ def layer_norm_decode_kernel(x, weight=None, bias=None, eps=1e-5):
     nisa.dma_copy(dst=x_tile, src=_hidden_on_partitions(x, h1))
     weight_tile = None if weight is None else _vector_on_partitions(weight, h1)
     bias_tile = None if bias is None else _vector_on_partitions(bias, h1)
-    # pass 1: the mean per row, on every partition (its fp32 sum can be off by ~H ulps)
-    sums = _row_totals(_partial_sums(x_tile, n_rows, h1, square=False), n_rows)
-    neg_mean = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=neg_mean, op=nl.copy, data=sums, scale=-1.0 / cols)    # ScalarE, reads PSUM
-    # pass 2: c = x - mean; the sums of c and c**2 in one matmul; the small residual mean m2
-    # of c corrects pass 1: var = mean(c**2) - m2**2, y = (c - m2) * rstd (exact for rows
-    # with a large mean, like the row kernel's two-pass statistics)
-    centred = nl.ndarray((PARTITIONS, n_rows, h1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=centred, data1=x_tile, data2=neg_mean.expand_dim(2).broadcast(2, h1), op=nl.add)
-    partials = nl.ndarray((PARTITIONS, 2 * n_rows), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=partials[:, 0:n_rows], op=nl.add, data=centred, axis=2)
-    squares = nl.ndarray((PARTITIONS, n_rows, h1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=squares, data1=centred, data2=centred, op=nl.multiply)
-    nisa.tensor_reduce(dst=partials[:, n_rows:2 * n_rows], op=nl.add, data=squares, axis=2)
-    totals = _row_totals(partials, 2 * n_rows)                  # [128, 2N] fp32 PSUM: sum c | sum c**2
-    neg_m2 = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=neg_m2, op=nl.copy, data=totals[:, 0:n_rows], scale=-1.0 / cols)
-    m2_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=m2_sq, data1=neg_m2, data2=neg_m2, op=nl.multiply)
-    var = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=var, data=totals[:, n_rows:2 * n_rows], op0=nl.multiply, operand0=1.0 / cols,
-                              op1=nl.subtract, operand1=m2_sq)
-    eps_tile = nl.ndarray((PARTITIONS, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=eps_tile, value=eps)
-    rstd = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=rstd, op=nl.rsqrt, data=var, bias=eps_tile)
-    nisa.tensor_tensor(dst=centred, data1=centred, data2=neg_m2.expand_dim(2).broadcast(2, h1), op=nl.add)
     out_tile = nl.ndarray((PARTITIONS, n_rows, h1), dtype=x.dtype, buffer=nl.sbuf)
-    _scale_and_affine(out_tile, centred, rstd, weight_tile, bias_tile, n_rows, h1)
+    body = _layer_rows if total_rows <= ROW_LOOP_MAX_ROWS else _layer_all
+    body(x_tile, out_tile, weight_tile, bias_tile, cols, eps)
     nisa.dma_copy(dst=_hidden_on_partitions(out_rows, h1), src=out_tile)
     return out

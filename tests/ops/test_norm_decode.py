@@ -7,16 +7,20 @@ import pytest
 import torch
 
 import nki_kernels
-from nki_kernels import references
+from nki_kernels import _dispatch, _kernel_sources, references, simulator
 from nki_kernels.ops import norms
 
 from ._cases import assert_matches, randn
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 MAX_ROWS = norms.DECODE_MAX_ROWS
+# up to this many rows the kernels issue per-row instructions, above it one per step
+ROW_LOOP = _kernel_sources.limits().NORM_DECODE_ROW_LOOP_MAX_ROWS
 
-# (rows, hidden, dtype): one token, a few, an odd count, the most rows the kernel takes
-CASES = [(1, 2048, BF16), (4, 2048, F16), (7, 4096, F32), (3, 128, BF16), (MAX_ROWS, 1024, BF16)]
+# (rows, hidden, dtype): one token, the most rows of the per-row path, an odd count just
+# above it, one row per program at LNC=2, the most rows the kernel takes
+CASES = [(1, 2048, BF16), (ROW_LOOP, 2048, F16), (ROW_LOOP + 3, 4096, F32), (3, 128, BF16),
+         (MAX_ROWS, 1024, BF16)]
 
 
 @pytest.mark.parametrize("rows, hidden, dtype", CASES, ids=[f"{r}x{h}-{str(d)[6:]}" for r, h, d in CASES])
@@ -41,6 +45,51 @@ def test_layer_norm_decode(simulator_backend, rows, hidden, dtype, affine):
     expected = references.layer_norm(x.double(), (hidden,), None if w is None else w.double(),
                                      None if b is None else b.double(), 1e-5, compute_dtype=torch.float64)
     assert_matches(out, expected, dtype, rel=None if dtype != F16 else 2e-3)
+
+
+@pytest.mark.parametrize("rows", [1, ROW_LOOP, ROW_LOOP + 1, 40])
+@pytest.mark.parametrize("hidden", [4096, 384])
+def test_layer_norm_decode_large_mean(simulator_backend, rows, hidden):
+    # rows of mean 1e3 and std 1 (and 384 = 3 * 128: 1/H is inexact in fp32): the second
+    # pass keeps the variance exact, a one-pass E[x**2] - E[x]**2 would lose ~20 bits of it
+    x = randn(rows, hidden, scale=1.0, shift=1e3)
+    w, b = randn(hidden), randn(hidden)
+    out = nki_kernels.layer_norm(x, (hidden,), w, b, 1e-5)
+    expected = references.layer_norm(x.double(), (hidden,), w.double(), b.double(), 1e-5,
+                                     compute_dtype=torch.float64)
+    assert_matches(out, expected, F32)
+
+
+@pytest.mark.parametrize("rows", [2, ROW_LOOP + 2])
+def test_layer_norm_decode_constant_rows(simulator_backend, rows):
+    # rows of one repeated value: var = 0, y = 0 exactly in float64, so the output is the
+    # bias. The first mean of 1000.1 is ~1e-3 off in fp32 (1/384 is inexact), which times
+    # rstd = 1/sqrt(1e-5) would be ~0.3; the residual-mean correction takes it to ~1e-9
+    hidden = 384
+    x = (1000.1 + 0.25 * torch.arange(rows, dtype=F32)).unsqueeze(1).expand(rows, hidden).contiguous()
+    w, b = randn(hidden), randn(hidden)
+    out = nki_kernels.layer_norm(x, (hidden,), w, b, 1e-5)
+    torch.testing.assert_close(out, b.expand(rows, hidden), atol=1e-6, rtol=0)
+
+
+def _run(call, lnc):
+    kernel = _dispatch.simulator_kernel(call)[lnc]
+    return simulator.run(kernel, *[t.contiguous() for t in call.tensors], **call.static).outputs
+
+
+@pytest.mark.parametrize("rows", [2, 3, ROW_LOOP + 1, MAX_ROWS - 1])
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_decode_both_degrees_give_identical_outputs(op, rows):
+    # both paths, odd and even splits: the path follows the total row count, so each row
+    # gets the same instructions whichever program takes it
+    x = randn(rows, 384, dtype=BF16, shift=3.0)
+    w, b = randn(384, dtype=BF16), randn(384, dtype=BF16)
+    call = (norms.rms_norm_kernel_call(x, (384,), w, 1e-6) if op == "rms_norm"
+            else norms.layer_norm_kernel_call(x, (384,), w, b, 1e-5))
+    assert call.module == "norm_decode"
+    one, two = _run(call, 1), _run(call, 2)
+    assert not torch.isnan(two).any(), "an element no program wrote"
+    assert torch.equal(one, two), "LNC=2 differs from LNC=1"
 
 
 @pytest.mark.parametrize("rows, hidden, decode", [
