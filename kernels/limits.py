@@ -46,14 +46,21 @@ ATTENTION_MAX_HEAD_DIM = 256
 # banks (512 fp32 each); longer key sequences use the flash kernel.
 ATTENTION_SINGLE_PASS_MAX_KEYS = 2048
 
-# Norms for a few rows (kernels/norm_decode.py, token generation): rows up to this many use
-# the hidden-on-partitions kernel. Its engine passes cost ~N * H / 128 cycles against ~H for
-# the row kernels. Modeled (trn2, LNC=2, central values) the two now cross near N = 72 for
-# LayerNorm at H = 1024, ~90 at H = 2048 and above 96 for H >= 4096 (RMSNorm later still),
-# but at H <= 256 the row kernels are ahead at any row count (LayerNorm's at H = 512 from
-# ~48 rows). 40 keeps the decode kernel where it is clearly ahead for H >= 768; a higher
-# limit would need a rule on H as well (in ops/norms.py) ...
-NORM_DECODE_MAX_ROWS = 40
+# Norms for a few rows (kernels/norm_decode.py, token generation): the hidden-on-partitions
+# kernel takes up to this many rows. Its engine passes cost ~N * H / 128 cycles against ~H
+# for the row kernels (kernels/rms_norm.py, layer_norm.py).
+NORM_DECODE_MAX_ROWS = 64
+# Which kernel the ops pick (ops/norms.py), from the modeled crossovers (trn2, LNC=2, bf16,
+# central values, 2026-12-01; decode / row kernel, us): the decode kernel is ahead for
+# H >= 512 (LayerNorm [40, 512] 6.5 / 6.7, [40, 768] 6.8 / 8.0; RMSNorm from H = 384) and
+# behind below (LayerNorm [40, 256] 6.3 / 5.7, [8, 128] 6.0 / 5.2); up to 40 rows for
+# every such H, and up to 64 for H >= 768 ([64, 768] 7.7 / 8.0, [64, 4096] 16.4 / 23.3;
+# RMSNorm [64, 8192] 15.6 / 32.3). Past 64 rows the crossovers (~72 rows at H = 1024,
+# ~90 at 2048) are near enough that the row kernels keep them.
+NORM_DECODE_MIN_HIDDEN = 512
+NORM_DECODE_PICK_ROWS = 40
+NORM_DECODE_WIDE_HIDDEN = 768
+NORM_DECODE_WIDE_PICK_ROWS = 64
 # ... when H is a multiple of 128 and a partition's share N * H / 128 is at most this many
 # elements: the input, two fp32 scratch tiles and the output then take <= 112 KiB of trn2's
 # 224 KiB SBUF partition (and the row totals [128, N] fp32 fit one PSUM bank).

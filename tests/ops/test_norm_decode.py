@@ -17,6 +17,20 @@ MAX_ROWS = norms.DECODE_MAX_ROWS
 # up to this many rows the kernels issue per-row instructions, above it one per step
 ROW_LOOP = _kernel_sources.limits().NORM_DECODE_ROW_LOOP_MAX_ROWS
 
+
+
+@pytest.fixture(autouse=True)
+def decode_for_every_shape_it_takes(monkeypatch, request):
+    """The ops pick the decode kernel only where it is modeled faster (H >= 512, ...); the
+    kernel itself takes every H that is a multiple of 128, so these tests route every shape
+    it takes to it (except the test of the pick rule)."""
+    if request.node.originalname == "test_decode_kernel_is_chosen_by_shape":
+        return
+    monkeypatch.setattr(norms, "DECODE_MIN_HIDDEN", 128)
+    monkeypatch.setattr(norms, "DECODE_PICK_ROWS", norms.DECODE_MAX_ROWS)
+    monkeypatch.setattr(norms, "DECODE_WIDE_PICK_ROWS", norms.DECODE_MAX_ROWS)
+
+
 # (rows, hidden, dtype): one token, the most rows of the per-row path, an odd count just
 # above it, one row per program at LNC=2, the most rows the kernel takes
 CASES = [(1, 2048, BF16), (ROW_LOOP, 2048, F16), (ROW_LOOP + 3, 4096, F32), (3, 128, BF16),
@@ -93,7 +107,11 @@ def test_decode_both_degrees_give_identical_outputs(op, rows):
 
 
 @pytest.mark.parametrize("rows, hidden, decode", [
-    (MAX_ROWS, 1024, True), (MAX_ROWS + 1, 1024, False),   # the row count limit
+    (norms.DECODE_WIDE_PICK_ROWS, 1024, True),              # wide rows: up to 64
+    (norms.DECODE_WIDE_PICK_ROWS + 1, 1024, False),
+    (norms.DECODE_PICK_ROWS, 512, True),                    # narrower rows: up to 40
+    (norms.DECODE_PICK_ROWS + 1, 512, False),
+    (8, 256, False),                                        # below DECODE_MIN_HIDDEN: row kernels
     (4, 1000, False),                                       # hidden not a multiple of 128
     (40, 8192 * 4, False),                                  # 40 x 256 = 10240 elements per partition
 ])

@@ -24,9 +24,14 @@ MAX_HIDDEN = _kernel_sources.limits().NORM_MAX_HIDDEN
 ONE_PASS_MAX_HIDDEN = _kernel_sources.limits().NORM_ONE_PASS_MAX_HIDDEN
 # A few rows (token generation) run the hidden-on-partitions kernels of
 # kernels/norm_decode.py: up to DECODE_MAX_ROWS rows of an H that is a multiple of 128 with
-# rows * H / 128 <= DECODE_MAX_ELEMENTS.
+# rows * H / 128 <= DECODE_MAX_ELEMENTS; the ops pick it where it is modeled faster than
+# the row kernels (the DECODE_* choice constants, reasons in kernels/limits.py).
 DECODE_MAX_ROWS = _kernel_sources.limits().NORM_DECODE_MAX_ROWS
 DECODE_MAX_ELEMENTS = _kernel_sources.limits().NORM_DECODE_MAX_ELEMENTS
+DECODE_MIN_HIDDEN = _kernel_sources.limits().NORM_DECODE_MIN_HIDDEN
+DECODE_PICK_ROWS = _kernel_sources.limits().NORM_DECODE_PICK_ROWS
+DECODE_WIDE_HIDDEN = _kernel_sources.limits().NORM_DECODE_WIDE_HIDDEN
+DECODE_WIDE_PICK_ROWS = _kernel_sources.limits().NORM_DECODE_WIDE_PICK_ROWS
 
 ShapeLike = Union[int, Sequence[int], torch.Size]
 
@@ -104,8 +109,13 @@ def _rows_view(t: torch.Tensor, hidden: int) -> torch.Tensor:
 
 
 def _decode_shape(rows: int, hidden: int) -> bool:
-    """Whether kernels/norm_decode.py takes [rows, hidden] (see DECODE_MAX_ROWS)."""
-    return (rows <= DECODE_MAX_ROWS and hidden % 128 == 0
+    """Whether [rows, hidden] goes to kernels/norm_decode.py: a shape it takes (H a multiple
+    of 128, DECODE_MAX_ROWS, DECODE_MAX_ELEMENTS) where it is modeled faster than the row
+    kernels (DECODE_MIN_HIDDEN, DECODE_PICK_ROWS / DECODE_WIDE_PICK_ROWS)."""
+    if hidden % 128 or hidden < DECODE_MIN_HIDDEN:
+        return False
+    pick_rows = DECODE_WIDE_PICK_ROWS if hidden >= DECODE_WIDE_HIDDEN else DECODE_PICK_ROWS
+    return (rows <= min(pick_rows, DECODE_MAX_ROWS)
             and rows * (hidden // 128) <= DECODE_MAX_ELEMENTS)
 
 
