@@ -1,19 +1,17 @@
 """What one attention-backward launch is and how it is cut (``BwdPlan``), and the running
-engine-load estimate that places its PSUM copies (``BwdBalance``).
+VectorE / ScalarE load estimate that places its PSUM copies (``BwdBalance``).
 
-Nothing here issues instructions.
+Nothing here issues instructions. See attention_bwd.py for the loops these drive.
 
-Cut of a launch (see attention_bwd.py for the loop it drives):
-
-* kv blocks of ``kb`` keys: the unit of the dK/dV accumulators in PSUM ([128, kb / 128,
-  D + Dv] fp32 must fit one PSUM bank) and of S / dP ([128, 2, kb] fp32, one bank).
-* units of ``kv_group`` kv heads of one batch (their G query heads each): every load and
-  store of the unit moves all its heads in one DMA, so transfers stay large (a transfer
-  holds each DMA queue at least the 0.85 us gap however small it is).
-* query chunks of ``q_chunk`` tiles: the query side (Qᵀ, dOᵀ, Q, dO, D, lse and the dQ
-  accumulators) of a chunk stays in SBUF while the kv blocks stream through. When a unit
-  has more than one chunk and more than one kv block, the dQ partial sums of a chunk go
-  through an HBM fp32 scratch between kv blocks (``dq_scratch``).
+* key blocks of ``kb`` keys: S and dP of one (query tile, head) sit side by side in PSUM
+  ([128, 2, kb] fp32: one bank at kb = 256, two at 512) and the block's dK | dV
+  accumulators ([128, kb / 128, D + Dv] fp32) stay in PSUM while the chunk's query tiles
+  stream past. 512 keys when D + Dv <= 256 (the accumulators take 2 banks), else 256:
+  with the dSᵀ and dQ tiles and one of each in flight the launch stays within 8 banks.
+* query chunks of ``q_chunk`` tiles: the query side of a chunk (Qᵀ, dOᵀ, Q, dO, O rows,
+  D_i, -lse and the fp32 dQ accumulators of every query head of the kv head) stays in
+  SBUF while the key blocks stream (budget Q_SIDE_BUDGET); several chunks only for long
+  sequences, whose dK | dV partial sums then go through an fp32 HBM scratch.
 """
 
 from dataclasses import dataclass
@@ -21,77 +19,65 @@ from dataclasses import dataclass
 import nki.isa as nisa
 import nki.language as nl
 
-from .attention_launch import P, PSUM_BANK_BYTES
+from .attention_launch import P
 from .engine_costs import active as active_engine_costs
 from .tiling import cdiv
 
 FP32_BYTES = 4
-# Keys per kv block: S and dP of one query tile side by side in one PSUM bank
-# ([128, 2, 256] fp32 = 2 KiB); halved when the dK | dV accumulators of 256 keys
-# ([128, 2, D + Dv] fp32) would not fit one bank (D + Dv > 256).
+# Keys per block (see the module docstring): 512 when the dK | dV accumulators of 4 key
+# tiles fit 2 PSUM banks (D + Dv <= 256), else 256.
+KV_BLOCK_WIDE = 512
 KV_BLOCK = 256
-# Per-partition SBUF budgets (trn2: 224 KiB per partition): the query side of a chunk
-# (resident while the kv blocks stream), the kv side of a unit's block (double-buffered by
-# the allocation rotation: the next block loads while this one computes); the rest holds
-# the per-block scratch (P, dS, dSᵀ, masks: < 8 KiB) and the D computation's Oᵀ.
+WIDE_MAX_DK_DV = 256
+# Per-partition SBUF budget of a chunk's query side (trn2: 192 KiB per partition usable by
+# kernels); the rest holds one key block (Kᵀ, Vᵀ, K rows: < 4 KiB at D = 256) and the
+# per-block scratch (P, dS, dSᵀ, the masked-score tile: < 8 KiB), with room for the
+# allocation rotation to load the next block while this one computes.
 Q_SIDE_BUDGET = 112 * 1024
-KV_SIDE_BUDGET = 24 * 1024
-# PSUM copies (dSᵀ blocks, dQ / dK / dV evacuations) go to VectorE or ScalarE, whichever the
-# running estimate says is less loaded; for 16-bit data a share of dSᵀ is made by DMA
-# transposes instead (searched in steps of 1/DMA_SHARE_STEPS, spread by a credit).
-DMA_SHARE_STEPS = 20
-DMA_CREDIT_ROUND = 0.5
 
 
 @dataclass(frozen=True)
 class BwdPlan(nl.NKIObject):
     """Static cut of one backward launch (module docstring), from the launch's facts."""
 
-    kb: int                  # keys per kv block
-    n_kb: int                # kv blocks
-    kt: int                  # 128-key tiles per kv block (kb / 128)
-    kv_group: int            # kv heads per unit
+    kb: int                  # keys per block
+    n_kb: int                # key blocks
+    kt: int                  # 128-key tiles per block (kb / 128)
     q_chunk: int             # query tiles per chunk
-    n_chunks: int            # chunks per unit
-    dq_scratch: bool         # dQ partials through HBM between kv blocks
-    dq_accumulate: bool      # dQ summed over kv blocks (fp32 SBUF accumulators)
+    n_chunks: int            # chunks per (batch, kv head)
 
 
-def bwd_plan(facts):
-    """The ``BwdPlan`` of a launch (``facts``: attention_launch.LaunchFacts)."""
+def q_side_bytes(facts):
+    """SBUF bytes per partition of one (query head, query tile) of a chunk: Qᵀ and dOᵀ (one
+    row of 128 per head-dim piece), Q, dO and O rows, the fp32 dQ accumulator, the fp32
+    dO ⊙ O product (D_i), D_i and -lse."""
     f = facts
-    kb = KV_BLOCK if f.D + f.Dv <= PSUM_BANK_BYTES // (2 * FP32_BYTES) else P
-    kb = min(kb, max(1, f.Sk))
-    n_kb = cdiv(f.Sk, kb)
-    kt = cdiv(kb, P)
-    d_pieces, dv_pieces = cdiv(f.D, P), cdiv(f.Dv, P)
     isz = f.itemsize
-    # per kv head and partition: Kᵀ, Vᵀ (per piece), K in rows, the dK | dV output rows
-    per_kv = (d_pieces + dv_pieces) * kb * isz + kt * f.D * isz + kt * (f.D + f.Dv) * isz
-    # per (query head, query tile) and partition: Qᵀ, dOᵀ (per piece), Q, dO in rows, D and
-    # -lse (fp32), the dQ accumulator (fp32) or output rows
-    dq_bytes = f.D * FP32_BYTES if n_kb > 1 else f.D * isz
-    per_ht = ((d_pieces + dv_pieces) * P * isz + (f.D + f.Dv) * isz + 2 * FP32_BYTES + dq_bytes)
-    n_q_tiles = f.n_q_tiles
-    kv_group = max(1, min(f.Hkv, KV_SIDE_BUDGET // per_kv, Q_SIDE_BUDGET // max(1, per_ht * f.G * n_q_tiles)))
-    q_chunk = max(1, min(n_q_tiles, Q_SIDE_BUDGET // (per_ht * f.G * kv_group)))
-    n_chunks = cdiv(n_q_tiles, q_chunk)
-    return BwdPlan(kb=kb, n_kb=n_kb, kt=kt, kv_group=kv_group, q_chunk=q_chunk, n_chunks=n_chunks,
-                   dq_scratch=n_chunks > 1 and n_kb > 1, dq_accumulate=n_kb > 1)
+    return ((cdiv(f.D, P) + cdiv(f.Dv, P)) * P * isz + (f.D + 2 * f.Dv) * isz
+            + (f.D + f.Dv) * FP32_BYTES + 2 * FP32_BYTES)
+
+
+def bwd_plan(facts, q_chunk=0):
+    """The ``BwdPlan`` of a launch (``facts``: attention_launch.LaunchFacts); ``q_chunk`` > 0
+    forces the query tiles per chunk."""
+    f = facts
+    kb = KV_BLOCK_WIDE if f.D + f.Dv <= WIDE_MAX_DK_DV else KV_BLOCK
+    kb = min(kb, max(1, cdiv(f.Sk, P) * P))
+    n_kb = cdiv(f.Sk, kb)
+    fit = max(1, Q_SIDE_BUDGET // (q_side_bytes(f) * f.G))
+    chunk = min(f.n_q_tiles, q_chunk if q_chunk > 0 else fit)
+    return BwdPlan(kb=kb, n_kb=n_kb, kt=cdiv(kb, P), q_chunk=max(1, chunk),
+                   n_chunks=cdiv(f.n_q_tiles, max(1, chunk)))
 
 
 class BwdBalance(nl.NKIObject):
-    """Running VectorE / ScalarE busy-time estimates of one backward launch (ns), in issue
-    order, and the choices made from them: which engine copies a PSUM tile, and whether a
-    dSᵀ is made by DMA transposes (16-bit data, a planned share of them)."""
+    """Running VectorE / ScalarE busy-time estimates of one backward program (ns), in issue
+    order, and the engine each PSUM copy goes to: the one that keeps them most even."""
 
-    def __init__(self, facts, plan):
+    def __init__(self, facts):
         self.costs = active_engine_costs()
-        self.itemsize = facts.itemsize
         self.vector_ns = 0.0
         self.scalar_ns = 0.0
-        self.dma_share = _plan_dma_share(facts, plan, self.costs) if facts.dma_transpose else 0.0
-        self.dma_credit = 0.0
 
     def charge(self, vector_cycles=0.0, scalar_cycles=0.0):
         """Account work that must run on VectorE / ScalarE (estimated cycles)."""
@@ -99,8 +85,7 @@ class BwdBalance(nl.NKIObject):
         self.scalar_ns += scalar_cycles / self.costs.scalar_ghz
 
     def pick(self, vector_cycles, scalar_cycles):
-        """The engine (nisa.engine) for work either can do: the one that keeps the two
-        estimates most even (greedy list schedule)."""
+        """The engine (nisa.engine) for work either can do (greedy list schedule)."""
         tv = self.vector_ns + vector_cycles / self.costs.vector_ghz
         ts = self.scalar_ns + scalar_cycles / self.costs.scalar_ghz
         if max(tv, self.scalar_ns) <= max(self.vector_ns, ts):
@@ -116,54 +101,3 @@ class BwdBalance(nl.NKIObject):
         rate = c.vector_psum_copy_16bit_rate if sixteen else 1.0
         return (max(c.min_instruction_cycles, elems / rate) + c.instr_cycles,
                 max(c.min_instruction_cycles, elems) + c.instr_cycles)
-
-    def use_dma(self):
-        """Whether the next dSᵀ is made by DMA transposes (a share ``dma_share``, spread)."""
-        self.dma_credit += self.dma_share
-        if self.dma_credit >= DMA_CREDIT_ROUND:
-            self.dma_credit -= 1.0
-            return True
-        return False
-
-
-def _plan_dma_share(facts, plan, costs):
-    """Share of the dSᵀ transposes made by SBUF->SBUF DMA transposes instead of TensorE +
-    a PSUM copy: the one that levels the DMA queues with TensorE and VectorE/ScalarE in a
-    first-order estimate of the launch (``_launch_work``)."""
-    t_dma, t_pe, t_vs, pt_pe, pt_vs, pt_dma = _launch_work(facts, plan, costs)
-    best, best_t = 0.0, None
-    for i in range(DMA_SHARE_STEPS + 1):
-        d = i / DMA_SHARE_STEPS
-        t = max(t_dma + d * pt_dma, t_pe + (1 - d) * pt_pe, t_vs + (1 - d) * pt_vs)
-        if best_t is None or t < best_t - 1e-9:
-            best, best_t = d, t
-    return best
-
-
-def _launch_work(facts, plan, costs):
-    """Estimated ns of the launch on one core: (DMA with the loads and stores, TensorE
-    matmuls, VectorE + ScalarE halved (they share the PSUM copies), all dSᵀ on TensorE,
-    their PSUM copies (halved), all dSᵀ by DMA)."""
-    f = facts
-    isz = f.itemsize
-    # Qᵀ, Q, dQ, dOᵀ, dO, Oᵀ per query row; Kᵀ, K, dK, Vᵀ, dV per key row
-    io = (f.B * f.Sq * f.H * (3 * f.D + 3 * f.Dv) + f.B * f.Sk * f.Hkv * (3 * f.D + 2 * f.Dv)) * isz
-    t_dma = io / costs.dma_bytes_per_s * 1e9
-    pe = vs = pt_pe = pt_vs = pt_dma = 0.0
-    tensor_ghz = costs.tensor_ghz
-    for t in range(f.n_q_tiles):
-        r = min(P, f.Sq - t * P)
-        n = min(f.Sk, t * P + r) if f.causal else f.Sk
-        units = f.B * f.H
-        nkc = cdiv(n, P)
-        # S, dP (n columns each), dV, dK, dQ (D / Dv columns per 128-key tile, at least 64)
-        pe += units * (2 * n + nkc * (2 * max(64, f.Dv) + max(64, f.D))) / tensor_ghz
-        # exp on ScalarE, dS on VectorE (two inputs), each with its fixed cost per kv block
-        blocks = cdiv(n, plan.kb)
-        vs += units * ((n + blocks * costs.instr_cycles) / costs.scalar_ghz
-                       + (2 * n + blocks * costs.instr_cycles) / costs.vector_ghz) / 2
-        pt_pe += units * nkc * max(r, 64) / tensor_ghz
-        pt_vs += units * blocks * (nkc * r / 2 + costs.instr_cycles) / costs.vector_ghz / 2
-        data = r * P * isz / (costs.dma_bytes_per_s * costs.dma_transpose_efficiency) * 1e9
-        pt_dma += units * blocks * costs.dma_occupancy_ns(data * nkc / blocks)
-    return t_dma, pe, vs, pt_pe, pt_vs, pt_dma

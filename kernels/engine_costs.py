@@ -20,12 +20,10 @@ class EngineCosts(nl.NKIObject):
 
     def __init__(self, vector_ghz, scalar_ghz, vector_psum_copy_16bit_rate, instr_cycles,
                  min_instruction_cycles, dma_bytes_per_s, dma_transfer_gap_ns,
-                 dma_transfer_handoff_ns, dma_transpose_efficiency, tensor_ghz):
+                 dma_transfer_handoff_ns, dma_transpose_efficiency):
         # VectorE and ScalarE clocks (GHz): estimated cycles / clock = ns
         self.vector_ghz = vector_ghz
         self.scalar_ghz = scalar_ghz
-        # TensorE clock (GHz): matmul cycles (moving columns) / clock = ns
-        self.tensor_ghz = tensor_ghz
         # VectorE performance mode: elements per lane and cycle of a 16-bit copy with one
         # side in PSUM (ScalarE: 1)
         self.vector_psum_copy_16bit_rate = vector_psum_copy_16bit_rate
@@ -48,7 +46,6 @@ class EngineCosts(nl.NKIObject):
 MIRRORS = {
     "vector_ghz": ("vector_hz", 1e-9),
     "scalar_ghz": ("scalar_hz", 1e-9),
-    "tensor_ghz": ("tensor_hz", 1e-9),
     "vector_psum_copy_16bit_rate": ("vector_perf_mode_half", 1),
     "instr_cycles": ("static_overhead_cycles", 1),
     "min_instruction_cycles": ("min_instruction_cycles", 1),
@@ -62,15 +59,15 @@ MIRRORS = {
 _GEN2 = EngineCosts(vector_ghz=1.12, scalar_ghz=1.4, vector_psum_copy_16bit_rate=1,
                     instr_cycles=220.0, min_instruction_cycles=64, dma_bytes_per_s=272e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=25.0,
-                    dma_transpose_efficiency=0.5, tensor_ghz=2.8)
+                    dma_transpose_efficiency=0.5)
 _GEN3 = EngineCosts(vector_ghz=0.96, scalar_ghz=1.2, vector_psum_copy_16bit_rate=2,
                     instr_cycles=220.0, min_instruction_cycles=64, dma_bytes_per_s=368e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=25.0,
-                    dma_transpose_efficiency=0.5, tensor_ghz=2.4)
+                    dma_transpose_efficiency=0.5)
 _GEN4 = EngineCosts(vector_ghz=1.2, scalar_ghz=1.2, vector_psum_copy_16bit_rate=2,
                     instr_cycles=220.0, min_instruction_cycles=64, dma_bytes_per_s=528e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=25.0,
-                    dma_transpose_efficiency=0.5, tensor_ghz=2.4)
+                    dma_transpose_efficiency=0.5)
 
 
 def by_generation():

@@ -1,0 +1,318 @@
+"""Attention backward (FlashAttention-2 style) for AWS Trainium (NKI beta 2):
+``attention_bwd_kernel(q, k, v, o, do, lse, mask, scale, causal) -> (dq, dk, dv)``.
+
+The forward (attention.py with ``return_lse=True``) saves the per-row log-sum-exp
+``lse[B, H, Sq]`` (fp32, attention_lse.py). The backward recomputes ``P = exp(scale·S +
+mask - lse)`` block by block from Q, K and the lse, so no [Sq, Sk] tensor ever reaches HBM:
+
+    D_i  = rowsum(dO ⊙ O)                      (fp32, once per query row)
+    dV  += Pᵀ·dO            dP = dO·Vᵀ          dS = P ⊙ (dP - D_i)
+    dK  += scale · dSᵀ·Q    dQ += scale · dS·K
+
+Shapes (layout "bhsd", contiguous): q [B, H, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv],
+o / do [B, H, Sq, Dv], lse [B, H, Sq] fp32; mask as the forward takes it (None, an additive
+fp32 key row [Bm, Sk] or [Bm, Hm, Sq, Sk]); dq / dk / dv like q / k / v, dtype of q.
+GQA (H a multiple of Hkv): dK and dV of kv head hk sum over its G = H / Hkv query heads.
+Every shape and dtype the forward takes (attention.py), D, Dv <= 256.
+
+Cut (attention_bwd_plan.py): a unit is one (batch, kv head) pair with its G query heads.
+Its query side (Qᵀ, dOᵀ, Q, dO, -lse, D_i and the fp32 dQ accumulators) stays in SBUF for
+a chunk of query tiles while the keys stream through in blocks of ``kb`` keys (<= 256);
+per key block the dK | dV accumulators stay in PSUM for the whole chunk. A unit of one
+chunk (every workload of the main job) writes dK, dV once per key block; with several
+chunks (long sequences) the partial dK | dV sums go through an fp32 HBM scratch the unit
+alone owns, and dQ is written per chunk.
+
+LNC=2 (AWS, "Using Logical NeuronCores (LNC) with NKI"): each program owns a contiguous
+half of the (batch, kv head) pairs and writes dQ, dK, dV (and scratch) of its pairs only,
+so no HBM element is written by both cores and nothing is reduced across them; the pairs
+of a launch all cost the same, so the halves are balanced when the pair count is even
+(one pair: the second core idles). Every pair is computed by the same instructions at
+either degree, so LNC=1 and LNC=2 give identical results.
+
+Engines, per (query tile, query head, key block):
+    TensorE  S = Q·Kᵀ and dP = dO·Vᵀ side by side in one PSUM bank; dV += Pᵀ·dO and
+             dK += dSᵀ·Q per 128-key tile (PSUM accumulation over the chunk); dSᵀ by
+             128x128 transposes; dQ = dS·K (accumulated over the block's key tiles).
+    ScalarE  P = exp(scale·S - lse) straight from PSUM (the -lse as per-row bias).
+    VectorE  dS = (dP - D_i) ⊙ P in one instruction (dP read from PSUM); masked columns:
+             scale·S + mask into SBUF first.
+    VectorE or ScalarE (whichever the running estimate says is less loaded, BwdBalance):
+             the dSᵀ copy out of PSUM, the dQ accumulation, the dK / dV evacuations.
+    DMA      Qᵀ, dOᵀ, Kᵀ, Vᵀ arrive transposed (dma_transpose, 16-bit dtypes; fp32 on
+             TensorE); Q, dO, K rows and the outputs move as [128 rows, heads, D] blocks.
+Numerics: matmul operands in the input dtype (P and dS rounded to it, as the forward's P),
+accumulation and D_i, lse, dQ partial sums in fp32. ``dropout_p`` does not exist here.
+"""
+
+import nki
+import nki.isa as nisa
+import nki.language as nl
+
+from .attention_blocks import causal_diagonal, key_bias_rows, load_transposed, tile_bias
+from .attention_bwd_plan import BwdBalance, bwd_plan
+from .attention_launch import NEG_INF, P, launch_facts
+from .attention_lse import load_lse
+from .tiling import cdiv, program_share
+
+
+@nki.jit
+def attention_bwd_kernel(q, k, v, o, do, lse, mask=None, scale=1.0, causal=False, q_chunk=0):
+    """dq, dk, dv of attention (module docstring). ``q_chunk``: query tiles per chunk
+    (0: the plan's choice; tests force small chunks to cover the multi-chunk path)."""
+    facts = launch_facts(q, k, v, mask, scale, causal, "bhsd", max(1, k.shape[2]))
+    assert tuple(o.shape) == tuple(do.shape) == (facts.B, facts.H, facts.Sq, facts.Dv), \
+        f"o {o.shape} / do {do.shape}: expected {(facts.B, facts.H, facts.Sq, facts.Dv)}"
+    assert tuple(lse.shape) == (facts.B, facts.H, facts.Sq), \
+        f"lse {lse.shape}: expected {(facts.B, facts.H, facts.Sq)}"
+    plan = bwd_plan(facts, q_chunk)
+    bal = BwdBalance(facts)
+    dq = nl.ndarray(q.shape, dtype=q.dtype, buffer=nl.shared_hbm)
+    dk = nl.ndarray(k.shape, dtype=q.dtype, buffer=nl.shared_hbm)
+    dv = nl.ndarray(v.shape, dtype=q.dtype, buffer=nl.shared_hbm)
+    # partial dK | dV sums between query chunks (fp32); each unit owns its rows
+    scratch = (nl.ndarray((facts.B, facts.Hkv, facts.Sk, facts.D + facts.Dv), dtype=nl.float32,
+                          buffer=nl.shared_hbm) if plan.n_chunks > 1 else None)
+    base = None
+    if facts.causal_only:
+        # [128, 128] fp32: base[p, x] = 0 where x <= p - 1, else -inf (as the forward's)
+        zeros = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=zeros, value=0.0, engine=nisa.engine.gpsimd)
+        base = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.affine_select(dst=base, pattern=[[-1, P]], channel_multiplier=1, on_true_tile=zeros,
+                           on_false_value=NEG_INF, cmp_op=nl.greater_equal, offset=-1)
+    tensors = (q, k, v, o, do, lse, mask, dq, dk, dv, scratch, base)
+    lo, hi = program_share(facts.B * facts.Hkv)
+    key_bias, bias_batch = None, -1
+    for pair in range(lo, hi):
+        b, hk = pair // facts.Hkv, pair % facts.Hkv
+        if b != bias_batch:
+            key_bias, bias_batch = key_bias_rows(facts, mask, b), b
+        for c in range(plan.n_chunks):
+            t0 = c * plan.q_chunk
+            t1 = min(facts.n_q_tiles, t0 + plan.q_chunk)
+            _chunk(facts, plan, bal, tensors, b, hk, t0, t1, key_bias, c)
+    return dq, dk, dv
+
+
+def _chunk(facts, plan, bal, tensors, b, hk, t0, t1, key_bias, c):
+    """Query tiles t0:t1 of every query head of kv head hk (batch b) against every key block."""
+    f = facts
+    q, k, v, o, do, lse, mask, dq, dk, dv, scratch, base = tensors
+    h0, h1 = hk * f.G, (hk + 1) * f.G
+    G = f.G
+    nt = t1 - t0
+    s0, s1 = t0 * P, min(f.Sq, t1 * P)
+    # ---- query side, resident for the chunk
+    qT = load_transposed(f, q, b, h0, h1, s0, s1)        # [[dc, G, rows]] per head-dim piece
+    doT = load_transposed(f, do, b, h0, h1, s0, s1)      # [[dvc, G, rows]]
+    q_rows = _load_rows(f, q, b, h0, h1, s0, s1, f.D)    # [128, nt, G, D]
+    do_rows = _load_rows(f, do, b, h0, h1, s0, s1, f.Dv)
+    o_rows = _load_rows(f, o, b, h0, h1, s0, s1, f.Dv)
+    # D_i = rowsum(dO ⊙ O) in fp32: one multiply (VectorE) and one reduce for the chunk
+    prod = nl.ndarray((P, nt, G, f.Dv), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=prod, data1=do_rows, data2=o_rows, op=nl.multiply, engine=nisa.engine.gpsimd)
+    di = nl.ndarray((P, nt, G), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=di, op=nl.add, data=prod, axis=3)
+    neg_lse = nl.ndarray((P, nt, G), dtype=nl.float32, buffer=nl.sbuf)
+    load_lse(lse, neg_lse, b, h0, h1, s0, s1)
+    nisa.tensor_scalar(dst=neg_lse, data=neg_lse, op0=nl.multiply, operand0=-1.0, engine=nisa.engine.gpsimd)
+    dq_acc = nl.ndarray((P, nt, G, f.D), dtype=nl.float32, buffer=nl.sbuf)
+    # ---- key blocks
+    kb = plan.kb
+    last = c == plan.n_chunks - 1
+    for j in range(plan.n_kb):
+        k0 = j * kb
+        k1 = min(f.Sk, k0 + kb)
+        if f.causal and k0 >= s1:
+            # no row of the chunk sees these keys; keys no query row sees (k0 >= Sq) get
+            # dK = dV = 0 when the last chunk passes them
+            if last and k0 >= f.Sq:
+                _zero_kv(f, tensors, b, hk, k0, k1)
+            continue
+        # the scratch holds earlier chunks' sums of this block once one of them saw it
+        seen_before = c > 0 and (not f.causal or k0 < s0)
+        _key_block(f, plan, bal, tensors, b, hk, t0, t1, k0, k1, key_bias, c, j, seen_before,
+                   (qT, doT, q_rows, do_rows, di, neg_lse, dq_acc))
+    # ---- dQ = scale · Σ dS·K, one rounding into the output dtype
+    dq_sb = nl.ndarray((P, nt, G, f.D), dtype=dq.dtype, buffer=nl.sbuf)
+    nisa.activation(dst=dq_sb, op=nl.copy, data=dq_acc, scale=f.scale)
+    _store_rows(f, dq, dq_sb, b, h0, h1, s0, s1)
+
+
+def _key_block(facts, plan, bal, tensors, b, hk, t0, t1, k0, k1, key_bias, c, j, seen_before, qside):
+    """Keys k0:k1 against the chunk's query tiles t0:t1 (every query head of kv head hk)."""
+    f = facts
+    q, k, v, o, do, lse, mask, dq, dk, dv, scratch, base = tensors
+    qT, doT, q_rows, do_rows, di, neg_lse, dq_acc = qside
+    n = k1 - k0
+    kt = cdiv(n, P)
+    kT = load_transposed(f, k, b, hk, hk + 1, k0, k1)    # [[dc, 1, n]]
+    vT = load_transposed(f, v, b, hk, hk + 1, k0, k1)    # [[dvc, 1, n]]
+    k_rows = _load_rows(f, k, b, hk, hk + 1, k0, k1, f.D)  # [128, kt, 1, D]
+    W = f.D + f.Dv
+    kv_acc = nl.ndarray((P, kt, W), dtype=nl.float32, buffer=nl.psum)   # dK | dV per key tile
+    started = 0          # key tiles of kv_acc a matmul has initialised
+    valid = 0            # keys any query row of the chunk sees (causal: grows with the tile)
+    for t in range(t0, t1):
+        q0 = t * P
+        r = min(P, f.Sq - q0)
+        m = min(n, q0 + r - k0) if f.causal else n       # causal: keys after the tile's last row
+        if m <= 0:
+            continue
+        shared = None if f.mask_per_head else tile_bias(f, mask, b, 0, q0, r, k0, k0 + m, key_bias)
+        diag = causal_diagonal(base, q0, r, k0, m) if f.causal_only else None
+        for g in range(f.G):
+            h = hk * f.G + g
+            bias = tile_bias(f, mask, b, h, q0, r, k0, k0 + m, key_bias) if f.mask_per_head else shared
+            _block(f, plan, bal, qT, doT, q_rows, do_rows, di, neg_lse, dq_acc, kT, vT, k_rows,
+                   kv_acc, t - t0, g, r, m, bias, diag, started, j == 0)
+            started = max(started, cdiv(m, P))
+        valid = max(valid, m)
+    _finish_kv(f, plan, bal, tensors, b, hk, k0, k1, kv_acc, valid, c, seen_before)
+
+
+def _block(f, plan, bal, qT, doT, q_rows, do_rows, di, neg_lse, dq_acc, kT, vT, k_rows, kv_acc,
+           tl, g, r, m, bias, diag, started, dq_first):
+    """One (query tile tl of the chunk, query head g of the group) against m keys of the
+    block; key tiles < ``started`` of kv_acc accumulate, later ones are initialised."""
+    kt = cdiv(m, P)
+    # S | dP side by side in PSUM: [128, 2, kb] fp32 (rows :r)
+    sd = nl.ndarray((P, 2, plan.kb), dtype=nl.float32, buffer=nl.psum)
+    _contract(sd[:r, 0, 0:m], [t[:, g, tl * P:tl * P + r] for t in qT], [t[:, 0, 0:m] for t in kT])
+    _contract(sd[:r, 1, 0:m], [t[:, g, tl * P:tl * P + r] for t in doT], [t[:, 0, 0:m] for t in vT])
+    # P = exp(scale·S + mask - lse) (matmul dtype)
+    p = nl.ndarray((P, plan.kb), dtype=f.dtype, buffer=nl.sbuf)
+    nlse = neg_lse[:r, tl, g:g + 1]
+    cu, cb = (0, bias) if bias is not None else (diag if diag is not None else (m, None))
+    if cu:
+        nisa.activation(dst=p[:r, 0:cu], op=nl.exp, data=sd[:r, 0, 0:cu], bias=nlse, scale=f.scale)
+    if cu < m:
+        z = nl.ndarray((P, plan.kb), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.scalar_tensor_tensor(dst=z[:r, 0:m - cu], data=sd[:r, 0, cu:m], op0=nl.multiply,
+                                  operand0=f.scale, op1=nl.add, operand1=cb[:r, 0:m - cu])
+        nisa.activation(dst=p[:r, cu:m], op=nl.exp, data=z[:r, 0:m - cu], bias=nlse)
+        bal.charge(vector_cycles=2 * (m - cu) + bal.costs.instr_cycles)
+    bal.charge(scalar_cycles=m + bal.costs.instr_cycles * (1 + (0 < cu < m)))
+    # dS = (dP - D_i) ⊙ P (VectorE, dP from PSUM)
+    ds = nl.ndarray((P, plan.kb), dtype=f.dtype, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=ds[:r, 0:m], data=sd[:r, 1, 0:m], op0=nl.subtract,
+                              operand0=di[:r, tl, g:g + 1], op1=nl.multiply, operand1=p[:r, 0:m])
+    bal.charge(vector_cycles=2 * m + bal.costs.instr_cycles)
+    # dV += Pᵀ·dO, dK += dSᵀ·Q (PSUM accumulation over the chunk), per 128-key tile
+    for i in range(kt):
+        c0, kc = i * P, min(P, m - i * P)
+        nisa.nc_matmul(dst=kv_acc[:kc, i, f.D:f.D + f.Dv], stationary=p[:r, c0:c0 + kc],
+                       moving=do_rows[:r, tl, g, :], accumulate=i < started)
+        nisa.nc_matmul(dst=kv_acc[:kc, i, 0:f.D], stationary=ds[:r, c0:c0 + kc],
+                       moving=q_rows[:r, tl, g, :], accumulate=i < started)
+    # dSᵀ (TensorE transposes into one PSUM tile, one copy out), then dQ = dS·K
+    tp = nl.ndarray((P, plan.kt, P), dtype=f.dtype, buffer=nl.psum)
+    for i in range(kt):
+        c0, kc = i * P, min(P, m - i * P)
+        nisa.nc_transpose(dst=tp[:kc, i, :r], data=ds[:r, c0:c0 + kc])
+    dsT = nl.ndarray((P, plan.kt, P), dtype=f.dtype, buffer=nl.sbuf)
+    if kt > 1:
+        nisa.tensor_copy(dst=dsT[:, 0:kt - 1, :r], src=tp[:, 0:kt - 1, :r],
+                         engine=bal.pick(*bal.copy_cycles((kt - 1) * r, f.itemsize == 2)))
+    kc = m - (kt - 1) * P
+    nisa.tensor_copy(dst=dsT[:kc, kt - 1, :r], src=tp[:kc, kt - 1, :r],
+                     engine=bal.pick(*bal.copy_cycles(r, f.itemsize == 2)))
+    dqp = nl.ndarray((P, f.D), dtype=nl.float32, buffer=nl.psum)
+    for i in range(kt):
+        kc = min(P, m - i * P)
+        nisa.nc_matmul(dst=dqp[:r], stationary=dsT[:kc, i, :r], moving=k_rows[:kc, i, 0, :],
+                       accumulate=i > 0)
+    acc = dq_acc[:r, tl, g, :]
+    if dq_first:
+        nisa.tensor_copy(dst=acc, src=dqp[:r], engine=bal.pick(*bal.copy_cycles(f.D, False)))
+    else:
+        nisa.tensor_tensor(dst=acc, data1=dqp[:r], data2=acc, op=nl.add)
+        bal.charge(vector_cycles=f.D + bal.costs.instr_cycles)
+
+
+def _finish_kv(f, plan, bal, tensors, b, hk, k0, k1, kv_acc, valid, c, seen_before):
+    """dK | dV of keys k0:k1 out of PSUM (keys valid.. no row of the chunk saw: 0): to the
+    outputs (one chunk), else summed through the fp32 scratch (the first chunk that sees
+    the block writes it, later ones read-add it, the last chunk writes the outputs)."""
+    q, k, v, o, do, lse, mask, dq, dk, dv, scratch, base = tensors
+    n = k1 - k0
+    kt = cdiv(n, P)
+    W = f.D + f.Dv
+    last = c == plan.n_chunks - 1
+    if plan.n_chunks == 1 and valid == n:
+        src = kv_acc
+    else:
+        part = nl.ndarray((P, kt, 1, W), dtype=nl.float32, buffer=nl.sbuf)
+        vf, vt = valid // P, valid % P
+        if seen_before:
+            _load_rows(f, scratch, b, hk, hk + 1, k0, k1, W, out=part)
+            if vf:
+                nisa.tensor_tensor(dst=part[:, 0:vf, 0, :], data1=kv_acc[:, 0:vf, :],
+                                   data2=part[:, 0:vf, 0, :], op=nl.add)
+            if vt:
+                nisa.tensor_tensor(dst=part[:vt, vf, 0, :], data1=kv_acc[:vt, vf, :],
+                                   data2=part[:vt, vf, 0, :], op=nl.add)
+        else:
+            if valid < n:
+                nisa.memset(dst=part, value=0.0, engine=nisa.engine.gpsimd)
+            if vf:
+                nisa.tensor_copy(dst=part[:, 0:vf, 0, :], src=kv_acc[:, 0:vf, :], engine=nisa.engine.vector)
+            if vt:
+                nisa.tensor_copy(dst=part[:vt, vf, 0, :], src=kv_acc[:vt, vf, :], engine=nisa.engine.vector)
+        bal.charge(vector_cycles=2 * (kt * W + bal.costs.instr_cycles))
+        if not last:
+            _store_rows(f, scratch, part, b, hk, hk + 1, k0, k1)
+            return
+        src = part[:, :, 0, :]
+    dk_sb = nl.ndarray((P, kt, 1, f.D), dtype=dk.dtype, buffer=nl.sbuf)
+    dv_sb = nl.ndarray((P, kt, 1, f.Dv), dtype=dv.dtype, buffer=nl.sbuf)
+    nisa.activation(dst=dk_sb[:, :, 0, :], op=nl.copy, data=src[:, :, 0:f.D], scale=f.scale)
+    nisa.tensor_copy(dst=dv_sb[:, :, 0, :], src=src[:, :, f.D:W],
+                     engine=bal.pick(*bal.copy_cycles(kt * f.Dv, False)))
+    bal.charge(scalar_cycles=kt * f.D + bal.costs.instr_cycles)
+    _store_rows(f, dk, dk_sb, b, hk, hk + 1, k0, k1)
+    _store_rows(f, dv, dv_sb, b, hk, hk + 1, k0, k1)
+
+
+def _zero_kv(f, tensors, b, hk, k0, k1):
+    """dK = dV = 0 for keys k0:k1 (causal: keys after the last query row)."""
+    q, k, v, o, do, lse, mask, dq, dk, dv, scratch, base = tensors
+    kt = cdiv(k1 - k0, P)
+    z = nl.ndarray((P, kt, 1, max(f.D, f.Dv)), dtype=dk.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=z, value=0.0, engine=nisa.engine.gpsimd)
+    _store_rows(f, dk, z[:, :, :, 0:f.D], b, hk, hk + 1, k0, k1)
+    _store_rows(f, dv, z[:, :, :, 0:f.Dv], b, hk, hk + 1, k0, k1)
+
+
+# ------------------------------------------------------------------------------ helpers
+
+def _contract(dst, a_pieces, b_pieces):
+    """dst = Σ over head-dim pieces of a_pieceᵀ·b_piece (TensorE, PSUM accumulation)."""
+    for i, (a, bb) in enumerate(zip(a_pieces, b_pieces)):
+        nisa.nc_matmul(dst=dst, stationary=a, moving=bb, accumulate=i > 0)
+
+
+def _load_rows(facts, src, b, h0, h1, s0, s1, d, out=None):
+    """[128, tiles, h1-h0, d] SBUF tile of src[b, h0:h1, s0:s1] (row s0 + 128 t + p at
+    partition p of tile t): one DMA for the full tiles, one for a tail."""
+    n = s1 - s0
+    nt = cdiv(n, P)
+    if out is None:
+        out = nl.ndarray((P, nt, h1 - h0, d), dtype=src.dtype, buffer=nl.sbuf)
+    full = n // P
+    if full:
+        nisa.dma_copy(dst=out[:, 0:full], src=facts.tiles(src, b, h0, h1, s0, s0 + full * P))
+    if n > full * P:
+        nisa.dma_copy(dst=out[:n - full * P, full], src=facts.rows(src, b, h0, h1, s0 + full * P, s1))
+    return out
+
+
+def _store_rows(facts, dst, tile, b, h0, h1, s0, s1):
+    """dst[b, h0:h1, s0:s1] (HBM) <- tile [128, tiles, h1-h0, d] (the layout of _load_rows)."""
+    n = s1 - s0
+    full = n // P
+    if full:
+        nisa.dma_copy(dst=facts.tiles(dst, b, h0, h1, s0, s0 + full * P), src=tile[:, 0:full])
+    if n > full * P:
+        nisa.dma_copy(dst=facts.rows(dst, b, h0, h1, s0 + full * P, s1), src=tile[:n - full * P, full])
