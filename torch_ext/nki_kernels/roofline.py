@@ -28,12 +28,22 @@ upcasts bf16 to fp32) and ``_safe_softmax`` as a single softmax pass.
 
 Every function takes tensors (or anything with ``.shape``, ``.dtype`` and
 ``.element_size()``, e.g. ``torch.empty(shape, dtype=..., device="meta")``).
+
+**Backward rows** (ops with a backward kernel, ``registry.Backward``): the limit is the
+backward's compulsory work (``Work``, as above: the gradients' reads and writes); the
+modeled **eager-autograd baseline** is the sequence of ATen ops PyTorch's autograd runs
+for the backward of the op's eager composition (``eager_autograd``: recorded on meta
+tensors with a ``TorchDispatchMode``, so it is the sequence torch 2.13 actually
+dispatches, not a hand list), each charged at its own limit by the same rule (every input
+read from and every output written to HBM; view ops free). The forward ops eager ran are
+not counted: the baseline is the backward pass alone, as the kernel row is.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 from .simulator.hardware import DEFAULT_TARGET, Target, get_target
 
@@ -323,3 +333,147 @@ def apply_rotary_pos_emb(q, k, cos, sin, lnc: int = 1,
         ]
     return _roofline("apply_rotary_pos_emb", work, eager, target, lnc)
 
+
+
+# ----------------------------------------------------------------------------- backward
+
+# ATen ops that only change a tensor's metadata (no data moved): free in the eager models.
+_VIEW_OPS = frozenset({
+    "detach", "expand", "view", "_unsafe_view", "t", "transpose", "permute", "unsqueeze",
+    "squeeze", "slice", "select", "alias", "as_strided", "reshape", "split", "split_with_sizes",
+    "unbind", "chunk", "narrow", "_reshape_alias", "unflatten", "flatten",
+})
+# ATen ops that evaluate a transcendental per output element on ScalarE (exp, tanh,
+# sigmoid, erf, rsqrt; a fractional or negative power is an exp/log pair, counted once).
+_TRANSCENDENTAL_OPS = frozenset({
+    "exp", "tanh", "sigmoid", "rsqrt", "sqrt", "erf", "log", "reciprocal", "silu", "gelu",
+    "silu_backward", "gelu_backward", "sigmoid_backward", "tanh_backward",
+})
+
+
+def _aten_work(func, args, kwargs, out) -> Work | None:
+    """``Work`` of one recorded ATen call (None for a view op): every tensor input read,
+    every tensor output written, transcendentals per output element for the ops above,
+    matmul FLOPs for mm/bmm/addmm."""
+    import torch
+
+    name = func.overloadpacket.__name__
+    if name in _VIEW_OPS:
+        return None
+    flat_in = [a for a in list(args) + list((kwargs or {}).values()) for a in (a if isinstance(a, (list, tuple)) else (a,))]
+    ins = [a for a in flat_in if isinstance(a, torch.Tensor)]
+    outs = [o for o in (out if isinstance(out, (list, tuple)) else (out,)) if isinstance(o, torch.Tensor)]
+    nbytes = sum(_nbytes(t) for t in ins + outs)
+    n_out = sum(math.prod(o.shape) for o in outs)
+    trans = 0
+    if name in _TRANSCENDENTAL_OPS:
+        trans = n_out
+    elif name == "pow":
+        exponent = args[1] if len(args) > 1 else None
+        if not (isinstance(exponent, (int, float)) and float(exponent).is_integer() and exponent >= 0):
+            trans = n_out
+    flops = 0
+    if name in ("mm", "bmm", "addmm", "baddbmm"):
+        a, b = ins[-2], ins[-1]
+        flops = 2 * math.prod(a.shape) * b.shape[-1]
+    fp32 = any(_is_fp32(o) for o in outs)
+    return Work(f"{name}", nbytes, flops, trans, fp32)
+
+
+def eager_autograd(forward: Callable, inputs: Sequence, grad_inputs: Sequence[int]) -> list[Work]:
+    """The ATen ops autograd runs for the backward of ``forward(*inputs)`` (the op's
+    eager composition), as ``Work``: recorded on meta copies of the tensor ``inputs``
+    (shape and dtype kept, no data), the gradients taken with respect to the inputs at
+    positions ``grad_inputs``, the output gradients of the outputs' shapes and dtypes.
+    Non-tensor inputs pass through."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    metas = [torch.empty(tuple(a.shape), dtype=a.dtype, device="meta",
+                         requires_grad=i in grad_inputs and a.is_floating_point())
+             if isinstance(a, torch.Tensor) else a for i, a in enumerate(inputs)]
+    wrt = [metas[i] for i in grad_inputs if isinstance(metas[i], torch.Tensor)]
+    with torch.enable_grad():
+        outs = forward(*metas)
+    outs = [o for o in (outs if isinstance(outs, (tuple, list)) else (outs,)) if o.requires_grad]
+    grads = [torch.empty_like(o) for o in outs]
+    steps: list[Work] = []
+
+    class _Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            work = _aten_work(func, args, kwargs, out)
+            if work is not None:
+                steps.append(work)
+            return out
+
+    with _Record():
+        torch.autograd.grad(outs, wrt, grads, allow_unused=True)
+    return steps
+
+
+def backward_roofline(op: str, work: Work, forward: Callable, inputs: Sequence,
+                      grad_inputs: Sequence[int], target, lnc: int) -> Roofline:
+    """The limit of a backward kernel (``work``: its compulsory work) and its modeled
+    eager-autograd baseline (``eager_autograd(forward, inputs, grad_inputs)``)."""
+    return _roofline(op, work, eager_autograd(forward, inputs, grad_inputs), target, lnc)
+
+
+def _grad_io(name: str, reads: Sequence, writes: Sequence, transcendentals: int = 0) -> Work:
+    """Compulsory work of a backward: every tensor of ``reads`` read once, of ``writes``
+    written once (None entries skipped); fp32 when the first read is fp32."""
+    present = [t for t in list(reads) + list(writes) if t is not None]
+    return Work(name, sum(_nbytes(t) for t in present), 0, int(transcendentals), _is_fp32(reads[0]))
+
+
+def _eager_rms_norm(x, normalized_shape, weight, eps):
+    import torch.nn.functional as F
+
+    return F.rms_norm(x, tuple(normalized_shape), weight, eps)
+
+
+def rms_norm_backward(grad_output, input, normalized_shape, weight=None, eps=None, lnc: int = 1,
+                      target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """rms_norm's backward: reads dy, x (weight), writes dx (dweight); one rsqrt per row.
+    Eager autograd: the backward of F.rms_norm's ATen decomposition."""
+    rows = math.prod(input.shape) // math.prod(normalized_shape)
+    work = _grad_io("rms_norm backward", (grad_output, input, weight), (input, weight), rows)
+    return backward_roofline("rms_norm backward", work, _eager_rms_norm,
+                             (input, list(normalized_shape), weight, 1e-6 if eps is None else eps),
+                             (0, 2), target, lnc)
+
+
+def _eager_fused_add_rms_norm(x, residual, weight, eps):
+    import torch.nn.functional as F
+
+    total = x + residual
+    return F.rms_norm(total, (x.shape[-1],), weight, eps), total
+
+
+def fused_add_rms_norm_backward(grad_output, grad_total, total, weight=None, eps=None, lnc: int = 1,
+                                target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """fused_add_rms_norm's backward: reads d(normed), d(total), the saved sum and the
+    weight; writes d(input) (= d(residual), the same tensor) and dweight. Eager autograd:
+    the backward of add + F.rms_norm (autograd's add backward passes the gradient through,
+    its accumulation of the two gradients of the sum is an add)."""
+    rows = math.prod(total.shape) // total.shape[-1]
+    work = _grad_io("fused_add_rms_norm backward", (grad_output, grad_total, total, weight), (total, weight), rows)
+    return backward_roofline("fused_add_rms_norm backward", work, _eager_fused_add_rms_norm,
+                             (total, total, weight, 1e-6 if eps is None else eps), (0, 1, 2), target, lnc)
+
+
+def _eager_layer_norm(x, normalized_shape, weight, bias, eps):
+    import torch.nn.functional as F
+
+    return F.layer_norm(x, tuple(normalized_shape), weight, bias, eps)
+
+
+def layer_norm_backward(grad_output, input, normalized_shape, weight=None, bias=None, eps: float = 1e-5,
+                        lnc: int = 1, target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """layer_norm's backward: reads dy, x (weight), writes dx (dweight, dbias); one rsqrt
+    per row. Eager autograd: ``native_layer_norm_backward`` (one fused ATen op reading the
+    forward's saved fp32 mean and rstd)."""
+    rows = math.prod(input.shape) // math.prod(normalized_shape)
+    work = _grad_io("layer_norm backward", (grad_output, input, weight), (input, weight, bias), rows)
+    return backward_roofline("layer_norm backward", work, _eager_layer_norm,
+                             (input, list(normalized_shape), weight, bias, eps), (0, 2, 3), target, lnc)
