@@ -201,6 +201,54 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     return _roofline("scaled_dot_product_attention", work, eager, target, lnc)
 
 
+def _eager_sdpa_math(query, key, value, attn_mask, is_causal, scale):
+    """SDPA's math path as eager autograd sees it (the same ATen ops as the forward model
+    above): q·sqrt(scale), k·sqrt(scale), repeat_interleave for grouped heads, bmm, causal
+    mask, mask add, softmax, bmm; in the input dtype."""
+    import torch
+
+    h, hkv = query.shape[1], key.shape[1]
+    root = math.sqrt(scale)
+    q, k, v = query * root, key * root, value
+    if hkv != h:
+        k, v = k.repeat_interleave(h // hkv, dim=1), v.repeat_interleave(h // hkv, dim=1)
+    s = q @ k.transpose(-2, -1)
+    if is_causal:
+        keep = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    if attn_mask is not None:
+        s = s + attn_mask
+    return torch.softmax(s, dim=-1) @ v
+
+
+def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse, attn_mask=None,
+                                          is_causal: bool = False, scale=None, lnc: int = 1,
+                                          target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """Attention's backward (FlashAttention-2: P recomputed from Q, K and the saved lse).
+
+    Limit: reads q, k, v, O, dO, lse (and the mask), writes dq, dk, dv; matmuls S = Q·Kᵀ
+    (recomputed), dP = dO·Vᵀ, dV = Pᵀ·dO, dK = dSᵀ·Q, dQ = dS·K over the (query, key) pairs
+    the mask keeps (causal: the lower triangle); one exp per pair.
+    Eager autograd: the backward of SDPA's math path (``_eager_sdpa_math``), recorded
+    (``eager_autograd``): bmm's, softmax backward, the scale multiplies; every [Sq, Sk]
+    intermediate through HBM."""
+    b, h, sq, d = query.shape
+    hkv, sk, dv = key.shape[1], key.shape[2], value.shape[-1]
+    scale = d ** -0.5 if scale is None else scale
+    pairs = b * h * (_causal_pairs(sq, sk) if is_causal else sq * sk)
+    reads = (grad_out, query, key, value, out, lse) + ((attn_mask,) if attn_mask is not None else ())
+    work = Work("scaled_dot_product_attention backward",
+                sum(_nbytes(t) for t in reads) + _nbytes(query) + _nbytes(key) + _nbytes(value),
+                2 * pairs * (3 * d + 2 * dv), pairs, _is_fp32(query))
+    mask = attn_mask
+    if mask is not None and _dtype_name(mask.dtype) == "bool":
+        import torch
+
+        mask = torch.empty(tuple(mask.shape), dtype=query.dtype, device="meta")
+    return backward_roofline("scaled_dot_product_attention backward", work, _eager_sdpa_math,
+                             (query, key, value, mask, is_causal, scale), (0, 1, 2), target, lnc)
+
+
 # ----------------------------------------------------------------------------- norms
 
 def _rms_norm_eager(x, weight, prefix: str = "") -> list[Work]:

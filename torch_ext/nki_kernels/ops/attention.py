@@ -482,9 +482,36 @@ def _workload(name, b, h, s, d, hkv=None, causal=False, **kw):
     return registry.Workload(label, make, **kw)
 
 
+def _backward_inputs(gen, args, kwargs):
+    """The backward op's arguments for a forward workload: fresh dO, the saved O and lse
+    (the reference forward in fp32, O rounded to the dtype)."""
+    query, key, value = args
+    attn_mask, is_causal = kwargs.get("attn_mask"), kwargs.get("is_causal", False)
+    scale = float(query.shape[-1] ** -0.5)
+    enable_gqa = query.shape[1] != key.shape[1]
+    out = references.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, is_causal=is_causal,
+                                                  scale=scale, enable_gqa=enable_gqa,
+                                                  compute_dtype=torch.float32).to(query.dtype)
+    lse = _lse_twin(query, key, attn_mask, is_causal, scale)
+    grad_out = randn(gen, *out.shape, dtype=query.dtype)
+    return (grad_out, query, key, value, out, lse), {"attn_mask": attn_mask, "is_causal": is_causal,
+                                                      "scale": scale}
+
+
+def _backward_reference(grad_out, query, key, value, out, lse, attn_mask=None, is_causal=False, scale=None,
+                        compute_dtype=torch.float64):
+    """dq, dk, dv in ``compute_dtype`` (PyTorch math, ``_backward_math``)."""
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    return _backward_math(grad_out, query, key, value, attn_mask, is_causal, scale, compute_dtype)
+
+
+BACKWARD = registry.Backward(
+    custom_op=_sdpa_backward_op, inputs=_backward_inputs, kernel_call=attention_backward_kernel_call,
+    reference=_backward_reference, roofline=roofline.scaled_dot_product_attention_backward)
+
 registry.register(registry.OpSpec(
     "scaled_dot_product_attention", scaled_dot_product_attention, _sdpa_op, attention_kernel_call,
-    references.scaled_dot_product_attention, roofline.scaled_dot_product_attention,
+    references.scaled_dot_product_attention, roofline.scaled_dot_product_attention, backward=BACKWARD,
     workloads=(
         _workload("ViT-B/16", 8, 12, 197, 64, quick=True, speedup_target=2.4),
         _workload("ViT-L/16", 8, 16, 197, 64, quick=True, speedup_target=2.4),
