@@ -82,42 +82,59 @@ def attention_bwd_kernel(q, k, v, o, do, lse, mask=None, scale=1.0, causal=False
         nisa.affine_select(dst=base, pattern=[[-1, P]], channel_multiplier=1, on_true_tile=zeros,
                            on_false_value=NEG_INF, cmp_op=nl.greater_equal, offset=-1)
     tensors = (q, k, v, o, do, lse, mask, dq, dk, dv, scratch, base)
-    lo, hi = program_share(facts.B * facts.Hkv)
     key_bias, bias_batch = None, -1
-    for pair in range(lo, hi):
-        b, hk = pair // facts.Hkv, pair % facts.Hkv
+    for b, hk0, hk1 in _units(facts, plan):
         if b != bias_batch:
             key_bias, bias_batch = key_bias_rows(facts, mask, b), b
         for c in range(plan.n_chunks):
             t0 = c * plan.q_chunk
             t1 = min(facts.n_q_tiles, t0 + plan.q_chunk)
-            _chunk(facts, plan, bal, tensors, b, hk, t0, t1, key_bias, c)
+            _chunk(facts, plan, bal, tensors, b, hk0, hk1, t0, t1, key_bias, c)
     return dq, dk, dv
 
 
-def _chunk(facts, plan, bal, tensors, b, hk, t0, t1, key_bias, c):
-    """Query tiles t0:t1 of every query head of kv head hk (batch b) against every key block."""
+def _units(facts, plan):
+    """This program's units (b, hk0, hk1): its contiguous share of the (batch, kv head)
+    pairs, cut at batch boundaries into runs of at most plan.kv_group kv heads."""
+    lo, hi = program_share(facts.B * facts.Hkv)
+    units = []
+    i = lo
+    while i < hi:
+        b, hk0 = i // facts.Hkv, i % facts.Hkv
+        hk1 = min(facts.Hkv, hk0 + plan.kv_group, hk0 + hi - i)
+        units.append((b, hk0, hk1))
+        i += hk1 - hk0
+    return units
+
+
+def _chunk(facts, plan, bal, tensors, b, hk0, hk1, t0, t1, key_bias, c):
+    """Query tiles t0:t1 of every query head of kv heads hk0:hk1 (batch b) against every key block."""
     f = facts
     q, k, v, o, do, lse, mask, dq, dk, dv, scratch, base = tensors
-    h0, h1 = hk * f.G, (hk + 1) * f.G
-    G = f.G
+    h0, h1 = hk0 * f.G, hk1 * f.G
+    nh = h1 - h0
     nt = t1 - t0
     s0, s1 = t0 * P, min(f.Sq, t1 * P)
-    # ---- query side, resident for the chunk
-    qT = load_transposed(f, q, b, h0, h1, s0, s1)        # [[dc, G, rows]] per head-dim piece
-    doT = load_transposed(f, do, b, h0, h1, s0, s1)      # [[dvc, G, rows]]
-    q_rows = _load_rows(f, q, b, h0, h1, s0, s1, f.D)    # [128, nt, G, D]
+    # ---- query side of every head of the unit, resident for the chunk (one DMA per tensor)
+    qT = load_transposed(f, q, b, h0, h1, s0, s1)        # [[dc, nh, rows]] per head-dim piece
+    doT = load_transposed(f, do, b, h0, h1, s0, s1)      # [[dvc, nh, rows]]
+    q_rows = _load_rows(f, q, b, h0, h1, s0, s1, f.D)    # [128, nt, nh, D]
     do_rows = _load_rows(f, do, b, h0, h1, s0, s1, f.Dv)
     o_rows = _load_rows(f, o, b, h0, h1, s0, s1, f.Dv)
-    # D_i = rowsum(dO ⊙ O) in fp32: one multiply (VectorE) and one reduce for the chunk
-    prod = nl.ndarray((P, nt, G, f.Dv), dtype=nl.float32, buffer=nl.sbuf)
+    # D_i = rowsum(dO ⊙ O) in fp32: one multiply (GpSimd) and one reduce for the chunk
+    prod = nl.ndarray((P, nt, nh, f.Dv), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=prod, data1=do_rows, data2=o_rows, op=nl.multiply, engine=nisa.engine.gpsimd)
-    di = nl.ndarray((P, nt, G), dtype=nl.float32, buffer=nl.sbuf)
+    di = nl.ndarray((P, nt, nh), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_reduce(dst=di, op=nl.add, data=prod, axis=3)
-    neg_lse = nl.ndarray((P, nt, G), dtype=nl.float32, buffer=nl.sbuf)
+    bal.charge(vector_cycles=nt * nh * f.Dv + bal.costs.instr_cycles)
+    bal.charge_gpsimd(2 * nt * nh * f.Dv + bal.costs.instr_cycles)
+    neg_di = nl.ndarray((P, nt, nh), dtype=nl.float32, buffer=nl.sbuf)   # -D_i: a ScalarE bias
+    nisa.tensor_scalar(dst=neg_di, data=di, op0=nl.multiply, operand0=-1.0, engine=nisa.engine.gpsimd)
+    neg_lse = nl.ndarray((P, nt, nh), dtype=nl.float32, buffer=nl.sbuf)
     load_lse(lse, neg_lse, b, h0, h1, s0, s1)
     nisa.tensor_scalar(dst=neg_lse, data=neg_lse, op0=nl.multiply, operand0=-1.0, engine=nisa.engine.gpsimd)
-    dq_acc = nl.ndarray((P, nt, G, f.D), dtype=nl.float32, buffer=nl.sbuf)
+    dq_acc = nl.ndarray((P, nt, nh, f.D), dtype=nl.float32, buffer=nl.sbuf)
+    qside = (qT, doT, q_rows, do_rows, (di, neg_di), neg_lse, dq_acc)
     # ---- key blocks
     kb = plan.kb
     last = c == plan.n_chunks - 1
@@ -128,32 +145,41 @@ def _chunk(facts, plan, bal, tensors, b, hk, t0, t1, key_bias, c):
             # no row of the chunk sees these keys; keys no query row sees (k0 >= Sq) get
             # dK = dV = 0 when the last chunk passes them
             if last and k0 >= f.Sq:
-                _zero_kv(f, tensors, b, hk, k0, k1)
+                _zero_kv(f, tensors, b, hk0, hk1, k0, k1)
             continue
         # the scratch holds earlier chunks' sums of this block once one of them saw it
         seen_before = c > 0 and (not f.causal or k0 < s0)
-        _key_block(f, plan, bal, tensors, b, hk, t0, t1, k0, k1, key_bias, c, j, seen_before,
-                   (qT, doT, q_rows, do_rows, di, neg_lse, dq_acc))
+        kT = load_transposed(f, k, b, hk0, hk1, k0, k1)        # [[dc, nkv, n]]
+        vT = load_transposed(f, v, b, hk0, hk1, k0, k1)        # [[dvc, nkv, n]]
+        k_rows = _load_rows(f, k, b, hk0, hk1, k0, k1, f.D)    # [128, kt, nkv, D]
+        kside = (kT, vT, k_rows)
+        for a0 in range(hk0, hk1, plan.kv_batch):
+            a1 = min(hk1, a0 + plan.kv_batch)
+            _kv_batch(f, plan, bal, tensors, b, hk0, a0, a1, t0, t1, k0, k1, key_bias, c, j,
+                      seen_before, qside, kside)
     # ---- dQ = scale · Σ dS·K, one rounding into the output dtype
-    dq_sb = nl.ndarray((P, nt, G, f.D), dtype=dq.dtype, buffer=nl.sbuf)
+    dq_sb = nl.ndarray((P, nt, nh, f.D), dtype=dq.dtype, buffer=nl.sbuf)
     nisa.activation(dst=dq_sb, op=nl.copy, data=dq_acc, scale=f.scale)
+    bal.charge(scalar_cycles=nt * nh * f.D + bal.costs.instr_cycles)
     _store_rows(f, dq, dq_sb, b, h0, h1, s0, s1)
 
 
-def _key_block(facts, plan, bal, tensors, b, hk, t0, t1, k0, k1, key_bias, c, j, seen_before, qside):
-    """Keys k0:k1 against the chunk's query tiles t0:t1 (every query head of kv head hk)."""
-    f = facts
+def _kv_batch(f, plan, bal, tensors, b, hk0, a0, a1, t0, t1, k0, k1, key_bias, c, j, seen_before,
+              qside, kside):
+    """Keys k0:k1 of kv heads a0:a1 (their dK | dV accumulators in one PSUM tile) against the
+    chunk's query tiles t0:t1 of their query heads."""
     q, k, v, o, do, lse, mask, dq, dk, dv, scratch, base = tensors
     qT, doT, q_rows, do_rows, di, neg_lse, dq_acc = qside
+    kT, vT, k_rows = kside
     n = k1 - k0
     kt = cdiv(n, P)
-    kT = load_transposed(f, k, b, hk, hk + 1, k0, k1)    # [[dc, 1, n]]
-    vT = load_transposed(f, v, b, hk, hk + 1, k0, k1)    # [[dvc, 1, n]]
-    k_rows = _load_rows(f, k, b, hk, hk + 1, k0, k1, f.D)  # [128, kt, 1, D]
+    na = a1 - a0
     W = f.D + f.Dv
-    kv_acc = nl.ndarray((P, kt, W), dtype=nl.float32, buffer=nl.psum)   # dK | dV per key tile
+    kv_acc = nl.ndarray((P, plan.kt, plan.kv_batch, W), dtype=nl.float32, buffer=nl.psum)
     started = 0          # key tiles of kv_acc a matmul has initialised
     valid = 0            # keys any query row of the chunk sees (causal: grows with the tile)
+    hq0 = (a0 - hk0) * f.G                  # first query head of the batch, unit-relative
+    nq = na * f.G
     for t in range(t0, t1):
         q0 = t * P
         r = min(P, f.Sq - q0)
@@ -162,28 +188,67 @@ def _key_block(facts, plan, bal, tensors, b, hk, t0, t1, k0, k1, key_bias, c, j,
             continue
         shared = None if f.mask_per_head else tile_bias(f, mask, b, 0, q0, r, k0, k0 + m, key_bias)
         diag = causal_diagonal(base, q0, r, k0, m) if f.causal_only else None
-        for g in range(f.G):
-            h = hk * f.G + g
-            bias = tile_bias(f, mask, b, h, q0, r, k0, k0 + m, key_bias) if f.mask_per_head else shared
-            _block(f, plan, bal, qT, doT, q_rows, do_rows, di, neg_lse, dq_acc, kT, vT, k_rows,
-                   kv_acc, t - t0, g, r, m, bias, diag, started, j == 0)
-            started = max(started, cdiv(m, P))
+        for g0 in range(0, nq, plan.head_batch):
+            g1 = min(nq, g0 + plan.head_batch)
+            _head_batch(f, plan, bal, qside, kside, kv_acc, a0 - hk0, mask, b, hk0, hq0 + g0, hq0 + g1, t - t0,
+                        q0, r, k0, m, key_bias, shared, diag, started, j == 0)
+        started = max(started, cdiv(m, P))
         valid = max(valid, m)
-    _finish_kv(f, plan, bal, tensors, b, hk, k0, k1, kv_acc, valid, c, seen_before)
+    _finish_kv(f, plan, bal, tensors, b, a0, a1, k0, k1, kv_acc[:, 0:kt, 0:na, :], valid, c, seen_before)
 
 
-def _block(f, plan, bal, qT, doT, q_rows, do_rows, di, neg_lse, dq_acc, kT, vT, k_rows, kv_acc,
-           tl, g, r, m, bias, diag, started, dq_first):
-    """One (query tile tl of the chunk, query head g of the group) against m keys of the
-    block; key tiles < ``started`` of kv_acc accumulate, later ones are initialised."""
+def _head_batch(f, plan, bal, qside, kside, kv_acc, ka0, mask, b, hk0, u0, u1, tl, q0, r, k0, m,
+                key_bias, shared, diag, started, dq_first):
+    """Query heads u0:u1 (unit-relative) of query tile tl against m keys: per head S, dP, P,
+    dS and the dV, dK matmuls; the heads' dSᵀ in one PSUM tile (one copy out) and their dQ
+    in one PSUM tile (one accumulation into dq_acc)."""
+    qT, doT, q_rows, do_rows, di, neg_lse, dq_acc = qside
+    kT, vT, k_rows = kside
     kt = cdiv(m, P)
+    nu = u1 - u0
+    h_first = hk0 * f.G                     # absolute index of unit-relative head 0
+    tp = nl.ndarray((P, plan.head_batch * plan.kt, P), dtype=f.dtype, buffer=nl.psum)
+    for u in range(u0, u1):
+        kv = u // f.G                       # unit-relative kv head
+        bias = tile_bias(f, mask, b, h_first + u, q0, r, k0, k0 + m, key_bias) if f.mask_per_head else shared
+        _head(f, plan, bal, qT, doT, q_rows, do_rows, di, neg_lse, kT, vT, kv_acc, tl, u, kv,
+              kv - ka0, r, m, bias, diag, started, tp[:, (u - u0) * plan.kt:(u - u0 + 1) * plan.kt, :])
+    # dSᵀ of every head of the batch out of PSUM in one copy; rows of a tail key tile past
+    # m hold stale data the dQ matmuls never read
+    dsT = nl.ndarray((P, plan.head_batch * plan.kt, P), dtype=f.dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=dsT[:, 0:nu * plan.kt, :r], src=tp[:, 0:nu * plan.kt, :r],
+                     engine=bal.pick(*bal.copy_cycles(nu * plan.kt * r, f.itemsize == 2)))
+    dqp = nl.ndarray((P, plan.head_batch, f.D), dtype=nl.float32, buffer=nl.psum)
+    for u in range(u0, u1):
+        kv = u // f.G
+        for i in range(kt):
+            kc = min(P, m - i * P)
+            nisa.nc_matmul(dst=dqp[:r, u - u0, :], stationary=dsT[:kc, (u - u0) * plan.kt + i, :r],
+                           moving=k_rows[:kc, i, kv, :], accumulate=i > 0)
+    acc = dq_acc[:r, tl, u0:u1, :]
+    if dq_first:
+        nisa.tensor_copy(dst=acc, src=dqp[:r, 0:nu, :], engine=bal.pick(*bal.copy_cycles(nu * f.D, False)))
+    else:
+        nisa.tensor_tensor(dst=acc, data1=dqp[:r, 0:nu, :], data2=acc, op=nl.add)
+        bal.charge(vector_cycles=nu * f.D + bal.costs.instr_cycles)
+
+
+def _head(f, plan, bal, qT, doT, q_rows, do_rows, di, neg_lse, kT, vT, kv_acc, tl, u, kv, ka, r, m,
+          bias, diag, started, tp):
+    """One query head u (unit-relative; kv head kv of the unit, ka of the kv batch) of query
+    tile tl against m keys: S, dP, P, dS, dV and dK (kv_acc: key tiles < ``started``
+    accumulate, later ones are initialised by the first query head of the kv head's group
+    and accumulated by the others) and dSᵀ into ``tp`` ([128, kt, 128] PSUM)."""
+    kt = cdiv(m, P)
+    later_in_group = u % f.G != 0
     # S | dP side by side in PSUM: [128, 2, kb] fp32 (rows :r)
     sd = nl.ndarray((P, 2, plan.kb), dtype=nl.float32, buffer=nl.psum)
-    _contract(sd[:r, 0, 0:m], [t[:, g, tl * P:tl * P + r] for t in qT], [t[:, 0, 0:m] for t in kT])
-    _contract(sd[:r, 1, 0:m], [t[:, g, tl * P:tl * P + r] for t in doT], [t[:, 0, 0:m] for t in vT])
+    rows = slice(tl * P, tl * P + r)
+    _contract(sd[:r, 0, 0:m], [t[:, u, rows] for t in qT], [t[:, kv, 0:m] for t in kT])
+    _contract(sd[:r, 1, 0:m], [t[:, u, rows] for t in doT], [t[:, kv, 0:m] for t in vT])
     # P = exp(scale·S + mask - lse) (matmul dtype)
     p = nl.ndarray((P, plan.kb), dtype=f.dtype, buffer=nl.sbuf)
-    nlse = neg_lse[:r, tl, g:g + 1]
+    nlse = neg_lse[:r, tl, u:u + 1]
     cu, cb = (0, bias) if bias is not None else (diag if diag is not None else (m, None))
     if cu:
         nisa.activation(dst=p[:r, 0:cu], op=nl.exp, data=sd[:r, 0, 0:cu], bias=nlse, scale=f.scale)
@@ -194,95 +259,89 @@ def _block(f, plan, bal, qT, doT, q_rows, do_rows, di, neg_lse, dq_acc, kT, vT, 
         nisa.activation(dst=p[:r, cu:m], op=nl.exp, data=z[:r, 0:m - cu], bias=nlse)
         bal.charge(vector_cycles=2 * (m - cu) + bal.costs.instr_cycles)
     bal.charge(scalar_cycles=m + bal.costs.instr_cycles * (1 + (0 < cu < m)))
-    # dS = (dP - D_i) ⊙ P (VectorE, dP from PSUM)
+    # dS = (dP - D_i) ⊙ P
     ds = nl.ndarray((P, plan.kb), dtype=f.dtype, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=ds[:r, 0:m], data=sd[:r, 1, 0:m], op0=nl.subtract,
-                              operand0=di[:r, tl, g:g + 1], op1=nl.multiply, operand1=p[:r, 0:m])
-    bal.charge(vector_cycles=2 * m + bal.costs.instr_cycles)
+    _ds(f, bal, ds[:r, 0:m], sd[:r, 1, 0:m], di[0][:r, tl, u:u + 1], di[1][:r, tl, u:u + 1], p[:r, 0:m], m)
     # dV += Pᵀ·dO, dK += dSᵀ·Q (PSUM accumulation over the chunk), per 128-key tile
     for i in range(kt):
         c0, kc = i * P, min(P, m - i * P)
-        nisa.nc_matmul(dst=kv_acc[:kc, i, f.D:f.D + f.Dv], stationary=p[:r, c0:c0 + kc],
-                       moving=do_rows[:r, tl, g, :], accumulate=i < started)
-        nisa.nc_matmul(dst=kv_acc[:kc, i, 0:f.D], stationary=ds[:r, c0:c0 + kc],
-                       moving=q_rows[:r, tl, g, :], accumulate=i < started)
-    # dSᵀ (TensorE transposes into one PSUM tile, one copy out), then dQ = dS·K
-    tp = nl.ndarray((P, plan.kt, P), dtype=f.dtype, buffer=nl.psum)
+        nisa.nc_matmul(dst=kv_acc[:kc, i, ka, f.D:f.D + f.Dv], stationary=p[:r, c0:c0 + kc],
+                       moving=do_rows[:r, tl, u, :], accumulate=i < started or later_in_group)
+        nisa.nc_matmul(dst=kv_acc[:kc, i, ka, 0:f.D], stationary=ds[:r, c0:c0 + kc],
+                       moving=q_rows[:r, tl, u, :], accumulate=i < started or later_in_group)
+    # dSᵀ by 128x128 TensorE transposes
     for i in range(kt):
         c0, kc = i * P, min(P, m - i * P)
         nisa.nc_transpose(dst=tp[:kc, i, :r], data=ds[:r, c0:c0 + kc])
-    dsT = nl.ndarray((P, plan.kt, P), dtype=f.dtype, buffer=nl.sbuf)
-    if kt > 1:
-        nisa.tensor_copy(dst=dsT[:, 0:kt - 1, :r], src=tp[:, 0:kt - 1, :r],
-                         engine=bal.pick(*bal.copy_cycles((kt - 1) * r, f.itemsize == 2)))
-    kc = m - (kt - 1) * P
-    nisa.tensor_copy(dst=dsT[:kc, kt - 1, :r], src=tp[:kc, kt - 1, :r],
-                     engine=bal.pick(*bal.copy_cycles(r, f.itemsize == 2)))
-    dqp = nl.ndarray((P, f.D), dtype=nl.float32, buffer=nl.psum)
-    for i in range(kt):
-        kc = min(P, m - i * P)
-        nisa.nc_matmul(dst=dqp[:r], stationary=dsT[:kc, i, :r], moving=k_rows[:kc, i, 0, :],
-                       accumulate=i > 0)
-    acc = dq_acc[:r, tl, g, :]
-    if dq_first:
-        nisa.tensor_copy(dst=acc, src=dqp[:r], engine=bal.pick(*bal.copy_cycles(f.D, False)))
-    else:
-        nisa.tensor_tensor(dst=acc, data1=dqp[:r], data2=acc, op=nl.add)
-        bal.charge(vector_cycles=f.D + bal.costs.instr_cycles)
 
 
-def _finish_kv(f, plan, bal, tensors, b, hk, k0, k1, kv_acc, valid, c, seen_before):
-    """dK | dV of keys k0:k1 out of PSUM (keys valid.. no row of the chunk saw: 0): to the
-    outputs (one chunk), else summed through the fp32 scratch (the first chunk that sees
-    the block writes it, later ones read-add it, the last chunk writes the outputs)."""
+def _ds(f, bal, ds, dp, di, neg_di, p, m):
+    """ds = (dP - D_i) ⊙ P, on the engines the running estimate says are least loaded
+    (BwdBalance.pick_ds): VectorE alone (one instruction, two full inputs, dP from PSUM),
+    or ScalarE takes dP - D_i out of PSUM (-D_i as its bias; rounded to the matmul dtype,
+    as dS itself is) and VectorE or GpSimd multiplies by P in SBUF."""
+    way = bal.pick_ds(m, f.itemsize == 2)
+    if way == 0:
+        nisa.scalar_tensor_tensor(dst=ds, data=dp, op0=nl.subtract, operand0=di, op1=nl.multiply, operand1=p)
+        return
+    r = ds.shape[0]
+    dpm = nl.ndarray((P, m), dtype=f.dtype, buffer=nl.sbuf)
+    nisa.activation(dst=dpm[:r], op=nl.copy, data=dp, bias=neg_di)
+    nisa.tensor_tensor(dst=ds, data1=dpm[:r], data2=p, op=nl.multiply,
+                       engine=nisa.engine.vector if way == 1 else nisa.engine.gpsimd)
+
+
+def _finish_kv(f, plan, bal, tensors, b, a0, a1, k0, k1, kv_acc, valid, c, seen_before):
+    """dK | dV of kv heads a0:a1, keys k0:k1 out of PSUM (kv_acc [128, kt, heads, D + Dv];
+    keys valid.. no row of the chunk saw: 0): to the outputs (one chunk), else summed
+    through the fp32 scratch (the first chunk that sees the block writes it, later ones
+    read-add it, the last chunk writes the outputs)."""
     q, k, v, o, do, lse, mask, dq, dk, dv, scratch, base = tensors
     n = k1 - k0
     kt = cdiv(n, P)
+    na = a1 - a0
     W = f.D + f.Dv
     last = c == plan.n_chunks - 1
     if plan.n_chunks == 1 and valid == n:
         src = kv_acc
     else:
-        part = nl.ndarray((P, kt, 1, W), dtype=nl.float32, buffer=nl.sbuf)
+        part = nl.ndarray((P, kt, na, W), dtype=nl.float32, buffer=nl.sbuf)
         vf, vt = valid // P, valid % P
         if seen_before:
-            _load_rows(f, scratch, b, hk, hk + 1, k0, k1, W, out=part)
+            _load_rows(f, scratch, b, a0, a1, k0, k1, W, out=part)
             if vf:
-                nisa.tensor_tensor(dst=part[:, 0:vf, 0, :], data1=kv_acc[:, 0:vf, :],
-                                   data2=part[:, 0:vf, 0, :], op=nl.add)
+                nisa.tensor_tensor(dst=part[:, 0:vf], data1=kv_acc[:, 0:vf], data2=part[:, 0:vf], op=nl.add)
             if vt:
-                nisa.tensor_tensor(dst=part[:vt, vf, 0, :], data1=kv_acc[:vt, vf, :],
-                                   data2=part[:vt, vf, 0, :], op=nl.add)
+                nisa.tensor_tensor(dst=part[:vt, vf], data1=kv_acc[:vt, vf], data2=part[:vt, vf], op=nl.add)
         else:
             if valid < n:
                 nisa.memset(dst=part, value=0.0, engine=nisa.engine.gpsimd)
             if vf:
-                nisa.tensor_copy(dst=part[:, 0:vf, 0, :], src=kv_acc[:, 0:vf, :], engine=nisa.engine.vector)
+                nisa.tensor_copy(dst=part[:, 0:vf], src=kv_acc[:, 0:vf], engine=nisa.engine.vector)
             if vt:
-                nisa.tensor_copy(dst=part[:vt, vf, 0, :], src=kv_acc[:vt, vf, :], engine=nisa.engine.vector)
-        bal.charge(vector_cycles=2 * (kt * W + bal.costs.instr_cycles))
+                nisa.tensor_copy(dst=part[:vt, vf], src=kv_acc[:vt, vf], engine=nisa.engine.vector)
+        bal.charge(vector_cycles=2 * (kt * na * W + bal.costs.instr_cycles))
         if not last:
-            _store_rows(f, scratch, part, b, hk, hk + 1, k0, k1)
+            _store_rows(f, scratch, part, b, a0, a1, k0, k1)
             return
-        src = part[:, :, 0, :]
-    dk_sb = nl.ndarray((P, kt, 1, f.D), dtype=dk.dtype, buffer=nl.sbuf)
-    dv_sb = nl.ndarray((P, kt, 1, f.Dv), dtype=dv.dtype, buffer=nl.sbuf)
-    nisa.activation(dst=dk_sb[:, :, 0, :], op=nl.copy, data=src[:, :, 0:f.D], scale=f.scale)
-    nisa.tensor_copy(dst=dv_sb[:, :, 0, :], src=src[:, :, f.D:W],
-                     engine=bal.pick(*bal.copy_cycles(kt * f.Dv, False)))
-    bal.charge(scalar_cycles=kt * f.D + bal.costs.instr_cycles)
-    _store_rows(f, dk, dk_sb, b, hk, hk + 1, k0, k1)
-    _store_rows(f, dv, dv_sb, b, hk, hk + 1, k0, k1)
+        src = part
+    dk_sb = nl.ndarray((P, kt, na, f.D), dtype=dk.dtype, buffer=nl.sbuf)
+    dv_sb = nl.ndarray((P, kt, na, f.Dv), dtype=dv.dtype, buffer=nl.sbuf)
+    nisa.activation(dst=dk_sb, op=nl.copy, data=src[:, :, :, 0:f.D], scale=f.scale)
+    nisa.tensor_copy(dst=dv_sb, src=src[:, :, :, f.D:W], engine=bal.pick(*bal.copy_cycles(kt * na * f.Dv, False)))
+    bal.charge(scalar_cycles=kt * na * f.D + bal.costs.instr_cycles)
+    _store_rows(f, dk, dk_sb, b, a0, a1, k0, k1)
+    _store_rows(f, dv, dv_sb, b, a0, a1, k0, k1)
 
 
-def _zero_kv(f, tensors, b, hk, k0, k1):
-    """dK = dV = 0 for keys k0:k1 (causal: keys after the last query row)."""
+def _zero_kv(f, tensors, b, a0, a1, k0, k1):
+    """dK = dV = 0 for kv heads a0:a1, keys k0:k1 (causal: keys after the last query row)."""
     q, k, v, o, do, lse, mask, dq, dk, dv, scratch, base = tensors
     kt = cdiv(k1 - k0, P)
-    z = nl.ndarray((P, kt, 1, max(f.D, f.Dv)), dtype=dk.dtype, buffer=nl.sbuf)
+    z = nl.ndarray((P, kt, a1 - a0, max(f.D, f.Dv)), dtype=dk.dtype, buffer=nl.sbuf)
     nisa.memset(dst=z, value=0.0, engine=nisa.engine.gpsimd)
-    _store_rows(f, dk, z[:, :, :, 0:f.D], b, hk, hk + 1, k0, k1)
-    _store_rows(f, dv, z[:, :, :, 0:f.Dv], b, hk, hk + 1, k0, k1)
+    _store_rows(f, dk, z[:, :, :, 0:f.D], b, a0, a1, k0, k1)
+    _store_rows(f, dv, z[:, :, :, 0:f.Dv], b, a0, a1, k0, k1)
 
 
 # ------------------------------------------------------------------------------ helpers

@@ -24,16 +24,22 @@ from .engine_costs import active as active_engine_costs
 from .tiling import cdiv
 
 FP32_BYTES = 4
-# Keys per block (see the module docstring): 512 when the dK | dV accumulators of 4 key
-# tiles fit 2 PSUM banks (D + Dv <= 256), else 256.
-KV_BLOCK_WIDE = 512
+PSUM_BANK_BYTES = 2048       # per partition (trn1-trn3: 8 banks of 2 KiB)
+# Keys per block: S and dP of one (query tile, head) side by side in one PSUM bank
+# ([128, 2, 256] fp32 = 2 KiB).
 KV_BLOCK = 256
-WIDE_MAX_DK_DV = 256
-# Per-partition SBUF budget of a chunk's query side (trn2: 192 KiB per partition usable by
-# kernels); the rest holds one key block (Kᵀ, Vᵀ, K rows: < 4 KiB at D = 256) and the
-# per-block scratch (P, dS, dSᵀ, the masked-score tile: < 8 KiB), with room for the
-# allocation rotation to load the next block while this one computes.
+# PSUM banks of the dK | dV accumulators of a kv batch (the kv heads accumulated together).
+# With S | dP (1), the dSᵀ tile (1), the dQ tile (1) and an fp32 transpose bank of the
+# loads (1) the launch's peak stays at 6 of the 8 banks, 2 left for the allocation
+# rotation to overlap consecutive heads.
+KV_ACC_BANKS = 2
+# Per-partition SBUF budgets (trn2: 192 KiB per partition usable by kernels): the query
+# side of a unit's chunk (resident while the key blocks stream), and the key side of one
+# block of the unit's kv heads (Kᵀ, Vᵀ, K rows); the rest holds the per-head scratch (P,
+# dS, dP - D_i, dSᵀ, the masked-score tile: < 8 KiB) and the allocation rotation's next
+# block.
 Q_SIDE_BUDGET = 112 * 1024
+KV_SIDE_BUDGET = 32 * 1024
 
 
 @dataclass(frozen=True)
@@ -43,46 +49,66 @@ class BwdPlan(nl.NKIObject):
     kb: int                  # keys per block
     n_kb: int                # key blocks
     kt: int                  # 128-key tiles per block (kb / 128)
+    kv_group: int            # kv heads per unit (loads and stores move all of them at once)
     q_chunk: int             # query tiles per chunk
-    n_chunks: int            # chunks per (batch, kv head)
+    n_chunks: int            # chunks per unit
+    kv_batch: int            # kv heads whose dK | dV accumulate in one PSUM tile
+    head_batch: int          # query heads whose dSᵀ and dQ share one PSUM tile each
 
 
 def q_side_bytes(facts):
     """SBUF bytes per partition of one (query head, query tile) of a chunk: Qᵀ and dOᵀ (one
     row of 128 per head-dim piece), Q, dO and O rows, the fp32 dQ accumulator, the fp32
-    dO ⊙ O product (D_i), D_i and -lse."""
+    dO ⊙ O product (D_i), D_i, -D_i and -lse."""
     f = facts
     isz = f.itemsize
     return ((cdiv(f.D, P) + cdiv(f.Dv, P)) * P * isz + (f.D + 2 * f.Dv) * isz
-            + (f.D + f.Dv) * FP32_BYTES + 2 * FP32_BYTES)
+            + (f.D + f.Dv) * FP32_BYTES + 3 * FP32_BYTES)
 
 
 def bwd_plan(facts, q_chunk=0):
     """The ``BwdPlan`` of a launch (``facts``: attention_launch.LaunchFacts); ``q_chunk`` > 0
-    forces the query tiles per chunk."""
+    forces the query tiles per chunk (and one kv head per unit)."""
     f = facts
-    kb = KV_BLOCK_WIDE if f.D + f.Dv <= WIDE_MAX_DK_DV else KV_BLOCK
-    kb = min(kb, max(1, cdiv(f.Sk, P) * P))
+    kb = min(KV_BLOCK, max(1, cdiv(f.Sk, P) * P))
+    kt = cdiv(kb, P)
     n_kb = cdiv(f.Sk, kb)
-    fit = max(1, Q_SIDE_BUDGET // (q_side_bytes(f) * f.G))
-    chunk = min(f.n_q_tiles, q_chunk if q_chunk > 0 else fit)
-    return BwdPlan(kb=kb, n_kb=n_kb, kt=cdiv(kb, P), q_chunk=max(1, chunk),
-                   n_chunks=cdiv(f.n_q_tiles, max(1, chunk)))
+    per_head_tile = q_side_bytes(f)
+    per_kv_head = f.G * f.n_q_tiles * per_head_tile
+    kv_bytes = (cdiv(f.D, P) + cdiv(f.Dv, P)) * kb * f.itemsize + kt * f.D * f.itemsize
+    if q_chunk > 0 or per_kv_head > Q_SIDE_BUDGET:
+        kv_group = 1
+        chunk = q_chunk if q_chunk > 0 else max(1, Q_SIDE_BUDGET // (f.G * per_head_tile))
+    else:
+        kv_group = max(1, min(f.Hkv, Q_SIDE_BUDGET // per_kv_head, KV_SIDE_BUDGET // kv_bytes))
+        chunk = f.n_q_tiles
+    chunk = max(1, min(f.n_q_tiles, chunk))
+    W = f.D + f.Dv
+    kv_batch = max(1, min(kv_group, KV_ACC_BANKS * PSUM_BANK_BYTES // (kt * W * FP32_BYTES)))
+    head_batch = max(1, min(PSUM_BANK_BYTES // (kt * P * f.itemsize), PSUM_BANK_BYTES // (f.D * FP32_BYTES)))
+    return BwdPlan(kb=kb, n_kb=n_kb, kt=kt, kv_group=kv_group, q_chunk=chunk,
+                   n_chunks=cdiv(f.n_q_tiles, chunk), kv_batch=kv_batch, head_batch=head_batch)
 
 
 class BwdBalance(nl.NKIObject):
-    """Running VectorE / ScalarE busy-time estimates of one backward program (ns), in issue
-    order, and the engine each PSUM copy goes to: the one that keeps them most even."""
+    """Running VectorE / ScalarE / GpSimd busy-time estimates of one backward program (ns),
+    in issue order, and the engines work either can do goes to: those that keep the
+    estimates most even (greedy list schedule)."""
 
     def __init__(self, facts):
         self.costs = active_engine_costs()
         self.vector_ns = 0.0
         self.scalar_ns = 0.0
+        self.gpsimd_ns = 0.0
 
     def charge(self, vector_cycles=0.0, scalar_cycles=0.0):
         """Account work that must run on VectorE / ScalarE (estimated cycles)."""
         self.vector_ns += vector_cycles / self.costs.vector_ghz
         self.scalar_ns += scalar_cycles / self.costs.scalar_ghz
+
+    def charge_gpsimd(self, cycles):
+        """Account GpSimd work (GpSimd runs at ScalarE's clock on trn1-trn3)."""
+        self.gpsimd_ns += cycles / self.costs.scalar_ghz
 
     def pick(self, vector_cycles, scalar_cycles):
         """The engine (nisa.engine) for work either can do (greedy list schedule)."""
@@ -93,6 +119,27 @@ class BwdBalance(nl.NKIObject):
             return nisa.engine.vector
         self.scalar_ns = ts
         return nisa.engine.scalar
+
+    def pick_ds(self, m, sixteen):
+        """How dS = (dP - D_i) ⊙ P of m columns is made (attention_bwd._ds): 0 VectorE
+        alone (2 input passes), 1 ScalarE dP - D_i then VectorE multiply (both inputs in
+        SBUF: 16-bit performance mode), 2 ScalarE then GpSimd multiply; the way whose
+        busiest engine ends earliest."""
+        c = self.costs
+        fixed = c.instr_cycles
+        vg, sg = c.vector_ghz, c.scalar_ghz
+        mult_v = max(c.min_instruction_cycles, 2 * m / (c.vector_psum_copy_16bit_rate if sixteen else 1)) + fixed
+        ways = [
+            (self.vector_ns + (2 * m + fixed) / vg, self.scalar_ns, self.gpsimd_ns),
+            (self.vector_ns + mult_v / vg, self.scalar_ns + (m + fixed) / sg, self.gpsimd_ns),
+            (self.vector_ns, self.scalar_ns + (m + fixed) / sg, self.gpsimd_ns + (2 * m + fixed) / sg),
+        ]
+        best = 0
+        for i in range(1, 3):
+            if max(ways[i]) < max(ways[best]):
+                best = i
+        self.vector_ns, self.scalar_ns, self.gpsimd_ns = ways[best]
+        return best
 
     def copy_cycles(self, elems, sixteen):
         """(VectorE, ScalarE) cycles of a PSUM -> SBUF copy of ``elems`` per partition
