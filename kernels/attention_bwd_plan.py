@@ -25,9 +25,13 @@ from .tiling import cdiv
 
 FP32_BYTES = 4
 PSUM_BANK_BYTES = 2048       # per partition (trn1-trn3: 8 banks of 2 KiB)
-# Keys per block: S and dP of one (query tile, head) side by side in one PSUM bank
-# ([128, 2, 256] fp32 = 2 KiB).
+# Keys per block: S and dP of one (query tile, head) side by side in PSUM ([128, 2, kb]
+# fp32: one bank at 256 keys, two at 512). 512 when D + Dv <= 256 (then the dK | dV
+# accumulators of one kv head, [128, 4, D + Dv] fp32, fit KV_ACC_BANKS), else 256: longer
+# instructions spread each one's fixed cost, and dQ is summed over fewer blocks.
 KV_BLOCK = 256
+KV_BLOCK_WIDE = 512
+WIDE_MAX_DK_DV = 256
 # PSUM banks of the dK | dV accumulators of a kv batch (the kv heads accumulated together).
 # With S | dP (1), the dSᵀ tile (1), the dQ tile (1) and an fp32 transpose bank of the
 # loads (1) the launch's peak stays at 6 of the 8 banks, 2 left for the allocation
@@ -70,7 +74,8 @@ def bwd_plan(facts, q_chunk=0):
     """The ``BwdPlan`` of a launch (``facts``: attention_launch.LaunchFacts); ``q_chunk`` > 0
     forces the query tiles per chunk (and one kv head per unit)."""
     f = facts
-    kb = min(KV_BLOCK, max(1, cdiv(f.Sk, P) * P))
+    kb = KV_BLOCK_WIDE if f.D + f.Dv <= WIDE_MAX_DK_DV else KV_BLOCK
+    kb = min(kb, max(1, cdiv(f.Sk, P) * P))
     kt = cdiv(kb, P)
     n_kb = cdiv(f.Sk, kb)
     per_head_tile = q_side_bytes(f)
