@@ -276,19 +276,18 @@ def _head(f, plan, bal, qT, doT, q_rows, do_rows, di, neg_lse, kT, vT, kv_acc, t
 
 
 def _ds(f, bal, ds, dp, di, neg_di, p, m):
-    """ds = (dP - D_i) ⊙ P, on the engines the running estimate says are least loaded
-    (BwdBalance.pick_ds): VectorE alone (one instruction, two full inputs, dP from PSUM),
-    or ScalarE takes dP - D_i out of PSUM (-D_i as its bias; rounded to the matmul dtype,
-    as dS itself is) and VectorE or GpSimd multiplies by P in SBUF."""
-    way = bal.pick_ds(m, f.itemsize == 2)
-    if way == 0:
+    """ds = (dP - D_i) ⊙ P, rounded once into the matmul dtype, on the engines the running
+    estimate says are least loaded (BwdBalance.pick_ds): VectorE alone (one instruction,
+    two full inputs, dP from PSUM), or ScalarE takes dP - D_i out of PSUM (-D_i as its
+    bias, fp32) and GpSimd multiplies by P in SBUF. Both compute the same fp32 values, so
+    the result does not depend on the choice (LNC=1 and LNC=2 runs agree bit for bit)."""
+    if bal.pick_ds(m) == 0:
         nisa.scalar_tensor_tensor(dst=ds, data=dp, op0=nl.subtract, operand0=di, op1=nl.multiply, operand1=p)
         return
     r = ds.shape[0]
-    dpm = nl.ndarray((P, m), dtype=f.dtype, buffer=nl.sbuf)
+    dpm = nl.ndarray((P, m), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=dpm[:r], op=nl.copy, data=dp, bias=neg_di)
-    nisa.tensor_tensor(dst=ds, data1=dpm[:r], data2=p, op=nl.multiply,
-                       engine=nisa.engine.vector if way == 1 else nisa.engine.gpsimd)
+    nisa.tensor_tensor(dst=ds, data1=dpm[:r], data2=p, op=nl.multiply, engine=nisa.engine.gpsimd)
 
 
 def _finish_kv(f, plan, bal, tensors, b, a0, a1, k0, k1, kv_acc, valid, c, seen_before):

@@ -125,26 +125,20 @@ class BwdBalance(nl.NKIObject):
         self.scalar_ns = ts
         return nisa.engine.scalar
 
-    def pick_ds(self, m, sixteen):
-        """How dS = (dP - D_i) ⊙ P of m columns is made (attention_bwd._ds): 0 VectorE
-        alone (2 input passes), 1 ScalarE dP - D_i then VectorE multiply (both inputs in
-        SBUF: 16-bit performance mode), 2 ScalarE then GpSimd multiply; the way whose
-        busiest engine ends earliest."""
+    def pick_ds(self, m):
+        """How dS = (dP - D_i) ⊙ P of m columns is made (attention_bwd._ds): 0 VectorE alone
+        (2 input passes), 1 ScalarE dP - D_i out of PSUM then GpSimd multiplies (2 input
+        passes); the way whose busier engine ends earlier."""
         c = self.costs
         fixed = c.instr_cycles
-        vg, sg = c.vector_ghz, c.scalar_ghz
-        mult_v = max(c.min_instruction_cycles, 2 * m / (c.vector_psum_copy_16bit_rate if sixteen else 1)) + fixed
-        ways = [
-            (self.vector_ns + (2 * m + fixed) / vg, self.scalar_ns, self.gpsimd_ns),
-            (self.vector_ns + mult_v / vg, self.scalar_ns + (m + fixed) / sg, self.gpsimd_ns),
-            (self.vector_ns, self.scalar_ns + (m + fixed) / sg, self.gpsimd_ns + (2 * m + fixed) / sg),
-        ]
-        best = 0
-        for i in range(1, 3):
-            if max(ways[i]) < max(ways[best]):
-                best = i
-        self.vector_ns, self.scalar_ns, self.gpsimd_ns = ways[best]
-        return best
+        vector = self.vector_ns + (2 * m + fixed) / c.vector_ghz
+        scalar = self.scalar_ns + (m + fixed) / c.scalar_ghz
+        gpsimd = self.gpsimd_ns + (2 * m + fixed) / c.scalar_ghz
+        if vector <= max(scalar, gpsimd):
+            self.vector_ns = vector
+            return 0
+        self.scalar_ns, self.gpsimd_ns = scalar, gpsimd
+        return 1
 
     def copy_cycles(self, elems, sixteen):
         """(VectorE, ScalarE) cycles of a PSUM -> SBUF copy of ``elems`` per partition
