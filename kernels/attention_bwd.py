@@ -50,7 +50,7 @@ import nki.isa as nisa
 import nki.language as nl
 
 from .attention_blocks import causal_diagonal, key_bias_rows, load_transposed, tile_bias
-from .attention_bwd_plan import BwdBalance, bwd_plan
+from .attention_bwd_plan import FOLD_PAIR, FOLD_RING, FOLD_ROWS, BwdBalance, bwd_plan
 from .attention_launch import NEG_INF, P, launch_facts
 from .attention_lse import load_lse
 from .tiling import cdiv, program_share
@@ -81,7 +81,8 @@ def attention_bwd_kernel(q, k, v, o, do, lse, mask=None, scale=1.0, causal=False
         base = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
         nisa.affine_select(dst=base, pattern=[[-1, P]], channel_multiplier=1, on_true_tile=zeros,
                            on_false_value=NEG_INF, cmp_op=nl.greater_equal, offset=-1)
-    tensors = (q, k, v, o, do, lse, mask, dq, dk, dv, scratch, base)
+    ring = _ones_ring(facts, plan) if plan.folded else None
+    tensors = (q, k, v, o, do, lse, mask, dq, dk, dv, scratch, base, ring)
     key_bias, bias_batch = None, -1
     for b, hk0, hk1 in _units(facts, plan):
         if b != bias_batch:
@@ -110,14 +111,20 @@ def _units(facts, plan):
 def _chunk(facts, plan, bal, tensors, b, hk0, hk1, t0, t1, key_bias, c):
     """Query tiles t0:t1 of every query head of kv heads hk0:hk1 (batch b) against every key block."""
     f = facts
-    q, k, v, o, do, lse, mask, dq, dk, dv, scratch, base = tensors
+    q, k, v, o, do, lse, mask, dq, dk, dv, scratch, base, ring = tensors
     h0, h1 = hk0 * f.G, hk1 * f.G
     nh = h1 - h0
     nt = t1 - t0
     s0, s1 = t0 * P, min(f.Sq, t1 * P)
     # ---- query side of every head of the unit, resident for the chunk (one DMA per tensor)
-    qT = load_transposed(f, q, b, h0, h1, s0, s1)        # [[dc, nh, rows]] per head-dim piece
-    doT = load_transposed(f, do, b, h0, h1, s0, s1)      # [[dvc, nh, rows]]
+    if plan.folded:
+        qx = nl.ndarray((f.D + FOLD_ROWS, nh, s1 - s0), dtype=f.dtype, buffer=nl.sbuf)
+        dox = nl.ndarray((f.Dv + FOLD_ROWS, nh, s1 - s0), dtype=f.dtype, buffer=nl.sbuf)
+        qT = load_transposed(f, q, b, h0, h1, s0, s1, out=qx[0:f.D])
+        doT = load_transposed(f, do, b, h0, h1, s0, s1, out=dox[0:f.Dv])
+    else:
+        qT = load_transposed(f, q, b, h0, h1, s0, s1)        # [[dc, nh, rows]] per head-dim piece
+        doT = load_transposed(f, do, b, h0, h1, s0, s1)      # [[dvc, nh, rows]]
     q_rows = _load_rows(f, q, b, h0, h1, s0, s1, f.D)    # [128, nt, nh, D]
     do_rows = _load_rows(f, do, b, h0, h1, s0, s1, f.Dv)
     o_rows = _load_rows(f, o, b, h0, h1, s0, s1, f.Dv)
@@ -133,6 +140,13 @@ def _chunk(facts, plan, bal, tensors, b, hk0, hk1, t0, t1, key_bias, c):
     neg_lse = nl.ndarray((P, nt, nh), dtype=nl.float32, buffer=nl.sbuf)
     load_lse(lse, neg_lse, b, h0, h1, s0, s1)
     nisa.tensor_scalar(dst=neg_lse, data=neg_lse, op0=nl.multiply, operand0=-1.0, engine=nisa.engine.gpsimd)
+    if plan.folded:
+        # rows D..D+2 of Qᵀ: -lse / scale, rows Dv..Dv+2 of dOᵀ: -D_i, as exact bf16 triples
+        inv = nl.ndarray((P, nt, nh), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=inv, data=neg_lse, op0=nl.divide, operand0=f.scale, engine=nisa.engine.gpsimd)
+        _fold_rows(f, inv, qx, f.D, nt, nh, s0, s1)
+        _fold_rows(f, neg_di, dox, f.Dv, nt, nh, s0, s1)
+        qT, doT = [qx], [dox]
     dq_acc = nl.ndarray((P, nt, nh, f.D), dtype=nl.float32, buffer=nl.sbuf)
     qside = (qT, doT, q_rows, do_rows, (di, neg_di), neg_lse, dq_acc)
     # ---- key blocks
@@ -149,8 +163,16 @@ def _chunk(facts, plan, bal, tensors, b, hk0, hk1, t0, t1, key_bias, c):
             continue
         # the scratch holds earlier chunks' sums of this block once one of them saw it
         seen_before = c > 0 and (not f.causal or k0 < s0)
-        kT = load_transposed(f, k, b, hk0, hk1, k0, k1)        # [[dc, nkv, n]]
-        vT = load_transposed(f, v, b, hk0, hk1, k0, k1)        # [[dvc, nkv, n]]
+        if plan.folded:
+            # the next ring slot: rows D..D+2 (Dv..Dv+2) hold ones since the launch began
+            kx, vx = ring[bal.next_slot()]
+            nkv = hk1 - hk0
+            kT = load_transposed(f, k, b, hk0, hk1, k0, k1, out=kx[0:f.D, 0:nkv, 0:k1 - k0])
+            vT = load_transposed(f, v, b, hk0, hk1, k0, k1, out=vx[0:f.Dv, 0:nkv, 0:k1 - k0])
+            kT, vT = [kx], [vx]
+        else:
+            kT = load_transposed(f, k, b, hk0, hk1, k0, k1)        # [[dc, nkv, n]]
+            vT = load_transposed(f, v, b, hk0, hk1, k0, k1)        # [[dvc, nkv, n]]
         k_rows = _load_rows(f, k, b, hk0, hk1, k0, k1, f.D)    # [128, kt, nkv, D]
         kside = (kT, vT, k_rows)
         for a0 in range(hk0, hk1, plan.kv_batch):
@@ -168,7 +190,7 @@ def _kv_batch(f, plan, bal, tensors, b, hk0, a0, a1, t0, t1, k0, k1, key_bias, c
               qside, kside):
     """Keys k0:k1 of kv heads a0:a1 (their dK | dV accumulators in one PSUM tile) against the
     chunk's query tiles t0:t1 of their query heads."""
-    q, k, v, o, do, lse, mask, dq, dk, dv, scratch, base = tensors
+    q, k, v, o, do, lse, mask, dq, dk, dv, scratch, base, ring = tensors
     qT, doT, q_rows, do_rows, di, neg_lse, dq_acc = qside
     kT, vT, k_rows = kside
     n = k1 - k0
@@ -208,7 +230,10 @@ def _head_batch(f, plan, bal, qside, kside, kv_acc, ka0, mask, b, hk0, u0, u1, t
     nu = u1 - u0
     h_first = hk0 * f.G                     # absolute index of unit-relative head 0
     tp = nl.ndarray((P, plan.head_batch * plan.kt, P), dtype=f.dtype, buffer=nl.psum)
-    for u in range(u0, u1):
+    for u in (range(u0, u1, FOLD_PAIR) if plan.folded else ()):
+        _heads_folded(f, plan, bal, qT, doT, q_rows, do_rows, kT, vT, kv_acc, tl,
+                      list(range(u, min(u1, u + FOLD_PAIR))), ka0, r, m, started, tp, u0)
+    for u in (() if plan.folded else range(u0, u1)):
         kv = u // f.G                       # unit-relative kv head
         bias = tile_bias(f, mask, b, h_first + u, q0, r, k0, k0 + m, key_bias) if f.mask_per_head else shared
         _head(f, plan, bal, qT, doT, q_rows, do_rows, di, neg_lse, kT, vT, kv_acc, tl, u, kv,
@@ -275,6 +300,73 @@ def _head(f, plan, bal, qT, doT, q_rows, do_rows, di, neg_lse, kT, vT, kv_acc, t
         nisa.nc_transpose(dst=tp[:kc, i, :r], data=ds[:r, c0:c0 + kc])
 
 
+def _heads_folded(f, plan, bal, qx, dox, q_rows, do_rows, kx, vx, kv_acc, tl, us, ka0, r, m, started, tp, u0):
+    """Folded mode (plan.folded: bf16, no mask, not causal): query heads ``us`` (one or two)
+    of query tile tl against m keys, their scores side by side in one PSUM bank.
+    S'' = [Qᵀ; -lse/scale]ᵀ·[Kᵀ; 1] = S - lse/scale and dP'' = [dOᵀ; -D_i]ᵀ·[Vᵀ; 1] = dP - D_i
+    come out of TensorE (the extra contraction rows: exact bf16 triples, _fold_rows), so
+    P = exp(scale·S'') is one ScalarE instruction for the heads with no bias, and
+    dS = P ⊙ dP'' one VectorE instruction with one input in PSUM (one pass)."""
+    n = len(us)
+    kt = cdiv(m, P)
+    rows = slice(tl * P, tl * P + r)
+    s2 = nl.ndarray((P, FOLD_PAIR, plan.kb), dtype=nl.float32, buffer=nl.psum)
+    dp2 = nl.ndarray((P, FOLD_PAIR, plan.kb), dtype=nl.float32, buffer=nl.psum)
+    for j, u in enumerate(us):
+        kv = u // f.G
+        nisa.nc_matmul(dst=s2[:r, j, 0:m], stationary=qx[0][:, u, rows], moving=kx[0][:, kv, 0:m])
+        nisa.nc_matmul(dst=dp2[:r, j, 0:m], stationary=dox[0][:, u, rows], moving=vx[0][:, kv, 0:m])
+    p = nl.ndarray((P, FOLD_PAIR, plan.kb), dtype=f.dtype, buffer=nl.sbuf)
+    nisa.activation(dst=p[:r, 0:n, 0:m], op=nl.exp, data=s2[:r, 0:n, 0:m], scale=f.scale)
+    ds = nl.ndarray((P, FOLD_PAIR, plan.kb), dtype=f.dtype, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=ds[:r, 0:n, 0:m], data1=dp2[:r, 0:n, 0:m], data2=p[:r, 0:n, 0:m], op=nl.multiply)
+    bal.charge(vector_cycles=n * m + bal.costs.instr_cycles, scalar_cycles=n * m + bal.costs.instr_cycles)
+    for j, u in enumerate(us):
+        ka = u // f.G - ka0
+        acc = lambda i: i < started or u % f.G != 0   # noqa: E731  (see _head)
+        for i in range(kt):
+            c0, kc = i * P, min(P, m - i * P)
+            nisa.nc_matmul(dst=kv_acc[:kc, i, ka, f.D:f.D + f.Dv], stationary=p[:r, j, c0:c0 + kc],
+                           moving=do_rows[:r, tl, u, :], accumulate=acc(i))
+            nisa.nc_matmul(dst=kv_acc[:kc, i, ka, 0:f.D], stationary=ds[:r, j, c0:c0 + kc],
+                           moving=q_rows[:r, tl, u, :], accumulate=acc(i))
+        for i in range(kt):
+            c0, kc = i * P, min(P, m - i * P)
+            nisa.nc_transpose(dst=tp[:kc, (u - u0) * plan.kt + i, :r], data=ds[:r, j, c0:c0 + kc])
+
+
+def _fold_rows(f, x, tile, d, nt, nh, s0, s1):
+    """Rows d..d+2 of ``tile`` [d+3, nh, rows] = hi, mid, lo: three bf16 values summing
+    exactly to x (fp32 [128, nt, nh], rows on partitions): hi = bf16(x), mid = bf16(x - hi),
+    lo = x - hi - mid, each step 8 more of fp32's 24 significant bits (as the forward's
+    transposed-scores path does for the row max); made on GpSimd, put on those partitions
+    by one DMA transpose per query tile."""
+    hml = nl.ndarray((P, nt, nh, FOLD_ROWS), dtype=f.dtype, buffer=nl.sbuf)
+    rest = nl.ndarray((P, nt, nh), dtype=nl.float32, buffer=nl.sbuf)
+    hi, mid, lo = (hml[:, :, :, i:i + 1].reshape((P, nt, nh)) for i in range(FOLD_ROWS))
+    nisa.tensor_copy(dst=hi, src=x, engine=nisa.engine.gpsimd)
+    nisa.tensor_tensor(dst=rest, data1=x, data2=hi, op=nl.subtract, engine=nisa.engine.gpsimd)
+    nisa.tensor_copy(dst=mid, src=rest, engine=nisa.engine.gpsimd)
+    nisa.tensor_tensor(dst=lo, data1=rest, data2=mid, op=nl.subtract, engine=nisa.engine.gpsimd)
+    for t in range(nt):
+        r = min(P, s1 - s0 - t * P)
+        nisa.dma_transpose(dst=tile[d:d + FOLD_ROWS, :, t * P:t * P + r], src=hml[:r, t], axes=(2, 1, 0))
+
+
+def _ones_ring(f, plan):
+    """FOLD_RING pairs of extended Kᵀ / Vᵀ tiles ([D+3, kv_group, kb], [Dv+3, ...]) whose
+    last three rows are ones (GpSimd memsets, once per launch); the key blocks take them in
+    turn, so one block loads while the previous one computes."""
+    ring = []
+    for _ in range(FOLD_RING):
+        kx = nl.ndarray((f.D + FOLD_ROWS, plan.kv_group, plan.kb), dtype=f.dtype, buffer=nl.sbuf)
+        vx = nl.ndarray((f.Dv + FOLD_ROWS, plan.kv_group, plan.kb), dtype=f.dtype, buffer=nl.sbuf)
+        nisa.memset(dst=kx[f.D:f.D + FOLD_ROWS], value=1.0, engine=nisa.engine.gpsimd)
+        nisa.memset(dst=vx[f.Dv:f.Dv + FOLD_ROWS], value=1.0, engine=nisa.engine.gpsimd)
+        ring.append((kx, vx))
+    return ring
+
+
 def _ds(f, bal, ds, dp, di, neg_di, p, m):
     """ds = (dP - D_i) ⊙ P, rounded once into the matmul dtype, on the engines the running
     estimate says are least loaded (BwdBalance.pick_ds): VectorE alone (one instruction,
@@ -295,7 +387,7 @@ def _finish_kv(f, plan, bal, tensors, b, a0, a1, k0, k1, kv_acc, valid, c, seen_
     keys valid.. no row of the chunk saw: 0): to the outputs (one chunk), else summed
     through the fp32 scratch (the first chunk that sees the block writes it, later ones
     read-add it, the last chunk writes the outputs)."""
-    q, k, v, o, do, lse, mask, dq, dk, dv, scratch, base = tensors
+    q, k, v, o, do, lse, mask, dq, dk, dv, scratch, base, ring = tensors
     n = k1 - k0
     kt = cdiv(n, P)
     na = a1 - a0
@@ -335,7 +427,7 @@ def _finish_kv(f, plan, bal, tensors, b, a0, a1, k0, k1, kv_acc, valid, c, seen_
 
 def _zero_kv(f, tensors, b, a0, a1, k0, k1):
     """dK = dV = 0 for kv heads a0:a1, keys k0:k1 (causal: keys after the last query row)."""
-    q, k, v, o, do, lse, mask, dq, dk, dv, scratch, base = tensors
+    q, k, v, o, do, lse, mask, dq, dk, dv, scratch, base, ring = tensors
     kt = cdiv(k1 - k0, P)
     z = nl.ndarray((P, kt, a1 - a0, max(f.D, f.Dv)), dtype=dk.dtype, buffer=nl.sbuf)
     nisa.memset(dst=z, value=0.0, engine=nisa.engine.gpsimd)

@@ -43,6 +43,15 @@ KV_ACC_BANKS = 2
 # dS, dP - D_i, dSᵀ, the masked-score tile: < 8 KiB) and the allocation rotation's next
 # block.
 Q_SIDE_BUDGET = 112 * 1024
+# Folded mode (bf16, no mask, not causal, D and Dv multiples of 32 with 3 rows to spare):
+# -lse / scale and -D_i ride as 3 extra contraction rows of Qᵀ / dOᵀ (an exact bf16
+# hi + mid + lo triple; Kᵀ / Vᵀ get 3 rows of ones), so S - lse/scale and dP - D_i come
+# out of TensorE and the exp / dS of FOLD_PAIR heads are one instruction each. A tile of
+# <= 32 partitions starts at partition 0, 32, 64 or 96 (NKI tile rules), hence D % 32 == 0.
+FOLD_ROWS = 3
+FOLD_QUADRANT = 32
+FOLD_PAIR = 2            # heads per S'' / dP'' PSUM bank: [128, 2, 256] fp32
+FOLD_RING = 2            # extended Kᵀ / Vᵀ tile pairs the key blocks rotate through
 KV_SIDE_BUDGET = 32 * 1024
 
 
@@ -58,6 +67,7 @@ class BwdPlan(nl.NKIObject):
     n_chunks: int            # chunks per unit
     kv_batch: int            # kv heads whose dK | dV accumulate in one PSUM tile
     head_batch: int          # query heads whose dSᵀ and dQ share one PSUM tile each
+    folded: bool             # -lse and -D_i folded into the matmuls (FOLD_ROWS)
 
 
 def q_side_bytes(facts):
@@ -74,7 +84,10 @@ def bwd_plan(facts, q_chunk=0):
     """The ``BwdPlan`` of a launch (``facts``: attention_launch.LaunchFacts); ``q_chunk`` > 0
     forces the query tiles per chunk (and one kv head per unit)."""
     f = facts
-    kb = KV_BLOCK_WIDE if f.D + f.Dv <= WIDE_MAX_DK_DV else KV_BLOCK
+    folded = (str(f.dtype) == "bfloat16" and f.mask_kind is None and not f.causal and f.scale != 0
+              and f.D % FOLD_QUADRANT == 0 and f.D + FOLD_ROWS <= P
+              and f.Dv % FOLD_QUADRANT == 0 and f.Dv + FOLD_ROWS <= P)
+    kb = KV_BLOCK_WIDE if f.D + f.Dv <= WIDE_MAX_DK_DV and not folded else KV_BLOCK
     kb = min(kb, max(1, cdiv(f.Sk, P) * P))
     kt = cdiv(kb, P)
     n_kb = cdiv(f.Sk, kb)
@@ -92,7 +105,8 @@ def bwd_plan(facts, q_chunk=0):
     kv_batch = max(1, min(kv_group, KV_ACC_BANKS * PSUM_BANK_BYTES // (kt * W * FP32_BYTES)))
     head_batch = max(1, min(PSUM_BANK_BYTES // (kt * P * f.itemsize), PSUM_BANK_BYTES // (f.D * FP32_BYTES)))
     return BwdPlan(kb=kb, n_kb=n_kb, kt=kt, kv_group=kv_group, q_chunk=chunk,
-                   n_chunks=cdiv(f.n_q_tiles, chunk), kv_batch=kv_batch, head_batch=head_batch)
+                   n_chunks=cdiv(f.n_q_tiles, chunk), kv_batch=kv_batch, head_batch=head_batch,
+                   folded=folded)
 
 
 class BwdBalance(nl.NKIObject):
@@ -105,6 +119,12 @@ class BwdBalance(nl.NKIObject):
         self.vector_ns = 0.0
         self.scalar_ns = 0.0
         self.gpsimd_ns = 0.0
+        self.slot = -1
+
+    def next_slot(self):
+        """Index of the next extended Kᵀ / Vᵀ ring slot (folded mode)."""
+        self.slot = (self.slot + 1) % FOLD_RING
+        return self.slot
 
     def charge(self, vector_cycles=0.0, scalar_cycles=0.0):
         """Account work that must run on VectorE / ScalarE (estimated cycles)."""
