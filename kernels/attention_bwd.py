@@ -98,11 +98,13 @@ def _units(facts, plan):
     """This program's units (b, hk0, hk1): its contiguous share of the (batch, kv head)
     pairs, cut at batch boundaries into runs of at most plan.kv_group kv heads."""
     lo, hi = program_share(facts.B * facts.Hkv)
+    # units of equal size (at most kv_group kv heads): the last one is not a small remainder
+    size = cdiv(hi - lo, cdiv(hi - lo, plan.kv_group)) if hi > lo else 1
     units = []
     i = lo
     while i < hi:
         b, hk0 = i // facts.Hkv, i % facts.Hkv
-        hk1 = min(facts.Hkv, hk0 + plan.kv_group, hk0 + hi - i)
+        hk1 = min(facts.Hkv, hk0 + size, hk0 + hi - i)
         units.append((b, hk0, hk1))
         i += hk1 - hk0
     return units
@@ -175,10 +177,19 @@ def _chunk(facts, plan, bal, tensors, b, hk0, hk1, t0, t1, key_bias, c):
             vT = load_transposed(f, v, b, hk0, hk1, k0, k1)        # [[dvc, nkv, n]]
         k_rows = _load_rows(f, k, b, hk0, hk1, k0, k1, f.D)    # [128, kt, nkv, D]
         kside = (kT, vT, k_rows)
+        # one chunk: the block's dK, dV of every kv head of the unit staged, one store each
+        staged = None
+        if plan.n_chunks == 1:
+            kt = cdiv(k1 - k0, P)
+            staged = (nl.ndarray((P, kt, hk1 - hk0, f.D), dtype=dk.dtype, buffer=nl.sbuf),
+                      nl.ndarray((P, kt, hk1 - hk0, f.Dv), dtype=dv.dtype, buffer=nl.sbuf))
         for a0 in range(hk0, hk1, plan.kv_batch):
             a1 = min(hk1, a0 + plan.kv_batch)
             _kv_batch(f, plan, bal, tensors, b, hk0, a0, a1, t0, t1, k0, k1, key_bias, c, j,
-                      seen_before, qside, kside)
+                      seen_before, qside, kside, staged)
+        if staged is not None:
+            _store_rows(f, dk, staged[0], b, hk0, hk1, k0, k1)
+            _store_rows(f, dv, staged[1], b, hk0, hk1, k0, k1)
     # ---- dQ = scale · Σ dS·K, one rounding into the output dtype
     dq_sb = nl.ndarray((P, nt, nh, f.D), dtype=dq.dtype, buffer=nl.sbuf)
     nisa.activation(dst=dq_sb, op=nl.copy, data=dq_acc, scale=f.scale)
@@ -187,7 +198,7 @@ def _chunk(facts, plan, bal, tensors, b, hk0, hk1, t0, t1, key_bias, c):
 
 
 def _kv_batch(f, plan, bal, tensors, b, hk0, a0, a1, t0, t1, k0, k1, key_bias, c, j, seen_before,
-              qside, kside):
+              qside, kside, staged):
     """Keys k0:k1 of kv heads a0:a1 (their dK | dV accumulators in one PSUM tile) against the
     chunk's query tiles t0:t1 of their query heads."""
     q, k, v, o, do, lse, mask, dq, dk, dv, scratch, base, ring = tensors
@@ -216,7 +227,8 @@ def _kv_batch(f, plan, bal, tensors, b, hk0, a0, a1, t0, t1, k0, k1, key_bias, c
                         q0, r, k0, m, key_bias, shared, diag, started, j == 0)
         started = max(started, cdiv(m, P))
         valid = max(valid, m)
-    _finish_kv(f, plan, bal, tensors, b, a0, a1, k0, k1, kv_acc[:, 0:kt, 0:na, :], valid, c, seen_before)
+    _finish_kv(f, plan, bal, tensors, b, a0, a1, k0, k1, kv_acc[:, 0:kt, 0:na, :], valid, c, seen_before,
+               None if staged is None else staged + (a0 - hk0,))
 
 
 def _head_batch(f, plan, bal, qside, kside, kv_acc, ka0, mask, b, hk0, u0, u1, tl, q0, r, k0, m,
@@ -382,7 +394,7 @@ def _ds(f, bal, ds, dp, di, neg_di, p, m):
     nisa.tensor_tensor(dst=ds, data1=dpm[:r], data2=p, op=nl.multiply, engine=nisa.engine.gpsimd)
 
 
-def _finish_kv(f, plan, bal, tensors, b, a0, a1, k0, k1, kv_acc, valid, c, seen_before):
+def _finish_kv(f, plan, bal, tensors, b, a0, a1, k0, k1, kv_acc, valid, c, seen_before, staged=None):
     """dK | dV of kv heads a0:a1, keys k0:k1 out of PSUM (kv_acc [128, kt, heads, D + Dv];
     keys valid.. no row of the chunk saw: 0): to the outputs (one chunk), else summed
     through the fp32 scratch (the first chunk that sees the block writes it, later ones
@@ -416,13 +428,19 @@ def _finish_kv(f, plan, bal, tensors, b, a0, a1, k0, k1, kv_acc, valid, c, seen_
             _store_rows(f, scratch, part, b, a0, a1, k0, k1)
             return
         src = part
-    dk_sb = nl.ndarray((P, kt, na, f.D), dtype=dk.dtype, buffer=nl.sbuf)
-    dv_sb = nl.ndarray((P, kt, na, f.Dv), dtype=dv.dtype, buffer=nl.sbuf)
-    nisa.activation(dst=dk_sb, op=nl.copy, data=src[:, :, :, 0:f.D], scale=f.scale)
-    nisa.tensor_copy(dst=dv_sb, src=src[:, :, :, f.D:W], engine=bal.pick(*bal.copy_cycles(kt * na * f.Dv, False)))
+    if staged is None:
+        dk_sb = nl.ndarray((P, kt, na, f.D), dtype=dk.dtype, buffer=nl.sbuf)
+        dv_sb = nl.ndarray((P, kt, na, f.Dv), dtype=dv.dtype, buffer=nl.sbuf)
+        j0 = 0
+    else:
+        dk_sb, dv_sb, j0 = staged        # the unit's [128, kt, kv heads, d] tiles, kv head a0 at j0
+    nisa.activation(dst=dk_sb[:, 0:kt, j0:j0 + na, :], op=nl.copy, data=src[:, :, :, 0:f.D], scale=f.scale)
+    nisa.tensor_copy(dst=dv_sb[:, 0:kt, j0:j0 + na, :], src=src[:, :, :, f.D:W],
+                     engine=bal.pick(*bal.copy_cycles(kt * na * f.Dv, False)))
     bal.charge(scalar_cycles=kt * na * f.D + bal.costs.instr_cycles)
-    _store_rows(f, dk, dk_sb, b, a0, a1, k0, k1)
-    _store_rows(f, dv, dv_sb, b, a0, a1, k0, k1)
+    if staged is None:
+        _store_rows(f, dk, dk_sb, b, a0, a1, k0, k1)
+        _store_rows(f, dv, dv_sb, b, a0, a1, k0, k1)
 
 
 def _zero_kv(f, tensors, b, a0, a1, k0, k1):

@@ -53,6 +53,12 @@ FOLD_QUADRANT = 32
 FOLD_PAIR = 2            # heads per S'' / dP'' PSUM bank: [128, 2, 256] fp32
 FOLD_RING = 2            # extended Kᵀ / Vᵀ tile pairs the key blocks rotate through
 KV_SIDE_BUDGET = 32 * 1024
+# At most this many kv heads per unit: a unit's first compute waits for its whole query
+# side (~1 us of DMA per head), and the next unit's loads overlap this one's compute, so
+# smaller units pipeline better; larger ones need fewer DMA transfers (each holds its
+# queues >= 0.85 us, engine_costs.py). Modeled ViT-B/16 batch 8 bf16 backward (trn2,
+# LNC=2): 147 us at 6, 117 at 8, 89 at 12, 94 at 16, 107 at 24.
+UNIT_MAX_KV_HEADS = 12
 
 
 @dataclass(frozen=True)
@@ -98,7 +104,7 @@ def bwd_plan(facts, q_chunk=0):
         kv_group = 1
         chunk = q_chunk if q_chunk > 0 else max(1, Q_SIDE_BUDGET // (f.G * per_head_tile))
     else:
-        kv_group = max(1, min(f.Hkv, Q_SIDE_BUDGET // per_kv_head, KV_SIDE_BUDGET // kv_bytes))
+        kv_group = max(1, min(f.Hkv, Q_SIDE_BUDGET // per_kv_head, KV_SIDE_BUDGET // kv_bytes, UNIT_MAX_KV_HEADS))
         chunk = f.n_q_tiles
     chunk = max(1, min(f.n_q_tiles, chunk))
     W = f.D + f.Dv

@@ -304,10 +304,16 @@ def attention_backward_kernel_call(grad_out, query, key, value, out, lse, attn_m
     tensors = tuple(t.contiguous() for t in (query, key, value, out, grad_out.to(query.dtype)))
     tensors = tensors + (lse.contiguous(),)
     mask = _kernel_mask(attn_mask, b, h, sq, key.shape[2])
+    static = {"scale": float(scale), "causal": bool(is_causal)}
     if mask is not None:
-        tensors = tensors + (mask,)
-    return _dispatch.KernelCall(BACKWARD_MODULE, "attention_bwd_kernel", tensors,
-                                {"scale": float(scale), "causal": bool(is_causal)})
+        return _dispatch.KernelCall(BACKWARD_MODULE, "attention_bwd_kernel", tensors + (mask,), static)
+    # Without a mask the batches are more heads: [B, H, S, d] contiguous is [1, B·H, S, d]
+    # (kv head b·Hkv + j still serves query heads (b·Hkv + j)·G ...), so the kernel's units
+    # of kv heads span batches and its loads and stores move more heads per transfer.
+    flat = tuple(t.reshape((1, t.shape[0] * t.shape[1]) + tuple(t.shape[2:])) for t in tensors)
+    shapes = (query.shape, key.shape, value.shape)
+    return _dispatch.KernelCall(BACKWARD_MODULE, "attention_bwd_kernel", flat, static,
+                                lambda grads: tuple(g.reshape(s) for g, s in zip(grads, shapes)))
 
 
 def _backward_math(grad_out, query, key, value, attn_mask, is_causal, scale, compute_dtype=torch.float32):
