@@ -7,7 +7,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.nki-kernels-installed
 
-.PHONY: setup demo test sweep fuzz build benchmark publish-dry-run clean
+.PHONY: setup demo test sweep fuzz build benchmark publish-dry-run nki-library clean
 
 setup: $(STAMP)
 
@@ -40,6 +40,12 @@ benchmark: build
 
 publish-dry-run: build
 	$(PY) tools/publish_hub.py $(ARGS)
+
+# AWS's nki-library kernels in our simulator, against AWS's references (docs/simulator.md):
+#   make nki-library NKILIB=/path/to/aws-neuron/nki-library
+nki-library: setup
+	$(PY) -m pip install --quiet -e ".[dev,aws-tests]"
+	$(PY) tools/run_nki_library.py $(NKILIB) --patch-known-defects $(ARGS)
 
 clean:
 	rm -rf build out .pytest_cache

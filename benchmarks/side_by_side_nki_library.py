@@ -87,10 +87,10 @@ def _side(est) -> Side:
 
 # ----------------------------------------------------------------------------- ours
 
-def _ours(op: str, args, kwargs, target: str) -> Side:
+def _ours(op: str, args, kwargs, target: str, lnc: int) -> Side:
     spec = registry.get(op)
     call = spec.kernel_call(*args, **kwargs)
-    kernel = _dispatch.simulator_kernel(call)
+    kernel = _dispatch.simulator_kernel(call)[lnc]
     tensors = tuple(t.detach().contiguous() for t in call.tensors)
     est = simulator.estimate(kernel, target)(*tensors, **call.static)
     return _side(est)
@@ -168,12 +168,12 @@ def norm_pairs(lib: NkiLibrary, op: str, target: str, lnc: int, quick: bool) -> 
             b = _rand((h,), torch.float16, gen)
             pair = Pair(op, f"[{t}, {h}] fp16")
             if op == "rms_norm":
-                pair.ours = _ours("rms_norm", (x, (h,), w, 1e-6), {}, target)
+                pair.ours = _ours("rms_norm", (x, (h,), w, 1e-6), {}, target, lnc)
                 pair.aws = lib.run("core.subkernels.rmsnorm_tkg", "rmsnorm_tkg", target, lnc,
                                    input=x.reshape(1, t, h), gamma=w.reshape(1, h),
                                    output=torch.zeros((128, t, h // 128), dtype=torch.float16), eps=1e-6)
             else:
-                pair.ours = _ours("layer_norm", (x, (h,), w, b, 1e-6), {}, target)
+                pair.ours = _ours("layer_norm", (x, (h,), w, b, 1e-6), {}, target, lnc)
                 pair.aws = lib.run("core.subkernels.layernorm_tkg", "layernorm_tkg", target, lnc,
                                    input=x.reshape(1, t, h), gamma=w.reshape(1, h),
                                    output=torch.zeros((128, t, h // 128), dtype=torch.float16),
@@ -193,7 +193,7 @@ def rope_pairs(lib: NkiLibrary, target: str, lnc: int, quick: bool) -> list[Pair
         cos = _rand((1, s, 128), torch.bfloat16, gen)
         sin = _rand((1, s, 128), torch.bfloat16, gen)
         pair = Pair("apply_rotary_pos_emb", f"q [1, 32, {s}, 128], k [1, 8, {s}, 128] bf16")
-        pair.ours = _ours("apply_rotary_pos_emb", (q, k, cos, sin), {}, target)
+        pair.ours = _ours("apply_rotary_pos_emb", (q, k, cos, sin), {}, target, lnc)
         sides = []
         # cos/sin of the first half of d (rotate_half repeats them in the second half)
         cos_h = cos[..., :64].permute(2, 0, 1).contiguous()
@@ -217,7 +217,7 @@ def attention_pairs(lib: NkiLibrary, target: str, lnc: int, quick: bool) -> list
         gen = torch.Generator().manual_seed(zlib.crc32(f"attn{b}{h}{s}{d}".encode()))
         q, k, v = (_rand((b, h, s, d), torch.bfloat16, gen) for _ in range(3))
         pair = Pair("scaled_dot_product_attention", f"B={b} H={h} S={s} D={d}{' causal' if causal else ''} bf16")
-        pair.ours = _ours("scaled_dot_product_attention", (q, k, v), {"is_causal": causal}, target)
+        pair.ours = _ours("scaled_dot_product_attention", (q, k, v), {"is_causal": causal}, target, lnc)
         bh = b * h
         pair.aws = lib.run("core.attention.attention_cte", "attention_cte", target, lnc,
                            q=q.reshape(bh, s, d), k=k.reshape(bh, s, d).transpose(1, 2).contiguous(),
@@ -257,12 +257,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nkilib", required=True, help="path of an aws-neuron/nki-library checkout")
     ap.add_argument("--target", default="trn2", choices=("trn2", "trn3"))
-    ap.add_argument("--lnc", type=int, default=1, choices=(1, 2), help="AWS kernels' launch degree")
+    ap.add_argument("--lnc", type=int, default=2, choices=(1, 2),
+                    help="launch degree of both sides (default 2: how AWS's compiler launches on trn2/trn3)")
+    ap.add_argument("--commit", default="", help="nki-library commit, when the checkout has no .git")
     ap.add_argument("--ops", default="rms_norm,layer_norm,rope,attention")
     ap.add_argument("--quick", action="store_true", help="two shapes per op")
     ap.add_argument("--markdown", default="", help="also write the table to this file")
     args = ap.parse_args(argv)
     lib = NkiLibrary(Path(args.nkilib))
+    if args.commit:
+        lib.commit = args.commit
     ops = {o.strip() for o in args.ops.split(",") if o.strip()}
     unknown = ops - {"rms_norm", "layer_norm", "rope", "attention"}
     if unknown:
@@ -277,7 +281,7 @@ def main(argv=None) -> int:
         pairs += attention_pairs(lib, args.target, args.lnc, args.quick)
     pairs += no_counterpart_pairs()
     text = (f"nki-library @ {lib.commit} vs nki-kernels, both MODELED ({args.target}) by the nki_kernels cost "
-            f"model; AWS kernels at LNC={args.lnc}, ours at LNC=1. Not measured on hardware.\n\n"
+            f"model; both at LNC={args.lnc}. Not measured on hardware.\n\n"
             + table(pairs, args.target))
     print(text)
     if args.markdown:

@@ -31,7 +31,7 @@ def mk(sim):
 
     def make(values, dtype="float32", buffer="sbuf"):
         t = nl.ndarray(tuple(values.shape), dtype=dtype, buffer=getattr(nl, buffer))
-        t._data.copy_(t.dtype.round(values))
+        t.dtype.assign(t._data, values)
         return t
 
     return make
@@ -49,7 +49,7 @@ def last():
 
 def val(t):
     """A tile's values as a float32 torch tensor."""
-    return t._data.to(torch.float32).clone()
+    return t.values().to(torch.float32).clone()
 
 
 @pytest.fixture

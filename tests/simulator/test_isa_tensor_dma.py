@@ -148,7 +148,7 @@ def test_dma_copy_casts_reshapes_and_records(sim, mk, v, last):
     _, nl, nisa = sim
     x = torch.randn(4, 128, 64)
     hbm = nl.ndarray((4, 128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
-    hbm._data.copy_(x)
+    hbm.dtype.assign(hbm._data, x)
     sb = nl.ndarray((128, 64), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.dma_copy(dst=sb, src=hbm[2])
     assert torch.equal(v(sb), x[2].bfloat16().float())
@@ -159,7 +159,7 @@ def test_dma_copy_casts_reshapes_and_records(sim, mk, v, last):
     assert ins.reads[0].span == (2 * 128 * 64, 3 * 128 * 64)
     flat = nl.ndarray((128 * 64,), dtype=nl.float32, buffer=nl.hbm)
     nisa.dma_copy(flat, sb)  # element counts match: shapes may differ
-    assert torch.equal(flat._data, x[2].bfloat16().float().reshape(-1))
+    assert torch.equal(flat.values(), x[2].bfloat16().float().reshape(-1))
     assert last().attrs["direction"] == "sbuf_to_hbm"
 
 

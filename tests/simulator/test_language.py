@@ -134,7 +134,7 @@ def test_broadcast_to_and_load_transpose2d(sim, mk, v):
     assert torch.equal(v(nl.broadcast_to(mk(col), (64, 9))), col.expand(64, 9))
     h = nl.ndarray((40, 100), dtype=nl.float32, buffer=nl.shared_hbm)
     x = torch.randn(40, 100)
-    h._data.copy_(x)
+    h.dtype.assign(h._data, x)
     t = nl.load_transpose2d(h)
     assert t.shape == (100, 40) and torch.equal(v(t), x.T)
 

@@ -65,7 +65,7 @@ def test_views_share_storage(sim):
     nisa.memset(t, 0.0)
     nisa.memset(t[0:32, 16:32], 3.0)
     v = t.reshape((128, 4, 16))
-    assert float(v._data[5, 1, 0]) == 3.0 and float(v._data[40, 1, 0]) == 0.0
+    assert float(v.values()[5, 1, 0]) == 3.0 and float(v.values()[40, 1, 0]) == 0.0
     assert t[0:32, 16:32]._alloc is t._alloc
 
 
@@ -114,7 +114,7 @@ def test_setitem_copies_and_fills(sim):
     a[...] = 2.0
     b = nl.ndarray((8, 4), dtype=nl.bfloat16, buffer=nl.sbuf)
     b[...] = a
-    assert torch.equal(b._data, torch.full((8, 4), 2.0))
+    assert torch.equal(b.values(), torch.full((8, 4), 2.0))
 
 
 def test_attributes(sim):
@@ -122,3 +122,20 @@ def test_attributes(sim):
     t = nl.ndarray((128, 64), dtype=nl.bfloat16, buffer=nl.psum, name="acc")
     assert (t.shape, t.dtype, t.buffer, t.ndim, t.name) == ((128, 64), nl.bfloat16, nl.psum, 2, "acc")
     assert t[:, 8:16].offset == 8 and t.strides == (64, 1)
+
+
+def test_rearrange_splits_reorders_and_merges(sim):
+    _, nl, _ = sim
+    t = nl.ndarray((128, 24), dtype=nl.float32)
+    x = torch.randn(128, 24)
+    t.dtype.assign(t._data, x)
+    r = t.rearrange(("b", ("h", "w")), ("b", "w", "h"), {"h": 4})  # the docstring's example
+    assert r.shape == (128, 6, 4) and torch.equal(r.values(), x.reshape(128, 4, 6).permute(0, 2, 1))
+    back = t.rearrange(("b", ("h", "w")), ("b", ("h", "w")), {"w": 6})
+    assert torch.equal(back.values(), x)
+    with pytest.raises(NkiValidationError, match="not a view"):
+        r.rearrange(("b", "w", "h"), ("b", ("w", "h")))
+    with pytest.raises(NkiValidationError, match="partition dim first"):
+        t.rearrange(("b", "f"), ("f", "b"))
+    with pytest.raises(NkiValidationError, match="cannot split"):
+        t.rearrange(("b", ("h", "w")), ("b", "h", "w"), {"h": 5})

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from .context import current as _current
 from .errors import CapacityError, NkiValidationError, SimulatorError, UnsupportedError
-from .modules import activated, nki_modules
+from .modules import activated, install_aws_harness, nki_modules
 from .params import SimParams, resolve
-from .run import SimResult, run
+from .result import SimResult
+from .run import run
 from .trace import Instruction
 
 __all__ = ["activated", "run", "estimate", "SimResult", "SimParams", "nki_modules",
-           "current_trace", "SimulatorError", "NkiValidationError", "CapacityError",
+           "install_aws_harness", "current_trace", "SimulatorError", "NkiValidationError", "CapacityError",
            "UnsupportedError"]
 
 

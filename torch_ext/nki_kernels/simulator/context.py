@@ -1,10 +1,14 @@
-"""The state of the simulated NeuronCore: which options, which run, what is live.
+"""The state of the simulated NeuronCores: which options, which run, what is live.
 
 Each thread has its own stack of ``Context`` objects (threading.local): ``activated()``
 pushes one (for code that calls ``nl``/``nisa`` directly), every kernel run pushes a fresh
-one (its own trace, memory accounting, engine registers and random generator). The
-``nl``/``nisa`` functions act on ``current()``, the top of the calling thread's stack; at
-the bottom of every thread's stack is a context with the default ``SimParams``.
+one. A ``Context`` is one physical core's view of a run: its program id, SBUF/PSUM
+(``Memory``), engine accumulator registers and random generator; the ``Run`` it belongs
+to holds what the cores of a logical core share: options, trace, shared HBM tensors and
+the scheduler of an LNC=2 launch (interpreter.py runs each core in a thread of its own,
+pushing that core's context). The ``nl``/``nisa`` functions act on ``current()``, the top
+of the calling thread's stack; at the bottom of every thread's stack is a context with the
+default ``SimParams``.
 """
 
 from __future__ import annotations
@@ -13,31 +17,88 @@ import threading
 
 import torch
 
+from .errors import NkiValidationError
 from .memory import Memory
 from .params import SimParams
 from .trace import Recorder
 
 
-class Context:
-    """One simulated run: options, trace, memory, engine accumulator registers, grid."""
+class Run:
+    """What the cores of one logical core share during a run."""
 
-    def __init__(self, params: SimParams | None = None, grid: int = 1, bracketed: bool = False):
-        self.params = params if params is not None else SimParams()
-        self.target = self.params.target
+    def __init__(self, params: SimParams, grid: int = 1, bracketed: bool = False):
+        self.params = params
+        self.target = params.target
         self.recorder = Recorder()
-        self.memory = Memory(self.target, self.params.poison_float, self.params.poison_int)
         self.grid = grid              # logical-core degree of the run (1 or 2)
         self.bracketed = bracketed    # launched as kernel[n] (nl.program_ndim() == 1)
-        self.program_id = 0
+        self.shared_hbm: list = []    # the shared_hbm tensors the kernel allocated, in order
+        self.cores: list[Context] = []
+        self.scheduler = None         # interpreter.Lockstep for a concurrent LNC=2 run
+        self.races = None             # races.RaceTracker for an LNC=2 run
+
+
+class Context:
+    """One physical core of a run: program id, memory, registers, random generator."""
+
+    def __init__(self, params: SimParams | None = None, grid: int = 1, bracketed: bool = False,
+                 run: Run | None = None, program_id: int = 0):
+        if run is None:
+            run = Run(params if params is not None else SimParams(), grid, bracketed)
+        self.run = run
+        self.params = run.params
+        self.target = run.target
+        self.recorder = run.recorder
+        self.program_id = program_id
+        self.memory = Memory(self.target, self.params.poison_float, self.params.poison_int,
+                             core=program_id)
         self.in_kernel = False
         # 128 per-lane accumulators of ScalarE (activation) and VectorE (select_reduce,
         # tensor_scalar_reduce, ...). Poisoned with NaN: hardware leaves them undefined.
         self.scalar_regs = torch.full((self.target.partitions,), float("nan"))
         self.vector_regs = torch.full((self.target.partitions,), float("nan"))
-        # kernel[2]: the n-th shared_hbm allocation of every core is the same tensor.
-        self.shared_hbm: list = []
         self.shared_cursor = 0
-        self.generator = torch.Generator().manual_seed(self.params.seed)
+        self.dynamic_flow: list = []  # (loop kind, trip count) of run-time loops, in order
+        # each core's engines have their own random state; core 0 starts from the seed
+        self.generator = torch.Generator().manual_seed(self.params.seed + program_id)
+        run.cores.append(self)
+
+    @property
+    def grid(self) -> int:
+        return self.run.grid
+
+    @property
+    def bracketed(self) -> bool:
+        return self.run.bracketed
+
+    @property
+    def shared_hbm(self) -> list:
+        return self.run.shared_hbm
+
+    def core(self, program_id: int) -> "Context":
+        """The context of another physical core of this run (created on first use)."""
+        for c in self.run.cores:
+            if c.program_id == program_id:
+                return c
+        return Context(run=self.run, program_id=program_id)
+
+    def shared_hbm_tensor(self, shape, dtype, region, name, fill):
+        """This core's next shared_hbm allocation: the same tensor as the other core's
+        allocation of the same rank (created by whichever core gets there first)."""
+        i = self.shared_cursor
+        self.shared_cursor += 1
+        shared = self.run.shared_hbm
+        if i < len(shared):
+            alloc = shared[i]
+            if alloc.shape != tuple(shape) or alloc.dtype != dtype:
+                raise NkiValidationError(
+                    f"ndarray: core {self.program_id}'s shared_hbm tensor #{i} {tuple(shape)} "
+                    f"{dtype.name} differs from core {alloc.core}'s {alloc.shape} "
+                    f"{alloc.dtype.name} (both cores must allocate the same shared tensors)")
+            return alloc
+        alloc = self.memory.allocate(shape, dtype, region, name, fill)
+        shared.append(alloc)
+        return alloc
 
 
 _local = threading.local()

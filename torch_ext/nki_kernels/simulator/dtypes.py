@@ -1,13 +1,19 @@
 """NKI data types (beta 2: ``nl.float32``, ``nl.bfloat16``, ...) and their rounding.
 
 A dtype is a ``str`` subclass (beta-2 dtypes are names: ``nl.float32 == "float32"``)
-carrying what the simulator needs: ``itemsize``, ``is_float``, value range, and
-``round(t)``: a torch tensor of exact values (fp32 or int64) -> the values this dtype can
-hold, in the simulator's storage format.
+carrying what the simulator needs: ``itemsize``, ``is_float``, value range, and the
+conversions between values and bits.
 
-Storage format: every float dtype is stored as torch.float32 holding values already
-rounded to the dtype; every integer dtype and ``bool_`` as torch.int64 holding values
-already in range.
+Storage: simulator memory holds every tensor as its hardware BITS, in a torch tensor of
+the dtype's ``storage`` type (float32, bfloat16, float16, float8_e4m3fn, float8_e5m2,
+float8_e8m0fnu and the integers natively; float8_e4m3 and bool_ as uint8 codes;
+tfloat32 as the float32 whose low 13 mantissa bits are zero; the packed MX x4 types as
+uint32/uint16 words). So a reinterpreting view (``t.view(dtype)``, ``t.ap(dtype=)``) and
+two tensors placed at one address see each other's bits exactly, as on hardware.
+Instructions compute on decoded values: ``from_bits`` gives float32 for floats and int64
+for integers; ``to_bits`` encodes values; ``assign`` rounds values once into a bits view;
+``round`` = from_bits(to_bits). (Not ``encode``/``decode``: a dtype is a ``str``, and those
+names are ``str``'s.)
 
 Rounding rules (the hardware's are not all documented; what is assumed is said here):
 * floats: round-to-nearest-even. bf16/fp16/float8_e5m2/float8_e4m3fn through torch casts
@@ -28,6 +34,8 @@ import math
 
 import torch
 
+from .errors import UnsupportedError
+
 _NAN = float("nan")
 
 
@@ -37,26 +45,33 @@ class NkiDType(str):
     itemsize: int
     is_float: bool
     is_int: bool
+    is_packed: bool  # the MX x4 types: bits only, an element has no single value
     signed: bool
     bits: int
     min: float
     max: float
     torch_dtype: torch.dtype | None  # the native torch equivalent, if any
-    storage: torch.dtype  # the simulator's storage dtype (float32 or int64)
+    storage: torch.dtype  # torch dtype of the bits held in simulator memory
+    compute: torch.dtype  # decoded values: float32 (floats) or int64 (integers, bool_)
 
-    def __new__(cls, name, itemsize, kind, signed, minimum, maximum, torch_dtype, rounder):
+    def __new__(cls, name, itemsize, kind, signed, minimum, maximum, torch_dtype, rounder,
+                storage=None):
         self = str.__new__(cls, name)
         self.itemsize = itemsize
         self.is_float = kind == "f"
         self.is_int = kind in ("i", "b")
         self.is_bool = kind == "b"
+        self.is_packed = kind == "x"
         self.signed = signed
         self.bits = itemsize * 8
         self.min = minimum
         self.max = maximum
         self.torch_dtype = torch_dtype
-        self.storage = torch.float32 if self.is_float else torch.int64
+        self.storage = storage or torch_dtype
+        self.compute = torch.float32 if kind in ("f", "x") else torch.int64
         self._round = rounder
+        # the cast torch's copy_ makes from fp32 into the storage IS this dtype's rounding
+        self._copy_rounds = kind == "f" and self.storage == torch_dtype
         return self
 
     @property
@@ -70,8 +85,36 @@ class NkiDType(str):
         return (from_name, (str.__str__(self),))
 
     def round(self, t: torch.Tensor) -> torch.Tensor:
-        """Values of ``t`` (fp32/fp64 or integer) as this dtype holds them, in storage format."""
-        return self._round(t)
+        """Values of ``t`` (fp32/fp64 or integer) as this dtype holds them, decoded
+        (float32 for floats, int64 for integers)."""
+        return self.from_bits(self.to_bits(t))
+
+    def to_bits(self, t: torch.Tensor) -> torch.Tensor:
+        """Values (fp32/fp64 or integer) -> this dtype's bits, as a ``storage`` tensor."""
+        if self.is_packed:
+            raise UnsupportedError(f"{self.name} packs four values per element; it has no "
+                                   "element value to encode (write it by bits: a same-dtype "
+                                   "copy, or quantize_mx)")
+        return _ENCODERS.get(self.name, _encode_plain)(self, t)
+
+    def from_bits(self, raw: torch.Tensor) -> torch.Tensor:
+        """This dtype's bits (a ``storage`` tensor) -> values: float32 or int64."""
+        if self.is_packed:
+            raise UnsupportedError(f"{self.name} packs four values per element; an "
+                                   "instruction cannot read it as values (only nc_matmul_mx "
+                                   "and same-dtype copies take it)")
+        if raw.dtype == self.compute:
+            return raw
+        dec = _DECODERS.get(self.name)
+        return dec(raw) if dec is not None else raw.to(self.compute)
+
+    def assign(self, dst: torch.Tensor, values: torch.Tensor) -> None:
+        """Write ``values`` (fp32/fp64 or integer; broadcastable) into ``dst``, a view of
+        this dtype's bits, rounding once."""
+        if self._copy_rounds:
+            dst.copy_(_as_f32(values))
+        else:
+            dst.copy_(self.to_bits(values))
 
     # str subclasses hash/compare by value, which is what we want: nl.float32 == "float32".
     __hash__ = str.__hash__
@@ -151,27 +194,86 @@ def _round_bool(t):
 _F32_MAX = 3.4028234663852886e38
 
 # name: (itemsize, kind, signed, min, max, torch dtype, rounder)
+_E8M0_MAX = 2.0 ** 127
+
+# name: (itemsize, kind, signed, min, max, torch dtype, rounder[, storage])
+# kind: f float, i integer, b bool, x packed (four MX values per element: bits only).
+# storage: the torch dtype holding the bits, when the dtype has no torch equivalent.
 _TABLE = {
     "float32": (4, "f", True, -_F32_MAX, _F32_MAX, torch.float32, _round_f32),
-    "tfloat32": (4, "f", True, -_F32_MAX, _F32_MAX, None, _round_tf32),
+    "tfloat32": (4, "f", True, -_F32_MAX, _F32_MAX, None, _round_tf32, torch.float32),
     "bfloat16": (2, "f", True, -3.3895313892515355e38, 3.3895313892515355e38, torch.bfloat16,
                  _via(torch.bfloat16)),
     "float16": (2, "f", True, -65504.0, 65504.0, torch.float16, _via(torch.float16)),
-    "float8_e4m3": (1, "f", True, -240.0, 240.0, None, _make_ieee_rounder(3, -6, 240.0)),
+    "float8_e4m3": (1, "f", True, -240.0, 240.0, None, _make_ieee_rounder(3, -6, 240.0),
+                    torch.uint8),
     "float8_e4m3fn": (1, "f", True, -448.0, 448.0, torch.float8_e4m3fn, _via(torch.float8_e4m3fn)),
     "float8_e5m2": (1, "f", True, -57344.0, 57344.0, torch.float8_e5m2, _via(torch.float8_e5m2)),
+    # MX scale (OCP MX v1.0): an unsigned power of two 2^-127..2^127, NaN = 0xFF
+    "float8_e8m0fnu": (1, "f", False, 2.0 ** -127, _E8M0_MAX, torch.float8_e8m0fnu,
+                       _via(torch.float8_e8m0fnu)),
     "int8": (1, "i", True, -128, 127, torch.int8, _make_int_rounder(8, True)),
     "int16": (2, "i", True, -(1 << 15), (1 << 15) - 1, torch.int16, _make_int_rounder(16, True)),
     "int32": (4, "i", True, -(1 << 31), (1 << 31) - 1, torch.int32, _make_int_rounder(32, True)),
     "uint8": (1, "i", False, 0, 255, torch.uint8, _make_int_rounder(8, False)),
     "uint16": (2, "i", False, 0, (1 << 16) - 1, torch.uint16, _make_int_rounder(16, False)),
     "uint32": (4, "i", False, 0, (1 << 32) - 1, torch.uint32, _make_int_rounder(32, False)),
-    "bool_": (1, "b", False, 0, 1, torch.bool, _round_bool),
+    "bool_": (1, "b", False, 0, 1, torch.bool, _round_bool, torch.uint8),
+    # MX packed types (nki.language docs: "4x packed float8_e5m2 elements ..."; the MX
+    # deep dive: "The float8_*_x4 types are 32-bits wide ... The float4_*_x4 type is 16-bits
+    # wide and physically contains four float4 elements").
+    "float8_e5m2_x4": (4, "x", True, 0, 0, None, None, torch.uint32),
+    "float8_e4m3fn_x4": (4, "x", True, 0, 0, None, None, torch.uint32),
+    "float4_e2m1fn_x4": (2, "x", True, 0, 0, None, None, torch.uint16),
 }
 
 _BY_NAME: dict[str, NkiDType] = {
     name: NkiDType(name, *spec) for name, spec in _TABLE.items()
 }
+
+
+# ----------------------------------------------------------------------------- bits
+def _encode_plain(dt: NkiDType, t: torch.Tensor) -> torch.Tensor:
+    if dt.is_float and dt.storage == dt.torch_dtype:
+        return _as_f32(t).to(dt.storage)  # torch's cast is the rounding (see _via)
+    return dt._round(t).to(dt.storage)
+
+
+def _e4m3_table() -> torch.Tensor:
+    """The 256 float8_e4m3 codes decoded (IEEE-like: bias 7, subnormals, 0x78 = inf,
+    0x79..0x7F NaN; the sign is bit 7)."""
+    vals = []
+    for code in range(128):
+        e, m = code >> 3, code & 7
+        if e == 15:
+            vals.append(math.inf if m == 0 else _NAN)
+        elif e == 0:
+            vals.append(m / 8 * 2.0 ** -6)
+        else:
+            vals.append((1 + m / 8) * 2.0 ** (e - 7))
+    pos = torch.tensor(vals, dtype=torch.float32)
+    return torch.cat([pos, -pos])
+
+
+_E4M3_DECODE = _e4m3_table()
+_E4M3_POS = _E4M3_DECODE[:0x79]  # 0 .. 240, inf: ascending, searchable
+
+
+def _encode_e4m3(dt: NkiDType, t: torch.Tensor) -> torch.Tensor:
+    r = dt._round(t)  # exact e4m3 values (or +-inf / NaN)
+    a = r.abs()
+    code = torch.searchsorted(_E4M3_POS, a.contiguous()).clamp_(max=0x78)
+    code = torch.where(torch.isnan(r), torch.full_like(code, 0x7F), code)
+    code = code | (torch.signbit(r).to(torch.int64) << 7)
+    return code.to(torch.uint8)
+
+
+def _decode_e4m3(raw: torch.Tensor) -> torch.Tensor:
+    return _E4M3_DECODE[raw.to(torch.int64)]
+
+
+_ENCODERS = {"float8_e4m3": _encode_e4m3}
+_DECODERS = {"float8_e4m3": _decode_e4m3}
 
 float32 = _BY_NAME["float32"]
 tfloat32 = _BY_NAME["tfloat32"]
@@ -187,6 +289,10 @@ uint8 = _BY_NAME["uint8"]
 uint16 = _BY_NAME["uint16"]
 uint32 = _BY_NAME["uint32"]
 bool_ = _BY_NAME["bool_"]
+float8_e8m0fnu = _BY_NAME["float8_e8m0fnu"]
+float8_e5m2_x4 = _BY_NAME["float8_e5m2_x4"]
+float8_e4m3fn_x4 = _BY_NAME["float8_e4m3fn_x4"]
+float4_e2m1fn_x4 = _BY_NAME["float4_e2m1fn_x4"]
 
 ALL = tuple(_BY_NAME.values())
 
@@ -203,6 +309,7 @@ _FROM_TORCH = {
     torch.float8_e4m3fn: float8_e4m3fn, torch.float8_e5m2: float8_e5m2,
     torch.int8: int8, torch.int16: int16, torch.int32: int32,
     torch.uint8: uint8, torch.uint16: uint16, torch.uint32: uint32, torch.bool: bool_,
+    torch.float8_e8m0fnu: float8_e8m0fnu,
 }
 
 # Converting outputs: dtypes torch/numpy cannot hold natively come back as float32.

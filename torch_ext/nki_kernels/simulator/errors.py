@@ -29,3 +29,12 @@ class CapacityError(NkiValidationError):
 
 class UnsupportedError(SimulatorError, TypeError):
     """A feature the simulator does not model, or an API beta 2 removed."""
+
+
+class DeadlockError(SimulatorError):
+    """The cores of an LNC=2 launch wait for each other (or for a core that has finished)."""
+
+
+class RaceError(NkiValidationError):
+    """The cores of an LNC=2 launch access the same bytes of a shared tensor without an
+    ordering (core_barrier / sendrecv) between the accesses."""

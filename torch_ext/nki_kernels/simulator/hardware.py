@@ -183,9 +183,9 @@ class Target:
     activation_scalar_bias: bool = True    # [I] activation: a scalar bias from v3 (v2: (P, 1) tile)
     has_range_select: bool = True          # [I] range_select: v3 and newer
     max_logical_cores: int = 2             # [L] LNC=2 from Trainium2; trn1 runs LNC=1 only
-    # nl.tile_size.psum_fmax as the simulator reports it (deprecated name). Kept at its
-    # historical value here; NKI 0.7 documents it as one PSUM bank (512): to be fixed.
-    tile_size_psum_fmax: int = 2048
+    # [I] quantize_mx / nc_matmul_mx: "Available only on NeuronCore-v4 and newer"
+    has_mx: bool = False
+    mx_group_partitions: int = 8           # [I] quantize_mx: groups of "8 partitions x 4 elements"
 
     @property
     def generation(self) -> int:
@@ -238,7 +238,7 @@ TARGETS: dict[str, Target] = {
         matmul_dst_dtypes=("float32", "bfloat16"),
         matmul_dtypes=("float8_e4m3", "float8_e5m2", "bfloat16", "float16", "tfloat32",
                        "float32", "float8_e4m3fn"),
-        matmul_accumulate_onto_copies=True,
+        matmul_accumulate_onto_copies=True, has_mx=True,
     ),
 }
 

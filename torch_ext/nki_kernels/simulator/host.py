@@ -82,21 +82,26 @@ class Inputs:
 
 
 def _to_torch(t: NkiTensor) -> torch.Tensor:
-    # After the run nothing writes the simulator's storage again: fp32 outputs are returned
-    # without a copy (a fresh HBM allocation, or the caller's own aliased input).
+    # After the run nothing writes the simulator's storage again: outputs whose bits torch
+    # holds natively (fp32, bf16, fp16, fp8, integers) are returned without a copy (a fresh
+    # HBM allocation, or the caller's own aliased input); packed MX words as their uint words.
     d = t._data
     dt = t.dtype
     if dt.is_bool:
         return d != 0
-    return d.to(_dt.torch_output_dtype(dt))
+    if dt.is_packed or d.dtype == dt.torch_dtype:
+        return d
+    return dt.from_bits(d).to(_dt.torch_output_dtype(dt))
 
 
 def _to_numpy(t: NkiTensor):
     d = t._data
     dt = t.dtype
+    if dt.is_packed:
+        return d.numpy()
     if dt.is_float:
-        return d.to(torch.float32).numpy().astype(_dt.numpy_output_dtype(dt))
-    return d.numpy().astype(_dt.numpy_output_dtype(dt))
+        return dt.from_bits(d).to(torch.float32).numpy().astype(_dt.numpy_output_dtype(dt))
+    return dt.from_bits(d).numpy().astype(_dt.numpy_output_dtype(dt))
 
 
 def _convert(result, kind, index=0):

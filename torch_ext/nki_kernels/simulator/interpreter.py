@@ -1,25 +1,43 @@
 """Running a kernel: ``nki.jit`` kernels, ``nki.simulate`` and ``run_kernel``.
 
-A run gets a fresh context (context.py) built from its ``SimParams``, wraps the host arrays
-as HBM tensors (host.py), calls the kernel body once per logical core and hands back the
+A run gets a fresh ``Run`` (context.py) built from its ``SimParams``, wraps the host arrays
+as HBM tensors (host.py), runs the kernel body once per physical core and hands back the
 outputs. Runs are independent: several threads may run kernels at once (each thread has its
 own context stack).
+
+The degree (LNC) of a launch, as AWS documents it for ``nki.jit`` in Neuron 2.33: "Configure
+the LNC (Logical NeuronCore) degree by setting the NEURON_LOGICAL_NC_CONFIG environment
+variable to 1 or 2 before invoking the kernel. If the LNC degree is not explicitly set, the
+default is LNC=1." (nki.jit reference), and "via bracket syntax at the kernel call site"
+(Using Logical NeuronCores); the two must agree ("The LNC value must match the
+NEURON_LOGICAL_NC_CONFIG environment variable ... Mismatching the two will cause a runtime
+error", 2.31/2.32 nki.jit). ``nki.simulate(kernel)`` and calling a jitted kernel resolve the
+degree that way (``launch_degree``); ``simulator.run`` takes it from ``SimParams``.
+
+The two programs of an LNC=2 launch run CONCURRENTLY (``Lockstep``): each in a thread of its
+own with its own core context, one thread at a time. A core runs until it finishes or waits
+on the other (``sendrecv``, ``core_barrier``: isa/sync.py), then the other runs. The
+interleaving depends only on the kernel, so runs are deterministic; a core that waits for
+something the other core will never do is a ``DeadlockError`` naming both cores' states.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
 
 import torch
 
 from . import kernel_rules
-from .context import Context, current, pop, push
-from .errors import NkiValidationError
+from .context import Context, Run, current, pop, push
+from .errors import DeadlockError, NkiValidationError
 from .host import Inputs
 from .memory import MemoryRegion
 from .params import SimParams
+
+LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
 
 
 class Kernel:
@@ -50,7 +68,7 @@ class Kernel:
     def __call__(self, *args, **kwargs):
         if current().in_kernel:  # a jitted kernel called from inside a kernel: plain call
             return self.fn(*args, **kwargs)
-        return run_kernel(self, args, kwargs)[0]
+        return run_kernel(self, args, kwargs, launch=True)[0]
 
     def __repr__(self):
         g = f"[{self.grid}]" if self.grid else ""
@@ -66,9 +84,10 @@ def jit(fn=None, **kwargs):
 
 def simulate(kernel):
     """``nki.simulate(kernel)(*args)``: numpy or CPU torch in, same type out. The run takes
-    the options of the calling thread's innermost ``activated()`` block (defaults outside)."""
+    the options of the calling thread's innermost ``activated()`` block (defaults outside)
+    and the launch degree of ``launch_degree``."""
     def call(*args, **kwargs):
-        return run_kernel(kernel, args, kwargs)[0]
+        return run_kernel(kernel, args, kwargs, launch=True)[0]
     return call
 
 
@@ -80,6 +99,25 @@ def _unwrap(kernel):
         inner = getattr(kernel, "fn", None) or getattr(kernel, "func", None)
         return (kernel, None) if inner is None or not callable(inner) else (inner, None)
     raise TypeError(f"expected an NKI kernel (function or nki.jit object), got {kernel!r}")
+
+
+def launch_degree(bracket: int | None) -> int | None:
+    """The LNC degree a launch asks for: ``kernel[n]``, else NEURON_LOGICAL_NC_CONFIG, else
+    None (the run's default). Both given: they must agree."""
+    raw = os.environ.get(LNC_ENV)
+    if raw is None or raw.strip() == "":
+        return bracket
+    try:
+        env = int(raw)
+    except ValueError:
+        env = None
+    if env not in (1, 2):
+        raise ValueError(f"{LNC_ENV}={raw!r}: the logical-core degree must be 1 or 2")
+    if bracket is not None and bracket != env:
+        raise NkiValidationError(
+            f"kernel[{bracket}]: the launch degree differs from {LNC_ENV}={env} (AWS: \"The LNC "
+            "value must match the NEURON_LOGICAL_NC_CONFIG environment variable\")")
+    return env
 
 
 # ---------------------------------------------------------------------------- torch threads
@@ -115,16 +153,121 @@ def _one_torch_thread():
                 torch.set_num_threads(restore)
 
 
+# ---------------------------------------------------------------------------- LNC=2 cores
+class _Aborted(BaseException):
+    """Unwinds a core whose partner failed (never reaches the caller)."""
+
+
+class Lockstep:
+    """The programs of an LNC=2 launch, one thread per core, run one at a time.
+
+    The running core keeps going until it finishes or ``wait``s for a condition only the
+    other core can make true; then the other core runs. When neither can run, that is a
+    deadlock. Only one thread touches the simulator at any moment, so the shared trace and
+    HBM need no locks, and the interleaving (hence every result) is deterministic."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.cv = threading.Condition()
+        self.turn = 0
+        self.done = [False] * n
+        self.waiting: list = [None] * n     # (predicate, description) while blocked
+        self.errors: list = [None] * n
+        self.results: list = [None] * n
+        self.abort = False
+
+    def _switch(self, me: int) -> None:
+        """Hand the baton to the next core that can run (called holding ``cv``)."""
+        for k in range(1, self.n + 1):
+            other = (me + k) % self.n
+            if self.done[other]:
+                continue
+            w = self.waiting[other]
+            if other == me or w is None or w[0]():
+                self.turn = other
+                self.cv.notify_all()
+                return
+        # nobody can make progress: wake a blocked core, which finds the deadlock and reports it
+        blocked = [c for c in range(self.n) if not self.done[c]]
+        self.turn = blocked[0] if blocked else None
+        self.cv.notify_all()
+
+    def wait(self, me: int, ready, what: str) -> None:
+        """Block core ``me`` until ``ready()`` (another core's progress makes it true)."""
+        with self.cv:
+            while not ready():
+                blocked = []
+                for other in range(self.n):
+                    if other == me:
+                        continue
+                    w = self.waiting[other]
+                    if self.done[other]:
+                        blocked.append(f"core {other} has finished")
+                    elif w is not None and not w[0]():
+                        blocked.append(f"core {other} waits for {w[1]}")
+                    else:
+                        blocked = None
+                        break
+                if blocked is not None:
+                    raise DeadlockError(f"LNC=2 deadlock: core {me} waits for {what}, but "
+                                        f"{'; '.join(blocked)}")
+                self.waiting[me] = (ready, what)
+                self._switch(me)
+                while self.turn != me and not self.abort:
+                    self.cv.wait()
+                self.waiting[me] = None
+                if self.abort:
+                    raise _Aborted()
+
+    def run(self, body) -> list:
+        """Run ``body(pid)`` for every core; returns their results, raises the first error."""
+        def thread_main(pid):
+            with self.cv:
+                while self.turn != pid and not self.abort:
+                    self.cv.wait()
+            try:
+                if self.abort:
+                    raise _Aborted()
+                self.results[pid] = body(pid)
+            except _Aborted:
+                pass
+            except BaseException as err:  # noqa: BLE001 (re-raised by the caller)
+                self.errors[pid] = err
+                self.abort = True
+            finally:
+                with self.cv:
+                    self.done[pid] = True
+                    if self.abort:
+                        self.cv.notify_all()
+                    else:
+                        self._switch(pid)
+
+        threads = [threading.Thread(target=thread_main, args=(p,), daemon=True,
+                                    name=f"nki-core-{p}") for p in range(self.n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        first = next((e for e in self.errors if e is not None), None)
+        if first is not None:
+            raise first
+        return self.results
+
+
 # ---------------------------------------------------------------------------- one run
-def run_kernel(kernel, args, kwargs, params: SimParams | None = None):
+def run_kernel(kernel, args, kwargs, params: SimParams | None = None, launch: bool = False):
     """Run ``kernel`` once per logical core on fresh HBM copies of the arrays in
     ``args``/``kwargs`` with ``params`` (default: the calling thread's current options).
-    Returns (outputs, Context of the run)."""
+    ``launch``: resolve the degree as an ``nki.jit`` launch does (``launch_degree``).
+    Returns (outputs, Context of core 0)."""
     fn, degree = _unwrap(kernel)
+    if launch:
+        degree = launch_degree(degree)
     kernel_rules.check_kernel(fn, args, kwargs)  # NKI 0.7 language rules (kernel_rules.py)
     params = params if params is not None else current().params
     grid = params.lnc_for(degree)
-    ctx = Context(params, grid, bracketed=degree is not None)
+    run = Run(params, grid, bracketed=degree is not None)
+    ctx = Context(run=run, program_id=0)
     with _one_torch_thread():
         push(ctx)
         try:
@@ -135,21 +278,78 @@ def run_kernel(kernel, args, kwargs, params: SimParams | None = None):
             wargs = [inputs.wrap(a, names[i] if i < len(names) else f"arg{i}", region)
                      for i, a in enumerate(args)]
             wkwargs = {k: inputs.wrap(v, k, region) for k, v in kwargs.items()}
-            result = None
-            ctx.in_kernel = True
-            try:
-                for pid in range(grid):
-                    ctx.program_id = pid
-                    ctx.shared_cursor = 0
-                    if grid > 1:
-                        ctx.recorder.core = pid
-                    r = fn(*wargs, **wkwargs)
-                    if pid == 0:
-                        result = r
-            finally:
-                ctx.in_kernel = False
+            if grid == 1:
+                ctx.in_kernel = True
+                try:
+                    result = fn(*wargs, **wkwargs)
+                finally:
+                    ctx.in_kernel = False
+            else:
+                result = _run_cores(run, fn, wargs, wkwargs)
+            describe = _describer(run)
+            _check_dynamic_flow(run)
+            for core in run.cores:
+                core.memory.check_capacity(describe)
+            if run.races is not None:
+                run.races.check(describe)
             outputs = inputs.outputs(result)
             inputs.copy_back()
             return outputs, ctx
         finally:
             pop(ctx)
+
+
+def _run_cores(run: Run, fn, wargs, wkwargs):
+    from .races import RaceTracker
+
+    run.scheduler = Lockstep(run.grid)
+    run.races = RaceTracker(run)
+    contexts = [run.cores[0]] + [Context(run=run, program_id=p) for p in range(1, run.grid)]
+
+    def body(pid):
+        c = contexts[pid]
+        push(c)
+        c.in_kernel = True
+        try:
+            return fn(*wargs, **wkwargs)
+        except BaseException as err:
+            if isinstance(err, Exception) and run.grid > 1 and hasattr(err, "add_note"):
+                err.add_note(f"(raised by core {pid} of the LNC={run.grid} launch)")
+            raise
+        finally:
+            c.in_kernel = False
+            pop(c)
+
+    results = run.scheduler.run(body)
+    return results[0]
+
+
+def _check_dynamic_flow(run: Run) -> None:
+    """The cores of a launch must take the same dynamic control flow (control.py)."""
+    if len(run.cores) < 2:
+        return
+    flows = [c.dynamic_flow for c in run.cores]
+    for k, steps in enumerate(zip(*flows)):
+        if len(set(steps)) > 1:
+            detail = "; ".join(f"core {c.program_id}: {c.dynamic_flow[k][0]} ran "
+                               f"{c.dynamic_flow[k][1]} iterations" for c in run.cores)
+            raise NkiValidationError(
+                f"dynamic control flow differs between the cores at run-time loop #{k} "
+                f"({detail}); AWS: \"if you use dynamic control flow, and this control-flow is "
+                "different on the different cores, then the behavior is undefined\"")
+    if len({len(f) for f in flows}) > 1:
+        raise NkiValidationError(
+            "dynamic control flow differs between the cores: they ran "
+            f"{' and '.join(str(len(f)) for f in flows)} run-time loops (AWS: differing "
+            "dynamic control flow between the cores is undefined behavior)")
+
+
+def _describer(run: Run):
+    def describe(i: int) -> str:
+        try:
+            ins = run.recorder.instructions[i]
+        except IndexError:
+            return f"#{i}"
+        core = ins.attrs.get("core")
+        return f"#{i} ({ins.op}{'' if core is None else f', core {core}'})"
+    return describe

@@ -66,13 +66,18 @@ def _no_arith(op, fn):
 
 
 class NkiTensor:
-    """A view of an NKI tensor on SBUF, PSUM or HBM."""
+    """A view of an NKI tensor on SBUF, PSUM or HBM.
 
-    __slots__ = ("_alloc", "_data", "__weakref__")
+    ``_data`` is a torch view of the tensor's bits (the ``storage`` dtype of ``dtype``) in
+    its allocation; ``_dtype`` is set on a reinterpreting view (``view(dtype)``,
+    ``ap(dtype=)``) whose dtype differs from the allocation's."""
 
-    def __init__(self, alloc: Allocation, data: torch.Tensor):
+    __slots__ = ("_alloc", "_data", "_dtype", "__weakref__")
+
+    def __init__(self, alloc: Allocation, data: torch.Tensor, dtype=None):
         self._alloc = alloc
         self._data = data
+        self._dtype = dtype
 
     # ------------------------------------------------------------------ attributes
     @property
@@ -81,7 +86,7 @@ class NkiTensor:
 
     @property
     def dtype(self):
-        return self._alloc.dtype
+        return self._dtype or self._alloc.dtype
 
     @property
     def buffer(self) -> MemoryRegion:
@@ -101,15 +106,38 @@ class NkiTensor:
 
     @property
     def strides(self) -> tuple[int, ...]:
-        return tuple(self._data.stride())
+        """Element strides of the view in its tensor's storage (on chip, the partition
+        stride is the tensor's free size, wherever the tensor is placed)."""
+        st = tuple(self._data.stride())
+        if self._alloc.kind != "hbm" and st:
+            return (self._free_size(),) + st[1:]
+        return st
 
     @property
     def offset(self) -> int:
-        return self._data.storage_offset() - self._alloc.base_offset
+        """Element offset of the view's first element from the tensor's first element (in
+        elements of this view's dtype; on chip, partitions count the tensor's free size)."""
+        d = self._data
+        a = self._alloc
+        nbytes = d.storage_offset() * d.element_size() - a.base_byte_offset
+        if a.kind != "hbm":
+            p = nbytes // a.part_stride
+            return p * self._free_size() + (nbytes - p * a.part_stride) // self.dtype.itemsize
+        return nbytes // self.dtype.itemsize
 
     @property
     def itemsize(self) -> int:
-        return self._alloc.dtype.itemsize
+        return self.dtype.itemsize
+
+    @property
+    def address(self):
+        """The (partition_offset, byte_offset) an explicitly placed tensor was allocated at
+        (None: placed by the compiler)."""
+        return self._alloc.address
+
+    def values(self) -> torch.Tensor:
+        """The view's values, decoded: float32 for float dtypes, int64 for integers."""
+        return self.dtype.from_bits(self._data)
 
     @property
     def on_chip(self) -> bool:
@@ -127,14 +155,11 @@ class NkiTensor:
 
     def __bool__(self):
         # Beta-2 docstring examples write `assert nl.equal(a, b)`: true iff all elements nonzero.
-        return bool((self._data != 0).all())
+        return bool((self.values() != 0).all())
 
     def __array__(self, dtype=None, copy=None):
         # (tensor.numpy() needs numpy: only callers converting to numpy get here)
-        arr = self._data.detach().clone()
-        if self.dtype.is_float:
-            arr = arr.to(torch.float32)
-        out = arr.numpy()
+        out = self.values().detach().clone().numpy()
         return out.astype(dtype) if dtype is not None else out
 
     # ------------------------------------------------------------------ indexing
@@ -160,7 +185,9 @@ class NkiTensor:
             if isinstance(k, slice):
                 tkey.append(_check_slice(k, dim, n, tuple(shape)))
             elif isinstance(k, DynamicSlice):
-                if k.size <= 0 or k.start < 0 or k.start + k.size > n:
+                # nl.ds(start, 0) is an empty view (nki-library's cross_entropy gives the idle
+                # core of an LNC=2 launch an empty shard); an instruction refuses it.
+                if k.size < 0 or k.start < 0 or k.start + k.size > n or (k.size == 0 and k.start > n):
                     raise IndexError(
                         f"index nl.ds({k.start}, {k.size}) is out of bounds for dim {dim} "
                         f"with size {n} (shape {tuple(shape)})")
@@ -200,7 +227,7 @@ class NkiTensor:
                     break
                 tkey[dim] = slice(tkey[dim], tkey[dim] + 1)
                 keep += 1
-        return NkiTensor(self._alloc, self._data[tuple(tkey)])
+        return NkiTensor(self._alloc, self._data[tuple(tkey)], self._dtype)
 
     def __setitem__(self, key, value):
         # `t[idx] = tile` copies (tensor_copy on chip, dma_copy when HBM is involved);
@@ -209,7 +236,7 @@ class NkiTensor:
 
     # ------------------------------------------------------------------ view methods
     def _view(self, data) -> "NkiTensor":
-        return NkiTensor(self._alloc, data)
+        return NkiTensor(self._alloc, data, self._dtype)
 
     def reshape(self, *shape) -> "NkiTensor":
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
@@ -335,9 +362,17 @@ class NkiTensor:
         return self._view(self._data[tuple(key)])
 
     def select(self, dim: int, index) -> "NkiTensor":
-        if isinstance(index, NkiTensor):
-            raise UnsupportedError("select: dynamic (tensor-valued) select is not supported by the simulator")
+        """Select one index of ``dim`` (removing it); a tensor or register ``index`` selects
+        at run time (an indirect view, docs: "Dynamic on-chip: dim must not be 0")."""
         dim = self._dim(dim, "select")
+        if _is_dynamic(index):
+            if self.on_chip and dim == 0:
+                raise NkiValidationError("select: a dynamic select of an on-chip tensor cannot "
+                                         "select the partition dim (dim 0)")
+            pattern = [[st, n] for i, (st, n) in enumerate(zip(self.strides, self.shape)) if i != dim]
+            return _indirect_view(self, pattern, self.offset, scalar=index,
+                                  scalar_stride=self.strides[dim], dtype=self.dtype,
+                                  what=f"select(dim={dim})", extent=self.shape[dim])
         n = self._data.shape[dim]
         i = operator.index(index)
         if not 0 <= i < n:
@@ -348,6 +383,22 @@ class NkiTensor:
                 f"select: on-chip tensor {self.shape} must keep its partition dim and 2 dims")
         return self._view(self._data.select(dim, i))
 
+    def vector_select(self, dim: int, vector_offset) -> "NkiTensor":
+        """Per-partition gather: partition w of the result is ``self[vector_offset[w]]``
+        (docs: dim must be 0, HBM tensors only; the result has vector_offset.shape[0]
+        partitions)."""
+        if int(dim) != 0:
+            raise NkiValidationError(f"vector_select: dim must be 0, got {dim}")
+        if self.on_chip:
+            raise NkiValidationError("vector_select: only HBM tensors can be gathered by a "
+                                     f"vector of offsets; this tensor is in {self.buffer.value}")
+        vo = _offset_tensor("vector_select", "vector_offset", vector_offset)
+        pattern = [[self.strides[0], vo.shape[0]]] + [[st, n] for st, n in
+                                                     zip(self.strides[1:], self.shape[1:])]
+        return _indirect_view(self, pattern, self.offset, vector=vo,
+                              vector_stride=self.strides[0], dtype=self.dtype,
+                              what="vector_select", extent=self.shape[0])
+
     def is_contiguous(self) -> bool:
         d = self._data
         if self.on_chip:
@@ -355,29 +406,187 @@ class NkiTensor:
         return d.is_contiguous()
 
     def get_pattern(self) -> list[list[int]]:
-        return [[st, s] for st, s in zip(self._data.stride(), self._data.shape)]
+        return [[st, s] for st, s in zip(self.strides, self.shape)]
 
     def is_indirect(self) -> bool:
         return False
 
+    # ------------------------------------------------------------------ storage layout
+    def _free_size(self, dtype=None) -> int:
+        """Elements (of ``dtype``, default this view's) of one partition of the tensor's
+        storage: the partition stride of an access pattern on it."""
+        a = self._alloc
+        return math.prod(a.shape[1:]) * a.dtype.itemsize // (dtype or self.dtype).itemsize
+
+    def _start_partition(self) -> int:
+        a = self._alloc
+        d = self._data
+        return (d.storage_offset() * d.element_size() - a.base_byte_offset) // a.part_stride
+
+    def _root(self, dtype) -> torch.Tensor:
+        """The whole tensor's bits as ``dtype``: [partitions, free] on chip, flat on HBM."""
+        a = self._alloc
+        base = a.base
+        if dtype.storage != base.dtype:
+            if base.dim() == 0 or (base.shape[-1] > 1 and base.stride(-1) != 1):
+                raise NkiValidationError(f"cannot reinterpret {a.dtype.name} storage as "
+                                         f"{dtype.name}: its last dimension is not contiguous")
+            if (base.shape[-1] * base.element_size()) % dtype.itemsize:
+                raise NkiValidationError(
+                    f"cannot reinterpret {a.dtype.name} storage of shape {a.shape} as "
+                    f"{dtype.name}: {base.shape[-1] * base.element_size()} bytes in the last "
+                    f"dimension are not a multiple of {dtype.itemsize}")
+            base = base.view(dtype.storage)
+        if self.on_chip:
+            return base.reshape(base.shape[0], -1)
+        return base.reshape(-1)
+
+    # ------------------------------------------------------------------ reinterpretation
     def view(self, dtype) -> "NkiTensor":
+        """Reinterpret the view's bits as ``dtype``; the last dimension scales by the ratio
+        of the element sizes (docs: "The last dimension must be contiguous in memory";
+        "For contraction (larger dtype): last-dim size must be divisible by the ratio")."""
         dt = _dt.to_nki(dtype)
         if dt == self.dtype:
             return self
-        raise UnsupportedError(
-            f"view({dt.name}): reinterpreting {self.dtype.name} bits is not supported by the "
-            "simulator (values are stored decoded); copy with a cast instead (nisa.tensor_copy)")
+        d = self._data
+        old = self.dtype.itemsize
+        if d.dim() == 0 or (d.shape[-1] > 1 and d.stride(-1) != 1):
+            raise NkiValidationError(f"view({dt.name}): the last dimension of {self.shape} "
+                                     f"(strides {self.strides}) must be contiguous")
+        if (d.shape[-1] * old) % dt.itemsize:
+            raise NkiValidationError(
+                f"view({dt.name}): last dimension {d.shape[-1]} of {self.dtype.name} is "
+                f"{d.shape[-1] * old} bytes, not a multiple of {dt.itemsize}")
+        if d.shape[-1] == 1 and d.dim() > 0 and d.stride(-1) != 1:
+            d = torch.as_strided(d, d.shape, d.stride()[:-1] + (1,), d.storage_offset())
+        try:
+            data = d.view(dt.storage) if dt.storage != d.dtype else d
+        except RuntimeError as err:
+            raise NkiValidationError(
+                f"view({dt.name}): the layout of {self.shape} {self.dtype.name} (strides "
+                f"{self.strides}, offset {self.offset}) cannot be reinterpreted: {err}") from None
+        return NkiTensor(self._alloc, data, None if dt == self._alloc.dtype else dt)
 
     reinterpret_cast = view
 
-    def ap(self, *args, **kwargs):
-        raise UnsupportedError("ap(): explicit access patterns are not supported by the simulator")
+    def ap(self, pattern, offset=None, scalar_offset=None, vector_offset=None, indirect_dim=0,
+           dtype=None) -> "NkiTensor":
+        """Explicit access pattern over the tensor's storage (NKI Access Patterns deep dive;
+        ``NkiTensor.ap`` docstring): element [i0, i1, ...] of the result is storage element
+        ``offset + sum(step_k * i_k)`` of the tensor flattened, in elements of ``dtype``.
 
-    def indirect(self, *args, **kwargs):
-        raise UnsupportedError("indirect(): tensor indirection (NeuronCore-v4) is not supported by the simulator")
+        * ``offset=None`` inherits this view's offset; an integer is ADDED to it (the API
+          docstring: "offset=0 keeps the base, offset=N shifts by N additional elements";
+          nki-library's TensorView relies on that for views with an offset; the language
+          guide's "Pass an explicit integer to override" disagrees).
+        * on SBUF/PSUM the first [step, num] pair is the partition axis and its step must
+          be the tensor's free size ("the step of the leading dimension must be the element
+          count of the entire free dimension of the tensor").
+        * ``scalar_offset`` ((1, 1) SBUF tensor or register) adds value *
+          prod(self.shape[indirect_dim+1:]); ``vector_offset`` ((P, 1) SBUF tensor) gives
+          partition w the offset vector_offset[w] * prod(self.shape[1:]), indirect_dim 0
+          only ("Currently, only indirect_dim=0 is supported"). Both are read when the
+          instruction runs; an access outside the tensor raises IndexError then (dma_copy
+          with oob_mode=skip skips it).
+        * an access outside the tensor is an IndexError when an instruction uses the view,
+          not when it is built (AWS kernels build patterns they guard later).
+        """
+        dt = self.dtype if dtype is None else _dt.to_nki(dtype)
+        pat = _check_pattern(pattern)
+        if scalar_offset is not None and vector_offset is not None:
+            raise NkiValidationError("ap: scalar_offset and vector_offset are mutually exclusive")
+        base_off = self.offset * self.dtype.itemsize // dt.itemsize
+        start = base_off + (0 if offset is None else operator.index(offset))
+        if self.on_chip:
+            free = self._free_size(dt)
+            if pat and pat[0][0] != free and vector_offset is None:
+                raise NkiValidationError(
+                    f"ap: the partition step {pat[0][0]} of pattern {pat} must equal the free "
+                    f"size {free} of the {self.buffer.value} tensor (in {dt.name} elements): "
+                    "every partition performs the same access")
+        ind = operator.index(indirect_dim)
+        if scalar_offset is not None or vector_offset is not None:
+            if not 0 <= ind < max(1, self.ndim):
+                raise NkiValidationError(f"ap: indirect_dim {ind} out of range for {self.shape}")
+            ratio = self.dtype.itemsize / dt.itemsize
+            stride = int(math.prod(self.shape[ind + 1:]) * ratio)
+            if vector_offset is not None:
+                if ind != 0:
+                    raise NkiValidationError(
+                        f"ap: vector_offset supports indirect_dim=0 only, got {ind}")
+                if self.on_chip:
+                    raise NkiValidationError("ap: vector_offset indexes an HBM tensor; this "
+                                             f"tensor is in {self.buffer.value}")
+                vo = _offset_tensor("ap", "vector_offset", vector_offset)
+                return _indirect_view(self, pat, start, vector=vo, vector_stride=stride,
+                                      dtype=dt, what="ap(vector_offset=...)",
+                                      extent=self.shape[0])
+            return _indirect_view(self, pat, start, scalar=scalar_offset, scalar_stride=stride,
+                                  dtype=dt, what="ap(scalar_offset=...)",
+                                  extent=self.shape[ind] if self.ndim else 1)
+        return _static_view(self, pat, start, dt)
 
-    def rearrange(self, *args, **kwargs):
-        raise UnsupportedError("rearrange(): not supported by the simulator; use reshape/permute")
+    def indirect(self, index, num_elem=None):
+        raise UnsupportedError("indirect(): tensor indirection (NeuronCore-v4) is not supported "
+                               "by the simulator")
+
+    def rearrange(self, src_pattern, dst_pattern, fixed_sizes=None) -> "NkiTensor":
+        """einops-style view (NkiTensor.rearrange docstring): ``src_pattern`` names each dim
+        (a tuple of names splits a dim; ``fixed_sizes`` gives sizes, one may be inferred),
+        ``dst_pattern`` orders the names (a tuple merges them). On chip the partition dim
+        stays first and whole."""
+        sizes = dict(fixed_sizes or {})
+        src = list(src_pattern)
+        if len(src) != self.ndim:
+            raise NkiValidationError(f"rearrange: src_pattern {src_pattern} names {len(src)} "
+                                     f"dims; the tensor has {self.ndim} ({self.shape})")
+        names, split_shape = [], []
+        for dim, entry in enumerate(src):
+            group = list(entry) if isinstance(entry, (tuple, list)) else [entry]
+            n = self.shape[dim]
+            known = [sizes[g] for g in group if g in sizes]
+            missing = [g for g in group if g not in sizes]
+            if len(missing) > 1:
+                raise NkiValidationError(f"rearrange: sizes of {missing} in {entry} are unknown; "
+                                         "give all but one in fixed_sizes")
+            if missing:
+                k = math.prod(known)
+                if k == 0 or n % k:
+                    raise NkiValidationError(f"rearrange: dim {dim} of size {n} cannot split "
+                                             f"into {entry} with {sizes}")
+                sizes[missing[0]] = n // k
+            if math.prod(sizes[g] for g in group) != n:
+                raise NkiValidationError(f"rearrange: {entry} multiplies to "
+                                         f"{math.prod(sizes[g] for g in group)}, dim {dim} is {n}")
+            for g in group:
+                if g in names:
+                    raise NkiValidationError(f"rearrange: name {g!r} appears twice")
+                names.append(g)
+                split_shape.append(sizes[g])
+        order = []
+        for entry in dst_pattern:
+            order += list(entry) if isinstance(entry, (tuple, list)) else [entry]
+        if sorted(order) != sorted(names):
+            raise NkiValidationError(f"rearrange: dst_pattern {dst_pattern} must use the names "
+                                     f"of src_pattern {src_pattern} once each")
+        if self.on_chip and (order[0] != names[0] or split_shape[0] != self.shape[0]
+                             or not isinstance(dst_pattern[0], str)):
+            raise NkiValidationError("rearrange: on-chip tensors keep the partition dim first "
+                                     "and whole")
+        try:
+            d = self._data.view(split_shape) if tuple(split_shape) != self.shape else self._data
+            d = d.permute([names.index(n) for n in order])
+            merged = []
+            for entry in dst_pattern:
+                group = list(entry) if isinstance(entry, (tuple, list)) else [entry]
+                merged.append(math.prod(sizes[g] for g in group))
+            d = d.view(merged) if tuple(merged) != tuple(d.shape) else d
+        except RuntimeError:
+            raise NkiValidationError(f"rearrange: {src_pattern} -> {dst_pattern} is not a view "
+                                     f"of this layout (shape {self.shape}, strides "
+                                     f"{self.strides})") from None
+        return self._view(d)
 
     def _dim(self, dim, what):
         d = int(dim)
@@ -427,51 +636,345 @@ def _check_slice(k: slice, dim: int, n: int, shape) -> slice:
     return slice(start, stop, step)
 
 
+# ---------------------------------------------------------------------- access patterns
+
+
+def _is_dynamic(x) -> bool:
+    """A run-time index: an SBUF tensor or an engine register (isa/registers.py)."""
+    return isinstance(x, NkiTensor) or type(x).__name__ == "VirtualRegister"
+
+
+def _offset_tensor(fn, role, t) -> NkiTensor:
+    if not isinstance(t, NkiTensor) or not t.on_chip:
+        raise NkiValidationError(f"{fn}: {role} must be an SBUF tensor of per-partition "
+                                 f"offsets, shape (P, 1); got {t!r}")
+    if not t.dtype.is_int:
+        raise NkiValidationError(f"{fn}: {role} must hold integer offsets, got {t.dtype.name}")
+    if math.prod(t.shape[1:]) != 1:
+        raise NkiValidationError(f"{fn}: {role} must have shape (P, 1), got {t.shape}")
+    return t
+
+
+def _scalar_index(what, x) -> int:
+    """The run-time value of a scalar offset: a register, or a tensor of one element."""
+    if isinstance(x, NkiTensor):
+        if x.size != 1:
+            raise NkiValidationError(f"{what}: a scalar offset tensor must hold one element, "
+                                     f"got shape {x.shape}")
+        if not x.dtype.is_int:
+            raise NkiValidationError(f"{what}: a scalar offset tensor must be an integer "
+                                     f"dtype, got {x.dtype.name}")
+        return int(x.values().reshape(-1)[0])
+    return operator.index(x)
+
+
+def _check_pattern(pattern) -> list[list[int]]:
+    try:
+        pat = [[operator.index(st), operator.index(n)] for st, n in pattern]
+    except (TypeError, ValueError):
+        raise NkiValidationError(f"ap: pattern {pattern!r} must be a list of [step, num] "
+                                 "pairs") from None
+    if not pat:
+        raise NkiValidationError("ap: pattern must have at least one [step, num] pair")
+    for st, n in pat:
+        if n < 1:
+            raise NkiValidationError(f"ap: pattern {pat}: every num must be >= 1, got {n}")
+        if st < 0:
+            raise UnsupportedError(f"ap: pattern {pat}: negative steps are not supported by "
+                                   "the simulator")
+    return pat
+
+
+def _static_view(t: NkiTensor, pat, start, dt) -> NkiTensor:
+    root = t._root(dt)
+    shape = [n for _, n in pat]
+    steps = [st for st, _ in pat]
+    span = sum((n - 1) * st for st, n in pat[1:])
+    what = (f"ap(pattern={pat}, offset {start}) of {t.name or 'a tensor'} "
+            f"{t._alloc.shape} {t._alloc.dtype.name} (as {dt.name})")
+    if t.on_chip:
+        parts, free = root.shape
+        p0, f0 = divmod(start, free) if start >= 0 else (-1, 0)
+        if start < 0 or p0 + pat[0][1] > parts or f0 + span >= free:
+            return OutOfBoundsView(t._alloc, shape, dt, f"{what} reaches outside the tensor's "
+                                   f"{parts} partitions x {free} elements")
+        strides = [root.stride(0)] + steps[1:]
+        where = root.storage_offset() + p0 * root.stride(0) + f0
+    else:
+        n = root.numel()
+        hi = start + (pat[0][1] - 1) * pat[0][0] + span
+        if start < 0 or hi >= n:
+            return OutOfBoundsView(t._alloc, shape, dt, f"{what} reaches elements {start}..{hi} "
+                                   f"of a tensor of {n}")
+        strides = steps
+        where = root.storage_offset() + start
+    data = torch.as_strided(root, shape, strides, where)
+    return NkiTensor(t._alloc, data, None if dt == t._alloc.dtype else dt)
+
+
+_VIEW_METHODS = ("reshape", "permute", "broadcast", "broadcast_to", "expand_dim", "squeeze_dim",
+                 "reshape_dim", "flatten_dims", "slice", "select", "vector_select", "view",
+                 "reinterpret_cast", "indirect", "rearrange", "__getitem__", "__setitem__")
+
+
+class _PatternOnly(NkiTensor):
+    """A view known only by its pattern until an instruction uses it."""
+
+    __slots__ = ("_shape", "_what")
+
+    @property
+    def shape(self):
+        return tuple(self._shape)
+
+    @property
+    def ndim(self):
+        return len(self._shape)
+
+    @property
+    def size(self):
+        return math.prod(self._shape)
+
+    def __len__(self):
+        return self._shape[0]
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self._what} shape={self.shape} dtype={self.dtype.name}>"
+
+
+def _no_view(name):
+    def method(self, *args, **kwargs):
+        raise UnsupportedError(
+            f"{name}() of {self._what}: views of a dynamic or out-of-range access pattern are "
+            "not supported by the simulator; build the whole pattern in one .ap() call")
+    method.__name__ = name
+    return method
+
+
+for _m in _VIEW_METHODS:
+    setattr(_PatternOnly, _m, _no_view(_m))
+
+
+class OutOfBoundsView(_PatternOnly):
+    """An access pattern reaching outside its tensor: legal to build, an IndexError to use."""
+
+    __slots__ = ()
+
+    def __init__(self, alloc, shape, dtype, what):
+        self._alloc = alloc
+        self._dtype = None if dtype == alloc.dtype else dtype
+        self._shape = list(shape)
+        self._what = what
+
+    @property
+    def _data(self):
+        raise IndexError(self._what)
+
+    def _start_partition(self):
+        raise IndexError(self._what)
+
+    @property
+    def strides(self):
+        raise IndexError(self._what)
+
+    @property
+    def offset(self):
+        raise IndexError(self._what)
+
+
+class IndirectView(_PatternOnly):
+    """An access pattern whose offset is read at run time (``scalar_offset``: one value for
+    the whole access; ``vector_offset``: one per partition of the result). Every instruction
+    that reads ``_data`` resolves the offsets afresh, so the values the kernel wrote last
+    count; writes (``store``) scatter. Out-of-range accesses raise IndexError when used,
+    except where dma_copy(oob_mode=skip) skips them (``resolve``)."""
+
+    __slots__ = ("_root_of", "_pattern", "_start", "_scalar", "_sstride", "_vector", "_vstride",
+                 "_extent")
+
+    def __init__(self, t, pattern, start, dtype, what, scalar=None, sstride=0, vector=None,
+                 vstride=0, extent=0):
+        self._alloc = t._alloc
+        self._dtype = None if dtype == t._alloc.dtype else dtype
+        self._root_of = t
+        self._pattern = pattern
+        self._shape = [n for _, n in pattern]
+        self._start = start
+        self._scalar = scalar
+        self._sstride = sstride
+        self._vector = vector
+        self._vstride = vstride
+        self._extent = extent
+        self._what = what
+
+    def is_indirect(self) -> bool:
+        return True
+
+    def _start_partition(self) -> int:
+        t = self._root_of
+        return max(0, self._start) // t._free_size(self.dtype) if t.on_chip else 0
+
+    @property
+    def strides(self):
+        return tuple(st for st, _ in self._pattern)
+
+    @property
+    def offset(self):
+        return self._start
+
+    def resolve(self):
+        """(storage, index, row_ok): the flat storage of the tensor's bits (this view's
+        dtype), the storage index of every element (shape of the view; out-of-range
+        elements point at element 0), and which rows (dim 0) lie inside the tensor."""
+        t = self._root_of
+        dt = self.dtype
+        root = t._root(dt)
+        pat = self._pattern
+        idx = torch.tensor(self._start, dtype=torch.int64)
+        rest = pat[1:] if self._vector is not None else pat
+        for st, n in rest:
+            idx = idx.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st
+        if self._vector is not None:
+            rows = self._vector.values().reshape(-1)[:pat[0][1]].to(torch.int64)
+            if rows.numel() < pat[0][1]:
+                raise NkiValidationError(
+                    f"{self._what}: vector_offset has {rows.numel()} offsets for "
+                    f"{pat[0][1]} partitions")
+            idx = (rows * self._vstride).reshape((-1,) + (1,) * len(rest)) + idx.unsqueeze(0)
+        elif self._scalar is not None:
+            idx = idx + _scalar_index(self._what, self._scalar) * self._sstride
+        if t.on_chip:
+            parts, free = root.shape
+            n = parts * free
+        else:
+            n = root.numel()
+        inside = (idx >= 0) & (idx < n)
+        row_ok = inside.reshape(inside.shape[0], -1).all(1) if inside.dim() else inside.reshape(1)
+        if self._vector is None:
+            row_ok = row_ok.all().expand(row_ok.shape)  # one offset: all or nothing
+        ok = row_ok.reshape((-1,) + (1,) * (idx.dim() - 1)).expand(idx.shape)
+        idx = torch.where(ok, idx, torch.zeros_like(idx))
+        if t.on_chip:
+            idx = (idx // free) * root.stride(0) + idx % free
+        idx = idx + root.storage_offset()
+        total = root.untyped_storage().nbytes() // root.element_size()
+        storage = torch.as_strided(root, (total,), (1,), 0)
+        return storage, idx, row_ok
+
+    def rows(self):
+        """(row starts, row_ok, inner shape, inner strides) of an HBM view: element i of row
+        w is at ``starts[w] + sum(inner_strides * i)`` (elements of this view's dtype from
+        the tensor's start); a scalar offset gives one row: the whole pattern."""
+        _, _, row_ok = self.resolve()
+        pat = self._pattern
+        if self._vector is not None:
+            vo = self._vector.values().reshape(-1)[:pat[0][1]].to(torch.int64)
+            starts = self._start + vo * self._vstride
+            inner = pat[1:]
+        else:
+            off = 0 if self._scalar is None else _scalar_index(self._what, self._scalar) * self._sstride
+            starts = torch.tensor([self._start + off], dtype=torch.int64)
+            inner = pat
+            row_ok = row_ok[:1]
+        return starts, row_ok, [n for _, n in inner], [st for st, _ in inner]
+
+    def _oob_message(self, row_ok) -> str:
+        bad = (~row_ok).nonzero().reshape(-1).tolist()
+        t = self._root_of
+        where = f"rows {bad[:8]}{'...' if len(bad) > 8 else ''} of " if self._vector is not None \
+            else ""
+        return (f"{self._what}: the run-time offset puts {where}the access outside "
+                f"{t.name or 'the tensor'} {t._alloc.shape} {t._alloc.dtype.name}")
+
+    @property
+    def _data(self):
+        storage, idx, row_ok = self.resolve()
+        if not bool(row_ok.all()):
+            raise IndexError(self._oob_message(row_ok))
+        return _gather_bits(storage, idx)
+
+    def _store_bits(self, bits: torch.Tensor, keep=None) -> None:
+        """Scatter ``bits`` (this view's shape, storage dtype) into the tensor; an access
+        outside it is an IndexError, unless ``keep`` (elements to write) leaves it out."""
+        storage, idx, ok = self.resolve()
+        races = current().run.races if self._alloc.kind == "hbm" else None
+        old = _gather_bits(storage, idx) if races is not None else None
+        flat = _signed(storage)
+        bits = _signed(bits.contiguous())
+        if keep is None:
+            if not bool(ok.all()):
+                raise IndexError(self._oob_message(ok))
+            flat[idx.reshape(-1)] = bits.reshape(-1)
+        else:
+            flat[idx[keep]] = bits.reshape(idx.shape)[keep]
+        if self._alloc.kind == "hbm":
+            self._alloc.written = True
+            if races is not None:
+                races.after_store_indirect(self, old, _gather_bits(storage, idx))
+
+
+_SIGNED = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _signed(bits: torch.Tensor) -> torch.Tensor:
+    """A same-size signed-integer view of ``bits`` (torch's index kernels take these for
+    every element type; uint32, fp8 and others lack some)."""
+    return bits.view(_SIGNED[bits.element_size()])
+
+
+def _gather_bits(storage: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    return _signed(storage)[idx].view(storage.dtype)
+
+
+def _indirect_view(t, pattern, start, dtype, what, scalar=None, scalar_stride=0, vector=None,
+                   vector_stride=0, extent=0) -> IndirectView:
+    if t.is_indirect():
+        raise NkiValidationError(f"{what}: the view is already indirect; only one dynamic "
+                                 "offset per access (docs: no chaining)")
+    if scalar is not None and not _is_dynamic(scalar):
+        # a Python int offset is static: fold it in
+        return _static_view(t, pattern, start + operator.index(scalar) * scalar_stride, dtype)
+    return IndirectView(t, pattern, start, dtype, what, scalar=scalar, sstride=scalar_stride,
+                        vector=vector, vstride=vector_stride, extent=extent)
+
+
 # ---------------------------------------------------------------------- construction
 
 
-def allocate(shape, dtype, buffer, name="", fill=None) -> NkiTensor:
-    """A new tensor in the current context (poisoned unless ``fill`` is given)."""
+def allocate(shape, dtype, buffer, name="", fill=None, address=None) -> NkiTensor:
+    """A new tensor in the current context (poisoned unless ``fill`` is given; placed at
+    ``address`` = (partition, byte offset) if given, see memory.py)."""
     region = to_region(buffer)
     dt = _dt.to_nki(dtype)
     if isinstance(shape, int):
         shape = (shape,)
     ctx = current()
     if region is MemoryRegion.shared_hbm and ctx.in_kernel and ctx.grid > 1:
-        # kernel[2]: core 1's n-th shared_hbm allocation is core 0's n-th one.
-        if ctx.program_id == 0:
-            alloc = ctx.memory.allocate(shape, dt, region, name, fill)
-            ctx.shared_hbm.append(alloc)
-        else:
-            i = ctx.shared_cursor
-            ctx.shared_cursor += 1
-            if i >= len(ctx.shared_hbm):
-                raise NkiValidationError(
-                    f"ndarray: core {ctx.program_id} allocates more shared_hbm tensors than core 0")
-            alloc = ctx.shared_hbm[i]
-            if alloc.shape != tuple(shape) or alloc.dtype != dt:
-                raise NkiValidationError(
-                    f"ndarray: core {ctx.program_id}'s shared_hbm tensor #{i} {tuple(shape)} "
-                    f"{dt.name} differs from core 0's {alloc.shape} {alloc.dtype.name}")
+        # LNC=2: both cores run the same allocations; core A's n-th shared_hbm allocation is
+        # core B's n-th one, whichever core reaches it first.
+        alloc = ctx.shared_hbm_tensor(shape, dt, region, name, fill)
         return NkiTensor(alloc, alloc.base)
-    alloc = ctx.memory.allocate(shape, dt, region, name, fill)
+    alloc = ctx.memory.allocate(shape, dt, region, name, fill, address)
     if alloc.kind != "hbm":
-        ctx.recorder.note_allocation(alloc.alloc_id, alloc.kind, _call_site())
+        ctx.recorder.note_allocation(alloc.alloc_id, alloc.kind, _call_site(),
+                                     ctx.program_id if ctx.grid > 1 else None)
     return NkiTensor(alloc, alloc.base)
 
 
+# the interpreter's frames that call the kernel: run_kernel (LNC=1) and each core's thread
+# body of an LNC=2 launch (_run_cores.body)
+_KERNEL_ENTRIES = ("run_kernel", "body")
 _SITE_DEPTH = 48  # frames kept: deeper kernel call paths share a site (fewer, larger families)
 
 
 def _call_site() -> tuple:
     """(filename, line) of every frame from allocate's caller up to the kernel entry (the
-    interpreter's run_kernel), innermost first: tiles allocated by one line on one call
+    interpreter's run_kernel or core thread), innermost first: tiles allocated by one line on one call
     path (e.g. in successive loop iterations) share a site."""
     f = sys._getframe(2)
     site = []
     while f is not None and len(site) < _SITE_DEPTH:
         code = f.f_code
-        if code.co_name == "run_kernel" and code.co_filename.endswith("interpreter.py"):
+        if code.co_name in _KERNEL_ENTRIES and code.co_filename.endswith("interpreter.py"):
             break
         site.append((code.co_filename, f.f_lineno))
         f = f.f_back
@@ -479,7 +982,7 @@ def _call_site() -> tuple:
 
 
 def from_torch(data: torch.Tensor, dtype, buffer, name="", alias=False) -> NkiTensor:
-    """An HBM tensor holding ``data`` (converted to ``dtype``'s storage format; with
+    """An HBM tensor holding ``data``'s values in ``dtype`` (its bits: dtypes.py; with
     ``alias``, a contiguous fp32 ``data`` is used as the storage itself)."""
     region = to_region(buffer)
     dt = _dt.to_nki(dtype)
@@ -487,10 +990,14 @@ def from_torch(data: torch.Tensor, dtype, buffer, name="", alias=False) -> NkiTe
         raise NkiValidationError("only HBM tensors can be created from host data")
     if alias and dt.name == "float32" and data.dtype == torch.float32 and data.is_contiguous():
         base = data
-    elif dt.is_float:
-        base = dt.round(data.to(torch.float32)).clone()
+    elif data.dtype == dt.storage:
+        base = data.clone()  # already this dtype's bits (e.g. bf16 from torch): bit-exact
+    elif dt.is_packed:
+        raise NkiValidationError(
+            f"{name or 'input'}: host data cannot be converted to packed {dt.name}; pass its "
+            "bits (e.g. uint8) and view them in the kernel (t.view(nl." + dt.name + "))")
     else:
-        base = data.to(torch.int64).clone()
+        base = dt.to_bits(data.to(torch.float32) if dt.is_float else data.to(torch.int64))
     base = base.contiguous()
     alloc = current().memory.wrap_hbm(base, dt, region, name)
     return NkiTensor(alloc, alloc.base)

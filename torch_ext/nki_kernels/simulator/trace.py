@@ -56,26 +56,45 @@ class AllocationSite:
 
 def capture(role: str, t) -> tuple:
     """What the trace needs of tensor view ``t`` (cheap, holds no tensor or allocation, so
-    recording never keeps memory alive); ``build_operand`` turns it into an ``Operand``."""
+    recording never keeps memory alive); ``build_operand`` turns it into an ``Operand``.
+
+    Offsets and strides are in elements of the allocation's dtype. A view that reinterprets
+    the bits as another element size, or whose offset is read at run time, is recorded by
+    the range of the allocation it may touch (no strides: the cost model then assumes it
+    touches all of that range)."""
     a = t._alloc
+    dt = t._dtype or a.dtype
+    if type(t).__name__ != "NkiTensor":  # IndirectView / OutOfBoundsView: data-dependent
+        return (role, a.alloc_id, a.kind, dt, tuple(t.shape), None,
+                (0, a.base.numel()))
     d = t._data
-    return (role, a.alloc_id, a.kind, a.dtype, d.shape, d.stride(),
-            d.storage_offset() - a.base_offset)
+    if dt.itemsize == a.dtype.itemsize:
+        return (role, a.alloc_id, a.kind, dt, d.shape, d.stride(),
+                d.storage_offset() - a.base_offset)
+    es = d.element_size()
+    lo = d.storage_offset() * es - a.base_byte_offset
+    hi = lo + es * (1 + sum((s - 1) * st for s, st in zip(d.shape, d.stride())))
+    isz = a.base.element_size()
+    return (role, a.alloc_id, a.kind, dt, d.shape, None, (lo // isz, -(-hi // isz)))
 
 
 def build_operand(raw: tuple) -> Operand:
     role, alloc_id, kind, dtype, shape, stride, lo = raw
     shape = tuple(shape)
     n = 1
-    hi = lo + 1
-    for s, st in zip(shape, stride):
+    for s in shape:
         n *= s
-        hi += (s - 1) * st
     if kind == "hbm":
         parts, free = 1, n
     else:
-        parts = shape[0]
-        free = n // parts
+        parts = shape[0] if shape else 1
+        free = n // parts if parts else 0
+    if stride is None:  # a range of the allocation, no exact footprint
+        return Operand(role, alloc_id, kind, shape, dtype.name, parts, free, n * dtype.itemsize,
+                       tuple(lo), lo[0], ())
+    hi = lo + 1
+    for s, st in zip(shape, stride):
+        hi += (s - 1) * st
     return Operand(role, alloc_id, kind, shape, dtype.name, parts, free, n * dtype.itemsize,
                    (lo, hi), lo, tuple(stride))
 
@@ -84,22 +103,23 @@ class Recorder:
     """The instructions of one run, in issue order. Recording appends raw tuples (a few
     hundred nanoseconds); ``instructions`` builds the dataclasses on first access."""
 
-    __slots__ = ("_done", "_pending", "core", "allocations")
+    __slots__ = ("_done", "_pending", "allocations")
 
     def __init__(self):
         self._done: list[Instruction] = []
         self._pending: list[tuple] = []
-        self.core: int | None = None  # set to the program id for kernel[2] runs
         self.allocations: list[AllocationSite] = []  # on-chip allocations, in creation order
 
-    def note_allocation(self, alloc_id: int, buffer: str, site: tuple) -> None:
-        """Record where on-chip allocation ``alloc_id`` was made (for the cost model)."""
-        self.allocations.append(AllocationSite(alloc_id, buffer, site, self.core))
+    def note_allocation(self, alloc_id: int, buffer: str, site: tuple, core: int | None) -> None:
+        """Record where on-chip allocation ``alloc_id`` was made (for the cost model);
+        ``core``: the program id in an LNC=2 run, else None."""
+        self.allocations.append(AllocationSite(alloc_id, buffer, site, core))
 
-    def record(self, op, engine, reads, writes, flops, attrs) -> int:
-        """Append one instruction (``reads``/``writes``: ``capture`` tuples); returns its index."""
-        if self.core is not None:
-            attrs["core"] = self.core
+    def record(self, op, engine, reads, writes, flops, attrs, core=None) -> int:
+        """Append one instruction (``reads``/``writes``: ``capture`` tuples; ``core``: the
+        program id in an LNC=2 run, recorded as ``attrs["core"]``); returns its index."""
+        if core is not None:
+            attrs["core"] = core
         self._pending.append((op, engine, reads, writes, flops, attrs))
         return len(self._done) + len(self._pending) - 1
 

@@ -10,7 +10,9 @@
 * vector_engine.py  VectorE-only instructions (selects, accumulator reductions, scans,
                     bn_stats/bn_aggr, max8 family, shuffle, random numbers)
 * scalar_engine.py  activation, activation_reduce
-* gpsimd.py         iota, affine_select, nc_n_gather, tensor_partition_reduce, core_barrier
+* gpsimd.py         iota, affine_select, nc_n_gather, tensor_partition_reduce, local_gather,
+                    nonzero_with_count
+* sync.py           sendrecv, core_barrier (between the cores of an LNC=2 launch)
 * registers.py      VirtualRegister and register_* instructions
 * unsupported.py    names the simulator does not model (raise UnsupportedError)
 
@@ -26,20 +28,21 @@ from ..errors import NkiValidationError, UnsupportedError
 from .alu import memset, scalar_tensor_tensor, tensor_copy, tensor_reduce, tensor_scalar, tensor_tensor
 from .dma import dma_compute, dma_copy, dma_transpose
 from .enums import (dge_mode, dma_engine, engine, get_nc_sub_version, get_nc_version,
-                    gpsimd_engine, matmul_perf_mode, nc_version, oob_mode, reduce_cmd,
-                    scalar_engine, tensor_engine, unknown_engine, vector_engine)
-from .gpsimd import affine_select, core_barrier, iota, nc_n_gather, tensor_partition_reduce
+                    matmul_perf_mode, nc_version, oob_mode, reduce_cmd, unknown_engine)
+from .gpsimd import (affine_select, iota, local_gather, nc_n_gather, nonzero_with_count,
+                     sequence_bounds, tensor_partition_reduce)
 from .operands import NkiInstruction, is_scalar
 from .registers import (VirtualRegister, register_alloc, register_load, register_move,
                         register_store)
 from .scalar_engine import activation, activation_reduce
-from .tensor_engine import nc_matmul, nc_transpose
+from .tensor_engine import nc_matmul, nc_matmul_mx, nc_transpose
 from .unsupported import NAMES as _UNSUPPORTED
-from .unsupported import (activate2, exponential, local_gather, nc_matmul_mx, nonzero_with_count,
-                          quantize_mx, rand2, rand_get_state, rand_set_state, sendrecv,
-                          sequence_bounds, topk)
-from .vector_engine import (bn_aggr, bn_stats, dropout, max8, nc_find_index8, nc_match_replace8,
-                            nc_stream_shuffle, range_select, reciprocal, rng, select_reduce,
+from .sync import core_barrier, sendrecv
+from .unsupported import activate2, rand2, rand_get_state, rand_set_state, topk
+from .vector_engine import (bn_aggr, bn_stats, dropout, exponential, max8, nc_find_index8,
+                            nc_match_replace8,
+                            nc_stream_shuffle, quantize_mx, range_select, reciprocal, rng,
+                            select_reduce,
                             set_rng_seed, tensor_copy_predicated, tensor_scalar_cumulative,
                             tensor_scalar_reduce, tensor_tensor_scan)
 
@@ -49,14 +52,22 @@ __all__ = [
     "tensor_engine", "vector_engine", "scalar_engine", "gpsimd_engine", "unknown_engine",
     "get_nc_version", "get_nc_sub_version",
     "dma_copy", "dma_transpose", "dma_compute", "tensor_copy", "tensor_copy_predicated", "memset",
-    "nc_matmul", "nc_transpose", "tensor_tensor", "tensor_scalar", "scalar_tensor_tensor",
+    "nc_matmul", "nc_matmul_mx", "quantize_mx", "nc_transpose", "tensor_tensor", "tensor_scalar", "scalar_tensor_tensor",
     "tensor_reduce", "tensor_partition_reduce", "tensor_scalar_reduce", "tensor_scalar_cumulative",
     "tensor_tensor_scan", "activation", "activation_reduce", "iota", "affine_select",
     "select_reduce", "range_select", "reciprocal", "bn_stats", "bn_aggr", "nc_n_gather",
-    "max8", "nc_find_index8", "nc_match_replace8", "nc_stream_shuffle", "dropout", "rng",
-    "set_rng_seed", "core_barrier", "register_alloc", "register_move", "register_load",
+    "local_gather", "nonzero_with_count", "sequence_bounds", "exponential", "max8", "nc_find_index8", "nc_match_replace8", "nc_stream_shuffle", "dropout", "rng",
+    "set_rng_seed", "core_barrier", "sendrecv", "register_alloc", "register_move", "register_load",
     "register_store", *_UNSUPPORTED,
 ]
+
+
+# Importing the engine modules (isa/tensor_engine.py, ...) binds their names on this package;
+# the beta-2 names are the engine constants (nisa.scalar_engine == nisa.engine.scalar).
+tensor_engine = engine.tensor
+vector_engine = engine.vector
+scalar_engine = engine.scalar
+gpsimd_engine = engine.gpsimd
 
 
 def _assign(dst, value) -> None:

@@ -15,13 +15,13 @@ import torch
 from .. import ops as _ops
 from ..tensor import NkiTensor
 from . import enums
-from .operands import (cast_copy, engine_of, f32, fail, free_elems, is_scalar, no_psum_on_gpsimd,
+from .operands import (cast_copy, engine_of, f32, fail, free_elems, ints, is_scalar, no_psum_on_gpsimd,
                        not_both_psum, onchip, operand_vec, record, reduce_last, same_free,
-                       same_partitions, start_partition, store, target)
+                       same_partitions, store, target)
 
 
 def _ints(*ts):
-    return all(isinstance(t, NkiTensor) and t._alloc.dtype.is_int for t in ts)
+    return all(isinstance(t, NkiTensor) and t.dtype.is_int for t in ts)
 
 
 def tensor_copy(dst, src, engine=enums.engine.unknown, name=None):
@@ -36,8 +36,8 @@ def tensor_copy(dst, src, engine=enums.engine.unknown, name=None):
     if eng == "scalar" and not target().scalar_engine_copy:
         fail("tensor_copy: the Scalar engine cannot copy on NeuronCore-v2; use "
              "nisa.activation(op=nl.copy)")
-    cast_copy("tensor_copy", dst, src._data, src._alloc.dtype)
-    return record("tensor_copy", eng, [("src", src)], [("dst", dst)], dst._data.numel(), {})
+    cast_copy("tensor_copy", dst, src)
+    return record("tensor_copy", eng, [("src", src)], [("dst", dst)], dst.size, {})
 
 
 def memset(dst, value, engine=enums.engine.unknown, name=None):
@@ -48,12 +48,12 @@ def memset(dst, value, engine=enums.engine.unknown, name=None):
         no_psum_on_gpsimd("memset", ("dst", dst))
     if not is_scalar(value):
         fail(f"memset: value must be a compile-time scalar, got {type(value).__name__}")
-    dt = dst._alloc.dtype
+    dt = dst.dtype
     if dt.is_int and isinstance(value, float) and not float(value).is_integer():
         fail(f"memset: value {value} does not match integer dst dtype {dt.name}")
     v = torch.tensor(value, dtype=torch.float64 if isinstance(value, float) else torch.int64)
-    store("memset", dst, v.to(torch.float32) if dt.is_float else v.expand(dst._data.shape))
-    return record("memset", eng, [], [("dst", dst)], dst._data.numel(), {"value": value})
+    store("memset", dst, v.to(torch.float32) if dt.is_float else v.expand(dst.shape))
+    return record("memset", eng, [], [("dst", dst)], dst.size, {"value": value})
 
 
 def tensor_tensor(dst, data1, data2, op, engine=enums.engine.unknown, name=None):
@@ -66,12 +66,11 @@ def tensor_tensor(dst, data1, data2, op, engine=enums.engine.unknown, name=None)
     if op.unary:
         fail(f"{I}: op {op!r} is unary; use nisa.tensor_scalar")
     not_both_psum(I, "data1", data1, "data2", data2)
+    # "The two tiles must have the same partition axis size and the same number of
+    # elements per partition" (nki.isa.tensor_tensor): no rule on where each starts (each
+    # operand's own start-partition rule is checked by onchip()).
     same_partitions(I, "data1", data1, "data2", data2)
     same_partitions(I, "data1", data1, "dst", dst)
-    s1, s2 = start_partition(data1), start_partition(data2)
-    if s1 != s2:  # the inputs' base partitions must align (nki-library copies to realign)
-        fail(f"{I}: data1 starts at partition {s1} but data2 at partition {s2}; both inputs "
-             "must start at the same partition")
     same_free(I, "data1", data1, "data2", data2)
     same_free(I, "data1", data1, "dst", dst)
     # Default engine (beta-2 docstring): GpSimd for power, and for all-int32/uint32
@@ -82,30 +81,30 @@ def tensor_tensor(dst, data1, data2, op, engine=enums.engine.unknown, name=None)
     eng = engine_of(I, engine, ("vector", "gpsimd"), default)
     if eng == "gpsimd":
         no_psum_on_gpsimd(I, ("dst", dst), ("data1", data1), ("data2", data2))
-    b_shape = data1._data.shape
+    b_shape = data1.shape
     if op.bitvec:
         if not _ints(data1, data2, dst):
             fail(f"{I}: bitvec op {op!r} needs integer data1, data2 and dst")
-        value = op.alu(data1._data, data2._data.reshape(b_shape))
+        value = op.alu(ints(data1), ints(data2).reshape(b_shape))
     elif _ints(data1, data2, dst) and op.name in _INT_EXACT:
-        value = op.alu(data1._data, data2._data.reshape(b_shape))  # exact integer arithmetic
+        value = op.alu(ints(data1), ints(data2).reshape(b_shape))  # exact integer arithmetic
     else:
         value = op.alu(f32(data1), f32(data2).reshape(b_shape))
     store(I, dst, value)
     return record(I, eng, [("data1", data1), ("data2", data2)], [("dst", dst)],
-                  dst._data.numel(), {"op": op.name})
+                  dst.size, {"op": op.name})
 
 
 _INT_EXACT = ("add", "subtract", "multiply", "maximum", "minimum", "equal", "not_equal",
               "greater", "greater_equal", "less", "less_equal")
 
 
-def scalar_stage(instr, op, operand, reverse, data_v, data):
+def scalar_stage(instr, op, operand, reverse, data_v, data, need_f32=True):
     if op.unary:
         if operand is not None and not (is_scalar(operand) and float(operand) == 0.0):
             fail(f"{instr}: operand of unary op {op!r} must be None or 0")
         return op.alu(data_v)
-    o = operand_vec(instr, "operand", operand, data, need_f32=not op.bitvec)
+    o = operand_vec(instr, "operand", operand, data, need_f32=need_f32 and not op.bitvec)
     if op.bitvec:
         o = int(o) if isinstance(o, float) else o.to(torch.int64)
     elif not isinstance(o, float):
@@ -145,7 +144,7 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     if o0.bitvec:
         if not _ints(data, dst):
             fail(f"{I}: bitvec op {o0!r} needs integer data and dst")
-        v = data._data
+        v = ints(data)
     else:
         v = f32(data)
     v = scalar_stage(I, o0, operand0, reverse0, v, data)
@@ -153,7 +152,7 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
         v = scalar_stage(I, o1, operand1, reverse1, v, data)
     store(I, dst, v)
     return record(I, eng, [("data", data), ("operand0", operand0), ("operand1", operand1)],
-                  [("dst", dst)], dst._data.numel(),
+                  [("dst", dst)], dst.size,
                   {"op0": o0.name, "op1": o1.name if o1 else None})
 
 
@@ -173,12 +172,14 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     o1 = _ops.alu_of(_ops.resolve(op1, "op1"), I, "op1")
     if o0.bitvec or o1.bitvec:
         fail(f"{I}: bitvec operators are not supported; op0 and op1 must be arithmetic")
-    v = scalar_stage(I, o0, operand0, reverse0, f32(data), data)
+    # "All input tiles can be any supported NKI data type" (nki.isa.scalar_tensor_tensor):
+    # unlike tensor_scalar's, operand0 need not be float32.
+    v = scalar_stage(I, o0, operand0, reverse0, f32(data), data, need_f32=False)
     t = f32(operand1).reshape(v.shape)
     v = o1.alu(t, v) if reverse1 else o1.alu(v, t)
     store(I, dst, v)
     return record(I, "vector", [("data", data), ("operand0", operand0), ("operand1", operand1)],
-                  [("dst", dst)], 2 * dst._data.numel(), {"op0": o0.name, "op1": o1.name})
+                  [("dst", dst)], 2 * dst.size, {"op0": o0.name, "op1": o1.name})
 
 
 def reduce_axes(instr, axis, ndim):
@@ -202,9 +203,9 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
     op = _ops.alu_of(_ops.resolve(op), I, "op")
     if not op.reducible:
         fail(f"{I}: op {op!r} is not a legal reduction operator")
-    nd = data._data.dim()
+    nd = data.ndim
     axes = reduce_axes(I, axis, nd)
-    keep = data._data.shape[:axes[0]]
+    keep = data.shape[:axes[0]]
     n_out = math.prod(keep[1:])
     if free_elems(dst) != n_out:
         fail(f"{I}: dst has {free_elems(dst)} elements per partition; reducing axes "
@@ -212,7 +213,7 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
     if op.bitvec:
         if not _ints(data, dst):
             fail(f"{I}: bitvec op {op!r} needs integer data and dst")
-        v = data._data
+        v = ints(data)
     else:
         v = f32(data)
     r = reduce_last(op.name, v.reshape(tuple(keep) + (-1,)))
@@ -221,5 +222,5 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
             fail(f"{I}: negate applies only to arithmetic operators")
         r = -r
     store(I, dst, r)
-    return record(I, "vector", [("data", data)], [("dst", dst)], data._data.numel(),
+    return record(I, "vector", [("data", data)], [("dst", dst)], data.size,
                   {"op": op.name, "axis": tuple(axes), "negate": bool(negate)})

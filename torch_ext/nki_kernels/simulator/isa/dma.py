@@ -6,13 +6,18 @@ touch PSUM. A copy between different dtypes casts through fp32; equal dtypes cop
 
 from __future__ import annotations
 
+import torch
+
 from .. import ops as _ops
 from . import enums
-from .operands import cast_copy, f32, fail, record, store, target, tensor_arg
+from ..tensor import IndirectView, _gather_bits
+from .operands import cast_copy, convert_bits, f32, fail, record, store, target, tensor_arg
 
 
 def _dma_check(instr, role, t):
     tensor_arg(instr, role, t)
+    if t.size == 0:
+        fail(f"{instr}: {role} is empty (shape {t.shape}); a DMA needs elements")
     if t._alloc.kind == "psum":
         fail(f"{instr}: {role} is in PSUM; DMA reads and writes only HBM and SBUF "
              "(copy PSUM to SBUF with nisa.tensor_copy first)")
@@ -28,14 +33,47 @@ def dma_copy(dst, src, priority=None, oob_mode=enums.oob_mode.error,
     """Copy ``src`` to ``dst`` with the DMA engines (HBM<->SBUF, SBUF<->SBUF, HBM<->HBM)."""
     _dma_check("dma_copy", "dst", dst)
     _dma_check("dma_copy", "src", src)
-    n_dst, n_src = dst._data.numel(), src._data.numel()
+    n_dst, n_src = dst.size, src.size
     if n_dst != n_src:
         fail(f"dma_copy: dst has {n_dst} elements {dst.shape} but src has {n_src} {src.shape}")
-    cast_copy("dma_copy", dst, src._data, src._alloc.dtype)
+    if not isinstance(oob_mode, enums.oob_mode):
+        fail(f"dma_copy: oob_mode={oob_mode!r} is not a nisa.oob_mode member")
+    if isinstance(src, IndirectView) or isinstance(dst, IndirectView):
+        _indirect_copy(dst, src, skip=oob_mode is enums.oob_mode.skip)
+    else:
+        cast_copy("dma_copy", dst, src)
     return record("dma_copy", "dma", [("src", src)], [("dst", dst)], 0,
-                  {"bytes": n_dst * dst._alloc.dtype.itemsize,
-                   "src_bytes": n_src * src._alloc.dtype.itemsize,
+                  {"bytes": n_dst * dst.dtype.itemsize,
+                   "src_bytes": n_src * src.dtype.itemsize,
                    "direction": _direction(dst, src)})
+
+
+def _indirect_copy(dst, src, skip):
+    """dma_copy with a run-time offset on either side (docs: "out-of-bound address checking
+    is turned on automatically during execution. By default a runtime error is raised ...
+    oob_mode=oob_mode.skip" makes the DMA "skip the DMA transfer for a given dynamic address
+    or index when it is out of bound"): elements whose row is out of range are not moved."""
+    n = dst.size
+    valid = torch.ones(n, dtype=torch.bool)
+    if isinstance(src, IndirectView):
+        storage, idx, row_ok = src.resolve()
+        if not skip and not bool(row_ok.all()):
+            raise IndexError(src._oob_message(row_ok) + " (dma_copy oob_mode=error)")
+        bits = _gather_bits(storage, idx)
+        valid &= row_ok.reshape((-1,) + (1,) * (idx.dim() - 1)).expand(idx.shape).reshape(-1)
+    else:
+        bits = src._data
+    new = convert_bits(bits, src.dtype, dst.dtype).reshape(-1)
+    if isinstance(dst, IndirectView):
+        _, didx, drow = dst.resolve()
+        if not skip and not bool(drow.all()):
+            raise IndexError(dst._oob_message(drow) + " (dma_copy oob_mode=error)")
+        rows = drow.reshape((-1,) + (1,) * (didx.dim() - 1)).expand(didx.shape).reshape(-1)
+        keep = (valid & rows).reshape(didx.shape)
+        dst._store_bits(new.reshape(didx.shape), keep=keep)
+        return
+    old = dst._data.reshape(-1) if dst._data.is_contiguous() else dst._data.contiguous().reshape(-1)
+    store("dma_copy", dst, torch.where(valid, new, old).reshape(dst.shape), raw=True)
 
 
 def dma_transpose(dst, src, axes=None, priority=None, dge_mode=enums.dge_mode.unknown,
@@ -45,20 +83,20 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=enums.dge_mode.un
     _dma_check("dma_transpose", "src", src)
     if dst._alloc.kind != "sbuf":
         fail("dma_transpose: dst must be in SBUF")
-    nd = src._data.dim()
+    nd = src.ndim
     perm = next((p for p in target().dma_transpose_axes if len(p) == nd), None)
     if perm is None:
         fail(f"dma_transpose: src must be 2-D, 3-D or 4-D, got shape {src.shape}")
     if axes is not None and tuple(axes) != perm:
         fail(f"dma_transpose: axes {tuple(axes)} not supported for {nd}-D src; use {perm}")
-    if src._alloc.dtype != dst._alloc.dtype:
+    if src.dtype != dst.dtype:
         fail(f"dma_transpose: dst dtype {dst.dtype.name} must equal src dtype {src.dtype.name}")
-    out = src._data.permute(perm)
-    if tuple(out.shape) != tuple(dst._data.shape):
+    out = src._data.permute(perm)  # bits: the transpose moves them unchanged
+    if tuple(out.shape) != tuple(dst.shape):
         fail(f"dma_transpose: dst shape {dst.shape} must be {tuple(out.shape)} (src {src.shape} "
              f"permuted by {perm})")
-    store("dma_transpose", dst, out)
-    n = dst._data.numel() * dst._alloc.dtype.itemsize
+    store("dma_transpose", dst, out, raw=True)
+    n = dst.size * dst.dtype.itemsize
     return record("dma_transpose", "dma", [("src", src)], [("dst", dst)], 0,
                   {"bytes": n, "src_bytes": n, "direction": _direction(dst, src),
                    "transpose": True})
@@ -80,12 +118,12 @@ def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True,
     acc = None
     for i, s in enumerate(srcs):
         _dma_check("dma_compute", f"srcs[{i}]", s)
-        if s._data.numel() != dst._data.numel():
-            fail(f"dma_compute: srcs[{i}] has {s._data.numel()} elements, dst has {dst._data.numel()}")
+        if s.size != dst.size:
+            fail(f"dma_compute: srcs[{i}] has {s.size} elements, dst has {dst.size}")
         v = f32(s).reshape(-1)
         acc = v.clone() if acc is None else acc + v
     store("dma_compute", dst, acc)
-    n = dst._data.numel() * dst._alloc.dtype.itemsize
+    n = dst.size * dst.dtype.itemsize
     return record("dma_compute", "dma", [(f"srcs[{i}]", s) for i, s in enumerate(srcs)],
-                  [("dst", dst)], dst._data.numel() * (len(srcs) - 1),
+                  [("dst", dst)], dst.size * (len(srcs) - 1),
                   {"bytes": n, "src_bytes": n * len(srcs), "direction": "compute"})

@@ -55,11 +55,51 @@ class matmul_perf_mode(Enum):  # noqa: N801
 
 
 class nc_version(Enum):  # noqa: N801
-    """NeuronCore version; the value is the generation number (hardware.Target.generation)."""
+    """NeuronCore version; the value is the generation number (hardware.Target.generation).
+
+    Members order by generation and compare with ints, as nki-library's kernels compare them
+    (``get_nc_version() >= nc_version.gen3``, ``get_nc_version() >= 3``): the docs give the
+    values (gen2 = 2 "Trn1/Inf2", gen3 = 3 "Trn2", gen4 = 4 "Trn3") and NKI 0.7 runs
+    kernels with "standard Python semantics" (Neuron 2.33 release notes)."""
 
     gen2 = 2
     gen3 = 3
     gen4 = 4
+
+    def _cmp(self, other):
+        if isinstance(other, nc_version):
+            return other.value
+        if isinstance(other, int) and not isinstance(other, bool):
+            return other
+        return NotImplemented
+
+    def __lt__(self, other):
+        o = self._cmp(other)
+        return o if o is NotImplemented else self.value < o
+
+    def __le__(self, other):
+        o = self._cmp(other)
+        return o if o is NotImplemented else self.value <= o
+
+    def __gt__(self, other):
+        o = self._cmp(other)
+        return o if o is NotImplemented else self.value > o
+
+    def __ge__(self, other):
+        o = self._cmp(other)
+        return o if o is NotImplemented else self.value >= o
+
+    def __eq__(self, other):
+        o = self._cmp(other)
+        return o if o is NotImplemented else self.value == o
+
+    def __hash__(self):
+        return hash(self.value)
+
+    def __int__(self):
+        return self.value
+
+    __index__ = __int__
 
 
 class dma_engine(Enum):  # noqa: N801

@@ -16,7 +16,8 @@ import torch
 from ..context import current
 from ..errors import NkiValidationError
 from ..hardware import Target
-from ..tensor import NkiTensor
+from ..memory import STATE_DTYPE
+from ..tensor import NkiTensor, _signed
 from ..trace import capture
 from . import enums
 
@@ -65,8 +66,7 @@ def tensor_arg(instr, role, t) -> NkiTensor:
 
 
 def start_partition(t: NkiTensor) -> int:
-    a = t._alloc
-    return (t._data.storage_offset() - a.base_offset) // a.base.stride(0)
+    return t._start_partition()
 
 
 def onchip(instr, role, t, *, psum=True, sbuf=True, why="") -> NkiTensor:
@@ -74,6 +74,9 @@ def onchip(instr, role, t, *, psum=True, sbuf=True, why="") -> NkiTensor:
     if not isinstance(t, NkiTensor):
         fail(f"{instr}: {role} must be an NKI tensor, got {type(t).__name__}")
     kind = t._alloc.kind
+    shape = t._data.shape if type(t) is NkiTensor else t.shape
+    if 0 in shape:
+        fail(f"{instr}: {role} is empty (shape {tuple(shape)}); an instruction needs elements")
     if kind == "hbm":
         fail(f"{instr}: {role} is in HBM; compute engines read and write only SBUF/PSUM "
              "(move data with nl.load / nisa.dma_copy)")
@@ -81,7 +84,7 @@ def onchip(instr, role, t, *, psum=True, sbuf=True, why="") -> NkiTensor:
         fail(f"{instr}: {role} must be in SBUF, got PSUM{why}")
     if kind == "sbuf" and not sbuf:
         fail(f"{instr}: {role} must be in PSUM, got SBUF{why}")
-    p = t._data.shape[0]
+    p = shape[0]
     tgt = current().target
     if p > tgt.partitions:
         fail(f"{instr}: {role} partition dim {p} exceeds maximum {tgt.partitions}")
@@ -105,12 +108,19 @@ def onchip(instr, role, t, *, psum=True, sbuf=True, why="") -> NkiTensor:
 
 
 def free_elems(t: NkiTensor) -> int:
-    d = t._data
-    return d.numel() // d.shape[0]
+    if type(t) is NkiTensor:
+        d = t._data
+        return d.numel() // d.shape[0]
+    shape = t.shape
+    return math.prod(shape) // shape[0]
+
+
+def _parts(t) -> int:
+    return t._data.shape[0] if type(t) is NkiTensor else t.shape[0]
 
 
 def same_partitions(instr, ra, a, rb, b):
-    pa, pb = a._data.shape[0], b._data.shape[0]
+    pa, pb = _parts(a), _parts(b)
     if pa != pb:
         fail(f"{instr}: {rb} partition dim {pb} does not match {ra} partition dim {pa}")
 
@@ -134,44 +144,112 @@ def no_psum_on_gpsimd(instr, *pairs):
 
 
 def f32(t: NkiTensor) -> torch.Tensor:
-    """The view's values as fp32 (floats are stored as fp32 already: no copy)."""
+    """The view's values as fp32 (a float32 view is returned as is: no copy)."""
     d = t._data
-    return d if d.dtype == torch.float32 else d.to(torch.float32)
+    if d.dtype == torch.float32:
+        return d
+    dt = t.dtype
+    if dt.is_float:
+        return dt.from_bits(d)
+    if dt.is_packed:
+        dt.from_bits(d)  # raises: packed MX words have no element values
+    return d.to(torch.float32)  # integers: exact, or RNE above 2^24 as any int -> fp32 cast
 
 
-def store(instr, dst: NkiTensor, value: torch.Tensor, matmul=False, exact=False) -> None:
-    """Round ``value`` ONCE into dst's dtype and write it into the dst view (``exact``: the
-    values are already dst-dtype values in storage format, e.g. a same-dtype copy)."""
+def signed_bits(bits: torch.Tensor) -> torch.Tensor:
+    """``bits`` viewed as a signed integer of the same size (torch's gather/scatter kernels
+    do not take every dtype, e.g. uint32); view the result back with ``.view(dtype)``."""
+    return _signed(bits.contiguous())
+
+
+def ints(t: NkiTensor) -> torch.Tensor:
+    """The view's values as int64 (integer dtypes: exact)."""
+    return t.dtype.from_bits(t._data).to(torch.int64)
+
+
+def store(instr, dst: NkiTensor, value: torch.Tensor, matmul=False, raw=False) -> None:
+    """Round ``value`` (fp32/fp64 or integer values) ONCE into dst's dtype and write it into
+    the dst view; ``raw``: ``value`` is already dst's bits (a same-dtype copy)."""
+    if type(dst) is not NkiTensor:
+        bits = value if raw else dst.dtype.to_bits(value)
+        bits = bits.expand(dst.shape) if bits.numel() == 1 else bits.reshape(dst.shape)
+        dst._store_bits(bits)
+        return
     d = dst._data
-    for s, st in zip(d.shape, d.stride()):
-        if st == 0 and s > 1:
-            fail(f"{instr}: dst is a broadcast view (stride 0); it cannot be written")
-    v = value if exact else dst._alloc.dtype.round(value)
+    v = value
     if v.shape != d.shape and v.numel() == d.numel():
         v = v.reshape(d.shape)
-    d.copy_(v)  # a one-element value broadcasts
+    step0 = False
+    for s, st in zip(d.shape, d.stride()):
+        if st == 0 and s > 1:
+            step0 = True
+            break
+    if step0:
+        # A dst pattern may repeat addresses (step 0; nothing in the docs forbids it, and
+        # nki-library writes an unused activation_reduce output that way). The engine writes
+        # in pattern order, so the last write to an address wins: the last index of every
+        # step-0 dimension.
+        key = tuple(slice(s - 1, s) if (st == 0 and s > 1) else slice(None)
+                    for s, st in zip(d.shape, d.stride()))
+        v = (v if tuple(v.shape) == tuple(d.shape) else v.expand(d.shape))[key]
+        dst = NkiTensor(dst._alloc, d[key], dst._dtype)
+        d = dst._data
     a = dst._alloc
+    races = current().run.races if a.kind == "hbm" else None
+    old = races.before_store(dst) if races is not None else None
+    if raw:
+        d.copy_(v)  # a one-element value broadcasts
+    else:
+        dst.dtype.assign(d, v)
     if a.kind == "psum":
         psum_state(dst).fill_(1 if matmul else 2)
     elif a.kind == "hbm":
         a.written = True
+        if races is not None:
+            races.after_store(dst, old)
 
 
-def cast_copy(instr, dst: NkiTensor, src_values: torch.Tensor, src_dtype) -> None:
-    """Write a copy of ``src_values`` (storage format of ``src_dtype``) into dst: equal
-    dtypes copy bits, integer to integer wraps, anything with a float casts through fp32."""
-    if src_dtype == dst._alloc.dtype:
-        store(instr, dst, src_values, exact=True)
-    elif not src_dtype.is_float and not dst._alloc.dtype.is_float:
-        store(instr, dst, src_values)
+def cast_copy(instr, dst: NkiTensor, src: NkiTensor) -> None:
+    """Copy ``src`` into dst: equal dtypes copy bits, integer to integer wraps, anything
+    with a float casts through fp32."""
+    sd, dd = src.dtype, dst.dtype
+    if sd == dd or (sd.storage == dd.storage and (sd.is_packed or dd.is_packed)):
+        store(instr, dst, src._data, raw=True)
+    elif sd.is_int and dd.is_int:
+        store(instr, dst, ints(src))
     else:
-        store(instr, dst, src_values.to(torch.float32))
+        store(instr, dst, f32(src))
+
+
+def convert_bits(bits: torch.Tensor, src_dtype, dst_dtype) -> torch.Tensor:
+    """``bits`` of ``src_dtype`` as ``dst_dtype`` bits, converted as cast_copy does."""
+    if src_dtype == dst_dtype or (src_dtype.storage == dst_dtype.storage
+                                  and (src_dtype.is_packed or dst_dtype.is_packed)):
+        return bits
+    values = src_dtype.from_bits(bits)
+    if not (src_dtype.is_int and dst_dtype.is_int):
+        values = values.to(torch.float32)
+    return dst_dtype.to_bits(values)
 
 
 def psum_state(t: NkiTensor) -> torch.Tensor:
+    """The PSUM accumulation state of view ``t``'s elements: an int view (one int of the
+    element's size per element) of the allocation's state bytes (memory.py), which are
+    laid out [partitions, bytes per partition] wherever the tensor is placed."""
     a = t._alloc
+    if type(t) is not NkiTensor:
+        fail(f"PSUM view {t!r}: dynamic or out-of-range access patterns on PSUM are not "
+             "supported by the simulator")
     d = t._data
-    return torch.as_strided(a.psum_state, d.shape, d.stride(), d.storage_offset() - a.base_offset)
+    es = d.element_size()
+    rel = d.storage_offset() * es - a.base_byte_offset     # bytes from the tensor's start
+    p, f = divmod(rel, a.part_stride)
+    row = a.state.shape[1]
+    strides = list(d.stride())
+    if strides:
+        strides[0] = strides[0] * es // a.part_stride * row // es if a.part_stride else 0
+    state = a.state.view(-1).view(STATE_DTYPE[es])
+    return torch.as_strided(state, d.shape, strides, (p * row + f) // es)
 
 
 def operand_vec(instr, role, x, data: NkiTensor, need_f32=False):
@@ -181,11 +259,11 @@ def operand_vec(instr, role, x, data: NkiTensor, need_f32=False):
         onchip(instr, role, x)
         same_partitions(instr, "data", data, role, x)
         if free_elems(x) != 1:
-            fail(f"{instr}: {role} must be a scalar or a ({data._data.shape[0]}, 1) tile, got "
+            fail(f"{instr}: {role} must be a scalar or a ({data.shape[0]}, 1) tile, got "
                  f"shape {x.shape}")
         if need_f32 and x.dtype.name != "float32":
             fail(f"{instr}: {role} tile must be float32, got {x.dtype.name}")
-        v = f32(x).reshape((x._data.shape[0],) + (1,) * (data._data.dim() - 1))
+        v = f32(x).reshape((x.shape[0],) + (1,) * (data.ndim - 1))
         return v
     if is_scalar(x):
         return float(x) if not isinstance(x, bool) else float(x)
@@ -206,18 +284,37 @@ def engine_of(instr, eng, allowed, default):
 
 
 def record(op, eng, reads, writes, flops, attrs) -> NkiInstruction:
-    rec = current().recorder
-    idx = rec.record(
-        op, eng,
-        [capture(r, t) for r, t in reads if isinstance(t, NkiTensor)],
-        [capture(r, t) for r, t in writes if isinstance(t, NkiTensor)],
-        flops, attrs)
+    ctx = current()
+    rec = ctx.recorder
+    r = [capture(role, t) for role, t in reads if isinstance(t, NkiTensor)]
+    w = [capture(role, t) for role, t in writes if isinstance(t, NkiTensor)]
+    run = ctx.run
+    idx = rec.record(op, eng, r, w, flops, attrs, ctx.program_id if run.grid > 1 else None)
+    # liveness (memory.Life): first and last use, first write, last read
+    for role, t in reads:
+        if isinstance(t, NkiTensor):
+            life = t._alloc.life
+            if life is not None:
+                if life.first is None:
+                    life.first = idx
+                life.last = life.last_read = idx
+    for role, t in writes:
+        if isinstance(t, NkiTensor):
+            life = t._alloc.life
+            if life is not None:
+                if life.first is None:
+                    life.first = idx
+                if life.first_write is None:
+                    life.first_write = idx
+                life.last = idx
+    if run.races is not None:
+        run.races.record(ctx.program_id, idx, op, reads, writes)
     return NkiInstruction(rec, idx)
 
 
 def lanes(t: NkiTensor) -> slice:
     s = start_partition(t)
-    return slice(s, s + t._data.shape[0])
+    return slice(s, s + t.shape[0])
 
 
 def reduce_free(op_name, v: torch.Tensor) -> torch.Tensor:

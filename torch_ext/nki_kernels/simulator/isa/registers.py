@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import NkiValidationError
-from .operands import fail, store
+from .operands import fail, ints, store
 
 
 class VirtualRegister:
@@ -42,12 +42,12 @@ def register_move(dst, src):
 
 
 def register_load(dst, src):
-    if src._data.numel() != 1:
+    if src.size != 1:
         fail(f"register_load: src must hold exactly one element, got shape {src.shape}")
-    dst.value = int(src._data.reshape(-1)[0])
+    dst.value = int(ints(src).reshape(-1)[0])
 
 
 def register_store(dst, src):
-    if dst._data.numel() != 1:
+    if dst.size != 1:
         fail(f"register_store: dst must hold exactly one element, got shape {dst.shape}")
-    store("register_store", dst, torch.tensor(int(src), dtype=torch.int64).reshape(dst._data.shape))
+    store("register_store", dst, torch.tensor(int(src), dtype=torch.int64).reshape(dst.shape))

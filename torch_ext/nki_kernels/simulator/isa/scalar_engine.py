@@ -77,10 +77,10 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
             onchip(I, "reduce_res", reduce_res)
             same_partitions(I, "data", data, "reduce_res", reduce_res)
             if free_elems(reduce_res) != 1:
-                fail(f"{I}: reduce_res must be ({data._data.shape[0]}, 1), got {reduce_res.shape}")
-            store(I, reduce_res, ctx.scalar_regs[sl].reshape(reduce_res._data.shape))
+                fail(f"{I}: reduce_res must be ({data.shape[0]}, 1), got {reduce_res.shape}")
+            store(I, reduce_res, ctx.scalar_regs[sl].reshape(reduce_res.shape))
     return record(I, "scalar", [("data", data), ("bias", bias), ("scale", scale)],
-                  [("dst", dst), ("reduce_res", reduce_res)], dst._data.numel(),
+                  [("dst", dst), ("reduce_res", reduce_res)], dst.size,
                   {"func": f.name, "reduce": reduce_res is not None, "reduce_cmd": cmd.name})
 
 

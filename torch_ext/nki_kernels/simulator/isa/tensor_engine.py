@@ -22,7 +22,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     onchip(I, "moving", moving, psum=False, why=" (TensorE reads SBUF only)")
     onchip(I, "dst", dst, sbuf=False, why=" (TensorE writes PSUM only)")
     tgt = target()
-    st_dt, mv_dt, dst_dt = stationary._alloc.dtype, moving._alloc.dtype, dst._alloc.dtype
+    st_dt, mv_dt, dst_dt = stationary.dtype, moving.dtype, dst.dtype
     double = perf_mode is enums.matmul_perf_mode.double_row or perf_mode == "double_row"
     sv, mv = f32(stationary), f32(moving)
     K = sv.shape[0]
@@ -32,7 +32,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         for role, t in (("stationary", stationary), ("moving", moving)):
             if not t.dtype.name.startswith("float8"):
                 fail(f"{I}: perf_mode double_row needs float8 {role}, got {t.dtype.name}")
-            if t._data.dim() < 3 or t._data.shape[1] != 2:
+            if t.ndim < 3 or t.shape[1] != 2:
                 fail(f"{I}: perf_mode double_row needs {role} shaped [K, 2, ...], got {t.shape}")
         # contraction over (partition, first free dim): flatten them
         sv = sv.reshape(K * 2, -1)
@@ -40,8 +40,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     else:
         sv = sv.reshape(K, -1)
         mv = mv.reshape(mv.shape[0], -1)
-    if moving._data.shape[0] != K:
-        fail(f"{I}: moving partition dim {moving._data.shape[0]} must equal stationary "
+    if moving.shape[0] != K:
+        fail(f"{I}: moving partition dim {moving.shape[0]} must equal stationary "
              f"partition dim {K} (the contraction dim)")
     rows, cols = tgt.matmul_rows, tgt.matmul_columns
     row_size, col_size = rows, cols
@@ -64,8 +64,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     n_max = tgt.matmul_moving_fmax_bf16_dst if dst_dt.name == "bfloat16" else tgt.matmul_moving_fmax
     if N > n_max:
         fail(f"{I}: moving free size {N} exceeds maximum {n_max}")
-    if dst._data.shape[0] != M:
-        fail(f"{I}: dst partition dim {dst._data.shape[0]} must equal stationary free size {M}")
+    if dst.shape[0] != M:
+        fail(f"{I}: dst partition dim {dst.shape[0]} must equal stationary free size {M}")
     if free_elems(dst) != N:
         fail(f"{I}: dst has {free_elems(dst)} elements per partition but moving free size is {N}")
     names = (st_dt.name, mv_dt.name)
@@ -88,7 +88,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     if "float8_e4m3" in names and "float8_e4m3fn" in names:
         fail(f"{I}: float8_e4m3 and float8_e4m3fn cannot be mixed in one matmul")
 
-    if is_transpose and N == K and torch.equal(mv, torch.eye(K)):
+    exact_transpose = is_transpose and N == K and not double and torch.equal(mv, torch.eye(K))
+    if exact_transpose:
         prod = sv.t()  # bit-accurate transpose (NaN/Inf pass through), as on NeuronCore-v3+
     else:
         prod = sv.t() @ mv  # fp32 products and fp32 accumulation
@@ -115,7 +116,10 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     else:
         value = prod
         mode = "overwrite"
-    store(I, dst, value.reshape(d.shape), matmul=True)
+    if exact_transpose and value is prod:  # move the bits themselves
+        store(I, dst, stationary._data.reshape(K, M).t().reshape(d.shape), matmul=True, raw=True)
+    else:
+        store(I, dst, value.reshape(d.shape), matmul=True)
     is_f32 = names[0] in f32ish or names[1] in f32ish
     return record(I, "tensor", [("stationary", stationary), ("moving", moving)], [("dst", dst)],
                   2 * K * (2 if double else 1) * M * N,
@@ -131,7 +135,7 @@ def nc_transpose(dst, data, engine=enums.engine.unknown, name=None):
     I = "nc_transpose"
     tensor_arg(I, "dst", dst)
     tensor_arg(I, "data", data)
-    P, F = data._data.shape[0], free_elems(data)
+    P, F = data.shape[0], free_elems(data)
     if engine is None or engine is enums.engine.unknown:
         eng = "tensor" if (data._alloc.kind == "sbuf" and dst._alloc.kind == "psum") else "vector"
     else:
@@ -147,9 +151,128 @@ def nc_transpose(dst, data, engine=enums.engine.unknown, name=None):
     if P > lim or F > lim:
         fail(f"{I}: data shape [{P}, {F}] exceeds maximum [{lim}, {lim}] on the "
              f"{eng} engine")
-    if dst._alloc.dtype != data._alloc.dtype:
+    if dst.dtype != data.dtype:
         fail(f"{I}: dst dtype {dst.dtype.name} must equal data dtype {data.dtype.name}")
-    if dst._data.shape[0] != F or free_elems(dst) != P:
+    if dst.shape[0] != F or free_elems(dst) != P:
         fail(f"{I}: dst shape {dst.shape} must be [{F}, {P}] (data {data.shape} transposed)")
-    store(I, dst, data._data.reshape(P, F).t())
+    store(I, dst, data._data.reshape(P, F).t(), raw=True)  # same dtype: moves bits
     return record(I, eng, [("data", data)], [("dst", dst)], P * F, {"P": P, "F": F})
+
+
+# ---------------------------------------------------------------------------- MX (v4)
+# float4_e2m1fn (OCP MX): sign, 2 exponent bits (bias 1), 1 mantissa bit
+_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                      -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+_MX_DATA = ("float8_e5m2_x4", "float8_e4m3fn_x4", "float4_e2m1fn_x4")
+_MX_SCALE = ("float8_e8m0fnu", "uint8")
+
+
+def mx_values(t) -> torch.Tensor:
+    """The values of an MX x4 tile [P, F] as fp32 [P, F, 4] (the four packed elements of each
+    word, lowest byte / nibble first)."""
+    d = t._data.contiguous()
+    P = d.shape[0]
+    if t.dtype.name == "float4_e2m1fn_x4":
+        w = d.view(torch.int16).to(torch.int64) & 0xFFFF
+        nib = torch.stack([(w >> (4 * i)) & 0xF for i in range(4)], -1)
+        return _E2M1[nib].reshape(P, -1, 4)
+    codes = d.view(torch.uint8).reshape(P, -1, 4)
+    fp8 = torch.float8_e4m3fn if t.dtype.name == "float8_e4m3fn_x4" else torch.float8_e5m2
+    return codes.view(fp8).to(torch.float32)
+
+
+def mx_scale_rows(P: int, group: int, quadrant: int) -> torch.Tensor:
+    """Scale partition (relative to the scale tile) of each of ``P`` data partitions: the
+    group of ``group`` partitions it belongs to, placed in its own quadrant ("Scales must be
+    placed in the quadrant from which the corresponding scaling group originated", MX deep
+    dive; "for every 32 partitions of the data tensor, we get 32/8=4 partitions worth of
+    scale factors", Trainium3 guide)."""
+    p = torch.arange(P)
+    return quadrant * (p // quadrant) + (p % quadrant) // group
+
+
+def mx_scales(scale, P: int, F: int, role: str) -> torch.Tensor:
+    """Scales (fp32 powers of two) of an MX data tile [P, F], per data partition [P, F]."""
+    tgt = target()
+    rows = mx_scale_rows(P, tgt.mx_group_partitions, tgt.partition_quadrant)
+    need = int(rows.max()) + 1
+    if scale.shape[0] < need or free_elems(scale) != F:
+        fail(f"nc_matmul_mx: {role} must cover {need} partitions x {F} elements (one scale per "
+             f"{tgt.mx_group_partitions} partitions of each quadrant, per x4 column), got "
+             f"{scale.shape}")
+    codes = scale._data.reshape(scale.shape[0], -1).contiguous().view(torch.uint8)
+    exps = codes.to(torch.int64)[rows]  # e8m0: 2^(code - 127); 0xFF is NaN
+    vals = torch.pow(2.0, (exps - 127).to(torch.float64)).to(torch.float32)
+    return torch.where(exps == 255, torch.full_like(vals, float("nan")), vals)
+
+
+def nc_matmul_mx(dst, stationary, moving, stationary_scale, moving_scale, tile_position=None,
+                 tile_size=None, accumulate=None, name=None):
+    """MX matmul on TensorE (NeuronCore-v4): ``dst[M, N] (+)= sum over K and the four packed
+    elements of (stationary * its scale) x (moving * its scale)``, fp32 accumulation."""
+    I = "nc_matmul_mx"
+    tgt = target()
+    if not tgt.has_mx:
+        fail(f"{I}: needs NeuronCore-v4 (trn3); the target is {tgt.name}")
+    for role, t in (("stationary", stationary), ("moving", moving),
+                    ("stationary_scale", stationary_scale), ("moving_scale", moving_scale)):
+        onchip(I, role, t, psum=False, why=" (TensorE reads SBUF only)")
+    onchip(I, "dst", dst, sbuf=False, why=" (TensorE writes PSUM only)")
+    for role, t in (("stationary", stationary), ("moving", moving)):
+        if t.dtype.name not in _MX_DATA:
+            fail(f"{I}: {role} dtype must be one of {', '.join(_MX_DATA)}, got {t.dtype.name}")
+    for role, t in (("stationary_scale", stationary_scale), ("moving_scale", moving_scale)):
+        if t.dtype.name not in _MX_SCALE:
+            fail(f"{I}: {role} dtype must be float8_e8m0fnu or uint8, got {t.dtype.name}")
+    if dst.dtype.name not in ("float32", "bfloat16"):
+        fail(f"{I}: dst dtype must be float32 or bfloat16, got {dst.dtype.name}")
+    K, M, N = stationary.shape[0], free_elems(stationary), free_elems(moving)
+    q = tgt.partition_quadrant
+    if moving.shape[0] != K or K % q or K > tgt.matmul_rows:
+        fail(f"{I}: stationary and moving partition dims ({K}, {moving.shape[0]}) must be equal, "
+             f"a multiple of {q} and at most {tgt.matmul_rows}")
+    row_size = tgt.matmul_rows
+    if tile_position or tile_size:
+        if not (tile_position and tile_size):
+            fail(f"{I}: tile_position and tile_size must be set together")
+        row_size, col_size = (int(x) for x in tile_size)
+        r0, c0 = (int(x) for x in tile_position)
+        if col_size != tgt.matmul_columns or c0 != 0:
+            fail(f"{I}: only row tiling: tile_size column must be {tgt.matmul_columns} and "
+                 f"tile_position column 0, got {tuple(tile_size)} / {tuple(tile_position)}")
+        if row_size not in tgt.matmul_tile_sizes or r0 % row_size or r0 + row_size > tgt.matmul_rows:
+            fail(f"{I}: tile_size row {row_size} / tile_position row {r0} must be one of "
+                 f"{tgt.matmul_tile_sizes} and a multiple of it within {tgt.matmul_rows}")
+        if K > row_size:
+            fail(f"{I}: stationary partition dim {K} exceeds the row tile {row_size}")
+    if M > tgt.matmul_columns or M % 2:
+        fail(f"{I}: stationary free size {M} must be even and at most {tgt.matmul_columns}")
+    n_max = tgt.matmul_moving_fmax_bf16_dst if dst.dtype.name == "bfloat16" else tgt.matmul_moving_fmax
+    if N > n_max:
+        fail(f"{I}: moving free size {N} exceeds maximum {n_max}")
+    if dst.shape[0] != M or free_elems(dst) != N:
+        fail(f"{I}: dst shape {dst.shape} must be [{M}, {N}]")
+    st = mx_values(stationary) * mx_scales(stationary_scale, K, M, "stationary_scale").unsqueeze(-1)
+    mv = mx_values(moving) * mx_scales(moving_scale, K, N, "moving_scale").unsqueeze(-1)
+    # the four packed elements extend the contraction: [K, M, 4] -> [4K, M]; fp32 math
+    prod = st.permute(0, 2, 1).reshape(4 * K, M).t() @ mv.permute(0, 2, 1).reshape(4 * K, N)
+    state = psum_state(dst)
+    if accumulate is None:
+        acc = (state == 1).reshape(M, N)
+        value = torch.where(acc, f32(dst).reshape(M, N) + prod, prod)
+    elif accumulate:
+        if bool((state == 0).any()):
+            fail(f"{I}: accumulate=True onto PSUM locations no previous write initialized")
+        value = f32(dst).reshape(M, N) + prod
+    else:
+        value = prod
+    store(I, dst, value.reshape(dst.shape), matmul=True)
+    return record(I, "tensor", [("stationary", stationary), ("moving", moving),
+                                ("stationary_scale", stationary_scale),
+                                ("moving_scale", moving_scale)], [("dst", dst)],
+                  2 * K * 4 * M * N, {"K": K * 4, "M": M, "N": N, "fp32": False, "mx": True,
+                                      "dtype": stationary.dtype.name,
+                                      "moving_dtype": moving.dtype.name, "is_transpose": False,
+                                      "accumulate": "auto" if accumulate is None else
+                                      ("accumulate" if accumulate else "overwrite"),
+                                      "perf_mode": "none"})

@@ -1,15 +1,13 @@
-"""``nki.isa`` names the simulator does not model: NeuronCore-v4 instructions (MX matmul and
-quantisation, activate2, exponential, rand2, the random-state pair, topk, sequence_bounds,
-nonzero_with_count), cross-partition local_gather and the collective sendrecv. Each raises
-``UnsupportedError`` when called."""
+"""``nki.isa`` names the simulator does not model: the NeuronCore-v4 activate2, rand2 and the
+random-state pair, and GpSimd topk (no nki-library or nki-samples kernel calls them; topk's
+16-partition "snake" input layout and the v4 random generator are not specified enough to
+reproduce). Each raises ``UnsupportedError`` when called."""
 
 from __future__ import annotations
 
 from ..errors import UnsupportedError
 
-NAMES = ("nc_matmul_mx", "quantize_mx", "activate2", "exponential", "rand2", "local_gather",
-         "sequence_bounds", "sendrecv", "nonzero_with_count", "topk", "rand_set_state",
-         "rand_get_state")
+NAMES = ("activate2", "rand2", "topk", "rand_set_state", "rand_get_state")
 
 
 def _unsupported(name):
@@ -20,15 +18,8 @@ def _unsupported(name):
     return fn
 
 
-nc_matmul_mx = _unsupported("nc_matmul_mx")
-quantize_mx = _unsupported("quantize_mx")
 activate2 = _unsupported("activate2")
-exponential = _unsupported("exponential")
 rand2 = _unsupported("rand2")
-local_gather = _unsupported("local_gather")
-sequence_bounds = _unsupported("sequence_bounds")
-sendrecv = _unsupported("sendrecv")
-nonzero_with_count = _unsupported("nonzero_with_count")
 topk = _unsupported("topk")
 rand_set_state = _unsupported("rand_set_state")
 rand_get_state = _unsupported("rand_get_state")

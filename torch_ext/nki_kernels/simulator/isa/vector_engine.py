@@ -17,7 +17,7 @@ from ..context import current
 from ..tensor import NkiTensor
 from . import enums
 from .alu import scalar_stage
-from .operands import (check_reduce_cmd, engine_of, f32, fail, free_elems, lanes,
+from .operands import (check_reduce_cmd, engine_of, f32, fail, free_elems, ints, lanes,
                        no_psum_on_gpsimd, not_both_psum, onchip, operand_vec, record, reduce_free,
                        same_free, same_partitions, store, target, update_regs)
 
@@ -38,15 +38,15 @@ def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
         same_free(instr, "dst", dst, "src", src)
         if src.dtype != dst.dtype:
             fail(f"{instr}: src dtype {src.dtype.name} must equal dst dtype {dst.dtype.name}")
-        sv = src._data.reshape(dst._data.shape)
+        sv = src._data.reshape(dst.shape)  # same dtype: bits
     else:
-        sv = torch.full(dst._data.shape, float(src), dtype=torch.float32)
-    pred = (predicate._data != 0).reshape(dst._data.shape)
+        sv = dst.dtype.to_bits(torch.full(dst.shape, float(src), dtype=torch.float32))
+    pred = (ints(predicate) != 0).reshape(dst.shape)
     if reverse_pred:
         pred = ~pred
-    store(instr, dst, torch.where(pred, sv.to(dst._data.dtype), dst._data))
+    store(instr, dst, torch.where(pred, sv, dst._data), raw=True)
     return record(instr, "vector", [("src", src), ("predicate", predicate)], [("dst", dst)],
-                  dst._data.numel(), {})
+                  dst.size, {})
 
 
 def reciprocal(dst, data, name=None):
@@ -57,19 +57,20 @@ def reciprocal(dst, data, name=None):
     same_partitions(I, "data", data, "dst", dst)
     same_free(I, "data", data, "dst", dst)
     store(I, dst, torch.reciprocal(f32(data)))
-    return record(I, "vector", [("data", data)], [("dst", dst)], dst._data.numel(), {})
+    return record(I, "vector", [("data", data)], [("dst", dst)], dst.size, {})
 
 
 def _vector_reduce_regs(instr, reduce_op, cmd, r, data, reduce_res, init=None, negate=False):
     ctx = current()
     sl = lanes(data)
-    update_regs(ctx.vector_regs, sl, cmd, reduce_op, r, init)
+    if r is not None:
+        update_regs(ctx.vector_regs, sl, cmd, reduce_op, r, init)
     if reduce_res is not None:
         onchip(instr, "reduce_res", reduce_res)
         same_partitions(instr, "data", data, "reduce_res", reduce_res)
         if free_elems(reduce_res) != 1:
-            fail(f"{instr}: reduce_res must be ({data._data.shape[0]}, 1), got {reduce_res.shape}")
-        out = ctx.vector_regs[sl].reshape(reduce_res._data.shape)
+            fail(f"{instr}: reduce_res must be ({data.shape[0]}, 1), got {reduce_res.shape}")
+        out = ctx.vector_regs[sl].reshape(reduce_res.shape)
         store(instr, reduce_res, -out if negate else out)
 
 
@@ -101,7 +102,7 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, r
     _vector_reduce_regs(I, ro.name, cmd, reduce_free(ro.name, v), data, reduce_res, init,
                         reduce_res_negate)
     return record(I, "vector", [("data", data), ("operand0", operand0)],
-                  [("dst", dst), ("reduce_res", reduce_res)], dst._data.numel(),
+                  [("dst", dst), ("reduce_res", reduce_res)], dst.size,
                   {"op0": o0.name, "reduce_op": ro.name, "reduce_cmd": cmd.name,
                    "reduce": reduce_res is not None})
 
@@ -119,7 +120,7 @@ def tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1=None,
     if o1.name not in ("add", "multiply", "maximum", "minimum"):
         fail(f"{I}: op1 {o1!r} is not supported by the simulator (add, multiply, maximum, minimum)")
     cmd = check_reduce_cmd(I, reduce_cmd)
-    v = scalar_stage(I, o0, imm0, False, f32(src), src).reshape(src._data.shape[0], -1)
+    v = scalar_stage(I, o0, imm0, False, f32(src), src).reshape(src.shape[0], -1)
     ctx = current()
     sl = lanes(src)
     if cmd is enums.reduce_cmd.reset_reduce:
@@ -141,7 +142,7 @@ def tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1=None,
     out = out[:, 1:]
     ctx.vector_regs[sl] = out[:, -1]
     store(I, dst, out)
-    return record(I, "vector", [("src", src)], [("dst", dst)], dst._data.numel(),
+    return record(I, "vector", [("src", src)], [("dst", dst)], dst.size,
                   {"op0": o0.name, "op1": o1.name})
 
 
@@ -158,7 +159,7 @@ def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, rev
     same_free(I, "data0", data0, "dst", dst)
     o0 = _ops.alu_of(_ops.resolve(op0, "op0"), I, "op0")
     o1 = _ops.alu_of(_ops.resolve(op1, "op1"), I, "op1")
-    P = data0._data.shape[0]
+    P = data0.shape[0]
     a = f32(data0).reshape(P, -1)
     b = f32(data1).reshape(P, -1)
     init = operand_vec(I, "initial", initial, data0)
@@ -170,7 +171,7 @@ def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, rev
         out[:, i] = prev
     store(I, dst, out)
     return record(I, "vector", [("data0", data0), ("data1", data1)], [("dst", dst)],
-                  2 * dst._data.numel(), {"op0": o0.name, "op1": o1.name})
+                  2 * dst.size, {"op0": o0.name, "op1": o1.name})
 
 
 def select_reduce(dst, predicate, on_true, on_false, reduce_res=None,
@@ -195,8 +196,8 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None,
     if ro.name != "maximum":
         fail(f"{I}: reduce_op {ro!r} is not supported; only nl.maximum")
     cmd = check_reduce_cmd(I, reduce_cmd)
-    shape = on_true._data.shape
-    pred = (predicate._data != 0).reshape(shape)
+    shape = on_true.shape
+    pred = (ints(predicate) != 0).reshape(shape)
     if reverse_pred:
         pred = ~pred
     f = operand_vec(I, "on_false", on_false, on_true)
@@ -208,7 +209,7 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None,
         _vector_reduce_regs(I, "maximum", cmd, r, on_true, reduce_res)
     return record(I, "vector", [("predicate", predicate), ("on_true", on_true),
                                 ("on_false", on_false)], [("dst", dst), ("reduce_res", reduce_res)],
-                  dst._data.numel(), {"reduce": reduce_res is not None, "reduce_cmd": cmd.name})
+                  dst.size, {"reduce": reduce_res is not None, "reduce_cmd": cmd.name})
 
 
 def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1,
@@ -232,7 +233,7 @@ def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1,
             fail(f"{I}: {role} {c!r} must be one of equal, less, less_equal, greater, greater_equal")
     b0 = operand_vec(I, "bound0", bound0, on_true_tile, need_f32=True)
     b1 = operand_vec(I, "bound1", bound1, on_true_tile, need_f32=True)
-    P = on_true_tile._data.shape[0]
+    P = on_true_tile.shape[0]
     x = f32(on_true_tile).reshape(P, -1)
     idx = (torch.arange(x.shape[1], dtype=torch.float32) + float(range_start)).expand(P, -1)
     b0 = b0.reshape(P, 1) if isinstance(b0, torch.Tensor) else b0
@@ -244,7 +245,7 @@ def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1,
     _vector_reduce_regs(I, "maximum", cmd, v.amax(1), on_true_tile, reduce_res)
     return record(I, "vector", [("on_true_tile", on_true_tile), ("bound0", bound0),
                                 ("bound1", bound1)], [("dst", dst), ("reduce_res", reduce_res)],
-                  dst._data.numel(), {"reduce": reduce_res is not None})
+                  dst.size, {"reduce": reduce_res is not None})
 
 
 def bn_stats(dst, data, name=None):
@@ -260,7 +261,7 @@ def bn_stats(dst, data, name=None):
              "(nl.tile_size.bn_stats_fmax)")
     if free_elems(dst) != 6:
         fail(f"{I}: dst must have 6 elements per partition, got {free_elems(dst)}")
-    P = data._data.shape[0]
+    P = data.shape[0]
     x = f32(data).reshape(P, F)
     outs = []
     for part in (x[:, 0::2], x[:, 1::2]):
@@ -273,7 +274,7 @@ def bn_stats(dst, data, name=None):
             m2 = torch.zeros(P)
         outs += [torch.full((P,), float(n)), m, m2]
     store(I, dst, torch.stack(outs, 1))
-    return record(I, "vector", [("data", data)], [("dst", dst)], data._data.numel(), {})
+    return record(I, "vector", [("data", data)], [("dst", dst)], data.size, {})
 
 
 def bn_aggr(dst, data, name=None):
@@ -288,7 +289,7 @@ def bn_aggr(dst, data, name=None):
         fail(f"{I}: data must have a multiple of 3 elements per partition, got {F}")
     if free_elems(dst) != 2:
         fail(f"{I}: dst must have 2 elements per partition (mean, variance), got {free_elems(dst)}")
-    P = data._data.shape[0]
+    P = data.shape[0]
     x = f32(data).reshape(P, F // 3, 3)
     c, m, m2 = x[..., 0], x[..., 1], x[..., 2]
     n = c.sum(1)
@@ -296,7 +297,7 @@ def bn_aggr(dst, data, name=None):
     mean = (c * m).sum(1) / safe_n
     var = (m2.sum(1) + (c * (m - mean[:, None]) ** 2).sum(1)) / safe_n
     store(I, dst, torch.stack([mean, var], 1))
-    return record(I, "vector", [("data", data)], [("dst", dst)], data._data.numel(), {})
+    return record(I, "vector", [("data", data)], [("dst", dst)], data.size, {})
 
 
 def max8(dst, src, name=None):
@@ -311,9 +312,9 @@ def max8(dst, src, name=None):
         fail(f"{I}: src has {F} elements per partition; between {lo} and {hi} are allowed")
     if free_elems(dst) != 8:
         fail(f"{I}: dst must have 8 elements per partition, got {free_elems(dst)}")
-    v = f32(src).reshape(src._data.shape[0], -1)
+    v = f32(src).reshape(src.shape[0], -1)
     store(I, dst, torch.topk(v, 8, dim=1).values)
-    return record(I, "vector", [("src", src)], [("dst", dst)], src._data.numel(), {})
+    return record(I, "vector", [("src", src)], [("dst", dst)], src.size, {})
 
 
 def nc_find_index8(dst, data, vals, name=None):
@@ -324,7 +325,7 @@ def nc_find_index8(dst, data, vals, name=None):
     onchip(I, "vals", vals)
     if free_elems(vals) != 8 or free_elems(dst) != 8:
         fail(f"{I}: vals and dst must have 8 elements per partition")
-    P = data._data.shape[0]
+    P = data.shape[0]
     x = f32(data).reshape(P, 1, -1)
     v = f32(vals).reshape(P, 8, 1)
     eq = x == v
@@ -332,7 +333,7 @@ def nc_find_index8(dst, data, vals, name=None):
     sentinel = 0xFFFF if dst.dtype.name == "uint16" else 0xFFFFFFFF
     store(I, dst, torch.where(eq.any(2), first, torch.tensor(sentinel)))
     return record(I, "vector", [("data", data), ("vals", vals)], [("dst", dst)],
-                  data._data.numel(), {})
+                  data.size, {})
 
 
 def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None):
@@ -342,7 +343,7 @@ def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None):
     onchip(I, "data", data)
     onchip(I, "vals", vals)
     same_free(I, "data", data, "dst", dst)
-    P = data._data.shape[0]
+    P = data.shape[0]
     x = f32(data).reshape(P, -1).clone()
     v = f32(vals).reshape(P, 8)
     taken = torch.zeros_like(x, dtype=torch.bool)
@@ -360,7 +361,7 @@ def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None):
         onchip(I, "dst_idx", dst_idx)
         store(I, dst_idx, idx)
     return record(I, "vector", [("data", data), ("vals", vals)], [("dst", dst), ("dst_idx", dst_idx)],
-                  data._data.numel(), {})
+                  data.size, {})
 
 
 def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
@@ -375,8 +376,8 @@ def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
     q = target().partition_quadrant  # the shuffle moves data within each quadrant
     if len(mask) != q:
         fail(f"{I}: shuffle_mask must have {q} entries, got {len(mask)}")
-    Ps, Pd = src._data.shape[0], dst._data.shape[0]
-    sv = src._data.reshape(Ps, -1)
+    Ps, Pd = src.shape[0], dst.shape[0]
+    sv = src._data.reshape(Ps, -1)  # same dtype: the shuffle moves bits
     out = dst._data.reshape(Pd, -1).clone()
     for i in range(Pd):
         m = mask[i % q]
@@ -387,8 +388,8 @@ def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
             raise IndexError(f"{I}: shuffle_mask[{i % q}]={m} reads partition {j} of a "
                              f"{Ps}-partition src")
         out[i] = sv[j]
-    store(I, dst, out)
-    return record(I, "vector", [("src", src)], [("dst", dst)], dst._data.numel(), {})
+    store(I, dst, out, raw=True)
+    return record(I, "vector", [("src", src)], [("dst", dst)], dst.size, {})
 
 
 def dropout(dst, data, prob, name=None):
@@ -405,7 +406,7 @@ def dropout(dst, data, prob, name=None):
     u = torch.rand(x.shape, generator=current().generator)
     store(I, dst, torch.where(u < p, torch.zeros_like(x), x))  # no rescaling, as documented
     return record(I, "vector", [("data", data), ("prob", prob)], [("dst", dst)],
-                  dst._data.numel(), {})
+                  dst.size, {})
 
 
 def rng(dst, engine=enums.engine.vector, name=None):
@@ -417,17 +418,116 @@ def rng(dst, engine=enums.engine.vector, name=None):
         no_psum_on_gpsimd(I, ("dst", dst))
     if not dst.dtype.is_int or dst.dtype.is_bool:
         fail(f"{I}: dst must be an integer dtype, got {dst.dtype.name}")
-    bits = torch.randint(0, 1 << 32, dst._data.shape, generator=current().generator,
+    bits = torch.randint(0, 1 << 32, dst.shape, generator=current().generator,
                          dtype=torch.int64)
     store(I, dst, bits)
-    return record(I, eng, [], [("dst", dst)], dst._data.numel(), {})
+    return record(I, eng, [], [("dst", dst)], dst.size, {})
 
 
 def set_rng_seed(src_seeds, name=None):
     """Seed the engine PRNG from a [1, 1] 32-bit tensor."""
     I = "set_rng_seed"
     onchip(I, "src_seeds", src_seeds)
-    if src_seeds._data.numel() != 1:
+    if src_seeds.size != 1:
         fail(f"{I}: src_seeds must be a [1, 1] tensor, got {src_seeds.shape}")
-    current().generator.manual_seed(int(src_seeds._data.reshape(-1)[0]) & 0xFFFFFFFF)
+    current().generator.manual_seed(int(ints(src_seeds).reshape(-1)[0]) & 0xFFFFFFFF)
     return record(I, "vector", [("src_seeds", src_seeds)], [], 0, {})
+
+
+# quantize_mx: "E_max ... 8 for float8_e4m3fn and 15 for float8_e5m2"
+_MX_EMAX = {"float8_e4m3fn_x4": 8, "float8_e5m2_x4": 15}
+_MX_ZERO_SCALE_EXP = -127  # "For an all-zero group ... X = 2^-127"
+
+
+def quantize_mx(dst, src, dst_scale, name=None):
+    """MXFP8 quantisation on VectorE (NeuronCore-v4): per group of 8 partitions x 4 elements,
+    scale X = 2^(floor(log2(max|v|)) - (E_max - 1)) (2^-127 for an all-zero group), data =
+    v / X rounded to fp8, four per x4 word (lowest byte first); one e8m0 scale per group, in
+    the scale tile's rows of the group's quadrant (nki.isa.quantize_mx; MX deep dive)."""
+    from .tensor_engine import mx_scale_rows
+
+    I = "quantize_mx"
+    tgt = target()
+    if not tgt.has_mx:
+        fail(f"{I}: needs NeuronCore-v4 (trn3); the target is {tgt.name}")
+    for role, t in (("dst", dst), ("src", src), ("dst_scale", dst_scale)):
+        onchip(I, role, t, psum=False, why=" (all tiles in SBUF)")
+    if src.dtype.name not in ("float16", "bfloat16"):
+        fail(f"{I}: src dtype must be float16 or bfloat16, got {src.dtype.name}")
+    if dst.dtype.name not in _MX_EMAX:
+        fail(f"{I}: dst dtype must be float8_e5m2_x4 or float8_e4m3fn_x4, got {dst.dtype.name}")
+    if dst_scale.dtype.name not in ("float8_e8m0fnu", "uint8"):
+        fail(f"{I}: dst_scale dtype must be float8_e8m0fnu or uint8, got {dst_scale.dtype.name}")
+    P, F = src.shape[0], free_elems(src)
+    q, g = tgt.partition_quadrant, tgt.mx_group_partitions
+    if P % q or P > tgt.partitions:
+        fail(f"{I}: src partition dim {P} must be a multiple of {q} and at most {tgt.partitions}")
+    if F % 4:
+        fail(f"{I}: src has {F} elements per partition, not a multiple of 4")
+    same_partitions(I, "src", src, "dst", dst)
+    if free_elems(dst) != F // 4:
+        fail(f"{I}: dst must have {F // 4} x4 elements per partition (src's {F} / 4), got "
+             f"{free_elems(dst)}")
+    rows = mx_scale_rows(P, g, q)
+    need = int(rows.max()) + 1
+    if dst_scale.shape[0] < need or free_elems(dst_scale) != F // 4:
+        fail(f"{I}: dst_scale must cover {need} partitions x {F // 4} elements (one scale per "
+             f"{g} partitions of each quadrant, per x4 column), got {dst_scale.shape}")
+    x = f32(src).reshape(P // g, g, F // 4, 4)
+    amax = x.abs().amax(dim=(1, 3))                       # [P/g, F/4] per group
+    _, e = torch.frexp(amax)                              # amax = m * 2^e, m in [0.5, 1)
+    exp = (e - 1) - (_MX_EMAX[dst.dtype.name] - 1)
+    exp = torch.where(amax > 0, exp, torch.full_like(exp, _MX_ZERO_SCALE_EXP))
+    scale = torch.ldexp(torch.ones_like(amax), exp)
+    q8 = (x / scale[:, None, :, None]).reshape(P, F)
+    fp8 = torch.float8_e4m3fn if dst.dtype.name == "float8_e4m3fn_x4" else torch.float8_e5m2
+    words = q8.to(fp8).view(torch.uint8).reshape(P, F).contiguous().view(torch.uint32)
+    store(I, dst, words.reshape(dst.shape), raw=True)
+    codes = (exp + 127).clamp(0, 254).to(torch.uint8)    # e8m0 bits: 2^(code - 127)
+    sbits = dst_scale._data.reshape(dst_scale.shape[0], -1).clone()
+    sbits.view(torch.uint8)[rows.view(P // g, g)[:, 0]] = codes
+    store(I, dst_scale, sbits.reshape(dst_scale.shape), raw=True)
+    return record(I, "vector", [("src", src)], [("dst", dst), ("dst_scale", dst_scale)],
+                  src.size, {"dtype": dst.dtype.name})
+
+
+_EXP_DST = ("float8_e4m3", "float8_e5m2", "float16", "bfloat16", "float32", "tfloat32", "int8",
+            "int16", "int32", "uint8", "uint16")
+_EXP_SRC = ("float8_e4m3", "float8_e5m2", "float16", "bfloat16", "float32", "int8", "int16",
+            "int32", "uint8", "uint16", "uint32")
+
+
+def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=enums.reduce_cmd.idle,
+                reduce_init=0.0, name=None):
+    """``dst = exp(src - max_value)`` on VectorE (NeuronCore-v4), optionally summed into the
+    VectorE accumulators (nki.isa.exponential: reset_reduce / reduce / load_reduce)."""
+    I = "exponential"
+    tgt = target()
+    if tgt.generation < 4:
+        fail(f"{I}: needs NeuronCore-v4 (trn3); the target is {tgt.name}")
+    onchip(I, "dst", dst)
+    onchip(I, "src", src)
+    same_partitions(I, "src", src, "dst", dst)
+    same_free(I, "src", src, "dst", dst)
+    if dst.dtype.name not in _EXP_DST:
+        fail(f"{I}: dst dtype {dst.dtype.name} is not supported ({', '.join(_EXP_DST)})")
+    if src.dtype.name not in _EXP_SRC:
+        fail(f"{I}: src dtype {src.dtype.name} is not supported ({', '.join(_EXP_SRC)})")
+    cmd = check_reduce_cmd(I, reduce_cmd)
+    if cmd is enums.reduce_cmd.reset:
+        fail(f"{I}: reduce_cmd reset is not supported (idle, reset_reduce, reduce, load_reduce)")
+    if cmd is not enums.reduce_cmd.load_reduce and (
+            isinstance(reduce_init, NkiTensor) or float(reduce_init) != 0.0):
+        fail(f"{I}: reduce_init must be unset or 0.0 unless reduce_cmd is load_reduce")
+    m = operand_vec(I, "max_value", max_value, src, need_f32=True)
+    y = torch.exp((f32(src) - m).to(torch.float64)).to(torch.float32)
+    store(I, dst, y)
+    if cmd is not enums.reduce_cmd.idle:
+        init = operand_vec(I, "reduce_init", reduce_init, src)
+        init = init.reshape(-1) if isinstance(init, torch.Tensor) else init
+        _vector_reduce_regs(I, "add", cmd, reduce_free("add", y), src, reduce_res, init)
+    elif reduce_res is not None:
+        _vector_reduce_regs(I, "add", cmd, None, src, reduce_res)
+    return record(I, "vector", [("src", src), ("max_value", max_value)],
+                  [("dst", dst), ("reduce_res", reduce_res)], dst.size,
+                  {"reduce": reduce_res is not None, "reduce_cmd": cmd.name})

@@ -36,8 +36,9 @@ _RAND_SCALE = 2.0 ** -16
 
 
 def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
-    """A new, uninitialised tensor (poisoned: NaN / 4 by default) of ``shape`` on ``buffer``."""
-    return allocate(as_shape(shape), dtype, buffer, name)
+    """A new, uninitialised tensor (poisoned: NaN / 4 by default) of ``shape`` on ``buffer``;
+    ``address=(partition_offset, byte_offset)`` places it explicitly (memory.py)."""
+    return allocate(as_shape(shape), dtype, buffer, name, address=address)
 
 
 def _hbm_blocks(t: NkiTensor) -> list[NkiTensor]:

@@ -29,11 +29,91 @@ hbm = private_hbm  # "HBM - Alias of private_hbm"
 
 
 class NKIObject:
-    """Base class for NKI kernel dataclasses and configuration objects."""
+    """Base class for NKI kernel dataclasses and configuration objects.
+
+    NKI classes behave like data classes with or without ``@dataclass`` (NKI language guide,
+    "Class Support": "The @dataclass decorator is optional ... The compiler will create the
+    initializer functions __init__ and __post_init__, if they are not provided by the
+    user", e.g. ``def __init__(self, x = None, y = False)``). So a subclass that neither
+    defines ``__init__`` nor inherits one from another NKI class gets that initializer over
+    its fields: annotated names and plain (non-callable) class attributes, base classes
+    first; a field without a default defaults to None; positional or keyword arguments;
+    then ``__post_init__`` if defined. Keyword arguments that name no field become
+    attributes (``NKIObject.__init__(**kwargs)``). Equality follows standard Python (NKI
+    0.7: "Kernels that use == on user-defined classes can behave differently").
+    """
 
     def __init__(self, **kwargs):
         for k, v in kwargs.items():
             setattr(self, k, v)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            return
+        for klass in cls.__mro__[1:]:
+            if klass is NKIObject:
+                break
+            init = klass.__dict__.get("__init__")
+            if init is not None and not getattr(init, "_nki_default", False):
+                return  # a user __init__ up the hierarchy: inherited, as in Python
+        cls.__init__ = _nki_default_init
+
+
+def _nki_fields(cls) -> list[str]:
+    import dataclasses
+
+    names: list[str] = []
+    for klass in reversed(cls.__mro__):
+        if klass is object or klass is NKIObject:
+            continue
+        annotated = list((klass.__dict__.get("__annotations__") or {}).keys())
+        plain = [n for n, v in klass.__dict__.items()
+                 if not n.startswith("__") and n not in annotated
+                 and (isinstance(v, dataclasses.Field) or not (
+                     callable(v) or isinstance(v, (property, staticmethod, classmethod))))]
+        for n in annotated + plain:
+            if n not in names and not n.startswith("__"):
+                names.append(n)
+    return names
+
+
+def _field_default(cls, name):
+    import dataclasses
+
+    value = getattr(cls, name, None)
+    if isinstance(value, dataclasses.Field):
+        if value.default_factory is not dataclasses.MISSING:
+            return value.default_factory()
+        return None if value.default is dataclasses.MISSING else value.default
+    dc_fields = getattr(cls, "__dataclass_fields__", {})
+    f = dc_fields.get(name)
+    if f is not None and f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return value
+
+
+def _nki_default_init(self, *args, **kwargs):
+    cls = type(self)
+    fields = _nki_fields(cls)
+    if len(args) > len(fields):
+        raise TypeError(f"{cls.__name__}() takes {len(fields)} positional arguments (its fields "
+                        f"{', '.join(fields)}) but {len(args)} were given")
+    put = object.__setattr__  # also for frozen dataclasses
+    for name, value in zip(fields, args):
+        if name in kwargs:
+            raise TypeError(f"{cls.__name__}() got multiple values for argument {name!r}")
+        put(self, name, value)
+    for name in fields[len(args):]:
+        put(self, name, kwargs.pop(name) if name in kwargs else _field_default(cls, name))
+    for name, value in kwargs.items():
+        put(self, name, value)
+    post = getattr(self, "__post_init__", None)
+    if post is not None:
+        post()
+
+
+_nki_default_init._nki_default = True
 
 
 def is_hbm(buffer):
@@ -72,8 +152,10 @@ class _TileSize(NKIObject):
 
     @property
     def psum_fmax(self) -> int:
-        # deprecated name; see Target.tile_size_psum_fmax for the value's status
-        return current().target.tile_size_psum_fmax
+        # Deprecated name of psum_bank_fmax (NKI docs: "Maximum free dimension per PSUM bank
+        # per partition, in FP32 elements"): one bank, 512 fp32; nki-library asserts that it
+        # equals gemm_moving_fmax.
+        return current().target.psum_bank_bytes // _FP32_BYTES
 
     @property
     def gemm_stationary_fmax(self) -> int:

@@ -2,6 +2,13 @@
 
 Beta-2 loops are ordinary Python loops at specialisation time, so the simulator runs them as
 ``range``; ``fori_loop``/``while_loop`` pass a ``VirtualRegister`` like the hardware loops.
+
+Loops whose trip count is only known at run time (``fori_loop``, ``while_loop``, and the
+deprecated ``dynamic_range`` with a register bound) are dynamic control flow: each core of an
+LNC=2 launch records its trip counts, and the run checks the cores agree ("if you use dynamic
+control flow, and this control-flow is different on the different cores, then the behavior
+is undefined", Using Logical NeuronCores). Control flow fixed when the kernel is specialised
+(Python ``if nl.program_id(0) == 0:``) may differ: each core is specialised on its own.
 """
 
 from __future__ import annotations
@@ -29,18 +36,34 @@ def _range(start, stop=None, step=1):
 affine_range = _range
 sequential_range = _range
 static_range = _range
-dynamic_range = _range
+
+
+def _dynamic(kind: str, count: int) -> None:
+    """Record a dynamic loop's trip count for the cross-core check (interpreter.py)."""
+    current().dynamic_flow.append((kind, count))
+
+
+def dynamic_range(start, stop=None, step=1):
+    r = _range(start, stop, step)
+    if any(isinstance(b, _isa.VirtualRegister) for b in (start, stop, step)):
+        _dynamic("dynamic_range", len(r))
+    return r
 
 
 def fori_loop(lower, upper, body_fun, step=1):
-    for i in range(operator.index(lower), operator.index(upper), operator.index(step)):
+    r = range(operator.index(lower), operator.index(upper), operator.index(step))
+    _dynamic("fori_loop", len(r))
+    for i in r:
         body_fun(_isa.VirtualRegister(i))
 
 
 def while_loop(init, body_fun):
     r = init
+    n = 0
     while int(r) != 0:
         r = body_fun(r)
+        n += 1
+    _dynamic("while_loop", n)
 
 
 @contextlib.contextmanager
@@ -65,4 +88,4 @@ def program_ndim():
 
 
 def device_print(print_prefix, tensor):
-    print(print_prefix, tensor._data.clone() if isinstance(tensor, NkiTensor) else tensor)
+    print(print_prefix, tensor.values().clone() if isinstance(tensor, NkiTensor) else tensor)

@@ -87,7 +87,7 @@ def broadcast_to(x, shape, dtype=None):
     out = new_tile(shape, dt, "broadcast_to")
     # A DMA access pattern may repeat a partition (stride 0); an engine operand may not, so
     # this source view exists only for the dma_copy.
-    _isa.dma_copy(out, NkiTensor(x._alloc, x._data.expand(shape)))
+    _isa.dma_copy(out, NkiTensor(x._alloc, x._data.expand(shape), x._dtype))
     return out
 
 

@@ -1,0 +1,216 @@
+"""``NkiTensor.ap`` (static and run-time offsets), dynamic ``select``/``vector_select`` and
+dma_copy's ``oob_mode``, against the examples of AWS's "NKI Access Patterns" deep dive and
+the NkiTensor/dma_copy docstrings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nki_kernels import simulator
+from nki_kernels.simulator import NkiValidationError, UnsupportedError
+
+
+def _tile(nl, values, dtype="float32", buffer="sbuf"):
+    t = nl.ndarray(tuple(values.shape), dtype=getattr(nl, dtype), buffer=getattr(nl, buffer))
+    t.dtype.assign(t._data, values)
+    return t
+
+
+def test_concrete_example_reads_the_sliced_block(sim):
+    # deep dive: t (16, 16); ap([[16, 16], [1, 8]], offset=8) iterates t[0:16, 8:16]
+    _, nl, nisa = sim
+    x = torch.randn(16, 16)
+    t = _tile(nl, x)
+    a = t.ap(pattern=[[16, 16], [1, 8]], offset=8)
+    assert a.shape == (16, 8)
+    assert torch.equal(a.values(), x[:, 8:16])
+    out = nl.ndarray((16, 8), dtype=nl.float32)
+    nisa.tensor_copy(out, a)
+    assert torch.equal(out.values(), x[:, 8:16])
+
+
+def test_every_other_element_and_get_pattern_round_trip(sim):
+    _, nl, _ = sim
+    x = torch.randn(128, 64)
+    t = _tile(nl, x)
+    u = t.ap(pattern=[(64, 128), (2, 32)])
+    assert torch.equal(u.values(), x[:, 0::2])
+    s = t[:, 8:24]
+    assert s.get_pattern() == [[64, 128], [1, 16]] and s.offset == 8
+    assert torch.equal(t.ap(s.get_pattern(), offset=8).values(), s.values())
+
+
+def test_offset_none_inherits_the_view_offset_and_an_integer_adds_to_it(sim):
+    # NkiTensor.ap docstring: None "inherits the current view's storage offset"; an integer
+    # is "added to the view's base storage offset" (offset=0 keeps the base)
+    _, nl, _ = sim
+    x = torch.randn(64)
+    h = _tile(nl, x, buffer="hbm")
+    view = h[10:20]
+    assert torch.equal(view.ap([[1, 4]]).values(), x[10:14])
+    assert torch.equal(view.ap([[1, 4]], offset=0).values(), x[10:14])
+    assert torch.equal(view.ap([[1, 4]], offset=5).values(), x[15:19])
+
+
+def test_on_chip_partition_step_must_be_the_free_size(sim):
+    _, nl, _ = sim
+    t = nl.ndarray((16, 32), dtype=nl.float32)
+    with pytest.raises(NkiValidationError, match="partition step 64 .* free size 32"):
+        t.ap(pattern=[[64, 8], [1, 32]], offset=0)  # the deep dive's illegal example
+
+
+def test_out_of_range_pattern_is_built_but_fails_when_used(sim):
+    _, nl, nisa = sim
+    t = nl.ndarray((4, 8), dtype=nl.float32)
+    bad = t.ap([[8, 4], [1, 8]], offset=4)  # the last partition runs past the tensor
+    assert bad.shape == (4, 8)
+    dst = nl.ndarray((4, 8), dtype=nl.float32)
+    with pytest.raises(IndexError, match="outside"):
+        nisa.tensor_copy(dst, bad)
+    with pytest.raises(UnsupportedError, match="one .ap"):
+        bad[0:2]
+
+
+def test_ap_on_a_placed_tensor_addresses_its_own_storage(sim):
+    _, nl, nisa = sim
+    x = torch.randn(8, 16)
+    t = nl.ndarray((8, 16), dtype=nl.float32, address=(32, 1024))
+    t.dtype.assign(t._data, x)
+    assert t.strides == (16, 1) and t.get_pattern() == [[16, 8], [1, 16]]
+    assert torch.equal(t.ap([[16, 8], [2, 8]], offset=1).values(), x[:, 1::2])
+
+
+def _scalar_dynamic_kernel(a):
+    import nki.isa as nisa
+    import nki.language as nl
+
+    # deep dive "scalar_dynamic_dma": A (512, 512); copy A[384:512, 0:256] with the 384
+    # offset held in SBUF, applied along indirect_dim 0
+    idx = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+    nisa.memset(dst=idx, value=3 * 128)
+    src = a.ap(pattern=[[512, 128], [1, 256]], offset=0, scalar_offset=idx, indirect_dim=0)
+    nisa.memset(dst=idx, value=1 * 128)  # the offset is read when the DMA runs
+    result = nl.ndarray((128, 256), a.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(src=src, dst=result[...])
+    return result
+
+
+def test_scalar_offset_is_read_when_the_instruction_runs():
+    a = torch.randn(512, 512)
+    out = simulator.run(_scalar_dynamic_kernel, a).outputs
+    assert torch.equal(out, a[128:256, 0:256])
+
+
+def test_scalar_offset_scales_by_the_shape_after_indirect_dim(sim):
+    _, nl, nisa = sim
+    x = torch.randn(4, 6, 8)
+    h = _tile(nl, x, buffer="hbm")
+    reg = nisa.register_alloc(2)
+    v = h.ap([[8, 6], [1, 8]], offset=0, scalar_offset=reg, indirect_dim=0)  # 2 * (6*8)
+    assert v.is_indirect() and torch.equal(v.values(), x[2])
+    w = h.ap([[1, 8]], offset=0, scalar_offset=reg, indirect_dim=1)       # 2 * 8
+    assert torch.equal(w.values(), x[0, 2])
+
+
+def _gather_kernel(a, offsets, oob):
+    import nki.isa as nisa
+    import nki.language as nl
+
+    idx = nl.ndarray((offsets.shape[0], 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=idx, src=offsets)
+    dst = nl.ndarray((offsets.shape[0], a.shape[1]), dtype=a.dtype, buffer=nl.sbuf)
+    nisa.memset(dst, -1.0)
+    nisa.dma_copy(dst=dst, src=a.ap([[a.shape[1], offsets.shape[0]], [1, a.shape[1]]],
+                                    vector_offset=idx, indirect_dim=0),
+                  oob_mode=nisa.oob_mode.skip if oob else nisa.oob_mode.error)
+    out = nl.ndarray(dst.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(out, dst)
+    return out
+
+
+def test_vector_offset_gathers_one_row_per_partition():
+    a = torch.randn(128, 40)
+    rows = torch.randperm(128)[:64].to(torch.int32).reshape(64, 1)
+    out = simulator.run(_gather_kernel, a, rows, False).outputs
+    assert torch.equal(out, a[rows.reshape(-1).long()])
+
+
+def test_out_of_range_rows_raise_or_are_skipped_by_oob_mode():
+    a = torch.randn(16, 8)
+    rows = torch.tensor([[3], [16], [0], [-1]], dtype=torch.int32)
+    with pytest.raises(IndexError, match=r"rows \[1, 3\].*oob_mode=error"):
+        simulator.run(_gather_kernel, a, rows, False)
+    out = simulator.run(_gather_kernel, a, rows, True).outputs
+    assert torch.equal(out[0], a[3]) and torch.equal(out[2], a[0])
+    assert (out[1] == -1).all() and (out[3] == -1).all()  # skipped: dst keeps its values
+
+
+def _scatter_kernel(src, rows, out):
+    import nki.isa as nisa
+    import nki.language as nl
+
+    idx = nl.ndarray((rows.shape[0], 1), dtype=nl.uint32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=idx, src=rows)
+    t = nl.ndarray(src.shape, dtype=src.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=src)
+    P, F = src.shape
+    nisa.dma_copy(dst=out.ap([[F, P], [1, F]], vector_offset=idx, indirect_dim=0), src=t)
+    return out
+
+
+def test_vector_offset_scatters_into_an_input():
+    src = torch.randn(8, 5)
+    out = torch.zeros(20, 5)
+    rows = torch.tensor([19, 0, 7, 3, 11, 2, 5, 13], dtype=torch.int32).reshape(8, 1)
+    simulator.run(_scatter_kernel, src, rows, out)
+    ref = torch.zeros(20, 5)
+    ref[rows.reshape(-1).long()] = src
+    assert torch.equal(out, ref)
+
+
+def test_dynamic_select_and_vector_select(sim):
+    _, nl, nisa = sim
+    x = torch.randn(4, 8, 6)
+    h = _tile(nl, x, buffer="hbm")
+    i = _tile(nl, torch.tensor([[2]]), "int32")
+    assert torch.equal(h.select(0, i).values(), x[2])
+    assert torch.equal(h.select(1, i).values(), x[:, 2])
+    offs = _tile(nl, torch.tensor([[3], [1], [1]]), "int32")
+    g = h.vector_select(0, offs)
+    assert g.shape == (3, 8, 6) and torch.equal(g.values(), x[[3, 1, 1]])
+    sb = nl.ndarray((4, 8), dtype=nl.float32)
+    with pytest.raises(NkiValidationError, match="partition dim"):
+        sb.select(0, i)
+    with pytest.raises(NkiValidationError, match="only HBM"):
+        sb.vector_select(0, offs)
+    with pytest.raises(NkiValidationError, match="already indirect"):
+        h.select(0, i).ap([[6, 8], [1, 6]], scalar_offset=i)
+
+
+def test_ap_argument_rules(sim):
+    _, nl, _ = sim
+    h = nl.ndarray((8, 8), dtype=nl.float32, buffer=nl.hbm)
+    i = _tile(nl, torch.tensor([[1]]), "int32")
+    with pytest.raises(NkiValidationError, match="mutually exclusive"):
+        h.ap([[8, 8], [1, 8]], scalar_offset=i, vector_offset=i)
+    with pytest.raises(NkiValidationError, match="indirect_dim=0 only"):
+        h.ap([[8, 1], [1, 8]], vector_offset=i, indirect_dim=1)
+    with pytest.raises(NkiValidationError, match="num must be >= 1"):
+        h.ap([[8, 0]])
+    with pytest.raises(UnsupportedError, match="negative steps"):
+        h.ap([[-8, 2]])
+    f = _tile(nl, torch.tensor([[1.0]]))
+    with pytest.raises(NkiValidationError, match="integer dtype"):
+        h.ap([[1, 8]], scalar_offset=f).values()
+
+
+def test_empty_ds_is_a_view_an_instruction_refuses(sim):
+    _, nl, nisa = sim
+    t = nl.ndarray((8, 16), dtype=nl.float32)
+    e = t[:, nl.ds(16, 0)]
+    assert e.shape == (8, 0)
+    with pytest.raises(NkiValidationError, match="empty"):
+        nisa.memset(e, 0.0)
+    with pytest.raises(IndexError):
+        t[:, nl.ds(17, 0)]
