@@ -144,7 +144,8 @@ def _run_backward(args, mask, causal, lnc, **extra):
     call = attention.attention_backward_kernel_call(*args, attn_mask=mask, is_causal=causal,
                                                     scale=args[1].shape[-1] ** -0.5)
     kernel = _dispatch.simulator_kernel(call)[lnc]
-    return simulator.run(kernel, *call.tensors, target="trn2", **call.static, **extra)
+    res = simulator.run(kernel, *call.tensors, target="trn2", **call.static, **extra)
+    return call.finish_outputs(res.outputs), res
 
 
 @pytest.mark.parametrize("case, chunk", [
@@ -156,9 +157,9 @@ def test_multi_chunk_path_matches_float64(case, chunk):
     """Several query chunks: dK | dV partial sums through the fp32 HBM scratch."""
     b, h, hkv, sq, sk, d, dv, dtype, mask_kind, causal = case
     args, mask = _saved(b, h, hkv, sq, sk, d, dv, dtype, mask_kind, causal)
-    res = _run_backward(args, mask, causal, 2, q_chunk=chunk)
+    grads, _ = _run_backward(args, mask, causal, 2, q_chunk=chunk)
     grad_out, q, k, v, _, _ = args
-    _check_grads(res.outputs, _float64_grads(q, k, v, mask, causal, grad_out), dtype)
+    _check_grads(grads, _float64_grads(q, k, v, mask, causal, grad_out), dtype)
 
 
 @pytest.mark.parametrize("case", [
@@ -169,8 +170,8 @@ def test_multi_chunk_path_matches_float64(case, chunk):
 def test_lnc1_and_lnc2_identical(case):
     b, h, hkv, sq, sk, d, dv, dtype, mask_kind, causal = case
     args, mask = _saved(b, h, hkv, sq, sk, d, dv, dtype, mask_kind, causal)
-    one = _run_backward(args, mask, causal, 1).outputs
-    two = _run_backward(args, mask, causal, 2).outputs
+    one, _ = _run_backward(args, mask, causal, 1)
+    two, _ = _run_backward(args, mask, causal, 2)
     for a, b_ in zip(one, two):
         assert torch.equal(a, b_)
 
@@ -188,7 +189,7 @@ def test_lnc2_cores_write_disjoint_elements():
     scratch) is written by one core and read or written by the other (the two programs'
     HBM tensors are the same allocations: trace operands share their alloc_id)."""
     args, mask = _saved(2, 4, 2, 200, 330, 64, 48, F32, None, True)
-    res = _run_backward(args, mask, True, 2, q_chunk=1)
+    _, res = _run_backward(args, mask, True, 2, q_chunk=1)
     written = {0: {}, 1: {}}
     read = {0: {}, 1: {}}
     for ins in res.trace:
