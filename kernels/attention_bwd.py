@@ -149,7 +149,8 @@ def _chunk(facts, plan, bal, tensors, b, hk0, hk1, t0, t1, key_bias, c):
         _fold_rows(f, inv, qx, f.D, nt, nh, s0, s1)
         _fold_rows(f, neg_di, dox, f.Dv, nt, nh, s0, s1)
         qT, doT = [qx], [dox]
-    dq_acc = nl.ndarray((P, nt, nh, f.D), dtype=nl.float32, buffer=nl.sbuf)
+    # dQ partial sums (fp32); with a single key block the one eviction writes dQ itself
+    dq_acc = nl.ndarray((P, nt, nh, f.D), dtype=dq.dtype if plan.n_kb == 1 else nl.float32, buffer=nl.sbuf)
     qside = (qT, doT, q_rows, do_rows, (di, neg_di), neg_lse, dq_acc)
     # ---- key blocks
     kb = plan.kb
@@ -191,9 +192,11 @@ def _chunk(facts, plan, bal, tensors, b, hk0, hk1, t0, t1, key_bias, c):
             _store_rows(f, dk, staged[0], b, hk0, hk1, k0, k1)
             _store_rows(f, dv, staged[1], b, hk0, hk1, k0, k1)
     # ---- dQ = scale · Σ dS·K, one rounding into the output dtype
-    dq_sb = nl.ndarray((P, nt, nh, f.D), dtype=dq.dtype, buffer=nl.sbuf)
-    nisa.activation(dst=dq_sb, op=nl.copy, data=dq_acc, scale=f.scale)
-    bal.charge(scalar_cycles=nt * nh * f.D + bal.costs.instr_cycles)
+    dq_sb = dq_acc
+    if plan.n_kb > 1:
+        dq_sb = nl.ndarray((P, nt, nh, f.D), dtype=dq.dtype, buffer=nl.sbuf)
+        nisa.activation(dst=dq_sb, op=nl.copy, data=dq_acc, scale=f.scale)
+        bal.charge(scalar_cycles=nt * nh * f.D + bal.costs.instr_cycles)
     _store_rows(f, dq, dq_sb, b, h0, h1, s0, s1)
 
 
@@ -263,7 +266,13 @@ def _head_batch(f, plan, bal, qside, kside, kv_acc, ka0, mask, b, hk0, u0, u1, t
             nisa.nc_matmul(dst=dqp[:r, u - u0, :], stationary=dsT[:kc, (u - u0) * plan.kt + i, :r],
                            moving=k_rows[:kc, i, kv, :], accumulate=i > 0)
     acc = dq_acc[:r, tl, u0:u1, :]
-    if dq_first:
+    if plan.n_kb == 1:
+        # the only block: dQ = scale · dS·K, rounded into the output dtype
+        if bal.pick(*bal.copy_cycles(nu * f.D, False)) == nisa.engine.vector:
+            nisa.tensor_scalar(dst=acc, data=dqp[:r, 0:nu, :], op0=nl.multiply, operand0=f.scale)
+        else:
+            nisa.activation(dst=acc, op=nl.copy, data=dqp[:r, 0:nu, :], scale=f.scale)
+    elif dq_first:
         nisa.tensor_copy(dst=acc, src=dqp[:r, 0:nu, :], engine=bal.pick(*bal.copy_cycles(nu * f.D, False)))
     else:
         nisa.tensor_tensor(dst=acc, data1=dqp[:r, 0:nu, :], data2=acc, op=nl.add)

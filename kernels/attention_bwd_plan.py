@@ -50,7 +50,7 @@ Q_SIDE_BUDGET = 112 * 1024
 # <= 32 partitions starts at partition 0, 32, 64 or 96 (NKI tile rules), hence D % 32 == 0.
 FOLD_ROWS = 3
 FOLD_QUADRANT = 32
-FOLD_PAIR = 2            # heads per S'' / dP'' PSUM bank: [128, 2, 256] fp32
+FOLD_PAIR = 4            # heads per S'' / dP'' PSUM tile: [128, 4, 256] fp32 (2 banks)
 FOLD_RING = 2            # extended Kᵀ / Vᵀ tile pairs the key blocks rotate through
 KV_SIDE_BUDGET = 32 * 1024
 # At most this many kv heads per unit: a unit's first compute waits for its whole query
