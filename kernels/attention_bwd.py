@@ -166,18 +166,7 @@ def _chunk(facts, plan, bal, tensors, b, hk0, hk1, t0, t1, key_bias, c):
             continue
         # the scratch holds earlier chunks' sums of this block once one of them saw it
         seen_before = c > 0 and (not f.causal or k0 < s0)
-        if plan.folded:
-            # the next ring slot: rows D..D+2 (Dv..Dv+2) hold ones since the launch began
-            kx, vx = ring[bal.next_slot()]
-            nkv = hk1 - hk0
-            kT = load_transposed(f, k, b, hk0, hk1, k0, k1, out=kx[0:f.D, 0:nkv, 0:k1 - k0])
-            vT = load_transposed(f, v, b, hk0, hk1, k0, k1, out=vx[0:f.Dv, 0:nkv, 0:k1 - k0])
-            kT, vT = [kx], [vx]
-        else:
-            kT = load_transposed(f, k, b, hk0, hk1, k0, k1)        # [[dc, nkv, n]]
-            vT = load_transposed(f, v, b, hk0, hk1, k0, k1)        # [[dvc, nkv, n]]
-        k_rows = _load_rows(f, k, b, hk0, hk1, k0, k1, f.D)    # [128, kt, nkv, D]
-        kside = (kT, vT, k_rows)
+        kside = _load_kside(f, plan, bal, tensors, b, hk0, hk1, k0, k1)
         # one chunk: the block's dK, dV of every kv head of the unit staged, one store each
         staged = None
         if plan.n_chunks == 1:
@@ -198,6 +187,23 @@ def _chunk(facts, plan, bal, tensors, b, hk0, hk1, t0, t1, key_bias, c):
         nisa.activation(dst=dq_sb, op=nl.copy, data=dq_acc, scale=f.scale)
         bal.charge(scalar_cycles=nt * nh * f.D + bal.costs.instr_cycles)
     _store_rows(f, dq, dq_sb, b, h0, h1, s0, s1)
+
+
+def _load_kside(f, plan, bal, tensors, b, hk0, hk1, k0, k1):
+    """Kᵀ, Vᵀ (lists of pieces, or the extended ring tiles in folded mode) and K rows
+    [128, kt, kv heads, D] of keys k0:k1 of kv heads hk0:hk1."""
+    q, k, v, o, do, lse, mask, dq, dk, dv, scratch, base, ring = tensors
+    if plan.folded:
+        # the next ring slot: rows D..D+2 (Dv..Dv+2) hold ones since the launch began
+        kx, vx = ring[bal.next_slot()]
+        nkv = hk1 - hk0
+        load_transposed(f, k, b, hk0, hk1, k0, k1, out=kx[0:f.D, 0:nkv, 0:k1 - k0])
+        load_transposed(f, v, b, hk0, hk1, k0, k1, out=vx[0:f.Dv, 0:nkv, 0:k1 - k0])
+        kT, vT = [kx], [vx]
+    else:
+        kT = load_transposed(f, k, b, hk0, hk1, k0, k1)        # [[dc, nkv, n]]
+        vT = load_transposed(f, v, b, hk0, hk1, k0, k1)        # [[dvc, nkv, n]]
+    return kT, vT, _load_rows(f, k, b, hk0, hk1, k0, k1, f.D)
 
 
 def _kv_batch(f, plan, bal, tensors, b, hk0, a0, a1, t0, t1, k0, k1, key_bias, c, j, seen_before,
@@ -376,14 +382,19 @@ def _fold_rows(f, x, tile, d, nt, nh, s0, s1):
 
 def _ones_ring(f, plan):
     """FOLD_RING pairs of extended Kᵀ / Vᵀ tiles ([D+3, kv_group, kb], [Dv+3, ...]) whose
-    last three rows are ones (GpSimd memsets, once per launch); the key blocks take them in
-    turn, so one block loads while the previous one computes."""
+    last three rows are ones, used by the key blocks in turn (one block loads while the
+    previous one computes). The ones come from one small GpSimd memset of a [3, 1, kb]
+    tile spread over the kv heads by one SBUF->SBUF DMA per tile (a memset of every head
+    would hold GpSimd kv_group x kb cycles at the start of the launch)."""
+    ones = nl.ndarray((FOLD_ROWS, 1, plan.kb), dtype=f.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=ones, value=1.0, engine=nisa.engine.gpsimd)
+    spread = ones.broadcast(1, plan.kv_group)
     ring = []
     for _ in range(FOLD_RING):
         kx = nl.ndarray((f.D + FOLD_ROWS, plan.kv_group, plan.kb), dtype=f.dtype, buffer=nl.sbuf)
         vx = nl.ndarray((f.Dv + FOLD_ROWS, plan.kv_group, plan.kb), dtype=f.dtype, buffer=nl.sbuf)
-        nisa.memset(dst=kx[f.D:f.D + FOLD_ROWS], value=1.0, engine=nisa.engine.gpsimd)
-        nisa.memset(dst=vx[f.Dv:f.Dv + FOLD_ROWS], value=1.0, engine=nisa.engine.gpsimd)
+        nisa.dma_copy(dst=kx[f.D:f.D + FOLD_ROWS], src=spread)
+        nisa.dma_copy(dst=vx[f.Dv:f.Dv + FOLD_ROWS], src=spread)
         ring.append((kx, vx))
     return ring
 

@@ -54,11 +54,12 @@ FOLD_PAIR = 4            # heads per S'' / dP'' PSUM tile: [128, 4, 256] fp32 (2
 FOLD_RING = 2            # extended Kᵀ / Vᵀ tile pairs the key blocks rotate through
 KV_SIDE_BUDGET = 32 * 1024
 # At most this many kv heads per unit: a unit's first compute waits for its whole query
-# side (~1 us of DMA per head), and the next unit's loads overlap this one's compute, so
-# smaller units pipeline better; larger ones need fewer DMA transfers (each holds its
-# queues >= 0.85 us, engine_costs.py). Modeled ViT-B/16 batch 8 bf16 backward (trn2,
-# LNC=2): 147 us at 6, 117 at 8, 89 at 12, 94 at 16, 107 at 24.
-UNIT_MAX_KV_HEADS = 12
+# side, and the next unit's loads overlap this one's compute, so smaller units pipeline
+# better; larger ones move more per DMA transfer (a transfer holds each of its queues
+# >= 0.85 us, the DMA gap of engine_costs.py: a [128, heads, 64] bf16 row tile needs ~20
+# heads to be data-bound). Modeled ViT-B/16 batch 8 bf16 backward (trn2, LNC=2, units
+# cdiv(48, n) per core): 85 us at 12, 76 at 16, 88 at 24.
+UNIT_MAX_KV_HEADS = 16
 
 
 @dataclass(frozen=True)
