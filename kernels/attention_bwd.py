@@ -50,7 +50,7 @@ import nki.isa as nisa
 import nki.language as nl
 
 from .attention_blocks import causal_diagonal, key_bias_rows, load_transposed, tile_bias
-from .attention_bwd_plan import FOLD_PAIR, FOLD_RING, FOLD_ROWS, BwdBalance, bwd_plan
+from .attention_bwd_plan import LOAD_GROUP_TILES, FOLD_PAIR, FOLD_RING, FOLD_ROWS, BwdBalance, bwd_plan
 from .attention_launch import NEG_INF, P, launch_facts
 from .attention_lse import load_lse
 from .tiling import cdiv, program_share
@@ -118,30 +118,55 @@ def _chunk(facts, plan, bal, tensors, b, hk0, hk1, t0, t1, key_bias, c):
     nh = h1 - h0
     nt = t1 - t0
     s0, s1 = t0 * P, min(f.Sq, t1 * P)
-    # ---- query side of every head of the unit, resident for the chunk (one DMA per tensor)
+    # ---- query side of every head of the unit, resident for the chunk (one DMA per tensor,
+    # or per group of LOAD_GROUP_TILES query tiles for long chunks of 16-bit data: the first
+    # tiles' compute then starts after their group is in, not the whole chunk)
+    groups = [(ta, min(t1, ta + LOAD_GROUP_TILES)) for ta in range(t0, t1, LOAD_GROUP_TILES)]
+    grouped = not plan.folded and f.dma_transpose and f.D <= P and f.Dv <= P and len(groups) > 1
+    if not grouped:
+        groups = [(t0, t1)]
     if plan.folded:
         qx = nl.ndarray((f.D + FOLD_ROWS, nh, s1 - s0), dtype=f.dtype, buffer=nl.sbuf)
         dox = nl.ndarray((f.Dv + FOLD_ROWS, nh, s1 - s0), dtype=f.dtype, buffer=nl.sbuf)
         qT = load_transposed(f, q, b, h0, h1, s0, s1, out=qx[0:f.D])
         doT = load_transposed(f, do, b, h0, h1, s0, s1, out=dox[0:f.Dv])
+    elif grouped:
+        qT = [nl.ndarray((f.D, nh, s1 - s0), dtype=f.dtype, buffer=nl.sbuf)]
+        doT = [nl.ndarray((f.Dv, nh, s1 - s0), dtype=f.dtype, buffer=nl.sbuf)]
     else:
         qT = load_transposed(f, q, b, h0, h1, s0, s1)        # [[dc, nh, rows]] per head-dim piece
         doT = load_transposed(f, do, b, h0, h1, s0, s1)      # [[dvc, nh, rows]]
-    q_rows = _load_rows(f, q, b, h0, h1, s0, s1, f.D)    # [128, nt, nh, D]
-    do_rows = _load_rows(f, do, b, h0, h1, s0, s1, f.Dv)
-    o_rows = _load_rows(f, o, b, h0, h1, s0, s1, f.Dv)
-    # D_i = rowsum(dO ⊙ O) in fp32: one multiply (GpSimd) and one reduce for the chunk
+    q_rows = nl.ndarray((P, nt, nh, f.D), dtype=f.dtype, buffer=nl.sbuf)
+    do_rows = nl.ndarray((P, nt, nh, f.Dv), dtype=f.dtype, buffer=nl.sbuf)
+    o_rows = nl.ndarray((P, nt, nh, f.Dv), dtype=f.dtype, buffer=nl.sbuf)
     prod = nl.ndarray((P, nt, nh, f.Dv), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=prod, data1=do_rows, data2=o_rows, op=nl.multiply, engine=nisa.engine.gpsimd)
     di = nl.ndarray((P, nt, nh), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=di, op=nl.add, data=prod, axis=3)
-    bal.charge(vector_cycles=nt * nh * f.Dv + bal.costs.instr_cycles)
-    bal.charge_gpsimd(2 * nt * nh * f.Dv + bal.costs.instr_cycles)
-    neg_di = nl.ndarray((P, nt, nh), dtype=nl.float32, buffer=nl.sbuf)   # -D_i: a ScalarE bias
-    nisa.tensor_scalar(dst=neg_di, data=di, op0=nl.multiply, operand0=-1.0, engine=nisa.engine.gpsimd)
+    # -lse first: every exp needs it (a small transfer)
     neg_lse = nl.ndarray((P, nt, nh), dtype=nl.float32, buffer=nl.sbuf)
     load_lse(lse, neg_lse, b, h0, h1, s0, s1)
     nisa.tensor_scalar(dst=neg_lse, data=neg_lse, op0=nl.multiply, operand0=-1.0, engine=nisa.engine.gpsimd)
+    neg_di = nl.ndarray((P, nt, nh), dtype=nl.float32, buffer=nl.sbuf)   # -D_i: a ScalarE bias
+    kside0 = None
+    for ta, tb in groups:
+        ra, rb = ta * P, min(f.Sq, tb * P)
+        ga, gb = ta - t0, tb - t0
+        if ta > t0 and kside0 is None:
+            # key block 0 right after the first group: the first tiles need nothing more
+            kside0 = _load_kside(f, plan, bal, tensors, b, hk0, hk1, 0, min(f.Sk, plan.kb))
+        if grouped:
+            load_transposed(f, q, b, h0, h1, ra, rb, out=qT[0][:, :, ra - s0:rb - s0])
+            load_transposed(f, do, b, h0, h1, ra, rb, out=doT[0][:, :, ra - s0:rb - s0])
+        _load_rows(f, q, b, h0, h1, ra, rb, f.D, out=q_rows[:, ga:gb])
+        _load_rows(f, do, b, h0, h1, ra, rb, f.Dv, out=do_rows[:, ga:gb])
+        _load_rows(f, o, b, h0, h1, ra, rb, f.Dv, out=o_rows[:, ga:gb])
+        # D_i = rowsum(dO ⊙ O) in fp32: one multiply (GpSimd) and one reduce per group
+        nisa.tensor_tensor(dst=prod[:, ga:gb], data1=do_rows[:, ga:gb], data2=o_rows[:, ga:gb], op=nl.multiply,
+                           engine=nisa.engine.gpsimd)
+        nisa.tensor_reduce(dst=di[:, ga:gb], op=nl.add, data=prod[:, ga:gb], axis=3)
+        bal.charge(vector_cycles=(gb - ga) * nh * f.Dv + bal.costs.instr_cycles)
+        bal.charge_gpsimd(2 * (gb - ga) * nh * f.Dv + bal.costs.instr_cycles)
+        nisa.tensor_scalar(dst=neg_di[:, ga:gb], data=di[:, ga:gb], op0=nl.multiply, operand0=-1.0,
+                           engine=nisa.engine.gpsimd)
     if plan.folded:
         # rows D..D+2 of Qᵀ: -lse / scale, rows Dv..Dv+2 of dOᵀ: -D_i, as exact bf16 triples
         inv = nl.ndarray((P, nt, nh), dtype=nl.float32, buffer=nl.sbuf)
@@ -166,7 +191,7 @@ def _chunk(facts, plan, bal, tensors, b, hk0, hk1, t0, t1, key_bias, c):
             continue
         # the scratch holds earlier chunks' sums of this block once one of them saw it
         seen_before = c > 0 and (not f.causal or k0 < s0)
-        kside = _load_kside(f, plan, bal, tensors, b, hk0, hk1, k0, k1)
+        kside = kside0 if j == 0 and kside0 is not None else _load_kside(f, plan, bal, tensors, b, hk0, hk1, k0, k1)
         # one chunk: the block's dK, dV of every kv head of the unit staged, one store each
         staged = None
         if plan.n_chunks == 1:

@@ -37,6 +37,13 @@ WIDE_MAX_DK_DV = 256
 # loads (1) the launch's peak stays at 6 of the 8 banks, 2 left for the allocation
 # rotation to overlap consecutive heads.
 KV_ACC_BANKS = 2
+# Query tiles per load group of a long chunk (16-bit, head dims <= 128): ~0.5 MB per
+# transfer at 4 heads x 128 dims (data-bound, well past the 0.85 us DMA gap), and the first
+# group's compute starts after a quarter of a 16-tile chunk's loads.
+LOAD_GROUP_TILES = 4
+# PSUM banks of a head batch's dSᵀ tile outside folded mode (S | dP 2, dK | dV 2, dQ 1):
+# more heads per PSUM copy.
+DST_BANKS = 2
 # Per-partition SBUF budgets (trn2: 192 KiB per partition usable by kernels): the query
 # side of a unit's chunk (resident while the key blocks stream), and the key side of one
 # block of the unit's kv heads (Kᵀ, Vᵀ, K rows); the rest holds the per-head scratch (P,
@@ -110,7 +117,11 @@ def bwd_plan(facts, q_chunk=0):
     chunk = max(1, min(f.n_q_tiles, chunk))
     W = f.D + f.Dv
     kv_batch = max(1, min(kv_group, KV_ACC_BANKS * PSUM_BANK_BYTES // (kt * W * FP32_BYTES)))
-    head_batch = max(1, min(PSUM_BANK_BYTES // (kt * P * f.itemsize), PSUM_BANK_BYTES // (f.D * FP32_BYTES)))
+    # the dSᵀ tile of a head batch takes up to 2 banks where PSUM has room (not in folded
+    # mode, whose S'' | dP'' tiles take 4), the dQ tile one
+    tp_banks = 1 if folded else DST_BANKS
+    head_batch = max(1, min(tp_banks * PSUM_BANK_BYTES // (kt * P * f.itemsize),
+                            PSUM_BANK_BYTES // (f.D * FP32_BYTES)))
     return BwdPlan(kb=kb, n_kb=n_kb, kt=kt, kv_group=kv_group, q_chunk=chunk,
                    n_chunks=cdiv(f.n_q_tiles, chunk), kv_batch=kv_batch, head_batch=head_batch,
                    folded=folded)

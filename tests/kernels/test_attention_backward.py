@@ -41,6 +41,7 @@ FAST = [
     (1, 2, 1, 70, 300, 200, 160, F32, "bhsd", "key_float", True),    # D > 128 in pieces, -inf keys, GQA
     (1, 2, 2, 129, 197, 256, 256, BF16, "bhsd", None, False),        # the largest head dims
     (1, 8, 2, 300, 300, 128, 128, BF16, "bhsd", None, True),         # Llama-like: GQA 4, causal
+    (1, 4, 1, 600, 600, 64, 64, BF16, "bhsd", None, True),           # 5 query tiles: loads in groups
     (2, 2, 2, 1, 1, 64, 64, BF16, "bhsd", None, False),              # one query, one key
 ]
 
@@ -152,7 +153,8 @@ def _run_backward(args, mask, causal, lnc, **extra):
     ((1, 2, 1, 300, 700, 64, 64, F32, "key_float", True), 1),     # causal: blocks first seen in chunk 2
     ((2, 3, 3, 300, 700, 64, 64, BF16, None, False), 2),          # two chunks, 512-key blocks
     ((1, 2, 1, 200, 700, 128, 160, F32, None, True), 1),           # 256-key blocks, keys no row sees
-], ids=["causal-chunks-of-1", "bf16-chunks-of-2", "wide-causal"])
+    ((1, 4, 1, 1100, 700, 64, 64, BF16, "key_bool", False), 6),    # chunks of 6 tiles loaded in groups
+], ids=["causal-chunks-of-1", "bf16-chunks-of-2", "wide-causal", "grouped-loads"])
 def test_multi_chunk_path_matches_float64(case, chunk):
     """Several query chunks: dK | dV partial sums through the fp32 HBM scratch."""
     b, h, hkv, sq, sk, d, dv, dtype, mask_kind, causal = case
