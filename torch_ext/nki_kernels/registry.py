@@ -66,6 +66,8 @@ class Backward:
     kernel_call: Callable[..., Any]
     reference: Callable[..., Any]
     roofline: Callable[..., Any]
+    # modeled speedups over eager autograd the backward row must reach, by workload name
+    speedup_targets: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

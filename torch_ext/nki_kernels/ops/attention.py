@@ -476,6 +476,12 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 
 # ---------------------------------------------------------------------------- registration
 
+def _workload_label(name, b, h, s, d, hkv=None, causal=False):
+    hkv = hkv or h
+    return (f"{name} B={b} H={h}" + (f"/{hkv}kv" if hkv != h else "") + f" S={s} D={d}"
+            + (" causal" if causal else ""))
+
+
 def _workload(name, b, h, s, d, hkv=None, causal=False, **kw):
     hkv = hkv or h
 
@@ -483,9 +489,7 @@ def _workload(name, b, h, s, d, hkv=None, causal=False, **kw):
         q, k, v = randn(gen, b, h, s, d), randn(gen, b, hkv, s, d), randn(gen, b, hkv, s, d)
         return (q, k, v), {"attn_mask": None, "is_causal": causal, "enable_gqa": hkv != h}
 
-    label = (f"{name} B={b} H={h}" + (f"/{hkv}kv" if hkv != h else "") + f" S={s} D={d}"
-             + (" causal" if causal else ""))
-    return registry.Workload(label, make, **kw)
+    return registry.Workload(_workload_label(name, b, h, s, d, hkv, causal), make, **kw)
 
 
 def _backward_inputs(gen, args, kwargs):
@@ -511,9 +515,13 @@ def _backward_reference(grad_out, query, key, value, out, lse, attn_mask=None, i
     return _backward_math(grad_out, query, key, value, attn_mask, is_causal, scale, compute_dtype)
 
 
+VIT_B, VIT_L, LLAMA_2K = (_workload_label("ViT-B/16", 8, 12, 197, 64), _workload_label("ViT-L/16", 8, 16, 197, 64),
+                          _workload_label("Llama long-S", 1, 8, 2048, 128, hkv=2, causal=True))
 BACKWARD = registry.Backward(
     custom_op=_sdpa_backward_op, inputs=_backward_inputs, kernel_call=attention_backward_kernel_call,
-    reference=_backward_reference, roofline=roofline.scaled_dot_product_attention_backward)
+    reference=_backward_reference, roofline=roofline.scaled_dot_product_attention_backward,
+    # issue 15's targets (modeled trn2 LNC=2, over modeled eager autograd)
+    speedup_targets={VIT_B: 2.0, VIT_L: 2.0, LLAMA_2K: 3.0})
 
 registry.register(registry.OpSpec(
     "scaled_dot_product_attention", scaled_dot_product_attention, _sdpa_op, attention_kernel_call,
