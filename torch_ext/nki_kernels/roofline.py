@@ -214,8 +214,11 @@ def _eager_sdpa_math(query, key, value, attn_mask, is_causal, scale):
         k, v = k.repeat_interleave(h // hkv, dim=1), v.repeat_interleave(h // hkv, dim=1)
     s = q @ k.transpose(-2, -1)
     if is_causal:
+        # as the math path: a -inf bias built from tril and added (its backward passes the
+        # gradient through; the bias itself needs none)
         keep = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool, device=s.device).tril()
-        s = s.masked_fill(~keep, float("-inf"))
+        bias = torch.zeros(keep.shape, dtype=s.dtype, device=s.device).masked_fill(~keep, float("-inf"))
+        s = s + bias
     if attn_mask is not None:
         s = s + attn_mask
     return torch.softmax(s, dim=-1) @ v
