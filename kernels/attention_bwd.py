@@ -49,7 +49,7 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-from .attention_blocks import causal_diagonal, key_bias_rows, load_transposed, tile_bias
+from .attention_blocks import _dma_transpose_p, causal_diagonal, key_bias_rows, load_transposed, tile_bias
 from .attention_bwd_plan import LOAD_GROUP_TILES, FOLD_PAIR, FOLD_RING, FOLD_ROWS, BwdBalance, bwd_plan
 from .attention_launch import NEG_INF, P, launch_facts
 from .attention_lse import load_lse
@@ -66,7 +66,7 @@ def attention_bwd_kernel(q, k, v, o, do, lse, mask=None, scale=1.0, causal=False
     assert tuple(lse.shape) == (facts.B, facts.H, facts.Sq), \
         f"lse {lse.shape}: expected {(facts.B, facts.H, facts.Sq)}"
     plan = bwd_plan(facts, q_chunk)
-    bal = BwdBalance(facts)
+    bal = BwdBalance(facts, plan)
     dq = nl.ndarray(q.shape, dtype=q.dtype, buffer=nl.shared_hbm)
     dk = nl.ndarray(k.shape, dtype=q.dtype, buffer=nl.shared_hbm)
     dv = nl.ndarray(v.shape, dtype=q.dtype, buffer=nl.shared_hbm)
@@ -275,7 +275,11 @@ def _head_batch(f, plan, bal, qside, kside, kv_acc, ka0, mask, b, hk0, u0, u1, t
     kt = cdiv(m, P)
     nu = u1 - u0
     h_first = hk0 * f.G                     # absolute index of unit-relative head 0
-    tp = nl.ndarray((P, plan.head_batch * plan.kt, P), dtype=f.dtype, buffer=nl.psum)
+    # dSᵀ by DMA transposes (SBUF -> SBUF) for a planned share of the head batches (16-bit,
+    # not folded), else TensorE transposes into PSUM and one copy out
+    by_dma = not plan.folded and bal.use_dma()
+    ds_all = nl.ndarray((P, plan.head_batch, plan.kb), dtype=f.dtype, buffer=nl.sbuf) if by_dma else None
+    tp = None if by_dma else nl.ndarray((P, plan.head_batch * plan.kt, P), dtype=f.dtype, buffer=nl.psum)
     for u in (range(u0, u1, FOLD_PAIR) if plan.folded else ()):
         _heads_folded(f, plan, bal, qT, doT, q_rows, do_rows, kT, vT, kv_acc, tl,
                       list(range(u, min(u1, u + FOLD_PAIR))), ka0, r, m, started, tp, u0)
@@ -283,12 +287,17 @@ def _head_batch(f, plan, bal, qside, kside, kv_acc, ka0, mask, b, hk0, u0, u1, t
         kv = u // f.G                       # unit-relative kv head
         bias = tile_bias(f, mask, b, h_first + u, q0, r, k0, k0 + m, key_bias) if f.mask_per_head else shared
         _head(f, plan, bal, qT, doT, q_rows, do_rows, di, neg_lse, kT, vT, kv_acc, tl, u, kv,
-              kv - ka0, r, m, bias, diag, started, tp[:, (u - u0) * plan.kt:(u - u0 + 1) * plan.kt, :])
-    # dSᵀ of every head of the batch out of PSUM in one copy; rows of a tail key tile past
-    # m hold stale data the dQ matmuls never read
+              kv - ka0, q0, k0, r, m, bias, diag, started,
+              None if by_dma else tp[:, (u - u0) * plan.kt:(u - u0 + 1) * plan.kt, :],
+              None if ds_all is None else ds_all[:, u - u0, :])
     dsT = nl.ndarray((P, plan.head_batch * plan.kt, P), dtype=f.dtype, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=dsT[:, 0:nu * plan.kt, :r], src=tp[:, 0:nu * plan.kt, :r],
-                     engine=bal.pick(*bal.copy_cycles(nu * plan.kt * r, f.itemsize == 2)))
+    if by_dma:
+        _dma_transpose_p(ds_all[:, 0:nu, :], dsT.reshape((P, plan.head_batch, plan.kt, P))[:, 0:nu], r, m)
+    else:
+        # dSᵀ of every head of the batch out of PSUM in one copy; rows of a tail key tile
+        # past m hold stale data the dQ matmuls never read
+        nisa.tensor_copy(dst=dsT[:, 0:nu * plan.kt, :r], src=tp[:, 0:nu * plan.kt, :r],
+                         engine=bal.pick(*bal.copy_cycles(nu * plan.kt * r, f.itemsize == 2)))
     dqp = nl.ndarray((P, plan.head_batch, f.D), dtype=nl.float32, buffer=nl.psum)
     for u in range(u0, u1):
         kv = u // f.G
@@ -310,35 +319,52 @@ def _head_batch(f, plan, bal, qside, kside, kv_acc, ka0, mask, b, hk0, u0, u1, t
         bal.charge(vector_cycles=nu * f.D + bal.costs.instr_cycles)
 
 
-def _head(f, plan, bal, qT, doT, q_rows, do_rows, di, neg_lse, kT, vT, kv_acc, tl, u, kv, ka, r, m,
-          bias, diag, started, tp):
+def _head(f, plan, bal, qT, doT, q_rows, do_rows, di, neg_lse, kT, vT, kv_acc, tl, u, kv, ka, q0, k0, r, m,
+          bias, diag, started, tp, ds_out=None):
     """One query head u (unit-relative; kv head kv of the unit, ka of the kv batch) of query
     tile tl against m keys: S, dP, P, dS, dV and dK (kv_acc: key tiles < ``started``
     accumulate, later ones are initialised by the first query head of the kv head's group
     and accumulated by the others) and dSᵀ into ``tp`` ([128, kt, 128] PSUM)."""
     kt = cdiv(m, P)
     later_in_group = u % f.G != 0
-    # S | dP side by side in PSUM: [128, 2, kb] fp32 (rows :r)
-    sd = nl.ndarray((P, 2, plan.kb), dtype=nl.float32, buffer=nl.psum)
+    # S and dP in PSUM, [128, kb] fp32 each (rows :r), two tiles: S's buffer is free for the
+    # next head once the exp has read it, before dS reads dP
+    s_ps = nl.ndarray((P, plan.kb), dtype=nl.float32, buffer=nl.psum)
+    dp_ps = nl.ndarray((P, plan.kb), dtype=nl.float32, buffer=nl.psum)
     rows = slice(tl * P, tl * P + r)
-    _contract(sd[:r, 0, 0:m], [t[:, u, rows] for t in qT], [t[:, kv, 0:m] for t in kT])
-    _contract(sd[:r, 1, 0:m], [t[:, u, rows] for t in doT], [t[:, kv, 0:m] for t in vT])
+    _contract(s_ps[:r, 0:m], [t[:, u, rows] for t in qT], [t[:, kv, 0:m] for t in kT])
+    _contract(dp_ps[:r, 0:m], [t[:, u, rows] for t in doT], [t[:, kv, 0:m] for t in vT])
+    sd = (s_ps, dp_ps)
     # P = exp(scale·S + mask - lse) (matmul dtype)
     p = nl.ndarray((P, plan.kb), dtype=f.dtype, buffer=nl.sbuf)
     nlse = neg_lse[:r, tl, u:u + 1]
-    cu, cb = (0, bias) if bias is not None else (diag if diag is not None else (m, None))
-    if cu:
-        nisa.activation(dst=p[:r, 0:cu], op=nl.exp, data=sd[:r, 0, 0:cu], bias=nlse, scale=f.scale)
+    if bias is None and diag is not None and diag[0] < m:
+        # causal, no user mask: one exp over every column, then GpSimd zeroes the columns
+        # past each row's diagonal (a select, so a large exp there never reaches P)
+        c = diag[0]
+        nisa.activation(dst=p[:r, 0:m], op=nl.exp, data=sd[0][:r, 0:m], bias=nlse, scale=f.scale)
+        nisa.affine_select(dst=p[:r, c:m], pattern=[[-1, m - c]], channel_multiplier=1, on_true_tile=p[:r, c:m],
+                           on_false_value=0.0, cmp_op=nl.greater_equal, offset=q0 - k0 - c)
+        bal.charge(scalar_cycles=m + bal.costs.instr_cycles)
+        bal.charge_gpsimd(m - c + 150 + bal.costs.instr_cycles)
+        cu, cb = m, None
+    else:
+        cu, cb = (0, bias) if bias is not None else (diag if diag is not None else (m, None))
+    if bias is None and diag is not None and diag[0] < m:
+        pass
+    elif cu:
+        nisa.activation(dst=p[:r, 0:cu], op=nl.exp, data=sd[0][:r, 0:cu], bias=nlse, scale=f.scale)
     if cu < m:
         z = nl.ndarray((P, plan.kb), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.scalar_tensor_tensor(dst=z[:r, 0:m - cu], data=sd[:r, 0, cu:m], op0=nl.multiply,
+        nisa.scalar_tensor_tensor(dst=z[:r, 0:m - cu], data=sd[0][:r, cu:m], op0=nl.multiply,
                                   operand0=f.scale, op1=nl.add, operand1=cb[:r, 0:m - cu])
         nisa.activation(dst=p[:r, cu:m], op=nl.exp, data=z[:r, 0:m - cu], bias=nlse)
         bal.charge(vector_cycles=2 * (m - cu) + bal.costs.instr_cycles)
-    bal.charge(scalar_cycles=m + bal.costs.instr_cycles * (1 + (0 < cu < m)))
+    if not (bias is None and diag is not None and diag[0] < m):
+        bal.charge(scalar_cycles=m + bal.costs.instr_cycles * (1 + (0 < cu < m)))
     # dS = (dP - D_i) ⊙ P
-    ds = nl.ndarray((P, plan.kb), dtype=f.dtype, buffer=nl.sbuf)
-    _ds(f, bal, ds[:r, 0:m], sd[:r, 1, 0:m], di[0][:r, tl, u:u + 1], di[1][:r, tl, u:u + 1], p[:r, 0:m], m)
+    ds = nl.ndarray((P, plan.kb), dtype=f.dtype, buffer=nl.sbuf) if ds_out is None else ds_out
+    _ds(f, bal, ds[:r, 0:m], sd[1][:r, 0:m], di[0][:r, tl, u:u + 1], di[1][:r, tl, u:u + 1], p[:r, 0:m], m)
     # dV += Pᵀ·dO, dK += dSᵀ·Q (PSUM accumulation over the chunk), per 128-key tile
     for i in range(kt):
         c0, kc = i * P, min(P, m - i * P)
@@ -347,7 +373,7 @@ def _head(f, plan, bal, qT, doT, q_rows, do_rows, di, neg_lse, kT, vT, kv_acc, t
         nisa.nc_matmul(dst=kv_acc[:kc, i, ka, 0:f.D], stationary=ds[:r, c0:c0 + kc],
                        moving=q_rows[:r, tl, u, :], accumulate=i < started or later_in_group)
     # dSᵀ by 128x128 TensorE transposes
-    for i in range(kt):
+    for i in range(kt if tp is not None else 0):
         c0, kc = i * P, min(P, m - i * P)
         nisa.nc_transpose(dst=tp[:kc, i, :r], data=ds[:r, c0:c0 + kc])
 

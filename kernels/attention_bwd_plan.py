@@ -44,6 +44,10 @@ LOAD_GROUP_TILES = 4
 # PSUM banks of a head batch's dSᵀ tile outside folded mode (S | dP 2, dK | dV 2, dQ 1):
 # more heads per PSUM copy.
 DST_BANKS = 2
+# Share of the head batches whose dSᵀ is made by SBUF->SBUF DMA transposes instead of
+# TensorE transposes + a PSUM copy (16-bit data, not folded). Modeled Llama S=2048 causal
+# GQA bf16 backward (trn2, LNC=2): see docs/attention.md.
+DST_DMA_SHARE = 0.5
 # Per-partition SBUF budgets (trn2: 192 KiB per partition usable by kernels): the query
 # side of a unit's chunk (resident while the key blocks stream), and the key side of one
 # block of the unit's kv heads (Kᵀ, Vᵀ, K rows); the rest holds the per-head scratch (P,
@@ -132,12 +136,25 @@ class BwdBalance(nl.NKIObject):
     in issue order, and the engines work either can do goes to: those that keep the
     estimates most even (greedy list schedule)."""
 
-    def __init__(self, facts):
+    def __init__(self, facts, plan):
         self.costs = active_engine_costs()
         self.vector_ns = 0.0
         self.scalar_ns = 0.0
         self.gpsimd_ns = 0.0
         self.slot = -1
+        # 16-bit data outside folded mode: this share of the head batches makes dSᵀ by DMA
+        # transposes (the DMA queues have room once the query side is loaded), spread by a
+        # credit
+        self.dma_share = DST_DMA_SHARE if facts.dma_transpose and not plan.folded else 0.0
+        self.dma_credit = 0.0
+
+    def use_dma(self):
+        """Whether the next head batch's dSᵀ is made by DMA transposes (dma_share, spread)."""
+        self.dma_credit += self.dma_share
+        if self.dma_credit >= 0.5:
+            self.dma_credit -= 1.0
+            return True
+        return False
 
     def next_slot(self):
         """Index of the next extended Kᵀ / Vᵀ ring slot (folded mode)."""
