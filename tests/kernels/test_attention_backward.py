@@ -22,6 +22,7 @@ import torch
 import nki_kernels
 from nki_kernels import _dispatch, _kernel_sources, references, simulator
 from nki_kernels.ops import attention
+from nki_kernels.simulator.hardware import get_target
 from tests._helpers import rel_error
 from tests.ops._attention_cases import make_mask, make_qkv
 
@@ -315,3 +316,22 @@ def test_large_logits_stay_finite(simulator_backend, causal):
     for g, w in zip((q.grad, k.grad, v.grad), want):
         assert torch.isfinite(g).all()
         assert rel_error(g, w) < 3e-2
+
+
+@pytest.mark.sweep
+@pytest.mark.parametrize("case", [
+    (1, 16, 4, 2048, 2048, 128, 128, BF16, None, True),      # the main job's Llama shape x2 heads
+    (1, 16, 4, 1025, 2049, 256, 256, F32, None, True),       # largest head dims, fp32
+    (1, 4, 4, 4096, 4096, 128, 128, BF16, None, True),       # several query chunks per unit
+    (1, 2, 2, 1000, 3000, 256, 256, BF16, "full_float", False),
+], ids=lambda c: "-".join(str(x) for x in c[:7]) + f"-{str(c[7])[6:]}-{c[8]}-{c[9]}")
+def test_large_shapes_fit_trn2_and_match(case):
+    """The simulator raises CapacityError past trn2's SBUF / PSUM; peaks stay within them."""
+    b, h, hkv, sq, sk, d, dv, dtype, mask_kind, causal = case
+    args, mask = _saved(b, h, hkv, sq, sk, d, dv, dtype, mask_kind, causal)
+    grads, res = _run_backward(args, mask, causal, 2)
+    trn2 = get_target("trn2")
+    assert res.peak_sbuf_bytes_per_partition <= trn2.sbuf_bytes_per_partition
+    assert res.peak_psum_banks <= trn2.psum_banks
+    grad_out, q, k, v, _, _ = args
+    _check_grads(grads, _float64_grads(q, k, v, mask, causal, grad_out), dtype)
