@@ -120,6 +120,36 @@ def _decode_shape(rows: int, hidden: int) -> bool:
             and rows * (hidden // 128) <= DECODE_MAX_ELEMENTS)
 
 
+# ---------------------------------------------------------------------------- backward helpers
+
+def _sum_partials(partials: torch.Tensor, hidden: int, like: torch.Tensor) -> torch.Tensor:
+    """The weight gradient from the kernel's [parts, 128, C] fp32 partials (column h at
+    [part, h % 128, h // 128], kernels/weight_grads.py): the parts summed in fp32 in a
+    fixed order (the same sum at LNC=1 and LNC=2), then rounded once to ``like``'s dtype
+    and shape. A [parts, H] sum: cheaper here than a second kernel launch."""
+    total = partials[0]
+    for part in partials[1:]:
+        total = total + part
+    return total.t().reshape(-1)[:hidden].to(like.dtype).reshape(like.shape)
+
+
+def _check_backward_hidden(hidden: int) -> None:
+    if hidden > BACKWARD_MAX_HIDDEN:
+        raise ValueError(f"normalized size {hidden} exceeds {BACKWARD_MAX_HIDDEN}, the largest the NKI norm "
+                         "backward kernels take (longer rows use the recompute backward)")
+
+
+def _param_grad_fake(input: torch.Tensor, param: Optional[torch.Tensor]) -> torch.Tensor:
+    return backward_references.empty_grad(input) if param is None else torch.empty_like(param)
+
+
+def _kernel_backward_applies(input: torch.Tensor, hidden: int) -> bool:
+    """Whether a norm's backward runs its backward op: rows within the kernels' limit, and
+    at least one element (an empty input's weight gradient is zeros: the recompute
+    backward gives them)."""
+    return hidden <= BACKWARD_MAX_HIDDEN and input.numel() > 0
+
+
 # ---------------------------------------------------------------------------- layer_norm
 
 def layer_norm_kernel_call(input: torch.Tensor, normalized_shape: Sequence[int],
@@ -146,10 +176,54 @@ def _layer_norm(input: torch.Tensor, normalized_shape: List[int], weight: Option
                 bias: Optional[torch.Tensor], eps: float) -> torch.Tensor: ...
 
 
+def layer_norm_backward_kernel_call(grad_output: torch.Tensor, input: torch.Tensor, normalized_shape: Sequence[int],
+                                    weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                                    eps: float = 1e-5) -> _dispatch.KernelCall:
+    """The NKI launch of layer_norm's backward: kernels/layer_norm_backward.py on [N, H] views."""
+    hidden = _hidden(normalized_shape)
+    _check_backward_hidden(hidden)
+    tensors = [_rows_view(grad_output, hidden), _rows_view(input, hidden)]
+    if weight is not None:
+        tensors.append(weight.reshape(hidden))
+    shape = input.shape
+
+    def finish(outs):
+        outs = list(outs) if isinstance(outs, tuple) else [outs]
+        dx = outs.pop(0).reshape(shape)
+        dw = _sum_partials(outs.pop(0), hidden, weight) if weight is not None else backward_references.empty_grad(input)
+        db = _sum_partials(outs.pop(0), hidden, bias) if bias is not None else backward_references.empty_grad(input)
+        return dx, dw, db
+
+    return _dispatch.KernelCall("layer_norm_backward", "layer_norm_backward_kernel", tuple(tensors),
+                                {"eps": float(eps), "with_bias": bias is not None}, finish=finish)
+
+
+def _layer_norm_backward(grad_output: torch.Tensor, input: torch.Tensor, normalized_shape: List[int],
+                         weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                         eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+
+_layer_norm_backward_op = define_op(
+    _layer_norm_backward, kernel_call=layer_norm_backward_kernel_call,
+    reference=backward_references.layer_norm_backward,
+    fake=lambda dy, input, shape, weight, bias, eps: (torch.empty_like(input), _param_grad_fake(input, weight),
+                                                      _param_grad_fake(input, bias)),
+    grad_reference=lambda *a: backward_references.layer_norm_backward(*a, compute_dtype=torch.float32))
+
+
+def _layer_norm_grads(inputs, outputs, grad_outputs):
+    input, normalized_shape, weight, bias, eps = inputs
+    dx, dw, db = _layer_norm_backward_op(grad_outputs[0], input, normalized_shape, weight, bias, eps)
+    return dx, None, dw if weight is not None else None, db if bias is not None else None, None
+
+
 _layer_norm_op = define_op(
     _layer_norm, kernel_call=layer_norm_kernel_call, reference=references.layer_norm,
     fake=lambda input, *_: torch.empty_like(input),
-    grad_reference=lambda *a: references.layer_norm(*a, compute_dtype=torch.float32))
+    grad_reference=lambda *a: references.layer_norm(*a, compute_dtype=torch.float32),
+    backward=KernelBackward(
+        _layer_norm_grads,
+        applies=lambda input, shape, weight, bias, eps: _kernel_backward_applies(input, _hidden(shape))))
 
 
 def layer_norm(input: torch.Tensor, normalized_shape: ShapeLike, weight: Optional[torch.Tensor] = None,
@@ -165,7 +239,9 @@ def layer_norm(input: torch.Tensor, normalized_shape: ShapeLike, weight: Optiona
     or bias round three times (y, y * weight, y * weight + bias, each to the input dtype),
     so an element is off by up to u * (2 |y * weight| + |out|) instead of u * |out|, u the
     dtype's unit roundoff (2**-8 bf16, 2**-11 fp16; measured ||err|| / ||ref|| in bf16:
-    2.5e-3 against 1.7e-3 for one rounding). Backward recomputes with PyTorch ops (fp32).
+    2.5e-3 against 1.7e-3 for one rounding). Backward: NKI kernel
+    (kernels/layer_norm_backward.py) for prod(normalized_shape) <= 8192, else PyTorch ops
+    in fp32.
     """
     _checks.check_float_tensor("input", input)
     shape = _as_shape(normalized_shape)
@@ -193,17 +269,6 @@ def rms_norm_kernel_call(input: torch.Tensor, normalized_shape: Sequence[int],
                                 finish=lambda out: out.reshape(shape))
 
 
-def _sum_partials(partials: torch.Tensor, hidden: int, like: torch.Tensor) -> torch.Tensor:
-    """The weight gradient from the kernel's [parts, 128, C] fp32 partials (column h at
-    [part, h % 128, h // 128], kernels/weight_grads.py): the parts summed in fp32 in a
-    fixed order (the same sum at LNC=1 and LNC=2), then rounded once to ``like``'s dtype
-    and shape. A [parts, H] sum: cheaper here than a second kernel launch."""
-    total = partials[0]
-    for part in partials[1:]:
-        total = total + part
-    return total.t().reshape(-1)[:hidden].to(like.dtype).reshape(like.shape)
-
-
 def rms_norm_backward_kernel_call(grad_output: torch.Tensor, input: torch.Tensor, normalized_shape: Sequence[int],
                                   weight: Optional[torch.Tensor] = None,
                                   eps: Optional[float] = None) -> _dispatch.KernelCall:
@@ -224,16 +289,6 @@ def rms_norm_backward_kernel_call(grad_output: torch.Tensor, input: torch.Tensor
                                 {"eps": _resolve_eps(eps, input.dtype)}, finish=finish)
 
 
-def _check_backward_hidden(hidden: int) -> None:
-    if hidden > BACKWARD_MAX_HIDDEN:
-        raise ValueError(f"normalized size {hidden} exceeds {BACKWARD_MAX_HIDDEN}, the largest the NKI norm "
-                         "backward kernels take (longer rows use the recompute backward)")
-
-
-def _param_grad_fake(input: torch.Tensor, param: Optional[torch.Tensor]) -> torch.Tensor:
-    return backward_references.empty_grad(input) if param is None else torch.empty_like(param)
-
-
 def _rms_norm_backward(grad_output: torch.Tensor, input: torch.Tensor, normalized_shape: List[int],
                        weight: Optional[torch.Tensor], eps: float) -> tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -242,13 +297,6 @@ _rms_norm_backward_op = define_op(
     _rms_norm_backward, kernel_call=rms_norm_backward_kernel_call, reference=backward_references.rms_norm_backward,
     fake=lambda dy, input, shape, weight, eps: (torch.empty_like(input), _param_grad_fake(input, weight)),
     grad_reference=lambda *a: backward_references.rms_norm_backward(*a, compute_dtype=torch.float32))
-
-
-def _kernel_backward_applies(input: torch.Tensor, hidden: int) -> bool:
-    """Whether a norm's backward runs its backward op: rows within the kernels' limit, and
-    at least one element (an empty input's weight gradient is zeros: the recompute
-    backward gives them)."""
-    return hidden <= BACKWARD_MAX_HIDDEN and input.numel() > 0
 
 
 def _rms_norm_grads(inputs, outputs, grad_outputs):
