@@ -42,7 +42,8 @@ import nki.language as nl
 from .limits import NORM_BACKWARD_MAX_HIDDEN as BACKWARD_MAX_HIDDEN
 from .tiling import (PARTITIONS, WORK_PARTS, block_rows, broadcast_rows, load_block, pipelined, row_blocks,
                      row_part, rows_per_partition, share, split_count)
-from .weight_grads import accumulate_columns, new_accumulator, new_partials, store_partial
+from .weight_grads import (accumulate_columns, accumulate_diag, diag_fits, identity, new_accumulator,
+                           new_diag_accumulator, new_partials, store_diag_partial, store_partial)
 
 # Rows per partition: the least J whose transfer moves >= 2048 elements per partition
 # (4 KiB bf16), as the forward.
@@ -50,30 +51,36 @@ TARGET_COLS = 2048
 # Blocks loaded ahead of their compute (tiling.pipelined), as the forward: the DMA
 # latency (~1.3 us) must be covered two blocks early.
 PREFETCH_AHEAD = 2
+# Rows longer than this load one block ahead only: at H = 8192 a block's inputs and
+# scratch take ~150 KiB per partition, and a second block in flight would not fit trn2's
+# 224 KiB.
+PREFETCH_MAX_COLS = 4096
 # Share of the columns of g = dy * w and q = p * w given to VectorE (the rest to GpSimd).
 # Per element on trn2: VectorE 16-bit two-input pass 1.04 ns (perf mode), GpSimd 1.67 ns;
 # VectorE also runs p (1.04), the reduction (0.52) and a (0.26): with share s of the two
 # products and t = a + g on GpSimd, VectorE 1.82 + 2.08 s, GpSimd 1.67 + 3.33 (1 - s):
 # s = 0.6 balances them at ~3.1 ns.
-G_VECTOR_SHARE = 0.6
+G_VECTOR_SHARE = 0.8
+# fused_add_rms_norm: GpSimd also adds dtotal (1.67 ns per element), so VectorE takes all
+# of g and q: VectorE 1.04 + 2.08 = 3.1 ns, GpSimd 3.3 ns.
+FUSED_G_VECTOR_SHARE = 1.0
 
 
-def _products(dst, a, b, cut, shape_b=None):
-    """dst = a * b, columns [0, cut) on VectorE and the rest on GpSimd ([P, J, H] tiles;
-    ``b`` may be a [P, H] weight viewed with a stride-0 row axis)."""
+def _products(dst, a, b, cut):
+    """dst = a * b over [P, J, H] tiles, columns [0, cut) on VectorE and the rest on
+    GpSimd; ``a`` and ``b`` are callables (lo, hi) -> the operand's columns."""
     cols = dst.shape[-1]
     for lo, hi, engine in ((0, cut, nisa.engine.vector), (cut, cols, nisa.engine.gpsimd)):
-        if hi <= lo:
-            continue
-        nisa.tensor_tensor(dst=dst[:, :, lo:hi], data1=a[:, :, lo:hi], data2=b(lo, hi), op=nl.multiply,
-                           engine=engine)
+        if hi > lo:
+            nisa.tensor_tensor(dst=dst[:, :, lo:hi], data1=a(lo, hi), data2=b(lo, hi), op=nl.multiply, engine=engine)
 
 
-def _block(dy_tile, x_tile, dt_tile, dx_tile, parts, per, cols, weight_tile, eps_tile, acc, first):
-    """dx of one [parts, per, cols] block into ``dx_tile``; dw partial sums into ``acc``."""
+def _front(dy_tile, x_tile, parts, per, cols, weight_tile, eps_tile, acc, first, fused):
+    """The first half of one [parts, per, cols] block: r, g, c and the dw sums (into
+    ``acc``: a diagonal accumulator when it is 3-D, else column sums; None without
+    weight). Returns what ``_back`` needs: (rstd, neg_k, g)."""
     f32 = nl.float32
-    sixteen = x_tile.dtype != f32
-    mm_dtype = nl.bfloat16 if sixteen else f32          # TensorE operands (bf16: fp32 range)
+    shape = (parts, per, cols)
     # r = rsqrt(mean(x^2) + eps) per row (ScalarE), as the forward
     mean_sq = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
     squares = nl.ndarray((parts, cols), dtype=x_tile.dtype, buffer=nl.sbuf)      # discarded
@@ -82,32 +89,38 @@ def _block(dy_tile, x_tile, dt_tile, dx_tile, parts, per, cols, weight_tile, eps
                         reduce_op=nl.add, reduce_res=mean_sq[:, j:j + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
     rstd = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
     nisa.activation(dst=rstd, op=nl.rsqrt, data=mean_sq, bias=eps_tile[0:parts, :])
-    cut = split_count(cols, G_VECTOR_SHARE)
-    shape = (parts, per, cols)
-    # p = dy * x (VectorE); dw += sum over rows of p * r (TensorE)
-    p = nl.ndarray(shape, dtype=mm_dtype, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=p, data1=dy_tile, data2=x_tile, op=nl.multiply)
-    if weight_tile is not None:
-        r_mm = nl.ndarray((parts, per), dtype=mm_dtype, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=r_mm, src=rstd)
-        for j in range(per):
-            accumulate_columns(acc, p[:, j, :], r_mm[:, j:j + 1], first and j == 0)
+    cut = split_count(cols, FUSED_G_VECTOR_SHARE if fused else G_VECTOR_SHARE)
+    dy_cols = lambda lo, hi: dy_tile[:, :, lo:hi]  # noqa: E731
+    x_cols = lambda lo, hi: x_tile[:, :, lo:hi]  # noqa: E731
+    if weight_tile is None:
+        g = dy_tile
+    else:
         w_rows = lambda lo, hi: weight_tile[0:parts, lo:hi].expand_dim(1).broadcast_to((parts, per, hi - lo))  # noqa: E731
         g = nl.ndarray(shape, dtype=x_tile.dtype, buffer=nl.sbuf)
-        _products(g, dy_tile, w_rows, cut)
-        q = nl.ndarray(shape, dtype=mm_dtype, buffer=nl.sbuf)
-        _products(q, p, w_rows, cut)
-    else:
-        g, q = dy_tile, p
-    # c = sum(q) per row (VectorE, fp32); -r^2 c / H
+        _products(g, dy_cols, w_rows, cut)
+        _weight_grad(acc, dy_tile, x_tile, rstd, parts, per, cols, first)
+    # c = sum(g * x) per row: the product on VectorE / GpSimd, its row sum on ScalarE
+    # (copy with add-accumulate, fp32): VectorE is the busier engine
+    q = nl.ndarray(shape, dtype=x_tile.dtype, buffer=nl.sbuf)
+    _products(q, lambda lo, hi: g[:, :, lo:hi], x_cols, cut)
     c = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=c, op=nl.add, data=q, axis=2)
+    for j in range(per):
+        nisa.activation(dst=squares, op=nl.copy, data=q[:, j, :], reduce_op=nl.add, reduce_res=c[:, j:j + 1],
+                        reduce_cmd=nisa.reduce_cmd.reset_reduce)
     r2 = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=r2, data1=rstd, data2=rstd, op=nl.multiply)
     neg_k = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=neg_k, data=c, op0=nl.multiply, operand0=-1.0 / cols, op1=nl.multiply,
                               operand1=r2)
+    return rstd, neg_k, g
+
+
+def _back(x_tile, dt_tile, dx_tile, parts, per, cols, front):
+    """The second half of a block: dx from ``_front``'s (rstd, neg_k, g)."""
+    f32 = nl.float32
+    rstd, neg_k, g = front
     for j in range(per):
+        # a = -x r^2 c / H (VectorE, perf mode); t = a + g (GpSimd, fp32); dx = t * r (ScalarE)
         a = nl.ndarray((parts, cols), dtype=x_tile.dtype, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=a, data=x_tile[:, j, :], op0=nl.multiply, operand0=neg_k[:, j:j + 1])
         t = nl.ndarray((parts, cols), dtype=f32, buffer=nl.sbuf)
@@ -115,8 +128,31 @@ def _block(dy_tile, x_tile, dt_tile, dx_tile, parts, per, cols, weight_tile, eps
         if dt_tile is None:
             nisa.activation(dst=dx_tile[:, j, :], op=nl.copy, data=t, scale=rstd[:, j:j + 1])
         else:
-            nisa.scalar_tensor_tensor(dst=dx_tile[:, j, :], data=t, op0=nl.multiply, operand0=rstd[:, j:j + 1],
-                                      op1=nl.add, operand1=dt_tile[:, j, :])
+            # fused: t * r on ScalarE (fp32), + dtotal on GpSimd (one rounding)
+            tr = nl.ndarray((parts, cols), dtype=f32, buffer=nl.sbuf)
+            nisa.activation(dst=tr, op=nl.copy, data=t, scale=rstd[:, j:j + 1])
+            nisa.tensor_tensor(dst=dx_tile[:, j, :], data1=tr, data2=dt_tile[:, j, :], op=nl.add,
+                               engine=nisa.engine.gpsimd)
+
+
+def _weight_grad(acc, dy_tile, x_tile, rstd, parts, per, cols, first):
+    """dw += sum over the block's rows of dy * x * r on TensorE: the diagonal of dy^T (x r)
+    (xhat = x * r in the input dtype: |xhat| <= sqrt(H), no fp16 overflow), or, for rows
+    too long for a diagonal accumulator, column sums of p = dy * x (16-bit: bf16) against
+    r."""
+    if len(acc.shape) == 3:
+        for j in range(per):
+            xhat = nl.ndarray((parts, cols), dtype=x_tile.dtype, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=xhat, data=x_tile[:, j, :], op0=nl.multiply, operand0=rstd[:, j:j + 1])
+            accumulate_diag(acc, dy_tile[:, j, :], xhat, first and j == 0)
+        return
+    mm_dtype = nl.bfloat16 if x_tile.dtype != nl.float32 else nl.float32    # bf16: fp32 range for r
+    p = nl.ndarray((parts, per, cols), dtype=mm_dtype, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=p, data1=dy_tile, data2=x_tile, op=nl.multiply)
+    r_mm = nl.ndarray((parts, per), dtype=mm_dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=r_mm, src=rstd)
+    for j in range(per):
+        accumulate_columns(acc, p[:, j, :], r_mm[:, j:j + 1], first and j == 0)
 
 
 def _eps_tile(eps):
@@ -133,11 +169,14 @@ def _backward(dy, x, weight, eps, dtotal):
     eps_tile = _eps_tile(eps)
     per_max = rows_per_partition(cols, TARGET_COLS, BACKWARD_MAX_HIDDEN)
     params = {}
+    # one accumulator per program, restarted by each part's first matmul (at LNC=1 the two
+    # parts take it in turn; two diagonal accumulators would not fit PSUM)
+    diag = diag_fits(cols)
+    acc = None if weight is None else (new_diag_accumulator(cols) if diag else new_accumulator(cols))
     first_part, end_part = share(WORK_PARTS, nl.program_id(0), nl.num_programs())
     for part in range(first_part, end_part):
         lo, hi = row_part(n_rows, part, WORK_PARTS)
         blocks = row_blocks(hi, per_max, first_row=lo) if hi > lo else []
-        acc = None if weight is None else new_accumulator(cols)
         done = []
 
         def load(block):
@@ -149,19 +188,29 @@ def _backward(dy, x, weight, eps, dtotal):
                 params["weight"] = broadcast_rows(weight, cols)
             return tiles
 
+        # A block's two halves are skewed (tiling.pipelined runs ``store`` of block i after
+        # ``compute`` of block i + 1): each engine's in-order queue then holds block i + 1's
+        # first half before block i's second half, so no engine waits on the chain
+        # stats -> g, q -> c -> a -> t -> dx of a single block.
         def compute(block, tiles):
             start, parts, per = block
-            dx_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-            _block(*tiles, dx_tile, parts, per, cols, params.get("weight"), eps_tile, acc, not done)
+            dy_tile, x_tile, dt_tile = tiles
+            front = _front(dy_tile, x_tile, parts, per, cols, params.get("weight"), eps_tile, acc, not done,
+                           dtotal is not None)
             done.append(block)
-            return dx_tile
+            return tiles, front
 
-        def store(block, dx_tile):
+        def store(block, computed):
             start, parts, per = block
+            (dy_tile, x_tile, dt_tile), front = computed
+            dx_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
+            _back(x_tile, dt_tile, dx_tile, parts, per, cols, front)
             nisa.dma_copy(dst=block_rows(dx, start, parts, per), src=dx_tile)
 
-        pipelined(blocks, load, compute, store, PREFETCH_AHEAD)
-        if partials is not None:
+        pipelined(blocks, load, compute, store, PREFETCH_AHEAD if cols <= PREFETCH_MAX_COLS else 1)
+        if partials is not None and diag:
+            store_diag_partial(partials, part, acc, cols, bool(done), identity())
+        elif partials is not None:
             store_partial(partials, part, acc, cols, bool(done))
     return dx, partials
 

@@ -1,6 +1,19 @@
 """Weight gradients of the row kernels' backward: column sums over rows, on TensorE, one
 partial per work part, without a race between the programs of an LNC=2 launch.
 
+Two forms, both on TensorE (otherwise idle in these kernels):
+
+* **column sums** (``accumulate_columns``): ``sum_rows t[row, h] * f[row]`` of a product
+  tile ``t`` the kernel computed anyway (or of ``dy`` itself for a bias), described below;
+* **diagonal sums** (``accumulate_diag``): ``sum_rows a[row, h] * b[row, h]`` of two tiles
+  WITHOUT computing their product: per 128-column chunk one matmul ``a_chunk^T b_chunk``
+  ([128, 128] in PSUM, accumulated over the part's rows), whose diagonal is the chunk's
+  sums; the diagonal is taken once per part at the end (``store_diag_partial``: VectorE
+  mask with the identity and row-reduce). It saves the kernel a two-input VectorE/GpSimd
+  pass per element for 128 TensorE cycles per 128 columns (max(min(64, M), N, M/4) with
+  M = N = 128), at the price of C * 512 bytes of PSUM per partition (C 128-column chunks:
+  all 8 banks at H = 4096, ``diag_fits``).
+
 A norm's weight gradient is a sum over rows, ``dweight[h] = sum_rows t[row, h]`` (rms_norm:
 ``t = dy * x * rstd``). Rows sit on partitions, so the sum over rows is TensorE's
 contraction: for each 128-column chunk c of a row slot, one matmul with the [rows, w]
@@ -28,6 +41,13 @@ import nki.isa as nisa
 import nki.language as nl
 
 from .tiling import PARTITIONS, cdiv
+
+# PSUM per partition on trn2: 8 banks of 2 KiB (kernels/limits.py header; AWS NKI
+# architecture guide, "PSUM"). A diagonal accumulator takes 128 fp32 = 512 bytes per
+# 128-column chunk.
+PSUM_BANKS = 8
+PSUM_BANK_BYTES = 2048
+DIAG_CHUNK_BYTES = PARTITIONS * 4
 
 
 def partial_columns(cols):
@@ -72,4 +92,57 @@ def store_partial(partials, part, acc, cols, started):
         if n_chunks > 1:
             nisa.tensor_copy(dst=tile[:, 0:n_chunks - 1], src=acc[:, 0:n_chunks - 1])
         nisa.tensor_copy(dst=tile[0:last, n_chunks - 1:n_chunks], src=acc[0:last, n_chunks - 1:n_chunks])
+    nisa.dma_copy(dst=partials[part], src=tile)
+
+
+def diag_fits(cols, other_banks=0):
+    """Whether a diagonal accumulator for rows of ``cols`` fits PSUM beside ``other_banks``
+    banks of other accumulators."""
+    return partial_columns(cols) * DIAG_CHUNK_BYTES <= (PSUM_BANKS - other_banks) * PSUM_BANK_BYTES
+
+
+def new_diag_accumulator(cols):
+    """A PSUM [128, C, 128] fp32 accumulator of one part's diagonal sums."""
+    return nl.ndarray((PARTITIONS, partial_columns(cols), PARTITIONS), dtype=nl.float32, buffer=nl.psum)
+
+
+def accumulate_diag(acc, a, b, first):
+    """acc[:, c, :] (+)= a_chunk^T b_chunk for each 128-column chunk c of [rows, cols]
+    SBUF tiles ``a`` (stationary) and ``b`` (moving) of one row slot: its diagonal
+    acc[p, c, p] gains sum_rows a[row, c * 128 + p] * b[row, c * 128 + p]."""
+    cols = a.shape[-1]
+    for c in range(partial_columns(cols)):
+        c0 = c * PARTITIONS
+        width = min(cols, c0 + PARTITIONS) - c0
+        nisa.nc_matmul(dst=acc[0:width, c, 0:width], stationary=a[:, c0:c0 + width], moving=b[:, c0:c0 + width],
+                       accumulate=not first)
+
+
+def identity():
+    """[128, 128] fp32 identity in SBUF (GpSimd affine_select: 1 where p - j == 0)."""
+    ones = nl.ndarray((PARTITIONS, PARTITIONS), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ones, value=1.0)
+    eye = nl.ndarray((PARTITIONS, PARTITIONS), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.affine_select(dst=eye, pattern=[[-1, PARTITIONS]], channel_multiplier=1, on_true_tile=ones,
+                       on_false_value=0.0, cmp_op=nl.equal)
+    return eye
+
+
+def store_diag_partial(partials, part, acc, cols, started, eye):
+    """Write the diagonal of one part's accumulator to ``partials[part]`` (zeros for a part
+    with no rows): VectorE multiplies the PSUM chunks by the identity and row-reduces them
+    (the full chunks in one pass each, the last partial chunk on its written corner)."""
+    n_chunks = partial_columns(cols)
+    last = cols - (n_chunks - 1) * PARTITIONS
+    tile = nl.ndarray((PARTITIONS, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
+    if not started or last < PARTITIONS:
+        nisa.memset(dst=tile, value=0.0)
+    if started:
+        for c0, c1, w in ((0, n_chunks - 1, PARTITIONS), (n_chunks - 1, n_chunks, last)):
+            if c1 <= c0:
+                continue
+            masked = nl.ndarray((w, c1 - c0, w), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=masked, data1=acc[0:w, c0:c1, 0:w], op=nl.multiply,
+                               data2=eye[0:w, 0:w].expand_dim(1).broadcast_to((w, c1 - c0, w)))
+            nisa.tensor_reduce(dst=tile[0:w, c0:c1], op=nl.add, data=masked, axis=2)
     nisa.dma_copy(dst=partials[part], src=tile)

@@ -451,18 +451,46 @@ def _fused_add_workload(name, rows, hidden, **kw):
     return registry.Workload(f"{name} [{rows}, {hidden}]", make, **kw)
 
 
+def _grad_like(gen, t):
+    """A fresh random output gradient shaped and typed like ``t``."""
+    return randn(gen, *t.shape, dtype=t.dtype)
+
+
+def _norm_backward_inputs(gen, args, kwargs):
+    """Backward op arguments of layer_norm / rms_norm: (dy, *forward args)."""
+    return (_grad_like(gen, args[0]), *args), dict(kwargs)
+
+
+def _fused_add_backward_inputs(gen, args, kwargs):
+    """(d normed, d total, total, weight): the saved total is input + residual rounded."""
+    x, residual, weight = args
+    total = (x.float() + residual.float()).to(x.dtype)
+    return (_grad_like(gen, x), _grad_like(gen, x), total, weight), dict(kwargs)
+
+
+LAYER_NORM_BACKWARD = registry.Backward(
+    _layer_norm_backward_op, _norm_backward_inputs, layer_norm_backward_kernel_call,
+    backward_references.layer_norm_backward, roofline.layer_norm_backward)
+RMS_NORM_BACKWARD = registry.Backward(
+    _rms_norm_backward_op, _norm_backward_inputs, rms_norm_backward_kernel_call,
+    backward_references.rms_norm_backward, roofline.rms_norm_backward)
+FUSED_ADD_RMS_NORM_BACKWARD = registry.Backward(
+    _fused_add_rms_norm_backward_op, _fused_add_backward_inputs, fused_add_rms_norm_backward_kernel_call,
+    backward_references.fused_add_rms_norm_backward, roofline.fused_add_rms_norm_backward)
+
 registry.register(registry.OpSpec(
     "layer_norm", layer_norm, _layer_norm_op, layer_norm_kernel_call, references.layer_norm,
     roofline.layer_norm,
     workloads=(_layer_norm_workload("ViT-B/16 B=8", VIT_TOKENS, 768, 1e-12, quick=True),
                _layer_norm_workload("ViT-L/16 B=8", VIT_TOKENS, 1024, 1e-12, large=True)),
-    layers=("LayerNorm",)))
+    layers=("LayerNorm",), backward=LAYER_NORM_BACKWARD))
 registry.register(registry.OpSpec(
     "rms_norm", rms_norm, _rms_norm_op, rms_norm_kernel_call, references.rms_norm, roofline.rms_norm,
     workloads=(_rms_norm_workload("Llama-7B 2048 tok", 2048, 4096, quick=True, large=True),
                _rms_norm_workload("Llama-70B 2048 tok", 2048, 8192, large=True)),
-    layers=("RMSNorm",)))
+    layers=("RMSNorm",), backward=RMS_NORM_BACKWARD))
 registry.register(registry.OpSpec(
     "fused_add_rms_norm", fused_add_rms_norm, _fused_add_rms_norm_op, fused_add_rms_norm_kernel_call,
     references.fused_add_rms_norm, roofline.fused_add_rms_norm,
-    workloads=(_fused_add_workload("Llama-7B 2048 tok", 2048, 4096, quick=True, large=True),)))
+    workloads=(_fused_add_workload("Llama-7B 2048 tok", 2048, 4096, quick=True, large=True),),
+    backward=FUSED_ADD_RMS_NORM_BACKWARD))
