@@ -19,11 +19,12 @@ Engines, per block (16-bit input; fp32 the same in fp32):
     ScalarE  sum(x) (copy with add-accumulate); GpSimd -mean = sum / -H (a division, exact
              for constant rows, as the forward); ScalarE sum((x - mean)^2) -> r
     VectorE  xhat = (x - mean) * r (tensor_scalar, 16-bit perf mode)
-    VectorE / GpSimd  g = dy * w, q = g * xhat, p = dy * xhat (16-bit; PRODUCT_VECTOR_SHARE)
-    VectorE  sum(g), sum(q) per row (tensor_reduce, fp32)
+    VectorE / GpSimd  g = dy * w, q = g * xhat (16-bit; PRODUCT_VECTOR_SHARE)
+    ScalarE  sum(g) per row (copy with add-accumulate, fp32); VectorE sum(q) (tensor_reduce)
     VectorE  a = xhat * (-m2) - m1 (tensor_scalar, perf mode)
     GpSimd   t = a + g (fp32);  ScalarE dx = t * r (one rounding)
-    TensorE  dw += rows of p, db += rows of dy
+    TensorE  dw += diagonal of dy^T xhat (weight_grads.py; rows of p = dy * xhat where the
+             diagonal accumulator does not fit PSUM), db += rows of dy
 Expected error (16-bit): xhat, g, q, p and a are rounded to the input dtype (bf16: <= 2**-9
     relative each), the row sums and weight gradients accumulate in fp32, dx rounds once
     more. fp32: ~1e-6 relative.
@@ -36,15 +37,21 @@ import nki.language as nl
 from .limits import NORM_BACKWARD_MAX_HIDDEN as BACKWARD_MAX_HIDDEN
 from .tiling import (PARTITIONS, WORK_PARTS, block_rows, broadcast_rows, load_block, pipelined, row_blocks,
                      row_part, rows_per_partition, share, split_count)
-from .weight_grads import accumulate_columns, new_accumulator, new_partials, store_partial
+from .weight_grads import (accumulate_columns, accumulate_diag, diag_fits, identity, new_accumulator,
+                           new_diag_accumulator, new_partials, store_diag_partial, store_partial)
 
-# Rows per partition and prefetch depth: as kernels/rms_norm_backward.py.
-TARGET_COLS = 2048
+# Rows per partition: the least J whose transfer moves >= 1024 elements per partition
+# (2 KiB bf16). Fewer rows per block than the forward's 2048: the main job's ViT shapes
+# have ~6 blocks per core then, which the pipeline needs to overlap loads, the engines and
+# stores (modeled trn2, ViT-B/16 backward: 40 us at 1024 against 42 at 2048).
+TARGET_COLS = 1024
+# Blocks loaded ahead of their compute, as the forward.
 PREFETCH_AHEAD = 2
-# Share of the columns of the three products (g, q, p) on VectorE, the rest on GpSimd.
-# Per element on trn2: VectorE 16-bit two-input pass 1.04 ns, GpSimd 1.67 ns; VectorE also
-# runs xhat, a (0.26 each) and the two row sums (1.04): VectorE 1.56 + 3.12 s, GpSimd
-# (t = a + g) 1.67 + 5 (1 - s): s = 0.6 balances them at ~3.4 ns.
+# Share of the columns of the two products (g, q) on VectorE, the rest on GpSimd. Per
+# element on trn2: VectorE 16-bit two-input pass 1.04 ns (perf mode), GpSimd 1.67 ns;
+# VectorE also runs xhat, a (0.26 each) and sum(q) (0.52): VectorE 1.04 + 2.08 s, GpSimd
+# (t = a + g) 1.67 + 3.33 (1 - s): s = 0.73 balances them at 2.6 ns; the per-instruction
+# overhead of the short ViT rows moves the modeled optimum to 0.6 (swept 0.6 / 0.75).
 PRODUCT_VECTOR_SHARE = 0.6
 
 
@@ -88,10 +95,15 @@ def _block(dy_tile, x_tile, dx_tile, parts, per, cols, weight_tile, eps_tile, on
         w_rows = lambda lo, hi: weight_tile[0:parts, lo:hi].expand_dim(1).broadcast_to((parts, per, hi - lo))  # noqa: E731
         g = nl.ndarray(shape, dtype=x_tile.dtype, buffer=nl.sbuf)
         _products(g, dy_cols, w_rows, cut)
-        p = nl.ndarray(shape, dtype=x_tile.dtype, buffer=nl.sbuf)
-        _products(p, dy_cols, xhat_cols, cut)
-        for j in range(per):
-            accumulate_columns(acc_w, p[:, j, :], ones[0:parts, :], first and j == 0)
+        if len(acc_w.shape) == 3:
+            # dw: the diagonal of dy^T xhat on TensorE, no product pass (weight_grads.py)
+            for j in range(per):
+                accumulate_diag(acc_w, dy_tile[:, j, :], xhat[:, j, :], first and j == 0)
+        else:
+            p = nl.ndarray(shape, dtype=x_tile.dtype, buffer=nl.sbuf)
+            _products(p, dy_cols, xhat_cols, cut)
+            for j in range(per):
+                accumulate_columns(acc_w, p[:, j, :], ones[0:parts, :], first and j == 0)
     else:
         g = dy_tile
     q = nl.ndarray(shape, dtype=x_tile.dtype, buffer=nl.sbuf)
@@ -100,13 +112,15 @@ def _block(dy_tile, x_tile, dx_tile, parts, per, cols, weight_tile, eps_tile, on
         for j in range(per):
             accumulate_columns(acc_b, dy_tile[:, j, :], ones[0:parts, :], first and j == 0)
     # m1 = sum(g) / H, m2 = sum(q) / H per row (VectorE, fp32)
-    sums = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=sums, op=nl.add, data=g, axis=2)
-    neg_m1 = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=neg_m1, data=sums, op0=nl.multiply, operand0=-1.0 / cols)
-    nisa.tensor_reduce(dst=sums, op=nl.add, data=q, axis=2)
-    neg_m2 = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=neg_m2, data=sums, op0=nl.multiply, operand0=-1.0 / cols)
+    # (sum(g) on ScalarE, copy with add-accumulate; sum(q) on VectorE: balances the two)
+    sums = nl.ndarray((parts, 2 * per), dtype=f32, buffer=nl.sbuf)
+    for j in range(per):
+        nisa.activation(dst=discard, op=nl.copy, data=g[:, j, :], reduce_op=nl.add,
+                        reduce_res=sums[:, j:j + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    nisa.tensor_reduce(dst=sums[:, per:2 * per], op=nl.add, data=q, axis=2)
+    neg_m = nl.ndarray((parts, 2 * per), dtype=f32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=neg_m, data=sums, op0=nl.multiply, operand0=-1.0 / cols)
+    neg_m1, neg_m2 = neg_m[:, 0:per], neg_m[:, per:2 * per]
     for j in range(per):
         a = nl.ndarray((parts, cols), dtype=x_tile.dtype, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=a, data=xhat[:, j, :], op0=nl.multiply, operand0=neg_m2[:, j:j + 1],
@@ -142,12 +156,16 @@ def layer_norm_backward_kernel(dy, x, weight=None, eps=1e-5, with_bias=False):
     nisa.memset(dst=ones, value=1.0)
     per_max = rows_per_partition(cols, TARGET_COLS, BACKWARD_MAX_HIDDEN)
     params = {}
+    # accumulators once per program, restarted by each part's first matmuls (at LNC=1 the
+    # two parts take them in turn); dw as a diagonal accumulator where it fits PSUM beside
+    # db's bank
+    diag = diag_fits(cols, other_banks=1)
+    acc_w = None if dw_parts is None else (new_diag_accumulator(cols) if diag else new_accumulator(cols))
+    acc_b = None if db_parts is None else new_accumulator(cols)
     first_part, end_part = share(WORK_PARTS, nl.program_id(0), nl.num_programs())
     for part in range(first_part, end_part):
         lo, hi = row_part(n_rows, part, WORK_PARTS)
         blocks = row_blocks(hi, per_max, first_row=lo) if hi > lo else []
-        acc_w = None if dw_parts is None else new_accumulator(cols)
-        acc_b = None if db_parts is None else new_accumulator(cols)
         done = []
 
         def load(block):
@@ -169,7 +187,9 @@ def layer_norm_backward_kernel(dy, x, weight=None, eps=1e-5, with_bias=False):
             nisa.dma_copy(dst=block_rows(dx, start, parts, per), src=dx_tile)
 
         pipelined(blocks, load, compute, store, PREFETCH_AHEAD)
-        if dw_parts is not None:
+        if dw_parts is not None and diag:
+            store_diag_partial(dw_parts, part, acc_w, cols, bool(done), identity())
+        elif dw_parts is not None:
             store_partial(dw_parts, part, acc_w, cols, bool(done))
         if db_parts is not None:
             store_partial(db_parts, part, acc_b, cols, bool(done))

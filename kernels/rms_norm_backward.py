@@ -75,20 +75,25 @@ def _products(dst, a, b, cut):
             nisa.tensor_tensor(dst=dst[:, :, lo:hi], data1=a(lo, hi), data2=b(lo, hi), op=nl.multiply, engine=engine)
 
 
-def _front(dy_tile, x_tile, parts, per, cols, weight_tile, eps_tile, acc, first, fused):
-    """The first half of one [parts, per, cols] block: r, g, c and the dw sums (into
-    ``acc``: a diagonal accumulator when it is 3-D, else column sums; None without
-    weight). Returns what ``_back`` needs: (rstd, neg_k, g)."""
-    f32 = nl.float32
-    shape = (parts, per, cols)
-    # r = rsqrt(mean(x^2) + eps) per row (ScalarE), as the forward
-    mean_sq = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
+def _stats(x_tile, parts, per, cols, eps_tile):
+    """r = rsqrt(mean(x^2) + eps) per row of a block (ScalarE), as the forward: [parts, per] fp32."""
+    mean_sq = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
     squares = nl.ndarray((parts, cols), dtype=x_tile.dtype, buffer=nl.sbuf)      # discarded
     for j in range(per):
         nisa.activation(dst=squares, op=nl.square, data=x_tile[:, j, :], scale=1.0 / math.sqrt(cols),
                         reduce_op=nl.add, reduce_res=mean_sq[:, j:j + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
-    rstd = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
+    rstd = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=rstd, op=nl.rsqrt, data=mean_sq, bias=eps_tile[0:parts, :])
+    return rstd
+
+
+def _front(dy_tile, x_tile, rstd, parts, per, cols, weight_tile, acc, first, fused):
+    """The first half of one [parts, per, cols] block after its statistics: g, c and the
+    dw sums (into ``acc``: a diagonal accumulator when it is 3-D, else column sums; None
+    without weight). Returns what ``_back`` needs: (rstd, neg_k, g)."""
+    f32 = nl.float32
+    shape = (parts, per, cols)
+    squares = nl.ndarray((parts, cols), dtype=x_tile.dtype, buffer=nl.sbuf)      # discarded
     cut = split_count(cols, FUSED_G_VECTOR_SHARE if fused else G_VECTOR_SHARE)
     dy_cols = lambda lo, hi: dy_tile[:, :, lo:hi]  # noqa: E731
     x_cols = lambda lo, hi: x_tile[:, :, lo:hi]  # noqa: E731
@@ -188,24 +193,37 @@ def _backward(dy, x, weight, eps, dtotal):
                 params["weight"] = broadcast_rows(weight, cols)
             return tiles
 
-        # A block's two halves are skewed (tiling.pipelined runs ``store`` of block i after
-        # ``compute`` of block i + 1): each engine's in-order queue then holds block i + 1's
-        # first half before block i's second half, so no engine waits on the chain
-        # stats -> g, q -> c -> a -> t -> dx of a single block.
+        # Software pipelining across blocks: each engine runs its instructions in program
+        # order, so a block's chain stats -> g, q -> c -> a -> t -> dx would leave engines
+        # waiting. Program order per block i is instead: stats(i) (ScalarE), the second
+        # half of block i - 1 (a, t, dx: its inputs are ready), then the first half of
+        # block i (g, q, c, dw sums); tiling.pipelined's store of block i - 1 then only
+        # stores its dx.
+        pending = []
+        finished = {}
+
+        def finish_pending():
+            if pending:
+                (start, parts, per), tiles, front = pending.pop()
+                dx_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
+                _back(tiles[1], tiles[2], dx_tile, parts, per, cols, front)
+                finished[start] = dx_tile
+
         def compute(block, tiles):
             start, parts, per = block
             dy_tile, x_tile, dt_tile = tiles
-            front = _front(dy_tile, x_tile, parts, per, cols, params.get("weight"), eps_tile, acc, not done,
+            rstd = _stats(x_tile, parts, per, cols, eps_tile)
+            finish_pending()
+            front = _front(dy_tile, x_tile, rstd, parts, per, cols, params.get("weight"), acc, not done,
                            dtotal is not None)
             done.append(block)
-            return tiles, front
+            pending.append((block, tiles, front))
+            return start
 
-        def store(block, computed):
-            start, parts, per = block
-            (dy_tile, x_tile, dt_tile), front = computed
-            dx_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-            _back(x_tile, dt_tile, dx_tile, parts, per, cols, front)
-            nisa.dma_copy(dst=block_rows(dx, start, parts, per), src=dx_tile)
+        def store(block, start):
+            finish_pending()            # the last block's second half
+            _, parts, per = block
+            nisa.dma_copy(dst=block_rows(dx, start, parts, per), src=finished.pop(start))
 
         pipelined(blocks, load, compute, store, PREFETCH_AHEAD if cols <= PREFETCH_MAX_COLS else 1)
         if partials is not None and diag:
