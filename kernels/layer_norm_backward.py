@@ -8,7 +8,7 @@
 
 Dimensions:
     N: rows (any N >= 1).
-    H: normalised size, 1 <= H <= BACKWARD_MAX_HIDDEN (8192; the op wrapper runs the
+    H: normalised size, 1 <= H <= BACKWARD_MAX_HIDDEN (8192; fp32: 4096, BACKWARD_MAX_ROW_BYTES; the op wrapper runs the
        recompute backward beyond).
 Layout:
     As the forward (kernels/layer_norm.py) and kernels/rms_norm_backward.py: rows on
@@ -35,7 +35,8 @@ import nki.isa as nisa
 import nki.language as nl
 
 from .limits import NORM_BACKWARD_MAX_HIDDEN as BACKWARD_MAX_HIDDEN
-from .tiling import (PARTITIONS, WORK_PARTS, block_rows, broadcast_rows, load_block, pipelined, row_blocks,
+from .limits import NORM_BACKWARD_MAX_ROW_BYTES as BACKWARD_MAX_ROW_BYTES
+from .tiling import (PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, load_block, pipelined, row_blocks,
                      row_part, rows_per_partition, share, split_count)
 from .weight_grads import (accumulate_columns, accumulate_diag, diag_fits, identity, new_accumulator,
                            new_diag_accumulator, new_partials, store_diag_partial, store_partial)
@@ -147,6 +148,8 @@ def layer_norm_backward_kernel(dy, x, weight=None, eps=1e-5, with_bias=False):
     """
     n_rows, cols = x.shape
     assert cols <= BACKWARD_MAX_HIDDEN, f"H={cols} exceeds BACKWARD_MAX_HIDDEN={BACKWARD_MAX_HIDDEN}"
+    assert cols * itemsize(x.dtype) <= BACKWARD_MAX_ROW_BYTES, \
+        f"a row of H={cols} {x.dtype} exceeds BACKWARD_MAX_ROW_BYTES={BACKWARD_MAX_ROW_BYTES}"
     dx = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
     dw_parts = None if weight is None else new_partials(cols, WORK_PARTS)
     db_parts = new_partials(cols, WORK_PARTS) if with_bias else None

@@ -63,3 +63,8 @@ NORM_DECODE_MAX_ELEMENTS = 8192
 # fits one PSUM bank (512 fp32) up to H = 65536. Longer rows take the recompute backward
 # (PyTorch ops), which the op layer chooses.
 NORM_BACKWARD_MAX_HIDDEN = 8192
+# ... and a row of at most this many bytes (bf16/fp16 up to 8192, fp32 up to 4096): a
+# block's inputs, its 16-bit/fp32 scratch (g, g * x, the centred terms, t) and the next
+# block in flight take ~9 row tiles per partition, which at 16 KiB each fits trn2's
+# 224 KiB (fp32 at 8192, 32 KiB each, does not).
+NORM_BACKWARD_MAX_ROW_BYTES = 16 * 1024

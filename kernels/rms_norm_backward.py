@@ -12,7 +12,7 @@ gradient of ``total`` is ``dx`` above plus the gradient of the ``total`` output
 
 Dimensions:
     N: rows (any N >= 1).
-    H: normalised size, 1 <= H <= BACKWARD_MAX_HIDDEN (8192: the forward's one-pass rows;
+    H: normalised size, 1 <= H <= BACKWARD_MAX_HIDDEN (8192; fp32: 4096, BACKWARD_MAX_ROW_BYTES: the forward's one-pass rows;
        the op wrapper runs the recompute backward beyond).
 Layout:
     As the forward (kernels/rms_norm.py): rows on partitions, blocks of 128 * J
@@ -40,7 +40,8 @@ import nki.isa as nisa
 import nki.language as nl
 
 from .limits import NORM_BACKWARD_MAX_HIDDEN as BACKWARD_MAX_HIDDEN
-from .tiling import (PARTITIONS, WORK_PARTS, block_rows, broadcast_rows, load_block, pipelined, row_blocks,
+from .limits import NORM_BACKWARD_MAX_ROW_BYTES as BACKWARD_MAX_ROW_BYTES
+from .tiling import (PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, load_block, pipelined, row_blocks,
                      row_part, rows_per_partition, share, split_count)
 from .weight_grads import (accumulate_columns, accumulate_diag, diag_fits, identity, new_accumulator,
                            new_diag_accumulator, new_partials, store_diag_partial, store_partial)
@@ -169,6 +170,8 @@ def _eps_tile(eps):
 def _backward(dy, x, weight, eps, dtotal):
     n_rows, cols = x.shape
     assert cols <= BACKWARD_MAX_HIDDEN, f"H={cols} exceeds BACKWARD_MAX_HIDDEN={BACKWARD_MAX_HIDDEN}"
+    assert cols * itemsize(x.dtype) <= BACKWARD_MAX_ROW_BYTES, \
+        f"a row of H={cols} {x.dtype} exceeds BACKWARD_MAX_ROW_BYTES={BACKWARD_MAX_ROW_BYTES}"
     dx = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
     partials = None if weight is None else new_partials(cols, WORK_PARTS)
     eps_tile = _eps_tile(eps)

@@ -36,8 +36,10 @@ ONE_PASS_MAX_HIDDEN = _kernel_sources.limits().NORM_ONE_PASS_MAX_HIDDEN
 DECODE_MAX_ROWS = _kernel_sources.limits().NORM_DECODE_MAX_ROWS
 DECODE_MAX_ELEMENTS = _kernel_sources.limits().NORM_DECODE_MAX_ELEMENTS
 
-# Largest normalised size the backward kernels take (kernels/limits.py).
+# Largest normalised size the backward kernels take, and their longest row in bytes (bf16
+# up to 8192, fp32 up to 4096) (kernels/limits.py, with the reasons).
 BACKWARD_MAX_HIDDEN = _kernel_sources.limits().NORM_BACKWARD_MAX_HIDDEN
+BACKWARD_MAX_ROW_BYTES = _kernel_sources.limits().NORM_BACKWARD_MAX_ROW_BYTES
 
 ShapeLike = Union[int, Sequence[int], torch.Size]
 
@@ -133,10 +135,15 @@ def _sum_partials(partials: torch.Tensor, hidden: int, like: torch.Tensor) -> to
     return total.t().reshape(-1)[:hidden].to(like.dtype).reshape(like.shape)
 
 
-def _check_backward_hidden(hidden: int) -> None:
+def _check_backward_hidden(hidden: int, dtype: torch.dtype) -> None:
     if hidden > BACKWARD_MAX_HIDDEN:
         raise ValueError(f"normalized size {hidden} exceeds {BACKWARD_MAX_HIDDEN}, the largest the NKI norm "
                          "backward kernels take (longer rows use the recompute backward)")
+    row_bytes = hidden * dtype.itemsize
+    if row_bytes > BACKWARD_MAX_ROW_BYTES:
+        raise ValueError(f"a row of normalized size {hidden} in {dtype} takes {row_bytes} bytes, more than "
+                         f"{BACKWARD_MAX_ROW_BYTES}, the longest row the NKI norm backward kernels take "
+                         "(longer rows use the recompute backward)")
 
 
 def _param_grad_fake(input: torch.Tensor, param: Optional[torch.Tensor]) -> torch.Tensor:
@@ -144,10 +151,11 @@ def _param_grad_fake(input: torch.Tensor, param: Optional[torch.Tensor]) -> torc
 
 
 def _kernel_backward_applies(input: torch.Tensor, hidden: int) -> bool:
-    """Whether a norm's backward runs its backward op: rows within the kernels' limit, and
+    """Whether a norm's backward runs its backward op: rows within the kernels' limits, and
     at least one element (an empty input's weight gradient is zeros: the recompute
     backward gives them)."""
-    return hidden <= BACKWARD_MAX_HIDDEN and input.numel() > 0
+    return (hidden <= BACKWARD_MAX_HIDDEN and hidden * input.dtype.itemsize <= BACKWARD_MAX_ROW_BYTES
+            and input.numel() > 0)
 
 
 # ---------------------------------------------------------------------------- layer_norm
@@ -181,7 +189,7 @@ def layer_norm_backward_kernel_call(grad_output: torch.Tensor, input: torch.Tens
                                     eps: float = 1e-5) -> _dispatch.KernelCall:
     """The NKI launch of layer_norm's backward: kernels/layer_norm_backward.py on [N, H] views."""
     hidden = _hidden(normalized_shape)
-    _check_backward_hidden(hidden)
+    _check_backward_hidden(hidden, input.dtype)
     tensors = [_rows_view(grad_output, hidden), _rows_view(input, hidden)]
     if weight is not None:
         tensors.append(weight.reshape(hidden))
@@ -274,7 +282,7 @@ def rms_norm_backward_kernel_call(grad_output: torch.Tensor, input: torch.Tensor
                                   eps: Optional[float] = None) -> _dispatch.KernelCall:
     """The NKI launch of rms_norm's backward: kernels/rms_norm_backward.py on [N, H] views."""
     hidden = _hidden(normalized_shape)
-    _check_backward_hidden(hidden)
+    _check_backward_hidden(hidden, input.dtype)
     tensors = [_rows_view(grad_output, hidden), _rows_view(input, hidden)]
     if weight is not None:
         tensors.append(weight.reshape(hidden))
@@ -362,7 +370,7 @@ def fused_add_rms_norm_backward_kernel_call(grad_output: torch.Tensor, grad_tota
                                             eps: Optional[float]) -> _dispatch.KernelCall:
     """The NKI launch of fused_add_rms_norm's backward (kernels/rms_norm_backward.py)."""
     hidden = total.shape[-1]
-    _check_backward_hidden(hidden)
+    _check_backward_hidden(hidden, total.dtype)
     tensors = [_rows_view(grad_output, hidden), _rows_view(grad_total, hidden), _rows_view(total, hidden)]
     if weight is not None:
         tensors.append(weight.reshape(hidden))
