@@ -89,3 +89,58 @@ def layer_norm_backward(grad_output: torch.Tensor, input: torch.Tensor, normaliz
     dw = empty_grad(input) if weight is None else (dy * xhat).reshape(-1, *shape).sum(0).to(weight.dtype)
     db = empty_grad(input) if bias is None else dy.reshape(-1, *shape).sum(0).to(bias.dtype)
     return dx.to(input.dtype), dw, db
+
+
+# ---------------------------------------------------------------------------- activations
+
+_SQRT_2_PI = 0.7978845608028654   # sqrt(2 / pi)
+_INV_SQRT_2PI = 0.3989422804014327  # 1 / sqrt(2 pi)
+
+
+def _gelu_slope(x: torch.Tensor, approximate: str) -> torch.Tensor:
+    """d gelu(x) / dx (erf form, or the tanh approximation's derivative)."""
+    if approximate == "tanh":
+        inner = _SQRT_2_PI * (x + 0.044715 * x * x * x)
+        t = torch.tanh(inner)
+        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _SQRT_2_PI * (1.0 + 3 * 0.044715 * x * x)
+    return 0.5 * (1.0 + torch.erf(x * 0.7071067811865476)) + x * _INV_SQRT_2PI * torch.exp(-0.5 * x * x)
+
+
+def _silu_slope(x: torch.Tensor) -> torch.Tensor:
+    s = torch.sigmoid(x)
+    return s * (1.0 + x * (1.0 - s))
+
+
+def gelu_backward(grad_output: torch.Tensor, input: torch.Tensor, approximate: str = "none",
+                  compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """d input of ``F.gelu(input, approximate)``: ``dy * gelu'(x)``."""
+    cd = compute_dtype or COMPUTE_DTYPE
+    return (grad_output.to(cd) * _gelu_slope(input.to(cd), approximate)).to(input.dtype)
+
+
+def silu_backward(grad_output: torch.Tensor, input: torch.Tensor,
+                  compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """d input of ``F.silu``: ``dy * sigmoid(x) * (1 + x * (1 - sigmoid(x)))``."""
+    cd = compute_dtype or COMPUTE_DTYPE
+    return (grad_output.to(cd) * _silu_slope(input.to(cd))).to(input.dtype)
+
+
+def _gated_backward(grad_output, input, value, slope, cd):
+    x = input.to(cd)
+    d = x.shape[-1] // 2
+    gate, up = x[..., :d], x[..., d:]
+    dy = grad_output.to(cd)
+    return torch.cat([dy * up * slope(gate), dy * value(gate)], dim=-1).to(input.dtype)
+
+
+def silu_and_mul_backward(grad_output: torch.Tensor, input: torch.Tensor,
+                          compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """d input of ``silu(x[..., :d]) * x[..., d:]``: ``[dy * u * silu'(g) | dy * silu(g)]``."""
+    return _gated_backward(grad_output, input, torch.nn.functional.silu, _silu_slope, compute_dtype or COMPUTE_DTYPE)
+
+
+def gelu_and_mul_backward(grad_output: torch.Tensor, input: torch.Tensor, approximate: str = "none",
+                          compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """d input of ``gelu(x[..., :d], approximate) * x[..., d:]``."""
+    return _gated_backward(grad_output, input, lambda g: torch.nn.functional.gelu(g, approximate=approximate),
+                           lambda g: _gelu_slope(g, approximate), compute_dtype or COMPUTE_DTYPE)
