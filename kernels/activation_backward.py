@@ -31,14 +31,16 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-from .tiling import (PARTITIONS, block_rows, load_block, program_row_blocks, program_share, rows_per_partition,
-                     split_count)
+from .tiling import (PARTITIONS, block_rows, load_block, pipelined, program_row_blocks, program_share,
+                     rows_per_partition, split_count)
 
 # Elementwise: 2048 elements per partition per transfer (4 KiB bf16), as the forward.
 COLS = 2048
 # Gated: row packing and column chunks as the forward (kernels/activation_and_mul.py).
 TARGET_COLS = 2048
 COL_CHUNK = 4096
+# Gated: chunks loaded this many ahead of their compute (tiling.pipelined), as the norms.
+PREFETCH_AHEAD = 2
 # (f, f') per op name on ScalarE
 FUNCTIONS = {"gelu": (nl.gelu, nl.gelu_dx), "silu": (nl.silu, nl.silu_dx)}
 # Share of the products given to VectorE: a two-input pass with an fp32 operand costs
@@ -134,27 +136,39 @@ def act_and_mul_backward_kernel(dy, x, act="silu"):
     d = in_cols // 2
     dx = nl.ndarray((n_rows, in_cols), dtype=x.dtype, buffer=nl.shared_hbm)
     per_max = 1 if d > COL_CHUNK else rows_per_partition(d, TARGET_COLS, COL_CHUNK)
+    # (first row, partitions, rows per partition, first output column, width): whole rows
+    # when they fit one chunk, else column chunks of one row per partition
+    items = []
     for start, parts, per in program_row_blocks(n_rows, per_max):
-        if d <= COL_CHUNK:
-            # whole rows: one DMA each for dy, x and dx
-            dy_tile = load_block(dy, start, parts, per)
+        for c0 in range(0, d, COL_CHUNK):
+            items.append((start, parts, per, c0, min(COL_CHUNK, d - c0)))
+
+    def load(item):
+        start, parts, per, c0, w = item
+        if w == d:         # whole rows: one DMA each for dy and x
             x_tile = load_block(x, start, parts, per)
-            dx_tile = nl.ndarray((parts, per, in_cols), dtype=x.dtype, buffer=nl.sbuf)
-            _gated_tile(dx_tile[:, :, 0:d], dx_tile[:, :, d:in_cols], dy_tile, x_tile[:, :, 0:d],
-                        x_tile[:, :, d:in_cols], f, f_dx)
+            return load_block(dy, start, parts, per), x_tile[:, :, 0:d], x_tile[:, :, d:in_cols]
+        tiles = []
+        for src in (dy[start:start + parts, c0:c0 + w], x[start:start + parts, c0:c0 + w],
+                    x[start:start + parts, d + c0:d + c0 + w]):
+            tile = nl.ndarray((parts, 1, w), dtype=x.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=tile, src=src.expand_dim(1))
+            tiles.append(tile)
+        return tuple(tiles)
+
+    def compute(item, tiles):
+        start, parts, per, c0, w = item
+        dx_tile = nl.ndarray((parts, per, 2 * w), dtype=x.dtype, buffer=nl.sbuf)
+        _gated_tile(dx_tile[:, :, 0:w], dx_tile[:, :, w:2 * w], *tiles, f, f_dx)
+        return dx_tile
+
+    def store(item, dx_tile):
+        start, parts, per, c0, w = item
+        if w == d:
             nisa.dma_copy(dst=block_rows(dx, start, parts, per), src=dx_tile)
-            continue
-        for c0 in range(0, d, COL_CHUNK):         # wide rows (per == 1): column chunks
-            w = min(COL_CHUNK, d - c0)
-            tiles = []
-            for src in (dy[start:start + parts, c0:c0 + w], x[start:start + parts, c0:c0 + w],
-                        x[start:start + parts, d + c0:d + c0 + w]):
-                tile = nl.ndarray((parts, 1, w), dtype=x.dtype, buffer=nl.sbuf)
-                nisa.dma_copy(dst=tile, src=src.expand_dim(1))
-                tiles.append(tile)
-            dg = nl.ndarray((parts, 1, w), dtype=x.dtype, buffer=nl.sbuf)
-            du = nl.ndarray((parts, 1, w), dtype=x.dtype, buffer=nl.sbuf)
-            _gated_tile(dg, du, *tiles, f, f_dx)
-            nisa.dma_copy(dst=dx[start:start + parts, c0:c0 + w].expand_dim(1), src=dg)
-            nisa.dma_copy(dst=dx[start:start + parts, d + c0:d + c0 + w].expand_dim(1), src=du)
+            return
+        nisa.dma_copy(dst=dx[start:start + parts, c0:c0 + w].expand_dim(1), src=dx_tile[:, :, 0:w])
+        nisa.dma_copy(dst=dx[start:start + parts, d + c0:d + c0 + w].expand_dim(1), src=dx_tile[:, :, w:2 * w])
+
+    pipelined(items, load, compute, store, PREFETCH_AHEAD)
     return dx
