@@ -144,3 +144,14 @@ def gelu_and_mul_backward(grad_output: torch.Tensor, input: torch.Tensor, approx
     """d input of ``gelu(x[..., :d], approximate) * x[..., d:]``."""
     return _gated_backward(grad_output, input, lambda g: torch.nn.functional.gelu(g, approximate=approximate),
                            lambda g: _gelu_slope(g, approximate), compute_dtype or COMPUTE_DTYPE)
+
+
+# ---------------------------------------------------------------------------- rotary
+
+def apply_rotary_pos_emb_backward(grad_q: torch.Tensor, grad_k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                                  compute_dtype: torch.dtype | None = None):
+    """``(d q, d k)`` of the rotate-half rotary embedding: ``dout * cos + R^T(dout * sin)``
+    with ``R^T(g) = [g2, -g1]`` (the transpose of rotate_half), i.e. the embedding with -sin."""
+    from . import references
+
+    return references.apply_rotary_pos_emb(grad_q, grad_k, cos, -sin, compute_dtype=compute_dtype or COMPUTE_DTYPE)

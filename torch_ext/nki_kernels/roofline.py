@@ -525,3 +525,27 @@ def gelu_and_mul_backward(grad_output, input, approximate: str = "none", lnc: in
 
     return _gated_backward("gelu_and_mul", lambda g: F.gelu(g, approximate=approximate), grad_output, input,
                            target, lnc)
+
+
+def apply_rotary_pos_emb_backward(grad_q, grad_k, cos, sin, lnc: int = 1,
+                                  target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """Rotary's backward (d q, d k; cos/sin take none): reads d q_out, d k_out, cos, sin,
+    writes d q, d k. Eager autograd: the backward of transformers' composition
+    (x * cos + rotate_half(x) * sin) for q and k."""
+    def eager(q, k, c, s):
+        c, s = (c.unsqueeze(1), s.unsqueeze(1)) if c.dim() == 3 else (c, s)
+
+        def rope(x):
+            half = x.shape[-1] // 2
+            return x * c + _cat_last((-x[..., half:], x[..., :half])) * s
+        return rope(q), rope(k)
+
+    work = _grad_io("apply_rotary_pos_emb backward", (grad_q, grad_k, cos, sin), (grad_q, grad_k))
+    return backward_roofline("apply_rotary_pos_emb backward", work, eager, (grad_q, grad_k, cos, sin), (0, 1),
+                             target, lnc)
+
+
+def _cat_last(tensors):
+    import torch
+
+    return torch.cat(tensors, dim=-1)
