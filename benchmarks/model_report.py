@@ -101,7 +101,15 @@ def grid(quick: bool) -> list[Case]:
     """Every (op, workload) of the registry, each followed by its backward row where the op
     has a backward kernel; with ``quick``, the workloads marked quick."""
     return [Case(spec, w, backward) for spec in registry.ops() for w in spec.workloads if w.quick or not quick
-            for backward in ((False, True) if spec.backward is not None else (False,))]
+            for backward in ((False, True) if _backward_covers(spec, w) else (False,))]
+
+
+def _backward_covers(spec: registry.OpSpec, workload: registry.Workload) -> bool:
+    """Whether the op's backward kernel takes this workload (shapes only: made on meta)."""
+    if spec.backward is None:
+        return False
+    args, kwargs = workload.make(torch.Generator().manual_seed(0))
+    return spec.backward.covers(args, kwargs)
 
 
 # ----------------------------------------------------------------------------- one case

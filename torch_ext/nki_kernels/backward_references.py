@@ -155,3 +155,13 @@ def apply_rotary_pos_emb_backward(grad_q: torch.Tensor, grad_k: torch.Tensor, co
     from . import references
 
     return references.apply_rotary_pos_emb(grad_q, grad_k, cos, -sin, compute_dtype=compute_dtype or COMPUTE_DTYPE)
+
+
+# ---------------------------------------------------------------------------- softmax
+
+def softmax_backward(grad_output: torch.Tensor, output: torch.Tensor, dim: int = -1,
+                     compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """d input of ``torch.softmax(input, dim)`` from its output y: ``y * (dy - sum(dy * y))``."""
+    cd = compute_dtype or COMPUTE_DTYPE
+    y, dy = output.to(cd), grad_output.to(cd)
+    return (y * (dy - (dy * y).sum(dim=dim, keepdim=True))).to(output.dtype)

@@ -549,3 +549,13 @@ def _cat_last(tensors):
     import torch
 
     return torch.cat(tensors, dim=-1)
+
+
+def softmax_backward(grad_output, output, dim: int = -1, lnc: int = 1,
+                     target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """softmax's backward from its output: reads dy, y, writes dx. Eager autograd: one
+    ``_softmax_backward_data``."""
+    import torch
+
+    work = _grad_io("softmax backward", (grad_output, output), (output,))
+    return backward_roofline("softmax backward", work, lambda x: torch.softmax(x, dim), (output,), (0,), target, lnc)
