@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nki_kernels import _dispatch, backward_references, simulator
-from nki_kernels.ops import activations, norms
+from nki_kernels.ops import activations, norms, rotary, softmax
 from tests._helpers import TOLERANCES
 
 BF16, F32 = torch.bfloat16, torch.float32
@@ -56,6 +56,13 @@ CASES = [
      backward_references.silu_and_mul_backward),
     ("gelu_and_mul-wide-130", lambda: activations.gelu_and_mul_backward_kernel_call(_x(130, 4100), _x(130, 8200)),
      backward_references.gelu_and_mul_backward),
+    ("softmax-packed-300", lambda: softmax.softmax_backward_kernel_call(
+        _x(300, 33), torch.softmax(torch.randn(300, 33), -1).to(BF16)), backward_references.softmax_backward),
+    ("softmax-1row", lambda: softmax.softmax_backward_kernel_call(
+        _x(1, 500), torch.softmax(torch.randn(1, 500), -1).to(BF16)), backward_references.softmax_backward),
+    ("rotary-3units", lambda: rotary.apply_rotary_pos_emb_backward_kernel_call(
+        _x(3, 2, 100, 32), _x(3, 2, 100, 32), _x(3, 100, 32), _x(3, 100, 32)),
+     backward_references.apply_rotary_pos_emb_backward),
 ]
 
 
@@ -128,8 +135,10 @@ def test_both_degrees_give_identical_outputs_without_races(name, make_call, twin
 def _twin_of(name, call, twin):
     """The float64 twin's gradients for a kernel call (its tensors are the [N, H] views)."""
     t = [x.double() for x in call.tensors]
-    if name.startswith(("gelu", "silu")):
+    if name.startswith(("gelu", "silu", "softmax")):
         return twin(t[0], t[1], compute_dtype=torch.float64)
+    if name.startswith("rotary"):
+        return twin(*t, compute_dtype=torch.float64)
     hidden = t[0].shape[-1]
     eps = call.static["eps"]
     if name.startswith("fused"):
