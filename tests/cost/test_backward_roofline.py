@@ -32,7 +32,7 @@ def test_backward_workloads_launch_a_kernel_and_model_eager_autograd(spec, workl
     assert callable(_dispatch.simulator_kernel(call))
     assert _kernel_sources.source_path(call.module).is_file()
     roof = spec.backward.roofline(*args, **kwargs, lnc=2)
-    assert roof.limit_us > 0 and roof.bound == "dma"
+    assert roof.limit_us > 0 and roof.bound in ("dma", "tensor", "scalar")
     # eager autograd is charged at each ATen op's own limit: never below the fused limit
     assert roof.eager_us >= roof.limit_us * (1 - 1e-9)
     one = spec.backward.roofline(*args, **kwargs, lnc=1)
