@@ -66,12 +66,16 @@ class KernelBackward:
     * ``applies(*inputs)``: whether the backward op takes this call (e.g. within the
       kernel's limits); where it does not, the recompute backward runs (default: always);
     * ``save_outputs``: indices of the forward outputs the backward reads (softmax: its
-      output); the others are not kept alive.
+      output); the others are not kept alive;
+    * ``grads_for``: indices of the inputs whose gradients ``grads`` computes (None: all);
+      when autograd needs the gradient of another input (e.g. rotary's cos), the recompute
+      backward runs.
     """
 
     grads: Callable[..., tuple]
     applies: Callable[..., bool] = lambda *inputs: True
     save_outputs: tuple[int, ...] = ()
+    grads_for: tuple[int, ...] | None = None
 
 
 def define_op(stub: Callable, *, kernel_call: Callable, reference: Callable, fake: Callable,
@@ -158,7 +162,9 @@ def _kernel_backward(backward: KernelBackward, recompute: Callable):
 
     def run(ctx, *grad_outputs):
         inputs, outputs = _saved(ctx)
-        if not backward.applies(*inputs):
+        uncovered = backward.grads_for is not None and any(
+            need for i, need in enumerate(ctx.needs_input_grad) if i not in backward.grads_for)
+        if uncovered or not backward.applies(*inputs):
             return recompute(ctx, *grad_outputs)
         grads = tuple(backward.grads(inputs, outputs, grad_outputs))
         # a gradient only where autograd asked for one (and the input is a tensor)

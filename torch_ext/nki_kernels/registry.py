@@ -58,7 +58,12 @@ class Backward:
       (a tuple, in the order the backward op returns them);
     * ``roofline``: the backward signature + ``lnc=, target=`` -> ``roofline.Roofline``:
       the backward's limit and the modeled EAGER-AUTOGRAD baseline (the ATen ops autograd
-      runs for the op's backward, each at its own limit).
+      runs for the op's backward, each at its own limit);
+    * ``covers(args, kwargs)``: whether the backward kernel takes a forward workload's call
+      (e.g. softmax's rows past the one-pass length take the recompute backward): the main
+      job adds a backward row only where it does;
+    * ``speedup_targets``: the modeled speedups over eager autograd the main job's backward
+      rows must reach, by workload name (none where absent).
     """
 
     custom_op: Any
@@ -66,6 +71,7 @@ class Backward:
     kernel_call: Callable[..., Any]
     reference: Callable[..., Any]
     roofline: Callable[..., Any]
+    covers: Callable[[tuple, dict], bool] = lambda args, kwargs: True
     # modeled speedups over eager autograd the backward row must reach, by workload name
     speedup_targets: dict = field(default_factory=dict)
 

@@ -528,3 +528,85 @@ def layer_norm_backward(grad_output, input, normalized_shape, weight=None, bias=
     work = _grad_io("layer_norm backward", (grad_output, input, weight), (input, weight, bias), rows)
     return backward_roofline("layer_norm backward", work, _eager_layer_norm,
                              (input, list(normalized_shape), weight, bias, eps), (0, 2, 3), target, lnc)
+
+
+def gelu_backward(grad_output, input, approximate: str = "none", lnc: int = 1,
+                  target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """gelu's backward: reads dy, x, writes dx; one derivative (transcendental) per
+    element. Eager autograd: one ``gelu_backward``."""
+    import torch.nn.functional as F
+
+    work = _grad_io("gelu backward", (grad_output, input), (input,), math.prod(input.shape))
+    return backward_roofline("gelu backward", work, lambda x: F.gelu(x, approximate=approximate), (input,), (0,),
+                             target, lnc)
+
+
+def silu_backward(grad_output, input, lnc: int = 1, target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """silu's backward: reads dy, x, writes dx; one derivative per element. Eager autograd:
+    one ``silu_backward``."""
+    import torch.nn.functional as F
+
+    work = _grad_io("silu backward", (grad_output, input), (input,), math.prod(input.shape))
+    return backward_roofline("silu backward", work, F.silu, (input,), (0,), target, lnc)
+
+
+def _gated_backward(op, act, grad_output, input, target, lnc) -> Roofline:
+    # reads dy [.., d] and x [.., 2d], writes dx [.., 2d]; act and act' per output element
+    work = _grad_io(f"{op} backward", (grad_output, input), (input,), 2 * math.prod(grad_output.shape))
+
+    def eager(x):
+        d = x.shape[-1] // 2
+        return act(x[..., :d]) * x[..., d:]
+
+    return backward_roofline(f"{op} backward", work, eager, (input,), (0,), target, lnc)
+
+
+def silu_and_mul_backward(grad_output, input, lnc: int = 1, target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """silu_and_mul's backward. Eager autograd: the backward of silu(x[..., :d]) * x[..., d:]
+    (mul's two products, silu_backward, the slices' gradients into a [.., 2d] buffer)."""
+    import torch.nn.functional as F
+
+    return _gated_backward("silu_and_mul", F.silu, grad_output, input, target, lnc)
+
+
+def gelu_and_mul_backward(grad_output, input, approximate: str = "none", lnc: int = 1,
+                          target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """gelu_and_mul's backward. Eager autograd: as silu_and_mul's with gelu_backward."""
+    import torch.nn.functional as F
+
+    return _gated_backward("gelu_and_mul", lambda g: F.gelu(g, approximate=approximate), grad_output, input,
+                           target, lnc)
+
+
+def apply_rotary_pos_emb_backward(grad_q, grad_k, cos, sin, lnc: int = 1,
+                                  target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """Rotary's backward (d q, d k; cos/sin take none): reads d q_out, d k_out, cos, sin,
+    writes d q, d k. Eager autograd: the backward of transformers' composition
+    (x * cos + rotate_half(x) * sin) for q and k."""
+    def eager(q, k, c, s):
+        c, s = (c.unsqueeze(1), s.unsqueeze(1)) if c.dim() == 3 else (c, s)
+
+        def rope(x):
+            half = x.shape[-1] // 2
+            return x * c + _cat_last((-x[..., half:], x[..., :half])) * s
+        return rope(q), rope(k)
+
+    work = _grad_io("apply_rotary_pos_emb backward", (grad_q, grad_k, cos, sin), (grad_q, grad_k))
+    return backward_roofline("apply_rotary_pos_emb backward", work, eager, (grad_q, grad_k, cos, sin), (0, 1),
+                             target, lnc)
+
+
+def _cat_last(tensors):
+    import torch
+
+    return torch.cat(tensors, dim=-1)
+
+
+def softmax_backward(grad_output, output, dim: int = -1, lnc: int = 1,
+                     target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """softmax's backward from its output: reads dy, y, writes dx. Eager autograd: one
+    ``_softmax_backward_data``."""
+    import torch
+
+    work = _grad_io("softmax backward", (grad_output, output), (output,))
+    return backward_roofline("softmax backward", work, lambda x: torch.softmax(x, dim), (output,), (0,), target, lnc)
