@@ -335,3 +335,35 @@ def test_large_shapes_fit_trn2_and_match(case):
     assert res.peak_psum_banks <= trn2.psum_banks
     grad_out, q, k, v, _, _ = args
     _check_grads(grads, _float64_grads(q, k, v, mask, causal, grad_out), dtype)
+
+
+def test_tiny_vit_training_step_runs_the_backward_kernel(simulator_backend, monkeypatch):
+    """A tiny ViT fine-tuning step (train mode, attn_implementation="nki", simulator): loss
+    and every parameter gradient as with "sdpa", and the attention backward kernel ran
+    (once per layer). fp32: tolerances of tests/integration/test_transformers.py."""
+    from nki_kernels import transformers as nkt
+    from tests.integration._models import VISION, build, perturb_norms, pixels
+
+    nkt.register()
+    kernels = []
+    real = _dispatch.run_simulated
+    monkeypatch.setattr(_dispatch, "run_simulated",
+                        lambda call, lnc=None: kernels.append(call.kernel) or real(call, lnc))
+    reference = build(VISION["vit"], "sdpa")
+    perturb_norms(reference)
+    model = build(VISION["vit"], "sdpa")
+    model.load_state_dict(reference.state_dict())
+    model.set_attn_implementation("nki")
+    images, target = pixels(), torch.randn(2, 26, 128)
+    losses = []
+    for m in (reference, model):
+        m.train()
+        loss = (m(pixel_values=images).last_hidden_state - target).square().mean()
+        loss.backward()
+        losses.append(loss)
+    assert kernels.count("attention_bwd_kernel") == 2
+    torch.testing.assert_close(losses[1], losses[0], atol=1e-5, rtol=1e-4)
+    grads = dict(reference.named_parameters())
+    for name, param in model.named_parameters():
+        if param.grad is not None:
+            torch.testing.assert_close(param.grad, grads[name].grad, atol=1e-5, rtol=1e-3, msg=name)
