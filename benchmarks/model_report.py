@@ -18,6 +18,11 @@ trace per row under traces/ (open in https://ui.perfetto.dev). Nothing here ran 
 Trainium: kernel/limit/eager times are MODELED (trn2); errors and wall times are MEASURED
 (CPU).
 
+Backward rows: an op with a backward kernel (``OpSpec.backward``) gets a row "<op> backward"
+after each forward row, on the same workload: the backward kernel, its limit, and the
+modeled EAGER-AUTOGRAD baseline (the ATen ops autograd runs for the op's backward, each at
+its own limit, every intermediate through HBM).
+
 Usage: python benchmarks/model_report.py [--ops scaled_dot_product_attention,rms_norm] [--quick] [--out DIR]
 (the full grid takes 50-80 s on 2 CPU cores, --quick 15-30 s; measured, CPU)
 """
@@ -58,10 +63,37 @@ class Case:
 
     spec: registry.OpSpec
     workload: registry.Workload
+    backward: bool = False             # the op's backward kernel (spec.backward) on this workload
 
     @property
     def op(self) -> str:
-        return self.spec.name
+        return self.spec.name + (" backward" if self.backward else "")
+
+    def _pieces(self):
+        return self.spec.backward if self.backward else self.spec
+
+    def inputs(self, gen: torch.Generator) -> tuple[tuple, dict]:
+        """The arguments of the row's op: the workload's (forward), or the backward op's
+        made from them (fresh output gradients plus the saved tensors)."""
+        args, kwargs = self.workload.make(gen)
+        return self.spec.backward.inputs(gen, args, kwargs) if self.backward else (args, kwargs)
+
+    @property
+    def speedup_target(self) -> float | None:
+        """The workload's speedup target; a backward row's from ``Backward.speedup_targets``
+        (by workload name), else none."""
+        if self.backward:
+            return self.spec.backward.speedup_targets.get(self.workload.name)
+        return self.workload.speedup_target
+
+    def kernel_call(self, *args, **kwargs):
+        return self._pieces().kernel_call(*args, **kwargs)
+
+    def reference(self, *args, **kwargs):
+        return self._pieces().reference(*args, **kwargs)
+
+    def roofline(self, *args, **kwargs):
+        return self._pieces().roofline(*args, **kwargs)
 
     @property
     def name(self) -> str:
@@ -74,8 +106,18 @@ class Case:
 
 
 def grid(quick: bool) -> list[Case]:
-    """Every (op, workload) of the registry; with ``quick``, the workloads marked quick."""
-    return [Case(spec, w) for spec in registry.ops() for w in spec.workloads if w.quick or not quick]
+    """Every (op, workload) of the registry, each followed by its backward row where the op
+    has a backward kernel; with ``quick``, the workloads marked quick."""
+    return [Case(spec, w, backward) for spec in registry.ops() for w in spec.workloads if w.quick or not quick
+            for backward in ((False, True) if _backward_covers(spec, w) else (False,))]
+
+
+def _backward_covers(spec: registry.OpSpec, workload: registry.Workload) -> bool:
+    """Whether the op's backward kernel takes this workload (shapes only: made on meta)."""
+    if spec.backward is None:
+        return False
+    args, kwargs = workload.make(torch.Generator().manual_seed(0))
+    return spec.backward.covers(args, kwargs)
 
 
 # ----------------------------------------------------------------------------- one case
@@ -123,16 +165,16 @@ class Row:
         if self.status != "ok":
             return None
         ok = self.efficiency >= self.efficiency_target
-        if self.case.workload.speedup_target is not None:
+        if self.case.speedup_target is not None:
             # a speedup is claimed only where the low end of its error bar clears it
-            ok = ok and speedup_claimed(self.speedup_low, self.case.workload.speedup_target)
+            ok = ok and speedup_claimed(self.speedup_low, self.case.speedup_target)
         return ok
 
     @property
     def target_text(self) -> str:
         t = f"eff>={self.efficiency_target:g}"
-        if self.case.workload.speedup_target is not None:
-            t += f", speedup low end>={self.case.workload.speedup_target:g}x"
+        if self.case.speedup_target is not None:
+            t += f", speedup low end>={self.case.speedup_target:g}x"
         return t
 
 
@@ -176,6 +218,18 @@ def _check(out, ref, dtype) -> bool:
     return all(torch.allclose(o.double(), r.double(), atol=atol, rtol=rtol) for o, r in zip(outs, refs))
 
 
+def _check_scaled(out, ref, dtype) -> bool:
+    """The backward rows' check: each output within atol + rtol * max |reference| of the
+    reference everywhere. A weight gradient sums thousands of rows, so its error scales
+    with the output's magnitude, not with each element's (an element that cancels to ~0
+    keeps the rounding error of its large terms)."""
+    atol, rtol = CHECK_TOL[dtype]
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+    return all(r.numel() == 0 or float((o.double() - r.double()).abs().max())
+               <= atol + rtol * float(r.double().abs().max()) for o, r in zip(outs, refs))
+
+
 def _hot_spots(est, engine: str, top: int = 3) -> list[str]:
     """The instruction groups that take most of ``engine``'s modeled time."""
     sched = est.schedule
@@ -196,10 +250,10 @@ def _hot_spots(est, engine: str, top: int = 3) -> list[str]:
 
 def run_case(case: Case, target: str, traces_dir: Path | None, lnc: int = 2) -> Row:
     row = Row(case, lnc=lnc)
-    spec, work = case.spec, case.workload
+    work = case.workload
     gen = torch.Generator().manual_seed(zlib.crc32(case.slug.encode()))
-    args, kwargs = work.make(gen)
-    call = spec.kernel_call(*args, **kwargs)
+    args, kwargs = case.inputs(gen)
+    call = case.kernel_call(*args, **kwargs)
     kernel = _dispatch.simulator_kernel(call)
     tensors = tuple(t.detach().contiguous() for t in call.tensors)
     t0 = time.perf_counter()
@@ -209,16 +263,16 @@ def run_case(case: Case, target: str, traces_dir: Path | None, lnc: int = 2) -> 
     if lnc != 1:
         one = simulator.estimate(kernel[1], target)(*tensors, **call.static)
         row.modeled_us_lnc1 = one.latency_us
-        row.efficiency_lnc1 = spec.roofline(*args, **kwargs, lnc=1, target=target).efficiency(one.latency_us)
+        row.efficiency_lnc1 = case.roofline(*args, **kwargs, lnc=1, target=target).efficiency(one.latency_us)
     out = call.finish_outputs(est.outputs)
-    ref = spec.reference(*args, **kwargs, compute_dtype=work.reference_dtype)
+    ref = case.reference(*args, **kwargs, compute_dtype=work.reference_dtype)
     row.eager_cpu_ms = _eager_cpu_ms(case, args, kwargs)
     row.max_abs_err = _max_abs_err(out, ref)
-    if not _check(out, ref, work.dtype):
+    if not (_check_scaled if case.backward else _check)(out, ref, work.dtype):
         row.status = "mismatch"
         row.note = f"max |kernel - reference| = {row.max_abs_err:.3g} exceeds atol/rtol {CHECK_TOL[work.dtype]}"
 
-    roof = spec.roofline(*args, **kwargs, lnc=lnc, target=target)
+    roof = case.roofline(*args, **kwargs, lnc=lnc, target=target)
     row.modeled_us = est.latency_us
     row.limit_us, row.limit_bound = roof.limit_us, roof.bound
     row.efficiency = roof.efficiency(est.latency_us)
@@ -244,7 +298,7 @@ def _eager_cpu_ms(case: Case, args, kwargs, repeats: int = 3) -> float:
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        case.spec.reference(*args, **kwargs, compute_dtype=case.workload.dtype)
+        case.reference(*args, **kwargs, compute_dtype=case.workload.dtype)
         times.append(time.perf_counter() - t0)
     return sorted(times)[len(times) // 2] * 1e3
 
@@ -481,10 +535,12 @@ def main(argv=None) -> int:
     cases = grid(args.quick)
     if args.ops:
         wanted = {o.strip() for o in args.ops.split(",") if o.strip()}
-        unknown = wanted - {c.op for c in grid(False)}
+        names = {c.op for c in grid(False)} | {c.spec.name for c in grid(False)}
+        unknown = wanted - names
         if unknown:
-            ap.error(f"--ops {sorted(unknown)} unknown; choose from {sorted({c.op for c in grid(False)})}")
-        cases = [c for c in cases if c.op in wanted]
+            ap.error(f"--ops {sorted(unknown)} unknown; choose from {sorted(names)}")
+        # an op's name selects its forward and backward rows; "<op> backward" the backward only
+        cases = [c for c in cases if c.op in wanted or c.spec.name in wanted]
     out = Path(args.out)
     traces = None if args.no_traces else out / "traces"
     out.mkdir(parents=True, exist_ok=True)

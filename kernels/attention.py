@@ -83,32 +83,36 @@ from .limits import ATTENTION_SINGLE_PASS_MAX_KEYS as SINGLE_PASS_MAX_KEYS
 
 
 @nki.jit
-def attention_kernel(q, k, v, mask=None, scale=1.0, causal=False, layout="bhsd"):
-    """Single-pass attention for Sk <= SINGLE_PASS_MAX_KEYS (see the module docstring)."""
+def attention_kernel(q, k, v, mask=None, scale=1.0, causal=False, layout="bhsd", return_lse=False):
+    """Single-pass attention for Sk <= SINGLE_PASS_MAX_KEYS (see the module docstring).
+    ``return_lse``: also return lse [B, H, Sq] fp32 for the backward (attention_lse.py)."""
     sk = k.shape[2] if layout == "bhsd" else k.shape[1]
     assert sk <= SINGLE_PASS_MAX_KEYS, \
         f"attention_kernel: Sk={sk} exceeds {SINGLE_PASS_MAX_KEYS}; use flash_attention_kernel"
-    return _launch(q, k, v, mask, scale, causal, layout, max(1, sk), flash=False)
+    return _launch(q, k, v, mask, scale, causal, layout, max(1, sk), flash=False, return_lse=return_lse)
 
 
 @nki.jit
 def flash_attention_kernel(q, k, v, mask=None, scale=1.0, causal=False, layout="bhsd",
-                           key_block=KEY_BLOCK):
-    """Online-softmax (flash) attention for any Sk (see the module docstring)."""
+                           key_block=KEY_BLOCK, return_lse=False):
+    """Online-softmax (flash) attention for any Sk (see the module docstring).
+    ``return_lse``: also return lse [B, H, Sq] fp32 for the backward (attention_lse.py)."""
     assert 1 <= key_block <= KEY_BLOCK, f"key_block={key_block} must be in [1, {KEY_BLOCK}]"
-    return _launch(q, k, v, mask, scale, causal, layout, key_block, flash=True)
+    return _launch(q, k, v, mask, scale, causal, layout, key_block, flash=True, return_lse=return_lse)
 
 
-def _launch(q, k, v, mask, scale, causal, layout, key_block, flash):
+def _launch(q, k, v, mask, scale, causal, layout, key_block, flash, return_lse=False):
     """Set up the launch (facts, planner, launch-wide tiles, HBM output), then run the
     path's group function for each of this program's work units (attention_work.py: at
-    LNC=2 each physical core takes half of the (batch, kv head) pairs or query tiles)."""
+    LNC=2 each physical core takes half of the (batch, kv head) pairs or query tiles).
+    Returns out, or (out, lse) with ``return_lse``."""
     facts = launch_facts(q, k, v, mask, scale, causal, layout, key_block)
     plan = EngineBalance(facts)
     # Set up whenever the launch qualifies, also for flash_attention_kernel, which never
     # uses it (kept: removing it changes the instruction trace; see docs/attention.md).
     ts_keys = TransposedKeys(facts) if facts.transposed_scores else None
     out = nl.ndarray(facts.out_shape(), dtype=q.dtype, buffer=nl.shared_hbm)
+    lse = nl.ndarray((facts.B, facts.H, facts.Sq), dtype=nl.float32, buffer=nl.shared_hbm) if return_lse else None
     base = None
     if facts.causal_only:
         # [128, 128] fp32 SBUF: base[p, x] = 0 where x <= p - 1, else -inf (GpSimd). Every
@@ -118,7 +122,7 @@ def _launch(q, k, v, mask, scale, causal, layout, key_block, flash):
         base = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
         nisa.affine_select(dst=base, pattern=[[-1, P]], channel_multiplier=1, on_true_tile=zeros,
                            on_false_value=NEG_INF, cmp_op=nl.greater_equal, offset=-1)
-    tensors = LaunchTensors(q=q, k=k, v=v, mask=mask, out=out, causal_base=base, ts_keys=ts_keys)
+    tensors = LaunchTensors(q=q, k=k, v=v, mask=mask, out=out, causal_base=base, ts_keys=ts_keys, lse=lse)
     if flash:
         group = flash_group
     elif facts.transposed_scores:
@@ -131,4 +135,6 @@ def _launch(q, k, v, mask, scale, causal, layout, key_block, flash):
         if b != bias_batch:
             key_bias, bias_batch = key_bias_rows(facts, mask, b), b   # [128, Sk] fp32 SBUF or None
         group(facts, plan, tensors, b, hk0, hk1, (t0, t1), key_bias, last=i == len(units) - 1)
+    if return_lse:
+        return out, lse
     return out

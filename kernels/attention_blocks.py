@@ -333,11 +333,13 @@ def unit_pv(facts, plan, p, vals, kv, r, n):
 
 # ------------------------------------------------------------------------------ normalisation
 
-def evict(facts, plan, o, out, nb, r, vector=False):
+def evict(facts, plan, o, out, nb, r, vector=False, rowsum=None):
     """out[:, j, :] = O_j / rowsum_j for nb heads in PSUM o (per_o = 512 // (Dv + 1) heads
     per bank), one bank at a time, on VectorE (the row sums to SBUF + one divide)
     when ``vector`` or when the planner says it is less loaded, else ScalarE copies the
-    bank to SBUF and GpSimd divides all its heads at once.  out: [r, nb, Dv] SBUF (output dtype)."""
+    bank to SBUF and GpSimd divides all its heads at once.  out: [r, nb, Dv] SBUF (output dtype).
+    ``rowsum``: an [r, nb] fp32 SBUF view that also receives the row sums (GpSimd copy of
+    the sums the divide uses), for the lse."""
     Dv = facts.Dv
     w = Dv + 1
     per_o = PSUM_BANK_FP32 // w
@@ -362,16 +364,23 @@ def evict(facts, plan, o, out, nb, r, vector=False):
                                operand0=TINY if facts.guard_empty_rows else -FLT_MAX)
             nisa.tensor_tensor(dst=out[:, g0:g0 + g, :], data1=bank[:, :, 0:Dv],
                                data2=sums[:r, g0:g0 + g, :].broadcast(2, Dv), op=nl.divide)
+            if rowsum is not None:
+                nisa.tensor_copy(dst=rowsum[:, g0:g0 + g], src=sums[:r, g0:g0 + g, 0], engine=nisa.engine.gpsimd)
             continue
         nisa.activation(dst=o_raw[:r, g0:g0 + g, :], op=nl.copy, data=bank)
+        if rowsum is not None:
+            nisa.tensor_copy(dst=rowsum[:, g0:g0 + g], src=o_raw[:r, g0:g0 + g, Dv], engine=nisa.engine.gpsimd)
         divide(facts, out[:, g0:g0 + g, :], o_raw[:r, g0:g0 + g, :], r)
 
 
-def normalize(facts, dst, o, r):
+def normalize(facts, dst, o, r, rowsum=None):
     """dst[:r] = O / rowsum (FlashAttention-2: normalise once, after P·V).  ScalarE moves
-    O | rowsum ([128, Dv + 1] fp32 PSUM) to SBUF, GpSimd divides (see divide)."""
+    O | rowsum ([128, Dv + 1] fp32 PSUM) to SBUF, GpSimd divides (see divide).
+    ``rowsum``: an [r, 1] fp32 SBUF view that also receives the row sum (GpSimd), for the lse."""
     raw = nl.ndarray((P, facts.Dv + 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=raw[:r], op=nl.copy, data=o[:r])
+    if rowsum is not None:
+        nisa.tensor_copy(dst=rowsum, src=raw[:r, facts.Dv:facts.Dv + 1], engine=nisa.engine.gpsimd)
     divide(facts, dst, raw[:r], r)
 
 

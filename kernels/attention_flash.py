@@ -9,6 +9,7 @@ import nki.language as nl
 from .attention_blocks import (causal_diagonal, divide, head_views, load_transposed, load_values, row_exp, row_max,
                                scores, softmax_cycles, store_rows, tile_bias, unit_pv)
 from .attention_launch import P
+from .attention_lse import LseStage
 from .engine_costs import active as active_engine_costs
 
 
@@ -57,6 +58,8 @@ def flash_group(facts, plan, tensors, b, hk0, hk1, tiles, key_bias, last):
             r = min(P, f.Sq - t * P)
             divide(f, o_sb[:r, t - t0, :, :], acc[:r, t - t0, :, :], r)       # every head at once
         store_rows(f, tensors.out, o_sb, b, h0, h1, s0, s1)
+        if tensors.lse is not None:      # return_lse: the accumulators hold the row statistics
+            LseStage(nt, nh, views=(neg_max, acc[:, :, :, f.Dv])).store(f, tensors.lse, b, h0, s0, s1)
 
 
 def _flash_unit(facts, plan, qT, kT, vals, kv, acc, run_neg_max, bias, diag, r, n, first):

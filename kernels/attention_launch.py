@@ -186,5 +186,6 @@ class LaunchTensors(nl.NKIObject):
     out: object              # HBM (shared_hbm) output
     causal_base: object      # [128, 128] fp32 SBUF causal tile (causal, no mask) or None
     ts_keys: object          # TransposedKeys ring (transposed-scores path) or None
+    lse: object = None       # HBM [B, H, Sq] fp32 log-sum-exp output (return_lse) or None
 
 

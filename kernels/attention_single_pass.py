@@ -13,6 +13,7 @@ from .attention_blocks import (causal_diagonal, evict, head_views, load_transpos
                                row_exp, row_extrema_side_by_side, row_max, scores, scores_side_by_side,
                                softmax_cycles, store_rows, tile_bias, transpose_p, unit_pv)
 from .attention_launch import P, PSUM_BANK_FP32, unbiased_heads_per_batch
+from .attention_lse import LseStage
 from .engine_costs import active as active_engine_costs
 from .tiling import cdiv
 
@@ -33,6 +34,7 @@ def single_pass_group(facts, plan, tensors, b, hk0, hk1, tiles, key_bias, last):
         s0, s1 = t0 * P, min(f.Sq, t1 * P)
         qT = load_transposed(f, tensors.q, b, h0, h1, s0, s1)     # [[dc, q heads, rows]]
         o_sb = nl.ndarray((P, t1 - t0, h1 - h0, f.Dv), dtype=tensors.out.dtype, buffer=nl.sbuf)
+        stage = None if tensors.lse is None else LseStage(t1 - t0, h1 - h0)   # return_lse
         for t in range(t0, t1):
             q0 = t * P
             r = min(P, f.Sq - q0)
@@ -49,32 +51,38 @@ def single_pass_group(facts, plan, tensors, b, hk0, hk1, tiles, key_bias, last):
                 for hb in range(h0, h1, nb):
                     he = min(h1, hb + nb)
                     _unbiased_batch(f, plan, [unit(hq)[:3] for hq in range(hb, he)], vals,
-                                    o_sb[:r, t - t0, hb - h0:he - h0, :], r, n)
+                                    o_sb[:r, t - t0, hb - h0:he - h0, :], r, n,
+                                    lse=None if stage is None else (stage, t - t0, hb - h0))
                 continue
             shared = None if f.mask_per_head else tile_bias(f, tensors.mask, b, 0, q0, r, 0, n, key_bias)
             diag = causal_diagonal(tensors.causal_base, q0, r, 0, n) if f.causal_only else None
             for hq in range(h0, h1):
                 bias = tile_bias(f, tensors.mask, b, hq, q0, r, 0, n, key_bias) if f.mask_per_head else shared
                 qv, kv_view, kv, ov = unit(hq)
-                _biased_unit(f, plan, qv, kv_view, vals, kv, ov, bias, diag, r, n)
+                _biased_unit(f, plan, qv, kv_view, vals, kv, ov, bias, diag, r, n,
+                             lse=None if stage is None else (stage, t - t0, hq - h0))
         store_rows(f, tensors.out, o_sb, b, h0, h1, s0, s1)
+        if stage is not None:
+            stage.store(f, tensors.lse, b, h0, s0, s1)
 
 
-def _biased_unit(facts, plan, qT, kT, vals, kv, out_tile, bias, diag, r, n):
+def _biased_unit(facts, plan, qT, kT, vals, kv, out_tile, bias, diag, r, n, lse=None):
     """One (head, query tile) with a mask or causal: S, masked row max, exp, P·V, O / rowsum
     into out_tile [r, Dv] SBUF.  qT / kT: [[dc, r]] / [[dc, n]] per head-dim piece;
-    bias / diag: see row_max."""
+    bias / diag: see row_max.  lse: (LseStage, tile, head) receiving the row statistics."""
     s = scores(qT, kT, r, n)
     p, neg_max, z, c = row_max(facts, s, r, n, bias, diag)
+    if lse is not None:
+        lse[0].put_neg_max(lse[1], lse[2], neg_max[:r], r)
     row_exp(facts, p, s, z, c, r, n, neg_max)
     v_cyc, s_cyc = softmax_cycles(facts, n, bias, diag)
     # ScalarE also copies O | rowsum (Dv + 1 columns) out of PSUM in normalize
     plan.charge(v_cyc, s_cyc + facts.Dv + 1 + active_engine_costs().instr_cycles)
     o = unit_pv(facts, plan, p, vals, kv, r, n)
-    normalize(facts, out_tile, o, r)
+    normalize(facts, out_tile, o, r, rowsum=None if lse is None else lse[0].rowsum_view(lse[1], lse[2], 1, r))
 
 
-def _unbiased_batch(facts, plan, units, vals, out, r, n):
+def _unbiased_batch(facts, plan, units, vals, out, r, n, lse=None):
     """Attention of several heads for one 128-query tile, no mask.
 
     Only VectorE and ScalarE can read PSUM, and each softmax needs a pass over the scores
@@ -91,7 +99,8 @@ def _unbiased_batch(facts, plan, units, vals, out, r, n):
 
     ``units``: (qᵀ, kᵀ, kv index) per head, qᵀ / kᵀ lists of [dc, r] / [dc, n] views per
     head-dim piece; ``out``: [r, heads, Dv] SBUF
-    output rows of those (adjacent) heads."""
+    output rows of those (adjacent) heads; ``lse``: (LseStage, tile, first head) receiving
+    the row statistics (return_lse)."""
     f = facts
     nb = len(units)
     s, per_bank, views = scores_side_by_side([(qv, kv_view) for qv, kv_view, _ in units], r, n)
@@ -101,6 +110,8 @@ def _unbiased_batch(facts, plan, units, vals, out, r, n):
     neg_max = nl.ndarray((P, nb), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=neg_max[:r], data=ext[:r], op0=nl.multiply, operand0=-f.scale,
                        engine=nisa.engine.gpsimd)
+    if lse is not None:
+        lse[0].put_neg_max(lse[1], lse[2], neg_max[:r, 0:nb], r)
     nkc = cdiv(n, P)
     p = nl.ndarray((P, nb, nkc * P), dtype=f.dtype, buffer=nl.sbuf)
     for j in range(nb):
@@ -118,4 +129,4 @@ def _unbiased_batch(facts, plan, units, vals, out, r, n):
     for j, (_, _, kv) in enumerate(units):
         pv(o[:r, j // per_o, (j % per_o) * w:(j % per_o + 1) * w], pT[:, j * nkc:(j + 1) * nkc, :],
            vals, kv, r, n)
-    evict(f, plan, o, out, nb, r)
+    evict(f, plan, o, out, nb, r, rowsum=None if lse is None else lse[0].rowsum_view(lse[1], lse[2], nb, r))

@@ -18,6 +18,7 @@ import nki.language as nl
 from .attention_blocks import (evict, load_transposed, load_values, pv, row_extrema_side_by_side,
                                scores_side_by_side, store_rows)
 from .attention_launch import P, PSUM_BANK_FP32, PSUM_BANKS, TS_EXTRA_ROWS
+from .attention_lse import LseStage
 from .engine_costs import active as active_engine_costs
 from .tiling import cdiv
 
@@ -90,6 +91,8 @@ def transposed_scores_group(facts, plan, tensors, b, hk0, hk1, tiles, key_bias, 
         s0, s1 = t0 * P, min(f.Sq, t1 * P)
         qT = qT_first if t0 == tiles[0] else _load_q_extended(f, tensors.q, b, h0, h1, s0, s1)
         o_sb = nl.ndarray((P, t1 - t0, h1 - h0, f.Dv), dtype=tensors.out.dtype, buffer=nl.sbuf)
+        stage = None if tensors.lse is None else LseStage(t1 - t0, h1 - h0)   # return_lse
+        s_first = s0
         for t in range(t0, t1):
             q0 = t * P
             r = min(P, f.Sq - q0)
@@ -102,11 +105,14 @@ def transposed_scores_group(facts, plan, tensors, b, hk0, hk1, tiles, key_bias, 
 
             _ts_tile(f, plan, qT[:, :, q0 - s0:q0 - s0 + r], kT, vals, h0, h1, hk0,
                      o_sb[:r, t - t0, :, :], r, f.Sk, last=last_tile,
-                     on_vector=last, store=store if last_tile else None)
+                     on_vector=last, store=store if last_tile else None,
+                     lse=None if stage is None else (stage, t - t0))
             if last_tile:
                 s1 = q0                        # rows q0.. already stored
         if s1 > s0:
             store_rows(f, tensors.out, o_sb, b, h0, h1, s0, s1)
+        if stage is not None:
+            stage.store(f, tensors.lse, b, h0, s_first, min(f.Sq, t1 * P))
 
 
 def _load_q_extended(facts, q, b, h0, h1, s0, s1):
@@ -145,7 +151,7 @@ def _ts_hilo(facts, ext, qx, j0, j1, r):
     nisa.dma_transpose(dst=qx[D:D + TS_EXTRA_ROWS, j0:j1, :], src=hml[:r], axes=(2, 1, 0))
 
 
-def _ts_tile(facts, plan, qx, kx, vals, h0, h1, hk0, out, r, n, last, on_vector, store):
+def _ts_tile(facts, plan, qx, kx, vals, h0, h1, hk0, out, r, n, last, on_vector, store, lse=None):
     """Attention of every head of a group for one query tile, P made directly as Pᵀ.
 
     1. per batch of heads, S = Q·Kᵀ side by side in PSUM and one VectorE reduce for the row
@@ -157,7 +163,8 @@ def _ts_tile(facts, plan, qx, kx, vals, h0, h1, hk0, out, r, n, last, on_vector,
        ``on_vector``) and ``store`` (if given) of the batch's heads.
     One function: the last batch's S stays allocated through step 2, as the PSUM budget
     of _ts_heads counts it.  ``qx``: [D+3, heads, r] view of Qᵀ; ``kx``: [D+3, kv heads,
-    Sk] with rows D..D+2 = -1; ``out``: [r, heads, Dv] SBUF output rows."""
+    Sk] with rows D..D+2 = -1; ``out``: [r, heads, Dv] SBUF output rows; ``lse``: (LseStage,
+    tile) receiving the row statistics (return_lse)."""
     nh, D = h1 - h0, facts.D
     nb = _ts_heads(n, r)
     nkc = cdiv(n, P)
@@ -174,6 +181,8 @@ def _ts_tile(facts, plan, qx, kx, vals, h0, h1, hk0, out, r, n, last, on_vector,
             _ts_hilo(facts, ext, qx, b0, b0 + m, r)
     if not per_batch_hilo:
         _ts_hilo(facts, ext, qx, 0, nh, r)
+    if lse is not None:
+        lse[0].put_scaled_max(lse[1], 0, ext[:r, 0:nh], r, facts.scale)
     plan.ts_tile_done()
     w = facts.Dv + 1
     per_o = PSUM_BANK_FP32 // w
@@ -195,6 +204,7 @@ def _ts_tile(facts, plan, qx, kx, vals, h0, h1, hk0, out, r, n, last, on_vector,
         for j in range(m):
             pv(o[:r, j // per_o, (j % per_o) * w:(j % per_o + 1) * w], pT[:, :, j, :], vals,
                kvs[b0 + j], r, n)
-        evict(facts, plan, o, out[:, b0:b0 + m, :], m, r, vector=last or on_vector)
+        evict(facts, plan, o, out[:, b0:b0 + m, :], m, r, vector=last or on_vector,
+              rowsum=None if lse is None else lse[0].rowsum_view(lse[1], b0, m, r))
         if store is not None:
             store(b0, b0 + m)

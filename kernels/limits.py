@@ -73,3 +73,16 @@ NORM_DECODE_MAX_ELEMENTS = 8192
 # short; above it, one instruction per step over all rows is faster (modeled trn2, LNC=2,
 # fp16, H = 2048..8192: at 8 rows the per-row path is 1.1-1.6 us slower).
 NORM_DECODE_ROW_LOOP_MAX_ROWS = 4
+
+# Norm backward kernels (kernels/rms_norm_backward.py, kernels/layer_norm_backward.py):
+# largest normalised size H. One pass over rows kept in SBUF, as the forward's one-pass
+# rows: a block's dy, x and their 16-bit/fp32 products of two blocks in flight stay
+# under trn2's 224 KiB per partition; the weight-gradient accumulator [128, H / 128] fp32
+# fits one PSUM bank (512 fp32) up to H = 65536. Longer rows take the recompute backward
+# (PyTorch ops), which the op layer chooses.
+NORM_BACKWARD_MAX_HIDDEN = 8192
+# ... and a row of at most this many bytes (bf16/fp16 up to 8192, fp32 up to 4096): a
+# block's inputs, its 16-bit/fp32 scratch (g, g * x, the centred terms, t) and the next
+# block in flight take ~9 row tiles per partition, which at 16 KiB each fits trn2's
+# 224 KiB (fp32 at 8192, 32 KiB each, does not).
+NORM_BACKWARD_MAX_ROW_BYTES = 16 * 1024

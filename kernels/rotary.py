@@ -2,6 +2,11 @@
 
     out = x * cos + rotate_half(x) * sin,   rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2])
 
+Backward (``transpose=True``): rotate_half is the map R(x) = [-x2, x1], whose transpose
+is R^T(g) = [g2, -g1] = -R(g), so dx = dout * cos + R^T(dout * sin) = dout * cos +
+rotate_half(dout) * (-sin): the same kernel with the sign of sin's halves flipped (cos and
+sin take no gradient here; the op layer recomputes when they need one).
+
 Dimensions:
     B: batch; Hq, Hk: query / key heads (may differ: grouped-query attention);
     S: positions (any S >= 1); D: head size (even).
@@ -100,9 +105,10 @@ def _rotate(dst_hbm, src_hbm, b, h0, group, s0, parts, dim, cos_tile, signed_sin
     nisa.dma_copy(dst=dst_view, src=out_tile)
 
 
-def _rope(pairs, cos, sin):
+def _rope(pairs, cos, sin, transpose=False):
     """dst = src * cos + rotate_half(src) * sin for every (src, dst) HBM pair of ``pairs``
-    (tensors [B, H, S, D] that differ only in H; cos, sin [Bc, S, D])."""
+    (tensors [B, H, S, D] that differ only in H; cos, sin [Bc, S, D]); with ``transpose``
+    the transposed map, src * cos + rotate_half(src) * (-sin) (module docstring)."""
     batch, _, seq, dim = pairs[0][0].shape
     cos_batch = cos.shape[0]
     half = dim // 2
@@ -119,11 +125,12 @@ def _rope(pairs, cos, sin):
         sin_tile = nl.ndarray((parts, dim), dtype=sin.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=sin_tile, src=sin[bc, s0:s0 + parts, :])
         # signed sin = (-sin[:D/2], sin[D/2:]) in sin's dtype, once per position tile
-        # (negation is exact)
+        # (negation is exact); transposed: (sin[:D/2], -sin[D/2:])
         signed_sin = nl.ndarray((parts, dim), dtype=sin.dtype, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=signed_sin[:, 0:half], data=sin_tile[:, 0:half],
+        negated, kept = ((half, dim), (0, half)) if transpose else ((0, half), (half, dim))
+        nisa.tensor_scalar(dst=signed_sin[:, negated[0]:negated[1]], data=sin_tile[:, negated[0]:negated[1]],
                            op0=nl.multiply, operand0=-1.0)
-        nisa.tensor_copy(dst=signed_sin[:, half:dim], src=sin_tile[:, half:dim])
+        nisa.tensor_copy(dst=signed_sin[:, kept[0]:kept[1]], src=sin_tile[:, kept[0]:kept[1]])
         for src, dst in pairs:
             heads = src.shape[1]
             for h0 in range(0, heads, group_max):
@@ -132,33 +139,36 @@ def _rope(pairs, cos, sin):
 
 
 @nki.jit
-def rotary_kernel(q, k, cos, sin):
-    """Return ``(q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin)``.
+def rotary_kernel(q, k, cos, sin, transpose=False):
+    """Return ``(q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin)``; with
+    ``transpose``, the backward: the same with -sin (the rotation's transpose).
 
     Args:
         q: HBM [B, Hq, S, D]; k: HBM [B, Hk, S, D] (same B, S, D and dtype as q).
         cos, sin: HBM [Bc, S, D] with Bc in (1, B), any float dtype.
+        transpose: apply the transposed rotation (the gradient of q and k).
     Returns:
         (q_out, k_out): HBM tensors (shared_hbm), shapes and dtype of q and k.
     """
     assert q.shape[3] % 2 == 0, f"head dim {q.shape[3]} is odd"
     q_out = nl.ndarray(q.shape, dtype=q.dtype, buffer=nl.shared_hbm)
     k_out = nl.ndarray(k.shape, dtype=k.dtype, buffer=nl.shared_hbm)
-    _rope([(q, q_out), (k, k_out)], cos, sin)
+    _rope([(q, q_out), (k, k_out)], cos, sin, transpose)
     return q_out, k_out
 
 
 @nki.jit
-def rotary_single_kernel(x, cos, sin):
+def rotary_single_kernel(x, cos, sin, transpose=False):
     """Return ``x * cos + rotate_half(x) * sin`` for one tensor (the op uses it when q or k
     has no element: an empty tensor is never passed to a kernel).
 
     Args:
         x: HBM [B, H, S, D]; cos, sin: HBM [Bc, S, D] with Bc in (1, B), any float dtype.
+        transpose: as ``rotary_kernel``.
     Returns:
         HBM tensor (shared_hbm), shape and dtype of ``x``.
     """
     assert x.shape[3] % 2 == 0, f"head dim {x.shape[3]} is odd"
     out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
-    _rope([(x, out)], cos, sin)
+    _rope([(x, out)], cos, sin, transpose)
     return out

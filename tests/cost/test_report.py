@@ -28,7 +28,9 @@ def test_report_writes_table_csv_markdown_plot_and_traces(report, tmp_path, caps
     printed = capsys.readouterr().out
     assert "modeled (trn2)" in printed and "measured (CPU)" in printed
     rows = list(csv.DictReader((tmp_path / "report.csv").open()))
-    assert [r["op"] for r in rows] == ["gelu"]
+    # an op's name selects its forward row and, right after it, its backward row
+    assert [r["op"] for r in rows] == ["gelu", "gelu backward"]
+    assert float(rows[1]["kernel_us_modeled_trn2"]) >= float(rows[1]["limit_us_modeled_trn2"]) > 0
     row = rows[0]
     assert row["status"] in ("ok", "below target")
     assert float(row["kernel_us_modeled_trn2"]) >= float(row["limit_us_modeled_trn2"]) > 0
@@ -44,7 +46,7 @@ def test_report_writes_table_csv_markdown_plot_and_traces(report, tmp_path, caps
     assert "modeled (trn2)" in md and "Where the time goes" in md
     assert (tmp_path / "report.png").stat().st_size > 1000
     traces = list((tmp_path / "traces").glob("*.json"))
-    assert len(traces) == 1 and json.loads(traces[0].read_text())["traceEvents"]
+    assert len(traces) == 2 and all(json.loads(t.read_text())["traceEvents"] for t in traces)
 
 
 def test_a_failing_kernel_becomes_an_error_row_and_a_failed_run(report, tmp_path, monkeypatch, capsys):

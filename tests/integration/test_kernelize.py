@@ -109,8 +109,9 @@ def test_gemma_norms_keep_their_own_forward(reference_backend):
 
 
 def test_kernelize_for_training(simulator_backend, kernel_calls):
-    """Mode.TRAINING (the default in train mode): the layers' backward recomputes in fp32;
-    loss and gradients as the eager model's."""
+    """Mode.TRAINING (the default in train mode): the layers' backward runs the NKI backward
+    kernels of the block ops (RMSNorm, the SiLU-gated MLP, rotary; attention's backward
+    recomputes in fp32 on this branch); loss and gradients as the eager model's."""
     reference = build(CAUSAL_LM["qwen3"], "sdpa")
     perturb_norms(reference)
     model = build(CAUSAL_LM["qwen3"], "nki")
@@ -121,8 +122,15 @@ def test_kernelize_for_training(simulator_backend, kernel_calls):
     labels = batch.input_ids.masked_fill(batch.attention_mask == 0, -100)
     losses = [m(**batch.kwargs(), labels=labels).loss for m in (reference, model)]
     assert kernel_calls["act_and_mul_kernel"] == 2
+    forward_rotary = kernel_calls["rotary_kernel"]
     for loss in losses:
         loss.backward()
+    # the backward kernels ran: every RMSNorm (two per layer, q/k norms two more, the final
+    # one), the gated MLP per layer; rotary's backward is its forward kernel, transposed,
+    # once per forward launch
+    assert kernel_calls["rms_norm_backward_kernel"] == 9
+    assert kernel_calls["act_and_mul_backward_kernel"] == 2
+    assert kernel_calls["rotary_kernel"] == 2 * forward_rotary > 0
     torch.testing.assert_close(losses[1], losses[0], atol=1e-5, rtol=1e-4)
     for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-3, msg=name)

@@ -2,9 +2,17 @@
 
 Every op of the package is a custom op whose body runs, per input device, the NKI kernel
 (``kernel_call``) or the PyTorch reference (``_dispatch.run``); whose fake returns empty
-outputs of the right shapes (``torch.compile``, meta tensors); and whose backward
-recomputes the op in fp32 with PyTorch autograd from the saved inputs (no NKI backward
-kernels yet).
+outputs of the right shapes (``torch.compile``, meta tensors); and whose backward is
+either
+
+* a **kernel backward** (``KernelBackward``): the op's backward is itself a custom op,
+  defined with ``define_op`` like any forward op, so its body dispatches the same way (NKI
+  backward kernel on ``neuron`` and on the simulator backend, PyTorch math on the
+  reference backend), ``torch.compile`` traces it into the backward graph, and opcheck
+  checks it; or
+* the **recompute backward** (every op without a kernel backward, and the shapes a
+  kernel backward declines, ``KernelBackward.applies``): the op recomputed in fp32 with
+  PyTorch autograd from the saved inputs.
 
 How the op is registered depends on the host (``_neuron.registrar``):
 
@@ -24,6 +32,7 @@ the op's schema; its body is not used) and the pieces that differ between ops.
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -45,8 +54,33 @@ def _as_tuple(x) -> tuple:
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
+@dataclass(frozen=True)
+class KernelBackward:
+    """An op's backward through its backward custom op (see the module docstring).
+
+    * ``grads(inputs, outputs, grad_outputs)``: one gradient (or None) per input of the
+      forward op, computed by calling the backward custom op; ``inputs`` are the forward
+      op's arguments as called (tensors as saved), ``outputs`` its outputs (a tuple; only
+      those named by ``save_outputs`` are kept, the others are None), ``grad_outputs`` one
+      gradient per output (None where autograd has none: pass zeros to the kernel);
+    * ``applies(*inputs)``: whether the backward op takes this call (e.g. within the
+      kernel's limits); where it does not, the recompute backward runs (default: always);
+    * ``save_outputs``: indices of the forward outputs the backward reads (softmax: its
+      output); the others are not kept alive;
+    * ``grads_for``: indices of the inputs whose gradients ``grads`` computes (None: all);
+      when autograd needs the gradient of another input (e.g. rotary's cos), the recompute
+      backward runs.
+    """
+
+    grads: Callable[..., tuple]
+    applies: Callable[..., bool] = lambda *inputs: True
+    save_outputs: tuple[int, ...] = ()
+    grads_for: tuple[int, ...] | None = None
+
+
 def define_op(stub: Callable, *, kernel_call: Callable, reference: Callable, fake: Callable,
-              grad_reference: Callable, is_empty: Callable | None = None):
+              grad_reference: Callable, is_empty: Callable | None = None,
+              backward: KernelBackward | None = None):
     """The custom op ``<namespace>::<stub name without leading _>`` with the stub's schema.
 
     * ``kernel_call(**args)``: the NKI launch (``_dispatch.KernelCall``), args by name;
@@ -55,7 +89,9 @@ def define_op(stub: Callable, *, kernel_call: Callable, reference: Callable, fak
     * ``grad_reference(*args)``: the op written with differentiable PyTorch ops, called
       with fp32 copies of the tensor arguments (the backward differentiates it);
     * ``is_empty(*args)``: True when the result has no elements, so nothing runs
-      (default: the first tensor argument is empty).
+      (default: the first tensor argument is empty);
+    * ``backward``: the op's kernel backward (``KernelBackward``), or None for the
+      recompute backward alone.
     """
     # the schema: the stub's signature with its (possibly string) annotations evaluated in
     # the stub's module, where the names they use are defined
@@ -88,30 +124,68 @@ def define_op(stub: Callable, *, kernel_call: Callable, reference: Callable, fak
     # our fake on both paths (nki_op registers the body as the fake, which would run the
     # kernel's own shape inference; ours is the same empty outputs as on CPU)
     op.register_fake(fake)
-    op.register_autograd(_recompute_backward(grad_reference), setup_context=_save_inputs)
+    recompute = _recompute_backward(grad_reference)
+    if backward is None:
+        op.register_autograd(recompute, setup_context=_save_inputs)
+    else:
+        op.register_autograd(_kernel_backward(backward, recompute),
+                             setup_context=lambda ctx, inputs, output: _save_inputs(
+                                 ctx, inputs, output, backward.save_outputs))
     return op
 
 
-def _save_inputs(ctx, inputs, output):
-    """Save the tensor inputs for the backward; remember the other arguments as they are."""
+def _save_inputs(ctx, inputs, output, save_outputs: tuple[int, ...] = ()):
+    """Save the tensor inputs (and the outputs named by ``save_outputs``) for the
+    backward; remember the other arguments as they are."""
     tensors = [a for a in inputs if isinstance(a, torch.Tensor)]
-    ctx.save_for_backward(*tensors)
+    outputs = _as_tuple(output)
+    ctx.n_outputs = len(outputs)
+    ctx.saved_outputs = tuple(save_outputs)
+    ctx.save_for_backward(*tensors, *(outputs[i] for i in save_outputs))
     ctx.arguments = [None if isinstance(a, torch.Tensor) else a for a in inputs]
     ctx.is_tensor = [isinstance(a, torch.Tensor) for a in inputs]
+
+
+def _saved(ctx) -> tuple[list, tuple]:
+    """The forward's arguments (tensors as saved) and outputs (None where not saved)."""
+    saved = iter(ctx.saved_tensors)
+    inputs = [next(saved) if is_tensor else arg for arg, is_tensor in zip(ctx.arguments, ctx.is_tensor)]
+    outputs = [None] * ctx.n_outputs
+    for i in ctx.saved_outputs:
+        outputs[i] = next(saved)
+    return inputs, tuple(outputs)
+
+
+def _kernel_backward(backward: KernelBackward, recompute: Callable):
+    """The autograd formula of an op with a kernel backward: its backward custom op where
+    ``backward.applies``, else ``recompute``."""
+
+    def run(ctx, *grad_outputs):
+        inputs, outputs = _saved(ctx)
+        uncovered = backward.grads_for is not None and any(
+            need for i, need in enumerate(ctx.needs_input_grad) if i not in backward.grads_for)
+        if uncovered or not backward.applies(*inputs):
+            return recompute(ctx, *grad_outputs)
+        grads = tuple(backward.grads(inputs, outputs, grad_outputs))
+        # a gradient only where autograd asked for one (and the input is a tensor)
+        return tuple(g if need and is_tensor else None
+                     for g, need, is_tensor in zip(grads, ctx.needs_input_grad, ctx.is_tensor))
+
+    return run
 
 
 def _recompute_backward(grad_reference: Callable):
     """A backward that recomputes ``grad_reference`` in fp32 and differentiates it."""
 
     def backward(ctx, *grad_outputs):
-        saved = iter(ctx.saved_tensors)
+        inputs, _ = _saved(ctx)
         originals, leaves = [], []
-        for i, (arg, is_tensor) in enumerate(zip(ctx.arguments, ctx.is_tensor)):
+        for i, (arg, is_tensor) in enumerate(zip(inputs, ctx.is_tensor)):
             if not is_tensor:
                 originals.append(None)
                 leaves.append(arg)
                 continue
-            t = next(saved)
+            t = arg
             originals.append(t)
             if t.is_floating_point():
                 t = t.detach().float().requires_grad_(bool(ctx.needs_input_grad[i]))

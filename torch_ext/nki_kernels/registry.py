@@ -11,7 +11,10 @@ An :class:`OpSpec` ties together, by reference (never by name strings):
 * ``roofline``: the same signature plus ``target=`` -> the op's limit and modeled eager
   baseline (``roofline.py``);
 * ``workloads``: representative model shapes (the main job's grid);
-* ``layers``: names of the ``kernelize`` layers (``layers.py``) built on the op.
+* ``layers``: names of the ``kernelize`` layers (``layers.py``) built on the op;
+* ``backward`` (optional): the op's NKI backward (:class:`Backward`): its backward custom
+  op, launch, twin and roofline, run by the main job on the same workloads as the
+  forward (a "backward" row beside each forward row).
 
 Each op module registers its ops when it is imported (``nki_kernels/ops/``); adding an op
 is: its kernel in ``kernels/``, its op module, its twin and eager model, one ``register``
@@ -40,6 +43,40 @@ class Workload:
 
 
 @dataclass(frozen=True)
+class Backward:
+    """An op's NKI backward kernel, declared like the op itself but with the backward
+    op's signature (output gradients first, then what the forward saved; e.g.
+    ``rms_norm_backward(grad_output, input, normalized_shape, weight, eps)``):
+
+    * ``custom_op``: the backward custom op (``_custom_op.define_op``; what the forward's
+      autograd formula calls, ``_custom_op.KernelBackward``);
+    * ``inputs(gen, args, kwargs) -> (bargs, bkwargs)``: the backward op's arguments for a
+      forward workload's inputs (``args, kwargs`` from ``Workload.make``): fresh random
+      output gradients plus the saved tensors;
+    * ``kernel_call``: the backward signature -> :class:`~._dispatch.KernelCall`;
+    * ``reference``: the backward signature + ``compute_dtype=`` -> the input gradients
+      (a tuple, in the order the backward op returns them);
+    * ``roofline``: the backward signature + ``lnc=, target=`` -> ``roofline.Roofline``:
+      the backward's limit and the modeled EAGER-AUTOGRAD baseline (the ATen ops autograd
+      runs for the op's backward, each at its own limit);
+    * ``covers(args, kwargs)``: whether the backward kernel takes a forward workload's call
+      (e.g. softmax's rows past the one-pass length take the recompute backward): the main
+      job adds a backward row only where it does;
+    * ``speedup_targets``: the modeled speedups over eager autograd the main job's backward
+      rows must reach, by workload name (none where absent).
+    """
+
+    custom_op: Any
+    inputs: Callable[[torch.Generator, tuple, dict], tuple[tuple, dict]]
+    kernel_call: Callable[..., Any]
+    reference: Callable[..., Any]
+    roofline: Callable[..., Any]
+    covers: Callable[[tuple, dict], bool] = lambda args, kwargs: True
+    # modeled speedups over eager autograd the backward row must reach, by workload name
+    speedup_targets: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class OpSpec:
     """Everything the project knows about one op (see the module docstring)."""
 
@@ -51,9 +88,11 @@ class OpSpec:
     roofline: Callable[..., Any]
     workloads: tuple[Workload, ...] = field(default_factory=tuple)
     layers: tuple[str, ...] = ()
+    backward: Backward | None = None
 
 
 _OPS: dict[str, OpSpec] = {}
+
 
 
 def register(spec: OpSpec) -> OpSpec:

@@ -28,12 +28,22 @@ upcasts bf16 to fp32) and ``_safe_softmax`` as a single softmax pass.
 
 Every function takes tensors (or anything with ``.shape``, ``.dtype`` and
 ``.element_size()``, e.g. ``torch.empty(shape, dtype=..., device="meta")``).
+
+**Backward rows** (ops with a backward kernel, ``registry.Backward``): the limit is the
+backward's compulsory work (``Work``, as above: the gradients' reads and writes); the
+modeled **eager-autograd baseline** is the sequence of ATen ops PyTorch's autograd runs
+for the backward of the op's eager composition (``eager_autograd``: recorded on meta
+tensors with a ``TorchDispatchMode``, so it is the sequence torch 2.13 actually
+dispatches, not a hand list), each charged at its own limit by the same rule (every input
+read from and every output written to HBM; view ops free). The forward ops eager ran are
+not counted: the baseline is the backward pass alone, as the kernel row is.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 from .simulator.hardware import DEFAULT_TARGET, Target, get_target
 
@@ -191,6 +201,57 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     return _roofline("scaled_dot_product_attention", work, eager, target, lnc)
 
 
+def _eager_sdpa_math(query, key, value, attn_mask, is_causal, scale):
+    """SDPA's math path as eager autograd sees it (the same ATen ops as the forward model
+    above): q·sqrt(scale), k·sqrt(scale), repeat_interleave for grouped heads, bmm, causal
+    mask, mask add, softmax, bmm; in the input dtype."""
+    import torch
+
+    h, hkv = query.shape[1], key.shape[1]
+    root = math.sqrt(scale)
+    q, k, v = query * root, key * root, value
+    if hkv != h:
+        k, v = k.repeat_interleave(h // hkv, dim=1), v.repeat_interleave(h // hkv, dim=1)
+    s = q @ k.transpose(-2, -1)
+    if is_causal:
+        # as the math path: a -inf bias built from tril and added (its backward passes the
+        # gradient through; the bias itself needs none)
+        keep = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool, device=s.device).tril()
+        bias = torch.zeros(keep.shape, dtype=s.dtype, device=s.device).masked_fill(~keep, float("-inf"))
+        s = s + bias
+    if attn_mask is not None:
+        s = s + attn_mask
+    return torch.softmax(s, dim=-1) @ v
+
+
+def scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse, attn_mask=None,
+                                          is_causal: bool = False, scale=None, lnc: int = 1,
+                                          target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """Attention's backward (FlashAttention-2: P recomputed from Q, K and the saved lse).
+
+    Limit: reads q, k, v, O, dO, lse (and the mask), writes dq, dk, dv; matmuls S = Q·Kᵀ
+    (recomputed), dP = dO·Vᵀ, dV = Pᵀ·dO, dK = dSᵀ·Q, dQ = dS·K over the (query, key) pairs
+    the mask keeps (causal: the lower triangle); one exp per pair.
+    Eager autograd: the backward of SDPA's math path (``_eager_sdpa_math``), recorded
+    (``eager_autograd``): bmm's, softmax backward, the scale multiplies; every [Sq, Sk]
+    intermediate through HBM."""
+    b, h, sq, d = query.shape
+    hkv, sk, dv = key.shape[1], key.shape[2], value.shape[-1]
+    scale = d ** -0.5 if scale is None else scale
+    pairs = b * h * (_causal_pairs(sq, sk) if is_causal else sq * sk)
+    reads = (grad_out, query, key, value, out, lse) + ((attn_mask,) if attn_mask is not None else ())
+    work = Work("scaled_dot_product_attention backward",
+                sum(_nbytes(t) for t in reads) + _nbytes(query) + _nbytes(key) + _nbytes(value),
+                2 * pairs * (3 * d + 2 * dv), pairs, _is_fp32(query))
+    mask = attn_mask
+    if mask is not None and _dtype_name(mask.dtype) == "bool":
+        import torch
+
+        mask = torch.empty(tuple(mask.shape), dtype=query.dtype, device="meta")
+    return backward_roofline("scaled_dot_product_attention backward", work, _eager_sdpa_math,
+                             (query, key, value, mask, is_causal, scale), (0, 1, 2), target, lnc)
+
+
 # ----------------------------------------------------------------------------- norms
 
 def _rms_norm_eager(x, weight, prefix: str = "") -> list[Work]:
@@ -323,3 +384,229 @@ def apply_rotary_pos_emb(q, k, cos, sin, lnc: int = 1,
         ]
     return _roofline("apply_rotary_pos_emb", work, eager, target, lnc)
 
+
+
+# ----------------------------------------------------------------------------- backward
+
+# ATen ops that only change a tensor's metadata (no data moved): free in the eager models.
+_VIEW_OPS = frozenset({
+    "detach", "expand", "view", "_unsafe_view", "t", "transpose", "permute", "unsqueeze",
+    "squeeze", "slice", "select", "alias", "as_strided", "reshape", "split", "split_with_sizes",
+    "unbind", "chunk", "narrow", "_reshape_alias", "unflatten", "flatten",
+})
+# ATen ops that evaluate a transcendental per output element on ScalarE (exp, tanh,
+# sigmoid, erf, rsqrt; a fractional or negative power is an exp/log pair, counted once).
+_TRANSCENDENTAL_OPS = frozenset({
+    "exp", "tanh", "sigmoid", "rsqrt", "sqrt", "erf", "log", "reciprocal", "silu", "gelu",
+    "silu_backward", "gelu_backward", "sigmoid_backward", "tanh_backward",
+})
+
+
+def _aten_work(func, args, kwargs, out) -> Work | None:
+    """``Work`` of one recorded ATen call (None for a view op): every tensor input read,
+    every tensor output written, transcendentals per output element for the ops above,
+    matmul FLOPs for mm/bmm/addmm."""
+    import torch
+
+    name = func.overloadpacket.__name__
+    if name in _VIEW_OPS:
+        return None
+    flat_in = [a for a in list(args) + list((kwargs or {}).values()) for a in (a if isinstance(a, (list, tuple)) else (a,))]
+    ins = [a for a in flat_in if isinstance(a, torch.Tensor)]
+    outs = [o for o in (out if isinstance(out, (list, tuple)) else (out,)) if isinstance(o, torch.Tensor)]
+    nbytes = sum(_nbytes(t) for t in ins + outs)
+    n_out = sum(math.prod(o.shape) for o in outs)
+    trans = 0
+    if name in _TRANSCENDENTAL_OPS:
+        trans = n_out
+    elif name == "pow":
+        exponent = args[1] if len(args) > 1 else None
+        if not (isinstance(exponent, (int, float)) and float(exponent).is_integer() and exponent >= 0):
+            trans = n_out
+    flops = 0
+    if name in ("mm", "bmm", "addmm", "baddbmm"):
+        a, b = ins[-2], ins[-1]
+        flops = 2 * math.prod(a.shape) * b.shape[-1]
+    fp32 = any(_is_fp32(o) for o in outs)
+    return Work(f"{name}", nbytes, flops, trans, fp32)
+
+
+def eager_autograd(forward: Callable, inputs: Sequence, grad_inputs: Sequence[int]) -> list[Work]:
+    """The ATen ops autograd runs for the backward of ``forward(*inputs)`` (the op's
+    eager composition), as ``Work``: recorded on meta copies of the tensor ``inputs``
+    (shape and dtype kept, no data), the gradients taken with respect to the inputs at
+    positions ``grad_inputs``, the output gradients of the outputs' shapes and dtypes.
+    Non-tensor inputs pass through."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    metas = [torch.empty(tuple(a.shape), dtype=a.dtype, device="meta",
+                         requires_grad=i in grad_inputs and a.is_floating_point())
+             if isinstance(a, torch.Tensor) else a for i, a in enumerate(inputs)]
+    wrt = [metas[i] for i in grad_inputs if isinstance(metas[i], torch.Tensor)]
+    with torch.enable_grad():
+        outs = forward(*metas)
+    outs = [o for o in (outs if isinstance(outs, (tuple, list)) else (outs,)) if o.requires_grad]
+    grads = [torch.empty_like(o) for o in outs]
+    steps: list[Work] = []
+
+    class _Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            work = _aten_work(func, args, kwargs, out)
+            if work is not None:
+                steps.append(work)
+            return out
+
+    with _Record():
+        torch.autograd.grad(outs, wrt, grads, allow_unused=True)
+    return steps
+
+
+def backward_roofline(op: str, work: Work, forward: Callable, inputs: Sequence,
+                      grad_inputs: Sequence[int], target, lnc: int) -> Roofline:
+    """The limit of a backward kernel (``work``: its compulsory work) and its modeled
+    eager-autograd baseline (``eager_autograd(forward, inputs, grad_inputs)``)."""
+    return _roofline(op, work, eager_autograd(forward, inputs, grad_inputs), target, lnc)
+
+
+def _grad_io(name: str, reads: Sequence, writes: Sequence, transcendentals: int = 0) -> Work:
+    """Compulsory work of a backward: every tensor of ``reads`` read once, of ``writes``
+    written once (None entries skipped); fp32 when the first read is fp32."""
+    present = [t for t in list(reads) + list(writes) if t is not None]
+    return Work(name, sum(_nbytes(t) for t in present), 0, int(transcendentals), _is_fp32(reads[0]))
+
+
+def _eager_rms_norm(x, normalized_shape, weight, eps):
+    import torch.nn.functional as F
+
+    return F.rms_norm(x, tuple(normalized_shape), weight, eps)
+
+
+def rms_norm_backward(grad_output, input, normalized_shape, weight=None, eps=None, lnc: int = 1,
+                      target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """rms_norm's backward: reads dy, x (weight), writes dx (dweight); one rsqrt per row.
+    Eager autograd: the backward of F.rms_norm's ATen decomposition."""
+    rows = math.prod(input.shape) // math.prod(normalized_shape)
+    work = _grad_io("rms_norm backward", (grad_output, input, weight), (input, weight), rows)
+    return backward_roofline("rms_norm backward", work, _eager_rms_norm,
+                             (input, list(normalized_shape), weight, 1e-6 if eps is None else eps),
+                             (0, 2), target, lnc)
+
+
+def _eager_fused_add_rms_norm(x, residual, weight, eps):
+    import torch.nn.functional as F
+
+    total = x + residual
+    return F.rms_norm(total, (x.shape[-1],), weight, eps), total
+
+
+def fused_add_rms_norm_backward(grad_output, grad_total, total, weight=None, eps=None, lnc: int = 1,
+                                target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """fused_add_rms_norm's backward: reads d(normed), d(total), the saved sum and the
+    weight; writes d(input) (= d(residual), the same tensor) and dweight. Eager autograd:
+    the backward of add + F.rms_norm (autograd's add backward passes the gradient through,
+    its accumulation of the two gradients of the sum is an add)."""
+    rows = math.prod(total.shape) // total.shape[-1]
+    work = _grad_io("fused_add_rms_norm backward", (grad_output, grad_total, total, weight), (total, weight), rows)
+    return backward_roofline("fused_add_rms_norm backward", work, _eager_fused_add_rms_norm,
+                             (total, total, weight, 1e-6 if eps is None else eps), (0, 1, 2), target, lnc)
+
+
+def _eager_layer_norm(x, normalized_shape, weight, bias, eps):
+    import torch.nn.functional as F
+
+    return F.layer_norm(x, tuple(normalized_shape), weight, bias, eps)
+
+
+def layer_norm_backward(grad_output, input, normalized_shape, weight=None, bias=None, eps: float = 1e-5,
+                        lnc: int = 1, target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """layer_norm's backward: reads dy, x (weight), writes dx (dweight, dbias); one rsqrt
+    per row. Eager autograd: ``native_layer_norm_backward`` (one fused ATen op reading the
+    forward's saved fp32 mean and rstd)."""
+    rows = math.prod(input.shape) // math.prod(normalized_shape)
+    work = _grad_io("layer_norm backward", (grad_output, input, weight), (input, weight, bias), rows)
+    return backward_roofline("layer_norm backward", work, _eager_layer_norm,
+                             (input, list(normalized_shape), weight, bias, eps), (0, 2, 3), target, lnc)
+
+
+def gelu_backward(grad_output, input, approximate: str = "none", lnc: int = 1,
+                  target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """gelu's backward: reads dy, x, writes dx; one derivative (transcendental) per
+    element. Eager autograd: one ``gelu_backward``."""
+    import torch.nn.functional as F
+
+    work = _grad_io("gelu backward", (grad_output, input), (input,), math.prod(input.shape))
+    return backward_roofline("gelu backward", work, lambda x: F.gelu(x, approximate=approximate), (input,), (0,),
+                             target, lnc)
+
+
+def silu_backward(grad_output, input, lnc: int = 1, target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """silu's backward: reads dy, x, writes dx; one derivative per element. Eager autograd:
+    one ``silu_backward``."""
+    import torch.nn.functional as F
+
+    work = _grad_io("silu backward", (grad_output, input), (input,), math.prod(input.shape))
+    return backward_roofline("silu backward", work, F.silu, (input,), (0,), target, lnc)
+
+
+def _gated_backward(op, act, grad_output, input, target, lnc) -> Roofline:
+    # reads dy [.., d] and x [.., 2d], writes dx [.., 2d]; act and act' per output element
+    work = _grad_io(f"{op} backward", (grad_output, input), (input,), 2 * math.prod(grad_output.shape))
+
+    def eager(x):
+        d = x.shape[-1] // 2
+        return act(x[..., :d]) * x[..., d:]
+
+    return backward_roofline(f"{op} backward", work, eager, (input,), (0,), target, lnc)
+
+
+def silu_and_mul_backward(grad_output, input, lnc: int = 1, target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """silu_and_mul's backward. Eager autograd: the backward of silu(x[..., :d]) * x[..., d:]
+    (mul's two products, silu_backward, the slices' gradients into a [.., 2d] buffer)."""
+    import torch.nn.functional as F
+
+    return _gated_backward("silu_and_mul", F.silu, grad_output, input, target, lnc)
+
+
+def gelu_and_mul_backward(grad_output, input, approximate: str = "none", lnc: int = 1,
+                          target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """gelu_and_mul's backward. Eager autograd: as silu_and_mul's with gelu_backward."""
+    import torch.nn.functional as F
+
+    return _gated_backward("gelu_and_mul", lambda g: F.gelu(g, approximate=approximate), grad_output, input,
+                           target, lnc)
+
+
+def apply_rotary_pos_emb_backward(grad_q, grad_k, cos, sin, lnc: int = 1,
+                                  target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """Rotary's backward (d q, d k; cos/sin take none): reads d q_out, d k_out, cos, sin,
+    writes d q, d k. Eager autograd: the backward of transformers' composition
+    (x * cos + rotate_half(x) * sin) for q and k."""
+    def eager(q, k, c, s):
+        c, s = (c.unsqueeze(1), s.unsqueeze(1)) if c.dim() == 3 else (c, s)
+
+        def rope(x):
+            half = x.shape[-1] // 2
+            return x * c + _cat_last((-x[..., half:], x[..., :half])) * s
+        return rope(q), rope(k)
+
+    work = _grad_io("apply_rotary_pos_emb backward", (grad_q, grad_k, cos, sin), (grad_q, grad_k))
+    return backward_roofline("apply_rotary_pos_emb backward", work, eager, (grad_q, grad_k, cos, sin), (0, 1),
+                             target, lnc)
+
+
+def _cat_last(tensors):
+    import torch
+
+    return torch.cat(tensors, dim=-1)
+
+
+def softmax_backward(grad_output, output, dim: int = -1, lnc: int = 1,
+                     target: str | Target = DEFAULT_TARGET) -> Roofline:
+    """softmax's backward from its output: reads dy, y, writes dx. Eager autograd: one
+    ``_softmax_backward_data``."""
+    import torch
+
+    work = _grad_io("softmax backward", (grad_output, output), (output,))
+    return backward_roofline("softmax backward", work, lambda x: torch.softmax(x, dim), (output,), (0,), target, lnc)

@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 
 from .. import _checks, _dispatch, _kernel_sources, references, registry, roofline
-from .._custom_op import define_op
+from .._custom_op import KernelBackward, define_op
 from ._workloads import randn
 
 __all__ = ["scaled_dot_product_attention"]
@@ -38,6 +38,7 @@ __all__ = ["scaled_dot_product_attention"]
 MAX_HEAD_DIM = _kernel_sources.limits().ATTENTION_MAX_HEAD_DIM
 SINGLE_PASS_MAX_KEYS = _kernel_sources.limits().ATTENTION_SINGLE_PASS_MAX_KEYS
 KERNEL_MODULE = "attention"   # kernels/attention.py
+BACKWARD_MODULE = "attention_bwd"   # kernels/attention_bwd.py
 _MASK_DTYPES = (torch.bool, torch.float32)
 
 
@@ -235,6 +236,177 @@ _sdpa_op = define_op(_scaled_dot_product_attention, kernel_call=attention_kernel
                      is_empty=_nothing_to_compute)
 
 
+# ---------------------------------------------------------------------------- training: lse + backward kernel
+#
+# When autograd needs gradients of q, k or v, the public function calls
+# ``scaled_dot_product_attention_lse``, which also returns the per-row log-sum-exp
+# ``lse [B, H, Sq]`` (fp32) the forward kernel saves (``return_lse=True``); its autograd
+# formula calls ``scaled_dot_product_attention_backward``, whose body runs the NKI backward
+# kernel (kernels/attention_bwd.py) on ``neuron`` and on the simulator backend, and PyTorch
+# math (fp32 autograd of the twin) on the reference backend. Without grad the plain op runs
+# (no lse, nothing saved). A float attn_mask that itself requires grad takes the plain op's
+# recompute backward (its gradient is an [Sq, Sk] tensor, which the kernel never makes).
+
+
+def attention_lse_kernel_call(query, key, value, attn_mask=None, is_causal=False, scale=None):
+    """The forward launch of ``attention_kernel_call`` with ``return_lse=True``: the op's
+    result is (out, lse [B, H, Sq] fp32)."""
+    call = attention_kernel_call(query, key, value, attn_mask, 0.0, is_causal, scale,
+                                 enable_gqa=query.shape[1] != key.shape[1])
+    finish = call.finish
+
+    def both(outputs):
+        out, lse = outputs
+        return (out if finish is None else finish(out)), lse
+
+    return _dispatch.KernelCall(call.module, call.kernel, call.tensors, {**call.static, "return_lse": True}, both)
+
+
+def _reference_lse(query, key, value, attn_mask, is_causal, scale):
+    """(twin output, lse) on the reference backend: lse = logsumexp(scale·S + mask) in fp32."""
+    out = _reference(query, key, value, attn_mask, is_causal, scale)
+    return out, _lse_twin(query, key, attn_mask, is_causal, scale)
+
+
+def _lse_twin(query, key, attn_mask, is_causal, scale):
+    b, h, sq, _ = query.shape
+    if query.numel() == 0 or key.shape[2] == 0:
+        return query.new_full((b, h, sq), float("-inf"), dtype=torch.float32)
+    k = key.float().repeat_interleave(h // key.shape[1], dim=1)
+    s = (query.float() @ k.transpose(-1, -2)) * scale
+    mask = _kernel_mask(attn_mask, b, h, sq, key.shape[2])
+    if mask is not None:
+        s = s + (mask[:, None, None, :] if mask.dim() == 2 else mask)
+    if is_causal:
+        keep = torch.ones(sq, key.shape[2], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    return torch.logsumexp(s, dim=-1)
+
+
+def _empty_lse(query, key, value, *_):
+    b, h, sq, _ = query.shape
+    return _empty_out(query, key, value), query.new_empty((b, h, sq), dtype=torch.float32)
+
+
+def _twin_lse(query, key, value, attn_mask, is_causal, scale):
+    return (_twin(query, key, value, attn_mask, is_causal, scale, compute_dtype=torch.float32),
+            _lse_twin(query, key, attn_mask, is_causal, scale))
+
+
+def attention_backward_kernel_call(grad_out, query, key, value, out, lse, attn_mask=None,
+                                   is_causal=False, scale=None) -> _dispatch.KernelCall:
+    """The NKI backward launch (kernels/attention_bwd.py): every tensor as [B, heads, S, d]
+    contiguous (a transposed-layout input or output is copied), the mask as the forward
+    kernel takes it. Returns (dq, dk, dv) in the input dtype."""
+    b, h, sq, d = query.shape
+    if scale is None:
+        scale = d ** -0.5
+    tensors = tuple(t.contiguous() for t in (query, key, value, out, grad_out.to(query.dtype)))
+    tensors = tensors + (lse.contiguous(),)
+    mask = _kernel_mask(attn_mask, b, h, sq, key.shape[2])
+    static = {"scale": float(scale), "causal": bool(is_causal)}
+    if mask is not None:
+        return _dispatch.KernelCall(BACKWARD_MODULE, "attention_bwd_kernel", tensors + (mask,), static)
+    # Without a mask the batches are more heads: [B, H, S, d] contiguous is [1, B·H, S, d]
+    # (kv head b·Hkv + j still serves query heads (b·Hkv + j)·G ...), so the kernel's units
+    # of kv heads span batches and its loads and stores move more heads per transfer.
+    flat = tuple(t.reshape((1, t.shape[0] * t.shape[1]) + tuple(t.shape[2:])) for t in tensors)
+    shapes = (query.shape, key.shape, value.shape)
+    return _dispatch.KernelCall(BACKWARD_MODULE, "attention_bwd_kernel", flat, static,
+                                lambda grads: tuple(g.reshape(s) for g, s in zip(grads, shapes)))
+
+
+def _backward_math(grad_out, query, key, value, attn_mask, is_causal, scale, compute_dtype=torch.float32):
+    """dq, dk, dv of attention in ``compute_dtype`` with explicit PyTorch ops (the body of a
+    custom op runs below autograd, so the formulas are written out): P = softmax(scale·S +
+    mask) (an all-masked row: P = 0, as the forward returns 0), dV = Pᵀ·dO, dS = P ⊙ (dO·Vᵀ -
+    rowsum(dO ⊙ O)), dQ = scale·dS·K, dK = scale·dSᵀ·Q; GQA sums over each kv head's group."""
+    b, h, sq, _ = query.shape
+    hkv, sk = key.shape[1], key.shape[2]
+    g = h // hkv
+    q, k, v, do = (t.to(compute_dtype) for t in (query, key, value, grad_out))
+    k_rep, v_rep = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    s = (q @ k_rep.transpose(-1, -2)) * scale
+    mask = _kernel_mask(attn_mask, b, h, sq, sk)
+    if mask is not None:
+        s = s + (mask[:, None, None, :] if mask.dim() == 2 else mask).to(compute_dtype)
+    if is_causal:
+        keep = torch.ones(sq, sk, dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    empty = torch.isneginf(s).all(-1, keepdim=True)
+    p = torch.softmax(s.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
+    dv = (p.transpose(-1, -2) @ do).unflatten(1, (hkv, g)).sum(2)
+    dp = do @ v_rep.transpose(-1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+    dq = (ds @ k_rep) * scale
+    dk = ((ds.transpose(-1, -2) @ q) * scale).unflatten(1, (hkv, g)).sum(2)
+    return dq, dk, dv
+
+
+def _empty_grads(grad_out, query, key, value, *_):
+    return (query.new_zeros(query.shape), key.new_zeros(key.shape, dtype=query.dtype),
+            value.new_zeros(value.shape, dtype=query.dtype))
+
+
+def _no_backward_work(grad_out, query, key, value, *_):
+    return query.numel() == 0 or key.shape[2] == 0 or value.shape[-1] == 0
+
+
+def _reference_backward(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale):
+    """The reference backend's backward: PyTorch math in fp32, one rounding to the dtype."""
+    if _no_backward_work(grad_out, query, key, value):
+        return _empty_grads(grad_out, query, key, value)
+    grads = _backward_math(grad_out, query, key, value, attn_mask, is_causal, scale)
+    return tuple(g.to(query.dtype).contiguous() for g in grads)
+
+
+def _grad_reference_backward(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale):
+    """Differentiable form of the backward (for a double backward): the same formulas."""
+    return _backward_math(grad_out, query, key, value, attn_mask, is_causal, scale)
+
+
+def _scaled_dot_product_attention_backward(
+        grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+        out: torch.Tensor, lse: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool,
+        scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+
+_sdpa_backward_op = define_op(
+    _scaled_dot_product_attention_backward, kernel_call=attention_backward_kernel_call,
+    reference=_reference_backward, fake=_empty_grads, grad_reference=_grad_reference_backward,
+    is_empty=_no_backward_work)
+
+
+def _lse_grads(inputs, outputs, grad_outputs):
+    """Autograd formula of the lse op: the backward op on (dO, q, k, v, O, lse); no gradient
+    for the mask (see the section comment), is_causal and scale."""
+    query, key, value, attn_mask, is_causal, scale = inputs
+    out, lse = outputs
+    grad_out = grad_outputs[0] if grad_outputs[0] is not None else torch.zeros_like(out)
+    dq, dk, dv = _sdpa_backward_op(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale)
+    return dq, dk, dv, None, None, None
+
+
+def _scaled_dot_product_attention_lse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                      attn_mask: Optional[torch.Tensor], is_causal: bool,
+                                      scale: float) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+_sdpa_lse_op = define_op(
+    _scaled_dot_product_attention_lse, kernel_call=attention_lse_kernel_call, reference=_reference_lse,
+    fake=_empty_lse, grad_reference=_twin_lse, is_empty=_nothing_to_compute,
+    backward=KernelBackward(_lse_grads, save_outputs=(0, 1)))
+
+
+def _wants_kernel_backward(query, key, value, attn_mask) -> bool:
+    """Autograd will ask for gradients of q, k or v, and none of a float mask."""
+    if not torch.is_grad_enabled():
+        return False
+    if not any(t.requires_grad for t in (query, key, value)):
+        return False
+    return attn_mask is None or not attn_mask.requires_grad
+
+
 # ---------------------------------------------------------------------------- public API
 
 def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -270,9 +442,13 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     fp32): an output element is off by up to 2 u max_j |v_j| (its column's largest value)
     beyond the final rounding, u the dtype's unit roundoff (2**-8 bf16, 2**-11 fp16).
 
-    Autograd: gradients for query, key, value (and a float ``attn_mask``) come from a
-    backward that RECOMPUTES attention with PyTorch ops in fp32 (no NKI backward kernel).
-    Works under ``torch.compile(fullgraph=True)`` (the op has a fake implementation).
+    Autograd: when gradients of query, key or value are needed, the forward also saves the
+    per-row log-sum-exp (fp32) and the backward is the NKI backward kernel (FlashAttention-2
+    style, kernels/attention_bwd.py: P recomputed per block, no [Sq, Sk] tensor in HBM) on
+    ``neuron`` and on the simulator backend, PyTorch math (fp32) on the reference backend.
+    A float ``attn_mask`` that requires grad takes a backward that recomputes attention
+    with PyTorch ops in fp32 (its gradient is [Sq, Sk]). Works under
+    ``torch.compile(fullgraph=True)``, forward and backward (the ops have fake implementations).
     """
     _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if scale is None:
@@ -287,7 +463,10 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             full = tuple(lead) + (query.shape[-3], query.shape[-2], key.shape[-2])
             attn_mask = attn_mask.expand(full).reshape((batch,) + full[-3:])
         query, key, value = (t.reshape((batch,) + tuple(t.shape[-3:])) for t in (query, key, value))
-    out = _sdpa_op(query, key, value, attn_mask, is_causal, float(scale))
+    if _wants_kernel_backward(query, key, value, attn_mask):
+        out = _sdpa_lse_op(query, key, value, attn_mask, is_causal, float(scale))[0]
+    else:
+        out = _sdpa_op(query, key, value, attn_mask, is_causal, float(scale))
     if squeeze:
         return out.squeeze(0)
     if len(lead) > 1:
@@ -297,6 +476,12 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 
 # ---------------------------------------------------------------------------- registration
 
+def _workload_label(name, b, h, s, d, hkv=None, causal=False):
+    hkv = hkv or h
+    return (f"{name} B={b} H={h}" + (f"/{hkv}kv" if hkv != h else "") + f" S={s} D={d}"
+            + (" causal" if causal else ""))
+
+
 def _workload(name, b, h, s, d, hkv=None, causal=False, **kw):
     hkv = hkv or h
 
@@ -304,14 +489,43 @@ def _workload(name, b, h, s, d, hkv=None, causal=False, **kw):
         q, k, v = randn(gen, b, h, s, d), randn(gen, b, hkv, s, d), randn(gen, b, hkv, s, d)
         return (q, k, v), {"attn_mask": None, "is_causal": causal, "enable_gqa": hkv != h}
 
-    label = (f"{name} B={b} H={h}" + (f"/{hkv}kv" if hkv != h else "") + f" S={s} D={d}"
-             + (" causal" if causal else ""))
-    return registry.Workload(label, make, **kw)
+    return registry.Workload(_workload_label(name, b, h, s, d, hkv, causal), make, **kw)
 
+
+def _backward_inputs(gen, args, kwargs):
+    """The backward op's arguments for a forward workload: fresh dO, the saved O and lse
+    (the reference forward in fp32, O rounded to the dtype)."""
+    query, key, value = args
+    attn_mask, is_causal = kwargs.get("attn_mask"), kwargs.get("is_causal", False)
+    scale = float(query.shape[-1] ** -0.5)
+    enable_gqa = query.shape[1] != key.shape[1]
+    out = references.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, is_causal=is_causal,
+                                                  scale=scale, enable_gqa=enable_gqa,
+                                                  compute_dtype=torch.float32).to(query.dtype)
+    lse = _lse_twin(query, key, attn_mask, is_causal, scale)
+    grad_out = randn(gen, *out.shape, dtype=query.dtype)
+    return (grad_out, query, key, value, out, lse), {"attn_mask": attn_mask, "is_causal": is_causal,
+                                                      "scale": scale}
+
+
+def _backward_reference(grad_out, query, key, value, out, lse, attn_mask=None, is_causal=False, scale=None,
+                        compute_dtype=torch.float64):
+    """dq, dk, dv in ``compute_dtype`` (PyTorch math, ``_backward_math``)."""
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    return _backward_math(grad_out, query, key, value, attn_mask, is_causal, scale, compute_dtype)
+
+
+VIT_B, VIT_L, LLAMA_2K = (_workload_label("ViT-B/16", 8, 12, 197, 64), _workload_label("ViT-L/16", 8, 16, 197, 64),
+                          _workload_label("Llama long-S", 1, 8, 2048, 128, hkv=2, causal=True))
+BACKWARD = registry.Backward(
+    custom_op=_sdpa_backward_op, inputs=_backward_inputs, kernel_call=attention_backward_kernel_call,
+    reference=_backward_reference, roofline=roofline.scaled_dot_product_attention_backward,
+    # issue 15's targets (modeled trn2 LNC=2, over modeled eager autograd)
+    speedup_targets={VIT_B: 2.0, VIT_L: 2.0, LLAMA_2K: 3.0})
 
 registry.register(registry.OpSpec(
     "scaled_dot_product_attention", scaled_dot_product_attention, _sdpa_op, attention_kernel_call,
-    references.scaled_dot_product_attention, roofline.scaled_dot_product_attention,
+    references.scaled_dot_product_attention, roofline.scaled_dot_product_attention, backward=BACKWARD,
     workloads=(
         _workload("ViT-B/16", 8, 12, 197, 64, quick=True, speedup_target=2.4),
         _workload("ViT-L/16", 8, 16, 197, 64, quick=True, speedup_target=2.4),

@@ -2,8 +2,16 @@
 kernels/rms_norm.py).
 
 Per op: its NKI launch (``<op>_kernel_call``), its custom op (``_custom_op.define_op``:
-dispatch, fake, recompute backward in fp32), the public function with the
-``torch.nn.functional`` signature, and its registration (twin, eager model, workloads).
+dispatch, fake, backward), the public function with the ``torch.nn.functional``
+signature, and its registration (twin, eager model, workloads).
+
+Backward: each op's backward is its backward custom op (``<op>_backward``: the NKI kernels
+of kernels/rms_norm_backward.py and kernels/layer_norm_backward.py on ``neuron`` and the
+simulator backend, ``backward_references.py`` on the reference backend) for normalised
+sizes up to BACKWARD_MAX_HIDDEN; longer rows (and empty inputs) take the recompute
+backward (PyTorch ops in fp32). The weight (and bias) gradients come from the kernel as
+one fp32 partial per work part (kernels/weight_grads.py), summed here in fp32
+(``_sum_partials``).
 """
 
 from __future__ import annotations
@@ -12,8 +20,8 @@ from typing import List, Optional, Sequence, Union
 
 import torch
 
-from .. import _checks, _dispatch, _kernel_sources, references, registry, roofline
-from .._custom_op import define_op
+from .. import _checks, _dispatch, _kernel_sources, backward_references, references, registry, roofline
+from .._custom_op import KernelBackward, define_op
 from ._workloads import VIT_TOKENS, randn
 
 __all__ = ["fused_add_rms_norm", "layer_norm", "rms_norm"]
@@ -32,6 +40,11 @@ DECODE_MIN_HIDDEN = _kernel_sources.limits().NORM_DECODE_MIN_HIDDEN
 DECODE_PICK_ROWS = _kernel_sources.limits().NORM_DECODE_PICK_ROWS
 DECODE_WIDE_HIDDEN = _kernel_sources.limits().NORM_DECODE_WIDE_HIDDEN
 DECODE_WIDE_PICK_ROWS = _kernel_sources.limits().NORM_DECODE_WIDE_PICK_ROWS
+
+# Largest normalised size the backward kernels take, and their longest row in bytes (bf16
+# up to 8192, fp32 up to 4096) (kernels/limits.py, with the reasons).
+BACKWARD_MAX_HIDDEN = _kernel_sources.limits().NORM_BACKWARD_MAX_HIDDEN
+BACKWARD_MAX_ROW_BYTES = _kernel_sources.limits().NORM_BACKWARD_MAX_ROW_BYTES
 
 ShapeLike = Union[int, Sequence[int], torch.Size]
 
@@ -119,6 +132,42 @@ def _decode_shape(rows: int, hidden: int) -> bool:
             and rows * (hidden // 128) <= DECODE_MAX_ELEMENTS)
 
 
+# ---------------------------------------------------------------------------- backward helpers
+
+def _sum_partials(partials: torch.Tensor, hidden: int, like: torch.Tensor) -> torch.Tensor:
+    """The weight gradient from the kernel's [parts, 128, C] fp32 partials (column h at
+    [part, h % 128, h // 128], kernels/weight_grads.py): the parts summed in fp32 in a
+    fixed order (the same sum at LNC=1 and LNC=2), then rounded once to ``like``'s dtype
+    and shape. A [parts, H] sum: cheaper here than a second kernel launch."""
+    total = partials[0]
+    for part in partials[1:]:
+        total = total + part
+    return total.t().reshape(-1)[:hidden].to(like.dtype).reshape(like.shape)
+
+
+def _check_backward_hidden(hidden: int, dtype: torch.dtype) -> None:
+    if hidden > BACKWARD_MAX_HIDDEN:
+        raise ValueError(f"normalized size {hidden} exceeds {BACKWARD_MAX_HIDDEN}, the largest the NKI norm "
+                         "backward kernels take (longer rows use the recompute backward)")
+    row_bytes = hidden * dtype.itemsize
+    if row_bytes > BACKWARD_MAX_ROW_BYTES:
+        raise ValueError(f"a row of normalized size {hidden} in {dtype} takes {row_bytes} bytes, more than "
+                         f"{BACKWARD_MAX_ROW_BYTES}, the longest row the NKI norm backward kernels take "
+                         "(longer rows use the recompute backward)")
+
+
+def _param_grad_fake(input: torch.Tensor, param: Optional[torch.Tensor]) -> torch.Tensor:
+    return backward_references.empty_grad(input) if param is None else torch.empty_like(param)
+
+
+def _kernel_backward_applies(input: torch.Tensor, hidden: int) -> bool:
+    """Whether a norm's backward runs its backward op: rows within the kernels' limits, and
+    at least one element (an empty input's weight gradient is zeros: the recompute
+    backward gives them)."""
+    return (hidden <= BACKWARD_MAX_HIDDEN and hidden * input.dtype.itemsize <= BACKWARD_MAX_ROW_BYTES
+            and input.numel() > 0)
+
+
 # ---------------------------------------------------------------------------- layer_norm
 
 def layer_norm_kernel_call(input: torch.Tensor, normalized_shape: Sequence[int],
@@ -145,10 +194,54 @@ def _layer_norm(input: torch.Tensor, normalized_shape: List[int], weight: Option
                 bias: Optional[torch.Tensor], eps: float) -> torch.Tensor: ...
 
 
+def layer_norm_backward_kernel_call(grad_output: torch.Tensor, input: torch.Tensor, normalized_shape: Sequence[int],
+                                    weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                                    eps: float = 1e-5) -> _dispatch.KernelCall:
+    """The NKI launch of layer_norm's backward: kernels/layer_norm_backward.py on [N, H] views."""
+    hidden = _hidden(normalized_shape)
+    _check_backward_hidden(hidden, input.dtype)
+    tensors = [_rows_view(grad_output, hidden), _rows_view(input, hidden)]
+    if weight is not None:
+        tensors.append(weight.reshape(hidden))
+    shape = input.shape
+
+    def finish(outs):
+        outs = list(outs) if isinstance(outs, tuple) else [outs]
+        dx = outs.pop(0).reshape(shape)
+        dw = _sum_partials(outs.pop(0), hidden, weight) if weight is not None else backward_references.empty_grad(input)
+        db = _sum_partials(outs.pop(0), hidden, bias) if bias is not None else backward_references.empty_grad(input)
+        return dx, dw, db
+
+    return _dispatch.KernelCall("layer_norm_backward", "layer_norm_backward_kernel", tuple(tensors),
+                                {"eps": float(eps), "with_bias": bias is not None}, finish=finish)
+
+
+def _layer_norm_backward(grad_output: torch.Tensor, input: torch.Tensor, normalized_shape: List[int],
+                         weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                         eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+
+_layer_norm_backward_op = define_op(
+    _layer_norm_backward, kernel_call=layer_norm_backward_kernel_call,
+    reference=backward_references.layer_norm_backward,
+    fake=lambda dy, input, shape, weight, bias, eps: (torch.empty_like(input), _param_grad_fake(input, weight),
+                                                      _param_grad_fake(input, bias)),
+    grad_reference=lambda *a: backward_references.layer_norm_backward(*a, compute_dtype=torch.float32))
+
+
+def _layer_norm_grads(inputs, outputs, grad_outputs):
+    input, normalized_shape, weight, bias, eps = inputs
+    dx, dw, db = _layer_norm_backward_op(grad_outputs[0], input, normalized_shape, weight, bias, eps)
+    return dx, None, dw if weight is not None else None, db if bias is not None else None, None
+
+
 _layer_norm_op = define_op(
     _layer_norm, kernel_call=layer_norm_kernel_call, reference=references.layer_norm,
     fake=lambda input, *_: torch.empty_like(input),
-    grad_reference=lambda *a: references.layer_norm(*a, compute_dtype=torch.float32))
+    grad_reference=lambda *a: references.layer_norm(*a, compute_dtype=torch.float32),
+    backward=KernelBackward(
+        _layer_norm_grads,
+        applies=lambda input, shape, weight, bias, eps: _kernel_backward_applies(input, _hidden(shape))))
 
 
 def layer_norm(input: torch.Tensor, normalized_shape: ShapeLike, weight: Optional[torch.Tensor] = None,
@@ -164,7 +257,9 @@ def layer_norm(input: torch.Tensor, normalized_shape: ShapeLike, weight: Optiona
     or bias round three times (y, y * weight, y * weight + bias, each to the input dtype),
     so an element is off by up to u * (2 |y * weight| + |out|) instead of u * |out|, u the
     dtype's unit roundoff (2**-8 bf16, 2**-11 fp16; measured ||err|| / ||ref|| in bf16:
-    2.5e-3 against 1.7e-3 for one rounding). Backward recomputes with PyTorch ops (fp32).
+    2.5e-3 against 1.7e-3 for one rounding). Backward: NKI kernel
+    (kernels/layer_norm_backward.py) for prod(normalized_shape) <= 8192, else PyTorch ops
+    in fp32.
     """
     _checks.check_float_tensor("input", input)
     shape = _as_shape(normalized_shape)
@@ -192,6 +287,42 @@ def rms_norm_kernel_call(input: torch.Tensor, normalized_shape: Sequence[int],
                                 finish=lambda out: out.reshape(shape))
 
 
+def rms_norm_backward_kernel_call(grad_output: torch.Tensor, input: torch.Tensor, normalized_shape: Sequence[int],
+                                  weight: Optional[torch.Tensor] = None,
+                                  eps: Optional[float] = None) -> _dispatch.KernelCall:
+    """The NKI launch of rms_norm's backward: kernels/rms_norm_backward.py on [N, H] views."""
+    hidden = _hidden(normalized_shape)
+    _check_backward_hidden(hidden, input.dtype)
+    tensors = [_rows_view(grad_output, hidden), _rows_view(input, hidden)]
+    if weight is not None:
+        tensors.append(weight.reshape(hidden))
+    shape = input.shape
+
+    def finish(outs):
+        if weight is None:
+            return outs.reshape(shape), backward_references.empty_grad(input)
+        return outs[0].reshape(shape), _sum_partials(outs[1], hidden, weight)
+
+    return _dispatch.KernelCall("rms_norm_backward", "rms_norm_backward_kernel", tuple(tensors),
+                                {"eps": _resolve_eps(eps, input.dtype)}, finish=finish)
+
+
+def _rms_norm_backward(grad_output: torch.Tensor, input: torch.Tensor, normalized_shape: List[int],
+                       weight: Optional[torch.Tensor], eps: float) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+_rms_norm_backward_op = define_op(
+    _rms_norm_backward, kernel_call=rms_norm_backward_kernel_call, reference=backward_references.rms_norm_backward,
+    fake=lambda dy, input, shape, weight, eps: (torch.empty_like(input), _param_grad_fake(input, weight)),
+    grad_reference=lambda *a: backward_references.rms_norm_backward(*a, compute_dtype=torch.float32))
+
+
+def _rms_norm_grads(inputs, outputs, grad_outputs):
+    input, normalized_shape, weight, eps = inputs
+    dx, dw = _rms_norm_backward_op(grad_outputs[0], input, normalized_shape, weight, eps)
+    return dx, None, dw if weight is not None else None, None
+
+
 def _rms_norm(input: torch.Tensor, normalized_shape: List[int], weight: Optional[torch.Tensor],
               eps: float) -> torch.Tensor: ...
 
@@ -199,7 +330,10 @@ def _rms_norm(input: torch.Tensor, normalized_shape: List[int], weight: Optional
 _rms_norm_op = define_op(
     _rms_norm, kernel_call=rms_norm_kernel_call, reference=references.rms_norm,
     fake=lambda input, *_: torch.empty_like(input),
-    grad_reference=lambda *a: references.rms_norm(*a, compute_dtype=torch.float32))
+    grad_reference=lambda *a: references.rms_norm(*a, compute_dtype=torch.float32),
+    backward=KernelBackward(
+        _rms_norm_grads,
+        applies=lambda input, shape, weight, eps: _kernel_backward_applies(input, _hidden(shape))))
 
 
 def rms_norm(input: torch.Tensor, normalized_shape: ShapeLike, weight: Optional[torch.Tensor] = None,
@@ -211,7 +345,8 @@ def rms_norm(input: torch.Tensor, normalized_shape: ShapeLike, weight: Optional[
     ``normalized_shape`` and any float dtype; the result has ``input``'s shape and dtype.
     The NKI kernel takes prod(normalized_shape) <= 65536 (rows longer than 8192 stream
     through SBUF: two passes over HBM); statistics and products in fp32, one rounding.
-    Backward recomputes with PyTorch ops.
+    Backward: NKI kernel (kernels/rms_norm_backward.py) for prod(normalized_shape) <= 8192,
+    else PyTorch ops in fp32.
     """
     _checks.check_float_tensor("input", input)
     shape = _as_shape(normalized_shape)
@@ -240,10 +375,52 @@ def _fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: Opt
                         eps: float) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
+def fused_add_rms_norm_backward_kernel_call(grad_output: torch.Tensor, grad_total: torch.Tensor,
+                                            total: torch.Tensor, weight: Optional[torch.Tensor],
+                                            eps: Optional[float]) -> _dispatch.KernelCall:
+    """The NKI launch of fused_add_rms_norm's backward (kernels/rms_norm_backward.py)."""
+    hidden = total.shape[-1]
+    _check_backward_hidden(hidden, total.dtype)
+    tensors = [_rows_view(grad_output, hidden), _rows_view(grad_total, hidden), _rows_view(total, hidden)]
+    if weight is not None:
+        tensors.append(weight.reshape(hidden))
+    shape = total.shape
+
+    def finish(outs):
+        if weight is None:
+            return outs.reshape(shape), backward_references.empty_grad(total)
+        return outs[0].reshape(shape), _sum_partials(outs[1], hidden, weight)
+
+    return _dispatch.KernelCall("rms_norm_backward", "fused_add_rms_norm_backward_kernel", tuple(tensors),
+                                {"eps": _resolve_eps(eps, total.dtype)}, finish=finish)
+
+
+def _fused_add_rms_norm_backward(grad_output: torch.Tensor, grad_total: torch.Tensor, total: torch.Tensor,
+                                 weight: Optional[torch.Tensor], eps: float) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+_fused_add_rms_norm_backward_op = define_op(
+    _fused_add_rms_norm_backward, kernel_call=fused_add_rms_norm_backward_kernel_call,
+    reference=backward_references.fused_add_rms_norm_backward,
+    fake=lambda dy, dt, total, weight, eps: (torch.empty_like(total), _param_grad_fake(total, weight)),
+    grad_reference=lambda *a: backward_references.fused_add_rms_norm_backward(*a, compute_dtype=torch.float32))
+
+
+def _fused_add_rms_norm_grads(inputs, outputs, grad_outputs):
+    input, residual, weight, eps = inputs
+    total = outputs[1]
+    dy, dt = (torch.zeros_like(total) if g is None else g for g in grad_outputs)
+    d, dw = _fused_add_rms_norm_backward_op(dy, dt, total, weight, eps)
+    return d, d, dw if weight is not None else None, None
+
+
 _fused_add_rms_norm_op = define_op(
     _fused_add_rms_norm, kernel_call=fused_add_rms_norm_kernel_call, reference=references.fused_add_rms_norm,
     fake=lambda input, *_: (torch.empty_like(input), torch.empty_like(input)),
-    grad_reference=lambda *a: references.fused_add_rms_norm(*a, compute_dtype=torch.float32))
+    grad_reference=lambda *a: references.fused_add_rms_norm(*a, compute_dtype=torch.float32),
+    backward=KernelBackward(
+        _fused_add_rms_norm_grads, save_outputs=(1,),
+        applies=lambda input, residual, weight, eps: _kernel_backward_applies(input, input.shape[-1])))
 
 
 def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: Optional[torch.Tensor],
@@ -254,8 +431,9 @@ def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: Opti
     [H] of any float dtype, or None; ``eps=None`` uses float32's machine epsilon, as ``rms_norm``.
     The sum is rounded to ``input.dtype`` and normalised from that rounded value (what an
     eager ``add`` followed by ``rms_norm`` computes). The NKI kernel takes H <= 65536 (rows
-    longer than 8192 stream through SBUF: the inputs are read twice). Backward recomputes
-    with PyTorch ops.
+    longer than 8192 stream through SBUF: the inputs are read twice). Backward: NKI kernel
+    (kernels/rms_norm_backward.py) for H <= 8192, else PyTorch ops in fp32; the gradients
+    of ``input`` and ``residual`` are one tensor.
     """
     _checks.check_float_tensor("input", input)
     _checks.check_float_tensor("residual", residual)
@@ -291,18 +469,46 @@ def _fused_add_workload(name, rows, hidden, **kw):
     return registry.Workload(f"{name} [{rows}, {hidden}]", make, **kw)
 
 
+def _grad_like(gen, t):
+    """A fresh random output gradient shaped and typed like ``t``."""
+    return randn(gen, *t.shape, dtype=t.dtype)
+
+
+def _norm_backward_inputs(gen, args, kwargs):
+    """Backward op arguments of layer_norm / rms_norm: (dy, *forward args)."""
+    return (_grad_like(gen, args[0]), *args), dict(kwargs)
+
+
+def _fused_add_backward_inputs(gen, args, kwargs):
+    """(d normed, d total, total, weight): the saved total is input + residual rounded."""
+    x, residual, weight = args
+    total = (x.float() + residual.float()).to(x.dtype)
+    return (_grad_like(gen, x), _grad_like(gen, x), total, weight), dict(kwargs)
+
+
+LAYER_NORM_BACKWARD = registry.Backward(
+    _layer_norm_backward_op, _norm_backward_inputs, layer_norm_backward_kernel_call,
+    backward_references.layer_norm_backward, roofline.layer_norm_backward)
+RMS_NORM_BACKWARD = registry.Backward(
+    _rms_norm_backward_op, _norm_backward_inputs, rms_norm_backward_kernel_call,
+    backward_references.rms_norm_backward, roofline.rms_norm_backward)
+FUSED_ADD_RMS_NORM_BACKWARD = registry.Backward(
+    _fused_add_rms_norm_backward_op, _fused_add_backward_inputs, fused_add_rms_norm_backward_kernel_call,
+    backward_references.fused_add_rms_norm_backward, roofline.fused_add_rms_norm_backward)
+
 registry.register(registry.OpSpec(
     "layer_norm", layer_norm, _layer_norm_op, layer_norm_kernel_call, references.layer_norm,
     roofline.layer_norm,
     workloads=(_layer_norm_workload("ViT-B/16 B=8", VIT_TOKENS, 768, 1e-12, quick=True),
                _layer_norm_workload("ViT-L/16 B=8", VIT_TOKENS, 1024, 1e-12, large=True)),
-    layers=("LayerNorm",)))
+    layers=("LayerNorm",), backward=LAYER_NORM_BACKWARD))
 registry.register(registry.OpSpec(
     "rms_norm", rms_norm, _rms_norm_op, rms_norm_kernel_call, references.rms_norm, roofline.rms_norm,
     workloads=(_rms_norm_workload("Llama-7B 2048 tok", 2048, 4096, quick=True, large=True),
                _rms_norm_workload("Llama-70B 2048 tok", 2048, 8192, large=True)),
-    layers=("RMSNorm",)))
+    layers=("RMSNorm",), backward=RMS_NORM_BACKWARD))
 registry.register(registry.OpSpec(
     "fused_add_rms_norm", fused_add_rms_norm, _fused_add_rms_norm_op, fused_add_rms_norm_kernel_call,
     references.fused_add_rms_norm, roofline.fused_add_rms_norm,
-    workloads=(_fused_add_workload("Llama-7B 2048 tok", 2048, 4096, quick=True, large=True),)))
+    workloads=(_fused_add_workload("Llama-7B 2048 tok", 2048, 4096, quick=True, large=True),),
+    backward=FUSED_ADD_RMS_NORM_BACKWARD))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import _checks, _dispatch, references, registry, roofline
-from .._custom_op import define_op
+from .. import _checks, _dispatch, backward_references, references, registry, roofline
+from .._custom_op import KernelBackward, define_op
 from ._workloads import randn
 
 __all__ = ["apply_rotary_pos_emb"]
@@ -61,6 +61,34 @@ def apply_rotary_pos_emb_kernel_call(q: torch.Tensor, k: torch.Tensor, cos: torc
                                 finish=lambda outs: (outs[0], outs[1]))
 
 
+def apply_rotary_pos_emb_backward_kernel_call(grad_q: torch.Tensor, grad_k: torch.Tensor, cos: torch.Tensor,
+                                              sin: torch.Tensor) -> _dispatch.KernelCall:
+    """The NKI launch of rotary's backward: the forward's kernels with ``transpose=True``
+    (the transposed rotation: the embedding with -sin, kernels/rotary.py)."""
+    call = apply_rotary_pos_emb_kernel_call(grad_q, grad_k, cos, sin)
+    return _dispatch.KernelCall(call.module, call.kernel, call.tensors, {**call.static, "transpose": True},
+                                finish=call.finish)
+
+
+def _apply_rotary_pos_emb_backward(grad_q: torch.Tensor, grad_k: torch.Tensor, cos: torch.Tensor,
+                                   sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+_rotary_backward_op = define_op(
+    _apply_rotary_pos_emb_backward, kernel_call=apply_rotary_pos_emb_backward_kernel_call,
+    reference=backward_references.apply_rotary_pos_emb_backward,
+    fake=lambda gq, gk, cos, sin: (torch.empty_like(gq), torch.empty_like(gk)),
+    grad_reference=lambda *a: backward_references.apply_rotary_pos_emb_backward(*a, compute_dtype=torch.float32),
+    is_empty=lambda gq, gk, cos, sin: gq.numel() == 0 and gk.numel() == 0)
+
+
+def _rotary_grads(inputs, outputs, grad_outputs):
+    q, k, cos, sin = inputs
+    gq, gk = (torch.zeros_like(t) if g is None else g for g, t in zip(grad_outputs, (q, k)))
+    dq, dk = _rotary_backward_op(gq, gk, cos, sin)
+    return dq, dk, None, None
+
+
 def _apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
                           sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -69,7 +97,9 @@ _rotary_op = define_op(
     _apply_rotary_pos_emb, kernel_call=apply_rotary_pos_emb_kernel_call, reference=references.apply_rotary_pos_emb,
     fake=lambda q, k, cos, sin: (torch.empty_like(q), torch.empty_like(k)),
     grad_reference=lambda *a: references.apply_rotary_pos_emb(*a, compute_dtype=torch.float32),
-    is_empty=lambda q, k, cos, sin: q.numel() == 0 and k.numel() == 0)
+    is_empty=lambda q, k, cos, sin: q.numel() == 0 and k.numel() == 0,
+    # the kernel backward gives d q and d k; a gradient of cos or sin takes the recompute
+    backward=KernelBackward(_rotary_grads, grads_for=(0, 1)))
 
 
 def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
@@ -80,8 +110,9 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     [1, S, D] or [S, D], broadcast over heads (``unsqueeze_dim=1`` in transformers' terms).
     All four tensors share one float dtype. Returns ``(q_embed, k_embed)``; q or k may be
     empty (e.g. zero heads). Numerics on every backend: products and sum in fp32, one
-    rounding to the input dtype (the kernel matches the reference bit for bit). Backward
-    recomputes with PyTorch ops.
+    rounding to the input dtype (the kernel matches the reference bit for bit). Backward:
+    the same NKI kernel with the transposed rotation (d q, d k); gradients of cos / sin
+    recompute with PyTorch ops.
     """
     _check_rotary(q, k, cos, sin)
     return _rotary_op(q, k, cos, sin)
@@ -97,8 +128,18 @@ def _workload(name, b, h, hkv, s, d, **kw):
     return registry.Workload(f"{name} B={b} H={h}/{hkv}kv S={s} D={d}", make, **kw)
 
 
+def _rotary_backward_inputs(gen, args, kwargs):
+    """(d q_out, d k_out, cos, sin) from a forward workload."""
+    q, k, cos, sin = args
+    return (randn(gen, *q.shape, dtype=q.dtype), randn(gen, *k.shape, dtype=k.dtype), cos, sin), dict(kwargs)
+
+
+ROTARY_BACKWARD = registry.Backward(
+    _rotary_backward_op, _rotary_backward_inputs, apply_rotary_pos_emb_backward_kernel_call,
+    backward_references.apply_rotary_pos_emb_backward, roofline.apply_rotary_pos_emb_backward)
+
 registry.register(registry.OpSpec(
     "apply_rotary_pos_emb", apply_rotary_pos_emb, _rotary_op, apply_rotary_pos_emb_kernel_call,
     references.apply_rotary_pos_emb, roofline.apply_rotary_pos_emb,
     workloads=(_workload("Llama-7B 2048 tok", 1, 32, 8, 2048, 128, quick=True, large=True),),
-    layers=("ApplyRotaryPosEmb",)))
+    layers=("ApplyRotaryPosEmb",), backward=ROTARY_BACKWARD))

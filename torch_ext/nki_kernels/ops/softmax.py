@@ -7,8 +7,8 @@ from typing import Optional
 
 import torch
 
-from .. import _checks, _dispatch, _kernel_sources, references, registry, roofline
-from .._custom_op import define_op
+from .. import _checks, _dispatch, _kernel_sources, backward_references, references, registry, roofline
+from .._custom_op import KernelBackward, define_op
 from ._workloads import randn
 
 __all__ = ["softmax"]
@@ -61,12 +61,52 @@ def softmax_kernel_call(input: torch.Tensor, dim: int = -1, max_cols: Optional[i
                                 finish=finish)
 
 
+def softmax_backward_kernel_call(grad_output: torch.Tensor, output: torch.Tensor, dim: int = -1) -> _dispatch.KernelCall:
+    """The NKI launch of softmax's backward: kernels/softmax_backward.py on dy and y with
+    ``dim`` moved last, viewed as [N, C] (C <= 8192, the one-pass rows)."""
+    dim = _normalize_dim(output, dim)
+    y = output.reshape(1) if output.dim() == 0 else output
+    moved = y.movedim(dim, -1)
+    moved_shape = moved.shape
+    cols = moved_shape[-1]
+    if cols > MAX_COLS:
+        raise ValueError(f"softmax backward: rows of {cols} elements exceed {MAX_COLS}, the longest the NKI "
+                         "backward kernel takes (longer rows use the recompute backward)")
+    dy = (grad_output.reshape(1) if grad_output.dim() == 0 else grad_output).movedim(dim, -1)
+    shape = output.shape
+
+    def finish(out):
+        return out.reshape(moved_shape).movedim(-1, dim).reshape(shape).contiguous()
+
+    return _dispatch.KernelCall("softmax_backward", "softmax_backward_kernel",
+                                (dy.reshape(-1, cols), moved.reshape(-1, cols)), finish=finish)
+
+
+def _softmax_backward(grad_output: torch.Tensor, output: torch.Tensor, dim: int) -> torch.Tensor: ...
+
+
+_softmax_backward_op = define_op(
+    _softmax_backward, kernel_call=softmax_backward_kernel_call, reference=backward_references.softmax_backward,
+    fake=lambda dy, output, dim: torch.empty_like(output),
+    grad_reference=lambda *a: backward_references.softmax_backward(*a, compute_dtype=torch.float32))
+
+
+def _softmax_backward_applies(input: torch.Tensor, dim: int) -> bool:
+    """The backward kernel takes rows of up to MAX_COLS (one pass); longer rows and empty
+    inputs take the recompute backward."""
+    return input.numel() > 0 and (input.dim() == 0 or input.shape[dim] <= MAX_COLS)
+
+
 def _softmax(input: torch.Tensor, dim: int) -> torch.Tensor: ...
 
 
 _softmax_op = define_op(_softmax, kernel_call=softmax_kernel_call, reference=references.softmax,
                         fake=lambda input, dim: torch.empty_like(input),
-                        grad_reference=lambda *a: references.softmax(*a, compute_dtype=torch.float32))
+                        grad_reference=lambda *a: references.softmax(*a, compute_dtype=torch.float32),
+                        backward=KernelBackward(
+                            lambda inputs, outputs, grads: (_softmax_backward_op(grads[0], outputs[0], inputs[1]),
+                                                            None),
+                            applies=_softmax_backward_applies, save_outputs=(0,)))
 
 
 def softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -77,7 +117,9 @@ def softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     from HBM twice beyond). ``dim`` other than the last costs a transposing
     copy (the kernel works on the last dimension). dtypes: float32, bfloat16, float16; the
     result has ``input``'s dtype. Numerics of the kernel: statistics and exponentials in
-    fp32, one rounding to the dtype (as the reference). Backward recomputes with PyTorch ops.
+    fp32, one rounding to the dtype (as the reference). Backward: NKI kernel
+    (kernels/softmax_backward.py) from the output, for rows up to 8192; longer rows recompute
+    with PyTorch ops.
     """
     _checks.check_float_tensor("input", input)
     return _softmax_op(input, _normalize_dim(input, dim))
@@ -89,7 +131,19 @@ def _workload(name, rows, cols, **kw):
     return registry.Workload(f"{name} [{rows}, {cols}]", make, **kw)
 
 
+def _softmax_backward_inputs(gen, args, kwargs):
+    """(dy, y = softmax(x), dim) from a forward workload."""
+    (x,) = args
+    y = torch.softmax(x.float(), kwargs["dim"]).to(x.dtype)
+    return (randn(gen, *x.shape, dtype=x.dtype), y), dict(kwargs)
+
+
+SOFTMAX_BACKWARD = registry.Backward(_softmax_backward_op, _softmax_backward_inputs, softmax_backward_kernel_call,
+                                     backward_references.softmax_backward, roofline.softmax_backward,
+                                     covers=lambda args, kwargs: _softmax_backward_applies(args[0], kwargs["dim"]))
+
 registry.register(registry.OpSpec(
     "softmax", softmax, _softmax_op, softmax_kernel_call, references.softmax, roofline.softmax,
     workloads=(_workload("ViT-B/16 scores B=8 H=12", 8 * 12 * 197, 197, quick=True),
-               _workload("LM vocab 256 rows", 256, 32000, large=True))))
+               _workload("LM vocab 256 rows", 256, 32000, large=True)),
+    backward=SOFTMAX_BACKWARD))

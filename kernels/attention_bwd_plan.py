@@ -1,0 +1,206 @@
+"""What one attention-backward launch is and how it is cut (``BwdPlan``), and the running
+VectorE / ScalarE load estimate that places its PSUM copies (``BwdBalance``).
+
+Nothing here issues instructions. See attention_bwd.py for the loops these drive.
+
+* key blocks of ``kb`` keys: S and dP of one (query tile, head) sit side by side in PSUM
+  ([128, 2, kb] fp32: one bank at kb = 256, two at 512) and the block's dK | dV
+  accumulators ([128, kb / 128, D + Dv] fp32) stay in PSUM while the chunk's query tiles
+  stream past. 512 keys when D + Dv <= 256 (the accumulators take 2 banks), else 256:
+  with the dSᵀ and dQ tiles and one of each in flight the launch stays within 8 banks.
+* query chunks of ``q_chunk`` tiles: the query side of a chunk (Qᵀ, dOᵀ, Q, dO, O rows,
+  D_i, -lse and the fp32 dQ accumulators of every query head of the kv head) stays in
+  SBUF while the key blocks stream (budget Q_SIDE_BUDGET); several chunks only for long
+  sequences, whose dK | dV partial sums then go through an fp32 HBM scratch.
+"""
+
+from dataclasses import dataclass
+
+import nki.isa as nisa
+import nki.language as nl
+
+from .attention_launch import P
+from .engine_costs import active as active_engine_costs
+from .tiling import cdiv
+
+FP32_BYTES = 4
+PSUM_BANK_BYTES = 2048       # per partition (trn1-trn3: 8 banks of 2 KiB)
+# Keys per block: S and dP of one (query tile, head) side by side in PSUM ([128, 2, kb]
+# fp32: one bank at 256 keys, two at 512). 512 when D + Dv <= 256 (then the dK | dV
+# accumulators of one kv head, [128, 4, D + Dv] fp32, fit KV_ACC_BANKS), else 256: longer
+# instructions spread each one's fixed cost, and dQ is summed over fewer blocks.
+KV_BLOCK = 256
+KV_BLOCK_WIDE = 512
+WIDE_MAX_DK_DV = 256
+# PSUM banks of the dK | dV accumulators of a kv batch (the kv heads accumulated together).
+# With S | dP (1), the dSᵀ tile (1), the dQ tile (1) and an fp32 transpose bank of the
+# loads (1) the launch's peak stays at 6 of the 8 banks, 2 left for the allocation
+# rotation to overlap consecutive heads.
+KV_ACC_BANKS = 2
+# Query tiles per load group of a long chunk (16-bit, head dims <= 128): ~0.5 MB per
+# transfer at 4 heads x 128 dims (data-bound, well past the 0.85 us DMA gap), and the first
+# group's compute starts after a quarter of a 16-tile chunk's loads.
+LOAD_GROUP_TILES = 4
+# PSUM banks of a head batch's dSᵀ tile outside folded mode (S | dP 2, dK | dV 2, dQ 1):
+# more heads per PSUM copy.
+DST_BANKS = 2
+# Share of the head batches whose dSᵀ is made by SBUF->SBUF DMA transposes instead of
+# TensorE transposes + a PSUM copy (16-bit data, not folded: the DMA queues have room once
+# the query side is in, TensorE and VectorE/ScalarE do not). Modeled Llama S=2048 causal
+# GQA bf16 backward (trn2, LNC=2): 247.9 us at 0.3, 242.5 at 0.5, 240.7 at 0.7, 236.7 at
+# 0.85, 234.1 at 1 (then DMA, 172 us busy, is the busiest engine).
+DST_DMA_SHARE = 1.0
+# Per-partition SBUF budgets (trn2: 192 KiB per partition usable by kernels): the query
+# side of a unit's chunk (resident while the key blocks stream), and the key side of one
+# block of the unit's kv heads (Kᵀ, Vᵀ, K rows); the rest holds the per-head scratch (P,
+# dS, dP - D_i, dSᵀ, the masked-score tile: < 8 KiB) and the allocation rotation's next
+# block.
+Q_SIDE_BUDGET = 112 * 1024
+# Folded mode (bf16, no mask, not causal, D and Dv multiples of 32 with 3 rows to spare):
+# -lse / scale and -D_i ride as 3 extra contraction rows of Qᵀ / dOᵀ (an exact bf16
+# hi + mid + lo triple; Kᵀ / Vᵀ get 3 rows of ones), so S - lse/scale and dP - D_i come
+# out of TensorE and the exp / dS of FOLD_PAIR heads are one instruction each. A tile of
+# <= 32 partitions starts at partition 0, 32, 64 or 96 (NKI tile rules), hence D % 32 == 0.
+FOLD_ROWS = 3
+FOLD_QUADRANT = 32
+FOLD_PAIR = 4            # heads per S'' / dP'' PSUM tile: [128, 4, 256] fp32 (2 banks)
+FOLD_RING = 2            # extended Kᵀ / Vᵀ tile pairs the key blocks rotate through
+KV_SIDE_BUDGET = 32 * 1024
+# At most this many kv heads per unit: a unit's first compute waits for its whole query
+# side, and the next unit's loads overlap this one's compute, so smaller units pipeline
+# better; larger ones move more per DMA transfer (a transfer holds each of its queues
+# >= 0.85 us, the DMA gap of engine_costs.py: a [128, heads, 64] bf16 row tile needs ~20
+# heads to be data-bound). Modeled ViT-B/16 batch 8 bf16 backward (trn2, LNC=2, units
+# cdiv(48, n) per core): 85 us at 12, 76 at 16, 88 at 24.
+UNIT_MAX_KV_HEADS = 16
+
+
+@dataclass(frozen=True)
+class BwdPlan(nl.NKIObject):
+    """Static cut of one backward launch (module docstring), from the launch's facts."""
+
+    kb: int                  # keys per block
+    n_kb: int                # key blocks
+    kt: int                  # 128-key tiles per block (kb / 128)
+    kv_group: int            # kv heads per unit (loads and stores move all of them at once)
+    q_chunk: int             # query tiles per chunk
+    n_chunks: int            # chunks per unit
+    kv_batch: int            # kv heads whose dK | dV accumulate in one PSUM tile
+    head_batch: int          # query heads whose dSᵀ and dQ share one PSUM tile each
+    folded: bool             # -lse and -D_i folded into the matmuls (FOLD_ROWS)
+
+
+def q_side_bytes(facts):
+    """SBUF bytes per partition of one (query head, query tile) of a chunk: Qᵀ and dOᵀ (one
+    row of 128 per head-dim piece), Q, dO and O rows, the fp32 dQ accumulator, the fp32
+    dO ⊙ O product (D_i), D_i, -D_i and -lse."""
+    f = facts
+    isz = f.itemsize
+    return ((cdiv(f.D, P) + cdiv(f.Dv, P)) * P * isz + (f.D + 2 * f.Dv) * isz
+            + (f.D + f.Dv) * FP32_BYTES + 3 * FP32_BYTES)
+
+
+def bwd_plan(facts, q_chunk=0):
+    """The ``BwdPlan`` of a launch (``facts``: attention_launch.LaunchFacts); ``q_chunk`` > 0
+    forces the query tiles per chunk (and one kv head per unit)."""
+    f = facts
+    folded = (str(f.dtype) == "bfloat16" and f.mask_kind is None and not f.causal and f.scale != 0
+              and f.D % FOLD_QUADRANT == 0 and f.D + FOLD_ROWS <= P
+              and f.Dv % FOLD_QUADRANT == 0 and f.Dv + FOLD_ROWS <= P)
+    kb = KV_BLOCK_WIDE if f.D + f.Dv <= WIDE_MAX_DK_DV and not folded else KV_BLOCK
+    kb = min(kb, max(1, cdiv(f.Sk, P) * P))
+    kt = cdiv(kb, P)
+    n_kb = cdiv(f.Sk, kb)
+    per_head_tile = q_side_bytes(f)
+    per_kv_head = f.G * f.n_q_tiles * per_head_tile
+    kv_bytes = (cdiv(f.D, P) + cdiv(f.Dv, P)) * kb * f.itemsize + kt * f.D * f.itemsize
+    if q_chunk > 0 or per_kv_head > Q_SIDE_BUDGET:
+        kv_group = 1
+        chunk = q_chunk if q_chunk > 0 else max(1, Q_SIDE_BUDGET // (f.G * per_head_tile))
+    else:
+        kv_group = max(1, min(f.Hkv, Q_SIDE_BUDGET // per_kv_head, KV_SIDE_BUDGET // kv_bytes, UNIT_MAX_KV_HEADS))
+        chunk = f.n_q_tiles
+    chunk = max(1, min(f.n_q_tiles, chunk))
+    W = f.D + f.Dv
+    kv_batch = max(1, min(kv_group, KV_ACC_BANKS * PSUM_BANK_BYTES // (kt * W * FP32_BYTES)))
+    # the dSᵀ tile of a head batch takes up to 2 banks where PSUM has room (not in folded
+    # mode, whose S'' | dP'' tiles take 4), the dQ tile one
+    tp_banks = 1 if folded else DST_BANKS
+    head_batch = max(1, min(tp_banks * PSUM_BANK_BYTES // (kt * P * f.itemsize),
+                            PSUM_BANK_BYTES // (f.D * FP32_BYTES)))
+    return BwdPlan(kb=kb, n_kb=n_kb, kt=kt, kv_group=kv_group, q_chunk=chunk,
+                   n_chunks=cdiv(f.n_q_tiles, chunk), kv_batch=kv_batch, head_batch=head_batch,
+                   folded=folded)
+
+
+class BwdBalance(nl.NKIObject):
+    """Running VectorE / ScalarE / GpSimd busy-time estimates of one backward program (ns),
+    in issue order, and the engines work either can do goes to: those that keep the
+    estimates most even (greedy list schedule)."""
+
+    def __init__(self, facts, plan):
+        self.costs = active_engine_costs()
+        self.vector_ns = 0.0
+        self.scalar_ns = 0.0
+        self.gpsimd_ns = 0.0
+        self.slot = -1
+        # 16-bit data outside folded mode: this share of the head batches makes dSᵀ by DMA
+        # transposes (the DMA queues have room once the query side is loaded), spread by a
+        # credit
+        self.dma_share = DST_DMA_SHARE if facts.dma_transpose and not plan.folded else 0.0
+        self.dma_credit = 0.0
+
+    def use_dma(self):
+        """Whether the next head batch's dSᵀ is made by DMA transposes (dma_share, spread)."""
+        self.dma_credit += self.dma_share
+        if self.dma_credit >= 0.5:
+            self.dma_credit -= 1.0
+            return True
+        return False
+
+    def next_slot(self):
+        """Index of the next extended Kᵀ / Vᵀ ring slot (folded mode)."""
+        self.slot = (self.slot + 1) % FOLD_RING
+        return self.slot
+
+    def charge(self, vector_cycles=0.0, scalar_cycles=0.0):
+        """Account work that must run on VectorE / ScalarE (estimated cycles)."""
+        self.vector_ns += vector_cycles / self.costs.vector_ghz
+        self.scalar_ns += scalar_cycles / self.costs.scalar_ghz
+
+    def charge_gpsimd(self, cycles):
+        """Account GpSimd work (GpSimd runs at ScalarE's clock on trn1-trn3)."""
+        self.gpsimd_ns += cycles / self.costs.scalar_ghz
+
+    def pick(self, vector_cycles, scalar_cycles):
+        """The engine (nisa.engine) for work either can do (greedy list schedule)."""
+        tv = self.vector_ns + vector_cycles / self.costs.vector_ghz
+        ts = self.scalar_ns + scalar_cycles / self.costs.scalar_ghz
+        if max(tv, self.scalar_ns) <= max(self.vector_ns, ts):
+            self.vector_ns = tv
+            return nisa.engine.vector
+        self.scalar_ns = ts
+        return nisa.engine.scalar
+
+    def pick_ds(self, m):
+        """How dS = (dP - D_i) ⊙ P of m columns is made (attention_bwd._ds): 0 VectorE alone
+        (2 input passes), 1 ScalarE dP - D_i out of PSUM then GpSimd multiplies (2 input
+        passes); the way whose busier engine ends earlier."""
+        c = self.costs
+        fixed = c.instr_cycles
+        vector = self.vector_ns + (2 * m + fixed) / c.vector_ghz
+        scalar = self.scalar_ns + (m + fixed) / c.scalar_ghz
+        gpsimd = self.gpsimd_ns + (2 * m + fixed) / c.scalar_ghz
+        if vector <= max(scalar, gpsimd):
+            self.vector_ns = vector
+            return 0
+        self.scalar_ns, self.gpsimd_ns = scalar, gpsimd
+        return 1
+
+    def copy_cycles(self, elems, sixteen):
+        """(VectorE, ScalarE) cycles of a PSUM -> SBUF copy of ``elems`` per partition
+        (VectorE: 16-bit performance mode with one side in PSUM)."""
+        c = self.costs
+        rate = c.vector_psum_copy_16bit_rate if sixteen else 1.0
+        return (max(c.min_instruction_cycles, elems / rate) + c.instr_cycles,
+                max(c.min_instruction_cycles, elems) + c.instr_cycles)

@@ -1,0 +1,200 @@
+"""Backward of LayerNorm over the last dimension.
+
+    forward:  xhat = (x - mean) * r,  r = rsqrt(var + eps),  y = xhat * w + b   (per row)
+    backward: g = dy * w
+              m1 = sum(g) / H,  m2 = sum(g * xhat) / H                     (per row)
+              dx = r * (g - m1 - xhat * m2)
+              dw = sum over rows of dy * xhat,  db = sum over rows of dy  (kernels/weight_grads.py)
+
+Dimensions:
+    N: rows (any N >= 1).
+    H: normalised size, 1 <= H <= BACKWARD_MAX_HIDDEN (8192; fp32: 4096, BACKWARD_MAX_ROW_BYTES; the op wrapper runs the
+       recompute backward beyond).
+Layout:
+    As the forward (kernels/layer_norm.py) and kernels/rms_norm_backward.py: rows on
+    partitions in blocks of 128 * J rows, each program its WORK_PARTS part(s); dx stored
+    per block, dw and db as one fp32 partial per part (weight_grads.py: TensorE sums the
+    rows of dy * xhat and of dy against a ones column).
+Engines, per block (16-bit input; fp32 the same in fp32):
+    ScalarE  sum(x) (copy with add-accumulate); GpSimd -mean = sum / -H (a division, exact
+             for constant rows, as the forward); ScalarE sum((x - mean)^2) -> r
+    VectorE  xhat = (x - mean) * r (tensor_scalar, 16-bit perf mode)
+    VectorE / GpSimd  g = dy * w, q = g * xhat (16-bit; PRODUCT_VECTOR_SHARE)
+    ScalarE  sum(g) per row (copy with add-accumulate, fp32); VectorE sum(q) (tensor_reduce)
+    VectorE  a = xhat * (-m2) - m1 (tensor_scalar, perf mode)
+    GpSimd   t = a + g (fp32);  ScalarE dx = t * r (one rounding)
+    TensorE  dw += diagonal of dy^T xhat (weight_grads.py; rows of p = dy * xhat where the
+             diagonal accumulator does not fit PSUM), db += rows of dy
+Expected error (16-bit): xhat, g, q, p and a are rounded to the input dtype (bf16: <= 2**-9
+    relative each), the row sums and weight gradients accumulate in fp32, dx rounds once
+    more. fp32: ~1e-6 relative.
+"""
+
+import nki
+import nki.isa as nisa
+import nki.language as nl
+
+from .limits import NORM_BACKWARD_MAX_HIDDEN as BACKWARD_MAX_HIDDEN
+from .limits import NORM_BACKWARD_MAX_ROW_BYTES as BACKWARD_MAX_ROW_BYTES
+from .tiling import (PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, load_block, pipelined, row_blocks,
+                     row_part, rows_per_partition, share, split_count)
+from .weight_grads import (accumulate_columns, accumulate_diag, diag_fits, identity, new_accumulator,
+                           new_diag_accumulator, new_partials, store_diag_partial, store_partial)
+
+# Rows per partition: the least J whose transfer moves >= 1024 elements per partition
+# (2 KiB bf16). Fewer rows per block than the forward's 2048: the main job's ViT shapes
+# have ~6 blocks per core then, which the pipeline needs to overlap loads, the engines and
+# stores (modeled trn2, ViT-B/16 backward: 40 us at 1024 against 42 at 2048).
+TARGET_COLS = 1024
+# Blocks loaded ahead of their compute, as the forward.
+PREFETCH_AHEAD = 2
+# Share of the columns of the two products (g, q) on VectorE, the rest on GpSimd. Per
+# element on trn2: VectorE 16-bit two-input pass 1.04 ns (perf mode), GpSimd 1.67 ns;
+# VectorE also runs xhat, a (0.26 each) and sum(q) (0.52): VectorE 1.04 + 2.08 s, GpSimd
+# (t = a + g) 1.67 + 3.33 (1 - s): s = 0.73 balances them at 2.6 ns; the per-instruction
+# overhead of the short ViT rows moves the modeled optimum to 0.6 (swept 0.6 / 0.75).
+PRODUCT_VECTOR_SHARE = 0.6
+
+
+def _products(dst, a, b, cut):
+    """dst = a * b over [P, J, H] tiles, columns [0, cut) on VectorE, the rest on GpSimd;
+    ``a`` and ``b`` are callables (lo, hi) -> the operand's columns."""
+    cols = dst.shape[-1]
+    for lo, hi, engine in ((0, cut, nisa.engine.vector), (cut, cols, nisa.engine.gpsimd)):
+        if hi > lo:
+            nisa.tensor_tensor(dst=dst[:, :, lo:hi], data1=a(lo, hi), data2=b(lo, hi), op=nl.multiply, engine=engine)
+
+
+def _block(dy_tile, x_tile, dx_tile, parts, per, cols, weight_tile, eps_tile, ones, acc_w, acc_b, first):
+    """dx of one [parts, per, cols] block into ``dx_tile``; dw / db partial sums into the
+    accumulators (None when there is no weight / bias)."""
+    f32 = nl.float32
+    shape = (parts, per, cols)
+    # statistics per row on ScalarE (two passes, as the forward's 16-bit ScalarE path)
+    neg_mean = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
+    rstd = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
+    discard = nl.ndarray((parts, cols), dtype=x_tile.dtype, buffer=nl.sbuf)
+    row_sum = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
+    for j in range(per):
+        nisa.activation(dst=discard, op=nl.copy, data=x_tile[:, j, :], reduce_op=nl.add,
+                        reduce_res=row_sum[:, j:j + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    nisa.tensor_scalar(dst=neg_mean, data=row_sum, op0=nl.divide, operand0=-float(cols), engine=nisa.engine.gpsimd)
+    sq_sum = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
+    for j in range(per):
+        nisa.activation(dst=discard, op=nl.square, data=x_tile[:, j, :], bias=neg_mean[:, j:j + 1],
+                        reduce_op=nl.add, reduce_res=sq_sum[:, j:j + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    nisa.activation(dst=rstd, op=nl.rsqrt, data=sq_sum, scale=1.0 / cols, bias=eps_tile[0:parts, :])
+    # xhat = (x - mean) * r, in the input dtype
+    xhat = nl.ndarray(shape, dtype=x_tile.dtype, buffer=nl.sbuf)
+    for j in range(per):
+        nisa.tensor_scalar(dst=xhat[:, j, :], data=x_tile[:, j, :], op0=nl.add, operand0=neg_mean[:, j:j + 1],
+                           op1=nl.multiply, operand1=rstd[:, j:j + 1])
+    cut = split_count(cols, PRODUCT_VECTOR_SHARE)
+    dy_cols = lambda lo, hi: dy_tile[:, :, lo:hi]  # noqa: E731
+    xhat_cols = lambda lo, hi: xhat[:, :, lo:hi]  # noqa: E731
+    if weight_tile is not None:
+        w_rows = lambda lo, hi: weight_tile[0:parts, lo:hi].expand_dim(1).broadcast_to((parts, per, hi - lo))  # noqa: E731
+        g = nl.ndarray(shape, dtype=x_tile.dtype, buffer=nl.sbuf)
+        _products(g, dy_cols, w_rows, cut)
+        if len(acc_w.shape) == 3:
+            # dw: the diagonal of dy^T xhat on TensorE, no product pass (weight_grads.py)
+            for j in range(per):
+                accumulate_diag(acc_w, dy_tile[:, j, :], xhat[:, j, :], first and j == 0)
+        else:
+            p = nl.ndarray(shape, dtype=x_tile.dtype, buffer=nl.sbuf)
+            _products(p, dy_cols, xhat_cols, cut)
+            for j in range(per):
+                accumulate_columns(acc_w, p[:, j, :], ones[0:parts, :], first and j == 0)
+    else:
+        g = dy_tile
+    q = nl.ndarray(shape, dtype=x_tile.dtype, buffer=nl.sbuf)
+    _products(q, lambda lo, hi: g[:, :, lo:hi], xhat_cols, cut)
+    if acc_b is not None:
+        for j in range(per):
+            accumulate_columns(acc_b, dy_tile[:, j, :], ones[0:parts, :], first and j == 0)
+    # m1 = sum(g) / H, m2 = sum(q) / H per row (VectorE, fp32)
+    # (sum(g) on ScalarE, copy with add-accumulate; sum(q) on VectorE: balances the two)
+    sums = nl.ndarray((parts, 2 * per), dtype=f32, buffer=nl.sbuf)
+    for j in range(per):
+        nisa.activation(dst=discard, op=nl.copy, data=g[:, j, :], reduce_op=nl.add,
+                        reduce_res=sums[:, j:j + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    nisa.tensor_reduce(dst=sums[:, per:2 * per], op=nl.add, data=q, axis=2)
+    neg_m = nl.ndarray((parts, 2 * per), dtype=f32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=neg_m, data=sums, op0=nl.multiply, operand0=-1.0 / cols)
+    neg_m1, neg_m2 = neg_m[:, 0:per], neg_m[:, per:2 * per]
+    for j in range(per):
+        a = nl.ndarray((parts, cols), dtype=x_tile.dtype, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=a, data=xhat[:, j, :], op0=nl.multiply, operand0=neg_m2[:, j:j + 1],
+                           op1=nl.add, operand1=neg_m1[:, j:j + 1])
+        t = nl.ndarray((parts, cols), dtype=f32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=t, data1=a, data2=g[:, j, :], op=nl.add, engine=nisa.engine.gpsimd)
+        nisa.activation(dst=dx_tile[:, j, :], op=nl.copy, data=t, scale=rstd[:, j:j + 1])
+
+
+@nki.jit
+def layer_norm_backward_kernel(dy, x, weight=None, eps=1e-5, with_bias=False):
+    """Gradients of ``layer_norm(x) * weight + bias`` given the output gradient ``dy``.
+
+    Args:
+        dy: HBM [N, H], dtype of ``x``.
+        x: HBM [N, H], float32/bfloat16/float16, H <= BACKWARD_MAX_HIDDEN.
+        weight: HBM [H] of any float dtype, or None (the op passes ones for a bias alone).
+        eps: float, the forward's.
+        with_bias: whether to return the bias gradient.
+    Returns:
+        (dx, dw_partials, db_partials): dx HBM [N, H] in x's dtype; the partials HBM
+        [WORK_PARTS, 128, ceil(H / 128)] fp32 (weight_grads.py), dw_partials only with a
+        weight and db_partials only with ``with_bias`` (a tuple of what is returned).
+    """
+    n_rows, cols = x.shape
+    assert cols <= BACKWARD_MAX_HIDDEN, f"H={cols} exceeds BACKWARD_MAX_HIDDEN={BACKWARD_MAX_HIDDEN}"
+    assert cols * itemsize(x.dtype) <= BACKWARD_MAX_ROW_BYTES, \
+        f"a row of H={cols} {x.dtype} exceeds BACKWARD_MAX_ROW_BYTES={BACKWARD_MAX_ROW_BYTES}"
+    dx = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
+    dw_parts = None if weight is None else new_partials(cols, WORK_PARTS)
+    db_parts = new_partials(cols, WORK_PARTS) if with_bias else None
+    eps_tile = nl.ndarray((PARTITIONS, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=eps_tile, value=eps)
+    ones = nl.ndarray((PARTITIONS, 1), dtype=x.dtype, buffer=nl.sbuf)    # moving column of the row sums
+    nisa.memset(dst=ones, value=1.0)
+    per_max = rows_per_partition(cols, TARGET_COLS, BACKWARD_MAX_HIDDEN)
+    params = {}
+    # accumulators once per program, restarted by each part's first matmuls (at LNC=1 the
+    # two parts take them in turn); dw as a diagonal accumulator where it fits PSUM beside
+    # db's bank
+    diag = diag_fits(cols, other_banks=1)
+    acc_w = None if dw_parts is None else (new_diag_accumulator(cols) if diag else new_accumulator(cols))
+    acc_b = None if db_parts is None else new_accumulator(cols)
+    first_part, end_part = share(WORK_PARTS, nl.program_id(0), nl.num_programs())
+    for part in range(first_part, end_part):
+        lo, hi = row_part(n_rows, part, WORK_PARTS)
+        blocks = row_blocks(hi, per_max, first_row=lo) if hi > lo else []
+        done = []
+
+        def load(block):
+            start, parts, per = block
+            tiles = (load_block(dy, start, parts, per), load_block(x, start, parts, per))
+            if weight is not None and "weight" not in params:
+                params["weight"] = broadcast_rows(weight, cols)
+            return tiles
+
+        def compute(block, tiles):
+            start, parts, per = block
+            dx_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
+            _block(*tiles, dx_tile, parts, per, cols, params.get("weight"), eps_tile, ones, acc_w, acc_b, not done)
+            done.append(block)
+            return dx_tile
+
+        def store(block, dx_tile):
+            start, parts, per = block
+            nisa.dma_copy(dst=block_rows(dx, start, parts, per), src=dx_tile)
+
+        pipelined(blocks, load, compute, store, PREFETCH_AHEAD)
+        if dw_parts is not None and diag:
+            store_diag_partial(dw_parts, part, acc_w, cols, bool(done), identity())
+        elif dw_parts is not None:
+            store_partial(dw_parts, part, acc_w, cols, bool(done))
+        if db_parts is not None:
+            store_partial(db_parts, part, acc_b, cols, bool(done))
+    outs = [dx] + [t for t in (dw_parts, db_parts) if t is not None]
+    return outs[0] if len(outs) == 1 else tuple(outs)

@@ -1,0 +1,273 @@
+"""Backward of RMSNorm over the last dimension, optionally of fused_add_rms_norm.
+
+    forward:  y = x * r * w,  r = rsqrt(mean(x**2) + eps)      (per row; w: weight [H])
+    backward: g = dy * w
+              c = sum(g * x)                                    (per row)
+              dx = r * (g - x * (r**2 * c / H))  (+ dtotal)
+              dw = sum over rows of dy * x * r                  (kernels/weight_grads.py)
+
+fused_add_rms_norm: the forward's ``total = x + residual`` is the normalised ``x`` here; the
+gradient of ``total`` is ``dx`` above plus the gradient of the ``total`` output
+(``dtotal``), and is both ``d(input)`` and ``d(residual)``.
+
+Dimensions:
+    N: rows (any N >= 1).
+    H: normalised size, 1 <= H <= BACKWARD_MAX_HIDDEN (8192; fp32: 4096, BACKWARD_MAX_ROW_BYTES: the forward's one-pass rows;
+       the op wrapper runs the recompute backward beyond).
+Layout:
+    As the forward (kernels/rms_norm.py): rows on partitions, blocks of 128 * J
+    consecutive rows (one DMA of J * H elements per partition per input), the tail block
+    of < 128 rows with J = 1; each program takes its WORK_PARTS part(s) of the rows
+    (tiling.program_row_parts), so blocks and results are the same at LNC=1 and LNC=2.
+    dx is stored block by block; dw goes to one partial per part (weight_grads.py).
+Engines, per block (16-bit input; fp32 the same in fp32):
+    ScalarE  square(x / sqrt(H)) with add-reduction -> mean(x**2) per row; rsqrt -> r
+    VectorE  p = dy * x (16-bit, perf mode): TensorE sums p * r over rows into dw
+    VectorE / GpSimd  g = dy * w and q = p * w (16-bit; split by G_VECTOR_SHARE)
+    VectorE  c = sum(q) per row (tensor_reduce, fp32)
+    VectorE  a = x * (-r**2 c / H) (tensor_scalar, 16-bit perf mode)
+    GpSimd / VectorE  t = a + g (fp32)
+    ScalarE  dx = t * r (one rounding) -- fused: VectorE (t * r) + dtotal
+Expected error (16-bit): g, p, q and a are rounded to the input dtype (<= 2**-9 relative
+    each, bf16), c and dw accumulate in fp32, dx rounds once more: |err| <= ~3 * 2**-9 *
+    (|r g| + |a r|) elementwise; dw within ~2**-8 relative of its terms' norm. fp32: ~1e-6.
+"""
+
+import math
+
+import nki
+import nki.isa as nisa
+import nki.language as nl
+
+from .limits import NORM_BACKWARD_MAX_HIDDEN as BACKWARD_MAX_HIDDEN
+from .limits import NORM_BACKWARD_MAX_ROW_BYTES as BACKWARD_MAX_ROW_BYTES
+from .tiling import (PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, load_block, pipelined, row_blocks,
+                     row_part, rows_per_partition, share, split_count)
+from .weight_grads import (accumulate_columns, accumulate_diag, diag_fits, identity, new_accumulator,
+                           new_diag_accumulator, new_partials, store_diag_partial, store_partial)
+
+# Rows per partition: the least J whose transfer moves >= 2048 elements per partition
+# (4 KiB bf16), as the forward.
+TARGET_COLS = 2048
+# Blocks loaded ahead of their compute (tiling.pipelined), as the forward: the DMA
+# latency (~1.3 us) must be covered two blocks early.
+PREFETCH_AHEAD = 2
+# Rows longer than this load one block ahead only: at H = 8192 a block's inputs and
+# scratch take ~150 KiB per partition, and a second block in flight would not fit trn2's
+# 224 KiB.
+PREFETCH_MAX_COLS = 4096
+# Share of the columns of g = dy * w and q = p * w given to VectorE (the rest to GpSimd).
+# Per element on trn2: VectorE 16-bit two-input pass 1.04 ns (perf mode), GpSimd 1.67 ns;
+# VectorE also runs p (1.04), the reduction (0.52) and a (0.26): with share s of the two
+# products and t = a + g on GpSimd, VectorE 1.82 + 2.08 s, GpSimd 1.67 + 3.33 (1 - s):
+# s = 0.6 balances them at ~3.1 ns.
+G_VECTOR_SHARE = 0.8
+# fused_add_rms_norm: GpSimd also adds dtotal (1.67 ns per element), so VectorE takes all
+# of g and q: VectorE 1.04 + 2.08 = 3.1 ns, GpSimd 3.3 ns.
+FUSED_G_VECTOR_SHARE = 1.0
+
+
+def _products(dst, a, b, cut):
+    """dst = a * b over [P, J, H] tiles, columns [0, cut) on VectorE and the rest on
+    GpSimd; ``a`` and ``b`` are callables (lo, hi) -> the operand's columns."""
+    cols = dst.shape[-1]
+    for lo, hi, engine in ((0, cut, nisa.engine.vector), (cut, cols, nisa.engine.gpsimd)):
+        if hi > lo:
+            nisa.tensor_tensor(dst=dst[:, :, lo:hi], data1=a(lo, hi), data2=b(lo, hi), op=nl.multiply, engine=engine)
+
+
+def _stats(x_tile, parts, per, cols, eps_tile):
+    """r = rsqrt(mean(x^2) + eps) per row of a block (ScalarE), as the forward: [parts, per] fp32."""
+    mean_sq = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
+    squares = nl.ndarray((parts, cols), dtype=x_tile.dtype, buffer=nl.sbuf)      # discarded
+    for j in range(per):
+        nisa.activation(dst=squares, op=nl.square, data=x_tile[:, j, :], scale=1.0 / math.sqrt(cols),
+                        reduce_op=nl.add, reduce_res=mean_sq[:, j:j + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    rstd = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=rstd, op=nl.rsqrt, data=mean_sq, bias=eps_tile[0:parts, :])
+    return rstd
+
+
+def _front(dy_tile, x_tile, rstd, parts, per, cols, weight_tile, acc, first, fused):
+    """The first half of one [parts, per, cols] block after its statistics: g, c and the
+    dw sums (into ``acc``: a diagonal accumulator when it is 3-D, else column sums; None
+    without weight). Returns what ``_back`` needs: (rstd, neg_k, g)."""
+    f32 = nl.float32
+    shape = (parts, per, cols)
+    squares = nl.ndarray((parts, cols), dtype=x_tile.dtype, buffer=nl.sbuf)      # discarded
+    cut = split_count(cols, FUSED_G_VECTOR_SHARE if fused else G_VECTOR_SHARE)
+    dy_cols = lambda lo, hi: dy_tile[:, :, lo:hi]  # noqa: E731
+    x_cols = lambda lo, hi: x_tile[:, :, lo:hi]  # noqa: E731
+    if weight_tile is None:
+        g = dy_tile
+    else:
+        w_rows = lambda lo, hi: weight_tile[0:parts, lo:hi].expand_dim(1).broadcast_to((parts, per, hi - lo))  # noqa: E731
+        g = nl.ndarray(shape, dtype=x_tile.dtype, buffer=nl.sbuf)
+        _products(g, dy_cols, w_rows, cut)
+        _weight_grad(acc, dy_tile, x_tile, rstd, parts, per, cols, first)
+    # c = sum(g * x) per row: the product on VectorE / GpSimd, its row sum on ScalarE
+    # (copy with add-accumulate, fp32): VectorE is the busier engine
+    q = nl.ndarray(shape, dtype=x_tile.dtype, buffer=nl.sbuf)
+    _products(q, lambda lo, hi: g[:, :, lo:hi], x_cols, cut)
+    c = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
+    for j in range(per):
+        nisa.activation(dst=squares, op=nl.copy, data=q[:, j, :], reduce_op=nl.add, reduce_res=c[:, j:j + 1],
+                        reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    r2 = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=r2, data1=rstd, data2=rstd, op=nl.multiply)
+    neg_k = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=neg_k, data=c, op0=nl.multiply, operand0=-1.0 / cols, op1=nl.multiply,
+                              operand1=r2)
+    return rstd, neg_k, g
+
+
+def _back(x_tile, dt_tile, dx_tile, parts, per, cols, front):
+    """The second half of a block: dx from ``_front``'s (rstd, neg_k, g)."""
+    f32 = nl.float32
+    rstd, neg_k, g = front
+    for j in range(per):
+        # a = -x r^2 c / H (VectorE, perf mode); t = a + g (GpSimd, fp32); dx = t * r (ScalarE)
+        a = nl.ndarray((parts, cols), dtype=x_tile.dtype, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=a, data=x_tile[:, j, :], op0=nl.multiply, operand0=neg_k[:, j:j + 1])
+        t = nl.ndarray((parts, cols), dtype=f32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=t, data1=a, data2=g[:, j, :], op=nl.add, engine=nisa.engine.gpsimd)
+        if dt_tile is None:
+            nisa.activation(dst=dx_tile[:, j, :], op=nl.copy, data=t, scale=rstd[:, j:j + 1])
+        else:
+            # fused: t * r on ScalarE (fp32), + dtotal on GpSimd (one rounding)
+            tr = nl.ndarray((parts, cols), dtype=f32, buffer=nl.sbuf)
+            nisa.activation(dst=tr, op=nl.copy, data=t, scale=rstd[:, j:j + 1])
+            nisa.tensor_tensor(dst=dx_tile[:, j, :], data1=tr, data2=dt_tile[:, j, :], op=nl.add,
+                               engine=nisa.engine.gpsimd)
+
+
+def _weight_grad(acc, dy_tile, x_tile, rstd, parts, per, cols, first):
+    """dw += sum over the block's rows of dy * x * r on TensorE: the diagonal of dy^T (x r)
+    (xhat = x * r in the input dtype: |xhat| <= sqrt(H), no fp16 overflow), or, for rows
+    too long for a diagonal accumulator, column sums of p = dy * x (16-bit: bf16) against
+    r."""
+    if len(acc.shape) == 3:
+        for j in range(per):
+            xhat = nl.ndarray((parts, cols), dtype=x_tile.dtype, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=xhat, data=x_tile[:, j, :], op0=nl.multiply, operand0=rstd[:, j:j + 1])
+            accumulate_diag(acc, dy_tile[:, j, :], xhat, first and j == 0)
+        return
+    mm_dtype = nl.bfloat16 if x_tile.dtype != nl.float32 else nl.float32    # bf16: fp32 range for r
+    p = nl.ndarray((parts, per, cols), dtype=mm_dtype, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=p, data1=dy_tile, data2=x_tile, op=nl.multiply)
+    r_mm = nl.ndarray((parts, per), dtype=mm_dtype, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=r_mm, src=rstd)
+    for j in range(per):
+        accumulate_columns(acc, p[:, j, :], r_mm[:, j:j + 1], first and j == 0)
+
+
+def _eps_tile(eps):
+    tile = nl.ndarray((PARTITIONS, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=tile, value=eps)
+    return tile
+
+
+def _backward(dy, x, weight, eps, dtotal):
+    n_rows, cols = x.shape
+    assert cols <= BACKWARD_MAX_HIDDEN, f"H={cols} exceeds BACKWARD_MAX_HIDDEN={BACKWARD_MAX_HIDDEN}"
+    assert cols * itemsize(x.dtype) <= BACKWARD_MAX_ROW_BYTES, \
+        f"a row of H={cols} {x.dtype} exceeds BACKWARD_MAX_ROW_BYTES={BACKWARD_MAX_ROW_BYTES}"
+    dx = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
+    partials = None if weight is None else new_partials(cols, WORK_PARTS)
+    eps_tile = _eps_tile(eps)
+    per_max = rows_per_partition(cols, TARGET_COLS, BACKWARD_MAX_HIDDEN)
+    params = {}
+    # one accumulator per program, restarted by each part's first matmul (at LNC=1 the two
+    # parts take it in turn; two diagonal accumulators would not fit PSUM)
+    diag = diag_fits(cols)
+    acc = None if weight is None else (new_diag_accumulator(cols) if diag else new_accumulator(cols))
+    first_part, end_part = share(WORK_PARTS, nl.program_id(0), nl.num_programs())
+    for part in range(first_part, end_part):
+        lo, hi = row_part(n_rows, part, WORK_PARTS)
+        blocks = row_blocks(hi, per_max, first_row=lo) if hi > lo else []
+        done = []
+
+        def load(block):
+            start, parts, per = block
+            tiles = (load_block(dy, start, parts, per), load_block(x, start, parts, per),
+                     None if dtotal is None else load_block(dtotal, start, parts, per))
+            if weight is not None and "weight" not in params:
+                # after the first block's loads, which the first compute waits for
+                params["weight"] = broadcast_rows(weight, cols)
+            return tiles
+
+        # Software pipelining across blocks: each engine runs its instructions in program
+        # order, so a block's chain stats -> g, q -> c -> a -> t -> dx would leave engines
+        # waiting. Program order per block i is instead: stats(i) (ScalarE), the second
+        # half of block i - 1 (a, t, dx: its inputs are ready), then the first half of
+        # block i (g, q, c, dw sums); tiling.pipelined's store of block i - 1 then only
+        # stores its dx.
+        pending = []
+        finished = {}
+
+        def finish_pending():
+            if pending:
+                (start, parts, per), tiles, front = pending.pop()
+                dx_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
+                _back(tiles[1], tiles[2], dx_tile, parts, per, cols, front)
+                finished[start] = dx_tile
+
+        def compute(block, tiles):
+            start, parts, per = block
+            dy_tile, x_tile, dt_tile = tiles
+            rstd = _stats(x_tile, parts, per, cols, eps_tile)
+            finish_pending()
+            front = _front(dy_tile, x_tile, rstd, parts, per, cols, params.get("weight"), acc, not done,
+                           dtotal is not None)
+            done.append(block)
+            pending.append((block, tiles, front))
+            return start
+
+        def store(block, start):
+            finish_pending()            # the last block's second half
+            _, parts, per = block
+            nisa.dma_copy(dst=block_rows(dx, start, parts, per), src=finished.pop(start))
+
+        pipelined(blocks, load, compute, store, PREFETCH_AHEAD if cols <= PREFETCH_MAX_COLS else 1)
+        if partials is not None and diag:
+            store_diag_partial(partials, part, acc, cols, bool(done), identity())
+        elif partials is not None:
+            store_partial(partials, part, acc, cols, bool(done))
+    return dx, partials
+
+
+@nki.jit
+def rms_norm_backward_kernel(dy, x, weight=None, eps=1e-6):
+    """Gradients of ``rms_norm(x) * weight`` given the output gradient ``dy``.
+
+    Args:
+        dy: HBM [N, H], dtype of ``x``.
+        x: HBM [N, H], float32/bfloat16/float16, H <= BACKWARD_MAX_HIDDEN.
+        weight: HBM [H] of any float dtype, or None.
+        eps: float, the forward's.
+    Returns:
+        dx: HBM [N, H] (shared_hbm), dtype of ``x``; with a weight also
+        dw_partials: HBM [WORK_PARTS, 128, ceil(H / 128)] fp32, one partial column sum
+        per work part, column h at [part, h % 128, h // 128] (weight_grads.py); the
+        caller sums the parts.
+    """
+    dx, partials = _backward(dy, x, weight, eps, None)
+    return dx if partials is None else (dx, partials)
+
+
+@nki.jit
+def fused_add_rms_norm_backward_kernel(dy, dtotal, total, weight=None, eps=1e-6):
+    """Gradient of ``total`` (= of ``input`` = of ``residual``) for fused_add_rms_norm,
+    given the gradients of its two outputs, and the weight gradient.
+
+    Args:
+        dy: HBM [N, H], gradient of the normalised output, dtype of ``total``.
+        dtotal: HBM [N, H], gradient of the ``total`` output, dtype of ``total``.
+        total: HBM [N, H], the forward's ``input + residual`` (float32/bfloat16/float16).
+        weight: HBM [H] of any float dtype, or None.
+        eps: float, the forward's.
+    Returns:
+        as ``rms_norm_backward_kernel``: dtotal_in [N, H] (and dw_partials).
+    """
+    dx, partials = _backward(dy, total, weight, eps, dtotal)
+    return dx if partials is None else (dx, partials)

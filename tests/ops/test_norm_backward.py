@@ -1,0 +1,233 @@
+"""Backward of layer_norm, rms_norm and fused_add_rms_norm: gradients of the public ops on
+both CPU backends (the NKI backward kernels in the simulator; the PyTorch backward twins on
+the reference backend) against float64 autograd of torch's own forward; the backward ops'
+opcheck; torch.compile through forward and backward; which rows take the recompute path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import nki_kernels
+from nki_kernels import backward_references
+from nki_kernels.ops import norms
+
+from ._cases import rel_error
+
+# Shapes (input, normalized size): one row; a tail only, hidden not a multiple of 128; one
+# full 128-row tile plus a 1-row tail (3-D input); tile-exact rows and hidden; rows longer
+# than a diagonal weight-gradient accumulator holds (rms_norm > 4096, layer_norm > 3584:
+# the column-sum path of kernels/weight_grads.py), two parts with a tail.
+SHAPES = [((1, 64), "1x64"), ((7, 1000), "7x1000"), ((3, 43, 768), "3x43x768"),
+          ((256, 128), "256x128"), ((130, 4500), "130x4500")]
+DTYPES = [(torch.float32, "fp32"), (torch.bfloat16, "bf16"), (torch.float16, "fp16")]
+
+# Bounds per dtype, as the largest |error| over the largest |expected| of each gradient
+# (weight gradients sum over rows: their error scales with the output, not per element)
+# and as ||error|| / ||expected||. fp32: fp32 arithmetic throughout (~2e-7 measured).
+# 16-bit: the kernels round g = dy * w, g * x (or g * xhat), the centred terms and the
+# output to the input dtype, up to four roundings of <= 2**-9 (bf16) / 2**-12 (fp16)
+# relative each (measured bf16 <= 4.7e-3 max-relative, ~2e-3 norm-relative; fp16 ~6e-4);
+# the reference backend rounds once. The fp16 weight gradient of rows longer than 4096
+# takes bf16 products (kernels/rms_norm_backward.py: r's range) -> the bf16 bounds.
+MAX_REL = {torch.float32: 2e-6, torch.bfloat16: 1.2e-2, torch.float16: 1.5e-3}
+NORM_REL = {torch.float32: 1e-6, torch.bfloat16: 6e-3, torch.float16: 8e-4}
+
+
+def _randn(*shape, dtype, scale=1.0, shift=0.0):
+    return (torch.randn(*shape) * scale + shift).to(dtype)
+
+
+def _check(got, expected, dtype, name, bf16_products=False):
+    assert got.shape == expected.shape, f"{name}: shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
+    assert not torch.isnan(got).any(), f"{name}: NaN (an element never written)"
+    bound_dtype = torch.bfloat16 if bf16_products else dtype
+    err = float((got.double() - expected).abs().max()) / float(expected.abs().max())
+    assert err < MAX_REL[bound_dtype], f"{name}: max error {err:.2e} of max |expected|"
+    assert rel_error(got, expected) < NORM_REL[bound_dtype], f"{name}: ||err|| / ||expected|| {rel_error(got, expected):.2e}"
+
+
+def _grads(fn, inputs, grad_outputs):
+    """Gradients of ``fn(*inputs)`` w.r.t. the tensor inputs that require grad."""
+    outs = fn(*inputs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    return torch.autograd.grad(outs, leaves, grad_outputs)
+
+
+def _leaf(t):
+    return None if t is None else t.detach().clone().requires_grad_(True)
+
+
+def _f64(t):
+    return None if t is None else t.detach().double().requires_grad_(True)
+
+
+def _run(kind, shape, dtype, affine):
+    """(our gradients, float64 autograd gradients, names) for one case."""
+    hidden = shape[-1]
+    x = _randn(*shape, dtype=dtype, scale=2.0, shift=1.0 if kind == "layer_norm" else 0.0)
+    w = _randn(hidden, dtype=dtype, scale=0.5, shift=1.0) if "weight" in affine else None
+    b = _randn(hidden, dtype=dtype) if "bias" in affine else None
+    dy = _randn(*shape, dtype=dtype)
+    if kind == "layer_norm":
+        ours = _grads(lambda x_, w_, b_: nki_kernels.layer_norm(x_, (hidden,), w_, b_, 1e-5),
+                      [_leaf(x), _leaf(w), _leaf(b)], [dy])
+        ref = _grads(lambda x_, w_, b_: F.layer_norm(x_, (hidden,), w_, b_, 1e-5),
+                     [_f64(x), _f64(w), _f64(b)], [dy.double()])
+        names = ["dx"] + (["dweight"] if w is not None else []) + (["dbias"] if b is not None else [])
+    elif kind == "rms_norm":
+        ours = _grads(lambda x_, w_: nki_kernels.rms_norm(x_, (hidden,), w_, 1e-6), [_leaf(x), _leaf(w)], [dy])
+        ref = _grads(lambda x_, w_: F.rms_norm(x_, (hidden,), w_, 1e-6), [_f64(x), _f64(w)], [dy.double()])
+        names = ["dx"] + (["dweight"] if w is not None else [])
+    else:
+        r = _randn(*shape, dtype=dtype)
+        d_total = _randn(*shape, dtype=dtype)
+        ours = _grads(lambda x_, r_, w_: nki_kernels.fused_add_rms_norm(x_, r_, w_, 1e-6),
+                      [_leaf(x), _leaf(r), _leaf(w)], [dy, d_total])
+        # the forward rounds the sum to the input dtype and normalises that (its contract):
+        # the float64 reference differentiates rms_norm at the rounded sum
+        total = (x.double() + r.double()).to(dtype).double().requires_grad_(True)
+        w64 = _f64(w)
+        d_sum, *dw = torch.autograd.grad((F.rms_norm(total, (hidden,), w64, 1e-6), total * 1.0),
+                                         [total] + ([w64] if w is not None else []), [dy.double(), d_total.double()])
+        ref = [d_sum, d_sum, *dw]
+        names = ["dinput", "dresidual"] + (["dweight"] if w is not None else [])
+    return ours, ref, names
+
+
+CASES = [("rms_norm", "weight"), ("rms_norm", "none"), ("layer_norm", "weight+bias"),
+         ("layer_norm", "weight"), ("layer_norm", "bias"), ("layer_norm", "none"),
+         ("fused_add_rms_norm", "weight"), ("fused_add_rms_norm", "none")]
+
+
+def _gradient_params():
+    """Every op case on every shape and dtype, except layer_norm's partial affine cases,
+    which run on one shape (their kernel path is the full one minus a product)."""
+    params = []
+    for kind, affine in CASES:
+        for shape, shape_id in SHAPES:
+            if kind == "layer_norm" and affine != "weight+bias" and shape_id != "256x128":
+                continue
+            for dtype, dtype_id in DTYPES:
+                params.append(pytest.param(kind, affine, shape, dtype, id=f"{kind}-{affine}-{shape_id}-{dtype_id}"))
+    return params
+
+
+@pytest.mark.parametrize("backend", ["simulator", "reference"])
+@pytest.mark.parametrize("kind, affine, shape, dtype", _gradient_params())
+def test_gradients_match_float64_autograd(monkeypatch, backend, kind, affine, shape, dtype):
+    monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", backend)
+    ours, ref, names = _run(kind, shape, dtype, affine)
+    assert len(ours) == len(ref) == len(names)
+    wide_fp16_weight = (dtype == torch.float16 and shape[-1] > 4096 and kind != "layer_norm")
+    for got, want, name in zip(ours, ref, names):
+        assert got.dtype == dtype, f"{name}: dtype {got.dtype}, expected {dtype}"
+        _check(got, want, dtype, name, bf16_products=wide_fp16_weight and name == "dweight")
+
+
+@pytest.mark.parametrize("dtype, hidden, kernel", [
+    (torch.bfloat16, norms.BACKWARD_MAX_HIDDEN, True),         # the kernel at its limit
+    (torch.bfloat16, norms.BACKWARD_MAX_HIDDEN + 1, False),    # beyond: recompute (PyTorch ops)
+    (torch.float32, norms.BACKWARD_MAX_ROW_BYTES // 4, True),  # fp32 at its row-bytes limit
+    (torch.float32, norms.BACKWARD_MAX_ROW_BYTES // 4 + 1, False),
+], ids=["bf16-8192", "bf16-8193", "fp32-4096", "fp32-4097"])
+def test_kernel_backward_within_its_limits_recompute_beyond(simulator_backend, monkeypatch, dtype, hidden, kernel):
+    calls = []
+    real = norms._rms_norm_backward_op
+    monkeypatch.setattr(norms, "_rms_norm_backward_op", lambda *a: calls.append(a[1].shape) or real(*a))
+    x = torch.randn(3, hidden).to(dtype).requires_grad_(True)
+    w = torch.randn(hidden).to(dtype).requires_grad_(True)
+    dy = torch.randn(3, hidden).to(dtype)
+    got = torch.autograd.grad(nki_kernels.rms_norm(x, (hidden,), w, 1e-6), [x, w], dy)
+    ref = [_f64(x), _f64(w)]
+    want = torch.autograd.grad(F.rms_norm(ref[0], (hidden,), ref[1], 1e-6), ref, dy.double())
+    for g, e, name in zip(got, want, ["dx", "dweight"]):
+        _check(g, e, dtype, name)
+    assert calls == ([torch.Size([3, hidden])] if kernel else [])
+
+
+def test_empty_input_gives_zero_weight_gradients(simulator_backend):
+    x = torch.randn(0, 40, requires_grad=True)
+    w = torch.randn(40, requires_grad=True)
+    b = torch.randn(40, requires_grad=True)
+    out = nki_kernels.layer_norm(x, (40,), w, b)
+    gx, gw, gb = torch.autograd.grad(out, [x, w, b], torch.randn(0, 40))
+    assert gx.shape == (0, 40) and torch.equal(gw, torch.zeros(40)) and torch.equal(gb, torch.zeros(40))
+
+
+def test_backward_kernel_rejects_rows_beyond_its_limits():
+    hidden = norms.BACKWARD_MAX_HIDDEN + 1
+    x = torch.randn(2, hidden, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=rf"normalized size {hidden} exceeds {norms.BACKWARD_MAX_HIDDEN}"):
+        norms.rms_norm_backward_kernel_call(x, x, (hidden,), None, 1e-6)
+    x = torch.randn(2, 5000)
+    with pytest.raises(ValueError, match=r"normalized size 5000 in torch.float32 takes 20000 bytes, more than 16384"):
+        norms.layer_norm_backward_kernel_call(x, x, (5000,), None, None, 1e-5)
+
+
+def _backward_op_cases():
+    g = lambda *s: torch.randn(*s, requires_grad=True)  # noqa: E731
+    return [
+        ("rms_norm", norms._rms_norm_backward_op, lambda: (g(3, 7, 40), g(3, 7, 40), [40], g(40), 1e-6)),
+        ("rms_norm_noweight", norms._rms_norm_backward_op, lambda: (g(5, 40), g(5, 40), [40], None, 1e-6)),
+        ("layer_norm", norms._layer_norm_backward_op, lambda: (g(6, 40), g(6, 40), [40], g(40), g(40), 1e-5)),
+        ("layer_norm_bias", norms._layer_norm_backward_op, lambda: (g(6, 40), g(6, 40), [40], None, g(40), 1e-5)),
+        ("fused_add_rms_norm", norms._fused_add_rms_norm_backward_op,
+         lambda: (g(6, 40), g(6, 40), g(6, 40), g(40), 1e-6)),
+    ]
+
+
+BACKWARD_OPS = _backward_op_cases()
+
+
+@pytest.mark.parametrize("backend", ["simulator", "reference"])
+@pytest.mark.parametrize("name, op, make", BACKWARD_OPS, ids=[c[0] for c in BACKWARD_OPS])
+def test_opcheck_backward_ops(monkeypatch, backend, name, op, make):
+    # the backward ops are custom ops too: schema, fake, dispatch, and their own (double)
+    # backward, the recompute of backward_references in fp32
+    monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", backend)
+    torch.library.opcheck(op, make())
+
+
+def test_compile_fullgraph_forward_and_backward(simulator_backend):
+    # One compiled graph through the three norms, forward and backward (the backward ops run
+    # their NKI kernels in the simulator), against eager torch's gradients.
+    def block(x, residual, w, b):
+        h, res = nki_kernels.fused_add_rms_norm(x, residual, w, 1e-6)
+        h = nki_kernels.layer_norm(h, (64,), w, b) * nki_kernels.rms_norm(res, (64,), w, 1e-6)
+        return h.square().sum()
+
+    def eager(x, residual, w, b):
+        res = x + residual
+        h = F.rms_norm(res, (64,), w, 1e-6)
+        h = F.layer_norm(h, (64,), w, b) * F.rms_norm(res, (64,), w, 1e-6)
+        return h.square().sum()
+
+    args = [torch.randn(9, 64), torch.randn(9, 64), torch.randn(64) * 0.5 + 1, torch.randn(64)]
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    leaves = [a.clone().requires_grad_(True) for a in args]
+    got = torch.autograd.grad(compiled(*leaves), leaves)
+    leaves = [a.clone().requires_grad_(True) for a in args]
+    want = torch.autograd.grad(eager(*leaves), leaves)
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e, atol=1e-4, rtol=1e-4)
+
+
+def test_backward_twins_match_float64_autograd():
+    # backward_references' written-out formulas (the reference backend, the report's check)
+    # against autograd of torch's forward, in float64
+    x = torch.randn(5, 3, 40, dtype=torch.float64)
+    w, b, dy = torch.randn(40, dtype=torch.float64), torch.randn(40, dtype=torch.float64), torch.randn_like(x)
+    got = backward_references.layer_norm_backward(dy, x, [40], w, b, 1e-5, compute_dtype=torch.float64)
+    leaves = [t.clone().requires_grad_(True) for t in (x, w, b)]
+    want = torch.autograd.grad(F.layer_norm(leaves[0], (40,), leaves[1], leaves[2], 1e-5), leaves, dy)
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e, atol=1e-12, rtol=1e-10)
+    got = backward_references.rms_norm_backward(dy, x, [3, 40], w.repeat(3).reshape(3, 40), 1e-6,
+                                                compute_dtype=torch.float64)
+    leaves = [t.clone().requires_grad_(True) for t in (x, w.repeat(3).reshape(3, 40))]
+    want = torch.autograd.grad(F.rms_norm(leaves[0], (3, 40), leaves[1], 1e-6), leaves, dy)
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e, atol=1e-12, rtol=1e-10)
