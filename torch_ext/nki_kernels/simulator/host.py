@@ -11,7 +11,8 @@ import torch
 
 from . import dtypes as _dt
 from .errors import NkiValidationError
-from .tensor import NkiTensor, from_torch
+from .tensor import NkiTensor
+from .tensor_alloc import from_torch
 
 
 def numpy_to_torch(a) -> torch.Tensor:

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import math
 import operator
-import sys
 
 import torch
 
 from . import dtypes as _dt
 from .context import current
 from .errors import NkiValidationError, UnsupportedError
-from .memory import Allocation, MemoryRegion, kind_of, to_region
+from .memory import Allocation, MemoryRegion
+from .tensor_views import ShapeViews
 
 
 def _no_instructions(dst, value):
@@ -41,19 +41,6 @@ def install_assignment(fn) -> None:
     _assign = fn
 
 
-class DynamicSlice:
-    """``nl.ds(start, size)``: the slice ``start:start+size``."""
-
-    __slots__ = ("start", "size")
-
-    def __init__(self, start, size):
-        self.start = operator.index(start)
-        self.size = operator.index(size)
-
-    def __repr__(self):
-        return f"nl.ds({self.start}, {self.size})"
-
-
 _NO_ARITH = ("beta-2 NKI removed arithmetic operators on tiles ({op}); use nl.{fn}(x, y) "
              "or the nisa instruction (e.g. nisa.tensor_tensor(dst, x, y, op=nl.{fn}))")
 
@@ -65,7 +52,7 @@ def _no_arith(op, fn):
     return method
 
 
-class NkiTensor:
+class NkiTensor(ShapeViews):
     """A view of an NKI tensor on SBUF, PSUM or HBM.
 
     ``_data`` is a torch view of the tensor's bits (the ``storage`` dtype of ``dtype``) in
@@ -162,73 +149,6 @@ class NkiTensor:
         out = self.values().detach().clone().numpy()
         return out.astype(dtype) if dtype is not None else out
 
-    # ------------------------------------------------------------------ indexing
-    def __getitem__(self, key) -> "NkiTensor":
-        shape = self._data.shape
-        ndim = len(shape)
-        if not isinstance(key, tuple):
-            key = (key,)
-        n_ell = sum(1 for k in key if k is Ellipsis)
-        if n_ell > 1:
-            raise IndexError("an index can only have a single ellipsis ('...')")
-        n_real = len(key) - n_ell
-        if n_real > ndim:
-            raise IndexError(f"too many indices ({n_real}) for tensor of shape {tuple(shape)}")
-        if n_ell:
-            i = next(j for j, k in enumerate(key) if k is Ellipsis)
-            key = key[:i] + (slice(None),) * (ndim - n_real) + key[i + 1:]
-        on_chip = self._alloc.kind != "hbm"
-        tkey = []
-        int_dims = []
-        for dim, k in enumerate(key):
-            n = shape[dim]
-            if isinstance(k, slice):
-                tkey.append(_check_slice(k, dim, n, tuple(shape)))
-            elif isinstance(k, DynamicSlice):
-                # nl.ds(start, 0) is an empty view (nki-library's cross_entropy gives the idle
-                # core of an LNC=2 launch an empty shard); an instruction refuses it.
-                if k.size < 0 or k.start < 0 or k.start + k.size > n or (k.size == 0 and k.start > n):
-                    raise IndexError(
-                        f"index nl.ds({k.start}, {k.size}) is out of bounds for dim {dim} "
-                        f"with size {n} (shape {tuple(shape)})")
-                tkey.append(slice(k.start, k.start + k.size))
-            elif isinstance(k, NkiTensor):
-                raise UnsupportedError(
-                    "dynamic (tensor-valued) indexing is not supported by the simulator; "
-                    "use static ints/slices, nl.ds, or .ap()")
-            else:
-                try:
-                    i = operator.index(k)
-                except TypeError:
-                    raise IndexError(
-                        f"unsupported index {k!r} for dim {dim} (use int, slice, ..., nl.ds)"
-                    ) from None
-                if i < -n or i >= n:
-                    raise IndexError(
-                        f"index {i} is out of bounds for dim {dim} with size {n} "
-                        f"(shape {tuple(shape)})")
-                if i < 0:
-                    i += n
-                tkey.append(i)
-                int_dims.append(dim)
-        if int_dims:
-            keep = len(key) - len(int_dims) + (ndim - len(key))
-            if on_chip:
-                need = 2
-                # dim 0 of an on-chip tensor is never dropped
-                if int_dims[0] == 0:
-                    tkey[0] = slice(tkey[0], tkey[0] + 1)
-                    int_dims = int_dims[1:]
-                    keep += 1
-            else:
-                need = 1
-            for dim in reversed(int_dims):
-                if keep >= need:
-                    break
-                tkey[dim] = slice(tkey[dim], tkey[dim] + 1)
-                keep += 1
-        return NkiTensor(self._alloc, self._data[tuple(tkey)], self._dtype)
-
     def __setitem__(self, key, value):
         # `t[idx] = tile` copies (tensor_copy on chip, dma_copy when HBM is involved);
         # `t[idx] = scalar` fills (memset): the instructions isa/ installs.
@@ -237,129 +157,6 @@ class NkiTensor:
     # ------------------------------------------------------------------ view methods
     def _view(self, data) -> "NkiTensor":
         return NkiTensor(self._alloc, data, self._dtype)
-
-    def reshape(self, *shape) -> "NkiTensor":
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = tuple(shape[0])
-        shape = tuple(int(s) for s in shape)
-        n = self._data.numel()
-        if shape.count(-1) == 1:
-            known = math.prod(s for s in shape if s != -1)
-            if known == 0 or n % known:
-                raise NkiValidationError(f"reshape: cannot infer -1 in {shape} for {n} elements")
-            shape = tuple(n // known if s == -1 else s for s in shape)
-        if math.prod(shape) != n:
-            raise NkiValidationError(
-                f"reshape: shape {shape} has {math.prod(shape)} elements, tensor "
-                f"{self.shape} has {n}")
-        if self.on_chip:
-            if len(shape) < 2:
-                raise NkiValidationError(
-                    f"reshape: on-chip tensor needs >= 2 dims, got {shape}")
-            if shape[0] != self._data.shape[0]:
-                raise NkiValidationError(
-                    f"reshape: on-chip tensor must keep partition dim {self._data.shape[0]}, "
-                    f"got {shape}")
-        try:
-            return self._view(self._data.view(shape))
-        except RuntimeError:
-            raise NkiValidationError(
-                f"reshape: the layout of this view (shape {self.shape}, strides "
-                f"{self.strides}) is incompatible with shape {shape}") from None
-
-    def permute(self, *dims) -> "NkiTensor":
-        if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
-            dims = tuple(dims[0])
-        dims = tuple(int(d) for d in dims)
-        if sorted(dims) != list(range(self.ndim)):
-            raise NkiValidationError(f"permute: {dims} is not a permutation of range({self.ndim})")
-        if self.on_chip and dims[0] != 0:
-            raise NkiValidationError(
-                f"permute: on-chip tensor must keep the partition dim first, got dims {dims}")
-        return self._view(self._data.permute(dims))
-
-    def broadcast(self, dim: int, size: int) -> "NkiTensor":
-        dim = self._dim(dim, "broadcast")
-        if self._data.shape[dim] != 1:
-            raise NkiValidationError(
-                f"broadcast: dim {dim} has size {self._data.shape[dim]}, must be 1")
-        if self.on_chip and dim == 0:
-            raise NkiValidationError("broadcast: cannot broadcast the partition dim of an on-chip tensor")
-        shape = list(self._data.shape)
-        shape[dim] = int(size)
-        return self._view(self._data.expand(shape))
-
-    def broadcast_to(self, shape) -> "NkiTensor":
-        shape = tuple(int(s) for s in shape)
-        if len(shape) != self.ndim:
-            raise NkiValidationError(
-                f"broadcast_to: target shape {shape} must have the same rank as {self.shape}")
-        for d, (a, b) in enumerate(zip(self.shape, shape)):
-            if a != b and a != 1:
-                raise NkiValidationError(
-                    f"broadcast_to: dim {d} of size {a} cannot broadcast to {b}")
-        if self.on_chip and shape[0] != self.shape[0]:
-            raise NkiValidationError(
-                "broadcast_to: a view cannot broadcast the partition dim; use "
-                "nl.broadcast_to(x, shape), which copies across partitions")
-        return self._view(self._data.expand(shape))
-
-    def expand_dim(self, dim: int) -> "NkiTensor":
-        dim = int(dim)
-        if dim < 0:
-            dim += self.ndim + 1
-        if not 0 <= dim <= self.ndim:
-            raise IndexError(f"expand_dim: dim {dim} out of range for shape {self.shape}")
-        if self.on_chip and dim == 0:
-            raise NkiValidationError("expand_dim: cannot insert before the partition dim")
-        return self._view(self._data.unsqueeze(dim))
-
-    def squeeze_dim(self, dim: int) -> "NkiTensor":
-        dim = self._dim(dim, "squeeze_dim")
-        if self._data.shape[dim] != 1:
-            raise NkiValidationError(
-                f"squeeze_dim: dim {dim} has size {self._data.shape[dim]}, must be 1")
-        if self.on_chip and (dim == 0 or self.ndim <= 2):
-            raise NkiValidationError(
-                f"squeeze_dim: on-chip tensor {self.shape} must keep its partition dim and 2 dims")
-        return self._view(self._data.squeeze(dim))
-
-    def reshape_dim(self, dim: int, shape) -> "NkiTensor":
-        dim = self._dim(dim, "reshape_dim")
-        shape = tuple(int(s) for s in shape)
-        n = self._data.shape[dim]
-        if shape.count(-1) == 1:
-            known = math.prod(s for s in shape if s != -1)
-            shape = tuple(n // known if s == -1 else s for s in shape)
-        if math.prod(shape) != n:
-            raise NkiValidationError(f"reshape_dim: {shape} does not multiply to dim {dim} size {n}")
-        if self.on_chip and dim == 0 and len(shape) != 1:
-            raise NkiValidationError("reshape_dim: cannot split the partition dim of an on-chip tensor")
-        new = self.shape[:dim] + shape + self.shape[dim + 1:]
-        return self._view(self._data.unflatten(dim, shape) if new != self.shape else self._data)
-
-    def flatten_dims(self, start_dim: int, end_dim: int) -> "NkiTensor":
-        s = self._dim(start_dim, "flatten_dims")
-        e = self._dim(end_dim, "flatten_dims")
-        if self.on_chip and s == 0:
-            raise NkiValidationError("flatten_dims: start_dim must be > 0 for an on-chip tensor")
-        new = self.shape[:s] + (math.prod(self.shape[s:e + 1]),) + self.shape[e + 1:]
-        try:
-            return self._view(self._data.view(new))
-        except RuntimeError:
-            raise NkiValidationError(
-                f"flatten_dims: dims {s}..{e} of {self.shape} are not contiguous in memory") from None
-
-    def slice(self, dim: int, start: int, end: int, step: int = 1) -> "NkiTensor":
-        dim = self._dim(dim, "slice")
-        n = self._data.shape[dim]
-        if not (0 <= start < end <= n) or step < 1:
-            raise IndexError(
-                f"slice: [{start}:{end}:{step}] is out of bounds for dim {dim} with size {n} "
-                f"(shape {self.shape})")
-        key = [slice(None)] * self.ndim
-        key[dim] = slice(start, end, step)
-        return self._view(self._data[tuple(key)])
 
     def select(self, dim: int, index) -> "NkiTensor":
         """Select one index of ``dim`` (removing it); a tensor or register ``index`` selects
@@ -531,71 +328,6 @@ class NkiTensor:
         raise UnsupportedError("indirect(): tensor indirection (NeuronCore-v4) is not supported "
                                "by the simulator")
 
-    def rearrange(self, src_pattern, dst_pattern, fixed_sizes=None) -> "NkiTensor":
-        """einops-style view (NkiTensor.rearrange docstring): ``src_pattern`` names each dim
-        (a tuple of names splits a dim; ``fixed_sizes`` gives sizes, one may be inferred),
-        ``dst_pattern`` orders the names (a tuple merges them). On chip the partition dim
-        stays first and whole."""
-        sizes = dict(fixed_sizes or {})
-        src = list(src_pattern)
-        if len(src) != self.ndim:
-            raise NkiValidationError(f"rearrange: src_pattern {src_pattern} names {len(src)} "
-                                     f"dims; the tensor has {self.ndim} ({self.shape})")
-        names, split_shape = [], []
-        for dim, entry in enumerate(src):
-            group = list(entry) if isinstance(entry, (tuple, list)) else [entry]
-            n = self.shape[dim]
-            known = [sizes[g] for g in group if g in sizes]
-            missing = [g for g in group if g not in sizes]
-            if len(missing) > 1:
-                raise NkiValidationError(f"rearrange: sizes of {missing} in {entry} are unknown; "
-                                         "give all but one in fixed_sizes")
-            if missing:
-                k = math.prod(known)
-                if k == 0 or n % k:
-                    raise NkiValidationError(f"rearrange: dim {dim} of size {n} cannot split "
-                                             f"into {entry} with {sizes}")
-                sizes[missing[0]] = n // k
-            if math.prod(sizes[g] for g in group) != n:
-                raise NkiValidationError(f"rearrange: {entry} multiplies to "
-                                         f"{math.prod(sizes[g] for g in group)}, dim {dim} is {n}")
-            for g in group:
-                if g in names:
-                    raise NkiValidationError(f"rearrange: name {g!r} appears twice")
-                names.append(g)
-                split_shape.append(sizes[g])
-        order = []
-        for entry in dst_pattern:
-            order += list(entry) if isinstance(entry, (tuple, list)) else [entry]
-        if sorted(order) != sorted(names):
-            raise NkiValidationError(f"rearrange: dst_pattern {dst_pattern} must use the names "
-                                     f"of src_pattern {src_pattern} once each")
-        if self.on_chip and (order[0] != names[0] or split_shape[0] != self.shape[0]
-                             or not isinstance(dst_pattern[0], str)):
-            raise NkiValidationError("rearrange: on-chip tensors keep the partition dim first "
-                                     "and whole")
-        try:
-            d = self._data.view(split_shape) if tuple(split_shape) != self.shape else self._data
-            d = d.permute([names.index(n) for n in order])
-            merged = []
-            for entry in dst_pattern:
-                group = list(entry) if isinstance(entry, (tuple, list)) else [entry]
-                merged.append(math.prod(sizes[g] for g in group))
-            d = d.view(merged) if tuple(merged) != tuple(d.shape) else d
-        except RuntimeError:
-            raise NkiValidationError(f"rearrange: {src_pattern} -> {dst_pattern} is not a view "
-                                     f"of this layout (shape {self.shape}, strides "
-                                     f"{self.strides})") from None
-        return self._view(d)
-
-    def _dim(self, dim, what):
-        d = int(dim)
-        if d < 0:
-            d += self.ndim
-        if not 0 <= d < self.ndim:
-            raise IndexError(f"{what}: dim {dim} out of range for shape {self.shape}")
-        return d
-
     # ------------------------------------------------------------------ no arithmetic (beta 2)
     __add__ = __radd__ = _no_arith("+", "add")
     __sub__ = __rsub__ = _no_arith("-", "subtract")
@@ -617,23 +349,6 @@ class NkiTensor:
     __invert__ = _no_arith("~", "invert")
     __lshift__ = _no_arith("<<", "left_shift")
     __rshift__ = _no_arith(">>", "right_shift")
-
-
-def _check_slice(k: slice, dim: int, n: int, shape) -> slice:
-    step = 1 if k.step is None else operator.index(k.step)
-    if step < 1:
-        raise IndexError(f"slice step {step} on dim {dim} is not supported (steps must be >= 1)")
-    start = 0 if k.start is None else operator.index(k.start)
-    stop = n if k.stop is None else operator.index(k.stop)
-    s0, s1 = start, stop
-    if start < 0:
-        start += n
-    if stop < 0:
-        stop += n
-    if not (0 <= start < stop <= n):
-        raise IndexError(
-            f"index [{s0}:{s1}] is out of bounds for dim {dim} with size {n} (shape {shape})")
-    return slice(start, stop, step)
 
 
 # ---------------------------------------------------------------------- access patterns
@@ -935,69 +650,3 @@ def _indirect_view(t, pattern, start, dtype, what, scalar=None, scalar_stride=0,
         return _static_view(t, pattern, start + operator.index(scalar) * scalar_stride, dtype)
     return IndirectView(t, pattern, start, dtype, what, scalar=scalar, sstride=scalar_stride,
                         vector=vector, vstride=vector_stride, extent=extent)
-
-
-# ---------------------------------------------------------------------- construction
-
-
-def allocate(shape, dtype, buffer, name="", fill=None, address=None) -> NkiTensor:
-    """A new tensor in the current context (poisoned unless ``fill`` is given; placed at
-    ``address`` = (partition, byte offset) if given, see memory.py)."""
-    region = to_region(buffer)
-    dt = _dt.to_nki(dtype)
-    if isinstance(shape, int):
-        shape = (shape,)
-    ctx = current()
-    if region is MemoryRegion.shared_hbm and ctx.in_kernel and ctx.grid > 1:
-        # LNC=2: both cores run the same allocations; core A's n-th shared_hbm allocation is
-        # core B's n-th one, whichever core reaches it first.
-        alloc = ctx.shared_hbm_tensor(shape, dt, region, name, fill)
-        return NkiTensor(alloc, alloc.base)
-    alloc = ctx.memory.allocate(shape, dt, region, name, fill, address)
-    if alloc.kind != "hbm":
-        ctx.recorder.note_allocation(alloc.alloc_id, alloc.kind, _call_site(),
-                                     ctx.program_id if ctx.grid > 1 else None)
-    return NkiTensor(alloc, alloc.base)
-
-
-# the interpreter's frames that call the kernel: run_kernel (LNC=1) and each core's thread
-# body of an LNC=2 launch (_run_cores.body)
-_KERNEL_ENTRIES = ("run_kernel", "body")
-_SITE_DEPTH = 48  # frames kept: deeper kernel call paths share a site (fewer, larger families)
-
-
-def _call_site() -> tuple:
-    """(filename, line) of every frame from allocate's caller up to the kernel entry (the
-    interpreter's run_kernel or core thread), innermost first: tiles allocated by one line on one call
-    path (e.g. in successive loop iterations) share a site."""
-    f = sys._getframe(2)
-    site = []
-    while f is not None and len(site) < _SITE_DEPTH:
-        code = f.f_code
-        if code.co_name in _KERNEL_ENTRIES and code.co_filename.endswith("interpreter.py"):
-            break
-        site.append((code.co_filename, f.f_lineno))
-        f = f.f_back
-    return tuple(site)
-
-
-def from_torch(data: torch.Tensor, dtype, buffer, name="", alias=False) -> NkiTensor:
-    """An HBM tensor holding ``data``'s values in ``dtype`` (its bits: dtypes.py; with
-    ``alias``, a contiguous fp32 ``data`` is used as the storage itself)."""
-    region = to_region(buffer)
-    dt = _dt.to_nki(dtype)
-    if kind_of(region) != "hbm":
-        raise NkiValidationError("only HBM tensors can be created from host data")
-    if alias and dt.name == "float32" and data.dtype == torch.float32 and data.is_contiguous():
-        base = data
-    elif data.dtype == dt.storage:
-        base = data.clone()  # already this dtype's bits (e.g. bf16 from torch): bit-exact
-    elif dt.is_packed:
-        raise NkiValidationError(
-            f"{name or 'input'}: host data cannot be converted to packed {dt.name}; pass its "
-            "bits (e.g. uint8) and view them in the kernel (t.view(nl." + dt.name + "))")
-    else:
-        base = dt.to_bits(data.to(torch.float32) if dt.is_float else data.to(torch.int64))
-    base = base.contiguous()
-    alloc = current().memory.wrap_hbm(base, dt, region, name)
-    return NkiTensor(alloc, alloc.base)

@@ -20,7 +20,8 @@ from .. import isa as _isa
 from .. import ops as _ops
 from ..context import current
 from ..host import numpy_to_torch
-from ..tensor import NkiTensor, allocate, from_torch
+from ..tensor import NkiTensor
+from ..tensor_alloc import allocate, from_torch
 from .common import as_shape
 from .constants import sbuf, shared_hbm, uint8, uint16
 

@@ -6,7 +6,8 @@ import operator
 
 from ..errors import NkiValidationError
 from ..memory import MemoryRegion
-from ..tensor import NkiTensor, allocate
+from ..tensor import NkiTensor
+from ..tensor_alloc import allocate
 
 
 def as_shape(shape) -> tuple[int, ...]:

@@ -23,7 +23,8 @@ from ..isa.alu import reduce_axes
 from ..isa.operands import free_elems
 from ..memory import MemoryRegion
 from ..ops import Op
-from ..tensor import NkiTensor, allocate
+from ..tensor import NkiTensor
+from ..tensor_alloc import allocate
 from .common import check_tile, new_tile
 from .constants import float32, uint8
 

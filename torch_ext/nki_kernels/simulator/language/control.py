@@ -19,7 +19,8 @@ import operator
 from .. import isa as _isa
 from ..context import current
 from ..errors import NkiValidationError
-from ..tensor import DynamicSlice, NkiTensor
+from ..tensor import NkiTensor
+from ..tensor_views import DynamicSlice
 
 
 def ds(start, size):

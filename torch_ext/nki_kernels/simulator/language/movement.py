@@ -8,7 +8,8 @@ from .. import dtypes as _dt
 from .. import isa as _isa
 from ..context import current
 from ..errors import NkiValidationError
-from ..tensor import NkiTensor, allocate
+from ..tensor import NkiTensor
+from ..tensor_alloc import allocate
 from .common import as_shape, check_tile, new_tile
 from .constants import sbuf, uint32
 

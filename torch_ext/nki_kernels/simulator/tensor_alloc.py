@@ -1,0 +1,78 @@
+"""Creating ``NkiTensor``s: ``allocate`` (a new SBUF/PSUM/HBM tensor in the current core's
+memory, with the allocation site the cost model's finite buffering reads) and
+``from_torch`` (an HBM tensor holding host data, stored as the dtype's bits)."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from . import dtypes as _dt
+from .context import current
+from .errors import NkiValidationError
+from .memory import MemoryRegion, kind_of, to_region
+from .tensor import NkiTensor
+
+
+def allocate(shape, dtype, buffer, name="", fill=None, address=None) -> NkiTensor:
+    """A new tensor in the current context (poisoned unless ``fill`` is given; placed at
+    ``address`` = (partition, byte offset) if given, see memory.py)."""
+    region = to_region(buffer)
+    dt = _dt.to_nki(dtype)
+    if isinstance(shape, int):
+        shape = (shape,)
+    ctx = current()
+    if region is MemoryRegion.shared_hbm and ctx.in_kernel and ctx.grid > 1:
+        # LNC=2: both cores run the same allocations; core A's n-th shared_hbm allocation is
+        # core B's n-th one, whichever core reaches it first.
+        alloc = ctx.shared_hbm_tensor(shape, dt, region, name, fill)
+        return NkiTensor(alloc, alloc.base)
+    alloc = ctx.memory.allocate(shape, dt, region, name, fill, address)
+    if alloc.kind != "hbm":
+        ctx.recorder.note_allocation(alloc.alloc_id, alloc.kind, _call_site(),
+                                     ctx.program_id if ctx.grid > 1 else None)
+    return NkiTensor(alloc, alloc.base)
+
+
+# the interpreter's frames that call the kernel: run_kernel (LNC=1) and each core's thread
+# body of an LNC=2 launch (_run_cores.body)
+_KERNEL_ENTRIES = ("run_kernel", "body")
+_SITE_DEPTH = 48  # frames kept: deeper kernel call paths share a site (fewer, larger families)
+
+
+def _call_site() -> tuple:
+    """(filename, line) of every frame from allocate's caller up to the kernel entry (the
+    interpreter's run_kernel or core thread), innermost first: tiles allocated by one line on one call
+    path (e.g. in successive loop iterations) share a site."""
+    f = sys._getframe(2)
+    site = []
+    while f is not None and len(site) < _SITE_DEPTH:
+        code = f.f_code
+        if code.co_name in _KERNEL_ENTRIES and code.co_filename.endswith("interpreter.py"):
+            break
+        site.append((code.co_filename, f.f_lineno))
+        f = f.f_back
+    return tuple(site)
+
+
+def from_torch(data: torch.Tensor, dtype, buffer, name="", alias=False) -> NkiTensor:
+    """An HBM tensor holding ``data``'s values in ``dtype`` (its bits: dtypes.py; with
+    ``alias``, a contiguous fp32 ``data`` is used as the storage itself)."""
+    region = to_region(buffer)
+    dt = _dt.to_nki(dtype)
+    if kind_of(region) != "hbm":
+        raise NkiValidationError("only HBM tensors can be created from host data")
+    if alias and dt.name == "float32" and data.dtype == torch.float32 and data.is_contiguous():
+        base = data
+    elif data.dtype == dt.storage:
+        base = data.clone()  # already this dtype's bits (e.g. bf16 from torch): bit-exact
+    elif dt.is_packed:
+        raise NkiValidationError(
+            f"{name or 'input'}: host data cannot be converted to packed {dt.name}; pass its "
+            "bits (e.g. uint8) and view them in the kernel (t.view(nl." + dt.name + "))")
+    else:
+        base = dt.to_bits(data.to(torch.float32) if dt.is_float else data.to(torch.int64))
+    base = base.contiguous()
+    alloc = current().memory.wrap_hbm(base, dt, region, name)
+    return NkiTensor(alloc, alloc.base)
