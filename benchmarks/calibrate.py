@@ -207,14 +207,14 @@ def nkilib_arg_problems(row: Row) -> list[str]:
     return out
 
 
-def _nkilib_value(value):
+def _nkilib_value(value, target: str):
     """An enum string or config table of a row, as the checkout's own object (needs --nkilib)."""
     if isinstance(value, str) and _ENUM_VALUE.match(value):
         enum, member = _ENUM_VALUE.match(value).groups()
-        return getattr(_nkilib.function(NKILIB_ENUMS[enum], enum, "trn2"), member)
+        return getattr(_nkilib.function(NKILIB_ENUMS[enum], enum, target), member)
     if isinstance(value, dict):
-        fields = {k: _nkilib_value(v) for k, v in value.items() if k != "config"}
-        return _nkilib.function(NKILIB_CONFIGS[value["config"]], value["config"], "trn2")(**fields)
+        fields = {k: _nkilib_value(v, target) for k, v in value.items() if k != "config"}
+        return _nkilib.function(NKILIB_CONFIGS[value["config"]], value["config"], target)(**fields)
     return value
 
 
@@ -231,7 +231,7 @@ def _inputs(row: Row) -> dict:
             else:
                 kwargs[name] = (torch.rand(shape, generator=gen) * 0.2 - 0.1).to(dtype)
         elif row.kernel.startswith(NKILIB_PREFIX):
-            kwargs[name] = _nkilib_value(value)
+            kwargs[name] = _nkilib_value(value, row.target)
         else:
             kwargs[name] = value
     return kwargs
