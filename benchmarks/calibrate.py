@@ -19,7 +19,14 @@ reproduces its setup (benchmarks/calibration/kernels/, our own beta-2 code). Thi
 
 Modeled numbers are MODELED; the measurements were taken on Trainium by their sources.
 
-Usage: python benchmarks/calibrate.py [--fit] [--only PREFIX[,PREFIX]] [--data FILE]
+With ``--nkilib PATH`` (an aws-neuron/nki-library checkout) it also models nki-library's QoR
+rows (calibration/nkilib_qor.toml: AWS's hardware references for its own kernels, all held
+out) with AWS's kernels from the checkout, each at the row's launch degree (lnc), and prints
+per kernel family the rows, mean |error|, rms, max and the count within +-25 %, the ranking
+of AWS's variants of one shape, and the worst rows with each engine's busy time.
+
+Usage: python benchmarks/calibrate.py [--fit] [--only PREFIX[,PREFIX]] [--data FILE] [--skip-slow]
+       [--nkilib PATH]   (--only nkilib.mlp_tkg runs just those QoR rows)
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import argparse
 import dataclasses
 import importlib.util
 import math
+import re
 import sys
 import zlib
 from dataclasses import dataclass, field
@@ -67,7 +75,7 @@ FREE_PARAMETERS = {
 HELD_OUT_BAND = 0.8
 HELD_OUT_MEAN_BAND = 0.2
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int32": torch.int32}
 
 
 @dataclass
@@ -88,6 +96,7 @@ class Row:
     note: str = ""
     slow: bool = False                 # left out of the default test run (big kernels)
     known_miss: str = ""               # why the model misses this row (excluded from the gates)
+    lnc: int = 1                       # launch degree: LNC=2 runs kernel[2] (both cores of a trn2 LNC)
     run: object = field(default=None, repr=False)   # simulator.SimResult once run
     def __hash__(self):
         return hash(self.id)
@@ -107,6 +116,11 @@ def load_rows(path: Path = DATA) -> list[Row]:
             raise ValueError(f"{path}: {row.id}: split={row.split!r}; expected 'train' or 'test'")
         if row.target not in TARGETS:
             raise ValueError(f"{path}: {row.id}: target={row.target!r}; expected one of {tuple(TARGETS)}")
+        if row.lnc not in (1, 2):
+            raise ValueError(f"{path}: {row.id}: lnc={row.lnc!r}; expected 1 or 2 (trn2's logical core sizes)")
+        problems = nkilib_arg_problems(row)
+        if problems:
+            raise ValueError(f"{path}: {row.id}: {'; '.join(problems)}")
         rows.append(row)
     ids = [r.id for r in rows]
     dup = {i for i in ids if ids.count(i) > 1}
@@ -149,20 +163,82 @@ def _kernel(spec: str):
     return getattr(_modules[mod_name], fn)
 
 
+# nki-library kernels whose arguments are AWS's enums or configuration objects. A row names an
+# enum member as the string "NormType.RMS_NORM" and a configuration object as a table
+# { config = "RmsNormQuantKernelArgs", <field> = <value>, ... }; _nkilib_value builds them from
+# the checkout's OWN classes (module below, under src/nkilib_src/nkilib), so nothing of AWS's
+# is copied here and a renamed field fails loudly. Only the classes the QoR rows need.
+NKILIB_ENUMS = {"NormType": "core.utils.common_types", "QuantizationType": "core.utils.common_types",
+                "ActFnType": "core.utils.common_types"}
+NKILIB_CONFIGS = {"RmsNormQuantKernelArgs": "core.rmsnorm.rmsnorm_quant"}
+_ENUM_VALUE = re.compile(r"^([A-Za-z]+)\.([A-Za-z_][A-Za-z0-9_]*)$")
+
+
+def _is_tensor(value) -> bool:
+    """[shape, dtype] (random values) or [shape, dtype, fill] (every element = fill)."""
+    return (isinstance(value, list) and len(value) in (2, 3) and isinstance(value[0], list)
+            and isinstance(value[1], str) and value[1] in _DTYPES)
+
+
+def nkilib_arg_problems(row: Row) -> list[str]:
+    """What is wrong with a row's enum and configuration arguments (checked without a checkout)."""
+    out = []
+
+    def check(name, value):
+        if isinstance(value, str) and _ENUM_VALUE.match(value):
+            enum = _ENUM_VALUE.match(value).group(1)
+            if enum not in NKILIB_ENUMS:
+                out.append(f"args.{name}={value!r}: {enum} is not one of NKILIB_ENUMS {sorted(NKILIB_ENUMS)}")
+            elif not row.kernel.startswith(NKILIB_PREFIX):
+                out.append(f"args.{name}={value!r}: enum arguments are for nkilib: kernels only")
+        elif isinstance(value, dict):
+            cls = value.get("config")
+            if cls not in NKILIB_CONFIGS:
+                out.append(f"args.{name}: config={cls!r} is not one of NKILIB_CONFIGS {sorted(NKILIB_CONFIGS)}")
+            for k, v in value.items():
+                if k != "config":
+                    check(f"{name}.{k}", v)
+        elif isinstance(value, list) and not _is_tensor(value):
+            out.append(f"args.{name}={value!r}: expected [shape, dtype] or [shape, dtype, fill] with dtype in "
+                       f"{sorted(_DTYPES)}")
+
+    for name, value in row.args.items():
+        check(name, value)
+    return out
+
+
+def _nkilib_value(value, target: str):
+    """An enum string or config table of a row, as the checkout's own object (needs --nkilib)."""
+    if isinstance(value, str) and _ENUM_VALUE.match(value):
+        enum, member = _ENUM_VALUE.match(value).groups()
+        return getattr(_nkilib.function(NKILIB_ENUMS[enum], enum, target), member)
+    if isinstance(value, dict):
+        fields = {k: _nkilib_value(v, target) for k, v in value.items() if k != "config"}
+        return _nkilib.function(NKILIB_CONFIGS[value["config"]], value["config"], target)(**fields)
+    return value
+
+
 def _inputs(row: Row) -> dict:
-    """The kernel's keyword arguments: fresh random tensors for [shape, dtype] entries."""
+    """The kernel's keyword arguments: fresh random tensors for [shape, dtype] entries, filled
+    ones for [shape, dtype, fill], AWS's enums and configuration objects for nki-library rows."""
     gen = torch.Generator().manual_seed(zlib.crc32(row.id.encode()))
     kwargs = {}
     for name, value in row.args.items():
-        if isinstance(value, list) and len(value) == 2 and isinstance(value[0], list) and value[1] in _DTYPES:
-            shape, dtype = value
-            kwargs[name] = (torch.rand(shape, generator=gen) * 0.2 - 0.1).to(_DTYPES[dtype])
+        if _is_tensor(value):
+            shape, dtype = value[0], _DTYPES[value[1]]
+            if len(value) == 3:
+                kwargs[name] = torch.full(shape, value[2], dtype=dtype)
+            else:
+                kwargs[name] = (torch.rand(shape, generator=gen) * 0.2 - 0.1).to(dtype)
+        elif row.kernel.startswith(NKILIB_PREFIX):
+            kwargs[name] = _nkilib_value(value, row.target)
         else:
             kwargs[name] = value
     return kwargs
 
 
 _runs: dict[tuple, object] = {}
+engine_busy: dict[str, dict[str, float]] = {}   # row id -> the last modeled run's busy µs per engine
 _preds: dict[tuple, list] = {}   # a run's dependencies per (latencies, buffer depth)
 
 
@@ -170,17 +246,21 @@ def run_row(row: Row):
     """Simulate the row's kernel once (cached on the row, and shared by rows that run the
     same kernel on the same arguments and target)."""
     if row.run is None:
-        key = (row.kernel, row.target, repr(sorted(row.args.items())))
+        key = (row.kernel, row.target, row.lnc, repr(sorted(row.args.items())))
         if key not in _runs:
             if row.kernel.startswith(NKILIB_PREFIX):
                 if _nkilib is None:
                     raise ValueError(f"{row.id}: an nki-library kernel; pass --nkilib PATH")
                 module, _, fn = row.kernel[len(NKILIB_PREFIX):].partition(":")
                 kernel = _nkilib.function(module, fn, row.target)
+                kwargs = _inputs(row)   # AWS's enums and configs, imported like the kernel
                 with _nkilib.bound(row.target):
-                    _runs[key] = simulator.run(kernel, target=row.target, **_inputs(row))
+                    _runs[key] = simulator.run(kernel[row.lnc] if row.lnc > 1 else kernel, target=row.target,
+                                               **kwargs)
             else:
-                _runs[key] = simulator.run(_kernel(row.kernel), target=row.target, **_inputs(row))
+                kernel = _kernel(row.kernel)
+                _runs[key] = simulator.run(kernel[row.lnc] if row.lnc > 1 else kernel, target=row.target,
+                                           **_inputs(row))
         row.run = _runs[key]
     return row.run
 
@@ -237,6 +317,7 @@ def modeled(rows: list[Row], params: dict | None = None) -> dict[str, float]:
         if key not in _preds:
             _preds[key] = dependencies(res.trace, target, res.allocations)
         est = estimate_trace(res.trace, target, allocations=res.allocations, preds=_preds[key])
+        engine_busy[row.id] = dict(est.engine_busy_us)
         raw[row.id] = quantity(row, est)
     by_id = {r.id: r for r in rows}
     out = {}
@@ -335,6 +416,96 @@ def report(rows: list[Row], values: dict[str, float], params: dict | None = None
     return "\n".join(lines)
 
 
+def forget(row: Row) -> None:
+    """Drop a row's simulator run (and its dependency cache) once its numbers are taken."""
+    if row.run is not None:
+        for key in [k for k, v in _runs.items() if v is row.run]:
+            del _runs[key]
+        for key in [k for k in _preds if k[0] == id(row.run)]:
+            del _preds[key]
+        row.run = None
+
+
+def family(row: Row) -> str:
+    """The kernel family of a QoR row: ``nkilib.<family>.<shape>`` ids."""
+    return row.id.split(".")[1] if row.id.startswith("nkilib.") else row.id.partition(".")[0]
+
+
+# measured times closer than this are ties: each AWS reference is one CI figure (an IQR-filtered
+# mean, test/utils/metrics_collector.py) with no spread given, and some are rounded thresholds
+# rather than readings (test_mlp_cte.py:234 92000000, :244 278000000), so an order decided by
+# a few percent is not evidence
+RANK_TIE = 0.05
+
+
+def pair_orders(rows: list[Row], values: dict[str, float]) -> tuple[int, list[str]]:
+    """Pairs of one rank_group whose measured times differ by more than RANK_TIE, and the
+    pairs among them the model orders the other way ("fast < slow" as measured)."""
+    groups: dict[str, list[Row]] = {}
+    for r in rows:
+        if r.rank_group and r.id in values:
+            groups.setdefault(r.rank_group, []).append(r)
+    n, wrong = 0, []
+    for members in groups.values():
+        for i, a in enumerate(members):
+            for b in members[i + 1:]:
+                fast, slow = (a, b) if a.measured < b.measured else (b, a)
+                if slow.measured < fast.measured * (1 + RANK_TIE):
+                    continue
+                n += 1
+                if values[fast.id] >= values[slow.id]:
+                    wrong.append(f"{fast.id} < {slow.id} (measured {fast.measured:.4g} < {slow.measured:.4g} us, "
+                                 f"modeled {values[fast.id]:.4g} >= {values[slow.id]:.4g} us)")
+    return n, wrong
+
+
+def _summary(errs: list[float]) -> str:
+    if not errs:
+        return "no rows"
+    a = [abs(e) for e in errs]
+    rms = math.sqrt(sum(e * e for e in a) / len(a))
+    inside = sum(e <= 0.25 for e in a)
+    return (f"{len(a):3d} rows  mean |error| {sum(a) / len(a):4.0%}  rms {rms:4.0%}  max {max(a):4.0%}  "
+            f"within +-25% {inside:3d}/{len(a)}  mean signed {sum(errs) / len(errs):+4.0%}")
+
+
+def qor_report(rows: list[Row], values: dict[str, float], worst: int = 10, shown: int = 4) -> str:
+    """Per-family held-out errors, ranking checks and the worst rows with each engine's busy
+    time (share of the modeled latency: the engine the model charges most is the one to read)."""
+    errs = {r.id: values[r.id] / r.measured - 1 for r in rows if r.id in values}
+    fams = sorted({family(r) for r in rows})
+    lines = ["held-out error per family (modeled / measured - 1; MODELED vs measured on trn2 by AWS's CI):"]
+    for f in fams:
+        sel = [r for r in rows if family(r) == f]
+        blocked = sum(r.id not in errs for r in sel)
+        lines.append(f"  {f:<14} {_summary([errs[r.id] for r in sel if r.id in errs])}"
+                     + (f"  ({blocked} blocked)" if blocked else ""))
+        for lnc in (1, 2):
+            sub = [errs[r.id] for r in sel if r.id in errs and r.lnc == lnc]
+            if sub and len(sub) < len([r for r in sel if r.id in errs]):
+                lines.append(f"    LNC={lnc}       {_summary(sub)}")
+    lines.append(f"  {'all':<14} {_summary(list(errs.values()))}")
+    lines.append("")
+    lines.append(f"ranking of AWS's variants of one shape (pairs measured more than {RANK_TIE:.0%} apart):")
+    for f in fams:
+        n, wrong = pair_orders([r for r in rows if family(r) == f], values)
+        if n:
+            lines.append(f"  {f:<14} {n - len(wrong)}/{n} pairs in the measured order")
+            lines.extend(f"    DIFFERENT: {w}" for w in wrong[:shown])
+            if len(wrong) > shown:
+                lines.append(f"    ... and {len(wrong) - shown} more pairs in a different order")
+    lines.append("")
+    lines.append(f"worst {worst} rows, busy time per engine as a share of the modeled latency:")
+    by_err = sorted(errs, key=lambda i: -abs(errs[i]))[:worst]
+    by_id = {r.id: r for r in rows}
+    for i in by_err:
+        busy = engine_busy.get(i, {})
+        share = ", ".join(f"{e} {v / values[i]:.0%}" for e, v in sorted(busy.items(), key=lambda kv: -kv[1]))
+        lines.append(f"  {i} (LNC={by_id[i].lnc}): measured {by_id[i].measured:.4g} us, modeled "
+                     f"{values[i]:.4g} us ({errs[i]:+.0%}); {share}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fit", action="store_true", help="fit FREE_PARAMETERS on the train rows first")
@@ -356,23 +527,30 @@ def main(argv=None) -> int:
         wanted = {r.id for r in rows if r.id.startswith(prefixes)}
         wanted |= {r.relative_to for r in rows if r.id in wanted and r.relative_to}
         rows = [r for r in rows if r.id in wanted]
+        qor = [r for r in qor if r.id.startswith(prefixes)]
     if args.skip_slow:
         rows = [r for r in rows if not r.slow]
     params = fit(rows) if args.fit else None
-    values = modeled(rows, params)
-    print(report(rows, values, params))
+    if rows:
+        print(report(rows, modeled(rows, params), params))
     if qor:
         if args.skip_slow:
             qor = [r for r in qor if not r.slow]
-        print(f"\nnki-library QoR rows ({QOR.name}), AWS's kernels from {args.nkilib}:")
+        print(f"\nnki-library QoR rows ({QOR.name}), AWS's kernels from {args.nkilib}, "
+              f"all held out (split = test, never fitted):")
+        values: dict[str, float] = {}
         for r in qor:
             try:
-                v = modeled([r], params)[r.id]
-                print(f"{r.id}: measured {_fmt(r.measured, r.unit)}, modeled {_fmt(v, r.unit)} "
-                      f"({v / r.measured - 1:+.0%})")
+                values[r.id] = modeled([r], params)[r.id]
+                print(f"{r.id}: LNC={r.lnc} measured {_fmt(r.measured, r.unit)}, modeled "
+                      f"{_fmt(values[r.id], r.unit)} ({values[r.id] / r.measured - 1:+.0%})", flush=True)
             except Exception as err:  # not runnable in our simulator yet: say why
                 first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-                print(f"{r.id}: blocked: {type(err).__name__}: {first[:160]}")
+                print(f"{r.id}: blocked: {type(err).__name__}: {first[:160]}", flush=True)
+            finally:
+                forget(r)   # a QoR run's trace is large: keep only its modeled numbers
+        print()
+        print(qor_report(qor, values))
     return 0
 
 

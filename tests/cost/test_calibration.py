@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -97,3 +98,94 @@ def test_the_fitted_parameters_are_the_ones_in_hardware_py(calibrate):
     for t in TARGETS.values():   # shared by every generation: no per-target value
         assert all(getattr(t, n) == getattr(TARGETS["trn2"], n) for n in fitted)
     assert dataclasses.fields(TARGETS["trn2"])
+
+
+# ----------------------------------------------------------------------------- nki-library QoR rows
+
+NKILIB_FAMILIES = {"attention_cte", "mlp_cte", "mlp_tkg", "rmsnorm_quant"}
+
+
+def test_the_nkilib_qor_rows_are_held_out_aws_references_with_their_launch_degree(calibrate):
+    rows = calibrate.load_rows(calibrate.QOR)
+    assert len(rows) >= 100
+    assert {calibrate.family(r) for r in rows} == NKILIB_FAMILIES
+    assert {r.lnc for r in rows} == {1, 2}
+    for r in rows:
+        assert r.kernel.startswith(calibrate.NKILIB_PREFIX) and r.kernel.count(":") == 2, r.id
+        assert r.split == "test" and not r.known_miss and not r.relative_to, r.id
+        assert (r.target, r.unit, r.quantity, r.confidence) == ("trn2", "us", "latency_us", "M?"), r.id
+        assert r.source.startswith("aws-neuron/nki-library @d2ad3a57 test/integration/nkilib/core/"), r.id
+        # measured = tpbSgCyclesSum / 1e6 (hw-measurements.md 8: the unit behaves like ps)
+        cycles = float(r.source.rsplit("tpbSgCyclesSum ", 1)[1].rstrip(")"))
+        assert r.measured == pytest.approx(cycles / 1e6, rel=1e-3), r.id
+        assert f"LNC={r.lnc}" in r.what, r.id
+
+
+def test_nkilib_enum_and_config_arguments_are_checked_without_a_checkout(calibrate, tmp_path):
+    row = ('[[measurement]]\nid = "x"\nwhat = "w"\ntarget = "trn2"\nmeasured = 1.0\nunit = "us"\n'
+           'quantity = "latency_us"\nkernel = "nkilib:core.mlp.mlp:mlp"\nsource = "s"\nconfidence = "M?"\n'
+           'split = "test"\n')
+    bad = tmp_path / "q.toml"
+    bad.write_text(row + 'args = { normalization_type = "NormKind.RMS_NORM" }\n')
+    with pytest.raises(ValueError, match=r"x: args.normalization_type='NormKind.RMS_NORM': NormKind"):
+        calibrate.load_rows(bad)
+    bad.write_text(row + 'args = { kargs = { config = "MlpArgs", eps = 1e-6 } }\n')
+    with pytest.raises(ValueError, match="x: args.kargs: config='MlpArgs'"):
+        calibrate.load_rows(bad)
+    bad.write_text(row + 'args = { kargs = { config = "RmsNormQuantKernelArgs", norm_type = "Norm.X" } }\n')
+    with pytest.raises(ValueError, match=r"args.kargs.norm_type='Norm.X'"):
+        calibrate.load_rows(bad)
+    bad.write_text(row + 'args = { hidden = [[2, 3], "float64"] }\n')
+    with pytest.raises(ValueError, match=r"args.hidden=\[\[2, 3\], 'float64'\]"):
+        calibrate.load_rows(bad)
+    bad.write_text(row + 'args = {}\nlnc = 4\n')
+    with pytest.raises(ValueError, match="x: lnc=4; expected 1 or 2"):
+        calibrate.load_rows(bad)
+    bad.write_text(row.replace("nkilib:core.mlp.mlp:mlp", "micro:activation")
+                   + 'args = { normalization_type = "NormType.RMS_NORM" }\n')
+    with pytest.raises(ValueError, match="enum arguments are for nkilib: kernels only"):
+        calibrate.load_rows(bad)
+    good = tmp_path / "ok.toml"
+    good.write_text(row + 'lnc = 2\nargs = { hidden = [[2, 3], "bfloat16"], used = [[1], "int32", 7], '
+                    'kargs = { config = "RmsNormQuantKernelArgs", norm_type = "NormType.RMS_NORM" } }\n')
+    (r,) = calibrate.load_rows(good)
+    assert r.lnc == 2 and calibrate.nkilib_arg_problems(r) == []
+
+
+def _row(calibrate, id, measured, lnc=2, group=""):
+    return calibrate.Row(id=id, what="w", target="trn2", measured=measured, unit="us", quantity="latency_us",
+                         kernel="nkilib:m:f", args={}, source="s", confidence="M?", split="test", lnc=lnc,
+                         rank_group=group)
+
+
+def test_the_qor_report_summarises_each_family_and_flags_reversed_variants(calibrate):
+    rows = [_row(calibrate, "nkilib.fam_a.x", 100.0, group="g"), _row(calibrate, "nkilib.fam_a.y", 150.0, 1, "g"),
+            _row(calibrate, "nkilib.fam_a.z", 152.0, group="g"), _row(calibrate, "nkilib.fam_b.x", 10.0)]
+    values = {"nkilib.fam_a.x": 130.0, "nkilib.fam_a.y": 120.0, "nkilib.fam_a.z": 152.0, "nkilib.fam_b.x": 5.0}
+    n, wrong = calibrate.pair_orders(rows, values)
+    # x<y and x<z are measured apart; y/z are a tie (within RANK_TIE); the model reverses x<y
+    assert n == 2 and len(wrong) == 1 and wrong[0].startswith("nkilib.fam_a.x < nkilib.fam_a.y")
+    text = calibrate.qor_report(rows, values)
+    fam_a = next(line for line in text.splitlines() if line.strip().startswith("fam_a"))
+    # errors +30 %, -20 %, 0 %: mean |error| 17 %, max 30 %, 2 of 3 within +-25 %
+    assert "3 rows" in fam_a and "mean |error|  17%" in fam_a and "max  30%" in fam_a and "2/3" in fam_a
+    assert "fam_b" in text and "-50%" in text
+    assert "1/2 pairs in the measured order" in text
+
+
+NKILIB_CHECKOUT = Path(os.environ.get("NKILIB_CHECKOUT", "/work/scratch/nkilib/nki-library"))
+
+
+@pytest.mark.skipif(not (NKILIB_CHECKOUT / "src" / "nkilib_src" / "nkilib").is_dir(),
+                    reason="needs an aws-neuron/nki-library checkout (set NKILIB_CHECKOUT)")
+def test_config_rows_run_aws_kernels_from_a_checkout(calibrate):
+    calibrate.use_nkilib(NKILIB_CHECKOUT)
+    rows = {r.id: r for r in calibrate.load_rows(calibrate.QOR)}
+    small = [rows["nkilib.rmsnorm_quant.s2_h16384_rmsnorm_row_lb0_l290_lnc2"],
+             rows["nkilib.mlp_tkg.b1_s1_h2048_i512_rms_norm_lnc2"]]
+    kargs = calibrate._inputs(small[0])["kargs"]
+    assert type(kargs).__name__ == "RmsNormQuantKernelArgs" and kargs.norm_type.name == "RMS_NORM"
+    values = calibrate.modeled(small)
+    for r in small:
+        assert 0.1 < values[r.id] / r.measured < 10, (r.id, values[r.id], r.measured)
+        calibrate.forget(r)
