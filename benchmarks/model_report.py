@@ -156,6 +156,8 @@ class Row:
 
     @property
     def efficiency_target(self) -> float:
+        if self.case.backward and self.case.spec.backward.efficiency_target is not None:
+            return self.case.spec.backward.efficiency_target
         if self.case.workload.large and self.limit_bound == "dma":
             return EFFICIENCY_TARGET_LARGE_MEMORY_BOUND
         return EFFICIENCY_TARGET

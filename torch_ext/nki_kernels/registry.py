@@ -63,7 +63,9 @@ class Backward:
       (e.g. softmax's rows past the one-pass length take the recompute backward): the main
       job adds a backward row only where it does;
     * ``speedup_targets``: the modeled speedups over eager autograd the main job's backward
-      rows must reach, by workload name (none where absent).
+      rows must reach, by workload name (none where absent);
+    * ``efficiency_target``: the efficiency the backward rows must reach (None: the forward
+      rows' rule, benchmarks/model_report.py).
     """
 
     custom_op: Any
@@ -74,6 +76,7 @@ class Backward:
     covers: Callable[[tuple, dict], bool] = lambda args, kwargs: True
     # modeled speedups over eager autograd the backward row must reach, by workload name
     speedup_targets: dict = field(default_factory=dict)
+    efficiency_target: float | None = None
 
 
 @dataclass(frozen=True)
