@@ -13,7 +13,7 @@ simulator cannot run yet is a row with status "blocked" and the first error.
 
 Usage:
     python benchmarks/side_by_side_nki_library.py --nkilib /path/to/nki-library
-        [--target trn2] [--ops rms_norm,layer_norm,rope,attention] [--quick] [--markdown FILE]
+        [--target trn2] [--ops rms_norm,layer_norm,rope,attention,attention_backward] [--quick] [--markdown FILE]
 """
 
 from __future__ import annotations
@@ -226,11 +226,47 @@ def attention_pairs(lib: NkiLibrary, target: str, lnc: int, quick: bool) -> list
     return pairs
 
 
+def _ours_backward(op: str, args, kwargs, target: str, lnc: int) -> Side:
+    """Our backward kernel of ``op`` on a forward call's inputs (the registry's backward
+    arguments: fresh output gradients plus what the forward saves)."""
+    backward = registry.get(op).backward
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{op} backward".encode()))
+    bargs, bkwargs = backward.inputs(gen, args, kwargs)
+    call = backward.kernel_call(*bargs, **bkwargs)
+    kernel = _dispatch.simulator_kernel(call)[lnc]
+    tensors = tuple(t.detach().contiguous() for t in call.tensors)
+    return _side(simulator.estimate(kernel, target)(*tensors, **call.static))
+
+
+def attention_backward_pairs(lib: NkiLibrary, target: str, lnc: int, quick: bool) -> list[Pair]:
+    """Attention backward: ours (dQ, dK, dV from Q, K, V, O, dO and the fp32 lse) vs AWS's
+    attention_bwd (q/k/v/o/dy as [B, H, d, S], lse [B, H, 128, S / 128]); shapes from AWS's
+    own test table (a non-causal 16-head 1024 and a causal GQA Llama 2048)."""
+    shapes = [(1, 16, 16, 1024, 64, False), (1, 8, 2, 2048, 128, True)]
+    if quick:
+        shapes = shapes[:1]
+    pairs = []
+    for b, h, kvh, s, d, causal in shapes:
+        gen = torch.Generator().manual_seed(zlib.crc32(f"attn-bwd{b}{h}{kvh}{s}{d}".encode()))
+        q = _rand((b, h, s, d), torch.bfloat16, gen)
+        k, v = (_rand((b, kvh, s, d), torch.bfloat16, gen) for _ in range(2))
+        pair = Pair("scaled_dot_product_attention backward",
+                    f"B={b} H={h}/{kvh}kv S={s} D={d}{' causal' if causal else ''} bf16")
+        pair.ours = _ours_backward("scaled_dot_product_attention", (q, k, v), {"is_causal": causal}, target, lnc)
+        heads_d_s = (lambda t: t.transpose(2, 3).contiguous())
+        o, dy = (_rand((b, h, s, d), torch.bfloat16, gen) for _ in range(2))
+        lse = torch.rand((b, h, 128, s // 128), generator=gen) + 5.0   # values do not change the time
+        pair.aws = lib.run("core.attention.attention_bwd", "attention_bwd", target, lnc,
+                           q_ref=heads_d_s(q), k_ref=heads_d_s(k), v_ref=heads_d_s(v), o_ref=heads_d_s(o),
+                           dy_ref=heads_d_s(dy), lse_ref=lse, use_causal_mask=causal,
+                           softmax_scale=1.0 / math.sqrt(d))
+        pairs.append(pair)
+    return pairs
+
+
 def no_counterpart_pairs() -> list[Pair]:
     """AWS kernels that overlap ours only in part: listed, not compared."""
     return [
-        Pair("attention backward", "any", Side("no counterpart", note="ours: backward is the fp32 PyTorch recompute, no kernel"),
-             Side("not run", note="core.attention.attention_bwd")),
         Pair("MLP pieces", "any", Side("no counterpart", note="ours: silu_and_mul/gelu_and_mul only; AWS's mlp fuses the matmuls"),
              Side("not run", note="core.mlp.mlp (CTE/TKG)")),
     ]
@@ -260,7 +296,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lnc", type=int, default=2, choices=(1, 2),
                     help="launch degree of both sides (default 2: how AWS's compiler launches on trn2/trn3)")
     ap.add_argument("--commit", default="", help="nki-library commit, when the checkout has no .git")
-    ap.add_argument("--ops", default="rms_norm,layer_norm,rope,attention")
+    ap.add_argument("--ops", default="rms_norm,layer_norm,rope,attention,attention_backward")
     ap.add_argument("--quick", action="store_true", help="two shapes per op")
     ap.add_argument("--markdown", default="", help="also write the table to this file")
     args = ap.parse_args(argv)
@@ -268,9 +304,10 @@ def main(argv=None) -> int:
     if args.commit:
         lib.commit = args.commit
     ops = {o.strip() for o in args.ops.split(",") if o.strip()}
-    unknown = ops - {"rms_norm", "layer_norm", "rope", "attention"}
+    unknown = ops - {"rms_norm", "layer_norm", "rope", "attention", "attention_backward"}
     if unknown:
-        ap.error(f"--ops {sorted(unknown)} unknown; choose from rms_norm, layer_norm, rope, attention")
+        ap.error(f"--ops {sorted(unknown)} unknown; choose from rms_norm, layer_norm, rope, attention, "
+                 "attention_backward")
     pairs: list[Pair] = []
     for op in ("rms_norm", "layer_norm"):
         if op in ops:
@@ -279,6 +316,8 @@ def main(argv=None) -> int:
         pairs += rope_pairs(lib, args.target, args.lnc, args.quick)
     if "attention" in ops:
         pairs += attention_pairs(lib, args.target, args.lnc, args.quick)
+    if "attention_backward" in ops:
+        pairs += attention_backward_pairs(lib, args.target, args.lnc, args.quick)
     pairs += no_counterpart_pairs()
     text = (f"nki-library @ {lib.commit} vs nki-kernels, both MODELED ({args.target}) by the nki_kernels cost "
             f"model; both at LNC={args.lnc}. Not measured on hardware.\n\n"
