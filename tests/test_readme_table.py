@@ -32,12 +32,17 @@ def test_rewrites_the_block_between_the_markers_and_nothing_else(tmp_path):
         w = csv.DictWriter(f, fieldnames=list(ROW))
         w.writeheader()
         w.writerow(ROW)
+        w.writerow({**ROW, "op": "rms_norm backward"})
     readme = tmp_path / "README.md"
-    readme.write_text(f"before\n{tool.BEGIN}\nold table\n{tool.END}\nafter\n")
+    readme.write_text(f"before\n{tool.BEGIN}\nold table\n{tool.END}\nbetween\n"
+                      f"{tool.BACKWARD_BEGIN}\nold backward\n{tool.BACKWARD_END}\nafter\n")
     tool.main(["--report", str(report), "--readme", str(readme)])
     text = readme.read_text()
-    assert text.startswith(f"before\n{tool.BEGIN}\n") and text.endswith(f"{tool.END}\nafter\n")
-    assert "old table" not in text
+    assert text.startswith(f"before\n{tool.BEGIN}\n") and text.endswith(f"{tool.BACKWARD_END}\nafter\n")
+    assert "old table" not in text and "between" in text
+    forward, backward = text.split("between")
+    assert "| rms_norm |" in forward and "| rms_norm backward |" in backward
+    assert "rms_norm backward" not in forward
     assert "| rms_norm | W [3, 5] | bfloat16 | 12.3 (10.0-14.0) | 9.9 | 0.80 | dma | 98.7 | 8.00x (7.00x-9.00x) | 0.55 |" in text
     assert "modeled" in text and "LNC=2" in text
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env python
-"""Rewrite README.md's modeled table from the main job's report (``make demo``).
+"""Rewrite README.md's modeled tables from the main job's report (``make demo``).
 
-The table between ``<!-- modeled-table -->`` and ``<!-- /modeled-table -->`` is generated,
-never edited by hand, so the README shows what the last full run of the main job modeled:
+The forward rows go between ``<!-- modeled-table -->`` and ``<!-- /modeled-table -->``, the
+backward rows ("<op> backward") between ``<!-- modeled-backward-table -->`` and its closing
+marker. Both are generated, never edited by hand, so the README shows what the last full
+run of the main job modeled:
 
     .venv/bin/python benchmarks/model_report.py          # writes out/report/report.csv
     .venv/bin/python tools/readme_table.py               # rewrites README.md's table
@@ -19,6 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- modeled-table -->", "<!-- /modeled-table -->"
+BACKWARD_BEGIN, BACKWARD_END = "<!-- modeled-backward-table -->", "<!-- /modeled-backward-table -->"
+BACKWARD = " backward"   # the report names a backward row "<op> backward"
 
 
 def _num(value: str, fmt: str) -> str:
@@ -55,12 +59,12 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def rewrite(readme: str, new_table: str) -> str:
+def rewrite(readme: str, new_table: str, begin: str = BEGIN, end_marker: str = END) -> str:
     """``readme`` with the text between the markers replaced by ``new_table``."""
-    start, end = readme.find(BEGIN), readme.find(END)
+    start, end = readme.find(begin), readme.find(end_marker)
     if start < 0 or end < start:
-        raise ValueError(f"README has no {BEGIN} ... {END} block")
-    return readme[:start + len(BEGIN)] + "\n" + new_table + "\n" + readme[end:]
+        raise ValueError(f"README has no {begin} ... {end_marker} block")
+    return readme[:start + len(begin)] + "\n" + new_table + "\n" + readme[end:]
 
 
 def main(argv=None) -> int:
@@ -70,9 +74,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     with open(args.report, newline="") as f:
         rows = list(csv.DictReader(f))
+    forward = [r for r in rows if not r["op"].endswith(BACKWARD)]
+    backward = [r for r in rows if r["op"].endswith(BACKWARD)]
     path = Path(args.readme)
-    path.write_text(rewrite(path.read_text(), table(rows)))
-    print(f"rewrote the modeled table of {path} from {args.report} ({len(rows)} rows)")
+    text = rewrite(path.read_text(), table(forward))
+    if backward:
+        text = rewrite(text, table(backward), BACKWARD_BEGIN, BACKWARD_END)
+    path.write_text(text)
+    print(f"rewrote the modeled tables of {path} from {args.report} ({len(forward)} forward, "
+          f"{len(backward)} backward rows)")
     return 0
 
 
