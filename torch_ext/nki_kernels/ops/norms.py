@@ -287,6 +287,19 @@ def rms_norm_kernel_call(input: torch.Tensor, normalized_shape: Sequence[int],
                                 finish=lambda out: out.reshape(shape))
 
 
+def _dx_and_dweight(like: torch.Tensor, weight: Optional[torch.Tensor], hidden: int):
+    """The ``finish`` of an RMSNorm backward launch: dx in ``like``'s shape and dweight
+    summed from the kernel's per-part partials (an empty gradient without a weight)."""
+    shape = like.shape
+
+    def finish(outs):
+        if weight is None:
+            return outs.reshape(shape), backward_references.empty_grad(like)
+        return outs[0].reshape(shape), _sum_partials(outs[1], hidden, weight)
+
+    return finish
+
+
 def rms_norm_backward_kernel_call(grad_output: torch.Tensor, input: torch.Tensor, normalized_shape: Sequence[int],
                                   weight: Optional[torch.Tensor] = None,
                                   eps: Optional[float] = None) -> _dispatch.KernelCall:
@@ -296,15 +309,9 @@ def rms_norm_backward_kernel_call(grad_output: torch.Tensor, input: torch.Tensor
     tensors = [_rows_view(grad_output, hidden), _rows_view(input, hidden)]
     if weight is not None:
         tensors.append(weight.reshape(hidden))
-    shape = input.shape
-
-    def finish(outs):
-        if weight is None:
-            return outs.reshape(shape), backward_references.empty_grad(input)
-        return outs[0].reshape(shape), _sum_partials(outs[1], hidden, weight)
-
     return _dispatch.KernelCall("rms_norm_backward", "rms_norm_backward_kernel", tuple(tensors),
-                                {"eps": _resolve_eps(eps, input.dtype)}, finish=finish)
+                                {"eps": _resolve_eps(eps, input.dtype)},
+                                finish=_dx_and_dweight(input, weight, hidden))
 
 
 def _rms_norm_backward(grad_output: torch.Tensor, input: torch.Tensor, normalized_shape: List[int],
@@ -384,15 +391,9 @@ def fused_add_rms_norm_backward_kernel_call(grad_output: torch.Tensor, grad_tota
     tensors = [_rows_view(grad_output, hidden), _rows_view(grad_total, hidden), _rows_view(total, hidden)]
     if weight is not None:
         tensors.append(weight.reshape(hidden))
-    shape = total.shape
-
-    def finish(outs):
-        if weight is None:
-            return outs.reshape(shape), backward_references.empty_grad(total)
-        return outs[0].reshape(shape), _sum_partials(outs[1], hidden, weight)
-
     return _dispatch.KernelCall("rms_norm_backward", "fused_add_rms_norm_backward_kernel", tuple(tensors),
-                                {"eps": _resolve_eps(eps, total.dtype)}, finish=finish)
+                                {"eps": _resolve_eps(eps, total.dtype)},
+                                finish=_dx_and_dweight(total, weight, hidden))
 
 
 def _fused_add_rms_norm_backward(grad_output: torch.Tensor, grad_total: torch.Tensor, total: torch.Tensor,
