@@ -24,7 +24,8 @@ Statistics:
     small residual mean m2 = mean(c) corrects the first pass (var = mean(c**2) - m2**2,
     y = c - m2), so rows with a large mean keep an exact variance (like the row kernel's
     ScalarE path). TensorE also adds eps (and, for many rows, -m2**2) into the PSUM tile
-    rsqrt reads, so no VectorE step sits between the statistics and rsqrt.
+    the rstd step reads (one VectorE max(., eps) ** -0.5: the clamp keeps a variance that
+    rounds below 0 from giving NaN).
 Two paths, chosen by the total row count (never by a program's share, so LNC=1 and LNC=2
 give the same bits):
     few rows (N <= ROW_LOOP_MAX_ROWS): a decode step is a chain of small dependent
@@ -33,8 +34,9 @@ give the same bits):
         RMSNorm: sum(x**2) in ScalarE's accumulator, rsqrt, (x * rstd) * weight in one
         scalar_tensor_tensor. LayerNorm: sum(x) on ScalarE; c = x - m with its sum on
         VectorE (tensor_scalar_reduce) while ScalarE sums (m - x)**2 (activation bias m);
-        rstd = rsqrt(-m2 * m2 + (q + eps)) in one activation (scale and bias (P, 1) PSUM
-        columns); y = (c - m2) * weight and out = y * rstd + bias, one VectorE instruction
+        var + eps = -m2 * m2 + (q + eps) in one activation (scale and bias (P, 1) PSUM
+        columns), rstd = max(var + eps, eps) ** -0.5 on VectorE (a constant row's var can
+        round below 0); y = (c - m2) * weight and out = y * rstd + bias, one VectorE instruction
         each.
     more rows: one instruction per step over all rows, the per-row statistics broadcast
         along H1 (stride 0) as tensor_tensor operands; c**2 on ScalarE, m2**2 on ScalarE
@@ -196,7 +198,8 @@ def _layer_rows(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
     (tensor_scalar_reduce, negated read-out) while ScalarE sums (x - m)**2 (square with
     bias m, scale -1 on x: the same fp32 value as c**2). Two matmuls give PSUM
     (-m2 | q + eps) (the eps columns are put in PSUM by a matmul issued before x arrives)
-    and m2, so rstd = rsqrt(-m2 * m2 + (q + eps)) is one ScalarE instruction; meanwhile
+    and m2, so var + eps = -m2 * m2 + (q + eps) is one ScalarE instruction (rstd: one
+    VectorE max and power); meanwhile
     y = (c - m2) * weight on VectorE; then out = (y * rstd) + bias."""
     n_rows, h1 = x_tile.shape[1], x_tile.shape[2]
     inv = _mean_matrix(cols)
@@ -228,10 +231,17 @@ def _layer_rows(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
     nisa.nc_matmul(dst=stats, stationary=inv, moving=partials, accumulate=True)
     m2 = _row_means(neg_inv, partials[:, 0:n_rows])                    # PSUM [128, N]: m2
     rstd = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
+    var_eps = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
     for r in range(n_rows):
-        neg_m2, q_eps = _col(stats, r), _col(stats, n_rows + r)
-        # rsqrt(-m2 * m2 + q + eps): var = mean(c**2) - mean(c)**2
-        nisa.activation(dst=_col(rstd, r), op=nl.rsqrt, data=neg_m2, scale=_col(m2, r), bias=q_eps)
+        # -m2 * m2 + q + eps: var = mean(c**2) - mean(c)**2 (+ eps), one ScalarE instruction
+        nisa.activation(dst=_col(var_eps, r), op=nl.copy, data=_col(stats, r), scale=_col(m2, r),
+                        bias=_col(stats, n_rows + r))
+    # rsqrt(max(., eps)) for all rows in one VectorE instruction: a constant row's var rounds
+    # to +-ulps of m2**2, which a tiny eps cannot lift above 0 (rsqrt would give NaN; torch's
+    # var is 0 there)
+    nisa.tensor_scalar(dst=rstd, data=var_eps, op0=nl.maximum, operand0=float(eps), op1=nl.power, operand1=-0.5)
+    for r in range(n_rows):
+        neg_m2 = _col(stats, r)
         c_r, out_r = centred[:, r, :], out_tile[:, r, :]
         if weight_tile is None and bias_tile is None:
             nisa.tensor_scalar(dst=out_r, data=c_r, op0=nl.add, operand0=neg_m2,
@@ -253,7 +263,8 @@ def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
     """More rows: sum(x) on VectorE; c = x - m (m read from PSUM); c**2 on ScalarE while
     VectorE sums c; m2 = mean(c) and m2**2 (ScalarE) while VectorE sums the squares; TensorE
     accumulates var + eps = eps + mean(c**2) - m2**2 in one PSUM tile; y = (c - m2)
-    (* weight on GpSimd) meanwhile; rsqrt; out = y * rstd (+ bias on GpSimd)."""
+    (* weight on GpSimd) meanwhile; rstd = max(var + eps, eps) ** -0.5; out = y * rstd
+    (+ bias on GpSimd)."""
     n_rows, h1 = x_tile.shape[1], x_tile.shape[2]
     inv = _mean_matrix(cols)
     # stationary [128, 128]: -1 on partition 0, 0 elsewhere: adds minus row 0 of the moving
@@ -282,9 +293,11 @@ def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
     nisa.tensor_tensor(dst=centred, data1=centred, data2=_along_h1(m2, h1), op=nl.subtract)
     nisa.nc_matmul(dst=var_eps, stationary=inv, moving=sum_sq, accumulate=True)       # + mean(c**2)
     nisa.nc_matmul(dst=var_eps, stationary=neg_first, moving=m2_sq, accumulate=True)  # - m2**2
-    # rstd into PSUM: a VectorE tensor_tensor with one input in PSUM costs N, not 2N
+    # rstd = max(var + eps, eps) ** -0.5 on VectorE (the max: var can round below 0 for
+    # constant rows, see _layer_rows), into PSUM: a VectorE tensor_tensor with one input in
+    # PSUM costs N, not 2N
     rstd = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.psum)
-    nisa.activation(dst=rstd, op=nl.rsqrt, data=var_eps)
+    nisa.tensor_scalar(dst=rstd, data=var_eps, op0=nl.maximum, operand0=float(eps), op1=nl.power, operand1=-0.5)
     if weight_tile is not None:
         nisa.tensor_tensor(dst=centred, data1=centred, data2=_along_rows(weight_tile, n_rows), op=nl.multiply,
                            engine=nisa.engine.gpsimd)

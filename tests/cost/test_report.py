@@ -89,4 +89,4 @@ def test_where_the_time_goes_headings_carry_the_table_status(report, tmp_path):
     md = (tmp_path / "report.md").read_text()
     assert rows and any(r["status"] == "below target" for r in rows)
     for r in rows:
-        assert f"**layer_norm — {r['workload']}** ({r['status']}; target {r['target']})" in md
+        assert f"**{r['op']} — {r['workload']}** ({r['status']}; target {r['target']})" in md

@@ -42,6 +42,9 @@ class FuzzOp:
     generate: Callable
     oracle: Callable
     bounds: Callable
+    # bounds(args, kwargs, exact, backend) when the reference backend (torch's own ops,
+    # issue 14) has numerics of its own; else bounds(args, kwargs, exact) for both backends
+    per_backend: bool = False
 
     def run(self, args, kwargs):
         out = getattr(nki_kernels, self.name)(*args, **kwargs)
@@ -173,7 +176,7 @@ def _gen_softmax(draw: Draw):
     return (x,), {"dim": dim}
 
 
-def _bounds_softmax(a, kw, ex):
+def _bounds_softmax(a, kw, ex, backend):
     x = a[0].double()
     dim = kw["dim"]
     e = ex[0]
@@ -181,10 +184,17 @@ def _bounds_softmax(a, kw, ex):
     m = x.amax(dim=dim, keepdim=True) if x.dim() and x.numel() else x
     gap = torch.nan_to_num((x - m).abs() * e.abs(), nan=0.0, posinf=0.0)   # -inf entries: e = 0
     rel = K + sum_roundings(c) + c / 4096
-    return (unit(a[0].dtype) * e.abs() + U32 * (rel * e.abs() + gap) + floor(a[0].dtype),)
+    # the reference backend is torch.softmax itself: over a dim other than the last, torch's
+    # CPU kernel for 16-bit inputs rounds to the dtype once more than ours (every seed-13
+    # failure of the reference backend, 16 in 1000, was over a non-last dim, at most 1.7x
+    # the one-rounding bound), so that backend gets a second rounding there
+    roundings = 2 if backend == "reference" and a[0].dtype != torch.float32 and x.dim() \
+        and dim % x.dim() != x.dim() - 1 else 1
+    return (roundings * (unit(a[0].dtype) * e.abs() + floor(a[0].dtype)) + U32 * (rel * e.abs() + gap),)
 
 
-SOFTMAX = FuzzOp("softmax", _gen_softmax, lambda a, kw: (torch.softmax(a[0].double(), kw["dim"]),), _bounds_softmax)
+SOFTMAX = FuzzOp("softmax", _gen_softmax, lambda a, kw: (torch.softmax(a[0].double(), kw["dim"]),), _bounds_softmax,
+                 per_backend=True)
 
 
 # ---------------------------------------------------------------------------- norms

@@ -123,3 +123,16 @@ def test_decode_kernel_is_chosen_by_shape(rows, hidden, decode):
     assert (call.module == "norm_decode") is decode
     call = norms.layer_norm_kernel_call(x, (hidden,), None, None, 1e-5)
     assert (call.module == "norm_decode") is decode
+
+
+@pytest.mark.parametrize("rows", [1, ROW_LOOP + 1])
+def test_layer_norm_decode_large_constant_rows_with_tiny_eps(simulator_backend, rows):
+    # fuzz seed 13 case 766: rows of one large value (1e12) with eps 1e-12. The fp32 mean is
+    # off by ulps of 1e12, so c = x - m is a nonzero constant and mean(c**2) - m2**2 rounds
+    # to +-ulps of m2**2, below 0 half the time, which eps cannot lift: rstd was NaN. The
+    # variance is clamped at 0 (torch: var = 0 exactly), so the output is 0
+    hidden = 4096
+    x = (1e12 * (1.0 + 0.125 * torch.arange(rows, dtype=F32))).unsqueeze(1).expand(rows, hidden)
+    out = nki_kernels.layer_norm(x, (hidden,), None, None, 1e-12)
+    torch.testing.assert_close(out, torch.zeros(rows, hidden), atol=0, rtol=0)
+
