@@ -63,12 +63,11 @@ Numerics:
 """
 
 import nki
-import nki.isa as nisa
 import nki.language as nl
 
-from .attention_blocks import key_bias_rows
+from .attention_blocks import causal_base, key_bias_rows
 from .attention_flash import flash_group
-from .attention_launch import KEY_BLOCK, NEG_INF, P, LaunchTensors, launch_facts
+from .attention_launch import KEY_BLOCK, LaunchTensors, launch_facts
 from .attention_plan import EngineBalance
 from .attention_single_pass import single_pass_group
 from .attention_transposed import TransposedKeys, transposed_scores_group
@@ -113,15 +112,7 @@ def _launch(q, k, v, mask, scale, causal, layout, key_block, flash, return_lse=F
     ts_keys = TransposedKeys(facts) if facts.transposed_scores else None
     out = nl.ndarray(facts.out_shape(), dtype=q.dtype, buffer=nl.shared_hbm)
     lse = nl.ndarray((facts.B, facts.H, facts.Sq), dtype=nl.float32, buffer=nl.shared_hbm) if return_lse else None
-    base = None
-    if facts.causal_only:
-        # [128, 128] fp32 SBUF: base[p, x] = 0 where x <= p - 1, else -inf (GpSimd). Every
-        # causal diagonal tile without a user mask is a column window of it (causal_diagonal).
-        zeros = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.memset(dst=zeros, value=0.0, engine=nisa.engine.gpsimd)
-        base = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.affine_select(dst=base, pattern=[[-1, P]], channel_multiplier=1, on_true_tile=zeros,
-                           on_false_value=NEG_INF, cmp_op=nl.greater_equal, offset=-1)
+    base = causal_base() if facts.causal_only else None
     tensors = LaunchTensors(q=q, k=k, v=v, mask=mask, out=out, causal_base=base, ts_keys=ts_keys, lse=lse)
     if flash:
         group = flash_group

@@ -132,6 +132,17 @@ def tile_bias(facts, mask, b, h, q0, r, k0, k1, key_bias):
     return bias
 
 
+def causal_base():
+    """[128, 128] fp32 SBUF (GpSimd): base[p, x] = 0 where x <= p - 1, else -inf. Every
+    causal diagonal tile without a user mask is a column window of it (causal_diagonal)."""
+    zeros = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=zeros, value=0.0, engine=nisa.engine.gpsimd)
+    base = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.affine_select(dst=base, pattern=[[-1, P]], channel_multiplier=1, on_true_tile=zeros,
+                       on_false_value=NEG_INF, cmp_op=nl.greater_equal, offset=-1)
+    return base
+
+
 def causal_diagonal(base, q0, r, k0, n):
     """(c, cb) of a causal tile without user mask: query rows q0:q0+r, keys k0:k0+n (n already
     clipped to key < q0 + r).  Keys <= q0 are visible to every row; key q0 + 1 + x is

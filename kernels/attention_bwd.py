@@ -49,9 +49,9 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-from .attention_blocks import _dma_transpose_p, causal_diagonal, key_bias_rows, load_transposed, tile_bias
+from .attention_blocks import _dma_transpose_p, causal_base, causal_diagonal, key_bias_rows, load_transposed, tile_bias
 from .attention_bwd_plan import LOAD_GROUP_TILES, FOLD_PAIR, FOLD_RING, FOLD_ROWS, BwdBalance, bwd_plan
-from .attention_launch import NEG_INF, P, launch_facts
+from .attention_launch import P, launch_facts
 from .attention_lse import load_lse
 from .tiling import cdiv, program_share
 
@@ -73,14 +73,7 @@ def attention_bwd_kernel(q, k, v, o, do, lse, mask=None, scale=1.0, causal=False
     # partial dK | dV sums between query chunks (fp32); each unit owns its rows
     scratch = (nl.ndarray((facts.B, facts.Hkv, facts.Sk, facts.D + facts.Dv), dtype=nl.float32,
                           buffer=nl.shared_hbm) if plan.n_chunks > 1 else None)
-    base = None
-    if facts.causal_only:
-        # [128, 128] fp32: base[p, x] = 0 where x <= p - 1, else -inf (as the forward's)
-        zeros = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.memset(dst=zeros, value=0.0, engine=nisa.engine.gpsimd)
-        base = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.affine_select(dst=base, pattern=[[-1, P]], channel_multiplier=1, on_true_tile=zeros,
-                           on_false_value=NEG_INF, cmp_op=nl.greater_equal, offset=-1)
+    base = causal_base() if facts.causal_only else None     # as the forward's
     ring = _ones_ring(facts, plan) if plan.folded else None
     tensors = (q, k, v, o, do, lse, mask, dq, dk, dv, scratch, base, ring)
     key_bias, bias_batch = None, -1
