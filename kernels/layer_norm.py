@@ -74,6 +74,11 @@ TARGET_BYTES_32 = 8192
 TAIL_POSITION = 1
 # Row blocks loaded this many blocks ahead of their compute (tiling.pipelined; see rms_norm.py).
 PREFETCH_AHEAD = 2
+# ... for rows of at most this many bytes; longer rows (fp32 past 4096) load one block ahead:
+# two [128, J, H] fp32 blocks in flight besides the block being computed, its fp32 scratch
+# and output take more than trn2's 224 KiB per partition at H = 8192 (the simulator's
+# capacity check, live ranges: 206 KiB in use before a third 32 KiB tile).
+PREFETCH_MAX_ROW_BYTES = 16 * 1024
 # bn_stats reads at most this many elements per partition (512 on trn2).
 BN_CHUNK = nl.tile_size.bn_stats_fmax
 BN_STATS_WIDTH = 6   # (count, mean, var*count) for even and odd elements
@@ -338,5 +343,6 @@ def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5):
         start, parts, per, _ = block
         nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
 
-    pipelined(blocks, load, compute, store, PREFETCH_AHEAD)
+    ahead = PREFETCH_AHEAD if cols * itemsize(x.dtype) <= PREFETCH_MAX_ROW_BYTES else 1
+    pipelined(blocks, load, compute, store, ahead)
     return out

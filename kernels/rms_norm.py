@@ -63,6 +63,11 @@ TARGET_COLS = 2048
 # to reach the engines in time (modeled on trn2: 1 ahead 120 us, 2 ahead 110 us for
 # [2048, 4096] bf16 at LNC=1).
 PREFETCH_AHEAD = 2
+# ... for rows of at most this many bytes; longer rows (fp32 past 4096) load one block ahead:
+# two [128, J, H] fp32 blocks in flight besides the block being computed, its fp32 scratch
+# and output take more than trn2's 224 KiB per partition at H = 8192 (the simulator's
+# capacity check, live ranges: 206 KiB in use before a third 32 KiB tile).
+PREFETCH_MAX_ROW_BYTES = 16 * 1024
 # Share of the normalisation given to VectorE. Per element, on trn2 (cost-model rules):
 # VectorE scalar_tensor_tensor reads 2 inputs at 0.96 GHz = 2.08 ns; the other path costs
 # ScalarE 0.83 ns (1.2 GHz) + GpSimd 2 x 0.83 ns; ScalarE also squares every element
@@ -214,7 +219,8 @@ def rms_norm_kernel(x, weight=None, eps=1e-6):
         start, parts, per = block
         nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
 
-    pipelined(blocks, load, compute, store, PREFETCH_AHEAD)
+    ahead = PREFETCH_AHEAD if cols * itemsize(x.dtype) <= PREFETCH_MAX_ROW_BYTES else 1
+    pipelined(blocks, load, compute, store, ahead)
     return out
 
 
