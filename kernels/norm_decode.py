@@ -163,6 +163,29 @@ def _rms_all(x_tile, out_tile, weight_tile, cols, eps):
     nisa.tensor_tensor(dst=out_tile, data1=scaled, data2=_along_h1(rstd, h1), op=nl.multiply)
 
 
+def _decode(x, vectors, rows_body, all_body, eps):
+    """What both kernels do around their statistics: this program's rows of x [N, H] into
+    SBUF as [128, n, H1], the per-column ``vectors`` (weight, bias; None stays None) as
+    [128, H1], ``rows_body`` (total rows <= ROW_LOOP_MAX_ROWS) or ``all_body``
+    (x_tile, out_tile, *vector tiles, H, eps), the result stored back. Returns the
+    shared_hbm output [N, H]."""
+    total_rows, cols, h1 = _check(x)
+    out = nl.ndarray((total_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
+    lo, hi = program_share(total_rows)          # this program's rows
+    if hi == lo:
+        return out
+    n_rows = hi - lo
+    x, out_rows = x[lo:hi, :], out[lo:hi, :]
+    x_tile = nl.ndarray((PARTITIONS, n_rows, h1), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=x_tile, src=_hidden_on_partitions(x, h1))
+    vector_tiles = [None if v is None else _vector_on_partitions(v, h1) for v in vectors]
+    out_tile = nl.ndarray((PARTITIONS, n_rows, h1), dtype=x.dtype, buffer=nl.sbuf)
+    body = rows_body if total_rows <= ROW_LOOP_MAX_ROWS else all_body
+    body(x_tile, out_tile, *vector_tiles, cols, eps)
+    nisa.dma_copy(dst=_hidden_on_partitions(out_rows, h1), src=out_tile)
+    return out
+
+
 @nki.jit
 def rms_norm_decode_kernel(x, weight=None, eps=1e-6):
     """Return ``x * rsqrt(mean(x**2, -1) + eps) * weight`` for a few rows.
@@ -174,21 +197,7 @@ def rms_norm_decode_kernel(x, weight=None, eps=1e-6):
     Returns:
         HBM [N, H] (shared_hbm), dtype of ``x``.
     """
-    total_rows, cols, h1 = _check(x)
-    out = nl.ndarray((total_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
-    lo, hi = program_share(total_rows)          # this program's rows
-    if hi == lo:
-        return out
-    n_rows = hi - lo
-    x, out_rows = x[lo:hi, :], out[lo:hi, :]
-    x_tile = nl.ndarray((PARTITIONS, n_rows, h1), dtype=x.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=x_tile, src=_hidden_on_partitions(x, h1))
-    weight_tile = None if weight is None else _vector_on_partitions(weight, h1)
-    out_tile = nl.ndarray((PARTITIONS, n_rows, h1), dtype=x.dtype, buffer=nl.sbuf)
-    body = _rms_rows if total_rows <= ROW_LOOP_MAX_ROWS else _rms_all
-    body(x_tile, out_tile, weight_tile, cols, eps)
-    nisa.dma_copy(dst=_hidden_on_partitions(out_rows, h1), src=out_tile)
-    return out
+    return _decode(x, (weight,), _rms_rows, _rms_all, eps)
 
 
 # ----------------------------------------------------------------------------- LayerNorm
@@ -320,19 +329,4 @@ def layer_norm_decode_kernel(x, weight=None, bias=None, eps=1e-5):
     Returns:
         HBM [N, H] (shared_hbm), dtype of ``x``.
     """
-    total_rows, cols, h1 = _check(x)
-    out = nl.ndarray((total_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
-    lo, hi = program_share(total_rows)          # this program's rows
-    if hi == lo:
-        return out
-    n_rows = hi - lo
-    x, out_rows = x[lo:hi, :], out[lo:hi, :]
-    x_tile = nl.ndarray((PARTITIONS, n_rows, h1), dtype=x.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=x_tile, src=_hidden_on_partitions(x, h1))
-    weight_tile = None if weight is None else _vector_on_partitions(weight, h1)
-    bias_tile = None if bias is None else _vector_on_partitions(bias, h1)
-    out_tile = nl.ndarray((PARTITIONS, n_rows, h1), dtype=x.dtype, buffer=nl.sbuf)
-    body = _layer_rows if total_rows <= ROW_LOOP_MAX_ROWS else _layer_all
-    body(x_tile, out_tile, weight_tile, bias_tile, cols, eps)
-    nisa.dma_copy(dst=_hidden_on_partitions(out_rows, h1), src=out_tile)
-    return out
+    return _decode(x, (weight, bias), _layer_rows, _layer_all, eps)
