@@ -13,7 +13,7 @@ import torch
 
 from nki_kernels import simulator
 from nki_kernels.simulator.cost import dma_cost, estimate_trace, time_range, variant
-from nki_kernels.simulator.cost.schedule import rotation_edges
+from nki_kernels.simulator.cost.schedule import dependencies, rotation_edges
 from nki_kernels.simulator.hardware import TARGETS
 from nki_kernels.simulator.trace import AllocationSite
 from tests.cost._build import TraceBuilder, hbm, new_alloc, psum, sbuf
@@ -114,6 +114,66 @@ def test_the_simulator_records_one_site_per_allocating_line():
     assert any(f.endswith("test_schedule_rules.py") for f, _ in sites[0])
     est = simulator.estimate(kernel)(torch.rand(384, 64))
     assert est.allocations is not None and len(est.allocations) == 6
+
+
+def _placed_loop(addresses):
+    """A kernel whose loop places tile i at SBUF byte addresses[i] (one allocation site):
+    load x[i] into it, exp on ScalarE into an unplaced tile, store. Returns the SimResult."""
+    with simulator.activated():
+        import nki
+        import nki.isa as nisa
+        import nki.language as nl
+
+        @nki.jit
+        def kernel(x):
+            out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+            for i in range(len(addresses)):
+                t = nl.ndarray((128, 64), dtype=x.dtype, buffer=nl.sbuf, address=(0, addresses[i]))
+                nisa.dma_copy(dst=t, src=x[i * 128:(i + 1) * 128, :])
+                u = nl.ndarray((128, 64), dtype=x.dtype, buffer=nl.sbuf)
+                nisa.activation(dst=u, op=nl.exp, data=t)
+                nisa.dma_copy(dst=out[i * 128:(i + 1) * 128, :], src=u)
+            return out
+
+        return simulator.run(kernel, torch.rand(128 * len(addresses), 64))
+
+
+def _loads_and_readers(res):
+    loads = [i.index for i in res.trace if i.op == "dma_copy" and i.writes[0].buffer == "sbuf"]
+    readers = [i.index for i in res.trace if i.op == "activation"]
+    return loads, readers
+
+
+def test_placed_tiles_do_not_rotate_their_bytes_are_where_the_kernel_put_them():
+    # four tiles of one site at four disjoint addresses (fp32 [128, 64]: 256 bytes each): the
+    # compiler's rotation does not apply, so no load waits for an earlier tile's reader
+    res = _placed_loop([0, 256, 512, 768])
+    assert all(a.placed is not None for a in res.allocations if a.buffer == "sbuf" and a.site == res.allocations[0].site)
+    assert res.allocations[0].placed == (0, 128, 0, 256)
+    preds = dependencies(res.trace, TRN2, res.allocations)
+    loads, readers = _loads_and_readers(res)
+    for k, load in enumerate(loads):
+        assert not set(readers[:k]) & set(preds[load]), (k, preds[load])
+    # the same trace without placement records rotates through depth buffers (the old rule)
+    unplaced = [dataclasses.replace(a, placed=None) for a in res.allocations]
+    preds = dependencies(res.trace, TRN2, unplaced)
+    depth = TRN2.buffer_rotation_depth
+    assert readers[0] in preds[loads[depth]]
+
+
+def test_placed_tiles_over_the_same_bytes_wait_for_each_other():
+    # tiles 0 and 2 share bytes 0..255, tile 1 sits at 128..383 (overlapping both halves),
+    # tile 3 at 1024 overlaps none: each load waits for the readers of the tiles under it
+    res = _placed_loop([0, 128, 0, 1024])
+    preds = dependencies(res.trace, TRN2, res.allocations)
+    loads, readers = _loads_and_readers(res)
+    assert readers[0] in preds[loads[1]]                 # write after read over bytes 128..255
+    assert {readers[0], readers[1]} <= set(preds[loads[2]])   # both tiles under bytes 0..255
+    assert not set(readers) & set(preds[loads[3]])       # its own bytes: no wait
+    est = estimate_trace(res.trace, TRN2, allocations=res.allocations)
+    s = est.schedule
+    assert s.start[loads[1]] >= s.finish[readers[0]] - 1e-12
+    assert s.start[loads[2]] >= s.finish[readers[1]] - 1e-12
 
 
 # ----------------------------------------------------------------------------- engines

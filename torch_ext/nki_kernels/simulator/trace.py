@@ -52,6 +52,11 @@ class AllocationSite:
     buffer: str          # "sbuf" | "psum"
     site: tuple          # ((filename, line), ...) from the allocating call up to the kernel entry
     core: int | None     # program id of a kernel[2] run, else None
+    # explicit placement (nl.ndarray(..., address=)): (first partition, end partition, first
+    # byte, end byte) of the core's physical SBUF / PSUM partition, else None. A placed tile
+    # takes no part in buffer rotation: its bytes are where the kernel put them, and tiles
+    # placed over the same bytes depend on each other (cost/schedule.py).
+    placed: tuple | None = None
 
 
 def capture(role: str, t) -> tuple:
@@ -110,10 +115,12 @@ class Recorder:
         self._pending: list[tuple] = []
         self.allocations: list[AllocationSite] = []  # on-chip allocations, in creation order
 
-    def note_allocation(self, alloc_id: int, buffer: str, site: tuple, core: int | None) -> None:
+    def note_allocation(self, alloc_id: int, buffer: str, site: tuple, core: int | None,
+                        placed: tuple | None = None) -> None:
         """Record where on-chip allocation ``alloc_id`` was made (for the cost model);
-        ``core``: the program id in an LNC=2 run, else None."""
-        self.allocations.append(AllocationSite(alloc_id, buffer, site, core))
+        ``core``: the program id in an LNC=2 run, else None; ``placed``: its physical
+        (p0, p1, b0, b1) when the kernel gave an address."""
+        self.allocations.append(AllocationSite(alloc_id, buffer, site, core, placed))
 
     def record(self, op, engine, reads, writes, flops, attrs, core=None) -> int:
         """Append one instruction (``reads``/``writes``: ``capture`` tuples; ``core``: the

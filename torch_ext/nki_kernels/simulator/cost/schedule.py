@@ -40,6 +40,8 @@ import heapq
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..hardware import Target
 from .model import COMPUTE_ENGINES, CostModelError, compute_cost, dependency_latency_seconds, dma_cost
 from .regions import Region, region_of
@@ -108,36 +110,121 @@ class _AllocState:
         self.writes.add(region, index)
 
 
+# Physical placement (trace.AllocationSite.placed): a byte of partition p of a core's SBUF or
+# PSUM is address p * _PHYS_ROW + byte, so a tile's rectangle of partitions x bytes is a
+# regular Region (one run per partition, stride _PHYS_ROW) and two rectangles compare in
+# closed form. Larger than any partition (SBUF 192-224 KiB, PSUM 16 KiB).
+_PHYS_ROW = 1 << 20
+_PHYS_PAGE = 4096   # bytes per bucket when finding the placed tiles that share bytes
+
+
+def _rectangle(p0: int, p1: int, b0: int, b1: int) -> Region:
+    if p1 - p0 == 1:
+        return Region(p0 * _PHYS_ROW + b0, p0 * _PHYS_ROW + b1)
+    starts = np.arange(p0, p1, dtype=np.int64) * _PHYS_ROW + b0
+    return Region(int(starts[0]), int(starts[-1]) + b1 - b0, starts, starts + (b1 - b0),
+                  pattern=(_PHYS_ROW, p1 - p0, b1 - b0))
+
+
+class _Placement:
+    """The explicitly placed tiles of a trace: which of them share physical bytes, and the
+    bytes an access to one of them touches (the partitions and, within one partition, the
+    bytes of its footprint; an access over several partitions counts the tile's whole byte
+    range: coarse, so it can only add dependencies, and only between different tiles)."""
+
+    def __init__(self, allocations):
+        self.rect: dict[int, tuple] = {}
+        pages: dict[tuple, list[int]] = {}
+        for a in allocations or ():
+            if a.placed is None:
+                continue
+            p0, p1, b0, b1 = a.placed
+            self.rect[a.alloc_id] = (a.core, a.buffer, p0, p1, b0, b1)
+            for page in range(b0 // _PHYS_PAGE, (b1 - 1) // _PHYS_PAGE + 1):
+                pages.setdefault((a.core, a.buffer, page), []).append(a.alloc_id)
+        self.aliases: dict[int, list[int]] = {}
+        for alloc, (core, buf, p0, p1, b0, b1) in self.rect.items():
+            seen = set()
+            for page in range(b0 // _PHYS_PAGE, (b1 - 1) // _PHYS_PAGE + 1):
+                for other in pages[(core, buf, page)]:
+                    if other == alloc or other in seen:
+                        continue
+                    _, _, q0, q1, c0, c1 = self.rect[other]
+                    if q0 < p1 and p0 < q1 and c0 < b1 and b0 < c1:
+                        seen.add(other)
+            if seen:
+                self.aliases[alloc] = sorted(seen)
+
+    def region(self, operand, reg: Region) -> Region:
+        _, _, p0, p1, b0, b1 = self.rect[operand.alloc_id]
+        elems = max(1, operand.nbytes // max(1, _prod(operand.shape)))   # bytes per element
+        per_part = (b1 - b0) // elems
+        if per_part <= 0 or reg.hi <= reg.lo:
+            return _rectangle(p0, p1, b0, b1)
+        first, last = reg.lo // per_part, (reg.hi - 1) // per_part
+        if p0 + last >= p1:   # a view in another element size than the tile's: all its bytes
+            return _rectangle(p0, p1, b0, b1)
+        if first == last:
+            lo = b0 + (reg.lo % per_part) * elems
+            hi = b0 + ((reg.hi - 1) % per_part + 1) * elems
+            return _rectangle(p0 + first, p0 + first + 1, lo, min(hi, b1))
+        return _rectangle(p0 + first, p0 + last + 1, b0, b1)
+
+
+def _prod(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
 def dependencies(trace, target: Target, allocations=None) -> list[dict[int, float]]:
     """Per instruction: {predecessor index: extra latency in seconds}. With
-    ``allocations`` (``trace.AllocationSite`` records), also the buffer-rotation edges."""
+    ``allocations`` (``trace.AllocationSite`` records), also the buffer-rotation edges and
+    the edges between explicitly placed tiles over the same bytes."""
     allocs: dict[int, _AllocState] = {}
+    placement = _Placement(allocations)
+    phys: dict[int, _AllocState] = {}      # placed tile -> its accesses as physical bytes
     preds: list[dict[int, float]] = []
     engine_of: dict[int, str] = {}
     for pos, ins in enumerate(trace):
         if ins.index != pos:
             raise CostModelError(f"trace is not in issue order: position {pos} holds instruction {ins.index}")
         mine: dict[int, float] = {}
-        reads = [(o.alloc_id, region_of(o)) for o in ins.reads]
-        writes = [(o.alloc_id, region_of(o)) for o in ins.writes]
-        for alloc, reg in reads:
+        reads = [(o.alloc_id, region_of(o), o) for o in ins.reads]
+        writes = [(o.alloc_id, region_of(o), o) for o in ins.writes]
+        for alloc, reg, o in reads:
             st = allocs.get(alloc)
-            if st is not None:
-                for p in st.writers_of(reg):
-                    lat = dependency_latency_seconds(engine_of[p], target)
-                    if mine.get(p, -1.0) < lat:
-                        mine[p] = lat
-        for alloc, reg in writes:
+            found = st.writers_of(reg) if st is not None else []
+            if alloc in placement.aliases:
+                preg = placement.region(o, reg)
+                for other in placement.aliases[alloc]:
+                    if other in phys:
+                        found = found + phys[other].writers_of(preg)
+            for p in found:
+                lat = dependency_latency_seconds(engine_of[p], target)
+                if mine.get(p, -1.0) < lat:
+                    mine[p] = lat
+        for alloc, reg, o in writes:
             st = allocs.get(alloc)
-            if st is not None:
-                for p in st.users_of(reg):
-                    if p not in mine:
-                        mine[p] = 0.0
+            found = st.users_of(reg) if st is not None else []
+            if alloc in placement.aliases:
+                preg = placement.region(o, reg)
+                for other in placement.aliases[alloc]:
+                    if other in phys:
+                        found = found + phys[other].users_of(preg)
+            for p in found:
+                if p not in mine:
+                    mine[p] = 0.0
         mine.pop(pos, None)
-        for alloc, reg in reads:
+        for alloc, reg, o in reads:
             allocs.setdefault(alloc, _AllocState()).add_read(reg, pos)
-        for alloc, reg in writes:
+            if alloc in placement.aliases:
+                phys.setdefault(alloc, _AllocState()).add_read(placement.region(o, reg), pos)
+        for alloc, reg, o in writes:
             allocs.setdefault(alloc, _AllocState()).add_write(reg, pos)
+            if alloc in placement.aliases:
+                phys.setdefault(alloc, _AllocState()).add_write(placement.region(o, reg), pos)
         engine_of[pos] = ins.engine
         preds.append(mine)
     if allocations:
@@ -170,7 +257,8 @@ def rotation_edges(trace, allocations, depth: int) -> list[tuple[int, int]]:
                 access.setdefault(o.alloc_id, []).append((ins.index, False))
     families: dict[tuple, list[int]] = {}
     for a in allocations:
-        if a.alloc_id in access:
+        # a placed tile's bytes are the kernel's choice, not the compiler's rotation
+        if a.alloc_id in access and a.placed is None:
             families.setdefault((a.core, a.buffer, a.site), []).append(a.alloc_id)
     edges: list[tuple[int, int]] = []
     for members in families.values():
