@@ -53,11 +53,27 @@ def test_offset_none_inherits_the_view_offset_and_an_integer_adds_to_it(sim):
     assert torch.equal(view.ap([[1, 4]], offset=5).values(), x[15:19])
 
 
-def test_on_chip_partition_step_must_be_the_free_size(sim):
+def test_on_chip_partition_step_may_not_skip_partitions(sim):
     _, nl, _ = sim
     t = nl.ndarray((16, 32), dtype=nl.float32)
     with pytest.raises(NkiValidationError, match="partition step 64 .* free size 32"):
         t.ap(pattern=[[64, 8], [1, 32]], offset=0)  # the deep dive's illegal example
+    with pytest.raises(NkiValidationError, match="partition step 0 .* free size 32"):
+        t.ap(pattern=[[0, 8], [1, 32]], offset=0)
+    t.ap(pattern=[[0, 1], [1, 32]], offset=0)        # one partition: its step is never used
+
+
+def test_a_partition_step_below_the_free_size_still_walks_consecutive_partitions(sim):
+    # nki-library's TensorView of a column slice: tile [8, 2 x 16], the slice's width 16 as
+    # the partition step (mlp_tkg gate/up bias at LNC=2)
+    _, nl, nisa = sim
+    x = torch.randn(8, 32)
+    t = _tile(nl, x)
+    right = t.ap(pattern=[[16, 8], [1, 16]], offset=16)
+    assert torch.equal(right.values(), x[:, 16:32])
+    dst = nl.ndarray((8, 16), dtype=nl.float32)
+    nisa.tensor_copy(dst, right)
+    assert torch.equal(dst.values(), x[:, 16:32])
 
 
 def test_out_of_range_pattern_is_built_but_fails_when_used(sim):

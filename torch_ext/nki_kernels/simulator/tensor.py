@@ -277,9 +277,14 @@ class NkiTensor(ShapeViews):
           docstring: "offset=0 keeps the base, offset=N shifts by N additional elements";
           nki-library's TensorView relies on that for views with an offset; the language
           guide's "Pass an explicit integer to override" disagrees).
-        * on SBUF/PSUM the first [step, num] pair is the partition axis and its step must
-          be the tensor's free size ("the step of the leading dimension must be the element
-          count of the entire free dimension of the tensor").
+        * on SBUF/PSUM the first [step, num] pair is the partition axis: it walks ``num``
+          consecutive physical partitions ("the access on the partition dimension must be
+          contiguous"). Its step may not exceed the tensor's free size (the deep dive's
+          illegal example, a step of twice the free size, would skip partitions); a SMALLER
+          step still walks consecutive partitions: nki-library's TensorView gives a column
+          slice of a [T, 2I] tile the slice's width I as its partition step
+          (mlp_tkg_gate_up_projection.py, bias at LNC=2), and AWS's CI ran those vectors on
+          trn2 (test_mlp_tkg.py:240-243, with QoR figures), so the compiler accepts it.
         * ``scalar_offset`` ((1, 1) SBUF tensor or register) adds value *
           prod(self.shape[indirect_dim+1:]); ``vector_offset`` ((P, 1) SBUF tensor) gives
           partition w the offset vector_offset[w] * prod(self.shape[1:]), indirect_dim 0
@@ -297,11 +302,11 @@ class NkiTensor(ShapeViews):
         start = base_off + (0 if offset is None else operator.index(offset))
         if self.on_chip:
             free = self._free_size(dt)
-            if pat and pat[0][0] != free and vector_offset is None:
+            if pat and pat[0][1] > 1 and not 0 < pat[0][0] <= free and vector_offset is None:
                 raise NkiValidationError(
-                    f"ap: the partition step {pat[0][0]} of pattern {pat} must equal the free "
-                    f"size {free} of the {self.buffer.value} tensor (in {dt.name} elements): "
-                    "every partition performs the same access")
+                    f"ap: the partition step {pat[0][0]} of pattern {pat} must be between 1 and "
+                    f"the free size {free} of the {self.buffer.value} tensor (in {dt.name} "
+                    "elements): the access walks consecutive partitions")
         ind = operator.index(indirect_dim)
         if scalar_offset is not None or vector_offset is not None:
             if not 0 <= ind < max(1, self.ndim):
