@@ -20,18 +20,22 @@ reproduces its setup (benchmarks/calibration/kernels/, our own beta-2 code). Thi
 Modeled numbers are MODELED; the measurements were taken on Trainium by their sources.
 
 With ``--nkilib PATH`` (an aws-neuron/nki-library checkout) it also models nki-library's QoR
-rows (calibration/nkilib_qor.toml: AWS's hardware references for its own kernels, all held
-out) with AWS's kernels from the checkout, each at the row's launch degree (lnc), and prints
-per kernel family the rows, mean |error|, rms, max and the count within +-25 %, the ranking
-of AWS's variants of one shape, and the worst rows with each engine's busy time.
+rows (calibration/nkilib_qor.toml: AWS's hardware references for its own kernels) with AWS's
+kernels from the checkout, each at the row's launch degree (lnc), and prints per kernel
+family the held-out rows, mean |error|, rms, max and the count within +-25 %, the ranking of
+AWS's variants of one shape, and the worst rows with each engine's busy time. With ``--fit``
+as well, the launch's two fixed costs (LAUNCH_PARAMETERS) are fitted on that file's train
+rows, after the schedule's parameters, and the held-out rows are reported at those values.
+``--csv FILE`` writes every modeled row for plots and offline fits.
 
 Usage: python benchmarks/calibrate.py [--fit] [--only PREFIX[,PREFIX]] [--data FILE] [--skip-slow]
-       [--nkilib PATH]   (--only nkilib.mlp_tkg runs just those QoR rows)
+       [--nkilib PATH] [--csv FILE]   (--only nkilib.mlp_tkg runs just those QoR rows)
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import dataclasses
 import importlib.util
 import math
@@ -239,6 +243,7 @@ def _inputs(row: Row) -> dict:
 
 _runs: dict[tuple, object] = {}
 engine_busy: dict[str, dict[str, float]] = {}   # row id -> the last modeled run's busy µs per engine
+launches: dict[str, tuple[int, float]] = {}    # latency row id -> (physical cores, launch us included)
 _preds: dict[tuple, list] = {}   # a run's dependencies per (latencies, buffer depth)
 
 
@@ -274,7 +279,9 @@ def quantity(row: Row, est) -> float:
     q, _, arg = row.quantity.partition(":")
     trace = est.trace
     if q == "latency_us":
-        return est.latency_us
+        # a whole launch as profiled: its instruction stream plus the launch's fixed cost
+        launches[row.id] = (est.cores, est.launch_us)
+        return est.latency_us + est.launch_us
     if q == "busy_us":
         return est.engine_busy_us[arg]
     if q == "dma_slot_us":
@@ -359,6 +366,49 @@ def fit(rows: list[Row], rounds: int = 2) -> dict:
                     best, params, changed = loss, trial, True
         if not changed:
             break
+    return params
+
+
+# The launch's fixed costs (simulator/hardware.py, [F]) and the grids their fit searches, in
+# us. They add to a whole-launch latency and to nothing else, so they are fitted after the
+# schedule's parameters, on the modeled latencies of the train rows, without re-modeling.
+LAUNCH_PARAMETERS = {
+    "launch_overhead_s": [v * 1e-6 for v in range(0, 61)],
+    "second_core_launch_s": [v * 1e-6 for v in range(0, 61)],
+}
+
+
+def _launch_us(row: Row, cores: int, params: dict) -> float:
+    tgt = TARGETS[row.target]
+    c0 = params.get("launch_overhead_s", tgt.launch_overhead_s)
+    c1 = params.get("second_core_launch_s", tgt.second_core_launch_s)
+    return (c0 + (cores - 1) * c1) * 1e6
+
+
+def with_launch(rows: list[Row], values: dict[str, float], params: dict) -> dict[str, float]:
+    """Re-price the latency rows of ``values`` with other launch costs (``params`` holds
+    LAUNCH_PARAMETERS' names; a missing one takes the target's value)."""
+    out = dict(values)
+    for r in rows:
+        if r.id in values and r.id in launches:
+            cores, was = launches[r.id]
+            out[r.id] = values[r.id] - was + _launch_us(r, cores, params)
+    return out
+
+
+def fit_launch(rows: list[Row], values: dict[str, float]) -> dict:
+    """The launch costs minimising the mean squared log error of the train latency rows
+    (a full grid: two numbers, 61 x 61 points)."""
+    train = [r for r in rows if r.split == "train" and r.id in launches and r.id in values]
+    if not train:
+        raise ValueError("no train row with a whole-launch latency: nothing to fit the launch cost on")
+    best, params = math.inf, {}
+    for c0 in LAUNCH_PARAMETERS["launch_overhead_s"]:
+        for c1 in LAUNCH_PARAMETERS["second_core_launch_s"]:
+            trial = {"launch_overhead_s": c0, "second_core_launch_s": c1}
+            loss = _loss(train, with_launch(train, values, trial))
+            if loss < best - 1e-12:
+                best, params = loss, trial
     return params
 
 
@@ -472,9 +522,15 @@ def _summary(errs: list[float]) -> str:
 def qor_report(rows: list[Row], values: dict[str, float], worst: int = 10, shown: int = 4) -> str:
     """Per-family held-out errors, ranking checks and the worst rows with each engine's busy
     time (share of the modeled latency: the engine the model charges most is the one to read)."""
+    train = [r for r in rows if r.split == "train" and r.id in values]
+    lines = []
+    if train:
+        lines.append("train rows (the launch costs are fitted on these; modeled / measured - 1):")
+        lines.append(f"  {'all':<14} {_summary([values[r.id] / r.measured - 1 for r in train])}")
+        rows = [r for r in rows if r.split != "train"]
     errs = {r.id: values[r.id] / r.measured - 1 for r in rows if r.id in values}
     fams = sorted({family(r) for r in rows})
-    lines = ["held-out error per family (modeled / measured - 1; MODELED vs measured on trn2 by AWS's CI):"]
+    lines.append("held-out error per family (modeled / measured - 1; MODELED vs measured on trn2 by AWS's CI):")
     for f in fams:
         sel = [r for r in rows if family(r) == f]
         blocked = sum(r.id not in errs for r in sel)
@@ -506,6 +562,23 @@ def qor_report(rows: list[Row], values: dict[str, float], worst: int = 10, shown
     return "\n".join(lines)
 
 
+def write_csv(path: Path, rows: list[Row], values: dict[str, float]) -> None:
+    """One line per modeled row: MODELED values next to the source's measurement."""
+    engines = sorted({e for r in rows for e in engine_busy.get(r.id, {})})
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["id", "family", "target", "lnc", "split", "quantity", "unit", "measured", "modeled",
+                      "error", "launch_us_modeled"] + [f"busy_us_{e}_modeled" for e in engines])
+        for r in rows:
+            if r.id not in values:
+                continue
+            busy = engine_busy.get(r.id, {})
+            launch = launches[r.id][1] if r.id in launches else 0.0
+            out.writerow([r.id, family(r), r.target, r.lnc, r.split, r.quantity, r.unit, r.measured,
+                          f"{values[r.id]:.6g}", f"{values[r.id] / r.measured - 1:+.4f}", f"{launch:.6g}"]
+                         + [f"{busy.get(e, 0.0):.6g}" for e in engines])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fit", action="store_true", help="fit FREE_PARAMETERS on the train rows first")
@@ -514,6 +587,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-slow", action="store_true", help="leave out rows marked slow")
     ap.add_argument("--nkilib", default="", help="an aws-neuron/nki-library checkout: also model its QoR "
                     f"rows ({QOR.name}) with its own kernels")
+    ap.add_argument("--csv", default="", help="also write every modeled row (id, family, lnc, split, measured, "
+                    "modeled, busy us per engine) to this CSV file, for plots and offline fits")
     args = ap.parse_args(argv)
     rows = load_rows(Path(args.data))
     qor: list[Row] = []
@@ -531,14 +606,15 @@ def main(argv=None) -> int:
     if args.skip_slow:
         rows = [r for r in rows if not r.slow]
     params = fit(rows) if args.fit else None
+    public: dict[str, float] = modeled(rows, params) if rows else {}
     if rows:
-        print(report(rows, modeled(rows, params), params))
+        print(report(rows, public, params))
+    if args.skip_slow:
+        qor = [r for r in qor if not r.slow]
+    values: dict[str, float] = {}
     if qor:
-        if args.skip_slow:
-            qor = [r for r in qor if not r.slow]
-        print(f"\nnki-library QoR rows ({QOR.name}), AWS's kernels from {args.nkilib}, "
-              f"all held out (split = test, never fitted):")
-        values: dict[str, float] = {}
+        print(f"\nnki-library QoR rows ({QOR.name}), AWS's kernels from {args.nkilib} "
+              f"(only the launch costs are fitted, on the train rows; the rest are held out):")
         for r in qor:
             try:
                 values[r.id] = modeled([r], params)[r.id]
@@ -549,8 +625,19 @@ def main(argv=None) -> int:
                 print(f"{r.id}: blocked: {type(err).__name__}: {first[:160]}", flush=True)
             finally:
                 forget(r)   # a QoR run's trace is large: keep only its modeled numbers
+        if args.fit:
+            launch = fit_launch(qor + rows, {**public, **values})
+            print("\nfitted launch costs (copy into simulator/hardware.py by hand): "
+                  + ", ".join(f"{k} = {v * 1e6:.0f}e-6" for k, v in launch.items()))
+            values = with_launch(qor, values, launch)
+            for r in qor:   # what the rows now include (the CSV's launch column)
+                if r.id in launches:
+                    launches[r.id] = (launches[r.id][0], _launch_us(r, launches[r.id][0], launch))
         print()
         print(qor_report(qor, values))
+    if args.csv:
+        write_csv(Path(args.csv), rows + qor, {**public, **values})
+        print(f"wrote {args.csv}")
     return 0
 
 

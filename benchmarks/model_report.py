@@ -425,7 +425,8 @@ def write_markdown(rows: list[Row], records: list[dict], path: Path, target: str
         "* efficiency = limit / modeled kernel time (limit: max of compulsory HBM bytes / DMA bandwidth, "
         "matmul FLOPs / TensorE peak, transcendentals / ScalarE rate);",
         "* speedup = modeled eager PyTorch / modeled kernel, eager charged at each ATen op's own limit with "
-        "zero launch overhead (the best case for eager, so the speedup is a lower bound);",
+        "zero launch overhead (the best case for eager, so the speedup is a lower bound); kernel times "
+        "leave out the fixed cost of a launch (Estimate.launch_us), which eager would pay per ATen op;",
         "* kernel us range / speedup low/high: the error bar, the kernel re-modeled with every uncertain "
         "cost number at its optimistic and its pessimistic end (docs/cost-model.md \"Error bars\"); a "
         "speedup target counts as met only where the low end clears it.",

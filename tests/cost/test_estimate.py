@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -22,6 +23,20 @@ def _gelu_kernel():
     call = activations.gelu_kernel_call(torch.randn(4, 4))
     with simulator.activated():
         return _dispatch.simulator_kernel(call)
+
+
+def test_the_launch_cost_is_carried_beside_the_latency_with_the_second_core_added_at_lnc2():
+    tgt = dataclasses.replace(TRN2, launch_overhead_s=11e-6, second_core_launch_s=5e-6)
+    x = torch.randn(300, 1000).to(torch.bfloat16)
+    for lnc, launch_us in ((1, 11.0), (2, 16.0)):
+        with simulator.activated():
+            kernel = _gelu_kernel()
+            res = simulator.run(kernel[lnc] if lnc > 1 else kernel, x, op="gelu_tanh")
+        plain = estimate_trace(res.trace, dataclasses.replace(TRN2, launch_overhead_s=0.0, second_core_launch_s=0.0))
+        est = estimate_trace(res.trace, tgt)
+        assert est.cores == lnc
+        assert est.latency_us == plain.latency_us          # not part of the instruction stream's time
+        assert est.launch_us == pytest.approx(launch_us) and plain.launch_us == 0.0
 
 
 def test_estimate_runs_the_kernel_and_models_its_trace():

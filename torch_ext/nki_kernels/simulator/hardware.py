@@ -126,6 +126,18 @@ class Target:
     # per-stack bandwidth = chip HBM bandwidth / stacks [C] (trn2: 2.9 TB/s / 4 stacks).
     # Both cores streaming get min(1, stack / (2 x dma_bytes_per_s)) of their DMA bandwidth.
     hbm_stack_bytes_per_s: float = 725e9
+    # ---- fixed cost of one launch (docs/cost-model.md "Launch cost") --------------------
+    # Whole-kernel measurements include time no instruction of the kernel accounts for:
+    # nki-library's QoR CycleCount (per physical core, max over cores) of its smallest
+    # kernels sits tens of us above any instruction schedule, more at LNC=2 (mlp_cte
+    # 578x1408x352 measures 1.01x faster at LNC=2). No AWS document gives the figure; both
+    # numbers are [F], fitted by `calibrate.py --fit --nkilib PATH` on the train rows of
+    # calibration/nkilib_qor.toml (its header says which) and checked on the rest. They
+    # are NOT in Estimate.latency_us (the instruction stream: what a kernel costs inside a
+    # larger compiled graph, and what the main job compares); Estimate.launch_us carries
+    # them for comparisons with whole-launch measurements.
+    launch_overhead_s: float = 23e-6       # [F] every launch
+    second_core_launch_s: float = 3e-6     # [F] added when the launch runs on two physical cores
     # ---- finite buffering (cost/schedule.py "Buffers") ----------------------------------
     # Tiles allocated at the same place of a kernel (the same source line and call path) in
     # successive loop iterations share this many physical buffers, rotated: tile k waits

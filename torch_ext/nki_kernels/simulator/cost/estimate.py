@@ -46,6 +46,9 @@ class Estimate:
     core_busy_us: dict[int, dict[str, float]] = field(default_factory=dict)
     core_latency_us: dict[int, float] = field(default_factory=dict)
     allocations: list | None = field(default=None, repr=False)  # where tiles were allocated
+    # modeled fixed cost of the launch itself (Target.launch_overhead_s, + second_core_launch_s
+    # on two cores): not in latency_us; add it to compare with a whole-launch measurement
+    launch_us: float = 0.0
 
     @property
     def cores(self) -> int:
@@ -177,6 +180,7 @@ def estimate_trace(trace, target: str | Target = DEFAULT_TARGET, outputs: Any = 
     sched = schedule(trace, tgt, allocations, preds)
     ops = Counter(ins.op for ins in trace)
     engines = Counter(ins.engine for ins in trace)
+    cores = max(1, len(sched.core_finish))
     return Estimate(
         target=tgt.name,
         latency_us=sched.latency * 1e6,
@@ -194,4 +198,5 @@ def estimate_trace(trace, target: str | Target = DEFAULT_TARGET, outputs: Any = 
         core_busy_us={k: {e: v * 1e6 for e, v in b.items()} for k, b in sched.core_busy.items()},
         core_latency_us={k: v * 1e6 for k, v in sched.core_finish.items()},
         allocations=allocations,
+        launch_us=(tgt.launch_overhead_s + (cores - 1) * tgt.second_core_launch_s) * 1e6,
     )
