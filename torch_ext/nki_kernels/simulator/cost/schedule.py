@@ -187,44 +187,47 @@ def dependencies(trace, target: Target, allocations=None) -> list[dict[int, floa
     phys: dict[int, _AllocState] = {}      # placed tile -> its accesses as physical bytes
     preds: list[dict[int, float]] = []
     engine_of: dict[int, str] = {}
+
+    def access(o):
+        """(allocation, footprint, physical footprint if the tile shares bytes, else None)."""
+        reg = region_of(o)
+        return o.alloc_id, reg, placement.region(o, reg) if o.alloc_id in placement.aliases else None
+
+    def earlier(alloc, reg, preg, which):
+        """Earlier accesses conflicting with this one: ``which`` is "writers_of" (for a
+        read) or "users_of" (for a write), asked of the tile and of the placed tiles over
+        its bytes."""
+        found = list(getattr(allocs[alloc], which)(reg)) if alloc in allocs else []
+        if preg is not None:
+            for other in placement.aliases[alloc]:
+                if other in phys:
+                    found += getattr(phys[other], which)(preg)
+        return found
+
     for pos, ins in enumerate(trace):
         if ins.index != pos:
             raise CostModelError(f"trace is not in issue order: position {pos} holds instruction {ins.index}")
         mine: dict[int, float] = {}
-        reads = [(o.alloc_id, region_of(o), o) for o in ins.reads]
-        writes = [(o.alloc_id, region_of(o), o) for o in ins.writes]
-        for alloc, reg, o in reads:
-            st = allocs.get(alloc)
-            found = st.writers_of(reg) if st is not None else []
-            if alloc in placement.aliases:
-                preg = placement.region(o, reg)
-                for other in placement.aliases[alloc]:
-                    if other in phys:
-                        found = found + phys[other].writers_of(preg)
-            for p in found:
+        reads = [access(o) for o in ins.reads]
+        writes = [access(o) for o in ins.writes]
+        for alloc, reg, preg in reads:
+            for p in earlier(alloc, reg, preg, "writers_of"):
                 lat = dependency_latency_seconds(engine_of[p], target)
                 if mine.get(p, -1.0) < lat:
                     mine[p] = lat
-        for alloc, reg, o in writes:
-            st = allocs.get(alloc)
-            found = st.users_of(reg) if st is not None else []
-            if alloc in placement.aliases:
-                preg = placement.region(o, reg)
-                for other in placement.aliases[alloc]:
-                    if other in phys:
-                        found = found + phys[other].users_of(preg)
-            for p in found:
+        for alloc, reg, preg in writes:
+            for p in earlier(alloc, reg, preg, "users_of"):
                 if p not in mine:
                     mine[p] = 0.0
         mine.pop(pos, None)
-        for alloc, reg, o in reads:
+        for alloc, reg, preg in reads:
             allocs.setdefault(alloc, _AllocState()).add_read(reg, pos)
-            if alloc in placement.aliases:
-                phys.setdefault(alloc, _AllocState()).add_read(placement.region(o, reg), pos)
-        for alloc, reg, o in writes:
+            if preg is not None:
+                phys.setdefault(alloc, _AllocState()).add_read(preg, pos)
+        for alloc, reg, preg in writes:
             allocs.setdefault(alloc, _AllocState()).add_write(reg, pos)
-            if alloc in placement.aliases:
-                phys.setdefault(alloc, _AllocState()).add_write(placement.region(o, reg), pos)
+            if preg is not None:
+                phys.setdefault(alloc, _AllocState()).add_write(preg, pos)
         engine_of[pos] = ins.engine
         preds.append(mine)
     if allocations:
