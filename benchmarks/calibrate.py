@@ -581,7 +581,8 @@ def write_csv(path: Path, rows: list[Row], values: dict[str, float]) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--fit", action="store_true", help="fit FREE_PARAMETERS on the train rows first")
+    ap.add_argument("--fit", action="store_true", help="fit FREE_PARAMETERS on the train rows first (and, with "
+                    "--nkilib, LAUNCH_PARAMETERS on the QoR train rows)")
     ap.add_argument("--only", default="", help="comma-separated id prefixes to run")
     ap.add_argument("--data", default=str(DATA), help="measurement file (default: %(default)s)")
     ap.add_argument("--skip-slow", action="store_true", help="leave out rows marked slow")
