@@ -37,6 +37,7 @@ The modeled latency is the completion of the last instruction (the later core).
 from __future__ import annotations
 
 import heapq
+import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 
@@ -157,7 +158,7 @@ class _Placement:
 
     def region(self, operand, reg: Region) -> Region:
         _, _, p0, p1, b0, b1 = self.rect[operand.alloc_id]
-        elems = max(1, operand.nbytes // max(1, _prod(operand.shape)))   # bytes per element
+        elems = max(1, operand.nbytes // max(1, math.prod(operand.shape)))   # bytes per element
         per_part = (b1 - b0) // elems
         if per_part <= 0 or reg.hi <= reg.lo:
             return _rectangle(p0, p1, b0, b1)
@@ -169,13 +170,6 @@ class _Placement:
             hi = b0 + ((reg.hi - 1) % per_part + 1) * elems
             return _rectangle(p0 + first, p0 + first + 1, lo, min(hi, b1))
         return _rectangle(p0 + first, p0 + last + 1, b0, b1)
-
-
-def _prod(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def dependencies(trace, target: Target, allocations=None) -> list[dict[int, float]]:
