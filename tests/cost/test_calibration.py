@@ -130,21 +130,19 @@ def test_nkilib_enum_and_config_arguments_are_checked_without_a_checkout(calibra
            'quantity = "latency_us"\nkernel = "nkilib:core.mlp.mlp:mlp"\nsource = "s"\nconfidence = "M?"\n'
            'split = "test"\n')
     bad = tmp_path / "q.toml"
-    bad.write_text(row + 'args = { normalization_type = "NormKind.RMS_NORM" }\n')
-    with pytest.raises(ValueError, match=r"x: args.normalization_type='NormKind.RMS_NORM': NormKind"):
-        calibrate.load_rows(bad)
-    bad.write_text(row + 'args = { kargs = { config = "MlpArgs", eps = 1e-6 } }\n')
-    with pytest.raises(ValueError, match="x: args.kargs: config='MlpArgs'"):
-        calibrate.load_rows(bad)
-    bad.write_text(row + 'args = { kargs = { config = "RmsNormQuantKernelArgs", norm_type = "Norm.X" } }\n')
-    with pytest.raises(ValueError, match=r"args.kargs.norm_type='Norm.X'"):
-        calibrate.load_rows(bad)
-    bad.write_text(row + 'args = { hidden = [[2, 3], "float64"] }\n')
-    with pytest.raises(ValueError, match=r"args.hidden=\[\[2, 3\], 'float64'\]"):
-        calibrate.load_rows(bad)
-    bad.write_text(row + 'args = {}\nlnc = 4\n')
-    with pytest.raises(ValueError, match="x: lnc=4; expected 1 or 2"):
-        calibrate.load_rows(bad)
+    cases = [  # (the row's last lines, the error it must raise)
+        ('args = { normalization_type = "NormKind.RMS_NORM" }\n',
+         r"x: args.normalization_type='NormKind.RMS_NORM': NormKind"),
+        ('args = { kargs = { config = "MlpArgs", eps = 1e-6 } }\n', "x: args.kargs: config='MlpArgs'"),
+        ('args = { kargs = { config = "RmsNormQuantKernelArgs", norm_type = "Norm.X" } }\n',
+         r"args.kargs.norm_type='Norm.X'"),
+        ('args = { hidden = [[2, 3], "float64"] }\n', r"args.hidden=\[\[2, 3\], 'float64'\]"),
+        ('args = {}\nlnc = 4\n', "x: lnc=4; expected 1 or 2"),
+    ]
+    for tail, message in cases:
+        bad.write_text(row + tail)
+        with pytest.raises(ValueError, match=message):
+            calibrate.load_rows(bad)
     bad.write_text(row.replace("nkilib:core.mlp.mlp:mlp", "micro:activation")
                    + 'args = { normalization_type = "NormType.RMS_NORM" }\n')
     with pytest.raises(ValueError, match="enum arguments are for nkilib: kernels only"):

@@ -11,29 +11,27 @@ from nki_kernels import simulator
 from nki_kernels.simulator import NkiValidationError, UnsupportedError
 
 
-def _tile(nl, values, dtype="float32", buffer="sbuf"):
-    t = nl.ndarray(tuple(values.shape), dtype=getattr(nl, dtype), buffer=getattr(nl, buffer))
-    t.dtype.assign(t._data, values)
-    return t
+def _reads(nl, nisa, view, expected):
+    """``view`` holds ``expected``, read directly and through an instruction (tensor_copy)."""
+    assert tuple(view.shape) == tuple(expected.shape)
+    assert torch.equal(view.values(), expected)
+    out = nl.ndarray(tuple(expected.shape), dtype=nl.float32)
+    nisa.tensor_copy(out, view)
+    assert torch.equal(out.values(), expected)
 
 
-def test_concrete_example_reads_the_sliced_block(sim):
+def test_concrete_example_reads_the_sliced_block(sim, mk):
     # deep dive: t (16, 16); ap([[16, 16], [1, 8]], offset=8) iterates t[0:16, 8:16]
     _, nl, nisa = sim
     x = torch.randn(16, 16)
-    t = _tile(nl, x)
-    a = t.ap(pattern=[[16, 16], [1, 8]], offset=8)
-    assert a.shape == (16, 8)
-    assert torch.equal(a.values(), x[:, 8:16])
-    out = nl.ndarray((16, 8), dtype=nl.float32)
-    nisa.tensor_copy(out, a)
-    assert torch.equal(out.values(), x[:, 8:16])
+    t = mk(x)
+    _reads(nl, nisa, t.ap(pattern=[[16, 16], [1, 8]], offset=8), x[:, 8:16])
 
 
-def test_every_other_element_and_get_pattern_round_trip(sim):
+def test_every_other_element_and_get_pattern_round_trip(sim, mk):
     _, nl, _ = sim
     x = torch.randn(128, 64)
-    t = _tile(nl, x)
+    t = mk(x)
     u = t.ap(pattern=[(64, 128), (2, 32)])
     assert torch.equal(u.values(), x[:, 0::2])
     s = t[:, 8:24]
@@ -41,12 +39,12 @@ def test_every_other_element_and_get_pattern_round_trip(sim):
     assert torch.equal(t.ap(s.get_pattern(), offset=8).values(), s.values())
 
 
-def test_offset_none_inherits_the_view_offset_and_an_integer_adds_to_it(sim):
+def test_offset_none_inherits_the_view_offset_and_an_integer_adds_to_it(sim, mk):
     # NkiTensor.ap docstring: None "inherits the current view's storage offset"; an integer
     # is "added to the view's base storage offset" (offset=0 keeps the base)
     _, nl, _ = sim
     x = torch.randn(64)
-    h = _tile(nl, x, buffer="hbm")
+    h = mk(x, buffer="hbm")
     view = h[10:20]
     assert torch.equal(view.ap([[1, 4]]).values(), x[10:14])
     assert torch.equal(view.ap([[1, 4]], offset=0).values(), x[10:14])
@@ -63,17 +61,13 @@ def test_on_chip_partition_step_may_not_skip_partitions(sim):
     t.ap(pattern=[[0, 1], [1, 32]], offset=0)        # one partition: its step is never used
 
 
-def test_a_partition_step_below_the_free_size_still_walks_consecutive_partitions(sim):
+def test_a_partition_step_below_the_free_size_still_walks_consecutive_partitions(sim, mk):
     # nki-library's TensorView of a column slice: tile [8, 2 x 16], the slice's width 16 as
     # the partition step (mlp_tkg gate/up bias at LNC=2)
     _, nl, nisa = sim
     x = torch.randn(8, 32)
-    t = _tile(nl, x)
-    right = t.ap(pattern=[[16, 8], [1, 16]], offset=16)
-    assert torch.equal(right.values(), x[:, 16:32])
-    dst = nl.ndarray((8, 16), dtype=nl.float32)
-    nisa.tensor_copy(dst, right)
-    assert torch.equal(dst.values(), x[:, 16:32])
+    t = mk(x)
+    _reads(nl, nisa, t.ap(pattern=[[16, 8], [1, 16]], offset=16), x[:, 16:32])
 
 
 def test_out_of_range_pattern_is_built_but_fails_when_used(sim):
@@ -118,10 +112,10 @@ def test_scalar_offset_is_read_when_the_instruction_runs():
     assert torch.equal(out, a[128:256, 0:256])
 
 
-def test_scalar_offset_scales_by_the_shape_after_indirect_dim(sim):
+def test_scalar_offset_scales_by_the_shape_after_indirect_dim(sim, mk):
     _, nl, nisa = sim
     x = torch.randn(4, 6, 8)
-    h = _tile(nl, x, buffer="hbm")
+    h = mk(x, buffer="hbm")
     reg = nisa.register_alloc(2)
     v = h.ap([[8, 6], [1, 8]], offset=0, scalar_offset=reg, indirect_dim=0)  # 2 * (6*8)
     assert v.is_indirect() and torch.equal(v.values(), x[2])
@@ -185,14 +179,14 @@ def test_vector_offset_scatters_into_an_input():
     assert torch.equal(out, ref)
 
 
-def test_dynamic_select_and_vector_select(sim):
+def test_dynamic_select_and_vector_select(sim, mk):
     _, nl, nisa = sim
     x = torch.randn(4, 8, 6)
-    h = _tile(nl, x, buffer="hbm")
-    i = _tile(nl, torch.tensor([[2]]), "int32")
+    h = mk(x, buffer="hbm")
+    i = mk(torch.tensor([[2]]), "int32")
     assert torch.equal(h.select(0, i).values(), x[2])
     assert torch.equal(h.select(1, i).values(), x[:, 2])
-    offs = _tile(nl, torch.tensor([[3], [1], [1]]), "int32")
+    offs = mk(torch.tensor([[3], [1], [1]]), "int32")
     g = h.vector_select(0, offs)
     assert g.shape == (3, 8, 6) and torch.equal(g.values(), x[[3, 1, 1]])
     sb = nl.ndarray((4, 8), dtype=nl.float32)
@@ -204,10 +198,10 @@ def test_dynamic_select_and_vector_select(sim):
         h.select(0, i).ap([[6, 8], [1, 6]], scalar_offset=i)
 
 
-def test_ap_argument_rules(sim):
+def test_ap_argument_rules(sim, mk):
     _, nl, _ = sim
     h = nl.ndarray((8, 8), dtype=nl.float32, buffer=nl.hbm)
-    i = _tile(nl, torch.tensor([[1]]), "int32")
+    i = mk(torch.tensor([[1]]), "int32")
     with pytest.raises(NkiValidationError, match="mutually exclusive"):
         h.ap([[8, 8], [1, 8]], scalar_offset=i, vector_offset=i)
     with pytest.raises(NkiValidationError, match="indirect_dim=0 only"):
@@ -216,7 +210,7 @@ def test_ap_argument_rules(sim):
         h.ap([[8, 0]])
     with pytest.raises(UnsupportedError, match="negative steps"):
         h.ap([[-8, 2]])
-    f = _tile(nl, torch.tensor([[1.0]]))
+    f = mk(torch.tensor([[1.0]]))
     with pytest.raises(NkiValidationError, match="integer dtype"):
         h.ap([[1, 8]], scalar_offset=f).values()
 

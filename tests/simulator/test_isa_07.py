@@ -13,39 +13,33 @@ from nki_kernels.simulator import NkiValidationError
 from nki_kernels.simulator.isa.tensor_engine import mx_values
 
 
-def _tile(nl, values, dtype="float32", buffer="sbuf"):
-    t = nl.ndarray(tuple(values.shape), dtype=getattr(nl, dtype), buffer=getattr(nl, buffer))
-    t.dtype.assign(t._data, values)
-    return t
-
-
-def test_nonzero_with_count_docstring_example(sim):
+def test_nonzero_with_count_docstring_example(sim, mk):
     _, nl, nisa = sim
     row = torch.tensor([0, 1, 1, 0, 0, 1, 0, 0], dtype=torch.float32)
-    src = _tile(nl, torch.stack([row] * 32))
-    dst = _tile(nl, torch.full((32, 9), 77), "int32")
+    src = mk(torch.stack([row] * 32))
+    dst = mk(torch.full((32, 9), 77), "int32")
     nisa.nonzero_with_count(dst, src, index_offset=16, padding_val=-1)
     v = dst.values()
     assert v[0].tolist() == [17, 18, 21, -1, -1, -1, -1, -1, 3] and torch.equal(v[16], v[0])
     assert v[1].eq(77).all() and v[17:].eq(77).sum() == 15 * 9  # only partitions 0, 16
 
 
-def test_nonzero_with_count_random_rows_and_rules(sim):
+def test_nonzero_with_count_random_rows_and_rules(sim, mk):
     _, nl, nisa = sim
     x = (torch.rand(128, 40) < 0.3).to(torch.int32) * torch.randint(1, 9, (128, 40))
-    dst = _tile(nl, torch.zeros(128, 41), "int32")
-    nisa.nonzero_with_count(dst, _tile(nl, x, "int32"), padding_val=-5)
+    dst = mk(torch.zeros(128, 41), "int32")
+    nisa.nonzero_with_count(dst, mk(x, "int32"), padding_val=-5)
     for p in range(0, 128, 16):
         nz = torch.nonzero(x[p]).reshape(-1)
         ref = torch.cat([nz, torch.full((40 - nz.numel(),), -5), torch.tensor([nz.numel()])])
         assert torch.equal(dst.values()[p], ref)
     with pytest.raises(NkiValidationError, match="one more element"):
-        nisa.nonzero_with_count(_tile(nl, torch.zeros(128, 40), "int32"), _tile(nl, x, "int32"))
+        nisa.nonzero_with_count(mk(torch.zeros(128, 40), "int32"), mk(x, "int32"))
     with pytest.raises(NkiValidationError, match="src dtype must be float32 or int32"):
-        nisa.nonzero_with_count(dst, _tile(nl, x, "bfloat16"))
+        nisa.nonzero_with_count(dst, mk(x, "bfloat16"))
 
 
-def test_local_gather_matches_the_docstrings_numpy_semantics(sim):
+def test_local_gather_matches_the_docstrings_numpy_semantics(sim, mk):
     _, nl, nisa = sim
     rng = np.random.default_rng(3)
     src = rng.random((128, 512, 4), dtype=np.float32)
@@ -53,23 +47,25 @@ def test_local_gather_matches_the_docstrings_numpy_semantics(sim):
     index = np.tile(per_core, (8, 1))
     n_elem, n_valid = 4, 64
     dst = nl.ndarray((128, n_valid * n_elem), dtype=nl.float32)
-    nisa.local_gather(dst, _tile(nl, torch.from_numpy(src.reshape(128, -1))),
-                      _tile(nl, torch.from_numpy(index * n_elem), "uint16"), n_elem, n_valid)
+    nisa.local_gather(dst, mk(torch.from_numpy(src.reshape(128, -1))),
+                      mk(torch.from_numpy(index * n_elem), "uint16"), n_elem, n_valid)
     ref = np.empty((128, n_valid, n_elem), np.float32)
     for c in range(8):
         idx = index[16 * c:16 * (c + 1)].flatten(order="F")[:n_valid]
         ref[16 * c:16 * (c + 1)] = np.take(src[16 * c:16 * (c + 1)], idx, axis=1)
     assert np.array_equal(dst.values().numpy(), ref.reshape(128, -1))
     with pytest.raises(NkiValidationError, match="num_elem_per_idx=3"):
-        nisa.local_gather(dst, _tile(nl, torch.zeros(128, 8)),
-                          _tile(nl, torch.zeros(128, 4), "uint16"), 3)
+        nisa.local_gather(dst, mk(torch.zeros(128, 8)),
+                          mk(torch.zeros(128, 4), "uint16"), 3)
     with pytest.raises(NkiValidationError, match="index must be uint16"):
-        nisa.local_gather(dst, _tile(nl, torch.zeros(128, 8)), _tile(nl, torch.zeros(128, 4), "int32"))
+        nisa.local_gather(dst, mk(torch.zeros(128, 8)), mk(torch.zeros(128, 4), "int32"))
 
 
 def _quantize(nl, nisa, x, dtype="float8_e4m3fn_x4"):
+    """quantize_mx of x (bf16) under the caller's trn3 context (the mk fixture is trn2's)."""
     P, F = x.shape
-    src = _tile(nl, x, "bfloat16")
+    src = nl.ndarray((P, F), dtype=nl.bfloat16)
+    src.dtype.assign(src._data, x)
     data = nl.ndarray((P, F // 4), dtype=getattr(nl, dtype))
     scale = nl.ndarray((P, F // 4), dtype=nl.float8_e8m0fnu)
     nisa.quantize_mx(data, src, scale)
@@ -115,12 +111,12 @@ def test_nc_matmul_mx_matches_the_dequantized_product():
             nki.isa.quantize_mx(None, None, None)
 
 
-def test_tensor_tensor_inputs_may_start_at_different_partitions(sim):
+def test_tensor_tensor_inputs_may_start_at_different_partitions(sim, mk):
     # "The two tiles must have the same partition axis size and the same number of elements
     # per partition" (nki.isa.tensor_tensor): no rule on where each starts
     _, nl, nisa = sim
-    a = _tile(nl, torch.randn(64, 8))
-    ps = _tile(nl, torch.randn(64, 8), buffer="psum")
+    a = mk(torch.randn(64, 8))
+    ps = mk(torch.randn(64, 8), buffer="psum")
     dst = nl.ndarray((32, 8), dtype=nl.float32)
     nisa.tensor_tensor(dst, a[0:32], ps[32:64], nl.add)
     assert torch.equal(dst.values(), a.values()[0:32] + ps.values()[32:64])
@@ -128,57 +124,57 @@ def test_tensor_tensor_inputs_may_start_at_different_partitions(sim):
         nisa.tensor_tensor(dst, a[0:32], ps[32:48], nl.add)
 
 
-def test_scalar_tensor_tensor_operand0_may_be_any_dtype(sim):
+def test_scalar_tensor_tensor_operand0_may_be_any_dtype(sim, mk):
     # "All input tiles can be any supported NKI data type" (nki.isa.scalar_tensor_tensor),
     # while tensor_scalar's operands "must be float32"
     _, nl, nisa = sim
     data, other = torch.randn(16, 8), torch.randn(16, 8)
-    col = _tile(nl, torch.randn(16, 1), "bfloat16")
+    col = mk(torch.randn(16, 1), "bfloat16")
     dst = nl.ndarray((16, 8), dtype=nl.float32)
-    nisa.scalar_tensor_tensor(dst, _tile(nl, data), nl.multiply, col, nl.add, _tile(nl, other))
+    nisa.scalar_tensor_tensor(dst, mk(data), nl.multiply, col, nl.add, mk(other))
     torch.testing.assert_close(dst.values(), data * col.values() + other)
     with pytest.raises(NkiValidationError, match="must be float32"):
-        nisa.tensor_scalar(dst, _tile(nl, data), nl.multiply, col)
+        nisa.tensor_scalar(dst, mk(data), nl.multiply, col)
 
 
-def test_a_step0_dst_takes_the_last_write(sim):
+def test_a_step0_dst_takes_the_last_write(sim, mk):
     # nki-library's qkv_cte writes an unused activation_reduce output through
     # dst=act.ap([[1, s], [0, H]]): the pattern repeats addresses; the last write wins
     _, nl, nisa = sim
     x = torch.randn(4, 6)
-    dst = _tile(nl, torch.zeros(4, 1))
+    dst = mk(torch.zeros(4, 1))
     red = nl.ndarray((4, 1), dtype=nl.float32)
-    nisa.activation_reduce(dst.ap([[1, 4], [0, 6]]), nl.copy, _tile(nl, x), nl.add, red)
+    nisa.activation_reduce(dst.ap([[1, 4], [0, 6]]), nl.copy, mk(x), nl.add, red)
     assert torch.equal(dst.values().reshape(-1), x[:, -1])
     torch.testing.assert_close(red.values().reshape(-1), x.sum(1))
 
 
-def test_sequence_bounds_docstring_example(sim):
+def test_sequence_bounds_docstring_example(sim, mk):
     _, nl, nisa = sim
-    ids = _tile(nl, torch.tensor([[0, 1, 1, 2, 2, 2, 0, 3, 3]]), "int32")
+    ids = mk(torch.tensor([[0, 1, 1, 2, 2, 2, 0, 3, 3]]), "int32")
     dst = nl.ndarray((1, 2, 9), dtype=nl.int32)
     nisa.sequence_bounds(dst, ids)
     assert dst.values().tolist() == [[[9, 1, 1, 3, 3, 3, 9, 7, 7],
                                       [-1, 3, 3, 6, 6, 6, -1, 9, 9]]]
     with pytest.raises(NkiValidationError, match="partition dim must be 1"):
         nisa.sequence_bounds(nl.ndarray((2, 2, 9), dtype=nl.int32),
-                             _tile(nl, torch.zeros(2, 9), "int32"))
+                             mk(torch.zeros(2, 9), "int32"))
 
 
-def test_exponential_subtracts_the_max_and_accumulates():
+def test_exponential_subtracts_the_max_and_accumulates(mk):
     with simulator.activated("trn3") as nki:
         nl, nisa = nki.language, nki.isa
         x = torch.randn(16, 40)
         m = x.amax(1, keepdim=True)
         dst = nl.ndarray((16, 40), dtype=nl.bfloat16)
         res = nl.ndarray((16, 1), dtype=nl.float32)
-        src = _tile(nl, x)
-        nisa.exponential(dst, src, max_value=_tile(nl, m), reduce_res=res,
+        src = mk(x)
+        nisa.exponential(dst, src, max_value=mk(m), reduce_res=res,
                          reduce_cmd=nisa.reduce_cmd.reset_reduce)
         ref = torch.exp(x - m)
         assert torch.equal(dst.values(), ref.bfloat16().float())
         torch.testing.assert_close(res.values(), ref.sum(1, keepdim=True))
-        nisa.exponential(dst, src, max_value=_tile(nl, m), reduce_res=res,
+        nisa.exponential(dst, src, max_value=mk(m), reduce_res=res,
                          reduce_cmd=nisa.reduce_cmd.reduce)  # keeps summing
         torch.testing.assert_close(res.values(), 2 * ref.sum(1, keepdim=True))
         with pytest.raises(NkiValidationError, match="reduce_init must be unset"):
