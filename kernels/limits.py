@@ -75,6 +75,21 @@ NORM_DECODE_MAX_ELEMENTS = 8192
 # LayerNorm's variance is clamped at 0 (one more VectorE step), the all-rows path is as fast
 # for LayerNorm and 0.2 us faster for RMSNorm).
 NORM_DECODE_ROW_LOOP_MAX_ROWS = 3
+# Above that, LayerNorm's all-rows path gives a program of at most this many rows (at LNC=2:
+# a decode step of 4 or 5 tokens) per-row instructions for its statistics and its last step
+# (norm_decode._centre_rows; out = y * rstd + bias in one scalar_tensor_tensor per row):
+# each row's sums are ready one fixed overhead sooner than after a VectorE pass over all rows
+# and a reduce, which is most of a 2-row step (modeled trn2, LNC=2, fp16 LayerNorm [4, H]
+# with weight and bias, us (error bar): H = 4096 6.23 (3.73-7.61) -> 6.12 (3.52-7.48);
+# 2048 6.1 (3.6-7.5) -> 6.1 (3.5-7.4); 8192 6.7 (4.2-8.1) -> 6.4 (3.8-7.8)). A third row
+# makes the per-row chain longer than the all-rows pass. Chosen by the program's rows,
+# unlike ROW_LOOP above, because both forms do the same fp32 operations per element: c = x - m
+# and its sum over the H / 128 elements of a partition on VectorE (tensor_scalar_reduce, or
+# tensor_tensor then tensor_reduce), y * rstd rounded to fp32, + bias (on GpSimd in the
+# all-rows form), rounded once to the output dtype. The simulator gives the same bits at
+# both degrees (tests/kernels/test_lnc.py); on hardware this assumes VectorE's two
+# reductions add a partition's elements in the same order, which no AWS document states.
+NORM_DECODE_PER_ROW_MAX_ROWS = 2
 
 # Norm backward kernels (kernels/rms_norm_backward.py, kernels/layer_norm_backward.py):
 # largest normalised size H. One pass over rows kept in SBUF, as the forward's one-pass

@@ -26,8 +26,9 @@ Statistics:
     ScalarE path). TensorE also adds eps (and, for many rows, -m2**2) into the PSUM tile
     the rstd step reads (one VectorE max(., eps) ** -0.5: the clamp keeps a variance that
     rounds below 0 from giving NaN).
-Two paths, chosen by the total row count (never by a program's share, so LNC=1 and LNC=2
-give the same bits):
+Two paths, chosen by the total row count (not by a program's share, so LNC=1 and LNC=2
+give the same bits; the one exception, which keeps the per-element arithmetic, is under
+"more rows"):
     few rows (N <= ROW_LOOP_MAX_ROWS): a decode step is a chain of small dependent
         instructions, each costing mostly its fixed overhead, so per row the kernels issue
         instructions that take the row's statistics as (P, 1) operands, fusing steps:
@@ -41,7 +42,10 @@ give the same bits):
     more rows: one instruction per step over all rows, the per-row statistics broadcast
         along H1 (stride 0) as tensor_tensor operands; c**2 on ScalarE, m2**2 on ScalarE
         while VectorE still sums the squares; (c - m2) * weight before rsqrt is known, so
-        after rsqrt only * rstd (+ bias) remain.
+        after rsqrt only * rstd (+ bias) remain. LayerNorm with at most PER_ROW_MAX_ROWS
+        rows in a program (LNC=2, 4 or 5 tokens) centres each row with its sum in one
+        VectorE instruction and sums its squares on ScalarE, and ends with one
+        y * rstd + bias per row (limits.py says why that keeps the bits).
 LNC:
     each program takes a contiguous half of the rows (``program_share``); rows are
     independent, so both degrees give the same output.
@@ -57,6 +61,7 @@ import nki.language as nl
 from .limits import NORM_DECODE_MAX_ELEMENTS as DECODE_MAX_ELEMENTS
 from .limits import NORM_DECODE_MAX_ROWS as DECODE_MAX_ROWS
 from .limits import NORM_DECODE_ROW_LOOP_MAX_ROWS as ROW_LOOP_MAX_ROWS
+from .limits import NORM_DECODE_PER_ROW_MAX_ROWS as PER_ROW_MAX_ROWS
 from .tiling import PARTITIONS, program_share
 
 
@@ -268,9 +273,23 @@ def _layer_rows(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
                                       op1=nl.add, operand1=bias_tile)
 
 
+def _centre_rows(x_tile, centred, mean, sum_c, sum_sq):
+    """Per row: c = x - m with its per-partition sum in one VectorE tensor_scalar_reduce, and
+    the sum of (m - x)**2 = c**2 on ScalarE's accumulator (as _layer_rows). ``mean``: [128, n]
+    PSUM; ``sum_c``, ``sum_sq``: [128, n] SBUF."""
+    n_rows, h1 = x_tile.shape[1], x_tile.shape[2]
+    discard = nl.ndarray((PARTITIONS, h1), dtype=nl.float32, buffer=nl.sbuf)
+    for r in range(n_rows):
+        nisa.tensor_scalar_reduce(dst=centred[:, r, :], data=x_tile[:, r, :], op0=nl.subtract,
+                                  operand0=_col(mean, r), reduce_op=nl.add, reduce_res=_col(sum_c, r))
+        nisa.activation(dst=discard, op=nl.square, data=x_tile[:, r, :], scale=-1.0, bias=_col(mean, r),
+                        reduce_op=nl.add, reduce_res=_col(sum_sq, r), reduce_cmd=nisa.reduce_cmd.reset_reduce)
+
+
 def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
     """More rows: sum(x) on VectorE; c = x - m (m read from PSUM); c**2 on ScalarE while
-    VectorE sums c; m2 = mean(c) and m2**2 (ScalarE) while VectorE sums the squares; TensorE
+    VectorE sums c (a program of at most PER_ROW_MAX_ROWS rows: per row, _centre_rows);
+    m2 = mean(c) and m2**2 (ScalarE) while VectorE sums the squares; TensorE
     accumulates var + eps = eps + mean(c**2) - m2**2 in one PSUM tile; y = (c - m2)
     (* weight on GpSimd) meanwhile; rstd = max(var + eps, eps) ** -0.5; out = y * rstd
     (+ bias on GpSimd)."""
@@ -289,16 +308,22 @@ def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
     nisa.tensor_reduce(dst=sums, op=nl.add, data=x_tile, axis=2)
     mean = _row_means(inv, sums)                                       # PSUM [128, N]: m
     centred = nl.ndarray((PARTITIONS, n_rows, h1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=centred, data1=x_tile, data2=_along_h1(mean, h1), op=nl.subtract)
-    squares = nl.ndarray((PARTITIONS, n_rows, h1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=squares, op=nl.square, data=centred)
     sum_c = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=sum_c, op=nl.add, data=centred, axis=2)
-    m2 = _row_means(inv, sum_c)                                        # PSUM [128, N]: m2
-    m2_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=m2_sq, op=nl.square, data=m2)
     sum_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=sum_sq, op=nl.add, data=squares, axis=2)
+    if n_rows <= PER_ROW_MAX_ROWS:
+        _centre_rows(x_tile, centred, mean, sum_c, sum_sq)
+        m2 = _row_means(inv, sum_c)                                    # PSUM [128, N]: m2
+        m2_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=m2_sq, op=nl.square, data=m2)
+    else:
+        nisa.tensor_tensor(dst=centred, data1=x_tile, data2=_along_h1(mean, h1), op=nl.subtract)
+        squares = nl.ndarray((PARTITIONS, n_rows, h1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=squares, op=nl.square, data=centred)
+        nisa.tensor_reduce(dst=sum_c, op=nl.add, data=centred, axis=2)
+        m2 = _row_means(inv, sum_c)                                    # PSUM [128, N]: m2
+        m2_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=m2_sq, op=nl.square, data=m2)
+        nisa.tensor_reduce(dst=sum_sq, op=nl.add, data=squares, axis=2)
     nisa.tensor_tensor(dst=centred, data1=centred, data2=_along_h1(m2, h1), op=nl.subtract)
     nisa.nc_matmul(dst=var_eps, stationary=inv, moving=sum_sq, accumulate=True)       # + mean(c**2)
     nisa.nc_matmul(dst=var_eps, stationary=neg_first, moving=m2_sq, accumulate=True)  # - m2**2
@@ -312,6 +337,11 @@ def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
                            engine=nisa.engine.gpsimd)
     if bias_tile is None:
         nisa.tensor_tensor(dst=out_tile, data1=centred, data2=_along_h1(rstd, h1), op=nl.multiply)
+        return
+    if n_rows <= PER_ROW_MAX_ROWS:
+        for r in range(n_rows):
+            nisa.scalar_tensor_tensor(dst=out_tile[:, r, :], data=centred[:, r, :], op0=nl.multiply,
+                                      operand0=_col(rstd, r), op1=nl.add, operand1=bias_tile)
         return
     nisa.tensor_tensor(dst=centred, data1=centred, data2=_along_h1(rstd, h1), op=nl.multiply)
     nisa.tensor_tensor(dst=out_tile, data1=centred, data2=_along_rows(bias_tile, n_rows), op=nl.add,

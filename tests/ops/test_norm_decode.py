@@ -16,6 +16,8 @@ BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 MAX_ROWS = norms.DECODE_MAX_ROWS
 # up to this many rows the kernels issue per-row instructions, above it one per step
 ROW_LOOP = _kernel_sources.limits().NORM_DECODE_ROW_LOOP_MAX_ROWS
+# LayerNorm's all-rows path takes its statistics per row up to this many rows in a program
+PER_ROW = _kernel_sources.limits().NORM_DECODE_PER_ROW_MAX_ROWS
 
 
 
@@ -32,9 +34,10 @@ def decode_for_every_shape_it_takes(monkeypatch, request):
 
 
 # (rows, hidden, dtype): one token, the most rows of the per-row path, an odd count just
-# above it, one row per program at LNC=2, the most rows the kernel takes
+# above it, one row per program at LNC=2, two rows per program at LNC=2 (LayerNorm's
+# per-row statistics in the all-rows path), the most rows the kernel takes
 CASES = [(1, 2048, BF16), (ROW_LOOP, 2048, F16), (ROW_LOOP + 3, 4096, F32), (3, 128, BF16),
-         (MAX_ROWS, 1024, BF16)]
+         (2 * PER_ROW, 4096, F16), (MAX_ROWS, 1024, BF16)]
 
 
 @pytest.mark.parametrize("rows, hidden, dtype", CASES, ids=[f"{r}x{h}-{str(d)[6:]}" for r, h, d in CASES])
