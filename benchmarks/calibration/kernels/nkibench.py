@@ -116,3 +116,71 @@ def rope_optimized(x_in, cos, sin):
         nisa.dma_copy(dst=out[0:half, cols], src=product(e_cos, o_sin, nl.subtract))
         nisa.dma_copy(dst=out[half:d_head, cols], src=product(o_cos, e_sin, nl.add))
     return out
+
+
+@nki.jit
+def adamw(theta, g, m, v):
+    """NKIBench adamw_M10944_N2048: one AdamW step with the reference's constants, fp32
+    [M, N] arrays (M any size, N a multiple of 1024) -> the new theta:
+
+        theta - 1e-5 theta - 0.01 (0.9 m + 0.1 g) / (sqrt(1000 (0.999 v + 0.001 g g)) + 1e-8)
+
+    Per [128, 1024] block (the last row tile holds M % 128 rows: the beta-1 kernel's row
+    mask), in row-tile-major order: four loads (theta, m, v, g, in the beta-1 order); per
+    512-column half fifteen instructions in the beta-1 order; one store. The beta-1 kernel
+    leaves the engine of its seven tensor_scalar products/sums to the compiler: they run on
+    ScalarE here, because the profile's ScalarE 61.6 % busy (1.23 ms, 3.6 us per half) is
+    eight ~0.45 us ScalarE instructions per half (silu's profile: 0.47 us per 512-column
+    activation), not the single sqrt. The element-wise tensor-tensor ops (nl.add/subtract/
+    multiply) run on VectorE (the profile: VectorE 90 %, GpSimd 0.6 %), and nisa.reciprocal
+    is a VectorE instruction."""
+    rows_total, cols = theta.shape
+    block, half = 1024, 512
+    if cols % block:
+        raise ValueError(f"adamw: theta.shape[1]={cols} must be a multiple of {block} (the beta-1 "
+                         "kernel's column block)")
+    out = nl.ndarray(theta.shape, dtype=theta.dtype, buffer=nl.shared_hbm)
+    zero = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)   # the sqrt's bias
+    nisa.memset(dst=zero, value=0.0)
+    scalar = nisa.engine.scalar
+    vector = nisa.engine.vector
+
+    def scaled(src, factor, rows):
+        t = nl.ndarray((rows, half), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=t, data=src, op0=nl.multiply, operand0=factor, reverse0=True, engine=scalar)
+        return t
+
+    def combined(a, b, op, rows):
+        t = nl.ndarray((rows, half), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=t, data1=a, data2=b, op=op, engine=vector)
+        return t
+
+    for r0 in range(0, rows_total, P):
+        rows = min(P, rows_total - r0)
+        for c0 in range(0, cols, block):
+            def load(src):
+                t = nl.ndarray((rows, block), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.dma_copy(dst=t, src=src[r0:r0 + rows, c0:c0 + block])
+                return t
+
+            theta_t, m_t, v_t, g_t = load(theta), load(m), load(v), load(g)
+            new_theta = nl.ndarray((rows, block), dtype=nl.float32, buffer=nl.sbuf)
+            for h0 in range(0, block, half):
+                cs = slice(h0, h0 + half)
+                decayed = combined(theta_t[:, cs], scaled(theta_t[:, cs], 1e-5, rows), nl.subtract, rows)
+                m_new = combined(scaled(m_t[:, cs], 0.9, rows), scaled(g_t[:, cs], 0.1, rows), nl.add, rows)
+                step = scaled(m_new, 0.01, rows)
+                v_decayed = scaled(v_t[:, cs], 0.999, rows)
+                g2 = combined(scaled(g_t[:, cs], 0.001, rows), g_t[:, cs], nl.multiply, rows)
+                v_new = combined(v_decayed, g2, nl.add, rows)
+                root = nl.ndarray((rows, half), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.activation(dst=root, op=nl.sqrt, data=v_new, bias=zero[0:rows, :], scale=1000.0)
+                denom = nl.ndarray((rows, half), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_scalar(dst=denom, data=root, op0=nl.add, operand0=1e-8, engine=scalar)
+                inv = nl.ndarray((rows, half), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.reciprocal(dst=inv, data=denom)
+                update = combined(step, inv, nl.multiply, rows)
+                nisa.tensor_tensor(dst=new_theta[:, cs], data1=decayed, data2=update, op=nl.subtract,
+                                   engine=vector)
+            nisa.dma_copy(dst=out[r0:r0 + rows, c0:c0 + block], src=new_theta)
+    return out
