@@ -133,7 +133,8 @@ def adamw(theta, g, m, v):
     eight ~0.45 us ScalarE instructions per half (silu's profile: 0.47 us per 512-column
     activation), not the single sqrt. The element-wise tensor-tensor ops (nl.add/subtract/
     multiply) run on VectorE (the profile: VectorE 90 %, GpSimd 0.6 %), and nisa.reciprocal
-    is a VectorE instruction."""
+    is a VectorE instruction (its beta-1 and beta-2 docstrings). The model puts twice the
+    profile's VectorE time on these: the rows' notes say why."""
     rows_total, cols = theta.shape
     block, half = 1024, 512
     if cols % block:
@@ -142,45 +143,65 @@ def adamw(theta, g, m, v):
     out = nl.ndarray(theta.shape, dtype=theta.dtype, buffer=nl.shared_hbm)
     zero = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)   # the sqrt's bias
     nisa.memset(dst=zero, value=0.0)
-    scalar = nisa.engine.scalar
-    vector = nisa.engine.vector
-
-    def scaled(src, factor, rows):
-        t = nl.ndarray((rows, half), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=t, data=src, op0=nl.multiply, operand0=factor, reverse0=True, engine=scalar)
-        return t
-
-    def combined(a, b, op, rows):
-        t = nl.ndarray((rows, half), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=t, data1=a, data2=b, op=op, engine=vector)
-        return t
-
+    f32, sbuf = nl.float32, nl.sbuf
+    scalar, vector = nisa.engine.scalar, nisa.engine.vector
+    # Every tile is allocated on its own line: the cost model's buffer rotation groups tiles
+    # by allocation site, and each beta-1 array is its own buffer family.
     for r0 in range(0, rows_total, P):
-        rows = min(P, rows_total - r0)
+        n = min(P, rows_total - r0)   # the last row tile holds M % 128 rows (beta-1's mask)
         for c0 in range(0, cols, block):
-            def load(src):
-                t = nl.ndarray((rows, block), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=t, src=src[r0:r0 + rows, c0:c0 + block])
-                return t
-
-            theta_t, m_t, v_t, g_t = load(theta), load(m), load(v), load(g)
-            new_theta = nl.ndarray((rows, block), dtype=nl.float32, buffer=nl.sbuf)
+            rs, cb = slice(r0, r0 + n), slice(c0, c0 + block)
+            theta_t = nl.ndarray((n, block), dtype=f32, buffer=sbuf)
+            nisa.dma_copy(dst=theta_t, src=theta[rs, cb])
+            m_t = nl.ndarray((n, block), dtype=f32, buffer=sbuf)
+            nisa.dma_copy(dst=m_t, src=m[rs, cb])
+            v_t = nl.ndarray((n, block), dtype=f32, buffer=sbuf)
+            nisa.dma_copy(dst=v_t, src=v[rs, cb])
+            g_t = nl.ndarray((n, block), dtype=f32, buffer=sbuf)
+            nisa.dma_copy(dst=g_t, src=g[rs, cb])
+            new_theta = nl.ndarray((n, block), dtype=f32, buffer=sbuf)
             for h0 in range(0, block, half):
                 cs = slice(h0, h0 + half)
-                decayed = combined(theta_t[:, cs], scaled(theta_t[:, cs], 1e-5, rows), nl.subtract, rows)
-                m_new = combined(scaled(m_t[:, cs], 0.9, rows), scaled(g_t[:, cs], 0.1, rows), nl.add, rows)
-                step = scaled(m_new, 0.01, rows)
-                v_decayed = scaled(v_t[:, cs], 0.999, rows)
-                g2 = combined(scaled(g_t[:, cs], 0.001, rows), g_t[:, cs], nl.multiply, rows)
-                v_new = combined(v_decayed, g2, nl.add, rows)
-                root = nl.ndarray((rows, half), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.activation(dst=root, op=nl.sqrt, data=v_new, bias=zero[0:rows, :], scale=1000.0)
-                denom = nl.ndarray((rows, half), dtype=nl.float32, buffer=nl.sbuf)
+                th, mh, vh, gh = theta_t[:, cs], m_t[:, cs], v_t[:, cs], g_t[:, cs]
+                # theta - 1e-5 theta
+                wd = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.tensor_scalar(dst=wd, data=th, op0=nl.multiply, operand0=1e-5, reverse0=True,
+                                   engine=scalar)
+                decayed = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.tensor_tensor(dst=decayed, data1=th, data2=wd, op=nl.subtract, engine=vector)
+                # 0.01 (0.9 m + 0.1 g)
+                m_part = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.tensor_scalar(dst=m_part, data=mh, op0=nl.multiply, operand0=0.9, reverse0=True,
+                                   engine=scalar)
+                g_part = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.tensor_scalar(dst=g_part, data=gh, op0=nl.multiply, operand0=0.1, reverse0=True,
+                                   engine=scalar)
+                m_new = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.tensor_tensor(dst=m_new, data1=m_part, data2=g_part, op=nl.add, engine=vector)
+                step = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.tensor_scalar(dst=step, data=m_new, op0=nl.multiply, operand0=0.01, reverse0=True,
+                                   engine=scalar)
+                # 0.999 v + 0.001 g g
+                v_part = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.tensor_scalar(dst=v_part, data=vh, op0=nl.multiply, operand0=0.999, reverse0=True,
+                                   engine=scalar)
+                g_scaled = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.tensor_scalar(dst=g_scaled, data=gh, op0=nl.multiply, operand0=0.001, reverse0=True,
+                                   engine=scalar)
+                g2 = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.tensor_tensor(dst=g2, data1=g_scaled, data2=gh, op=nl.multiply, engine=vector)
+                v_new = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.tensor_tensor(dst=v_new, data1=v_part, data2=g2, op=nl.add, engine=vector)
+                # 1 / (sqrt(1000 v_new) + 1e-8)
+                root = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.activation(dst=root, op=nl.sqrt, data=v_new, bias=zero[0:n, :], scale=1000.0)
+                denom = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
                 nisa.tensor_scalar(dst=denom, data=root, op0=nl.add, operand0=1e-8, engine=scalar)
-                inv = nl.ndarray((rows, half), dtype=nl.float32, buffer=nl.sbuf)
+                inv = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
                 nisa.reciprocal(dst=inv, data=denom)
-                update = combined(step, inv, nl.multiply, rows)
+                update = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.tensor_tensor(dst=update, data1=step, data2=inv, op=nl.multiply, engine=vector)
                 nisa.tensor_tensor(dst=new_theta[:, cs], data1=decayed, data2=update, op=nl.subtract,
                                    engine=vector)
-            nisa.dma_copy(dst=out[r0:r0 + rows, c0:c0 + block], src=new_theta)
+            nisa.dma_copy(dst=out[rs, cb], src=new_theta)
     return out
