@@ -6,7 +6,10 @@ the same tiles, loop order, instructions and engines. Where the beta-1 code left
 choice to the compiler (``nl.copy``, ``engine=unknown``, block-dimension buffering) the
 port takes the engine the published profile shows busy (VectorE / ScalarE active %), and
 allocates each block's tile inside its loop (the compiler's buffering is then the cost
-model's finite buffering). What the compiler did beyond that (spills, reordering) is not
+model's finite buffering). Beta-1 ``nisa.reciprocal`` left its engine to the compiler
+(Neuron 2.21 docstring: ScalarE or VectorE, VectorE "about 8x lower" throughput); every port
+runs it on ScalarE (``activation(reciprocal)``): with it on VectorE, silu's and adamw's
+modeled VectorE time would exceed their profiles' whole VectorE busy time. What the compiler did beyond that (spills, reordering) is not
 reproduced; the rows' notes say where that matters.
 """
 
@@ -132,9 +135,8 @@ def adamw(theta, g, m, v):
     ScalarE here, because the profile's ScalarE 61.6 % busy (1.23 ms, 3.6 us per half) is
     eight ~0.45 us ScalarE instructions per half (silu's profile: 0.47 us per 512-column
     activation), not the single sqrt. The element-wise tensor-tensor ops (nl.add/subtract/
-    multiply) run on VectorE (the profile: VectorE 90 %, GpSimd 0.6 %), and nisa.reciprocal
-    is a VectorE instruction (its beta-1 and beta-2 docstrings). The model puts twice the
-    profile's VectorE time on these: the rows' notes say why."""
+    multiply) run on VectorE (the profile: VectorE 90 %, GpSimd 0.6 %); nisa.reciprocal runs
+    on ScalarE, as in every port (module docstring)."""
     rows_total, cols = theta.shape
     block, half = 1024, 512
     if cols % block:
@@ -198,7 +200,7 @@ def adamw(theta, g, m, v):
                 denom = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
                 nisa.tensor_scalar(dst=denom, data=root, op0=nl.add, operand0=1e-8, engine=scalar)
                 inv = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
-                nisa.reciprocal(dst=inv, data=denom)
+                nisa.activation(dst=inv, op=nl.reciprocal, data=denom)
                 update = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
                 nisa.tensor_tensor(dst=update, data1=step, data2=inv, op=nl.multiply, engine=vector)
                 nisa.tensor_tensor(dst=new_theta[:, cs], data1=decayed, data2=update, op=nl.subtract,
