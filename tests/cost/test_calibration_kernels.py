@@ -24,6 +24,7 @@ import torch
 from tests._helpers import TOLERANCES
 
 ROOT = Path(__file__).resolve().parents[2]
+U32 = 2.0 ** -24   # fp32 unit roundoff
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +68,11 @@ COVERED = {
     "mamba:mamba[version=v2]": "test_mamba_follows_the_selective_scan_recurrence",
     "mamba:mamba[version=v3]": "test_mamba_follows_the_selective_scan_recurrence",
     "mamba:mamba[version=accelopt]": "test_mamba_follows_the_selective_scan_recurrence",
+    "nkibench:adamw": "test_adamw_port_computes_the_nkibench_reference",
+    "nkibench:rmsnorm_matmul": "test_rmsnorm_matmul_matches_the_numpy_reference",
+    "nkibench:add_rmsnorm_matmul": "test_add_rmsnorm_matmul_matches_the_numpy_reference",
+    "nkibench:matmul_add_rmsnorm": "test_matmul_add_rmsnorm_matches_the_reference",
+    "nkibench:transpose_matmul": "test_transpose_matmul_matches_the_reference",
 }
 
 
@@ -260,3 +266,207 @@ def test_mamba_rejects_an_unknown_version(calibrate):
     with pytest.raises(ValueError, match="version='v4'"):
         simulate(calibrate, "mamba:mamba", "trn1", delta=x, u=x, a=torch.randn(128, 2), b=torch.randn(2, 4),
                  c=torch.randn(2, 4), version="v4")
+
+
+# ---------------------------------------------------------------------------------------
+# nkibench.adamw (NKIBench adamw_M10944_N2048; reference NKIBench/reference/
+# adamw_M10944_N2048_numpy_1.py: theta, g, m ~ N(0, 1), v = |N(0, 1)|)
+
+def _adamw_reference(theta, g, m, v):
+    """The numpy reference's step in float64; also the update term, whose size bounds the
+    rounding error of the fp32 result."""
+    theta, g, m, v = (t.double() for t in (theta, g, m, v))
+    decayed = theta - 1e-5 * theta
+    m_t = 0.9 * m + 0.1 * g
+    v_t = 0.999 * v + 0.001 * g * g
+    update = 0.01 * m_t / (torch.sqrt(v_t * 1000) + 1e-8)
+    return decayed - update, update
+
+
+def _adamw_inputs(rows, cols, seed):
+    gen = torch.Generator().manual_seed(seed)
+    theta, g, m, v = (torch.randn(rows, cols, generator=gen) for _ in range(4))
+    return {"theta": theta, "g": g, "m": m, "v": v.abs()}
+
+
+@pytest.mark.parametrize("rows, cols", [(320, 3072), (384, 1024)])
+def test_adamw_port_computes_the_nkibench_reference(calibrate, rows, cols):
+    # 320 rows: two full row tiles and a 64-row one (the beta-1 kernel's row mask, as at
+    # M = 10944); 3072 columns: three 1024-column blocks. 384 x 1024: tile-exact.
+    args = _adamw_inputs(rows, cols, seed=rows + cols)
+    out = simulate(calibrate, "nkibench:adamw", "trn1", **args).outputs
+    ref, update = _adamw_reference(**args)
+    assert out.shape == (rows, cols) and out.dtype == torch.float32
+    assert torch.isfinite(out).all()   # the output is NaN-poisoned: every element was stored
+    # fp32 chain: ~10 roundings (each <= 2^-24 relative) on the decayed theta and on the
+    # update, whose sqrt and reciprocal can make it larger than theta where v and g are
+    # small; 1e-6 of |decayed| + |update| is ~16 roundings' worth.
+    bound = 1e-6 * (ref.abs() + 2 * update.abs()) + 1e-12
+    err = (out.double() - ref).abs()
+    assert (err <= bound).all(), f"max error {err.max():.3g}, worst ratio {(err / bound).max():.3g}"
+
+
+def test_adamw_port_rejects_columns_that_are_not_whole_blocks(calibrate):
+    args = _adamw_inputs(128, 1536, seed=1)
+    with pytest.raises(ValueError, match=r"theta.shape\[1\]=1536 must be a multiple of 1024"):
+        simulate(calibrate, "nkibench:adamw", "trn1", **args)
+
+
+# ---------------------------------------------------------------------------------------
+# shared by the NKIBench matmul ports
+
+def _fp32_matmul_bound(y: torch.Tensor, w: torch.Tensor, k: int) -> torch.Tensor:
+    """Elementwise error bound of an fp32 y @ w with y itself computed in fp32 from a
+    K-term sum of squares: gamma_K (K roundings of the dot product's accumulation) plus the
+    normalisation's relative error (the sum of squares' K roundings, halved by the rsqrt,
+    and a few roundings of rsqrt and the multiplies), both times |y| @ |w|. u = 2^-24."""
+    return (2 * k + 16) * 2.0 ** -24 * (y.abs() @ w.abs())
+
+
+# ---------------------------------------------------------------------------- rmsnorm_matmul
+# NKIBench rmsnorm_matmul_M4096_N2048_K1024 (reference rmsnorm_matmul_..._numpy_1.py):
+# x / sqrt(sum(x^2 / K, axis=1)) @ w, on x [T, 128, K] and w [K/128, 128, N].
+
+def _rmsnorm_matmul_ref(x, w):
+    xd = x.double().reshape(-1, x.shape[2])
+    y = xd / torch.sqrt((xd.square() / x.shape[2]).sum(dim=1, keepdim=True))
+    wd = w.double().reshape(-1, w.shape[2])
+    return y, wd, (y @ wd).reshape(x.shape[0], x.shape[1], w.shape[2])
+
+
+def test_rmsnorm_matmul_matches_the_numpy_reference(calibrate):
+    # 6 row tiles in 2 blocks of 3, K = 3 x 512 (12 K tiles), N = one 1024-column part
+    x = torch.randn(6, 128, 1536)
+    w = torch.randn(12, 128, 1024)
+    out = simulate(calibrate, "nkibench:rmsnorm_matmul", "trn1", x=x, w=w,
+                        rows_per_block=3).outputs
+    y, wd, ref = _rmsnorm_matmul_ref(x, w)
+    bound = _fp32_matmul_bound(y, wd, 1536).reshape(ref.shape)
+    err = (torch.as_tensor(out).double() - ref).abs()
+    assert out.shape == (6, 128, 1024) and bool((err <= bound).all()), float((err / bound).max())
+
+
+@pytest.mark.parametrize("x_shape, w_shape, block, match", [
+    ((3, 64, 512), (4, 64, 1024), 3, r"x.shape\[1\]=64"),
+    ((3, 128, 640), (5, 128, 1024), 3, r"x.shape\[2\]=640 must be a multiple of 512"),
+    ((3, 128, 512), (8, 128, 1024), 3, r"equal w.shape\[0\] x 128 = 1024"),
+    ((3, 128, 512), (4, 128, 512), 3, r"w.shape\[2\]=512 must be a multiple of 1024"),
+    ((3, 128, 512), (4, 128, 1024), 2, r"x.shape\[0\]=3 must be a multiple of rows_per_block=2"),
+])
+def test_rmsnorm_matmul_rejects_shapes_it_does_not_tile(calibrate, x_shape, w_shape, block, match):
+    with pytest.raises(ValueError, match=match):
+        simulate(calibrate, "nkibench:rmsnorm_matmul", "trn1", x=torch.randn(x_shape),
+                      w=torch.randn(w_shape), rows_per_block=block)
+
+
+# ------------------------------------------------------------------------ add_rmsnorm_matmul
+# NKIBench add_rmsnorm_matmul_M4096_N2048_K1024 (reference add_rmsnorm_matmul_..._numpy_1.py):
+# y = x + z; y / sqrt(sum(y^2 / K) + eps) * g @ w.
+
+def _add_rmsnorm_matmul_ref(x, w, eps, z, g):
+    y = x.double() + z.double()
+    t = (y.square() / y.shape[-1]).sum(dim=-1, keepdim=True) + eps
+    y = y / torch.sqrt(t) * g.double()
+    return y, w.double(), y @ w.double()
+
+
+def test_add_rmsnorm_matmul_matches_the_numpy_reference(calibrate):
+    # M, K = 3 tiles of 128 (K < 512: g's broadcast takes one partial 512-column piece),
+    # N = 3 x 512; eps = 0.5 is large against mean(y^2) ~ 2, so a lost eps shows (~12 %)
+    m, k, n, eps = 384, 384, 1536, 0.5
+    x, z, w, g = torch.randn(m, k), torch.randn(m, k), torch.randn(k, n), torch.randn(k)
+    out = simulate(calibrate, "nkibench:add_rmsnorm_matmul", "trn1", x_tensor=x,
+                        w_tensor=w, eps=eps, z_tensor=z, g_tensor=g).outputs
+    y, wd, ref = _add_rmsnorm_matmul_ref(x, w, eps, z, g)
+    err = (torch.as_tensor(out).double() - ref).abs()
+    bound = _fp32_matmul_bound(y, wd, k)
+    assert out.shape == (m, n) and bool((err <= bound).all()), float((err / bound).max())
+
+
+@pytest.mark.parametrize("shapes, match", [
+    (((256, 128), (128, 512), (256, 256), (128,)), r"z_tensor.shape=\(256, 256\) must equal"),
+    (((256, 128), (256, 512), (256, 128), (128,)), r"w_tensor.shape\[0\]=256"),
+    (((256, 128), (128, 512), (256, 128), (64,)), r"g_tensor.shape=\(64,\)"),
+    (((200, 128), (128, 512), (200, 128), (128,)), r"M and K must be multiples of 128"),
+    (((256, 128), (128, 640), (256, 128), (128,)), r"w_tensor.shape\[1\]=640 must be a multiple of 512"),
+])
+def test_add_rmsnorm_matmul_rejects_shapes_it_does_not_tile(calibrate, shapes, match):
+    x, w, z, g = (torch.randn(s) for s in shapes)
+    with pytest.raises(ValueError, match=match):
+        simulate(calibrate, "nkibench:add_rmsnorm_matmul", "trn1", x_tensor=x,
+                      w_tensor=w, eps=1e-5, z_tensor=z, g_tensor=g)
+
+
+def _output(result):
+    return result.outputs[0] if isinstance(result.outputs, (list, tuple)) else result.outputs
+
+
+# --------------------------------------------------------------------- matmul_add_rmsnorm
+
+def _matmul_add_rmsnorm_reference(x, w, eps, z, g):
+    """NKIBench's numpy forward in float64: y = x @ w + z; y * g / sqrt(mean(y ** 2) + eps)."""
+    y = x.double() @ w.double() + z.double()
+    rms = torch.sqrt((y * y).mean(-1, keepdim=True) + eps)
+    return y * g.double() / rms, y, rms
+
+
+def test_matmul_add_rmsnorm_matches_the_reference(calibrate):
+    # 3 row blocks, 3 K tiles, 3 N chunks of 512 (odd counts of every tile).
+    M, K, N = 3 * 128, 3 * 128, 3 * 512
+    gen = torch.Generator().manual_seed(11)
+    # x scaled so that mean(y ** 2) ~ 2 and eps = 0.25 visibly shifts the rms
+    x = torch.randn(M, K, generator=gen) / K ** 0.5
+    w = torch.randn(K, N, generator=gen)
+    z = torch.randn(M, N, generator=gen)
+    g = torch.randn(N, generator=gen)
+    eps = 0.25
+    out = _output(simulate(calibrate, "nkibench:matmul_add_rmsnorm", "trn1", x_tensor=x, w_tensor=w, eps=eps,
+                                z_tensor=z, g_tensor=g)).double()
+    ref, y, rms = _matmul_add_rmsnorm_reference(x, w, eps, z, g)
+    # Forward error bound of fp32: y's K products summed plus z, (K + 2) u (|x| @ |w| + |z|)
+    # per element; the rms's relative error is at most mean(|y| E) / mean(y^2) (squares),
+    # N u (the row sum) and a few ulp for the divide, add and rsqrt; out = y g / rms.
+    err_y = (K + 2) * U32 * (x.double().abs() @ w.double().abs() + z.double().abs())
+    rel_rms = (y.abs() * err_y).mean(-1, keepdim=True) / (y * y).mean(-1, keepdim=True) + (N + 8) * U32
+    tol = g.double().abs() / rms * err_y + ref.abs() * (rel_rms + 4 * U32)
+    assert out.shape == (M, N)
+    bad = ~((out - ref).abs() <= tol)   # NaN (an element never written) counts as off
+    assert not bool(bad.any()), f"{int(bad.sum())} elements off; max error {(out - ref).abs().max():.3g}"
+
+
+def test_matmul_add_rmsnorm_rejects_shapes_off_its_tiles(calibrate):
+    gen = torch.Generator().manual_seed(12)
+    x, w = torch.randn(128, 128, generator=gen), torch.randn(128, 640, generator=gen)
+    z, g = torch.randn(128, 640, generator=gen), torch.randn(640, generator=gen)
+    with pytest.raises(ValueError, match=r"w_tensor.shape\[1\] \(N\)=640 must be a multiple of 512"):
+        simulate(calibrate, "nkibench:matmul_add_rmsnorm", "trn1", x_tensor=x, w_tensor=w, eps=1e-5, z_tensor=z,
+                      g_tensor=g)
+
+
+# ------------------------------------------------------------------------ transpose_matmul
+
+def test_transpose_matmul_matches_the_reference(calibrate):
+    # NKIBench's layouts: lhs [K, M] as [128, K/128, M], rhs [K, N] as [128, K/128, N]. M = 9
+    # tiles (a full 1024-column block and a 128-column one), 3 K tiles, N = 1224: a full
+    # 1024-column block and a partial one of 200 (beta-1's masked tail, here < 512).
+    M, KT, N = 9 * 128, 3, 1224
+    K = 128 * KT
+    gen = torch.Generator().manual_seed(13)
+    lhs = torch.randn(K, M, generator=gen)
+    rhs = torch.randn(K, N, generator=gen)
+    out = _output(simulate(calibrate, "nkibench:transpose_matmul", "trn1", lhs=lhs.reshape(128, KT, M),
+                                rhs=rhs.reshape(128, KT, N)))
+    assert out.shape == (M // 128, 128, N)
+    out = out.reshape(M, N).double()
+    ref = lhs.double().T @ rhs.double()
+    # fp32 dot products of K terms: |error| <= K u sum_k |lhs_km| |rhs_kn|
+    tol = K * U32 * (lhs.double().abs().T @ rhs.double().abs())
+    bad = ~((out - ref).abs() <= tol)   # NaN (an element never written) counts as off
+    assert not bool(bad.any()), f"{int(bad.sum())} elements off; max error {(out - ref).abs().max():.3g}"
+
+
+def test_transpose_matmul_rejects_m_off_the_partition_tile(calibrate):
+    gen = torch.Generator().manual_seed(14)
+    with pytest.raises(ValueError, match=r"lhs.shape\[2\] \(M\)=200 must be a multiple of 128"):
+        simulate(calibrate, "nkibench:transpose_matmul", "trn1", lhs=torch.randn(128, 1, 200, generator=gen),
+                      rhs=torch.randn(128, 1, 256, generator=gen))

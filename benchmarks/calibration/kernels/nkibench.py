@@ -6,7 +6,10 @@ the same tiles, loop order, instructions and engines. Where the beta-1 code left
 choice to the compiler (``nl.copy``, ``engine=unknown``, block-dimension buffering) the
 port takes the engine the published profile shows busy (VectorE / ScalarE active %), and
 allocates each block's tile inside its loop (the compiler's buffering is then the cost
-model's finite buffering). What the compiler did beyond that (spills, reordering) is not
+model's finite buffering). Beta-1 ``nisa.reciprocal`` left its engine to the compiler
+(Neuron 2.21 docstring: ScalarE or VectorE, VectorE "about 8x lower" throughput); every port
+runs it on ScalarE (``activation(reciprocal)``): with it on VectorE, silu's and adamw's
+modeled VectorE time would exceed their profiles' whole VectorE busy time. What the compiler did beyond that (spills, reordering) is not
 reproduced; the rows' notes say where that matters.
 """
 
@@ -115,4 +118,92 @@ def rope_optimized(x_in, cos, sin):
         o_cos = product(load(x_in[half:d_head, cols]), load(cos[:, cols]), nl.multiply)
         nisa.dma_copy(dst=out[0:half, cols], src=product(e_cos, o_sin, nl.subtract))
         nisa.dma_copy(dst=out[half:d_head, cols], src=product(o_cos, e_sin, nl.add))
+    return out
+
+
+@nki.jit
+def adamw(theta, g, m, v):
+    """NKIBench adamw_M10944_N2048: one AdamW step with the reference's constants, fp32
+    [M, N] arrays (M any size, N a multiple of 1024) -> the new theta:
+
+        theta - 1e-5 theta - 0.01 (0.9 m + 0.1 g) / (sqrt(1000 (0.999 v + 0.001 g g)) + 1e-8)
+
+    Per [128, 1024] block (the last row tile holds M % 128 rows: the beta-1 kernel's row
+    mask), in row-tile-major order: four loads (theta, m, v, g, in the beta-1 order); per
+    512-column half fifteen instructions in the beta-1 order; one store. The beta-1 kernel
+    leaves the engine of its seven tensor_scalar products/sums to the compiler: they run on
+    ScalarE here, because the profile's ScalarE 61.6 % busy (1.23 ms, 3.6 us per half) is
+    eight ~0.45 us ScalarE instructions per half (silu's profile: 0.47 us per 512-column
+    activation), not the single sqrt. The element-wise tensor-tensor ops (nl.add/subtract/
+    multiply) run on VectorE (the profile: VectorE 90 %, GpSimd 0.6 %); nisa.reciprocal runs
+    on ScalarE, as in every port (module docstring)."""
+    rows_total, cols = theta.shape
+    block, half = 1024, 512
+    if cols % block:
+        raise ValueError(f"adamw: theta.shape[1]={cols} must be a multiple of {block} (the beta-1 "
+                         "kernel's column block)")
+    out = nl.ndarray(theta.shape, dtype=theta.dtype, buffer=nl.shared_hbm)
+    zero = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)   # the sqrt's bias
+    nisa.memset(dst=zero, value=0.0)
+    f32, sbuf = nl.float32, nl.sbuf
+    scalar, vector = nisa.engine.scalar, nisa.engine.vector
+    # Every tile is allocated on its own line: the cost model's buffer rotation groups tiles
+    # by allocation site, and each beta-1 array is its own buffer family.
+    for r0 in range(0, rows_total, P):
+        n = min(P, rows_total - r0)   # the last row tile holds M % 128 rows (beta-1's mask)
+        for c0 in range(0, cols, block):
+            rs, cb = slice(r0, r0 + n), slice(c0, c0 + block)
+            theta_t = nl.ndarray((n, block), dtype=f32, buffer=sbuf)
+            nisa.dma_copy(dst=theta_t, src=theta[rs, cb])
+            m_t = nl.ndarray((n, block), dtype=f32, buffer=sbuf)
+            nisa.dma_copy(dst=m_t, src=m[rs, cb])
+            v_t = nl.ndarray((n, block), dtype=f32, buffer=sbuf)
+            nisa.dma_copy(dst=v_t, src=v[rs, cb])
+            g_t = nl.ndarray((n, block), dtype=f32, buffer=sbuf)
+            nisa.dma_copy(dst=g_t, src=g[rs, cb])
+            new_theta = nl.ndarray((n, block), dtype=f32, buffer=sbuf)
+            for h0 in range(0, block, half):
+                cs = slice(h0, h0 + half)
+                th, mh, vh, gh = theta_t[:, cs], m_t[:, cs], v_t[:, cs], g_t[:, cs]
+                # theta - 1e-5 theta
+                wd = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.tensor_scalar(dst=wd, data=th, op0=nl.multiply, operand0=1e-5, reverse0=True,
+                                   engine=scalar)
+                decayed = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.tensor_tensor(dst=decayed, data1=th, data2=wd, op=nl.subtract, engine=vector)
+                # 0.01 (0.9 m + 0.1 g)
+                m_part = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.tensor_scalar(dst=m_part, data=mh, op0=nl.multiply, operand0=0.9, reverse0=True,
+                                   engine=scalar)
+                g_part = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.tensor_scalar(dst=g_part, data=gh, op0=nl.multiply, operand0=0.1, reverse0=True,
+                                   engine=scalar)
+                m_new = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.tensor_tensor(dst=m_new, data1=m_part, data2=g_part, op=nl.add, engine=vector)
+                step = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.tensor_scalar(dst=step, data=m_new, op0=nl.multiply, operand0=0.01, reverse0=True,
+                                   engine=scalar)
+                # 0.999 v + 0.001 g g
+                v_part = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.tensor_scalar(dst=v_part, data=vh, op0=nl.multiply, operand0=0.999, reverse0=True,
+                                   engine=scalar)
+                g_scaled = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.tensor_scalar(dst=g_scaled, data=gh, op0=nl.multiply, operand0=0.001, reverse0=True,
+                                   engine=scalar)
+                g2 = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.tensor_tensor(dst=g2, data1=g_scaled, data2=gh, op=nl.multiply, engine=vector)
+                v_new = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.tensor_tensor(dst=v_new, data1=v_part, data2=g2, op=nl.add, engine=vector)
+                # 1 / (sqrt(1000 v_new) + 1e-8)
+                root = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.activation(dst=root, op=nl.sqrt, data=v_new, bias=zero[0:n, :], scale=1000.0)
+                denom = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.tensor_scalar(dst=denom, data=root, op0=nl.add, operand0=1e-8, engine=scalar)
+                inv = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.activation(dst=inv, op=nl.reciprocal, data=denom)
+                update = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
+                nisa.tensor_tensor(dst=update, data1=step, data2=inv, op=nl.multiply, engine=vector)
+                nisa.tensor_tensor(dst=new_theta[:, cs], data1=decayed, data2=update, op=nl.subtract,
+                                   engine=vector)
+            nisa.dma_copy(dst=out[rs, cb], src=new_theta)
     return out
