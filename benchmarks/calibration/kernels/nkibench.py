@@ -207,3 +207,191 @@ def adamw(theta, g, m, v):
                                    engine=vector)
             nisa.dma_copy(dst=out[rs, cb], src=new_theta)
     return out
+
+
+
+@nki.jit
+def rmsnorm_matmul(x, w, rows_per_block=8):
+    """NKIBench rmsnorm_matmul_M4096_N2048_K1024: x [T, 128, K] (row tiles), w [K/128, 128, N],
+    fp32 -> (x / sqrt(mean(x^2, axis=-1))) @ w as [T, 128, N]; the profiled shape is
+    T = 32, K = 1024, N = 2048 (rows_per_block = 8, as the beta-1 code's i0/i1 loops).
+
+    Per block of ``rows_per_block`` row tiles, per row tile: load x [128, K]; per 512-column
+    part: ScalarE square (zero bias tile), multiply by 1/K, VectorE tensor_reduce, and the
+    beta-1 loop_reduce as a VectorE [128, 1] copy (first part) or add (later parts); ScalarE
+    rsqrt; per 512-column part: multiply by the rsqrt column, then per 128-column piece a
+    TensorE transpose (nc_matmul is_transpose against the identity) and its PSUM -> SBUF
+    copy. Then per 1024-column part of N: load the K/128 weight tiles [128, 1024] of the
+    block, and per row tile, per 512 columns, accumulate the K/128 matmuls in one PSUM
+    tile, copy it out and store [128, 1024].
+
+    Engines the beta-1 code left to the compiler (the two tensor_scalar multiplies, the
+    loop_reduce and the nl.copy PSUM -> SBUF copies): the profile shows VectorE 3.9 %
+    (41 us, about the 64 [128, 512] tensor_reduces alone) and ScalarE 17.8 % busy, so every
+    full-size one goes to ScalarE (the copies as activation(copy): NeuronCore-v2's ScalarE
+    has no tensor_copy) and the [128, 1] loop_reduce to VectorE.
+
+    x is loaded once per row tile, not twice as the beta-1 code writes it: the profile's HBM
+    reads (39,387,136 B) are below x twice (33,554,432 B) plus one w (8,388,608 B), so the
+    compiler merged the two identical loads. w is loaded once per block as written (32 MiB
+    in all; the profile's 21.5 MiB says the compiler kept part of it resident across
+    blocks, which the port does not reproduce)."""
+    tiles, parts, k_size = x.shape
+    k_tiles, _, n_size = w.shape
+    part, n_part = 512, 1024        # the beta-1 code's column tiles of x and of w/out
+    if parts != P or w.shape[1] != P:
+        raise ValueError(f"x.shape[1]={parts} and w.shape[1]={w.shape[1]} must be {P} (partitions)")
+    if k_size % part or k_tiles * P != k_size:
+        raise ValueError(f"x.shape[2]={k_size} must be a multiple of {part} and equal w.shape[0] x {P} "
+                         f"= {k_tiles * P}")
+    if n_size % n_part:
+        raise ValueError(f"w.shape[2]={n_size} must be a multiple of {n_part}")
+    if tiles % rows_per_block:
+        raise ValueError(f"x.shape[0]={tiles} must be a multiple of rows_per_block={rows_per_block}")
+    pieces = part // P
+    out = nl.ndarray((tiles, P, n_size), dtype=x.dtype, buffer=nl.shared_hbm)
+    zero = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=zero, value=0.0)
+    ident = nl.shared_identity_matrix(P, dtype=nl.float32)
+    for b in range(tiles // rows_per_block):
+        xT = {}                     # (row tile, k tile) -> x^T [128 (k), 128 (rows)]
+        for r in range(rows_per_block):
+            xt = nl.ndarray((P, k_size), dtype=x.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=xt, src=x[b * rows_per_block + r])
+            ssum = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            for h in range(k_size // part):
+                cols = slice(h * part, (h + 1) * part)
+                sq = nl.ndarray((P, part), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.activation(dst=sq, op=nl.square, data=xt[:, cols], bias=zero, scale=1.0)
+                sc = nl.ndarray((P, part), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_scalar(dst=sc, data=sq, op0=nl.multiply, operand0=1.0 / k_size,
+                                   engine=nisa.engine.scalar)
+                part_sum = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_reduce(dst=part_sum, op=nl.add, data=sc, axis=1)
+                if h == 0:
+                    nisa.tensor_copy(dst=ssum, src=part_sum, engine=nisa.engine.vector)
+                else:
+                    nisa.tensor_tensor(dst=ssum, data1=ssum, data2=part_sum, op=nl.add,
+                                       engine=nisa.engine.vector)
+            rinv = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=rinv, op=nl.rsqrt, data=ssum, bias=zero, scale=1.0)
+            for h in range(k_size // part):
+                xn = nl.ndarray((P, part), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_scalar(dst=xn, data=xt[:, h * part:(h + 1) * part], op0=nl.multiply,
+                                   operand0=rinv, engine=nisa.engine.scalar)
+                for q in range(pieces):
+                    tp = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
+                    nisa.nc_matmul(dst=tp, stationary=xn[:, q * P:(q + 1) * P], moving=ident,
+                                   is_transpose=True)
+                    t = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.activation(dst=t, op=nl.copy, data=tp)
+                    xT[r, h * pieces + q] = t
+        for c in range(n_size // n_part):
+            wt = []
+            for k in range(k_tiles):
+                t = nl.ndarray((P, n_part), dtype=w.dtype, buffer=nl.sbuf)
+                nisa.dma_copy(dst=t, src=w[k, :, c * n_part:(c + 1) * n_part])
+                wt.append(t)
+            for r in range(rows_per_block):
+                ot = nl.ndarray((P, n_part), dtype=x.dtype, buffer=nl.sbuf)
+                for j in range(n_part // part):
+                    cols = slice(j * part, (j + 1) * part)
+                    acc = nl.ndarray((P, part), dtype=nl.float32, buffer=nl.psum)
+                    for k in range(k_tiles):
+                        nisa.nc_matmul(dst=acc, stationary=xT[r, k], moving=wt[k][:, cols])
+                    nisa.activation(dst=ot[:, cols], op=nl.copy, data=acc)
+                nisa.dma_copy(dst=out[b * rows_per_block + r, :, c * n_part:(c + 1) * n_part], src=ot)
+    return out
+
+
+@nki.jit
+def add_rmsnorm_matmul(x_tensor, w_tensor, eps, z_tensor, g_tensor):
+    """NKIBench add_rmsnorm_matmul_M4096_N2048_K1024: x, z [M, K], w [K, N], g [K], fp32 ->
+    (y / sqrt(mean(y^2, axis=-1) + eps) * g) @ w with y = x + z, [M, N].
+
+    Per 128-row tile: load x and z [128, K]; VectorE add; ScalarE square; VectorE sum
+    (tensor_reduce); [128, 1] divide by K and add eps (VectorE); ScalarE rsqrt; multiply by
+    it (ScalarE) and by the broadcast g (VectorE, in place); then per 512 columns of N, per
+    128 rows of K: TensorE transpose of the [128, 128] piece (nc_matmul is_transpose
+    against the identity), its PSUM -> SBUF copy and the matmul accumulating in one PSUM
+    tile [128, 512]; copy that out and store it.
+
+    What the compiler did to the beta-1 code, read off the profile: its HBM reads
+    (42,012,672 B) are exactly x + z + w + g + a 128 x 128 fp32 identity, so the w tiles
+    the code loads inside the row loop were hoisted out of it (loaded once, before the
+    loop, here) and each nl.matmul's stationary operand was transposed on TensorE with the
+    identity (the profile's transpose FLOPs are 4x rmsnorm_matmul's 256 transposes: one per
+    (row tile, 512 columns, 128 rows of K)); g's broadcast to 128 partitions is a TensorE
+    outer product with a ones row (the profile's hardware FLOPs exceed 2x the matmuls' plus
+    the transposes' by 262,144), done once. nl.add / nl.multiply of two tiles and nl.sum go
+    to VectorE (tensor_tensor's and tensor_reduce's default engine), as do the [128, 1]
+    scalar steps (tensor_scalar's default); nl.square and nl.rsqrt are ScalarE activations;
+    the rest (the multiply by the rsqrt column and every
+    nl.copy / PSUM -> SBUF copy) goes to ScalarE, as the profile's VectorE 14.8 % (181 us,
+    about the add, the g multiply and the sums alone) leaves them no room on VectorE."""
+    m_size, k_size = x_tensor.shape
+    n_size = w_tensor.shape[1]
+    tile_n = 512                    # the beta-1 code's TILE_N (a PSUM bank of fp32)
+    if z_tensor.shape != x_tensor.shape:
+        raise ValueError(f"z_tensor.shape={tuple(z_tensor.shape)} must equal x_tensor.shape={tuple(x_tensor.shape)}")
+    if w_tensor.shape[0] != k_size or tuple(g_tensor.shape) != (k_size,):
+        raise ValueError(f"w_tensor.shape[0]={w_tensor.shape[0]} and g_tensor.shape={tuple(g_tensor.shape)} "
+                         f"must match K=x_tensor.shape[1]={k_size}")
+    if m_size % P or k_size % P:
+        raise ValueError(f"x_tensor.shape={tuple(x_tensor.shape)}: M and K must be multiples of {P}")
+    if n_size % tile_n:
+        raise ValueError(f"w_tensor.shape[1]={n_size} must be a multiple of {tile_n}")
+    k_tiles = k_size // P
+    result = nl.ndarray((m_size, n_size), dtype=x_tensor.dtype, buffer=nl.shared_hbm)
+    ident = nl.shared_identity_matrix(P, dtype=nl.float32)
+    g_row = nl.ndarray((1, k_size), dtype=g_tensor.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=g_row, src=g_tensor.reshape((1, k_size)))
+    ones = nl.ndarray((1, P), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ones, value=1.0)
+    g_bcast = nl.ndarray((P, k_size), dtype=nl.float32, buffer=nl.sbuf)
+    for c0 in range(0, k_size, tile_n):
+        cols = slice(c0, min(c0 + tile_n, k_size))
+        gp = nl.ndarray((P, cols.stop - c0), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=gp, stationary=ones, moving=g_row[:, cols])
+        nisa.activation(dst=g_bcast[:, cols], op=nl.copy, data=gp)
+    w_tiles = {}                    # (n, k) -> w [128 (k), 512 (n)], hoisted out of the row loop
+    for n in range(n_size // tile_n):
+        for k in range(k_tiles):
+            t = nl.ndarray((P, tile_n), dtype=w_tensor.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=t, src=w_tensor[k * P:(k + 1) * P, n * tile_n:(n + 1) * tile_n])
+            w_tiles[n, k] = t
+    for i in range(m_size // P):
+        rows = slice(i * P, (i + 1) * P)
+        xt = nl.ndarray((P, k_size), dtype=x_tensor.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=xt, src=x_tensor[rows, :])
+        zt = nl.ndarray((P, k_size), dtype=z_tensor.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=zt, src=z_tensor[rows, :])
+        a = nl.ndarray((P, k_size), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=a, data1=xt, data2=zt, op=nl.add, engine=nisa.engine.vector)
+        sq = nl.ndarray((P, k_size), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=sq, op=nl.square, data=a)
+        ssum = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=ssum, op=nl.add, data=sq, axis=1)
+        mean = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=mean, data=ssum, op0=nl.divide, operand0=float(k_size),
+                           engine=nisa.engine.vector)
+        mean_eps = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=mean_eps, data=mean, op0=nl.add, operand0=float(eps),
+                           engine=nisa.engine.vector)
+        rms_inv = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=rms_inv, op=nl.rsqrt, data=mean_eps)
+        y = nl.ndarray((P, k_size), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=y, data=a, op0=nl.multiply, operand0=rms_inv, engine=nisa.engine.scalar)
+        nisa.tensor_tensor(dst=y, data1=y, data2=g_bcast, op=nl.multiply, engine=nisa.engine.vector)
+        for n in range(n_size // tile_n):
+            acc = nl.ndarray((P, tile_n), dtype=nl.float32, buffer=nl.psum)
+            for k in range(k_tiles):
+                tp = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
+                nisa.nc_matmul(dst=tp, stationary=y[:, k * P:(k + 1) * P], moving=ident, is_transpose=True)
+                yT = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.activation(dst=yT, op=nl.copy, data=tp)
+                nisa.nc_matmul(dst=acc, stationary=yT, moving=w_tiles[n, k])
+            res = nl.ndarray((P, tile_n), dtype=result.dtype, buffer=nl.sbuf)
+            nisa.activation(dst=res, op=nl.copy, data=acc)
+            nisa.dma_copy(dst=result[rows, n * tile_n:(n + 1) * tile_n], src=res)
+    return result
