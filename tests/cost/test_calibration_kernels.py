@@ -111,6 +111,21 @@ def test_dma_stream_copies_each_block_into_its_own_column_slice(calibrate, rows,
     assert back.reads[0].alloc_id == tile
 
 
+# Each copy moves a whole [rows/count, cols] block: rows left over by the division, a width
+# other than cols, or no copies at all are refused before any transfer.
+
+@pytest.mark.parametrize("rows, width, count, cols, match", [
+    (257, 8, 2, 8, r"src.shape\[0\]=257 must be a multiple of count=2"),     # one row left unread
+    (3 * 128 + 64, 8, 3, 8, r"src.shape\[0\]=448 must be a multiple of count=3"),
+    (256, 8, 2, 16, r"src.shape\[1\]=8 must equal cols=16"),
+    (256, 8, 0, 8, r"count=0 must be at least 1"),
+])
+def test_dma_stream_rejects_rows_that_are_not_whole_blocks(calibrate, rows, width, count, cols, match):
+    with pytest.raises(ValueError, match=match):
+        simulate(calibrate, "micro:dma_stream", "trn2", src=torch.randn(rows, width).bfloat16(), count=count,
+                 cols=cols)
+
+
 # ----------------------------------------------------------------------------- micro:activation
 # out = func(x). Tolerances: tests/_helpers.py TOLERANCES (bf16: one final rounding to 8
 # significant bits plus the ScalarE function's error; fp32: a few ulp). copy is exact.
@@ -190,6 +205,15 @@ def test_silu_is_x_times_sigmoid_x(calibrate, shape):
     torch.testing.assert_close(out.double(), xd * torch.sigmoid(xd), atol=atol, rtol=rtol)
 
 
+# Columns that are not whole 1024-column blocks (a partial last block, or less than one)
+# were left unwritten: refused.
+
+@pytest.mark.parametrize("cols", [1024 + 476, 512])
+def test_silu_rejects_columns_that_are_not_whole_blocks(calibrate, cols):
+    with pytest.raises(ValueError, match=rf"silu: x.shape\[2\]={cols} must be a multiple of 1024"):
+        simulate(calibrate, "nkibench:silu", "trn1", x=torch.randn(128, 2, cols))
+
+
 # ----------------------------------------------------------------------------- nkibench:rope_baseline, rope_optimized
 # NKIBench rope_single_freq_apply (AccelOpt NKIBench/reference/
 # rope_single_freq_apply_B1_H64_N4096_D128_numpy_1.py): x's first half x0 (partitions 0-63)
@@ -211,6 +235,21 @@ def test_rope_rotates_as_nkibench_reference(calibrate, kernel, tile):
     torch.testing.assert_close(out.double(), rope_reference(x, cos, sin), atol=atol, rtol=rtol)
     # the inputs tell the rotation from its inverse (the convention the reference fixes)
     assert not torch.allclose(out.double(), rope_reference(x, cos, -sin), atol=atol, rtol=rtol)
+
+
+# A sequence that is not whole column tiles is refused (it ran a tile past the end).
+
+@pytest.mark.parametrize("kernel, seq, tile", [
+    ("nkibench:rope_baseline", 2 * 512 + 188, 512),
+    ("nkibench:rope_baseline", 256, 512),               # less than one tile
+    ("nkibench:rope_optimized", 2048 + 452, 2048),
+    ("nkibench:rope_optimized", 3 * 512, 2048),         # whole tiles for the baseline, not here
+])
+def test_rope_rejects_a_sequence_that_is_not_whole_tiles(calibrate, kernel, seq, tile):
+    name = kernel.partition(":")[2]
+    x, cos, sin = torch.randn(128, seq), torch.randn(64, seq), torch.randn(64, seq)
+    with pytest.raises(ValueError, match=rf"{name}: x_in.shape\[1\]={seq} must be a multiple of {tile}"):
+        simulate(calibrate, kernel, "trn1", x_in=x, cos=cos, sin=sin)
 
 
 # ----------------------------------------------------------------------------- mamba:mamba (v1, v2, v3, accelopt)
@@ -259,6 +298,26 @@ def test_mamba_follows_the_selective_scan_recurrence(calibrate, version, seq):
     # a scan that dropped its state (across chunks; v1/v2: at every step) would fail
     wrong = mamba_reference(delta, u, a, b, c, restart_every=MAMBA_CHUNK if seq > MAMBA_CHUNK else 1)
     assert float((out.double() - wrong).abs().max()) > 100 * tol
+
+
+# Channels that are not whole 128-partition tiles (every version) and, for the chunked
+# versions, a sequence that is not whole 512-column chunks were silently dropped: refused.
+# (v1 and v2 take any sequence length: the test above runs them at 200.)
+
+@pytest.mark.parametrize("version, channels, seq, match", [
+    ("v1", 200, 64, r"mamba: delta.shape\[0\] \(channels\)=200 must be a multiple of 128"),
+    ("v2", 64, 64, r"mamba: delta.shape\[0\] \(channels\)=64 must be a multiple of 128"),
+    ("v3", 3 * 128 + 1, 512, r"mamba: delta.shape\[0\] \(channels\)=385 must be a multiple of 128"),
+    ("accelopt", 130, 512, r"mamba: delta.shape\[0\] \(channels\)=130 must be a multiple of 128"),
+    ("v3", 128, 512 + 188, r"mamba v3: delta.shape\[1\] \(seq\)=700 must be a multiple of 512"),
+    ("accelopt", 128, 200, r"mamba accelopt: delta.shape\[1\] \(seq\)=200 must be a multiple of 512"),
+])
+def test_mamba_rejects_shapes_that_are_not_whole_tiles(calibrate, version, channels, seq, match):
+    states = 2
+    with pytest.raises(ValueError, match=match):
+        simulate(calibrate, "mamba:mamba", "trn1", delta=torch.rand(channels, seq), u=torch.randn(channels, seq),
+                 a=-torch.rand(channels, states), b=torch.randn(states, seq), c=torch.randn(states, seq),
+                 version=version)
 
 
 def test_mamba_rejects_an_unknown_version(calibrate):

@@ -71,6 +71,12 @@ def mamba(delta, u, a, b, c, version):
     """delta, u: [channels, seq]; a: [channels, states]; b, c: [states, seq]; fp32."""
     channels, seq = delta.shape
     states = a.shape[1]
+    if channels % P:
+        raise ValueError(f"mamba: delta.shape[0] (channels)={channels} must be a multiple of {P} "
+                         "(one partition tile per 128 channels, no remainder handling)")
+    if version in ("v3", "accelopt") and seq % CHUNK:
+        raise ValueError(f"mamba {version}: delta.shape[1] (seq)={seq} must be a multiple of {CHUNK} "
+                         "(the version's sequence chunk, no remainder handling)")
     tiles = channels // P
     out = nl.ndarray((channels, seq), dtype=delta.dtype, buffer=nl.shared_hbm)
 

@@ -17,7 +17,17 @@ def dma_stream(src, count, cols):
 
     The DMA overview's throughput-vs-bytes-per-partition figure and its single-transfer
     profiles: a stream of independent transfers of one size."""
-    parts = src.shape[0] // count
+    rows, width = src.shape
+    if count < 1:
+        raise ValueError(f"dma_stream: count={count} must be at least 1")
+    if rows % count:
+        # block i is rows [i * rows/count, (i + 1) * rows/count): a remainder would be left unread
+        raise ValueError(f"dma_stream: src.shape[0]={rows} must be a multiple of count={count} "
+                         "(count equal row blocks, no remainder)")
+    if width != cols:
+        raise ValueError(f"dma_stream: src.shape[1]={width} must equal cols={cols} (each copy moves a "
+                         "whole [rows/count, cols] block)")
+    parts = rows // count
     tile = nl.ndarray((parts, count * cols), dtype=src.dtype, buffer=nl.sbuf)
     for i in range(count):
         nisa.dma_copy(dst=tile[:, i * cols:(i + 1) * cols], src=src[i * parts:(i + 1) * parts, :])

@@ -28,10 +28,13 @@ def silu(x):
     VectorE 1 + e, ScalarE reciprocal (the profile: ScalarE 31.5 %, VectorE 73.9 % busy),
     VectorE x * r."""
     parts, rows, cols = x.shape
+    block, half = 1024, 512
+    if cols % block:
+        raise ValueError(f"silu: x.shape[2]={cols} must be a multiple of {block} (the beta-1 kernel's "
+                         "column block, no remainder handling)")
     out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
     zero = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=zero, value=0.0)
-    block, half = 1024, 512
     for r in range(rows):
         for c in range(cols // block):
             xt = nl.ndarray((parts, block), dtype=x.dtype, buffer=nl.sbuf)
@@ -61,8 +64,11 @@ def rope_baseline(x_in, cos, sin):
     and a subtract/add into the two halves of the output tile; one store."""
     d_head, seq = x_in.shape
     half = d_head // 2
-    out = nl.ndarray((d_head, seq), dtype=x_in.dtype, buffer=nl.shared_hbm)
     ts = 512
+    if seq % ts:
+        raise ValueError(f"rope_baseline: x_in.shape[1]={seq} must be a multiple of {ts} (the beta-1 "
+                         "kernel's column tile, no remainder handling)")
+    out = nl.ndarray((d_head, seq), dtype=x_in.dtype, buffer=nl.shared_hbm)
     for s0 in range(0, seq, ts):
         xt = nl.ndarray((d_head, ts), dtype=x_in.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=xt, src=x_in[:, s0:s0 + ts])
@@ -97,8 +103,11 @@ def rope_optimized(x_in, cos, sin):
     [64, 2048] loads), four products, subtract/add, two [64, 2048] stores; no copy."""
     d_head, seq = x_in.shape
     half = d_head // 2
-    out = nl.ndarray((d_head, seq), dtype=x_in.dtype, buffer=nl.shared_hbm)
     ts = 2048
+    if seq % ts:
+        raise ValueError(f"rope_optimized: x_in.shape[1]={seq} must be a multiple of {ts} (AccelOpt's "
+                         "column tile, no remainder handling)")
+    out = nl.ndarray((d_head, seq), dtype=x_in.dtype, buffer=nl.shared_hbm)
 
     def load(src):
         t = nl.ndarray((half, ts), dtype=x_in.dtype, buffer=nl.sbuf)
