@@ -138,8 +138,8 @@ class Target:
     # are NOT in Estimate.latency_us (the instruction stream: what a kernel costs inside a
     # larger compiled graph, and what the main job compares); Estimate.launch_us carries
     # them for comparisons with whole-launch measurements.
-    launch_overhead_s: float = 23e-6       # [F] every launch
-    second_core_launch_s: float = 3e-6     # [F] added when the launch runs on two physical cores
+    launch_overhead_s: float = 25e-6       # [F] every launch
+    second_core_launch_s: float = 2e-6     # [F] added when the launch runs on two physical cores
     # ---- finite buffering (cost/schedule.py "Buffers") ----------------------------------
     # Tiles allocated at the same place of a kernel (the same source line and call path) in
     # successive loop iterations share this many physical buffers, rotated: tile k waits
