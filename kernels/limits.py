@@ -68,21 +68,24 @@ NORM_DECODE_MAX_ELEMENTS = 8192
 # Up to this many rows (in total, so that both LNC degrees take the same path and give the
 # same bits) the decode kernels issue per-row instructions that take a row's statistics as
 # (P, 1) operands: ScalarE accumulation, activation bias/scale, two-op VectorE instructions
-# fuse the steps. At these sizes an instruction costs mostly its fixed overhead (~220
+# fuse the steps. At these sizes an instruction costs mostly its fixed overhead (160
 # cycles), so the shorter per-row chain wins while the row count keeps the engine queues
-# short; above it, one instruction per step over all rows is faster (modeled trn2, LNC=2,
-# fp16, H = 2048..8192: at 8 rows the per-row path is 1.1-1.6 us slower; at 4 rows, since
-# LayerNorm's variance is clamped at 0 (one more VectorE step), the all-rows path is as fast
-# for LayerNorm and 0.2 us faster for RMSNorm).
-NORM_DECODE_ROW_LOOP_MAX_ROWS = 3
+# short; above it, one instruction per step over all rows is faster (modeled trn2, fp16,
+# H = 2048..8192, central values: at 3 rows the all-rows path, with LayerNorm's per-row
+# statistics below, is 0.1-0.2 us faster at LNC=2 and 0.3-1.0 us at LNC=1, and faster at
+# the pessimistic end too; at 2 rows the per-row path is 0.3 us faster at LNC=2, 0.1-0.2 us
+# slower at LNC=1). It was 3 while the fixed cost was fitted at 220 cycles.
+NORM_DECODE_ROW_LOOP_MAX_ROWS = 2
 # Above that, LayerNorm's all-rows path gives a program of at most this many rows (at LNC=2:
-# a decode step of 4 or 5 tokens) per-row instructions for its statistics and its last step
+# a decode step of 3 to 5 tokens) per-row instructions for its statistics and its last step
 # (norm_decode._centre_rows; out = y * rstd + bias in one scalar_tensor_tensor per row):
 # each row's sums are ready one fixed overhead sooner than after a VectorE pass over all rows
 # and a reduce, which is most of a 2-row step (modeled trn2, LNC=2, fp16 LayerNorm [4, H]
-# with weight and bias, us (error bar): H = 4096 6.23 (3.73-7.61) -> 6.12 (3.52-7.48);
-# 2048 6.1 (3.6-7.5) -> 6.1 (3.5-7.4); 8192 6.7 (4.2-8.1) -> 6.4 (3.8-7.8)). A third row
-# makes the per-row chain longer than the all-rows pass. Chosen by the program's rows,
+# with weight and bias, us (error bar): H = 4096 5.82 (3.73-7.61) -> 5.72 (3.52-7.48),
+# nki-library's layernorm_tkg 5.74 (3.79-7.52); 2048 5.72 (3.63-7.51) -> 5.68 (3.48-7.43);
+# 8192 6.28 (4.23-8.09) -> 6.02 (3.85-7.78)). A third row makes the per-row chain longer
+# than the all-rows pass ([6, H] at LNC=2: 0.2-0.4 us slower for H <= 4096, 0.2-0.7 us at
+# the pessimistic end). Chosen by the program's rows,
 # unlike ROW_LOOP above, because both forms do the same fp32 operations per element: c = x - m
 # and its sum over the H / 128 elements of a partition on VectorE (tensor_scalar_reduce, or
 # tensor_tensor then tensor_reduce), y * rstd rounded to fp32, + bias (on GpSimd in the
