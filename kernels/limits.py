@@ -51,12 +51,13 @@ ATTENTION_SINGLE_PASS_MAX_KEYS = 2048
 # for the row kernels (kernels/rms_norm.py, layer_norm.py).
 NORM_DECODE_MAX_ROWS = 64
 # Which kernel the ops pick (ops/norms.py), from the modeled crossovers (trn2, LNC=2, bf16,
-# central values, 2026-12-01; decode / row kernel, us): the decode kernel is ahead for
-# H >= 512 (LayerNorm [40, 512] 6.5 / 6.7, [40, 768] 6.8 / 8.0; RMSNorm from H = 384) and
-# behind below (LayerNorm [40, 256] 6.3 / 5.7, [8, 128] 6.0 / 5.2); up to 40 rows for
-# every such H, and up to 64 for H >= 768 ([64, 768] 7.7 / 8.0, [64, 4096] 16.4 / 23.3;
-# RMSNorm [64, 8192] 15.6 / 32.3). Past 64 rows the crossovers (~72 rows at H = 1024,
-# ~90 at 2048) are near enough that the row kernels keep them.
+# central values, 2026-12-01 at the 160-cycle fixed cost; decode / row kernel, us): the
+# decode kernel is ahead for H >= 768 and level at 512 (LayerNorm [40, 512] 6.3 / 6.3,
+# [40, 768] 6.5 / 7.6; RMSNorm [40, 384] 4.5 / 4.9) and behind below for LayerNorm
+# ([40, 384] 6.2 / 5.8, [40, 256] 6.1 / 5.3, [8, 128] 5.7 / 4.8); up to 40 rows for every
+# such H, and up to 64 for H >= 768 ([64, 768] 7.3 / 7.6, [64, 4096] 15.9 / 22.5; RMSNorm
+# [64, 8192] 15.4 / 32.1). Past 64 rows the crossovers (~72 rows at H = 1024, ~90 at 2048,
+# at 220 cycles) are near enough that the row kernels keep them.
 NORM_DECODE_MIN_HIDDEN = 512
 NORM_DECODE_PICK_ROWS = 40
 NORM_DECODE_WIDE_HIDDEN = 768
