@@ -7,9 +7,7 @@ marked slow; ``-m sweep`` covers them all and re-fits the free parameters."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
-import sys
 import zlib
 from pathlib import Path
 
@@ -19,16 +17,6 @@ import torch
 from nki_kernels.simulator.hardware import TARGETS
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def calibrate():
-    spec = importlib.util.spec_from_file_location("calibrate", ROOT / "benchmarks" / "calibrate.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["calibrate"] = mod
-    spec.loader.exec_module(mod)
-    yield mod
-    sys.modules.pop("calibrate", None)
 
 
 def _check(calibrate, rows):

@@ -14,27 +14,12 @@ or a parametrized table, run through ``simulate``) and name its test in ``COVERE
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from tests._helpers import TOLERANCES
 
-ROOT = Path(__file__).resolve().parents[2]
 U32 = 2.0 ** -24   # fp32 unit roundoff
-
-
-@pytest.fixture(scope="module")
-def calibrate():
-    spec = importlib.util.spec_from_file_location("calibrate", ROOT / "benchmarks" / "calibrate.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["calibrate"] = mod   # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    yield mod
-    sys.modules.pop("calibrate", None)
 
 
 def simulate(calibrate, kernel: str, target: str, **kwargs):
@@ -379,7 +364,7 @@ def _fp32_matmul_bound(y: torch.Tensor, w: torch.Tensor, k: int) -> torch.Tensor
     K-term sum of squares: gamma_K (K roundings of the dot product's accumulation) plus the
     normalisation's relative error (the sum of squares' K roundings, halved by the rsqrt,
     and a few roundings of rsqrt and the multiplies), both times |y| @ |w|. u = 2^-24."""
-    return (2 * k + 16) * 2.0 ** -24 * (y.abs() @ w.abs())
+    return (2 * k + 16) * U32 * (y.abs() @ w.abs())
 
 
 # ---------------------------------------------------------------------------- rmsnorm_matmul
