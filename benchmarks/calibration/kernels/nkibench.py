@@ -156,8 +156,21 @@ def adamw(theta, g, m, v):
     nisa.memset(dst=zero, value=0.0)
     f32, sbuf = nl.float32, nl.sbuf
     scalar, vector = nisa.engine.scalar, nisa.engine.vector
-    # Every tile is allocated on its own line: the cost model's buffer rotation groups tiles
-    # by allocation site, and each beta-1 array is its own buffer family.
+    # Every tile is allocated on its own line or call path: the cost model's buffer rotation
+    # groups tiles by allocation site, and each beta-1 array is its own buffer family.
+
+    def scaled(src, c):
+        """c * src on ScalarE (beta-1's tensor_scalar, reverse0=True)."""
+        t = nl.ndarray(tuple(src.shape), dtype=f32, buffer=sbuf)
+        nisa.tensor_scalar(dst=t, data=src, op0=nl.multiply, operand0=c, reverse0=True, engine=scalar)
+        return t
+
+    def combined(a, b, op):
+        """a op b on VectorE (beta-1's nl.add / subtract / multiply of two tiles)."""
+        t = nl.ndarray(tuple(a.shape), dtype=f32, buffer=sbuf)
+        nisa.tensor_tensor(dst=t, data1=a, data2=b, op=op, engine=vector)
+        return t
+
     for r0 in range(0, rows_total, P):
         n = min(P, rows_total - r0)   # the last row tile holds M % 128 rows (beta-1's mask)
         for c0 in range(0, cols, block):
@@ -175,34 +188,18 @@ def adamw(theta, g, m, v):
                 cs = slice(h0, h0 + half)
                 th, mh, vh, gh = theta_t[:, cs], m_t[:, cs], v_t[:, cs], g_t[:, cs]
                 # theta - 1e-5 theta
-                wd = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
-                nisa.tensor_scalar(dst=wd, data=th, op0=nl.multiply, operand0=1e-5, reverse0=True,
-                                   engine=scalar)
-                decayed = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
-                nisa.tensor_tensor(dst=decayed, data1=th, data2=wd, op=nl.subtract, engine=vector)
+                wd = scaled(th, 1e-5)
+                decayed = combined(th, wd, nl.subtract)
                 # 0.01 (0.9 m + 0.1 g)
-                m_part = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
-                nisa.tensor_scalar(dst=m_part, data=mh, op0=nl.multiply, operand0=0.9, reverse0=True,
-                                   engine=scalar)
-                g_part = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
-                nisa.tensor_scalar(dst=g_part, data=gh, op0=nl.multiply, operand0=0.1, reverse0=True,
-                                   engine=scalar)
-                m_new = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
-                nisa.tensor_tensor(dst=m_new, data1=m_part, data2=g_part, op=nl.add, engine=vector)
-                step = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
-                nisa.tensor_scalar(dst=step, data=m_new, op0=nl.multiply, operand0=0.01, reverse0=True,
-                                   engine=scalar)
+                m_part = scaled(mh, 0.9)
+                g_part = scaled(gh, 0.1)
+                m_new = combined(m_part, g_part, nl.add)
+                step = scaled(m_new, 0.01)
                 # 0.999 v + 0.001 g g
-                v_part = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
-                nisa.tensor_scalar(dst=v_part, data=vh, op0=nl.multiply, operand0=0.999, reverse0=True,
-                                   engine=scalar)
-                g_scaled = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
-                nisa.tensor_scalar(dst=g_scaled, data=gh, op0=nl.multiply, operand0=0.001, reverse0=True,
-                                   engine=scalar)
-                g2 = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
-                nisa.tensor_tensor(dst=g2, data1=g_scaled, data2=gh, op=nl.multiply, engine=vector)
-                v_new = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
-                nisa.tensor_tensor(dst=v_new, data1=v_part, data2=g2, op=nl.add, engine=vector)
+                v_part = scaled(vh, 0.999)
+                g_scaled = scaled(gh, 0.001)
+                g2 = combined(g_scaled, gh, nl.multiply)
+                v_new = combined(v_part, g2, nl.add)
                 # 1 / (sqrt(1000 v_new) + 1e-8)
                 root = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
                 nisa.activation(dst=root, op=nl.sqrt, data=v_new, bias=zero[0:n, :], scale=1000.0)
@@ -210,8 +207,7 @@ def adamw(theta, g, m, v):
                 nisa.tensor_scalar(dst=denom, data=root, op0=nl.add, operand0=1e-8, engine=scalar)
                 inv = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
                 nisa.activation(dst=inv, op=nl.reciprocal, data=denom)
-                update = nl.ndarray((n, half), dtype=f32, buffer=sbuf)
-                nisa.tensor_tensor(dst=update, data1=step, data2=inv, op=nl.multiply, engine=vector)
+                update = combined(step, inv, nl.multiply)
                 nisa.tensor_tensor(dst=new_theta[:, cs], data1=decayed, data2=update, op=nl.subtract,
                                    engine=vector)
             nisa.dma_copy(dst=out[rs, cb], src=new_theta)
