@@ -312,18 +312,15 @@ def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
     sum_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
     if n_rows <= PER_ROW_MAX_ROWS:
         _centre_rows(x_tile, centred, mean, sum_c, sum_sq)
-        m2 = _row_means(inv, sum_c)                                    # PSUM [128, N]: m2
-        m2_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=m2_sq, op=nl.square, data=m2)
     else:
         nisa.tensor_tensor(dst=centred, data1=x_tile, data2=_along_h1(mean, h1), op=nl.subtract)
         squares = nl.ndarray((PARTITIONS, n_rows, h1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=squares, op=nl.square, data=centred)
         nisa.tensor_reduce(dst=sum_c, op=nl.add, data=centred, axis=2)
-        m2 = _row_means(inv, sum_c)                                    # PSUM [128, N]: m2
-        m2_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=m2_sq, op=nl.square, data=m2)
         nisa.tensor_reduce(dst=sum_sq, op=nl.add, data=squares, axis=2)
+    m2 = _row_means(inv, sum_c)                                        # PSUM [128, N]: m2
+    m2_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=m2_sq, op=nl.square, data=m2)
     nisa.tensor_tensor(dst=centred, data1=centred, data2=_along_h1(m2, h1), op=nl.subtract)
     nisa.nc_matmul(dst=var_eps, stationary=inv, moving=sum_sq, accumulate=True)       # + mean(c**2)
     nisa.nc_matmul(dst=var_eps, stationary=neg_first, moving=m2_sq, accumulate=True)  # - m2**2
