@@ -309,6 +309,24 @@ def rmsnorm_matmul(x, w, rows_per_block=8):
     return out
 
 
+def _inverse_rms(a, eps):
+    """1 / sqrt(mean(a**2, axis=1) + eps) as a (P, 1) tile, the beta-1 steps of both
+    add/matmul + rmsnorm kernels: ScalarE square, VectorE row sum, / N and + eps (VectorE
+    tensor_scalar, [P, 1]), ScalarE rsqrt."""
+    parts, n = a.shape
+    sq = nl.ndarray((parts, n), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=sq, op=nl.square, data=a)
+    ssum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=ssum, op=nl.add, data=sq, axis=1)
+    mean = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=mean, data=ssum, op0=nl.divide, operand0=float(n), engine=nisa.engine.vector)
+    mean_eps = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=mean_eps, data=mean, op0=nl.add, operand0=float(eps), engine=nisa.engine.vector)
+    rms_inv = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=rms_inv, op=nl.rsqrt, data=mean_eps)
+    return rms_inv
+
+
 @nki.jit
 def add_rmsnorm_matmul(x_tensor, w_tensor, eps, z_tensor, g_tensor):
     """NKIBench add_rmsnorm_matmul_M4096_N2048_K1024: x, z [M, K], w [K, N], g [K], fp32 ->
@@ -373,18 +391,7 @@ def add_rmsnorm_matmul(x_tensor, w_tensor, eps, z_tensor, g_tensor):
         nisa.dma_copy(dst=zt, src=z_tensor[rows, :])
         a = nl.ndarray((P, k_size), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=a, data1=xt, data2=zt, op=nl.add, engine=nisa.engine.vector)
-        sq = nl.ndarray((P, k_size), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=sq, op=nl.square, data=a)
-        ssum = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_reduce(dst=ssum, op=nl.add, data=sq, axis=1)
-        mean = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=mean, data=ssum, op0=nl.divide, operand0=float(k_size),
-                           engine=nisa.engine.vector)
-        mean_eps = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=mean_eps, data=mean, op0=nl.add, operand0=float(eps),
-                           engine=nisa.engine.vector)
-        rms_inv = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=rms_inv, op=nl.rsqrt, data=mean_eps)
+        rms_inv = _inverse_rms(a, eps)
         y = nl.ndarray((P, k_size), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=y, data=a, op0=nl.multiply, operand0=rms_inv, engine=nisa.engine.scalar)
         nisa.tensor_tensor(dst=y, data1=y, data2=g_bcast, op=nl.multiply, engine=nisa.engine.vector)
@@ -460,16 +467,7 @@ def matmul_add_rmsnorm(x_tensor, w_tensor, eps, z_tensor, g_tensor):
         nisa.dma_copy(dst=z_t, src=z_tensor[rows, :])
         a_t = nl.ndarray((tm, N), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=a_t, data1=y_t, data2=z_t, op=nl.add, engine=nisa.engine.vector)
-        sq = nl.ndarray((tm, N), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=sq, op=nl.square, data=a_t)
-        ssum = nl.ndarray((tm, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_reduce(dst=ssum, op=nl.add, data=sq, axis=1)
-        mean = nl.ndarray((tm, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=mean, data=ssum, op0=nl.divide, operand0=float(N), engine=nisa.engine.vector)
-        mean_eps = nl.ndarray((tm, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=mean_eps, data=mean, op0=nl.add, operand0=float(eps), engine=nisa.engine.vector)
-        rr = nl.ndarray((tm, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=rr, op=nl.rsqrt, data=mean_eps)
+        rr = _inverse_rms(a_t, eps)
         o_t = nl.ndarray((tm, N), dtype=x_tensor.dtype, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=o_t, data=a_t, op0=nl.multiply, operand0=rr, engine=nisa.engine.vector)
         nisa.tensor_tensor(dst=o_t, data1=o_t, data2=g_t, op=nl.multiply, engine=nisa.engine.vector)
