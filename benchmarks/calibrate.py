@@ -11,8 +11,9 @@ reproduces its setup (benchmarks/calibration/kernels/, our own beta-2 code). Thi
    (latency, a transfer's duration, an instruction's duration, an engine's busy time...);
 3. prints model vs measurement per row with its source, the error of the held-out rows
    (split = "test") and whether the model orders every rank_group as measured;
-4. with ``--fit``, first fits the FREE_PARAMETERS (a few cost-model numbers, the same for
-   every target and kernel) on the training rows (split = "train") by coordinate descent
+4. with ``--fit``, first fits the FREE_PARAMETERS (a few cost-model numbers, each one for
+   every kernel: the DMA numbers for every target, the fixed cost per instruction per engine
+   and generation) on the training rows (split = "train") by coordinate descent
    over a grid, minimising the mean squared log error, and reports the held-out errors at
    the fitted values. The fitted values are not written anywhere: copy them into
    simulator/hardware.py (marked [F]) by hand.
@@ -24,8 +25,9 @@ rows (calibration/nkilib_qor.toml: AWS's hardware references for its own kernels
 kernels from the checkout, each at the row's launch degree (lnc), and prints per kernel
 family the held-out rows, mean |error|, rms, max and the count within +-25 %, the ranking of
 AWS's variants of one shape, and the worst rows with each engine's busy time. With ``--fit``
-as well, the launch's two fixed costs (LAUNCH_PARAMETERS) are fitted on that file's train
-rows, after the schedule's parameters, and the held-out rows are reported at those values.
+as well, trn2's VectorE fixed cost (QOR_PARAMETERS, which no public row isolates) and the
+launch's two fixed costs (LAUNCH_PARAMETERS) are fitted on that file's train rows, after
+the public rows' parameters, and the held-out rows are reported at those values.
 ``--csv FILE`` writes every modeled row for plots and offline fits.
 
 Usage: python benchmarks/calibrate.py [--fit] [--only PREFIX[,PREFIX]] [--data FILE] [--skip-slow]
@@ -64,13 +66,41 @@ KERNELS = HERE / "calibration" / "kernels"
 NKILIB_PREFIX = "nkilib:"
 
 # The free parameters and the grids the fit searches (the only numbers fitted; every other
-# cost number is a documented figure, see simulator/hardware.py).
+# cost number is a documented figure, see simulator/hardware.py). A name "trnN:field" fits
+# that target's field only; a bare name is one value for every target. Fitting a target's
+# vector_static_cycles sets its gpsimd_static_cycles too (GpSimd has no measurement of its
+# own; hardware.py).
+_STATIC_GRID = [float(v) for v in range(40, 501, 20)]
 FREE_PARAMETERS = {
-    "static_overhead_cycles": [float(v) for v in range(40, 401, 20)],
+    "trn1:vector_static_cycles": _STATIC_GRID,
+    "trn1:scalar_static_cycles": _STATIC_GRID,
+    "trn2:scalar_static_cycles": _STATIC_GRID,
     "dma_transfer_gap_s": [v * 1e-8 for v in range(20, 141, 5)],        # 0.2 .. 1.4 us
     "dma_descriptor_bytes": [float(v) for v in range(0, 161, 20)],
     "dma_transfer_handoff_s": [v * 1e-9 for v in range(0, 301, 25)],   # 0 .. 300 ns
 }
+# Fitted on the train rows of nki-library's QoR vectors (with --nkilib), jointly with the
+# launch costs: no public trn2 row isolates trn2's VectorE. Each QoR row is re-scheduled at
+# every grid value (its dependencies are computed once).
+QOR_PARAMETERS = {"trn2:vector_static_cycles": [float(v) for v in range(100, 501, 50)]}
+
+
+def target_with(target: str, params: dict | None):
+    """TARGETS[target] with ``params`` (FREE_PARAMETERS / QOR_PARAMETERS names) applied."""
+    tgt = TARGETS[target]
+    changes = {}
+    for name, value in (params or {}).items():
+        scope, _, fld = name.rpartition(":")
+        if scope and scope != target:
+            continue
+        if not hasattr(tgt, fld):
+            raise ValueError(f"parameter {name!r}: Target has no field {fld!r}")
+        changes[fld] = value
+        if fld == "vector_static_cycles":
+            changes.setdefault("gpsimd_static_cycles", value)
+    return dataclasses.replace(tgt, **changes) if changes else tgt
+
+
 # The bands the held-out rows must stay within (tests/cost/test_calibration.py), as
 # modeled / measured - 1: every row within HELD_OUT_BAND and their mean |error| within
 # HELD_OUT_MEAN_BAND. Stated from the held-out errors at the fitted values (mean 16 %, the
@@ -317,7 +347,7 @@ def modeled(rows: list[Row], params: dict | None = None) -> dict[str, float]:
     raw = {}
     for row in rows:
         res = run_row(row)
-        target = dataclasses.replace(TARGETS[row.target], **params) if params else TARGETS[row.target]
+        target = target_with(row.target, params)
         # the dependencies change only with these numbers (none of them is fitted)
         key = (id(res), target.dependency_latency_cycles, target.matmul_latency_cycles,
                target.buffer_rotation_depth)
@@ -354,7 +384,8 @@ def fit(rows: list[Row], rounds: int = 2) -> dict:
     train = [r for r in rows if r.split == "train"]
     refs = {r.relative_to for r in train if r.relative_to}
     train += [r for r in rows if r.id in refs and r not in train]
-    params = {name: getattr(TARGETS["trn2"], name) for name in FREE_PARAMETERS}
+    params = {name: getattr(TARGETS[name.rpartition(":")[0] or "trn2"], name.rpartition(":")[2])
+              for name in FREE_PARAMETERS}
     best = _loss(train, modeled(train, params))
     for _ in range(rounds):
         changed = False
@@ -410,6 +441,39 @@ def fit_launch(rows: list[Row], values: dict[str, float]) -> dict:
             if loss < best - 1e-12:
                 best, params = loss, trial
     return params
+
+
+def _qor_points(params: dict) -> list[dict]:
+    """The public fit ``params`` with each QOR_PARAMETERS grid point (one parameter)."""
+    (name, grid), = QOR_PARAMETERS.items()
+    return [dict(params, **{name: v}) for v in grid]
+
+
+def _central_point(points: list[dict]) -> int:
+    """Index of the grid point holding the target's current value (progress lines)."""
+    (name, _), = QOR_PARAMETERS.items()
+    scope, _, fld = name.rpartition(":")
+    now = getattr(TARGETS[scope], fld)
+    return min(range(len(points)), key=lambda k: abs(points[k][name] - now))
+
+
+def fit_qor(rows: list[Row], points: list[dict], at_point: list[dict], public: dict):
+    """The QOR_PARAMETERS grid point and launch costs minimising the train rows' mean
+    squared log error: the launch costs are fitted at every point (fit_launch), the point
+    with the least loss wins. Returns (point, launch costs, values at both)."""
+    (name, _), = QOR_PARAMETERS.items()
+    best = (math.inf, None, None, None)
+    for point, vals in zip(points, at_point):
+        merged = {**public, **vals}
+        launch = fit_launch(rows, merged)
+        priced = with_launch(rows, merged, launch)
+        train = [r for r in rows if r.split == "train" and r.id in launches and r.id in priced]
+        loss = _loss(train, priced)
+        print(f"  {name} = {point[name]:g}: launch {launch['launch_overhead_s'] * 1e6:.0f} + "
+              f"{launch['second_core_launch_s'] * 1e6:.0f} us, train loss {loss:.4f}")
+        if loss < best[0]:
+            best = (loss, {name: point[name]}, launch, {k: priced[k] for k in vals})
+    return best[1], best[2], best[3]
 
 
 def gated(rows: list[Row]) -> list[Row]:
@@ -582,7 +646,7 @@ def write_csv(path: Path, rows: list[Row], values: dict[str, float]) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fit", action="store_true", help="fit FREE_PARAMETERS on the train rows first (and, with "
-                    "--nkilib, LAUNCH_PARAMETERS on the QoR train rows)")
+                    "--nkilib, QOR_PARAMETERS and LAUNCH_PARAMETERS on the QoR train rows)")
     ap.add_argument("--only", default="", help="comma-separated id prefixes to run")
     ap.add_argument("--data", default=str(DATA), help="measurement file (default: %(default)s)")
     ap.add_argument("--skip-slow", action="store_true", help="leave out rows marked slow")
@@ -608,32 +672,43 @@ def main(argv=None) -> int:
         rows = [r for r in rows if not r.slow]
     params = fit(rows) if args.fit else None
     public: dict[str, float] = modeled(rows, params) if rows else {}
-    if rows:
+    if rows and not (args.fit and qor):   # with the QoR fit: reported after it
         print(report(rows, public, params))
     if args.skip_slow:
         qor = [r for r in qor if not r.slow]
     values: dict[str, float] = {}
     if qor:
         print(f"\nnki-library QoR rows ({QOR.name}), AWS's kernels from {args.nkilib} "
-              f"(only the launch costs are fitted, on the train rows; the rest are held out):")
+              f"(only the launch costs and trn2's VectorE fixed cost are fitted, on the train rows; "
+              f"the rest are held out):")
+        # with --fit: every row at every QOR_PARAMETERS grid point (one point: the target's value)
+        points = _qor_points(params) if args.fit else [params or {}]
+        at_point: list[dict[str, float]] = [{} for _ in points]
         for r in qor:
             try:
-                values[r.id] = modeled([r], params)[r.id]
+                for k, point in enumerate(points):
+                    at_point[k][r.id] = modeled([r], point)[r.id]
+                v = at_point[_central_point(points) if args.fit else 0][r.id]
                 print(f"{r.id}: LNC={r.lnc} measured {_fmt(r.measured, r.unit)}, modeled "
-                      f"{_fmt(values[r.id], r.unit)} ({values[r.id] / r.measured - 1:+.0%})", flush=True)
+                      f"{_fmt(v, r.unit)} ({v / r.measured - 1:+.0%})", flush=True)
             except Exception as err:  # not runnable in our simulator yet: say why
                 first = str(err).strip().splitlines()[0] if str(err).strip() else ""
                 print(f"{r.id}: blocked: {type(err).__name__}: {first[:160]}", flush=True)
             finally:
                 forget(r)   # a QoR run's trace is large: keep only its modeled numbers
+        values = at_point[0]
         if args.fit:
-            launch = fit_launch(qor + rows, {**public, **values})
-            print("\nfitted launch costs (copy into simulator/hardware.py by hand): "
+            point, launch, values = fit_qor(qor + rows, points, at_point, public)
+            params = dict(params, **point)
+            print("\nfitted on the QoR train rows (copy into simulator/hardware.py by hand): "
+                  + ", ".join(f"{k} = {v:g}" for k, v in point.items()) + ", "
                   + ", ".join(f"{k} = {v * 1e6:.0f}e-6" for k, v in launch.items()))
-            values = with_launch(qor, values, launch)
             for r in qor:   # what the rows now include (the CSV's launch column)
                 if r.id in launches:
                     launches[r.id] = (launches[r.id][0], _launch_us(r, launches[r.id][0], launch))
+            public = modeled(rows, params) if rows else {}   # at the full fit (trn2 rows' VectorE)
+            if rows:
+                print("\n" + report(rows, public, params))
         print()
         print(qor_report(qor, values))
     if args.csv:

@@ -233,9 +233,9 @@ def softmax_cycles(facts, n, bias, diag):
     VectorE reads unmasked columns once and masked ones 3 times (max, add the mask,
     reduce), ScalarE each column once, plus each instruction's fixed cost."""
     masked = n if bias is not None else (n - diag[0] if diag is not None else 0)
-    instr = active_engine_costs().instr_cycles
-    vector = (n - masked) + 3 * masked + instr * (1 + 2 * (masked > 0))
-    scalar = n + instr * (1 + (0 < masked < n))
+    c = active_engine_costs()
+    vector = (n - masked) + 3 * masked + c.vector_instr_cycles * (1 + 2 * (masked > 0))
+    scalar = n + c.scalar_instr_cycles * (1 + (0 < masked < n))
     return vector, scalar
 
 
@@ -366,7 +366,8 @@ def evict(facts, plan, o, out, nb, r, vector=False, rowsum=None):
             # the divide (g·Dv, one input in PSUM), two fixed costs; ScalarE: the copy of the
             # bank (g·(Dv + 1)), one fixed cost (GpSimd then divides)
             c = active_engine_costs()
-            eng = plan.pick(2 * c.instr_cycles + c.min_instruction_cycles + g * Dv, g * w + c.instr_cycles)
+            eng = plan.pick(2 * c.vector_instr_cycles + c.min_instruction_cycles + g * Dv,
+                            g * w + c.scalar_instr_cycles)
         if eng == nisa.engine.vector:
             # the row sums to SBUF (floored at TINY with a user mask: all-masked rows give 0),
             # then one divide with O straight from PSUM: the same division as the GpSimd path,

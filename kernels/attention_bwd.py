@@ -156,8 +156,8 @@ def _chunk(facts, plan, bal, tensors, b, hk0, hk1, t0, t1, key_bias, c):
         nisa.tensor_tensor(dst=prod[:, ga:gb], data1=do_rows[:, ga:gb], data2=o_rows[:, ga:gb], op=nl.multiply,
                            engine=nisa.engine.gpsimd)
         nisa.tensor_reduce(dst=di[:, ga:gb], op=nl.add, data=prod[:, ga:gb], axis=3)
-        bal.charge(vector_cycles=(gb - ga) * nh * f.Dv + bal.costs.instr_cycles)
-        bal.charge_gpsimd(2 * (gb - ga) * nh * f.Dv + bal.costs.instr_cycles)
+        bal.charge(vector_cycles=(gb - ga) * nh * f.Dv + bal.costs.vector_instr_cycles)
+        bal.charge_gpsimd(2 * (gb - ga) * nh * f.Dv + bal.costs.gpsimd_instr_cycles)
         nisa.tensor_scalar(dst=neg_di[:, ga:gb], data=di[:, ga:gb], op0=nl.multiply, operand0=-1.0,
                            engine=nisa.engine.gpsimd)
     if plan.folded:
@@ -203,7 +203,7 @@ def _chunk(facts, plan, bal, tensors, b, hk0, hk1, t0, t1, key_bias, c):
     if plan.n_kb > 1:
         dq_sb = nl.ndarray((P, nt, nh, f.D), dtype=dq.dtype, buffer=nl.sbuf)
         nisa.activation(dst=dq_sb, op=nl.copy, data=dq_acc, scale=f.scale)
-        bal.charge(scalar_cycles=nt * nh * f.D + bal.costs.instr_cycles)
+        bal.charge(scalar_cycles=nt * nh * f.D + bal.costs.scalar_instr_cycles)
     _store_rows(f, dq, dq_sb, b, h0, h1, s0, s1)
 
 
@@ -309,7 +309,7 @@ def _head_batch(f, plan, bal, qside, kside, kv_acc, ka0, mask, b, hk0, u0, u1, t
         nisa.tensor_copy(dst=acc, src=dqp[:r, 0:nu, :], engine=bal.pick(*bal.copy_cycles(nu * f.D, False)))
     else:
         nisa.tensor_tensor(dst=acc, data1=dqp[:r, 0:nu, :], data2=acc, op=nl.add)
-        bal.charge(vector_cycles=nu * f.D + bal.costs.instr_cycles)
+        bal.charge(vector_cycles=nu * f.D + bal.costs.vector_instr_cycles)
 
 
 def _head(f, plan, bal, qT, doT, q_rows, do_rows, di, neg_lse, kT, vT, kv_acc, tl, u, kv, ka, q0, k0, r, m,
@@ -338,8 +338,8 @@ def _head(f, plan, bal, qT, doT, q_rows, do_rows, di, neg_lse, kT, vT, kv_acc, t
         nisa.activation(dst=p[:r, 0:m], op=nl.exp, data=sd[0][:r, 0:m], bias=nlse, scale=f.scale)
         nisa.affine_select(dst=p[:r, c:m], pattern=[[-1, m - c]], channel_multiplier=1, on_true_tile=p[:r, c:m],
                            on_false_value=0.0, cmp_op=nl.greater_equal, offset=q0 - k0 - c)
-        bal.charge(scalar_cycles=m + bal.costs.instr_cycles)
-        bal.charge_gpsimd(m - c + 150 + bal.costs.instr_cycles)
+        bal.charge(scalar_cycles=m + bal.costs.scalar_instr_cycles)
+        bal.charge_gpsimd(m - c + 150 + bal.costs.gpsimd_instr_cycles)
         cu, cb = m, None
     else:
         cu, cb = (0, bias) if bias is not None else (diag if diag is not None else (m, None))
@@ -352,9 +352,9 @@ def _head(f, plan, bal, qT, doT, q_rows, do_rows, di, neg_lse, kT, vT, kv_acc, t
         nisa.scalar_tensor_tensor(dst=z[:r, 0:m - cu], data=sd[0][:r, cu:m], op0=nl.multiply,
                                   operand0=f.scale, op1=nl.add, operand1=cb[:r, 0:m - cu])
         nisa.activation(dst=p[:r, cu:m], op=nl.exp, data=z[:r, 0:m - cu], bias=nlse)
-        bal.charge(vector_cycles=2 * (m - cu) + bal.costs.instr_cycles)
+        bal.charge(vector_cycles=2 * (m - cu) + bal.costs.vector_instr_cycles)
     if not (bias is None and diag is not None and diag[0] < m):
-        bal.charge(scalar_cycles=m + bal.costs.instr_cycles * (1 + (0 < cu < m)))
+        bal.charge(scalar_cycles=m + bal.costs.scalar_instr_cycles * (1 + (0 < cu < m)))
     # dS = (dP - D_i) ⊙ P
     ds = nl.ndarray((P, plan.kb), dtype=f.dtype, buffer=nl.sbuf) if ds_out is None else ds_out
     _ds(f, bal, ds[:r, 0:m], sd[1][:r, 0:m], di[0][:r, tl, u:u + 1], di[1][:r, tl, u:u + 1], p[:r, 0:m], m)
@@ -391,7 +391,7 @@ def _heads_folded(f, plan, bal, qx, dox, q_rows, do_rows, kx, vx, kv_acc, tl, us
     nisa.activation(dst=p[:r, 0:n, 0:m], op=nl.exp, data=s2[:r, 0:n, 0:m], scale=f.scale)
     ds = nl.ndarray((P, FOLD_PAIR, plan.kb), dtype=f.dtype, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=ds[:r, 0:n, 0:m], data1=dp2[:r, 0:n, 0:m], data2=p[:r, 0:n, 0:m], op=nl.multiply)
-    bal.charge(vector_cycles=n * m + bal.costs.instr_cycles, scalar_cycles=n * m + bal.costs.instr_cycles)
+    bal.charge(vector_cycles=n * m + bal.costs.vector_instr_cycles, scalar_cycles=n * m + bal.costs.scalar_instr_cycles)
     for j, u in enumerate(us):
         ka = u // f.G - ka0
         acc = lambda i: i < started or u % f.G != 0   # noqa: E731  (see _head)
@@ -487,7 +487,7 @@ def _finish_kv(f, plan, bal, tensors, b, a0, a1, k0, k1, kv_acc, valid, c, seen_
                 nisa.tensor_copy(dst=part[:, 0:vf], src=kv_acc[:, 0:vf], engine=nisa.engine.vector)
             if vt:
                 nisa.tensor_copy(dst=part[:vt, vf], src=kv_acc[:vt, vf], engine=nisa.engine.vector)
-        bal.charge(vector_cycles=2 * (kt * na * W + bal.costs.instr_cycles))
+        bal.charge(vector_cycles=2 * (kt * na * W + bal.costs.vector_instr_cycles))
         if not last:
             _store_rows(f, scratch, part, b, a0, a1, k0, k1)
             return
@@ -501,7 +501,7 @@ def _finish_kv(f, plan, bal, tensors, b, a0, a1, k0, k1, kv_acc, valid, c, seen_
     nisa.activation(dst=dk_sb[:, 0:kt, j0:j0 + na, :], op=nl.copy, data=src[:, :, :, 0:f.D], scale=f.scale)
     nisa.tensor_copy(dst=dv_sb[:, 0:kt, j0:j0 + na, :], src=src[:, :, :, f.D:W],
                      engine=bal.pick(*bal.copy_cycles(kt * na * f.Dv, False)))
-    bal.charge(scalar_cycles=kt * na * f.D + bal.costs.instr_cycles)
+    bal.charge(scalar_cycles=kt * na * f.D + bal.costs.scalar_instr_cycles)
     if staged is None:
         _store_rows(f, dk, dk_sb, b, a0, a1, k0, k1)
         _store_rows(f, dv, dv_sb, b, a0, a1, k0, k1)

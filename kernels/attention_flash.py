@@ -74,7 +74,7 @@ def _flash_unit(facts, plan, qT, kT, vals, kv, acc, run_neg_max, bias, diag, r, 
         row_exp(facts, p, s, z, c, r, n, blk)
         nisa.tensor_copy(dst=run_neg_max[:r], src=blk[:r], engine=nisa.engine.gpsimd)
         # ScalarE also copies O | rowsum (Dv + 1 columns) into acc
-        plan.charge(v_cyc, s_cyc + facts.Dv + 1 + active_engine_costs().instr_cycles)
+        plan.charge(v_cyc, s_cyc + facts.Dv + 1 + active_engine_costs().scalar_instr_cycles)
         o = unit_pv(facts, plan, p, vals, kv, r, n)
         nisa.tensor_copy(dst=acc[:r], src=o[:r], engine=nisa.engine.scalar)
         return
@@ -88,8 +88,8 @@ def _flash_unit(facts, plan, qT, kT, vals, kv, acc, run_neg_max, bias, diag, r, 
     nisa.tensor_copy(dst=run_neg_max[:r], src=new[:r], engine=nisa.engine.gpsimd)
     # VectorE also updates acc below (two full inputs of Dv + 1 columns: 2·(Dv + 1) cycles);
     # ScalarE also runs the one-column alpha exp (its fixed costs only)
-    instr = active_engine_costs().instr_cycles
-    plan.charge(v_cyc + 2 * (facts.Dv + 1) + instr, s_cyc + 2 * instr)
+    c = active_engine_costs()
+    plan.charge(v_cyc + 2 * (facts.Dv + 1) + c.vector_instr_cycles, s_cyc + 2 * c.scalar_instr_cycles)
     o = unit_pv(facts, plan, p, vals, kv, r, n)
     # acc = acc·alpha + O (acc in SBUF, O in PSUM; VectorE)
     nisa.scalar_tensor_tensor(dst=acc[:r], data=acc[:r], op0=nl.multiply, operand0=alpha[:r],

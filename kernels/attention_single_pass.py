@@ -77,7 +77,7 @@ def _biased_unit(facts, plan, qT, kT, vals, kv, out_tile, bias, diag, r, n, lse=
     row_exp(facts, p, s, z, c, r, n, neg_max)
     v_cyc, s_cyc = softmax_cycles(facts, n, bias, diag)
     # ScalarE also copies O | rowsum (Dv + 1 columns) out of PSUM in normalize
-    plan.charge(v_cyc, s_cyc + facts.Dv + 1 + active_engine_costs().instr_cycles)
+    plan.charge(v_cyc, s_cyc + facts.Dv + 1 + active_engine_costs().scalar_instr_cycles)
     o = unit_pv(facts, plan, p, vals, kv, r, n)
     normalize(facts, out_tile, o, r, rowsum=None if lse is None else lse[0].rowsum_view(lse[1], lse[2], 1, r))
 
@@ -119,8 +119,8 @@ def _unbiased_batch(facts, plan, units, vals, out, r, n, lse=None):
                         scale=f.scale)
     pT = nl.ndarray((P, nb * nkc, P), dtype=f.dtype, buffer=nl.sbuf)
     # VectorE: the reduces (n columns per head); ScalarE: the exps
-    instr = active_engine_costs().instr_cycles
-    plan.charge(nb * n + instr * cdiv(nb, per_bank), nb * (n + instr))
+    c = active_engine_costs()
+    plan.charge(nb * n + c.vector_instr_cycles * cdiv(nb, per_bank), nb * (n + c.scalar_instr_cycles))
     in_flight = transpose_p(f, plan, p, pT, r, n)   # noqa: F841 (PSUM held until P·V)
     # O | rowsum = P·[V | 1]: head j at bank j // per_o, columns (j % per_o) * (Dv + 1)
     w = f.Dv + 1

@@ -18,8 +18,8 @@ import nki.language as nl
 class EngineCosts(nl.NKIObject):
     """Figures of one NeuronCore generation (names: the Target field each one mirrors)."""
 
-    def __init__(self, vector_ghz, scalar_ghz, vector_psum_copy_16bit_rate, instr_cycles,
-                 min_instruction_cycles, dma_bytes_per_s, dma_transfer_gap_ns,
+    def __init__(self, vector_ghz, scalar_ghz, vector_psum_copy_16bit_rate, vector_instr_cycles,
+                 scalar_instr_cycles, gpsimd_instr_cycles, min_instruction_cycles, dma_bytes_per_s, dma_transfer_gap_ns,
                  dma_transfer_handoff_ns, dma_transpose_efficiency):
         # VectorE and ScalarE clocks (GHz): estimated cycles / clock = ns
         self.vector_ghz = vector_ghz
@@ -27,8 +27,11 @@ class EngineCosts(nl.NKIObject):
         # VectorE performance mode: elements per lane and cycle of a 16-bit copy with one
         # side in PSUM (ScalarE: 1)
         self.vector_psum_copy_16bit_rate = vector_psum_copy_16bit_rate
-        # fixed cost of a VectorE/ScalarE/GpSimd instruction, and the shortest one (MIN_II)
-        self.instr_cycles = instr_cycles
+        # fixed cost of one VectorE / ScalarE / GpSimd instruction (in that engine's cycles),
+        # and the shortest instruction (MIN_II)
+        self.vector_instr_cycles = vector_instr_cycles
+        self.scalar_instr_cycles = scalar_instr_cycles
+        self.gpsimd_instr_cycles = gpsimd_instr_cycles
         self.min_instruction_cycles = min_instruction_cycles
         # DMA: bandwidth of a core's 16 queues; per transfer and queue the occupancy is
         # max(gap, data + hand-over); SBUF->SBUF dma_transpose efficiency
@@ -47,7 +50,9 @@ MIRRORS = {
     "vector_ghz": ("vector_hz", 1e-9),
     "scalar_ghz": ("scalar_hz", 1e-9),
     "vector_psum_copy_16bit_rate": ("vector_perf_mode_half", 1),
-    "instr_cycles": ("static_overhead_cycles", 1),
+    "vector_instr_cycles": ("vector_static_cycles", 1),
+    "scalar_instr_cycles": ("scalar_static_cycles", 1),
+    "gpsimd_instr_cycles": ("gpsimd_static_cycles", 1),
     "min_instruction_cycles": ("min_instruction_cycles", 1),
     "dma_bytes_per_s": ("dma_bytes_per_s", 1),
     "dma_transfer_gap_ns": ("dma_transfer_gap_s", 1e9),
@@ -57,15 +62,18 @@ MIRRORS = {
 
 # NeuronCore-v2 (trn1), -v3 (trn2), -v4 (trn3)
 _GEN2 = EngineCosts(vector_ghz=1.12, scalar_ghz=1.4, vector_psum_copy_16bit_rate=1,
-                    instr_cycles=160.0, min_instruction_cycles=64, dma_bytes_per_s=272e9,
+                    vector_instr_cycles=180.0, scalar_instr_cycles=100.0,
+                    gpsimd_instr_cycles=180.0, min_instruction_cycles=64, dma_bytes_per_s=272e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=25.0,
                     dma_transpose_efficiency=0.5)
 _GEN3 = EngineCosts(vector_ghz=0.96, scalar_ghz=1.2, vector_psum_copy_16bit_rate=2,
-                    instr_cycles=160.0, min_instruction_cycles=64, dma_bytes_per_s=368e9,
+                    vector_instr_cycles=160.0, scalar_instr_cycles=360.0,
+                    gpsimd_instr_cycles=160.0, min_instruction_cycles=64, dma_bytes_per_s=368e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=25.0,
                     dma_transpose_efficiency=0.5)
 _GEN4 = EngineCosts(vector_ghz=1.2, scalar_ghz=1.2, vector_psum_copy_16bit_rate=2,
-                    instr_cycles=160.0, min_instruction_cycles=64, dma_bytes_per_s=528e9,
+                    vector_instr_cycles=160.0, scalar_instr_cycles=360.0,
+                    gpsimd_instr_cycles=160.0, min_instruction_cycles=64, dma_bytes_per_s=528e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=25.0,
                     dma_transpose_efficiency=0.5)
 

@@ -6,7 +6,6 @@ marked slow; ``-m sweep`` covers them all and re-fits the free parameters."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import zlib
 from pathlib import Path
@@ -68,7 +67,7 @@ def test_the_model_stays_within_the_band_on_the_held_out_measurements(calibrate)
     rows = [r for r in calibrate.load_rows() if not r.slow]
     values = _check(calibrate, rows)
     # the check can fail: the same rows with a badly wrong overhead leave the band
-    wrong = calibrate.modeled(rows, {"static_overhead_cycles": 1200.0})
+    wrong = calibrate.modeled(rows, {"vector_static_cycles": 1200.0, "scalar_static_cycles": 1200.0})
     errs = calibrate.errors(rows, wrong)
     assert any(abs(errs[r.id]) > calibrate.HELD_OUT_BAND for r in rows if r.split == "test")
     assert values
@@ -83,11 +82,25 @@ def test_every_measurement_including_the_slow_ones(calibrate):
 def test_the_fitted_parameters_are_the_ones_in_hardware_py(calibrate):
     rows = [r for r in calibrate.load_rows() if not r.slow]
     fitted = calibrate.fit(rows)
+    assert set(fitted) == set(calibrate.FREE_PARAMETERS)
     for name, value in fitted.items():
-        assert getattr(TARGETS["trn2"], name) == pytest.approx(value), name
-    for t in TARGETS.values():   # shared by every generation: no per-target value
-        assert all(getattr(t, n) == getattr(TARGETS["trn2"], n) for n in fitted)
-    assert dataclasses.fields(TARGETS["trn2"])
+        scope, _, field = name.rpartition(":")
+        # a bare name is shared by every generation; "trnN:field" is that target's own
+        for t in [TARGETS[scope]] if scope else TARGETS.values():
+            assert getattr(t, field) == pytest.approx(value), f"{t.name}.{field}"
+            if field == "vector_static_cycles":   # GpSimd takes VectorE's number
+                assert t.gpsimd_static_cycles == pytest.approx(value), t.name
+
+
+def test_scoped_parameters_change_only_their_target(calibrate):
+    both = calibrate.target_with("trn1", {"trn1:vector_static_cycles": 999.0, "trn2:scalar_static_cycles": 7.0,
+                                          "dma_descriptor_bytes": 3.0})
+    assert (both.vector_static_cycles, both.gpsimd_static_cycles) == (999.0, 999.0)
+    assert both.scalar_static_cycles == TARGETS["trn1"].scalar_static_cycles
+    assert both.dma_descriptor_bytes == 3.0
+    assert calibrate.target_with("trn2", {"trn1:vector_static_cycles": 999.0}) is TARGETS["trn2"]
+    with pytest.raises(ValueError, match="'trn1:vector_static'.*no field 'vector_static'"):
+        calibrate.target_with("trn1", {"trn1:vector_static": 1.0})
 
 
 # ----------------------------------------------------------------------------- nki-library QoR rows

@@ -6,6 +6,7 @@ the trn2 table in simulator/hardware.py, never copied from the model's output.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -85,11 +86,13 @@ def _one(op_builder):
     return compute_cost(b.trace[-1], TRN2)
 
 
-S = TRN2.static_overhead_cycles  # fixed cycles of every Vector/Scalar/GpSimd instruction
+S = TRN2.vector_static_cycles   # fixed cycles of a VectorE instruction
+SA = TRN2.scalar_static_cycles  # ... of a ScalarE one
+SG = TRN2.gpsimd_static_cycles  # ... of a GpSimd one
 
 
 def test_activation_cost_is_max_64_n_plus_static_overhead():
-    for n, expect in [(2048, 2048 + S), (10, 64 + S)]:
+    for n, expect in [(2048, 2048 + SA), (10, 64 + SA)]:
         cost = _one(lambda b: b.activation(sbuf("dst", new_alloc(), (128, n)), sbuf("data", new_alloc(), (128, n))))
         assert cost.cycles == expect
         assert cost.seconds == pytest.approx(expect / TRN2.scalar_hz)
@@ -98,7 +101,7 @@ def test_activation_cost_is_max_64_n_plus_static_overhead():
 def test_activation_accumulator_readout_adds_64_cycles():
     cost = _one(lambda b: b.activation(sbuf("dst", new_alloc(), (128, 512)), sbuf("data", new_alloc(), (128, 512)),
                                        reduce_res=sbuf("reduce_res", new_alloc(), (128, 1), "float32")))
-    assert cost.cycles == 512 + 64 + S
+    assert cost.cycles == 512 + 64 + SA
 
 
 def test_partial_partition_tiles_cost_as_much_as_full_ones():
@@ -125,7 +128,7 @@ def test_vector_performance_mode_on_trn2_only():
     b = TraceBuilder()
     copy(b)
     assert compute_cost(b.trace[0], TRN2).cycles == 1024 / 4 + S           # 4x: 16-bit, all SBUF
-    s1 = TARGETS["trn1"].static_overhead_cycles
+    s1 = TARGETS["trn1"].vector_static_cycles
     assert compute_cost(b.trace[0], TARGETS["trn1"]).cycles == 1024 + s1   # v2 has no perf mode
     from_psum = _one(lambda b: b.tensor_copy(sbuf("dst", new_alloc(), (128, 1024)),
                                              psum("src", new_alloc(), (128, 1024), "bfloat16")))
@@ -165,15 +168,32 @@ def test_alu_power_rsqrt_reciprocal_are_iterative_on_vector_and_gpsimd():
         b._add("tensor_scalar", engine, [sbuf("data", new_alloc(), (128, 512), "float32")],
                [sbuf("dst", new_alloc(), (128, 512), "float32")], op0="subtract", op1=op1)
 
-    assert _one(lambda b: ts(b, "gpsimd", "power")).cycles == 4 * 512 + S
+    assert _one(lambda b: ts(b, "gpsimd", "power")).cycles == 4 * 512 + SG
     assert _one(lambda b: ts(b, "vector", "rsqrt")).cycles == 8 * 512 + S
-    assert _one(lambda b: ts(b, "gpsimd", "multiply")).cycles == 512 + S
+    assert _one(lambda b: ts(b, "gpsimd", "multiply")).cycles == 512 + SG
 
 
 def test_gpsimd_iota_is_150_plus_n():
     cost = _one(lambda b: b.iota(sbuf("dst", new_alloc(), (128, 300), "float32")))
-    assert cost.cycles == 150 + 300 + S
-    assert cost.seconds == pytest.approx((150 + 300 + S) / TRN2.gpsimd_hz)
+    assert cost.cycles == 150 + 300 + SG
+    assert cost.seconds == pytest.approx((150 + 300 + SG) / TRN2.gpsimd_hz)
+
+
+def test_each_engine_pays_its_own_fixed_cost():
+    # the fixed cost is per engine and generation (hardware.py): distinct values must
+    # reach the instruction of that engine and no other
+    tgt = dataclasses.replace(TRN2, vector_static_cycles=1000.0, scalar_static_cycles=2000.0,
+                              gpsimd_static_cycles=3000.0)
+
+    def copy(engine):
+        b = TraceBuilder()
+        b._add("tensor_copy", engine, [sbuf("src", new_alloc(), (128, 512), "float32")],
+               [sbuf("dst", new_alloc(), (128, 512), "float32")])
+        return compute_cost(b.trace[0], tgt).cycles - compute_cost(b.trace[0], TRN2).cycles
+
+    assert copy("vector") == 1000.0 - S
+    assert copy("scalar") == 2000.0 - SA
+    assert copy("gpsimd") == 3000.0 - SG
 
 
 # ------------------------------------------------------------------------------- DMA
@@ -333,7 +353,7 @@ def test_small_dependent_instructions_pay_overheads_back_to_back():
         b.activation(sbuf("dst", tiles[i + 1], (128, 1)), sbuf("data", tiles[i], (128, 1)))
     est = estimate_trace(b.trace)
     per_instruction = (est.latency_us / US * TRN2.scalar_hz + 100) / 10
-    assert per_instruction == pytest.approx(64 + S + TRN2.dependency_latency_cycles)
+    assert per_instruction == pytest.approx(64 + SA + TRN2.dependency_latency_cycles)
 
 
 def test_write_after_read_waits_for_the_reader():

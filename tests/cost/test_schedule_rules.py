@@ -270,6 +270,17 @@ def test_variants_put_every_uncertain_number_at_its_end():
             assert getattr(opt, field) == o and getattr(pes, field) == p
 
 
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_every_fixed_cost_range_holds_its_generations_value(name):
+    # the fixed costs are per engine and generation, and so are their ranges: each must
+    # contain the target's own fitted value, or the error bar would exclude the model
+    target = TARGETS[name]
+    ranges = {n: (o, p) for n, o, p in target.cost_ranges}
+    for engine in ("vector", "scalar", "gpsimd"):
+        o, p = ranges[f"{engine}_static_cycles"]
+        assert o <= target.static_cycles(engine) <= p, (name, engine)
+
+
 def test_the_time_range_brackets_the_central_value():
     trace, allocs, _ = _stream(12)
     est = estimate_trace(trace, TRN2, allocations=allocs)

@@ -27,17 +27,18 @@ VectorE (``vector_hz``)
     ``tensor_copy``/``tensor_scalar`` with every operand bf16/fp16 run 4x faster when all
     operands are in SBUF, 2x when one is in PSUM; ``tensor_tensor`` with both inputs in SBUF
     and every operand bf16/fp16 runs 2x faster. Then ``max(MIN_II=64, cycles)`` plus the
-    static overhead ``static_overhead_cycles`` (calibrated, see hardware.py).
+    engine's static overhead ``vector_static_cycles`` (calibrated per generation, see
+    hardware.py).
 
 ScalarE (``scalar_hz``)
     ``activation`` and anything else on ScalarE: ``max(64, N / r)`` cycles, ``r`` = elements
     per partition per cycle (1, or 2 for 16-bit types on trn3); +64 cycles when the
-    instruction reads its accumulator out (``reduce_res``); plus the static overhead.
+    instruction reads its accumulator out (``reduce_res``); plus ``scalar_static_cycles``.
 
 GpSimd (``gpsimd_hz``)
     ``iota``/``affine_select``: ``150 + N``; other instructions as VectorE without its
     performance mode, x4 with an ALU ``power``/``rsqrt``/``reciprocal`` op (~4x slower than
-    ScalarE's rsqrt); plus the static overhead.
+    ScalarE's rsqrt); plus ``gpsimd_static_cycles``.
 
 DMA (16 engines per core, called queues here, ``dma_bytes_per_s / 16`` each)
     A transfer is spread over ``ceil(P / 8)`` queues (each DMA engine serves 8 SBUF
@@ -309,8 +310,9 @@ def compute_cost(ins, target: Target) -> InstructionCost:
         else:
             raise CostModelError(f"instruction {ins.index} ({ins.op}): engine={engine!r}; "
                                  f"expected one of {ENGINES}")
-        cycles = max(target.min_instruction_cycles, cycles) + target.static_overhead_cycles
-        rule += f", min {target.min_instruction_cycles}, +{target.static_overhead_cycles:g} static"
+        static = target.static_cycles(engine)
+        cycles = max(target.min_instruction_cycles, cycles) + static
+        rule += f", min {target.min_instruction_cycles}, +{static:g} static"
         _, lanes = _main_free(ins)
     return InstructionCost(engine, cycles, cycles / engine_hz(target, engine), rule, lanes)
 
