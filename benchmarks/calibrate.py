@@ -81,7 +81,10 @@ FREE_PARAMETERS = {
 }
 # Fitted on the train rows of nki-library's QoR vectors (with --nkilib), jointly with the
 # launch costs: no public trn2 row isolates trn2's VectorE. Each QoR row is re-scheduled at
-# every grid value (its dependencies are computed once).
+# every grid value (its dependencies are computed once). The grid starts at the performance
+# guide's "~100 cycles" static overhead [P]: below the documented figure the value would
+# only absorb other errors (attention_cte's rows, over-charged for other reasons, pull it
+# to the floor; mlp_cte's alone fit 250-300; docs/cost-model.md "Calibration").
 QOR_PARAMETERS = {"trn2:vector_static_cycles": [float(v) for v in range(100, 501, 50)]}
 
 
