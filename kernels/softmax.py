@@ -42,18 +42,19 @@ import nki.isa as nisa
 import nki.language as nl
 
 from .limits import SOFTMAX_MAX_COLS as MAX_COLS
+from .engine_costs import active as active_engine_costs
 from .limits import SOFTMAX_RESIDENT_BYTES as RESIDENT_BYTES
 from .tiling import (PARTITIONS, block_rows, cdiv, engine_segments, itemsize, load_block,
                      program_row_blocks, program_rows, rows_per_partition, spread)
 
 # Row packing target: 2048 elements per partition per DMA = 4 KiB bf16 / 8 KiB fp32.
 TARGET_COLS = 2048
-# Share of the final e * (1/sum) given to VectorE. Per element on trn2 (cost-model rules):
-# VectorE max reduce of bf16 0.52 ns (N/2 at 0.96 GHz; 1.04 for fp32), ScalarE exp 0.83 ns
-# (1.2 GHz); the scaling costs ScalarE 0.83 or VectorE 1.04 (fp32 input). Share f on
-# VectorE: ScalarE 0.83(2 - f), VectorE 0.52 + 1.04f -> f = 0.6 balances both at 1.16 ns
-# in bf16, under the 1.39 ns per element of bf16 HBM traffic (fp32 is DMA-bound anyway).
-VECTOR_SHARE = 0.6
+# The final e * (1/sum) is split between VectorE and ScalarE by _scaling_vector_share, from
+# the active generation's clocks and fixed costs per instruction (engine_costs.py). Per
+# element alone (trn2: VectorE max reduce of bf16 0.52 ns, ScalarE exp 0.83 ns, scaling
+# ScalarE 0.83 or VectorE 1.04 ns) VectorE would take 0.6 of it; with short rows the fixed
+# costs decide: ViT's 197-column rows (10 per partition) cost ScalarE 197 + 360 cycles per
+# exp, so all of the scaling goes to VectorE.
 # Column chunk of the online form: 4096 elements = 8 KiB bf16 per partition per DMA; small
 # enough that ScalarE starts on a row tile after 1/8 of a 32K-wide row has arrived.
 ONLINE_CHUNK = 4096
@@ -86,7 +87,8 @@ def _softmax_rows(x, out, n_rows, cols):
         inv_sum = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
         nisa.reciprocal(dst=inv_sum, data=row_sum)
         out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-        for j, lo, hi, on_vector in engine_segments(per, cols, VECTOR_SHARE):
+        share = _scaling_vector_share(per, cols, itemsize(x.dtype) == 2)
+        for j, lo, hi, on_vector in engine_segments(per, cols, share):
             if on_vector:
                 nisa.tensor_scalar(dst=out_tile[:, j, lo:hi], data=exp_tile[:, j, lo:hi],
                                    op0=nl.multiply, operand0=inv_sum[:, j:j + 1])
@@ -94,6 +96,23 @@ def _softmax_rows(x, out, n_rows, cols):
                 nisa.activation(dst=out_tile[:, j, lo:hi], op=nl.copy, data=exp_tile[:, j, lo:hi],
                                 scale=inv_sum[:, j:j + 1])
         nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
+
+
+def _scaling_vector_share(per, cols, sixteen):
+    """Share of a [P, per, cols] block's e * (1/sum) done on VectorE (rows when per > 1, else
+    columns): the one that evens out the block's estimated VectorE and ScalarE time, in [0, 1]
+    (cost-model rules with the active generation's numbers, engine_costs.py)."""
+    c = active_engine_costs()
+    mn = c.min_instruction_cycles
+    # ScalarE: one exp per row
+    scalar = per * (max(mn, cols) + c.scalar_instr_cycles) / c.scalar_ghz
+    # VectorE: the max over the block (16-bit: 2 elements per cycle) and 1 / sum (8 per element)
+    vector = (max(mn, per * cols / (2 if sixteen else 1)) + max(mn, 8 * per)
+              + 2 * c.vector_instr_cycles) / c.vector_ghz
+    # the scaling of every row on ScalarE, or on VectorE (fp32 input: 1 element per cycle)
+    on_scalar = per * (max(mn, cols) + c.scalar_instr_cycles) / c.scalar_ghz
+    on_vector = per * (max(mn, cols) + c.vector_instr_cycles) / c.vector_ghz
+    return min(1.0, max(0.0, (scalar + on_scalar - vector) / (on_scalar + on_vector)))
 
 
 def _resident_bytes(cols, chunk, itemsize):

@@ -80,3 +80,22 @@ def test_rotary_loads_all_heads_of_a_position_tile_at_once():
     q_loads = [i for i in loads if i.writes[0].shape == (128, 32, 128)]
     assert len(q_loads) == 2                       # 256 positions = 2 tiles, 32 heads each
     assert result.peak_sbuf_bytes_per_partition <= TRN2_SBUF
+
+
+def test_softmax_scaling_share_follows_the_active_generations_costs():
+    # e * (1/sum) goes where it evens out VectorE and ScalarE: with ViT's short rows the
+    # per-row exps' fixed cost (trn2 ScalarE) leaves all of it to VectorE; long rows split
+    # near the per-element balance; the share always stays in [0, 1]
+    from nki_kernels import _kernel_sources
+
+    mod = _kernel_sources.load("softmax", "simulator")
+    with simulator.activated(target="trn2"):
+        short = mod._scaling_vector_share(10, 197, True)
+        long = mod._scaling_vector_share(1, 2048, True)
+        tiny = mod._scaling_vector_share(1, 1, False)
+    with simulator.activated(target="trn1"):
+        short_trn1 = mod._scaling_vector_share(10, 197, True)
+    assert short == 1.0
+    assert 0.5 < long < 0.75
+    assert 0.0 <= tiny <= 1.0
+    assert short_trn1 < short   # trn1's ScalarE fixed cost is 100 cycles, not 360
