@@ -51,13 +51,14 @@ ATTENTION_SINGLE_PASS_MAX_KEYS = 2048
 # for the row kernels (kernels/rms_norm.py, layer_norm.py).
 NORM_DECODE_MAX_ROWS = 64
 # Which kernel the ops pick (ops/norms.py), from the modeled crossovers (trn2, LNC=2, bf16,
-# central values, 2026-12-01 at the 160-cycle fixed cost; decode / row kernel, us): the
-# decode kernel is ahead for H >= 768 and level at 512 (LayerNorm [40, 512] 6.3 / 6.3,
-# [40, 768] 6.5 / 7.6; RMSNorm [40, 384] 4.5 / 4.9) and behind below for LayerNorm
-# ([40, 384] 6.2 / 5.8, [40, 256] 6.1 / 5.3, [8, 128] 5.7 / 4.8); up to 40 rows for every
-# such H, and up to 64 for H >= 768 ([64, 768] 7.3 / 7.6, [64, 4096] 15.9 / 22.5; RMSNorm
-# [64, 8192] 15.4 / 32.1). Past 64 rows the crossovers (~72 rows at H = 1024, ~90 at 2048,
-# at 220 cycles) are near enough that the row kernels keep them.
+# central values, 2026-12-01 at the per-engine fixed costs; decode / row kernel, us): the
+# decode kernel is ahead for H >= 768 and level at 512 (LayerNorm [40, 512] 6.1 / 6.2,
+# [40, 768] 6.3 / 7.4) and behind below for LayerNorm ([40, 384] 6.0 / 5.7, [40, 256]
+# 5.9 / 5.1, [8, 128] 5.5 / 4.8); up to 40 rows for every such H, and up to 64 for
+# H >= 768 ([64, 768] 7.1 / 7.4, [64, 4096] 15.5 / 22.0; RMSNorm [64, 8192] 15.6 / 32.5).
+# RMSNorm alone would take the decode kernel lower too ([40, 384] 4.7 / 5.4, [40, 256]
+# 4.7 / 4.9); one threshold serves both ops. Past 64 rows the crossovers (~72 rows at
+# H = 1024, ~90 at 2048, at 220 cycles) are near enough that the row kernels keep them.
 NORM_DECODE_MIN_HIDDEN = 512
 NORM_DECODE_PICK_ROWS = 40
 NORM_DECODE_WIDE_HIDDEN = 768
@@ -69,24 +70,26 @@ NORM_DECODE_MAX_ELEMENTS = 8192
 # Up to this many rows (in total, so that both LNC degrees take the same path and give the
 # same bits) the decode kernels issue per-row instructions that take a row's statistics as
 # (P, 1) operands: ScalarE accumulation, activation bias/scale, two-op VectorE instructions
-# fuse the steps. At these sizes an instruction costs mostly its fixed overhead (160
-# cycles), so the shorter per-row chain wins while the row count keeps the engine queues
-# short; above it, one instruction per step over all rows is faster (modeled trn2, fp16,
-# H = 2048..8192, central values: at 3 rows the all-rows path, with LayerNorm's per-row
-# statistics below, is 0.1-0.2 us faster at LNC=2 and 0.3-1.0 us at LNC=1, and faster at
-# the pessimistic end too; at 2 rows the per-row path is 0.3 us faster at LNC=2, 0.1-0.2 us
-# slower at LNC=1). It was 3 while the fixed cost was fitted at 220 cycles.
+# fuse the steps. At these sizes an instruction costs mostly its fixed overhead, so the
+# shorter per-row chain wins while the row count keeps the engine queues short; above it,
+# one instruction per step over all rows is faster (modeled trn2, fp16, H = 2048..8192,
+# 2026-12-01 at the per-engine fixed costs: RMSNorm at 2 rows, the per-row path is 0.22 us
+# faster at LNC=2 and 0.3-0.5 us slower at LNC=1; at 3 rows 0.3-0.5 us slower at LNC=2.
+# LayerNorm's all-rows path, with the per-row statistics below, is 0.15 us faster at 1-2
+# rows at the central value and 0.17 us slower at the pessimistic end (5.02 (3.33-6.29)
+# against 5.17 (3.54-6.12) at [1, 4096]): one threshold for both ops, kept at 2). It was 3
+# while the fixed cost was one shared 220 cycles.
 NORM_DECODE_ROW_LOOP_MAX_ROWS = 2
 # Above that, LayerNorm's all-rows path gives a program of at most this many rows (at LNC=2:
 # a decode step of 3 to 5 tokens) per-row instructions for its statistics and its last step
 # (norm_decode._centre_rows; out = y * rstd + bias in one scalar_tensor_tensor per row):
 # each row's sums are ready one fixed overhead sooner than after a VectorE pass over all rows
 # and a reduce, which is most of a 2-row step (modeled trn2, LNC=2, fp16 LayerNorm [4, H]
-# with weight and bias, us (error bar): H = 4096 5.82 (3.73-7.61) -> 5.72 (3.52-7.48),
-# nki-library's layernorm_tkg 5.74 (3.79-7.52); 2048 5.72 (3.63-7.51) -> 5.68 (3.48-7.43);
-# 8192 6.28 (4.23-8.09) -> 6.02 (3.85-7.78)). A third row makes the per-row chain longer
-# than the all-rows pass ([6, H] at LNC=2: 0.2-0.4 us slower for H <= 4096, 0.2-0.7 us at
-# the pessimistic end). Chosen by the program's rows,
+# with weight and bias, us, 2026-12-01 at the per-engine fixed costs: H = 2048 5.53 -> 5.47,
+# 8192 6.09 -> 5.80; nki-library's layernorm_tkg at [4, 4096]: ours 5.5 (3.9-7.2), AWS's
+# 5.7 (4.2-7.4)). A third row makes the per-row chain longer than the all-rows pass
+# ([6, 2048] at LNC=2: 6.08 against 5.59 us; [6, 8192] level, 6.62 against 6.64).
+# Chosen by the program's rows,
 # unlike ROW_LOOP above, because both forms do the same fp32 operations per element: c = x - m
 # and its sum over the H / 128 elements of a partition on VectorE (tensor_scalar_reduce, or
 # tensor_tensor then tensor_reduce), y * rstd rounded to fp32, + bias (on GpSimd in the

@@ -56,9 +56,10 @@ PSUM_BANK_FP32 = nl.tile_size.psum_bank_fmax
 # Share f: VectorE 3.13 f, GpSimd 1.67 + 3.33 (1 - f) -> f = 0.77, 2.42 ns per element;
 # the per-bank instructions' fixed costs and the order in which the two paths' instructions
 # meet move the modeled optimum to 0.56 (swept 0.0-0.76 on the Llama-7B workload, trn2
-# LNC=2, at the 160-cycle fixed cost: 149 us against 161 at 0.72, the optimum while the fixed
-# cost was 220; 0.5 / 0.6 give 154 / 152; better at the pessimistic end too, 184 against
-# 197 us). Above fp32's 2.78 ns of HBM traffic per element nothing is lost; 16-bit data
+# LNC=2, at one shared 160-cycle fixed cost: 149 us against 161 at 0.72, the optimum while
+# that cost was 220; 0.5 / 0.6 gave 154 / 152; better at the pessimistic end too, 184
+# against 197 us). Still the optimum at the per-engine fixed costs (VectorE and GpSimd 100
+# cycles on trn2): 144.8 us against 150.5 at 0.5 and 149.3 at 0.62. Above fp32's 2.78 ns of HBM traffic per element nothing is lost; 16-bit data
 # (1.39 ns) is engine-bound.
 VECTOR_SHARE_PSUM = 0.56
 # Heads wider than a PSUM bank (D > 512): a in SBUF, a + b on VectorE reads two SBUF inputs
