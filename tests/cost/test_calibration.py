@@ -216,3 +216,27 @@ def test_config_rows_run_aws_kernels_from_a_checkout(calibrate):
     for r in small:
         assert 0.1 < values[r.id] / r.measured < 10, (r.id, values[r.id], r.measured)
         calibrate.forget(r)
+
+
+def test_the_qor_fit_picks_the_grid_point_whose_launch_priced_rows_fit_best(calibrate, monkeypatch):
+    # two train rows measured at 40 and 60 us; at point 0 the instruction streams model
+    # 10 / 30 us (a launch cost of 30 us fits both), at point 1 10 / 50 us (no single
+    # launch cost fits both): the fit must pick point 0 and its 30 us launch cost
+    def row(i, measured):
+        return calibrate.Row(id=f"q{i}", what="w", target="trn2", measured=measured, unit="us",
+                             quantity="latency_us", kernel="k", args={}, source="s", confidence="M?",
+                             split="train")
+
+    rows = [row(0, 40.0), row(1, 60.0)]
+    name = next(iter(calibrate.QOR_PARAMETERS))
+    points = calibrate._qor_points({"dma_descriptor_bytes": 20.0})
+    assert [p[name] for p in points] == calibrate.QOR_PARAMETERS[name]
+    assert all(p["dma_descriptor_bytes"] == 20.0 for p in points)
+    launch_now = TARGETS["trn2"].launch_overhead_s * 1e6
+    monkeypatch.setattr(calibrate, "launches", {"q0": (1, launch_now), "q1": (1, launch_now)})
+    at_point = [{"q0": 10.0 + launch_now, "q1": 30.0 + launch_now},
+                {"q0": 10.0 + launch_now, "q1": 50.0 + launch_now}]
+    point, launch, values = calibrate.fit_qor(rows, points[:2], at_point, {})
+    assert point == {name: points[0][name]}
+    assert launch["launch_overhead_s"] == pytest.approx(30e-6)
+    assert values == pytest.approx({"q0": 40.0, "q1": 60.0})
