@@ -41,8 +41,8 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-from .limits import SOFTMAX_MAX_COLS as MAX_COLS
 from .engine_costs import active as active_engine_costs
+from .limits import SOFTMAX_MAX_COLS as MAX_COLS
 from .limits import SOFTMAX_RESIDENT_BYTES as RESIDENT_BYTES
 from .tiling import (PARTITIONS, block_rows, cdiv, engine_segments, itemsize, load_block,
                      program_row_blocks, program_rows, rows_per_partition, spread)

@@ -94,10 +94,10 @@ class Target:
     # trn1's VectorE and ScalarE on the trn1 busy-time and instruction rows of
     # measurements.toml, trn2's ScalarE on its exp rows, trn2's VectorE on the train rows
     # of nki-library's QoR vectors (no public trn2 VectorE figure isolates it). GpSimd has
-    # no measurement on any generation and takes VectorE's number.
-    vector_static_cycles: float = 160.0
-    scalar_static_cycles: float = 160.0
-    gpsimd_static_cycles: float = 160.0
+    # no measurement on any generation and takes VectorE's number. Defaults: trn2's.
+    vector_static_cycles: float = 100.0
+    scalar_static_cycles: float = 360.0
+    gpsimd_static_cycles: float = 100.0
     dependency_latency_cycles: int = 100    # [S][P] extra wait of a consumer of a Vector/Scalar/GpSimd result
     matmul_min_cycles: int = 64             # [S] matmul max(min(64, M), N) cycles
     matmul_fp32_factor: int = 4             # [S] fp32 operands: 4 passes (79 vs 20 TFLOPS)
@@ -266,7 +266,6 @@ TARGETS: dict[str, Target] = {
         tensor_peak_bf16_flops=79e12, tensor_peak_fp32_flops=20e12,
         scalar_elems_per_cycle=128,
         dma_bytes_per_s=368e9, dma_queues=16,
-        vector_static_cycles=100.0, scalar_static_cycles=360.0, gpsimd_static_cycles=100.0,
     ),
     "trn3": Target(
         name="trn3", neuron_core="v4",
@@ -287,8 +286,7 @@ TARGETS: dict[str, Target] = {
         matmul_dtypes=("float8_e4m3", "float8_e5m2", "bfloat16", "float16", "tfloat32",
                        "float32", "float8_e4m3fn"),
         matmul_accumulate_onto_copies=True, has_mx=True,
-        # no trn3 measurement: trn2's fixed costs (and ranges)
-        vector_static_cycles=100.0, scalar_static_cycles=360.0, gpsimd_static_cycles=100.0,
+        # no trn3 measurement: trn2's fixed costs and their ranges (the defaults)
     ),
 }
 
