@@ -592,7 +592,8 @@ def qor_report(rows: list[Row], values: dict[str, float], worst: int = 10, shown
     train = [r for r in rows if r.split == "train" and r.id in values]
     lines = []
     if train:
-        lines.append("train rows (the launch costs are fitted on these; modeled / measured - 1):")
+        lines.append("train rows (the launch costs and trn2's VectorE fixed cost are fitted on these; "
+                     "modeled / measured - 1):")
         lines.append(f"  {'all':<14} {_summary([values[r.id] / r.measured - 1 for r in train])}")
         rows = [r for r in rows if r.split != "train"]
     errs = {r.id: values[r.id] / r.measured - 1 for r in rows if r.id in values}

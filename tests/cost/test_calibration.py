@@ -116,7 +116,8 @@ def test_the_nkilib_qor_rows_are_aws_references_with_their_launch_degree_and_a_b
     for r in rows:
         assert r.kernel.startswith(calibrate.NKILIB_PREFIX) and r.kernel.count(":") == 2, r.id
         assert not r.known_miss and not r.relative_to, r.id
-        # the train rows (the launch costs are fitted on them) follow the file's blind rule
+        # the train rows (the launch costs and trn2's VectorE fixed cost are fitted on them)
+        # follow the file's blind rule
         assert r.split == ("train" if zlib.crc32(r.id.encode()) % 3 == 0 else "test"), r.id
         assert (r.target, r.unit, r.quantity, r.confidence) == ("trn2", "us", "latency_us", "M?"), r.id
         assert r.source.startswith("aws-neuron/nki-library @d2ad3a57 test/integration/nkilib/core/"), r.id
