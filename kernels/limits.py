@@ -68,20 +68,21 @@ NORM_DECODE_WIDE_PICK_ROWS = 64
 # 224 KiB SBUF partition (and the row totals [128, N] fp32 fit one PSUM bank).
 NORM_DECODE_MAX_ELEMENTS = 8192
 # Up to this many rows (in total, so that both LNC degrees take the same path and give the
-# same bits) the decode kernels issue per-row instructions that take a row's statistics as
-# (P, 1) operands: ScalarE accumulation, activation bias/scale, two-op VectorE instructions
-# fuse the steps. At these sizes an instruction costs mostly its fixed overhead, so the
-# shorter per-row chain wins while the row count keeps the engine queues short; above it,
-# one instruction per step over all rows is faster (modeled trn2, fp16, H = 2048..8192,
-# 2026-12-01 at the per-engine fixed costs: RMSNorm at 2 rows, the per-row path is 0.22 us
-# faster at LNC=2 and 0.3-0.5 us slower at LNC=1; at 3 rows 0.3-0.5 us slower at LNC=2.
-# LayerNorm's all-rows path, with the per-row statistics below, is 0.15 us faster at 1-2
-# rows at the central value and 0.17 us slower at the pessimistic end (5.02 (3.33-6.29)
-# against 5.17 (3.54-6.12) at [1, 4096]): one threshold for both ops, kept at 2). It was 3
-# while the fixed cost was one shared 220 cycles.
+# same bits) the RMSNorm decode kernel issues per-row instructions that take a row's
+# statistics as (P, 1) operands: ScalarE accumulation, activation bias/scale, two-op VectorE
+# instructions fuse the steps. At these sizes an instruction costs mostly its fixed
+# overhead, so the shorter per-row chain wins while the row count keeps the engine queues
+# short; above it, one instruction per step over all rows is faster (modeled trn2, fp16,
+# H = 2048..8192, 2026-12-01 at the per-engine fixed costs: at 2 rows the per-row path is
+# 0.22 us faster at LNC=2 and 0.3-0.5 us slower at LNC=1; at 3 rows 0.3-0.5 us slower at
+# LNC=2). It was 3 while the fixed cost was one shared 220 cycles. LayerNorm no longer has
+# such a path: its all-rows form, with the per-row statistics below, is 0.15-0.2 us faster
+# at 1-2 rows at the central value (LNC=2, bf16/fp32, H = 512..16384; [1, 4096] 5.02
+# (3.33-6.29) against 5.17 (3.54-6.12) us; 1 us faster at 2 rows at LNC=1) and ~0.15 us
+# slower at the pessimistic end.
 NORM_DECODE_ROW_LOOP_MAX_ROWS = 2
-# Above that, LayerNorm's all-rows path gives a program of at most this many rows (at LNC=2:
-# a decode step of 3 to 5 tokens) per-row instructions for its statistics and its last step
+# LayerNorm's decode kernel gives a program of at most this many rows (at LNC=2: a decode
+# step of 1 to 5 tokens) per-row instructions for its statistics and its last step
 # (norm_decode._centre_rows; out = y * rstd + bias in one scalar_tensor_tensor per row):
 # each row's sums are ready one fixed overhead sooner than after a VectorE pass over all rows
 # and a reduce, which is most of a 2-row step (modeled trn2, LNC=2, fp16 LayerNorm [4, H]

@@ -23,29 +23,26 @@ Statistics:
     LayerNorm takes two passes: the mean m, then the sums of c = x - m and of c**2; the
     small residual mean m2 = mean(c) corrects the first pass (var = mean(c**2) - m2**2,
     y = c - m2), so rows with a large mean keep an exact variance (like the row kernel's
-    ScalarE path). TensorE also adds eps (and, for many rows, -m2**2) into the PSUM tile
-    the rstd step reads (one VectorE max(., eps) ** -0.5: the clamp keeps a variance that
-    rounds below 0 from giving NaN).
-Two paths, chosen by the total row count (not by a program's share, so LNC=1 and LNC=2
-give the same bits; the one exception, which keeps the per-element arithmetic, is under
-"more rows"):
-    few rows (N <= ROW_LOOP_MAX_ROWS): a decode step is a chain of small dependent
-        instructions, each costing mostly its fixed overhead, so per row the kernels issue
+    ScalarE path). TensorE also adds eps and -m2**2 into the PSUM tile the rstd step
+    reads (one VectorE max(., eps) ** -0.5: the clamp keeps a variance that rounds below
+    0 from giving NaN).
+RMSNorm has two paths, chosen by the total row count (not by a program's share, so LNC=1
+and LNC=2 give the same bits); LayerNorm has one, whose per-row statistics are the one
+choice made by a program's share and keep the per-element arithmetic (below):
+    few rows (RMSNorm, N <= ROW_LOOP_MAX_ROWS): a decode step is a chain of small dependent
+        instructions, each costing mostly its fixed overhead, so per row the kernel issues
         instructions that take the row's statistics as (P, 1) operands, fusing steps:
-        RMSNorm: sum(x**2) in ScalarE's accumulator, rsqrt, (x * rstd) * weight in one
-        scalar_tensor_tensor. LayerNorm: sum(x) on ScalarE; c = x - m with its sum on
-        VectorE (tensor_scalar_reduce) while ScalarE sums (m - x)**2 (activation bias m);
-        var + eps = -m2 * m2 + (q + eps) in one activation (scale and bias (P, 1) PSUM
-        columns), rstd = max(var + eps, eps) ** -0.5 on VectorE (a constant row's var can
-        round below 0); y = (c - m2) * weight and out = y * rstd + bias, one VectorE instruction
-        each.
-    more rows: one instruction per step over all rows, the per-row statistics broadcast
-        along H1 (stride 0) as tensor_tensor operands; c**2 on ScalarE, m2**2 on ScalarE
-        while VectorE still sums the squares; (c - m2) * weight before rsqrt is known, so
-        after rsqrt only * rstd (+ bias) remain. LayerNorm with at most PER_ROW_MAX_ROWS
-        rows in a program (LNC=2, 4 or 5 tokens) centres each row with its sum in one
-        VectorE instruction and sums its squares on ScalarE, and ends with one
-        y * rstd + bias per row (limits.py says why that keeps the bits).
+        sum(x**2) in ScalarE's accumulator, rsqrt, (x * rstd) * weight in one
+        scalar_tensor_tensor.
+    more rows (RMSNorm), every row count (LayerNorm): one instruction per step over all
+        rows, the per-row statistics broadcast along H1 (stride 0) as tensor_tensor
+        operands; c**2 on ScalarE, m2**2 on ScalarE while VectorE still sums the squares;
+        (c - m2) * weight before rsqrt is known, so after rsqrt only * rstd (+ bias)
+        remain. LayerNorm with at most PER_ROW_MAX_ROWS rows in a program (1 to 5 tokens
+        at LNC=2) centres each row with its sum in one VectorE instruction and sums its
+        squares on ScalarE, and ends with one y * rstd + bias per row (limits.py says why
+        that keeps the bits). A per-row LayerNorm chain like RMSNorm's was 0.15 us slower
+        at 1-2 rows at the central cost (limits.py).
 LNC:
     each program takes a contiguous half of the rows (``program_share``); rows are
     independent, so both degrees give the same output.
@@ -171,7 +168,7 @@ def _rms_all(x_tile, out_tile, weight_tile, cols, eps):
 def _decode(x, vectors, rows_body, all_body, eps):
     """What both kernels do around their statistics: this program's rows of x [N, H] into
     SBUF as [128, n, H1], the per-column ``vectors`` (weight, bias; None stays None) as
-    [128, H1], ``rows_body`` (total rows <= ROW_LOOP_MAX_ROWS) or ``all_body``
+    [128, H1], ``rows_body`` (total rows <= ROW_LOOP_MAX_ROWS; None: never) or ``all_body``
     (x_tile, out_tile, *vector tiles, H, eps), the result stored back. Returns the
     shared_hbm output [N, H]."""
     total_rows, cols, h1 = _check(x)
@@ -185,7 +182,7 @@ def _decode(x, vectors, rows_body, all_body, eps):
     nisa.dma_copy(dst=x_tile, src=_hidden_on_partitions(x, h1))
     vector_tiles = [None if v is None else _vector_on_partitions(v, h1) for v in vectors]
     out_tile = nl.ndarray((PARTITIONS, n_rows, h1), dtype=x.dtype, buffer=nl.sbuf)
-    body = rows_body if total_rows <= ROW_LOOP_MAX_ROWS else all_body
+    body = rows_body if rows_body is not None and total_rows <= ROW_LOOP_MAX_ROWS else all_body
     body(x_tile, out_tile, *vector_tiles, cols, eps)
     nisa.dma_copy(dst=_hidden_on_partitions(out_rows, h1), src=out_tile)
     return out
@@ -207,76 +204,11 @@ def rms_norm_decode_kernel(x, weight=None, eps=1e-6):
 
 # ----------------------------------------------------------------------------- LayerNorm
 
-def _layer_rows(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
-    """Few rows, per row: sum(x) on ScalarE; then c = x - m with -sum(c) on VectorE
-    (tensor_scalar_reduce, negated read-out) while ScalarE sums (x - m)**2 (square with
-    bias m, scale -1 on x: the same fp32 value as c**2). Two matmuls give PSUM
-    (-m2 | q + eps) (the eps columns are put in PSUM by a matmul issued before x arrives)
-    and m2, so var + eps = -m2 * m2 + (q + eps) is one ScalarE instruction (rstd: one
-    VectorE max and power); meanwhile
-    y = (c - m2) * weight on VectorE; then out = (y * rstd) + bias."""
-    n_rows, h1 = x_tile.shape[1], x_tile.shape[2]
-    inv = _mean_matrix(cols)
-    neg_inv = nl.ndarray((PARTITIONS, PARTITIONS), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=neg_inv, value=-1.0 / cols, engine=nisa.engine.gpsimd)
-    # moving [128, 2N] = 0 | eps * H1: its column sums / H are 0 | eps (to fp32 rounding)
-    eps_cols = nl.ndarray((PARTITIONS, 2 * n_rows), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=eps_cols[:, 0:n_rows], value=0.0, engine=nisa.engine.gpsimd)
-    nisa.memset(dst=eps_cols[:, n_rows:2 * n_rows], value=eps * h1, engine=nisa.engine.gpsimd)
-    stats = nl.ndarray((PARTITIONS, 2 * n_rows), dtype=nl.float32, buffer=nl.psum)   # -m2 | q + eps
-    nisa.nc_matmul(dst=stats, stationary=inv, moving=eps_cols, accumulate=False)
-    discard = nl.ndarray((PARTITIONS, h1), dtype=nl.float32, buffer=nl.sbuf)
-    sums = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
-    for r in range(n_rows):
-        nisa.activation(dst=discard, op=nl.copy, data=x_tile[:, r, :], reduce_op=nl.add,
-                        reduce_res=_col(sums, r), reduce_cmd=nisa.reduce_cmd.reset_reduce)
-    mean = _row_means(inv, sums)                                       # PSUM [128, N]: m
-    # partials [128, 2N]: -sum(c) per row | sum(c**2) per row
-    partials = nl.ndarray((PARTITIONS, 2 * n_rows), dtype=nl.float32, buffer=nl.sbuf)
-    centred = nl.ndarray((PARTITIONS, n_rows, h1), dtype=nl.float32, buffer=nl.sbuf)
-    for r in range(n_rows):
-        nisa.tensor_scalar_reduce(dst=centred[:, r, :], data=x_tile[:, r, :], op0=nl.subtract,
-                                  operand0=_col(mean, r), reduce_op=nl.add, reduce_res=_col(partials, r),
-                                  reduce_res_negate=True)
-        # (m - x)**2: -x + m is -(x - m) exactly in fp32, so this is c**2
-        nisa.activation(dst=discard, op=nl.square, data=x_tile[:, r, :], scale=-1.0, bias=_col(mean, r),
-                        reduce_op=nl.add, reduce_res=_col(partials, n_rows + r),
-                        reduce_cmd=nisa.reduce_cmd.reset_reduce)
-    nisa.nc_matmul(dst=stats, stationary=inv, moving=partials, accumulate=True)
-    m2 = _row_means(neg_inv, partials[:, 0:n_rows])                    # PSUM [128, N]: m2
-    rstd = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
-    var_eps = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
-    for r in range(n_rows):
-        # -m2 * m2 + q + eps: var = mean(c**2) - mean(c)**2 (+ eps), one ScalarE instruction
-        nisa.activation(dst=_col(var_eps, r), op=nl.copy, data=_col(stats, r), scale=_col(m2, r),
-                        bias=_col(stats, n_rows + r))
-    # rsqrt(max(., eps)) for all rows in one VectorE instruction: a constant row's var rounds
-    # to +-ulps of m2**2, which a tiny eps cannot lift above 0 (rsqrt would give NaN; torch's
-    # var is 0 there)
-    nisa.tensor_scalar(dst=rstd, data=var_eps, op0=nl.maximum, operand0=float(eps), op1=nl.power, operand1=-0.5)
-    for r in range(n_rows):
-        neg_m2 = _col(stats, r)
-        c_r, out_r = centred[:, r, :], out_tile[:, r, :]
-        if weight_tile is None and bias_tile is None:
-            nisa.tensor_scalar(dst=out_r, data=c_r, op0=nl.add, operand0=neg_m2,
-                               op1=nl.multiply, operand1=_col(rstd, r))
-            continue
-        if weight_tile is None:
-            nisa.tensor_scalar(dst=c_r, data=c_r, op0=nl.add, operand0=neg_m2)
-        else:
-            nisa.scalar_tensor_tensor(dst=c_r, data=c_r, op0=nl.add, operand0=neg_m2,
-                                      op1=nl.multiply, operand1=weight_tile)
-        if bias_tile is None:
-            nisa.tensor_scalar(dst=out_r, data=c_r, op0=nl.multiply, operand0=_col(rstd, r))
-        else:
-            nisa.scalar_tensor_tensor(dst=out_r, data=c_r, op0=nl.multiply, operand0=_col(rstd, r),
-                                      op1=nl.add, operand1=bias_tile)
-
-
 def _centre_rows(x_tile, centred, mean, sum_c, sum_sq):
     """Per row: c = x - m with its per-partition sum in one VectorE tensor_scalar_reduce, and
-    the sum of (m - x)**2 = c**2 on ScalarE's accumulator (as _layer_rows). ``mean``: [128, n]
-    PSUM; ``sum_c``, ``sum_sq``: [128, n] SBUF."""
+    the sum of (m - x)**2 = c**2 on ScalarE's accumulator (square with bias m, scale -1 on
+    x: the same fp32 value as c**2). ``mean``: [128, n] PSUM; ``sum_c``, ``sum_sq``:
+    [128, n] SBUF."""
     n_rows, h1 = x_tile.shape[1], x_tile.shape[2]
     discard = nl.ndarray((PARTITIONS, h1), dtype=nl.float32, buffer=nl.sbuf)
     for r in range(n_rows):
@@ -287,7 +219,7 @@ def _centre_rows(x_tile, centred, mean, sum_c, sum_sq):
 
 
 def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
-    """More rows: sum(x) on VectorE; c = x - m (m read from PSUM); c**2 on ScalarE while
+    """Every row count: sum(x) on VectorE; c = x - m (m read from PSUM); c**2 on ScalarE while
     VectorE sums c (a program of at most PER_ROW_MAX_ROWS rows: per row, _centre_rows);
     m2 = mean(c) and m2**2 (ScalarE) while VectorE sums the squares; TensorE
     accumulates var + eps = eps + mean(c**2) - m2**2 in one PSUM tile; y = (c - m2)
@@ -324,8 +256,8 @@ def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
     nisa.tensor_tensor(dst=centred, data1=centred, data2=_along_h1(m2, h1), op=nl.subtract)
     nisa.nc_matmul(dst=var_eps, stationary=inv, moving=sum_sq, accumulate=True)       # + mean(c**2)
     nisa.nc_matmul(dst=var_eps, stationary=neg_first, moving=m2_sq, accumulate=True)  # - m2**2
-    # rstd = max(var + eps, eps) ** -0.5 on VectorE (the max: var can round below 0 for
-    # constant rows, see _layer_rows), into PSUM: a VectorE tensor_tensor with one input in
+    # rstd = max(var + eps, eps) ** -0.5 on VectorE (the max: var = mean(c**2) - m2**2 can
+    # round below 0 for constant rows of large values, where eps cannot lift it), into PSUM: a VectorE tensor_tensor with one input in
     # PSUM costs N, not 2N
     rstd = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.psum)
     nisa.tensor_scalar(dst=rstd, data=var_eps, op0=nl.maximum, operand0=float(eps), op1=nl.power, operand1=-0.5)
@@ -356,4 +288,4 @@ def layer_norm_decode_kernel(x, weight=None, bias=None, eps=1e-5):
     Returns:
         HBM [N, H] (shared_hbm), dtype of ``x``.
     """
-    return _decode(x, (weight, bias), _layer_rows, _layer_all, eps)
+    return _decode(x, (weight, bias), None, _layer_all, eps)

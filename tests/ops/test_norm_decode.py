@@ -14,7 +14,7 @@ from ._cases import assert_matches, randn
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 MAX_ROWS = norms.DECODE_MAX_ROWS
-# up to this many rows the kernels issue per-row instructions, above it one per step
+# up to this many rows the RMSNorm kernel issues per-row instructions, above it one per step
 ROW_LOOP = _kernel_sources.limits().NORM_DECODE_ROW_LOOP_MAX_ROWS
 # LayerNorm's all-rows path takes its statistics per row up to this many rows in a program
 PER_ROW = _kernel_sources.limits().NORM_DECODE_PER_ROW_MAX_ROWS
