@@ -88,12 +88,19 @@ FREE_PARAMETERS = {
 QOR_PARAMETERS = {"trn2:vector_static_cycles": [float(v) for v in range(100, 501, 50)]}
 
 
+def scoped(name: str) -> tuple[str, str]:
+    """(target, field) of a parameter name: "trn1:vector_static_cycles" -> ("trn1", ...);
+    a bare name has no target ("")."""
+    scope, _, fld = name.rpartition(":")
+    return scope, fld
+
+
 def target_with(target: str, params: dict | None):
     """TARGETS[target] with ``params`` (FREE_PARAMETERS / QOR_PARAMETERS names) applied."""
     tgt = TARGETS[target]
     changes = {}
     for name, value in (params or {}).items():
-        scope, _, fld = name.rpartition(":")
+        scope, fld = scoped(name)
         if scope and scope != target:
             continue
         if not hasattr(tgt, fld):
@@ -387,8 +394,7 @@ def fit(rows: list[Row], rounds: int = 2) -> dict:
     train = [r for r in rows if r.split == "train"]
     refs = {r.relative_to for r in train if r.relative_to}
     train += [r for r in rows if r.id in refs and r not in train]
-    params = {name: getattr(TARGETS[name.rpartition(":")[0] or "trn2"], name.rpartition(":")[2])
-              for name in FREE_PARAMETERS}
+    params = {name: getattr(TARGETS[scoped(name)[0] or "trn2"], scoped(name)[1]) for name in FREE_PARAMETERS}
     best = _loss(train, modeled(train, params))
     for _ in range(rounds):
         changed = False
@@ -430,10 +436,15 @@ def with_launch(rows: list[Row], values: dict[str, float], params: dict) -> dict
     return out
 
 
+def _launch_train(rows: list[Row], values: dict[str, float]) -> list[Row]:
+    """The train rows that are whole-launch latencies with a modeled value."""
+    return [r for r in rows if r.split == "train" and r.id in launches and r.id in values]
+
+
 def fit_launch(rows: list[Row], values: dict[str, float]) -> dict:
     """The launch costs minimising the mean squared log error of the train latency rows
     (a full grid: two numbers, 61 x 61 points)."""
-    train = [r for r in rows if r.split == "train" and r.id in launches and r.id in values]
+    train = _launch_train(rows, values)
     if not train:
         raise ValueError("no train row with a whole-launch latency: nothing to fit the launch cost on")
     best, params = math.inf, {}
@@ -455,7 +466,7 @@ def _qor_points(params: dict) -> list[dict]:
 def _central_point(points: list[dict]) -> int:
     """Index of the grid point holding the target's current value (progress lines)."""
     (name, _), = QOR_PARAMETERS.items()
-    scope, _, fld = name.rpartition(":")
+    scope, fld = scoped(name)
     now = getattr(TARGETS[scope], fld)
     return min(range(len(points)), key=lambda k: abs(points[k][name] - now))
 
@@ -470,8 +481,7 @@ def fit_qor(rows: list[Row], points: list[dict], at_point: list[dict], public: d
         merged = {**public, **vals}
         launch = fit_launch(rows, merged)
         priced = with_launch(rows, merged, launch)
-        train = [r for r in rows if r.split == "train" and r.id in launches and r.id in priced]
-        loss = _loss(train, priced)
+        loss = _loss(_launch_train(rows, priced), priced)
         print(f"  {name} = {point[name]:g}: launch {launch['launch_overhead_s'] * 1e6:.0f} + "
               f"{launch['second_core_launch_s'] * 1e6:.0f} us, train loss {loss:.4f}")
         if loss < best[0]:

@@ -84,7 +84,7 @@ def test_the_fitted_parameters_are_the_ones_in_hardware_py(calibrate):
     fitted = calibrate.fit(rows)
     assert set(fitted) == set(calibrate.FREE_PARAMETERS)
     for name, value in fitted.items():
-        scope, _, field = name.rpartition(":")
+        scope, field = calibrate.scoped(name)
         # a bare name is shared by every generation; "trnN:field" is that target's own
         for t in [TARGETS[scope]] if scope else TARGETS.values():
             assert getattr(t, field) == pytest.approx(value), f"{t.name}.{field}"
