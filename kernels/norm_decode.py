@@ -257,8 +257,8 @@ def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
     nisa.nc_matmul(dst=var_eps, stationary=inv, moving=sum_sq, accumulate=True)       # + mean(c**2)
     nisa.nc_matmul(dst=var_eps, stationary=neg_first, moving=m2_sq, accumulate=True)  # - m2**2
     # rstd = max(var + eps, eps) ** -0.5 on VectorE (the max: var = mean(c**2) - m2**2 can
-    # round below 0 for constant rows of large values, where eps cannot lift it), into PSUM: a VectorE tensor_tensor with one input in
-    # PSUM costs N, not 2N
+    # round below 0 for constant rows of large values, where eps cannot lift it), into PSUM:
+    # a VectorE tensor_tensor with one input in PSUM costs N, not 2N
     rstd = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.psum)
     nisa.tensor_scalar(dst=rstd, data=var_eps, op0=nl.maximum, operand0=float(eps), op1=nl.power, operand1=-0.5)
     if weight_tile is not None:

@@ -104,15 +104,15 @@ def _scaling_vector_share(per, cols, sixteen):
     (cost-model rules with the active generation's numbers, engine_costs.py)."""
     c = active_engine_costs()
     mn = c.min_instruction_cycles
-    # ScalarE: one exp per row
-    scalar = per * (max(mn, cols) + c.scalar_instr_cycles) / c.scalar_ghz
+    # one pass over every row on ScalarE: the exps, and the scaling if ScalarE takes it all
+    on_scalar = per * (max(mn, cols) + c.scalar_instr_cycles) / c.scalar_ghz
     # VectorE: the max over the block (16-bit: 2 elements per cycle) and 1 / sum (8 per element)
     vector = (max(mn, per * cols / (2 if sixteen else 1)) + max(mn, 8 * per)
               + 2 * c.vector_instr_cycles) / c.vector_ghz
-    # the scaling of every row on ScalarE, or on VectorE (fp32 input: 1 element per cycle)
-    on_scalar = per * (max(mn, cols) + c.scalar_instr_cycles) / c.scalar_ghz
+    # the scaling of every row on VectorE (fp32 input: 1 element per cycle)
     on_vector = per * (max(mn, cols) + c.vector_instr_cycles) / c.vector_ghz
-    return min(1.0, max(0.0, (scalar + on_scalar - vector) / (on_scalar + on_vector)))
+    # ScalarE's exps + (1 - f) of the scaling = VectorE's own work + f of it
+    return min(1.0, max(0.0, (2 * on_scalar - vector) / (on_scalar + on_vector)))
 
 
 def _resident_bytes(cols, chunk, itemsize):
