@@ -39,9 +39,21 @@ def test_every_row_has_a_source_a_kernel_and_a_known_quantity(calibrate):
     for r in rows:
         assert r.source and r.what and r.confidence in ("M", "M?", "P"), r.id
         assert r.quantity.partition(":")[0] in ("latency_us", "dma_slot_us", "dma_stream_gbps", "op_slot_us",
-                                                "chain_interval_us", "consumer_start_us", "busy_us"), r.id
+                                                "chain_interval_us", "consumer_start_us", "busy_us",
+                                                "duration_sum_us"), r.id
         assert (ROOT / "benchmarks" / "calibration" / "kernels" / f"{r.kernel.partition(':')[0]}.py").exists(), r.id
     assert any(r.rank_group for r in rows)
+
+
+def test_duration_sums_add_up_one_engine_s_instructions_on_one_core(calibrate):
+    rows = {r.id: r for r in calibrate.load_rows()}
+    durations, busy = rows["mamba.v1.c256_s512.vector_durations"], rows["mamba.v1.c256_s512.vector_busy"]
+    values = calibrate.modeled([durations, busy])
+    # the model holds an engine for each instruction's whole duration: the two coincide
+    assert values[durations.id] == pytest.approx(values[busy.id], rel=1e-9)
+    scalar = calibrate.Row(**{**vars(durations), "id": "scalar_durations", "quantity": "duration_sum_us:scalar",
+                              "run": None})
+    assert 0 < calibrate.modeled([scalar])[scalar.id] < 0.5 * values[durations.id]
 
 
 def test_bad_measurement_files_are_rejected_naming_the_row(calibrate, tmp_path):
