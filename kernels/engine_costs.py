@@ -18,12 +18,13 @@ import nki.language as nl
 class EngineCosts(nl.NKIObject):
     """Figures of one NeuronCore generation (names: the Target field each one mirrors)."""
 
-    def __init__(self, vector_ghz, scalar_ghz, vector_psum_copy_16bit_rate, vector_instr_cycles,
+    def __init__(self, vector_ghz, scalar_ghz, gpsimd_ghz, vector_psum_copy_16bit_rate, vector_instr_cycles,
                  scalar_instr_cycles, gpsimd_instr_cycles, min_instruction_cycles, dma_bytes_per_s, dma_transfer_gap_ns,
                  dma_transfer_handoff_ns, dma_transpose_efficiency):
-        # VectorE and ScalarE clocks (GHz): estimated cycles / clock = ns
+        # VectorE, ScalarE and GpSimd clocks (GHz): estimated cycles / clock = ns
         self.vector_ghz = vector_ghz
         self.scalar_ghz = scalar_ghz
+        self.gpsimd_ghz = gpsimd_ghz
         # VectorE performance mode: elements per lane and cycle of a 16-bit copy with one
         # side in PSUM (ScalarE: 1)
         self.vector_psum_copy_16bit_rate = vector_psum_copy_16bit_rate
@@ -49,6 +50,7 @@ class EngineCosts(nl.NKIObject):
 MIRRORS = {
     "vector_ghz": ("vector_hz", 1e-9),
     "scalar_ghz": ("scalar_hz", 1e-9),
+    "gpsimd_ghz": ("gpsimd_hz", 1e-9),
     "vector_psum_copy_16bit_rate": ("vector_perf_mode_half", 1),
     "vector_instr_cycles": ("vector_static_cycles", 1),
     "scalar_instr_cycles": ("scalar_static_cycles", 1),
@@ -61,17 +63,17 @@ MIRRORS = {
 }
 
 # NeuronCore-v2 (trn1), -v3 (trn2), -v4 (trn3)
-_GEN2 = EngineCosts(vector_ghz=1.12, scalar_ghz=1.4, vector_psum_copy_16bit_rate=1,
+_GEN2 = EngineCosts(vector_ghz=1.12, scalar_ghz=1.4, gpsimd_ghz=1.4, vector_psum_copy_16bit_rate=1,
                     vector_instr_cycles=180.0, scalar_instr_cycles=100.0,
                     gpsimd_instr_cycles=180.0, min_instruction_cycles=64, dma_bytes_per_s=272e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=25.0,
                     dma_transpose_efficiency=0.5)
-_GEN3 = EngineCosts(vector_ghz=0.96, scalar_ghz=1.2, vector_psum_copy_16bit_rate=2,
+_GEN3 = EngineCosts(vector_ghz=0.96, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_copy_16bit_rate=2,
                     vector_instr_cycles=100.0, scalar_instr_cycles=360.0,
                     gpsimd_instr_cycles=100.0, min_instruction_cycles=64, dma_bytes_per_s=368e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=25.0,
                     dma_transpose_efficiency=0.5)
-_GEN4 = EngineCosts(vector_ghz=1.2, scalar_ghz=1.2, vector_psum_copy_16bit_rate=2,
+_GEN4 = EngineCosts(vector_ghz=1.2, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_copy_16bit_rate=2,
                     vector_instr_cycles=100.0, scalar_instr_cycles=360.0,
                     gpsimd_instr_cycles=100.0, min_instruction_cycles=64, dma_bytes_per_s=528e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=25.0,

@@ -11,13 +11,23 @@ Layout:
     Long rows: tiles of up to 128 rows, the row read in column chunks of
     min(max_cols, ONLINE_CHUNK).
 Engines:
-    one pass (C <= max_cols), per block:
+    one pass (C <= max_cols), per block, in one of two forms (whichever the cost model's
+    numbers for the active generation make faster: _block_exp_time / _row_exp_time):
+    per-row form:
       VectorE  row max over all J rows at once (tensor_reduce, negated -> exp bias)
-      ScalarE  e = exp(x - max) in fp32 with add-reduction -> row sum (one pass)
+      ScalarE  e = exp(x - max) in fp32 with add-reduction -> row sum, one instruction per row
       VectorE  1 / sum on [P, J] (tiny)
       e * (1/sum), rounded once to the output dtype: ScalarE (copy with per-partition scale)
                for a share of the rows/columns, VectorE (tensor_scalar) for the rest
-               (VECTOR_SHARE), split by rows when J > 1, else by columns
+               (_scaling_vector_share), split by rows when J > 1, else by columns
+    block form (J > 1 short rows, where ScalarE's fixed cost per instruction dominates the
+    per-row exps, e.g. trn2's 360 cycles on ViT's 197-column rows):
+      VectorE  row max over all J rows at once (as above)
+      GpSimd   x - max in fp32, one tensor_scalar per row (the max as a (P, 1) operand)
+      ScalarE  e = exp(x - max) in fp32, one instruction per EXP_GROUPS group of rows
+      VectorE  row sums of each group (tensor_reduce) and 1 / sum
+      e * (1/sum) per row on VectorE, ScalarE or GpSimd (_block_scaling: a list schedule of
+               the estimated engine times)
     online (C > max_cols), per row tile of up to 128 rows, in column chunks:
       pass 1 per chunk: VectorE chunk max; running max m_c = max(m, chunk max) (m starts
               at the lowest finite fp32); ScalarE e = exp(x - m_c) with add-reduction;
@@ -33,7 +43,8 @@ Engines:
       ScalarE (3 HBM passes: read, read, write).
 Expected error:
     fp32 statistics and exponentials, one rounding to the output dtype (bf16: <= 2**-8
-    relative; fp32: ~1e-6 relative; the online form adds two fp32 roundings, from the
+    relative; fp32: ~1e-6 relative; the block form rounds x - max to fp32 before the exp,
+    as ScalarE's bias add does in the per-row form; the online form adds two fp32 roundings, from the
     rescaling exp(m_c - m) and the product with 1 / l).
 """
 
@@ -76,6 +87,10 @@ def _softmax_rows(x, out, n_rows, cols):
         # -max per row, all J rows in one VectorE instruction: [parts, per] fp32
         neg_max = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_reduce(dst=neg_max, op=nl.maximum, data=x_tile, axis=2, negate=True)
+        sixteen = itemsize(x.dtype) == 2
+        if _block_exp_time(per, cols, sixteen) < _row_exp_time(per, cols, sixteen):
+            _block_exp(x, out, x_tile, neg_max, start, parts, per, cols)
+            continue
         # e = exp(x - max) in fp32 with the row sum from ScalarE's accumulator
         exp_tile = nl.ndarray((parts, per, cols), dtype=nl.float32, buffer=nl.sbuf)
         row_sum = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
@@ -87,7 +102,7 @@ def _softmax_rows(x, out, n_rows, cols):
         inv_sum = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
         nisa.reciprocal(dst=inv_sum, data=row_sum)
         out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-        share = _scaling_vector_share(per, cols, itemsize(x.dtype) == 2)
+        share = _scaling_vector_share(per, cols, sixteen)
         for j, lo, hi, on_vector in engine_segments(per, cols, share):
             if on_vector:
                 nisa.tensor_scalar(dst=out_tile[:, j, lo:hi], data=exp_tile[:, j, lo:hi],
@@ -96,6 +111,120 @@ def _softmax_rows(x, out, n_rows, cols):
                 nisa.activation(dst=out_tile[:, j, lo:hi], op=nl.copy, data=exp_tile[:, j, lo:hi],
                                 scale=inv_sum[:, j:j + 1])
         nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
+
+
+def _block_exp(x, out, x_tile, neg_max, start, parts, per, cols):
+    """The rest of a block of short rows with one exp for all its rows (the block form):
+    x - max per row on GpSimd, then a single ScalarE exp over [parts, per * cols], so that
+    ScalarE pays its fixed cost once per block rather than once per row."""
+    # x - max in fp32, one GpSimd tensor_scalar per row (its max is a (P, 1) operand)
+    shifted = nl.ndarray((parts, per, cols), dtype=nl.float32, buffer=nl.sbuf)
+    for j in range(per):
+        nisa.tensor_scalar(dst=shifted[:, j, :], data=x_tile[:, j, :], op0=nl.add,
+                           operand0=neg_max[:, j:j + 1], engine=nisa.engine.gpsimd)
+    # e = exp(x - max) in EXP_GROUPS ScalarE instructions over [parts, rows of the group, cols]
+    # fp32, each followed by its rows' sums on VectorE (ScalarE's accumulator would add all
+    # the rows of a partition into one)
+    exp_tile = nl.ndarray((parts, per, cols), dtype=nl.float32, buffer=nl.sbuf)
+    row_sum = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
+    for lo, hi in _exp_groups(per):
+        nisa.activation(dst=exp_tile[:, lo:hi, :], op=nl.exp, data=shifted[:, lo:hi, :])
+        nisa.tensor_reduce(dst=row_sum[:, lo:hi], op=nl.add, data=exp_tile[:, lo:hi, :], axis=2)
+    inv_sum = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.reciprocal(dst=inv_sum, data=row_sum)
+    # e * (1/sum) per row, rounded once to the output dtype, on the engine _block_scaling picks
+    out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
+    for j, engine in enumerate(_block_scaling(per, cols, itemsize(x.dtype) == 2)):
+        if engine == SCALAR:
+            nisa.activation(dst=out_tile[:, j, :], op=nl.copy, data=exp_tile[:, j, :],
+                            scale=inv_sum[:, j:j + 1])
+        else:
+            nisa.tensor_scalar(dst=out_tile[:, j, :], data=exp_tile[:, j, :], op0=nl.multiply,
+                               operand0=inv_sum[:, j:j + 1],
+                               engine=nisa.engine.vector if engine == VECTOR else nisa.engine.gpsimd)
+    nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
+
+
+# The block form's exps: the block's rows in this many ScalarE instructions, so that the
+# second group's GpSimd subtractions overlap the first group's exp and the first group's
+# sums and scaling start sooner (modeled trn2, LNC=2, ViT-B scores [18912, 197] bf16, 10
+# rows per partition, 2026-12-01: 1 group 48.6 us, 2 groups 41.5 (36.7-56.1), 3 groups 43.9;
+# the per-row form 47.8 (45.2-62.6)).
+EXP_GROUPS = 2
+# Engines of the block form's per-row scaling (_block_scaling).
+VECTOR, SCALAR, GPSIMD = 0, 1, 2
+
+
+def _pass_ns(elements, ghz, fixed, rate=1):
+    """Estimated ns of one instruction over ``elements`` per partition (cost-model rule:
+    max(MIN_II, elements / rate) + the engine's fixed cost, in its cycles)."""
+    c = active_engine_costs()
+    return (max(c.min_instruction_cycles, elements / rate) + fixed) / ghz
+
+
+def _exp_groups(per):
+    """[(first row, end row)] of the block form's EXP_GROUPS exps (non-empty groups only)."""
+    bounds = [g * per // EXP_GROUPS for g in range(EXP_GROUPS + 1)]
+    return [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
+
+
+def _block_base_ns(per, cols, sixteen):
+    """[VectorE, ScalarE, GpSimd] estimated ns of the block form before the scaling."""
+    c = active_engine_costs()
+    vector = (_pass_ns(per * cols, c.vector_ghz, c.vector_instr_cycles, 2 if sixteen else 1)   # max
+              + _pass_ns(8 * per, c.vector_ghz, c.vector_instr_cycles))                        # 1/sum
+    scalar = 0.0
+    for lo, hi in _exp_groups(per):
+        vector += _pass_ns((hi - lo) * cols, c.vector_ghz, c.vector_instr_cycles)             # sums
+        scalar += _pass_ns((hi - lo) * cols, c.scalar_ghz, c.scalar_instr_cycles)             # exp
+    gpsimd = per * _pass_ns(cols, c.gpsimd_ghz, c.gpsimd_instr_cycles)                         # x - max
+    return [vector, scalar, gpsimd]
+
+
+def _row_scaling_ns(cols):
+    """[VectorE, ScalarE, GpSimd] estimated ns of one row's e * (1/sum)."""
+    c = active_engine_costs()
+    return [_pass_ns(cols, c.vector_ghz, c.vector_instr_cycles),
+            _pass_ns(cols, c.scalar_ghz, c.scalar_instr_cycles),
+            _pass_ns(cols, c.gpsimd_ghz, c.gpsimd_instr_cycles)]
+
+
+def _block_scaling(per, cols, sixteen):
+    """The engine of each row's scaling in the block form: rows go one by one to the engine
+    that finishes it soonest after the work it already has (a list schedule of the
+    estimates), so the three engines end the block together."""
+    load = _block_base_ns(per, cols, sixteen)
+    cost = _row_scaling_ns(cols)
+    engines = []
+    for _ in range(per):
+        best = min(range(3), key=lambda e: (load[e] + cost[e], e))
+        load[best] += cost[best]
+        engines.append(best)
+    return engines
+
+
+def _block_exp_time(per, cols, sixteen):
+    """Estimated ns of the busiest engine on one block in the block form (one row per
+    partition gains nothing from it: inf)."""
+    if per == 1:
+        return float("inf")
+    load = _block_base_ns(per, cols, sixteen)
+    cost = _row_scaling_ns(cols)
+    for e in _block_scaling(per, cols, sixteen):
+        load[e] += cost[e]
+    return max(load)
+
+
+def _row_exp_time(per, cols, sixteen):
+    """Estimated ns of the busiest engine on one block in the per-row form (one exp per row
+    with its max as the bias, the scaling split by _scaling_vector_share)."""
+    c = active_engine_costs()
+    f = _scaling_vector_share(per, cols, sixteen)
+    exps = per * _pass_ns(cols, c.scalar_ghz, c.scalar_instr_cycles)
+    vector = (_pass_ns(per * cols, c.vector_ghz, c.vector_instr_cycles, 2 if sixteen else 1)
+              + _pass_ns(8 * per, c.vector_ghz, c.vector_instr_cycles)
+              + f * per * _pass_ns(cols, c.vector_ghz, c.vector_instr_cycles))
+    return max(exps + (1 - f) * exps, vector)
 
 
 def _scaling_vector_share(per, cols, sixteen):

@@ -65,6 +65,8 @@ CASES = [
      lambda c: references.gelu_and_mul(c.tensors[0].double(), compute_dtype=torch.float64)),
     ("softmax-one-pass-5", lambda: softmax.softmax_kernel_call(_x(5, 33, scale=3.0)),
      lambda c: references.softmax(c.tensors[0].double(), compute_dtype=torch.float64)),
+    ("softmax-block-form-1500x77", lambda: softmax.softmax_kernel_call(_x(1500, 77, scale=3.0)),
+     lambda c: references.softmax(c.tensors[0].double(), compute_dtype=torch.float64)),
     ("softmax-online-3tiles", lambda: softmax.softmax_kernel_call(_x(300, 700, scale=3.0), max_cols=256),
      lambda c: references.softmax(c.tensors[0].double(), compute_dtype=torch.float64)),
     ("rotary-1tile", lambda: rotary.apply_rotary_pos_emb_kernel_call(*_rope(1, 3, 1, 5, 16)),

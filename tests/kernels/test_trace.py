@@ -99,3 +99,20 @@ def test_softmax_scaling_share_follows_the_active_generations_costs():
     assert 0.5 < long < 0.75
     assert 0.0 <= tiny <= 1.0
     assert short_trn1 < short   # trn1's ScalarE fixed cost is 100 cycles, not 360
+
+
+def test_softmax_takes_the_block_form_where_scalare_fixed_costs_dominate():
+    # trn2's ScalarE pays 360 cycles per instruction: for ViT's 10 rows of 197 per partition
+    # one exp per group of rows (after GpSimd subtracts each row's max) beats one exp per
+    # row; on trn1 (100 cycles) the per-row form stays ahead; one row per partition never
+    # takes the block form. Its scaling spreads over all three engines.
+    from nki_kernels import _kernel_sources
+
+    mod = _kernel_sources.load("softmax", "simulator")
+    with simulator.activated(target="trn2"):
+        assert mod._block_exp_time(10, 197, True) < mod._row_exp_time(10, 197, True)
+        assert mod._block_exp_time(1, 2048, True) > mod._row_exp_time(1, 2048, True)
+        engines = mod._block_scaling(10, 197, True)
+    with simulator.activated(target="trn1"):
+        assert mod._block_exp_time(10, 197, True) > mod._row_exp_time(10, 197, True)
+    assert len(engines) == 10 and set(engines) == {mod.VECTOR, mod.SCALAR, mod.GPSIMD}

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import nki_kernels
-from nki_kernels import _dispatch, references
+from nki_kernels import _dispatch, references, simulator
 from nki_kernels.ops.softmax import softmax_kernel_call
 
 from ._cases import DTYPE_IDS, DTYPES, GRID, assert_matches, randn
@@ -54,6 +54,29 @@ def test_softmax_extreme_values(simulator_backend):
     x[2] = 0.0            # constant row: uniform
     out = nki_kernels.softmax(x)
     assert_matches(out, _expected(x), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("rows, cols", [(2700, 197), (1000, 77)])
+def test_softmax_short_rows_block_form_with_far_apart_row_maxima(dtype, rows, cols):
+    # short rows packed several to a partition take the block form (one exp per group of
+    # rows, each row's own max subtracted on GpSimd first): rows sharing a partition get
+    # maxima ~1e4 apart, a row of huge negatives and a one-hot row, so a max shared by the
+    # partition's rows instead of each row's own would underflow every other row to 0 / 0
+    x = randn(rows, cols, dtype=dtype, scale=4.0)
+    x[0::7] += 1e4
+    x[3] = -1e30
+    x[4, 5] = 1e4
+    call = softmax_kernel_call(x)
+    with simulator.activated():
+        kernel = _dispatch.simulator_kernel(call)
+    result = simulator.run(kernel[2], x.contiguous(), target="trn2")
+    subtracts = [i for i in result.trace if i.engine == "gpsimd" and i.op == "tensor_scalar"]
+    exps = [i for i in result.trace if i.engine == "scalar" and i.op == "activation"
+            and i.writes[0].dtype == "float32"]
+    assert subtracts and exps, "the block form was not taken"
+    assert max(i.writes[0].shape[1] for i in exps) > 1      # one exp covers several rows
+    assert_matches(torch.as_tensor(result.outputs), _expected(x), dtype)
 
 
 @pytest.mark.parametrize("dim", [0, 1, -2])
