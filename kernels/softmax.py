@@ -65,7 +65,7 @@ TARGET_COLS = 2048
 # element alone (trn2: VectorE max reduce of bf16 0.52 ns, ScalarE exp 0.83 ns, scaling
 # ScalarE 0.83 or VectorE 1.04 ns) VectorE would take 0.6 of it; with short rows the fixed
 # costs decide: ViT's 197-column rows (10 per partition) cost ScalarE 197 + 360 cycles per
-# exp, so all of the scaling goes to VectorE.
+# exp, so all of the scaling would go to VectorE (on trn2 such rows take the block form).
 # Column chunk of the online form: 4096 elements = 8 KiB bf16 per partition per DMA; small
 # enough that ScalarE starts on a row tile after 1/8 of a 32K-wide row has arrived.
 ONLINE_CHUNK = 4096
