@@ -41,6 +41,15 @@ class EngineCosts(nl.NKIObject):
         self.dma_transfer_handoff_ns = dma_transfer_handoff_ns
         self.dma_transpose_efficiency = dma_transpose_efficiency
 
+    def instruction_ns(self, engine, elements, rate=1):
+        """Estimated ns of one ``engine`` ("vector", "scalar" or "gpsimd") instruction over
+        ``elements`` per partition at ``rate`` elements per cycle (the cost model's rule:
+        max(MIN_II, elements / rate) + the engine's fixed cost, in its own cycles)."""
+        ghz, fixed = {"vector": (self.vector_ghz, self.vector_instr_cycles),
+                      "scalar": (self.scalar_ghz, self.scalar_instr_cycles),
+                      "gpsimd": (self.gpsimd_ghz, self.gpsimd_instr_cycles)}[engine]
+        return (max(self.min_instruction_cycles, elements / rate) + fixed) / ghz
+
     def dma_occupancy_ns(self, data_ns):
         """How long a queue is held by a transfer share whose data takes ``data_ns``."""
         return max(self.dma_transfer_gap_ns, data_ns + self.dma_transfer_handoff_ns)

@@ -155,13 +155,6 @@ EXP_GROUPS = 2
 VECTOR, SCALAR, GPSIMD = 0, 1, 2
 
 
-def _pass_ns(elements, ghz, fixed, rate=1):
-    """Estimated ns of one instruction over ``elements`` per partition (cost-model rule:
-    max(MIN_II, elements / rate) + the engine's fixed cost, in its cycles)."""
-    c = active_engine_costs()
-    return (max(c.min_instruction_cycles, elements / rate) + fixed) / ghz
-
-
 def _exp_groups(per):
     """[(first row, end row)] of the block form's EXP_GROUPS exps (non-empty groups only)."""
     bounds = [g * per // EXP_GROUPS for g in range(EXP_GROUPS + 1)]
@@ -171,22 +164,20 @@ def _exp_groups(per):
 def _block_base_ns(per, cols, sixteen):
     """[VectorE, ScalarE, GpSimd] estimated ns of the block form before the scaling."""
     c = active_engine_costs()
-    vector = (_pass_ns(per * cols, c.vector_ghz, c.vector_instr_cycles, 2 if sixteen else 1)   # max
-              + _pass_ns(8 * per, c.vector_ghz, c.vector_instr_cycles))                        # 1/sum
+    vector = (c.instruction_ns("vector", per * cols, 2 if sixteen else 1)    # max
+              + c.instruction_ns("vector", 8 * per))                         # 1/sum
     scalar = 0.0
     for lo, hi in _exp_groups(per):
-        vector += _pass_ns((hi - lo) * cols, c.vector_ghz, c.vector_instr_cycles)             # sums
-        scalar += _pass_ns((hi - lo) * cols, c.scalar_ghz, c.scalar_instr_cycles)             # exp
-    gpsimd = per * _pass_ns(cols, c.gpsimd_ghz, c.gpsimd_instr_cycles)                         # x - max
+        vector += c.instruction_ns("vector", (hi - lo) * cols)              # sums
+        scalar += c.instruction_ns("scalar", (hi - lo) * cols)              # exp
+    gpsimd = per * c.instruction_ns("gpsimd", cols)                          # x - max
     return [vector, scalar, gpsimd]
 
 
 def _row_scaling_ns(cols):
     """[VectorE, ScalarE, GpSimd] estimated ns of one row's e * (1/sum)."""
     c = active_engine_costs()
-    return [_pass_ns(cols, c.vector_ghz, c.vector_instr_cycles),
-            _pass_ns(cols, c.scalar_ghz, c.scalar_instr_cycles),
-            _pass_ns(cols, c.gpsimd_ghz, c.gpsimd_instr_cycles)]
+    return [c.instruction_ns(engine, cols) for engine in ("vector", "scalar", "gpsimd")]
 
 
 def _block_scaling(per, cols, sixteen):
@@ -220,10 +211,10 @@ def _row_exp_time(per, cols, sixteen):
     with its max as the bias, the scaling split by _scaling_vector_share)."""
     c = active_engine_costs()
     f = _scaling_vector_share(per, cols, sixteen)
-    exps = per * _pass_ns(cols, c.scalar_ghz, c.scalar_instr_cycles)
-    vector = (_pass_ns(per * cols, c.vector_ghz, c.vector_instr_cycles, 2 if sixteen else 1)
-              + _pass_ns(8 * per, c.vector_ghz, c.vector_instr_cycles)
-              + f * per * _pass_ns(cols, c.vector_ghz, c.vector_instr_cycles))
+    exps = per * c.instruction_ns("scalar", cols)
+    vector = (c.instruction_ns("vector", per * cols, 2 if sixteen else 1)
+              + c.instruction_ns("vector", 8 * per)
+              + f * per * c.instruction_ns("vector", cols))
     return max(exps + (1 - f) * exps, vector)
 
 

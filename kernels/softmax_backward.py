@@ -16,8 +16,12 @@ Layout:
 Engines, per block:
     VectorE  p = dy * y over the whole block (16-bit: perf mode, rounded to the input dtype)
     VectorE  c = sum(p) per row (tensor_reduce over the block, fp32)
-    ScalarE  m = y * (-c) per row (copy with a per-partition scale, fp32)
-    GpSimd   dx = p + m over the block (fp32 inside, one rounding)
+    then each row one of three ways (_row_split: a list schedule of the cost model's
+    estimates for the active generation, so that no engine pays every row's fixed cost):
+      ScalarE (copy with a per-partition scale) or GpSimd (tensor_scalar) m = y * (-c) in
+              fp32, and GpSimd dx = p + m over all such rows at once (one rounding)
+      VectorE dx = y * (-c) + p in one scalar_tensor_tensor (a VectorE-only instruction;
+              the same fp32 product and sum, one rounding)
 Expected error:
     p rounded to the input dtype (bf16 <= 2**-9 relative), c in fp32, dx rounded once
     more. fp32: ~1e-6 relative.
@@ -27,13 +31,45 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from .engine_costs import active as active_engine_costs
 from .limits import SOFTMAX_MAX_COLS as BACKWARD_MAX_COLS
-from .tiling import block_rows, load_block, pipelined, program_row_blocks, rows_per_partition
+from .tiling import (block_rows, itemsize, load_block, pipelined, program_row_blocks,
+                     rows_per_partition)
 
 # Rows packed per partition until a transfer holds 2048 elements (4 KiB bf16), as the forward.
 TARGET_COLS = 2048
 # Blocks loaded this many ahead of their compute (tiling.pipelined), as the norms.
 PREFETCH_AHEAD = 2
+
+
+def _row_split(per, cols, sixteen):
+    """(rows whose m is made on ScalarE, on GpSimd, rows done on VectorE) of a [P, per, cols]
+    block's last step: each row in turn goes the way that leaves the busiest engine least
+    busy, starting from VectorE's p and c. Cost-model rules, with the active generation's
+    figures (engine_costs.py): tensor_tensor 2 passes (16-bit on VectorE: perf mode, 2x),
+    scalar_tensor_tensor 2 ("approximately the same latency as a regular tensor_tensor",
+    nki.isa docs), tensor_scalar and activation 1."""
+    c = active_engine_costs()
+    rate = 2 if sixteen else 1
+    load = {"vector": c.instruction_ns("vector", 2 * per * cols, rate) + c.instruction_ns("vector", per * cols, rate),
+            "scalar": 0.0, "gpsimd": 0.0}
+    counts = {"scalar": 0, "gpsimd": 0, "vector": 0}
+    for _ in range(per):
+        options = []
+        for way in ("scalar", "gpsimd", "vector"):
+            trial = dict(load)
+            if way == "vector":
+                trial["vector"] += c.instruction_ns("vector", 2 * cols)
+            else:
+                trial[way] += c.instruction_ns(way, cols)
+                # the row's share of GpSimd's p + m (one fixed cost per block)
+                trial["gpsimd"] += 2 * cols / c.gpsimd_ghz
+                if counts["scalar"] + counts["gpsimd"] == 0:
+                    trial["gpsimd"] += c.gpsimd_instr_cycles / c.gpsimd_ghz
+            options.append((max(trial.values()), sum(trial.values()), way, trial))
+        _, _, way, load = min(options)
+        counts[way] += 1
+    return counts["scalar"], counts["gpsimd"], counts["vector"]
 
 
 @nki.jit
@@ -63,11 +99,23 @@ def softmax_backward_kernel(dy, y):
         nisa.tensor_tensor(dst=p, data1=dy_tile, data2=y_tile, op=nl.multiply)          # VectorE
         c = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_reduce(dst=c, op=nl.add, data=p, axis=2, negate=True)               # -c, VectorE
-        m = nl.ndarray(shape, dtype=nl.float32, buffer=nl.sbuf)
-        for j in range(per):
-            nisa.activation(dst=m[:, j, :], op=nl.copy, data=y_tile[:, j, :], scale=c[:, j:j + 1])  # ScalarE
         dx_tile = nl.ndarray(shape, dtype=y.dtype, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=dx_tile, data1=p, data2=m, op=nl.add, engine=nisa.engine.gpsimd)
+        on_scalar, on_gpsimd, _ = _row_split(per, cols, itemsize(y.dtype) == 2)
+        with_m = on_scalar + on_gpsimd      # rows [0, with_m) through m, the rest on VectorE
+        if with_m:
+            m = nl.ndarray((parts, with_m, cols), dtype=nl.float32, buffer=nl.sbuf)
+            for j in range(with_m):
+                if j < on_scalar:
+                    nisa.activation(dst=m[:, j, :], op=nl.copy, data=y_tile[:, j, :],
+                                    scale=c[:, j:j + 1])                                 # ScalarE
+                else:
+                    nisa.tensor_scalar(dst=m[:, j, :], data=y_tile[:, j, :], op0=nl.multiply,
+                                       operand0=c[:, j:j + 1], engine=nisa.engine.gpsimd)
+            nisa.tensor_tensor(dst=dx_tile[:, 0:with_m, :], data1=p[:, 0:with_m, :], data2=m,
+                               op=nl.add, engine=nisa.engine.gpsimd)
+        for j in range(with_m, per):
+            nisa.scalar_tensor_tensor(dst=dx_tile[:, j, :], data=y_tile[:, j, :], op0=nl.multiply,
+                                      operand0=c[:, j:j + 1], op1=nl.add, operand1=p[:, j, :])  # VectorE
         return dx_tile
 
     def store(block, dx_tile):

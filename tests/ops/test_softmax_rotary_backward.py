@@ -46,6 +46,28 @@ def test_softmax_gradients(monkeypatch, backend, dtype, shape, dim):
     _close(got, want, dtype, "dx")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_backward_rows_take_all_three_ways(dtype):
+    # ViT-like short rows, 10 to a partition: _row_split sends some rows' y * (-c) through
+    # ScalarE, some through GpSimd (then one GpSimd p + m) and the rest through one VectorE
+    # scalar_tensor_tensor each; every way must give the float64 gradient (2700 rows: two
+    # full blocks and an odd tail). 16-bit inputs use all three ways; fp32's p and c leave
+    # VectorE the busiest, so its rows go to GpSimd
+    from nki_kernels import _dispatch, backward_references, simulator
+
+    y = torch.softmax(torch.randn(2700, 197) * 3, -1).to(dtype)
+    dy = torch.randn(2700, 197).to(dtype)
+    call = softmax.softmax_backward_kernel_call(dy, y, -1)
+    with simulator.activated():
+        kernel = _dispatch.simulator_kernel(call)
+    result = simulator.run(kernel[2], *[t.contiguous() for t in call.tensors], target="trn2")
+    ops = {(i.engine, i.op) for i in result.trace}
+    ways = {("scalar", "activation"), ("gpsimd", "tensor_scalar"), ("vector", "scalar_tensor_tensor")}
+    assert ways <= ops if dtype != torch.float32 else ("gpsimd", "tensor_scalar") in ops
+    want = backward_references.softmax_backward(dy.double(), y.double(), -1, compute_dtype=torch.float64)
+    _close(torch.as_tensor(result.outputs), want, dtype, "dx")
+
+
 def test_softmax_long_rows_recompute(simulator_backend, monkeypatch):
     cols = softmax.MAX_COLS + 1
     monkeypatch.setattr(softmax, "_softmax_backward_op", lambda *a: pytest.fail("the backward op ran"))
