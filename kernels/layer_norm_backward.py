@@ -20,7 +20,9 @@ Engines, per block (16-bit input; fp32 the same in fp32):
              for constant rows, as the forward); ScalarE sum((x - mean)^2) -> r
     VectorE  xhat = (x - mean) * r (tensor_scalar, 16-bit perf mode)
     VectorE / GpSimd  g = dy * w, q = g * xhat (16-bit; PRODUCT_VECTOR_SHARE)
-    ScalarE  sum(g) per row (copy with add-accumulate, fp32); VectorE sum(q) (tensor_reduce)
+    ScalarE / VectorE  sum(g) per row (ScalarE: copy with add-accumulate per row; VectorE:
+             one tensor_reduce over the block; _sum_g_on_vector picks), fp32; VectorE
+             sum(q) (tensor_reduce)
     VectorE  a = xhat * (-m2) - m1 (tensor_scalar, perf mode)
     GpSimd   t = a + g (fp32);  ScalarE dx = t * r (one rounding)
     TensorE  dw += diagonal of dy^T xhat (weight_grads.py; rows of p = dy * xhat where the
@@ -34,6 +36,7 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from .engine_costs import active as active_engine_costs
 from .limits import NORM_BACKWARD_MAX_HIDDEN as BACKWARD_MAX_HIDDEN
 from .limits import NORM_BACKWARD_MAX_ROW_BYTES as BACKWARD_MAX_ROW_BYTES
 from .tiling import (PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, load_block, pipelined, row_blocks,
@@ -54,6 +57,28 @@ PREFETCH_AHEAD = 2
 # (t = a + g) 1.67 + 3.33 (1 - s): s = 0.73 balances them at 2.6 ns; the per-instruction
 # overhead of the short ViT rows moves the modeled optimum to 0.6 (swept 0.6 / 0.75).
 PRODUCT_VECTOR_SHARE = 0.6
+
+
+def _sum_g_on_vector(per, cols, sixteen, no_dw_product):
+    """Whether sum(g) of a [P, per, cols] block goes to VectorE (one tensor_reduce) rather
+    than ScalarE (one accumulating copy per row): the choice with the smaller of the two
+    engines' estimated block times (cost-model rules with the active generation's figures,
+    engine_costs.py: 16-bit VectorE perf mode 2x for tensor_tensor / tensor_reduce, 4x for
+    tensor_scalar). ``no_dw_product``: dw is taken on TensorE's diagonal (or there is no
+    weight), so VectorE makes no p = dy * xhat."""
+    c = active_engine_costs()
+    two, four = (2, 4) if sixteen else (1, 1)
+    cut = split_count(cols, PRODUCT_VECTOR_SHARE)
+    products = 2 if no_dw_product else 3
+    # ScalarE: sum(x), sum((x - mean)^2) and dx per row, and r
+    scalar = 3 * per * c.instruction_ns("scalar", cols) + c.instruction_ns("scalar", per)
+    # VectorE: xhat and a per row, its share of the products, sum(q)
+    vector = (2 * per * c.instruction_ns("vector", cols, four)
+              + products * c.instruction_ns("vector", 2 * per * cut, two)
+              + c.instruction_ns("vector", per * cols, two))
+    on_scalar = max(scalar + per * c.instruction_ns("scalar", cols), vector)
+    on_vector = max(scalar, vector + c.instruction_ns("vector", per * cols, two))
+    return on_vector < on_scalar
 
 
 def _products(dst, a, b, cut):
@@ -112,12 +137,17 @@ def _block(dy_tile, x_tile, dx_tile, parts, per, cols, weight_tile, eps_tile, on
     if acc_b is not None:
         for j in range(per):
             accumulate_columns(acc_b, dy_tile[:, j, :], ones[0:parts, :], first and j == 0)
-    # m1 = sum(g) / H, m2 = sum(q) / H per row (VectorE, fp32)
-    # (sum(g) on ScalarE, copy with add-accumulate; sum(q) on VectorE: balances the two)
+    # m1 = sum(g) / H, m2 = sum(q) / H per row, in fp32: sum(q) on VectorE (tensor_reduce),
+    # sum(g) on whichever of ScalarE (copy with add-accumulate, per row) and VectorE (one
+    # tensor_reduce over the block) _sum_g_on_vector estimates leaves the busier one less busy
     sums = nl.ndarray((parts, 2 * per), dtype=f32, buffer=nl.sbuf)
-    for j in range(per):
-        nisa.activation(dst=discard, op=nl.copy, data=g[:, j, :], reduce_op=nl.add,
-                        reduce_res=sums[:, j:j + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    no_dw_product = acc_w is None or len(acc_w.shape) == 3
+    if _sum_g_on_vector(per, cols, itemsize(x_tile.dtype) == 2, no_dw_product):
+        nisa.tensor_reduce(dst=sums[:, 0:per], op=nl.add, data=g, axis=2)
+    else:
+        for j in range(per):
+            nisa.activation(dst=discard, op=nl.copy, data=g[:, j, :], reduce_op=nl.add,
+                            reduce_res=sums[:, j:j + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
     nisa.tensor_reduce(dst=sums[:, per:2 * per], op=nl.add, data=q, axis=2)
     neg_m = nl.ndarray((parts, 2 * per), dtype=f32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=neg_m, data=sums, op0=nl.multiply, operand0=-1.0 / cols)

@@ -116,3 +116,17 @@ def test_softmax_takes_the_block_form_where_scalare_fixed_costs_dominate():
     with simulator.activated(target="trn1"):
         assert mod._block_exp_time(10, 197, True) > mod._row_exp_time(10, 197, True)
     assert len(engines) == 10 and set(engines) == {mod.VECTOR, mod.SCALAR, mod.GPSIMD}
+
+
+def test_layer_norm_backward_puts_sum_g_where_it_evens_the_engines():
+    # 16-bit rows: VectorE's perf mode makes one tensor_reduce over the block cheaper than
+    # ScalarE's per-row accumulating copies (ViT's 768-wide rows, 2 per partition); fp32
+    # rows have no perf mode and VectorE is then the busier engine, so ScalarE keeps them
+    # (the gradient tests run both: tests/ops/test_norm_backward.py, fp32 7x1000 and bf16)
+    from nki_kernels import _kernel_sources
+
+    mod = _kernel_sources.load("layer_norm_backward", "simulator")
+    with simulator.activated(target="trn2"):
+        assert mod._sum_g_on_vector(2, 768, True, True)
+        assert not mod._sum_g_on_vector(2, 768, False, True)
+        assert not mod._sum_g_on_vector(1, 1000, False, True)
