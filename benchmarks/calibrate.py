@@ -325,11 +325,11 @@ def quantity(row: Row, est) -> float:
     if q == "busy_us":
         return est.engine_busy_us[arg]
     if q == "duration_sum_us":
-        # neuron-profile's "Event Duration Sum": each instruction's own duration, added up.
-        # Its "Event Duration Active" (busy_us) is the union of those intervals, shorter
-        # where one engine's instructions overlap; the model never overlaps them, so on a
-        # single core the two coincide in the model but not on hardware.
-        # single core, as the profile shows one (core 1's lanes are named "core1/...")
+        # neuron-profile's "Event Duration Sum": each instruction's own duration, added up,
+        # on one core as a profile shows (core 1's lanes are named "core1/..."). Its "Event
+        # Duration Active" (busy_us) is the union of those intervals, shorter where one
+        # engine's instructions overlap; the model never overlaps them, so the two coincide
+        # in the model but not on hardware.
         return sum(s.end - s.start for s in _slots(est, lambda s: s.lane == arg)) * 1e6
     if q == "dma_slot_us":
         # the longest queue share of the largest transfer (the profiles show one engine's)

@@ -44,8 +44,8 @@ Engines:
 Expected error:
     fp32 statistics and exponentials, one rounding to the output dtype (bf16: <= 2**-8
     relative; fp32: ~1e-6 relative; the block form rounds x - max to fp32 before the exp,
-    as ScalarE's bias add does in the per-row form; the online form adds two fp32 roundings, from the
-    rescaling exp(m_c - m) and the product with 1 / l).
+    as ScalarE's bias add does in the per-row form; the online form adds two fp32
+    roundings, from the rescaling exp(m_c - m) and the product with 1 / l).
 """
 
 import nki
@@ -148,7 +148,7 @@ def _block_exp(x, out, x_tile, neg_max, start, parts, per, cols):
 # The block form's exps: the block's rows in this many ScalarE instructions, so that the
 # second group's GpSimd subtractions overlap the first group's exp and the first group's
 # sums and scaling start sooner (modeled trn2, LNC=2, ViT-B scores [18912, 197] bf16, 10
-# rows per partition, 2026-12-01: 1 group 48.6 us, 2 groups 41.5 (36.7-56.1), 3 groups 43.9;
+# rows per partition, 2026-12-01: 1 group 48.6 us, 2 groups 41.4 (36.7-56.3), 3 groups 43.9;
 # the per-row form 47.8 (45.2-62.6)).
 EXP_GROUPS = 2
 # Engines of the block form's per-row scaling (_block_scaling).
