@@ -71,7 +71,10 @@ def test_bad_measurement_files_are_rejected_naming_the_row(calibrate, tmp_path):
 def test_known_misses_are_few_and_say_why(calibrate):
     rows = calibrate.load_rows()
     misses = [r for r in rows if r.known_miss]
-    assert len(misses) <= 2 and all(len(r.known_miss) > 40 for r in misses)
+    # one cause: the tutorial's Mamba v3 at 4096 channels, whose compiled VectorE stream
+    # differs from its source (its profile's instruction count)
+    assert len(misses) <= 4 and all(len(r.known_miss) > 40 for r in misses)
+    assert all(r.id.startswith("mamba.v3.c4096_") for r in misses)
     assert not any(r.split == "train" for r in misses)
 
 
