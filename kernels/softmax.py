@@ -134,7 +134,7 @@ def _block_exp(x, out, x_tile, neg_max, start, parts, per, cols):
     nisa.reciprocal(dst=inv_sum, data=row_sum)
     # e * (1/sum) per row, rounded once to the output dtype, on the engine _block_scaling picks
     out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-    for j, engine in enumerate(_block_scaling(per, cols, itemsize(x.dtype) == 2)):
+    for j, engine in enumerate(_block_scaling(per, cols, itemsize(x.dtype) == 2)[0]):
         if engine == SCALAR:
             nisa.activation(dst=out_tile[:, j, :], op=nl.copy, data=exp_tile[:, j, :],
                             scale=inv_sum[:, j:j + 1])
@@ -181,9 +181,10 @@ def _row_scaling_ns(cols):
 
 
 def _block_scaling(per, cols, sixteen):
-    """The engine of each row's scaling in the block form: rows go one by one to the engine
-    that finishes it soonest after the work it already has (a list schedule of the
-    estimates), so the three engines end the block together."""
+    """(the engine of each row's scaling, [VectorE, ScalarE, GpSimd] estimated ns of the
+    whole block) in the block form: rows go one by one to the engine that finishes it
+    soonest after the work it already has (a list schedule of the estimates), so the three
+    engines end the block together."""
     load = _block_base_ns(per, cols, sixteen)
     cost = _row_scaling_ns(cols)
     engines = []
@@ -191,7 +192,7 @@ def _block_scaling(per, cols, sixteen):
         best = min(range(3), key=lambda e: (load[e] + cost[e], e))
         load[best] += cost[best]
         engines.append(best)
-    return engines
+    return engines, load
 
 
 def _block_exp_time(per, cols, sixteen):
@@ -199,11 +200,7 @@ def _block_exp_time(per, cols, sixteen):
     partition gains nothing from it: inf)."""
     if per == 1:
         return float("inf")
-    load = _block_base_ns(per, cols, sixteen)
-    cost = _row_scaling_ns(cols)
-    for e in _block_scaling(per, cols, sixteen):
-        load[e] += cost[e]
-    return max(load)
+    return max(_block_scaling(per, cols, sixteen)[1])
 
 
 def _row_exp_time(per, cols, sixteen):

@@ -112,7 +112,7 @@ def test_softmax_takes_the_block_form_where_scalare_fixed_costs_dominate():
     with simulator.activated(target="trn2"):
         assert mod._block_exp_time(10, 197, True) < mod._row_exp_time(10, 197, True)
         assert mod._block_exp_time(1, 2048, True) > mod._row_exp_time(1, 2048, True)
-        engines = mod._block_scaling(10, 197, True)
+        engines, _ = mod._block_scaling(10, 197, True)
     with simulator.activated(target="trn1"):
         assert mod._block_exp_time(10, 197, True) > mod._row_exp_time(10, 197, True)
     assert len(engines) == 10 and set(engines) == {mod.VECTOR, mod.SCALAR, mod.GPSIMD}
