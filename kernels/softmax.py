@@ -203,31 +203,31 @@ def _block_exp_time(per, cols, sixteen):
     return max(_block_scaling(per, cols, sixteen)[1])
 
 
+def _row_form_ns(per, cols, sixteen):
+    """Estimated ns of a [P, per, cols] block's parts in the per-row form (cost-model rules
+    with the active generation's numbers, engine_costs.py): (ScalarE's one pass over every
+    row: the exps, or the scaling if ScalarE takes it all; VectorE's max over the block,
+    16-bit at 2 elements per cycle, and 1 / sum at 8 cycles per element; all the scaling on
+    VectorE, fp32 input at 1 element per cycle)."""
+    c = active_engine_costs()
+    on_scalar = per * c.instruction_ns("scalar", cols)
+    vector = c.instruction_ns("vector", per * cols, 2 if sixteen else 1) + c.instruction_ns("vector", 8 * per)
+    on_vector = per * c.instruction_ns("vector", cols)
+    return on_scalar, vector, on_vector
+
+
 def _row_exp_time(per, cols, sixteen):
     """Estimated ns of the busiest engine on one block in the per-row form (one exp per row
     with its max as the bias, the scaling split by _scaling_vector_share)."""
-    c = active_engine_costs()
+    on_scalar, vector, on_vector = _row_form_ns(per, cols, sixteen)
     f = _scaling_vector_share(per, cols, sixteen)
-    exps = per * c.instruction_ns("scalar", cols)
-    vector = (c.instruction_ns("vector", per * cols, 2 if sixteen else 1)
-              + c.instruction_ns("vector", 8 * per)
-              + f * per * c.instruction_ns("vector", cols))
-    return max(exps + (1 - f) * exps, vector)
+    return max(on_scalar + (1 - f) * on_scalar, vector + f * on_vector)
 
 
 def _scaling_vector_share(per, cols, sixteen):
     """Share of a [P, per, cols] block's e * (1/sum) done on VectorE (rows when per > 1, else
-    columns): the one that evens out the block's estimated VectorE and ScalarE time, in [0, 1]
-    (cost-model rules with the active generation's numbers, engine_costs.py)."""
-    c = active_engine_costs()
-    mn = c.min_instruction_cycles
-    # one pass over every row on ScalarE: the exps, and the scaling if ScalarE takes it all
-    on_scalar = per * (max(mn, cols) + c.scalar_instr_cycles) / c.scalar_ghz
-    # VectorE: the max over the block (16-bit: 2 elements per cycle) and 1 / sum (8 per element)
-    vector = (max(mn, per * cols / (2 if sixteen else 1)) + max(mn, 8 * per)
-              + 2 * c.vector_instr_cycles) / c.vector_ghz
-    # the scaling of every row on VectorE (fp32 input: 1 element per cycle)
-    on_vector = per * (max(mn, cols) + c.vector_instr_cycles) / c.vector_ghz
+    columns): the one that evens out the block's estimated VectorE and ScalarE time, in [0, 1]."""
+    on_scalar, vector, on_vector = _row_form_ns(per, cols, sixteen)
     # ScalarE's exps + (1 - f) of the scaling = VectorE's own work + f of it
     return min(1.0, max(0.0, (2 * on_scalar - vector) / (on_scalar + on_vector)))
 
