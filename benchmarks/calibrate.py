@@ -73,6 +73,7 @@ NKILIB_PREFIX = "nkilib:"
 _STATIC_GRID = [float(v) for v in range(40, 501, 20)]
 FREE_PARAMETERS = {
     "trn1:vector_static_cycles": _STATIC_GRID,
+    "trn1:vector_overlap_cycles": [float(v) for v in range(0, 381, 20)],
     "trn1:scalar_static_cycles": _STATIC_GRID,
     "trn2:scalar_static_cycles": _STATIC_GRID,
     "dma_transfer_gap_s": [v * 1e-8 for v in range(20, 141, 5)],        # 0.2 .. 1.4 us
@@ -113,11 +114,11 @@ def target_with(target: str, params: dict | None):
 
 # The bands the held-out rows must stay within (tests/cost/test_calibration.py), as
 # modeled / measured - 1: every row within HELD_OUT_BAND and their mean |error| within
-# HELD_OUT_MEAN_BAND. Stated from the held-out errors at the fitted values (mean 17 %, the
-# worst +71 %: the tutorial's Mamba v2, whose compiled code the port cannot reproduce);
-# docs/cost-model.md "Calibration" lists every row's error.
-HELD_OUT_BAND = 0.8
-HELD_OUT_MEAN_BAND = 0.2
+# HELD_OUT_MEAN_BAND. Stated from the held-out errors at the fitted values (mean 16 %, the
+# worst +56 %: the tutorial's Mamba v2's VectorE active time); docs/cost-model.md
+# "Calibration" lists every row's error.
+HELD_OUT_BAND = 0.6
+HELD_OUT_MEAN_BAND = 0.18
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int32": torch.int32}
 
@@ -328,8 +329,7 @@ def quantity(row: Row, est) -> float:
         # neuron-profile's "Event Duration Sum": each instruction's own duration, added up,
         # on one core as a profile shows (core 1's lanes are named "core1/..."). Its "Event
         # Duration Active" (busy_us) is the union of those intervals, shorter where one
-        # engine's instructions overlap; the model never overlaps them, so the two coincide
-        # in the model but not on hardware.
+        # engine's instructions overlap (VectorE: hardware.py vector_overlap_cycles).
         return sum(s.end - s.start for s in _slots(est, lambda s: s.lane == arg)) * 1e6
     if q == "dma_slot_us":
         # the longest queue share of the largest transfer (the profiles show one engine's)

@@ -64,7 +64,7 @@ class EngineBalance(nl.NKIObject):
         """(VectorE, ScalarE) cycles to copy ``elems`` per partition of Pᵀ out of PSUM."""
         c = self.costs
         rate = c.vector_psum_copy_16bit_rate if self.itemsize == 2 else 1.0
-        return (elems / rate + c.vector_instr_cycles, elems + c.scalar_instr_cycles)
+        return (elems / rate + c.vector_stream_cycles, elems + c.scalar_instr_cycles)
 
     def use_dma(self):
         """Whether the next Pᵀ is made by DMA transposes: True for a share ``dma_share`` of
@@ -125,7 +125,7 @@ def _launch_work(facts, costs):
         units = f.B * f.H
         # VectorE: the row max reads n columns; a masked column takes 2 more passes (add the
         # mask, reduce); ScalarE: the exp and the copy of O | rowsum (Dv + 1 columns)
-        vec += units * (n + 2 * masked + c.vector_instr_cycles) / c.vector_ghz
+        vec += units * (n + 2 * masked + c.vector_stream_cycles) / c.vector_ghz
         sca += units * (n + 2 * c.scalar_instr_cycles + f.Dv + 1) / c.scalar_ghz
         e = cdiv(n, P) * r          # Pᵀ elements per partition: r columns per 128-key block
         rate = c.vector_psum_copy_16bit_rate if f.itemsize == 2 else 1.0

@@ -176,7 +176,7 @@ def _ts_tile(facts, plan, qx, kx, vals, h0, h1, hk0, out, r, n, last, on_vector,
         s, per_bank, _ = scores_side_by_side(
             [([qx[0:D, b0 + j, :]], [kx[0:D, kvs[b0 + j], 0:n]]) for j in range(m)], r, n)
         row_extrema_side_by_side(facts, s, ext[:, b0:b0 + m], m, per_bank, r, n)
-        plan.charge(m * n + active_engine_costs().vector_instr_cycles * cdiv(m, per_bank), 0)
+        plan.charge(m * n + active_engine_costs().vector_stream_cycles * cdiv(m, per_bank), 0)
         if per_batch_hilo:
             _ts_hilo(facts, ext, qx, b0, b0 + m, r)
     if not per_batch_hilo:

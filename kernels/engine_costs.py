@@ -19,8 +19,8 @@ class EngineCosts(nl.NKIObject):
     """Figures of one NeuronCore generation (names: the Target field each one mirrors)."""
 
     def __init__(self, vector_ghz, scalar_ghz, gpsimd_ghz, vector_psum_copy_16bit_rate, vector_instr_cycles,
-                 scalar_instr_cycles, gpsimd_instr_cycles, min_instruction_cycles, dma_bytes_per_s, dma_transfer_gap_ns,
-                 dma_transfer_handoff_ns, dma_transpose_efficiency):
+                 scalar_instr_cycles, gpsimd_instr_cycles, vector_overlap_cycles, min_instruction_cycles,
+                 dma_bytes_per_s, dma_transfer_gap_ns, dma_transfer_handoff_ns, dma_transpose_efficiency):
         # VectorE, ScalarE and GpSimd clocks (GHz): estimated cycles / clock = ns
         self.vector_ghz = vector_ghz
         self.scalar_ghz = scalar_ghz
@@ -33,6 +33,12 @@ class EngineCosts(nl.NKIObject):
         self.vector_instr_cycles = vector_instr_cycles
         self.scalar_instr_cycles = scalar_instr_cycles
         self.gpsimd_instr_cycles = gpsimd_instr_cycles
+        # cycles of a VectorE instruction's fixed cost that overlap the next one when the
+        # next does not depend on it (VectorE's pipeline)
+        self.vector_overlap_cycles = vector_overlap_cycles
+        # what a VectorE instruction's fixed cost adds to the engine's time in a stream of
+        # independent instructions (what planning charges)
+        self.vector_stream_cycles = vector_instr_cycles - min(vector_overlap_cycles, vector_instr_cycles)
         self.min_instruction_cycles = min_instruction_cycles
         # DMA: bandwidth of a core's 16 queues; per transfer and queue the occupancy is
         # max(gap, data + hand-over); SBUF->SBUF dma_transpose efficiency
@@ -42,10 +48,12 @@ class EngineCosts(nl.NKIObject):
         self.dma_transpose_efficiency = dma_transpose_efficiency
 
     def instruction_ns(self, engine, elements, rate=1):
-        """Estimated ns of one ``engine`` ("vector", "scalar" or "gpsimd") instruction over
-        ``elements`` per partition at ``rate`` elements per cycle (the cost model's rule:
-        max(MIN_II, elements / rate) + the engine's fixed cost, in its own cycles)."""
-        ghz, fixed = {"vector": (self.vector_ghz, self.vector_instr_cycles),
+        """Estimated ns one ``engine`` ("vector", "scalar" or "gpsimd") instruction over
+        ``elements`` per partition at ``rate`` elements per cycle holds the engine in a
+        stream of independent instructions (the cost model's rule: max(MIN_II,
+        elements / rate) + the engine's fixed cost, in its own cycles, less VectorE's
+        pipeline overlap)."""
+        ghz, fixed = {"vector": (self.vector_ghz, self.vector_stream_cycles),
                       "scalar": (self.scalar_ghz, self.scalar_instr_cycles),
                       "gpsimd": (self.gpsimd_ghz, self.gpsimd_instr_cycles)}[engine]
         return (max(self.min_instruction_cycles, elements / rate) + fixed) / ghz
@@ -64,6 +72,7 @@ MIRRORS = {
     "vector_instr_cycles": ("vector_static_cycles", 1),
     "scalar_instr_cycles": ("scalar_static_cycles", 1),
     "gpsimd_instr_cycles": ("gpsimd_static_cycles", 1),
+    "vector_overlap_cycles": ("vector_overlap_cycles", 1),
     "min_instruction_cycles": ("min_instruction_cycles", 1),
     "dma_bytes_per_s": ("dma_bytes_per_s", 1),
     "dma_transfer_gap_ns": ("dma_transfer_gap_s", 1e9),
@@ -71,20 +80,23 @@ MIRRORS = {
     "dma_transpose_efficiency": ("dma_transpose_sbuf_efficiency", 1),
 }
 
+# attributes computed from the mirrored ones (not Target fields)
+DERIVED = ("vector_stream_cycles",)
+
 # NeuronCore-v2 (trn1), -v3 (trn2), -v4 (trn3)
 _GEN2 = EngineCosts(vector_ghz=1.12, scalar_ghz=1.4, gpsimd_ghz=1.4, vector_psum_copy_16bit_rate=1,
-                    vector_instr_cycles=180.0, scalar_instr_cycles=100.0,
-                    gpsimd_instr_cycles=180.0, min_instruction_cycles=64, dma_bytes_per_s=272e9,
+                    vector_instr_cycles=340.0, scalar_instr_cycles=100.0,
+                    gpsimd_instr_cycles=340.0, vector_overlap_cycles=280.0, min_instruction_cycles=64, dma_bytes_per_s=272e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=25.0,
                     dma_transpose_efficiency=0.5)
 _GEN3 = EngineCosts(vector_ghz=0.96, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_copy_16bit_rate=2,
                     vector_instr_cycles=100.0, scalar_instr_cycles=360.0,
-                    gpsimd_instr_cycles=100.0, min_instruction_cycles=64, dma_bytes_per_s=368e9,
+                    gpsimd_instr_cycles=100.0, vector_overlap_cycles=0.0, min_instruction_cycles=64, dma_bytes_per_s=368e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=25.0,
                     dma_transpose_efficiency=0.5)
 _GEN4 = EngineCosts(vector_ghz=1.2, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_copy_16bit_rate=2,
                     vector_instr_cycles=100.0, scalar_instr_cycles=360.0,
-                    gpsimd_instr_cycles=100.0, min_instruction_cycles=64, dma_bytes_per_s=528e9,
+                    gpsimd_instr_cycles=100.0, vector_overlap_cycles=0.0, min_instruction_cycles=64, dma_bytes_per_s=528e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=25.0,
                     dma_transpose_efficiency=0.5)
 

@@ -30,7 +30,19 @@ def test_every_figure_is_mirrored(engine_costs):
     with simulator.activated(target="trn2"):
         costs = engine_costs.active()
     attrs = {a for a in vars(costs) if not a.startswith("_")}
-    assert attrs == set(engine_costs.MIRRORS)
+    assert attrs == set(engine_costs.MIRRORS) | set(engine_costs.DERIVED)
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_planning_charges_vectors_fixed_cost_less_its_pipeline_overlap(engine_costs, name):
+    target = TARGETS[name]
+    with simulator.activated(target=name):
+        c = engine_costs.active()
+    hidden = min(target.vector_overlap_cycles, target.vector_static_cycles)
+    assert c.vector_stream_cycles == pytest.approx(target.vector_static_cycles - hidden)
+    assert c.instruction_ns("vector", 512) == pytest.approx((512 + c.vector_stream_cycles) / c.vector_ghz)
+    assert c.instruction_ns("gpsimd", 512) == pytest.approx((512 + c.gpsimd_instr_cycles) / c.gpsimd_ghz)
+    assert (c.vector_stream_cycles < c.vector_instr_cycles) == (name == "trn1")
 
 
 def test_the_active_generation_follows_the_target(engine_costs):

@@ -209,6 +209,55 @@ def test_a_ready_instruction_passes_a_stalled_earlier_one_on_its_engine():
     assert est.schedule.start[2] == 0.0 < est.schedule.start[1]
 
 
+# ----------------------------------------------------------------------------- VectorE pipeline
+
+TRN1 = TARGETS["trn1"]
+
+
+def _two_vector_ops(dependent: bool):
+    """Two [128, 512] fp32 tensor_tensor; the second reads the first's result or not."""
+    b = TraceBuilder()
+    first = new_alloc()
+    b.tensor_tensor(sbuf("dst", first, (128, 512), "float32"), sbuf("a", new_alloc(), (128, 512), "float32"),
+                    sbuf("b", new_alloc(), (128, 512), "float32"))
+    src = first if dependent else new_alloc()
+    b.tensor_tensor(sbuf("dst", new_alloc(), (128, 512), "float32"), sbuf("a", src, (128, 512), "float32"),
+                    sbuf("b", new_alloc(), (128, 512), "float32"))
+    return b.trace
+
+
+def test_vector_takes_an_independent_instruction_before_the_current_one_ends():
+    # hardware.py vector_overlap_cycles: trn1's Mamba profiles show VectorE active for less
+    # time than its instructions' durations add up to
+    assert 0 < TRN1.vector_overlap_cycles <= TRN1.vector_static_cycles
+    est = estimate_trace(_two_vector_ops(dependent=False), TRN1)
+    first = est.schedule.finish[0] - est.schedule.start[0]
+    assert est.schedule.start[1] == pytest.approx(first - TRN1.vector_overlap_cycles / TRN1.vector_hz)
+    # busy time is the union of the two intervals; each slot keeps its whole duration
+    durations = [s.end - s.start for s in est.schedule.slots]
+    assert durations == pytest.approx([first, first])
+    assert est.engine_busy_us["vector"] == pytest.approx(est.schedule.finish[1] * US)
+    assert est.engine_busy_us["vector"] < sum(durations) * US
+
+
+def test_a_dependent_vector_instruction_waits_for_the_whole_duration():
+    est = estimate_trace(_two_vector_ops(dependent=True), TRN1)
+    wait = TRN1.dependency_latency_cycles / TRN1.vector_hz
+    assert est.schedule.start[1] == pytest.approx(est.schedule.finish[0] + wait)
+    assert est.engine_busy_us["vector"] == pytest.approx(
+        sum(s.end - s.start for s in est.schedule.slots) * US)
+
+
+def test_the_overlap_is_capped_at_the_fixed_cost_and_off_where_unmeasured():
+    big = dataclasses.replace(TRN1, vector_overlap_cycles=10 * TRN1.vector_static_cycles)
+    est = estimate_trace(_two_vector_ops(dependent=False), big)
+    first = est.schedule.finish[0] - est.schedule.start[0]
+    assert est.schedule.start[1] == pytest.approx(first - TRN1.vector_static_cycles / TRN1.vector_hz)
+    assert TRN2.vector_overlap_cycles == 0.0
+    est = estimate_trace(_two_vector_ops(dependent=False), TRN2)
+    assert est.schedule.start[1] == pytest.approx(est.schedule.finish[0])
+
+
 # ----------------------------------------------------------------------------- two cores
 
 def _two_core_trace(rows_core1: int):

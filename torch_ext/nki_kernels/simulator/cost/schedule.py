@@ -22,6 +22,11 @@
    issued first (the kernel's order is the priority; an independent later instruction
    may run ahead of a stalled earlier one: "without [nl.no_reorder], the compiler scheduler
    is free to reorder independent operations for better hardware utilization" [I]).
+   VectorE is pipelined: it takes its next instruction ``vector_overlap_cycles`` (at most
+   its fixed cost) before the current one ends. Only an instruction that does not depend
+   on the current one can be ready then, so a dependent one still waits for the end. An
+   engine's busy time is the union of its instructions' intervals (the profiler's "Event
+   Duration Active"); each slot keeps the instruction's whole duration.
    A DMA transfer, ``dma_latency_s`` after its dependencies are done, is split over
    ``queues`` of its core's 16 DMA queues (the ones with the least pending work); a queue
    moves one transfer's share at a time, starting the next one no sooner than the
@@ -44,7 +49,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..hardware import Target
-from .model import COMPUTE_ENGINES, CostModelError, compute_cost, dependency_latency_seconds, dma_cost
+from .model import (COMPUTE_ENGINES, CostModelError, compute_cost, dependency_latency_seconds, dma_cost,
+                    engine_hz)
 from .regions import Region, region_of
 
 
@@ -324,15 +330,16 @@ class Schedule:
 
 
 class _Lane:
-    __slots__ = ("name", "free_at", "waiting", "backlog", "busy", "running")
+    __slots__ = ("name", "free_at", "waiting", "backlog", "busy", "running", "last_end")
 
     def __init__(self, name: str):
         self.name = name
         self.free_at = 0.0
         self.waiting: list = []      # heap of (instruction index, payload)
         self.backlog = 0.0           # seconds of work waiting (DMA queue choice)
-        self.busy = 0.0
+        self.busy = 0.0              # seconds the lane had work (union of its intervals)
         self.running = False
+        self.last_end = 0.0          # end of the latest interval counted in busy
 
 
 def _core(ins) -> int:
@@ -409,6 +416,9 @@ def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
             push(0.0, 1, i)
 
     touched: set = set()
+    # VectorE's pipeline overlap (hardware.py: vector_overlap_cycles, capped at the fixed cost)
+    overlap_s = {"vector": min(target.vector_overlap_cycles, target.vector_static_cycles)
+                 / engine_hz(target, "vector")}
 
     def release(i: int, now: float) -> None:
         ins = trace[i]
@@ -448,7 +458,8 @@ def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
         i, occ = heapq.heappop(lane.waiting)
         ins = trace[i]
         lane.running = True
-        lane.busy += occ
+        lane.busy += now + occ - max(now, lane.last_end)
+        lane.last_end = now + occ
         lane.free_at = now + occ
         if ins.engine == "dma":
             c = costs[i]
@@ -462,7 +473,9 @@ def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
         else:
             start[i] = now
             slots.append(Slot(i, ins.op, ins.engine, lane.name, now, now + occ))
-            push(now + occ, 0, lane)
+            # the lane takes its next (necessarily independent) instruction early
+            lane.free_at = now + occ - overlap_s.get(ins.engine, 0.0)
+            push(lane.free_at, 0, lane)
             push(now + occ, 3, i)
 
     while events:
