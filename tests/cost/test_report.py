@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from nki_kernels import _dispatch
+from nki_kernels.simulator.hardware import TARGETS
 
 REPORT = Path(__file__).resolve().parents[2] / "benchmarks" / "model_report.py"
 
@@ -74,6 +79,39 @@ def test_a_failing_kernel_becomes_an_error_row_and_a_failed_run(report, tmp_path
 def test_a_speedup_counts_only_where_the_low_end_clears_it(report):
     assert report.speedup_claimed(2.5, 2.4) and not report.speedup_claimed(2.3, 2.4)
     assert not report.speedup_claimed(float("nan"), 1.0)
+
+
+def test_each_end_of_the_speedup_compares_kernel_and_eager_on_the_same_hardware(report):
+    # eager's limits move with the achieved DMA bandwidth (x0.9 at the pessimistic end)
+    from nki_kernels import registry, simulator
+    from nki_kernels.simulator.cost import estimate_trace, variant
+
+    spec = registry.get("gelu")
+    x = torch.randn(512, 1024, dtype=torch.bfloat16)
+    seen = []
+
+    def eager_on(tgt):
+        seen.append(tgt)
+        return spec.roofline(x, lnc=2, target=tgt).eager_us
+
+    central = eager_on(TARGETS["trn2"])
+    scale = dict((n, (o, p)) for n, o, p in TARGETS["trn2"].cost_ranges)["dma_bytes_per_s_scale"]
+    assert eager_on(variant("trn2", "pessimistic")) == pytest.approx(central / scale[1])
+    call = spec.kernel_call(x)
+    est = simulator.estimate(_dispatch.simulator_kernel(call)[2], "trn2")(*call.tensors, **call.static)
+    seen.clear()
+    bars = report.error_bars(est, eager_on)
+    # the low end: fixed costs pessimistic, the bandwidth at whichever end gives the lower
+    # ratio; each candidate is kernel and eager on one hardware variant
+    pes, opt = variant("trn2", "pessimistic"), variant("trn2", "optimistic")
+    mixed = dataclasses.replace(pes, dma_bytes_per_s=opt.dma_bytes_per_s)
+    candidates = [eager_on(t) / estimate_trace(est.trace, t, allocations=est.allocations).latency_us
+                  for t in (pes, mixed)] + [central / est.latency_us]
+    assert bars["speedup_low"] == pytest.approx(min(candidates))
+    assert bars["speedup_low"] <= central / est.latency_us <= bars["speedup_high"]
+    assert bars["speedup_low"] < central / bars["modeled_high_us"] * 1.2
+    assert {t.dma_bytes_per_s for t in seen} == {pes.dma_bytes_per_s, opt.dma_bytes_per_s,
+                                                   TARGETS["trn2"].dma_bytes_per_s}
 
 
 def test_unknown_op_is_an_error_naming_the_choices(report, tmp_path):
