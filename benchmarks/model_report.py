@@ -46,7 +46,7 @@ from tqdm import tqdm
 from nki_kernels import _dispatch, registry, simulator
 from nki_kernels.simulator.hardware import get_target
 from nki_kernels.simulator.cost import estimate_trace, time_range, variant
-from nki_kernels.simulator.cost.uncertainty import ENDS
+from nki_kernels.simulator.cost.uncertainty import ENDS, end_latencies
 
 MODELED = "modeled (trn2)"
 MEASURED = "measured (CPU)"
@@ -199,16 +199,19 @@ def error_bars(est, eager_us_on) -> dict:
     so the low end has them pessimistic; the DMA bandwidth slows both, so the low end is
     the smaller ratio with it at either end (the ratio is monotone in it). The high end
     likewise, mirrored. The central speedup always lies inside."""
-    low, high = time_range(est)
+    kernel_at = end_latencies(est)          # the kernel at each end, as scheduled
+    low, high = time_range(est, ends=kernel_at)
     base = get_target(est.target)
     ends = {end: variant(base, end) for end in ENDS}
+
+    def ratio(tgt, kernel_us):
+        return eager_us_on(tgt) / kernel_us if kernel_us > 0 else float("nan")
+
     ratios = {}
     for end, other in (("pessimistic", "optimistic"), ("optimistic", "pessimistic")):
         swapped = dataclasses.replace(ends[end], **{f: getattr(ends[other], f) for f in EAGER_FIELDS})
-        ratios[end] = []
-        for tgt in (ends[end], swapped):
-            kernel = estimate_trace(est.trace, tgt, allocations=est.allocations).latency_us
-            ratios[end].append(eager_us_on(tgt) / kernel if kernel > 0 else float("nan"))
+        ratios[end] = [ratio(ends[end], kernel_at[end]),
+                       ratio(swapped, estimate_trace(est.trace, swapped, allocations=est.allocations).latency_us)]
     central = eager_us_on(base) / est.latency_us if est.latency_us > 0 else float("nan")
     return {"modeled_low_us": low, "modeled_high_us": high,
             "speedup_low": min(ratios["pessimistic"] + [central]),

@@ -48,19 +48,25 @@ def variant(target: str | Target, end: str) -> Target:
     return dataclasses.replace(tgt, **changes)
 
 
-def time_range(est, target: str | Target | None = None) -> tuple[float, float]:
-    """(low, high) modeled latency in us of an ``Estimate``'s trace: re-scheduled with every
-    uncertain number at its optimistic and at its pessimistic end."""
+def end_latencies(est, target: str | Target | None = None) -> dict[str, float]:
+    """{end: modeled latency in us} of an ``Estimate``'s trace re-scheduled with every
+    uncertain number at that end ("optimistic", "pessimistic"), as scheduled (not clamped
+    to the central value)."""
     from .estimate import estimate_trace  # estimate.py imports nothing from here
 
     if est.trace is None:
         raise ValueError("this Estimate kept no trace to re-schedule")
     tgt = get_target(target if target is not None else est.target)
-    out = []
-    for end in ENDS:
-        e = estimate_trace(est.trace, variant(tgt, end), allocations=est.allocations)
-        out.append(e.latency_us)
-    low, high = out
+    return {end: estimate_trace(est.trace, variant(tgt, end), allocations=est.allocations).latency_us
+            for end in ENDS}
+
+
+def time_range(est, target: str | Target | None = None, ends: dict[str, float] | None = None) -> tuple[float, float]:
+    """(low, high) modeled latency in us of an ``Estimate``'s trace: re-scheduled with every
+    uncertain number at its optimistic and at its pessimistic end (``ends``: the
+    end_latencies already computed for it)."""
+    if ends is None:
+        ends = end_latencies(est, target)
     # list scheduling can, rarely, finish a little later with less work (a different
     # order): the range always contains the central value
-    return min(low, est.latency_us), max(high, est.latency_us)
+    return min(ends["optimistic"], est.latency_us), max(ends["pessimistic"], est.latency_us)
