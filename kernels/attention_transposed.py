@@ -22,9 +22,14 @@ from .attention_lse import LseStage
 from .engine_costs import active as active_engine_costs
 from .tiling import cdiv
 
-# Heads per batch: at most 4 (more heads for short tail tiles measured slower: a coarser
-# pipeline); see _ts_heads for the PSUM limits.
-TS_MAX_HEADS = 4
+# Heads per batch: at most 6, within _ts_heads' PSUM limits (a 128-row tile fits 4: Sᵀ of
+# one key tile for all heads in one bank). 6 lets a short tail tile (r <= 85, e.g. ViT's
+# 69 rows) share one exp and one row-max reduce among 6 heads instead of 4: fewer fixed
+# costs on ScalarE, the engine that sets ViT's time (modeled trn2 LNC=2, ViT-B 40.9 -> 40.4
+# us, ViT-L 52.8 -> 51.8 us; 8 models the same as 6 on ViT). It was 4 from 2026-11-29,
+# when the cost model's fixed costs per instruction were not yet grounded in measurements
+# and more heads on tail tiles modeled slower (a coarser pipeline).
+TS_MAX_HEADS = 6
 # PSUM of one batch: the scores S of its heads, TS_ST_TILES tiles of Sᵀ (nkc banks each:
 # the previous batch's may still be live) and TS_O_BANKS bank of outputs, within PSUM_BANKS.
 TS_ST_TILES = 2
