@@ -31,7 +31,8 @@ def allocate(shape, dtype, buffer, name="", fill=None, address=None) -> NkiTenso
     alloc = ctx.memory.allocate(shape, dt, region, name, fill, address)
     if alloc.kind != "hbm":
         ctx.recorder.note_allocation(alloc.alloc_id, alloc.kind, _call_site(),
-                                     ctx.program_id if ctx.grid > 1 else None, alloc.life.placed)
+                                     ctx.program_id if ctx.grid > 1 else None, alloc.life.placed,
+                                     alloc.life.nbytes)
     return NkiTensor(alloc, alloc.base)
 
 

@@ -57,6 +57,9 @@ class AllocationSite:
     # takes no part in buffer rotation: its bytes are where the kernel put them, and tiles
     # placed over the same bytes depend on each other (cost/schedule.py).
     placed: tuple | None = None
+    # bytes per partition the allocation holds (None in hand-built traces): the cost model
+    # keeps the live tiles of each on-chip memory within its capacity (cost/schedule.py)
+    nbytes: int | None = None
 
 
 def capture(role: str, t) -> tuple:
@@ -116,11 +119,11 @@ class Recorder:
         self.allocations: list[AllocationSite] = []  # on-chip allocations, in creation order
 
     def note_allocation(self, alloc_id: int, buffer: str, site: tuple, core: int | None,
-                        placed: tuple | None = None) -> None:
+                        placed: tuple | None = None, nbytes: int | None = None) -> None:
         """Record where on-chip allocation ``alloc_id`` was made (for the cost model);
         ``core``: the program id in an LNC=2 run, else None; ``placed``: its physical
-        (p0, p1, b0, b1) when the kernel gave an address."""
-        self.allocations.append(AllocationSite(alloc_id, buffer, site, core, placed))
+        (p0, p1, b0, b1) when the kernel gave an address; ``nbytes``: bytes per partition."""
+        self.allocations.append(AllocationSite(alloc_id, buffer, site, core, placed, nbytes))
 
     def record(self, op, engine, reads, writes, flops, attrs, core=None) -> int:
         """Append one instruction (``reads``/``writes``: ``capture`` tuples; ``core``: the

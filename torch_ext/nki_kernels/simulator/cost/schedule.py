@@ -231,16 +231,17 @@ def dependencies(trace, target: Target, allocations=None) -> list[dict[int, floa
         engine_of[pos] = ins.engine
         preds.append(mine)
     if allocations:
-        for p, s in rotation_edges(trace, allocations, int(target.buffer_rotation_depth)):
+        for p, s in rotation_edges(trace, allocations, int(target.buffer_rotation_depth), target):
             preds[s].setdefault(p, 0.0)
     return preds
 
 
-def rotation_edges(trace, allocations, depth: int) -> list[tuple[int, int]]:
+def rotation_edges(trace, allocations, depth: int, target: Target | None = None) -> list[tuple[int, int]]:
     """(earlier, later) instruction pairs the sharing of physical buffers adds.
 
     Tiles of one family (same site, buffer kind and core) take ``depth`` buffers in
-    allocation order; a new tile takes the buffer whose occupant was last used longest
+    allocation order (fewer where the memory cannot hold them: ``family_depths``, with
+    ``target``); a new tile takes the buffer whose occupant was last used longest
     ago among those whose occupant is dead in program order (last access issued before the
     new tile's first access), or a fresh buffer when none is (the program keeps them all
     alive, so the compiler must give it its own). The new tile's accesses up to and
@@ -263,16 +264,18 @@ def rotation_edges(trace, allocations, depth: int) -> list[tuple[int, int]]:
         # a placed tile's bytes are the kernel's choice, not the compiler's rotation
         if a.alloc_id in access and a.placed is None:
             families.setdefault((a.core, a.buffer, a.site), []).append(a.alloc_id)
+    depths = family_depths(families, access, allocations, depth, target) if target is not None else {}
     edges: list[tuple[int, int]] = []
-    for members in families.values():
-        if len(members) <= depth:
+    for key, members in families.items():
+        d = depths.get(key, depth)
+        if len(members) <= d:
             continue
         occupants: list[int] = []
         for alloc in members:
             acc = access[alloc]
             first = acc[0][0]
             dead = [b for b, occ in enumerate(occupants) if access[occ][-1][0] < first]
-            if len(occupants) < depth or not dead:
+            if len(occupants) < d or not dead:
                 occupants.append(alloc)
                 continue
             b = min(dead, key=lambda b: access[occupants[b]][-1][0])
@@ -285,6 +288,99 @@ def rotation_edges(trace, allocations, depth: int) -> list[tuple[int, int]]:
             edges.extend((p, s) for s in initial for p in old)
             occupants[b] = alloc
     return edges
+
+
+def family_depths(families, access, allocations, depth: int, target: Target) -> dict[tuple, int]:
+    """Buffers per family within the on-chip memory (rule 2's capacity).
+
+    The compiler places every physical buffer of the tiles live at one point of the program
+    in SBUF (bytes per partition) or PSUM (whole banks: "The allocation for PSUM tensors
+    must start at the beginning of each bank", NKI 0.2 migration guide), so a family's
+    rotation buffers must fit beside everything live with them. Each family starts at
+    ``depth`` buffers (or as many tiles as the program keeps alive at once, if more); where
+    a point of the program needs more than the memory (less what placed tiles ever touch:
+    the kernel's own layout), a family live there gives up one buffer, down to what the
+    program itself keeps alive, until every point fits: the one with the smallest tiles
+    that still cover the excess, else the one with the largest (the fewest buffers given
+    up; the compiler's own choice is not documented). Without allocation sizes (hand-built
+    traces) nothing changes."""
+    units_of: dict[int, int] = {}
+    reserved: dict[tuple, set] = {}
+    reserved_bytes: dict[tuple, list] = {}
+    for a in allocations:
+        if a.buffer not in ("sbuf", "psum"):
+            continue
+        pool = (a.core, a.buffer)
+        if a.placed is not None:
+            p0, p1, b0, b1 = a.placed
+            if a.buffer == "psum":
+                reserved.setdefault(pool, set()).update(
+                    range(b0 // target.psum_bank_bytes, (b1 - 1) // target.psum_bank_bytes + 1))
+            else:
+                reserved_bytes.setdefault(pool, []).append((b0, b1))
+        elif a.nbytes is not None:
+            units_of[a.alloc_id] = (-(-a.nbytes // target.psum_bank_bytes) if a.buffer == "psum"
+                                    else int(a.nbytes))
+    # every compiler-placed tile belongs to a family (a lone tile is a family of one)
+    fams: dict[tuple, list[int]] = {}
+    for key, members in families.items():
+        fams[key] = members
+    placed_in_family = {m for members in families.values() for m in members}
+    for a in allocations:
+        if a.alloc_id in units_of and a.alloc_id in access and a.alloc_id not in placed_in_family:
+            fams[(a.core, a.buffer, ("tile", a.alloc_id))] = [a.alloc_id]
+    info = {}                                  # family -> (pool, units, span, kept alive, order)
+    for key, members in fams.items():
+        if any(m not in units_of for m in members):
+            return {}                          # a hand-built trace: sizes unknown
+        lives = sorted((access[m][0][0], access[m][-1][0]) for m in members)
+        kept, ends = 1, []
+        for lo, hi in lives:
+            ends = [e for e in ends if e >= lo] + [hi]
+            kept = max(kept, len(ends))
+        pool = (key[0], key[1])
+        info[key] = (pool, max(units_of[m] for m in members), (lives[0][0], max(h for _, h in lives)),
+                     kept, lives[0][0])
+    cap = {}
+    for pool in {v[0] for v in info.values()}:
+        if pool[1] == "psum":
+            cap[pool] = target.psum_banks - len(reserved.get(pool, ()))
+        else:
+            cap[pool] = target.sbuf_bytes_per_partition - _union_bytes(reserved_bytes.get(pool, []))
+    depths = {key: max(depth if len(fams[key]) > 1 else 1, v[3]) for key, v in info.items()}
+    for pool, limit in cap.items():
+        keys = [k for k, v in info.items() if v[0] == pool]
+        while True:
+            points = sorted({info[k][2][0] for k in keys})
+            worst, worst_t = 0, None
+            for t in points:
+                need = sum(info[k][1] * depths[k] for k in keys if info[k][2][0] <= t <= info[k][2][1])
+                if need > worst:
+                    worst, worst_t = need, t
+            if worst <= limit:
+                break
+            live = [k for k in keys if info[k][2][0] <= worst_t <= info[k][2][1]
+                    and depths[k] > max(1, info[k][3])]
+            if not live:
+                break                          # the program itself keeps this much alive
+            # the smallest buffer that covers the excess, else the largest (the later
+            # allocated on a tie): the fewest buffers given up
+            excess = worst - limit
+            covering = [k for k in live if info[k][1] >= excess]
+            k = (min(covering, key=lambda k: (info[k][1], -info[k][4])) if covering
+                 else max(live, key=lambda k: (info[k][1], info[k][4])))
+            depths[k] -= 1
+    return depths
+
+
+def _union_bytes(ranges) -> int:
+    """Bytes covered by byte ranges [(b0, b1), ...] (placed SBUF tiles, any partitions)."""
+    covered, end = 0, -1
+    for b0, b1 in sorted(ranges):
+        if b1 > end:
+            covered += b1 - max(b0, end)
+            end = b1
+    return covered
 
 
 @dataclass(frozen=True, slots=True)
