@@ -32,7 +32,11 @@ from .tiling import cdiv
 TS_MAX_HEADS = 6
 # PSUM of one batch: the scores S of its heads, TS_ST_TILES tiles of Sᵀ (nkc banks each:
 # the previous batch's may still be live) and TS_O_BANKS bank of outputs, within PSUM_BANKS.
+# With three key tiles (256 < Sk <= 384) one Sᵀ tile: two (6 banks) would leave S one bank,
+# one head per batch; one leaves it four (modeled trn2 LNC=2, B=8 H=12 S=257 D=64: 147 ->
+# 99 us; the compiler keeps the one Sᵀ tile single-buffered, docs/cost-model.md "Buffers").
 TS_ST_TILES = 2
+TS_ST_TILES_3 = 1
 TS_O_BANKS = 1
 # Kᵀ tiles used in turn, so one group's Kᵀ load overlaps the previous group's work.
 TS_KEY_TILES = 2
@@ -130,10 +134,12 @@ def _load_q_extended(facts, q, b, h0, h1, s0, s1):
 
 def _ts_heads(n, r):
     """Heads per batch: Sᵀ of one key tile for all of them fits a PSUM bank (m·r <= 512, at
-    most TS_MAX_HEADS), and S of all of them beside TS_ST_TILES Sᵀ tiles and TS_O_BANKS
-    output bank fits the PSUM banks (hence Sk <= 384 on this path)."""
+    most TS_MAX_HEADS), and S of all of them beside TS_ST_TILES Sᵀ tiles (TS_ST_TILES_3 with
+    three key tiles) and TS_O_BANKS output bank fits the PSUM banks (hence Sk <= 384 on this
+    path)."""
     per_bank = max(1, PSUM_BANK_FP32 // n)
-    s_banks = PSUM_BANKS - TS_O_BANKS - TS_ST_TILES * cdiv(n, P)
+    nkc = cdiv(n, P)
+    s_banks = PSUM_BANKS - TS_O_BANKS - (TS_ST_TILES if nkc < 3 else TS_ST_TILES_3) * nkc
     return max(1, min(TS_MAX_HEADS, PSUM_BANK_FP32 // r, per_bank * s_banks))
 
 
