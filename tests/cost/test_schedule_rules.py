@@ -278,7 +278,8 @@ def test_sbuf_tiles_rotate_within_the_bytes_of_a_partition():
 
 def test_tiles_the_program_keeps_alive_are_never_squeezed():
     # six 2-bank tiles of one site all live at once in program order: the program itself
-    # needs 12 banks (the simulator would refuse it); the rule takes nothing away
+    # needs 12 banks (the simulator would refuse it); the rule takes nothing away and the
+    # rotation still gives every live tile its own buffer
     b = TraceBuilder()
     tiles = [new_alloc() for _ in range(6)]
     allocs = [AllocationSite(t, "psum", (("k.py", 3),), None, None, 2 * BANK) for t in tiles]
@@ -287,7 +288,8 @@ def test_tiles_the_program_keeps_alive_are_never_squeezed():
         b.matmul(psum("dst", t, (128, 512)), sbuf("stationary", st, (128, 128)), sbuf("moving", mv, (128, 512)))
     for t in tiles:
         b.activation(sbuf("dst", new_alloc(), (128, 512)), psum("data", t, (128, 512)))
-    assert _depths(b.trace, allocs) == {3: 6}
+    assert _depths(b.trace, allocs) == {3: 2}
+    assert rotation_edges(b.trace, allocs, 2, TRN2) == []
 
 
 # ----------------------------------------------------------------------------- engines

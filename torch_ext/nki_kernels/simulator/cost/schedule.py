@@ -347,14 +347,17 @@ def family_depths(families, access, allocations, depth: int, target: Target) -> 
             cap[pool] = target.psum_banks - len(reserved.get(pool, ()))
         else:
             cap[pool] = target.sbuf_bytes_per_partition - _union_bytes(reserved_bytes.get(pool, []))
-    depths = {key: max(depth if len(fams[key]) > 1 else 1, v[3]) for key, v in info.items()}
+    # rotation depth per family; the space it needs is that many buffers, or as many tiles
+    # as the program keeps alive at once if more (rotation_edges gives those their own)
+    depths = {key: depth if len(fams[key]) > 1 else 1 for key in info}
     for pool, limit in cap.items():
         keys = [k for k, v in info.items() if v[0] == pool]
         while True:
             points = sorted({info[k][2][0] for k in keys})
             worst, worst_t = 0, None
             for t in points:
-                need = sum(info[k][1] * depths[k] for k in keys if info[k][2][0] <= t <= info[k][2][1])
+                need = sum(info[k][1] * max(depths[k], info[k][3]) for k in keys
+                           if info[k][2][0] <= t <= info[k][2][1])
                 if need > worst:
                     worst, worst_t = need, t
             if worst <= limit:
