@@ -2,8 +2,9 @@
 or PSUM copies of P (bf16, no mask, not causal, Sk <= 384, D in {32, 64, 96}, Dv <= 128;
 see ``LaunchFacts.transposed_scores``).
 
-Per query tile and batch of heads: S = Q·Kᵀ side by side in PSUM and one VectorE reduce
-for the row maxes m (raw units); GpSimd splits m into bf16 hi + mid + lo (exactly m) and
+Per query tile and batch of heads: S = Q·Kᵀ side by side in PSUM (a bank of heads at a
+time) and VectorE reduces for the row maxes m (raw units); GpSimd splits m into bf16
+hi + mid + lo (exactly m) and
 one DMA transpose puts them on partitions D..D+2 of Qᵀ; TensorE computes
 Sᵀ = [Kᵀ; -1; -1; -1]ᵀ·[Qᵀ; hi; mid; lo] = (S - m)ᵀ per 128-key tile (fp32 accumulation),
 and ScalarE Pᵀ = exp(scale·Sᵀ) with no per-partition bias, so one exp covers the batch's
@@ -134,9 +135,10 @@ def _load_q_extended(facts, q, b, h0, h1, s0, s1):
 
 def _ts_heads(n, r):
     """Heads per batch: Sᵀ of one key tile for all of them fits a PSUM bank (m·r <= 512, at
-    most TS_MAX_HEADS), and S of all of them beside TS_ST_TILES Sᵀ tiles (TS_ST_TILES_3 with
-    three key tiles) and TS_O_BANKS output bank fits the PSUM banks (hence Sk <= 384 on this
-    path)."""
+    most TS_MAX_HEADS), and at most as many as S of all of them would fit beside TS_ST_TILES
+    Sᵀ tiles (TS_ST_TILES_3 with three key tiles) and TS_O_BANKS output bank (hence Sk <= 384
+    on this path; S itself is made one bank at a time, _ts_tile, and the cap still models
+    best)."""
     per_bank = max(1, PSUM_BANK_FP32 // n)
     nkc = cdiv(n, P)
     s_banks = PSUM_BANKS - TS_O_BANKS - (TS_ST_TILES if nkc < 3 else TS_ST_TILES_3) * nkc
@@ -166,7 +168,7 @@ def _ts_tile(facts, plan, qx, kx, vals, h0, h1, hk0, out, r, n, last, on_vector,
     """Attention of every head of a group for one query tile, P made directly as Pᵀ.
 
     1. per batch of heads, S = Q·Kᵀ side by side in PSUM and one VectorE reduce for the row
-       maxes m; hi + mid + lo = m onto partitions D..D+2 of Qᵀ (_ts_hilo: per batch on the
+       maxes m, one PSUM bank of heads at a time; hi + mid + lo = m onto partitions D..D+2 of Qᵀ (_ts_hilo: per batch on the
        launch's first and last tiles, else once for all heads);
     2. per batch of heads, Sᵀ = [Kᵀ; -1; -1; -1]ᵀ·[Qᵀ; hi; mid; lo] = (S - m)ᵀ per key tile
        [128 keys, nkc, heads · r] fp32 PSUM, Pᵀ = exp(scale·Sᵀ) by one ScalarE instruction
@@ -182,12 +184,19 @@ def _ts_tile(facts, plan, qx, kx, vals, h0, h1, hk0, out, r, n, last, on_vector,
     kvs = [hq // facts.G - hk0 for hq in range(h0, h1)]
     per_batch_hilo = plan.hilo_per_batch(last)
     ext = nl.ndarray((P, nh), dtype=nl.float32, buffer=nl.sbuf)       # row max per head
+    # S for the row maxes one PSUM bank at a time (the heads one bank holds), so S rotates
+    # through two banks beside Sᵀ's two tiles and O's: the batch's whole S in one tile (3
+    # banks with 6 heads) kept one buffer within PSUM's 8 banks, and every row max waited
+    # for the previous one's (modeled trn2 LNC=2, ViT-B 47.4 -> 42.8 us)
+    per_s = max(1, PSUM_BANK_FP32 // n)
     for b0 in range(0, nh, nb):
         m = min(nb, nh - b0)
-        s, per_bank, _ = scores_side_by_side(
-            [([qx[0:D, b0 + j, :]], [kx[0:D, kvs[b0 + j], 0:n]]) for j in range(m)], r, n)
-        row_extrema_side_by_side(facts, s, ext[:, b0:b0 + m], m, per_bank, r, n)
-        plan.charge(m * n + active_engine_costs().vector_stream_cycles * cdiv(m, per_bank), 0)
+        for s0 in range(b0, b0 + m, per_s):
+            ms = min(per_s, b0 + m - s0)
+            s, per_bank, _ = scores_side_by_side(
+                [([qx[0:D, s0 + j, :]], [kx[0:D, kvs[s0 + j], 0:n]]) for j in range(ms)], r, n)
+            row_extrema_side_by_side(facts, s, ext[:, s0:s0 + ms], ms, per_bank, r, n)
+            plan.charge(ms * n + active_engine_costs().vector_stream_cycles * cdiv(ms, per_bank), 0)
         if per_batch_hilo:
             _ts_hilo(facts, ext, qx, b0, b0 + m, r)
     if not per_batch_hilo:
