@@ -36,7 +36,7 @@ SHARED_COST_RANGES: tuple[tuple[str, float, float], ...] = (
     ("dma_descriptor_bytes", 0.0, 166.0),       # [F] none .. the whole curve tail charged to chunks
     ("dma_bytes_per_s_scale", 1.05, 0.9),       # [M] 18.1 vs 17 B/ns (trn1 fig30) .. 10 % short
     ("matmul_latency_cycles", 200.0, 600.0),    # [M] fig18/20/21 spread
-    ("buffer_rotation_depth", 4.0, 2.0),        # compiler's choice: undocumented
+    ("buffer_rotation_depth", 4.0, 2.0),        # compiler's choice: undocumented (within SBUF/PSUM: schedule.family_depths)
     # the whole fixed cost (capped at it; 380 is the largest any row shows, [M] fig17) ..
     # none: only trn1's Mamba profiles measure the overlap [M]
     ("vector_overlap_cycles", 380.0, 0.0),
