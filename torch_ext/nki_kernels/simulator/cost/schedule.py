@@ -300,10 +300,11 @@ def family_depths(families, access, allocations, depth: int, target: Target) -> 
     ``depth`` buffers (or as many tiles as the program keeps alive at once, if more); where
     a point of the program needs more than the memory (less what placed tiles ever touch:
     the kernel's own layout), a family live there gives up one buffer, down to what the
-    program itself keeps alive, until every point fits: the one with the smallest tiles
-    that still cover the excess, else the one with the largest (the fewest buffers given
-    up; the compiler's own choice is not documented). Without allocation sizes (hand-built
-    traces) nothing changes."""
+    program itself keeps alive, until every point fits: among those with the most buffers,
+    the one with the smallest tiles that still cover the excess, else the one with the
+    largest (depths stay level and the fewest buffers are given up; the compiler's own
+    choice is not documented). Without allocation sizes (hand-built traces) nothing
+    changes."""
     units_of: dict[int, int] = {}
     reserved: dict[tuple, set] = {}
     reserved_bytes: dict[tuple, list] = {}
@@ -366,8 +367,11 @@ def family_depths(families, access, allocations, depth: int, target: Target) -> 
                     and depths[k] > max(1, info[k][3])]
             if not live:
                 break                          # the program itself keeps this much alive
-            # the smallest buffer that covers the excess, else the largest (the later
-            # allocated on a tie): the fewest buffers given up
+            # among the sites with the most buffers, the one with the smallest tiles that
+            # cover the excess, else the largest (the later allocated on a tie): depths
+            # stay level and the fewest buffers are given up
+            top = max(depths[k] for k in live)
+            live = [k for k in live if depths[k] == top]
             excess = worst - limit
             covering = [k for k in live if info[k][1] >= excess]
             k = (min(covering, key=lambda k: (info[k][1], -info[k][4])) if covering
