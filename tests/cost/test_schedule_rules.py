@@ -257,6 +257,16 @@ def test_sites_give_up_buffers_until_the_banks_hold_them_fewest_first():
     assert _peak_banks(dataclasses.replace(est, schedule=over), allocs) > TRN2.psum_banks
 
 
+def test_at_four_buffers_the_sites_give_up_buffers_level():
+    # the error bar's optimistic end starts every site at 4 buffers (24 banks here): the
+    # sites with the most buffers give one up first, so the result is the central one, not
+    # one site squeezed to a single buffer while the others keep four
+    trace, allocs, _ = _psum_pipeline((3, 2, 1))
+    assert _depths(trace, allocs, depth=4) == {10: 1, 11: 2, 12: 1}
+    trace, allocs, _ = _psum_pipeline((1, 1))                # 4 + 4 = 8 banks: all fit
+    assert _depths(trace, allocs, depth=4) == {10: 4, 11: 4}
+
+
 def test_placed_tiles_reserve_every_bank_they_touch():
     trace, allocs, _ = _psum_pipeline((2,), placed=(0, 4 * BANK))      # 4 banks left: 2 x 2
     assert _depths(trace, allocs) == {10: 2}
