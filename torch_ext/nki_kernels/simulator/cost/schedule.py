@@ -15,8 +15,9 @@
    alive at once), rotated in allocation order: the first writes of tile k wait for every
    instruction that touched the tile whose buffer it takes (write after read on the
    physical buffer). So prefetching reaches as far ahead as the buffers allow, as with
-   the compiler's address rotation. Without allocation sites (hand-built traces) every
-   allocation is its own buffer.
+   the compiler's address rotation. A site keeps its buffers only while they fit in SBUF /
+   PSUM beside everything live with them (``family_depths``). Without allocation sites
+   (hand-built traces) every allocation is its own buffer.
 3. List scheduling. Engines run in parallel, each one instruction at a time. Whenever an
    engine is idle it starts, among the instructions whose dependencies are done, the one
    issued first (the kernel's order is the priority; an independent later instruction
@@ -297,7 +298,8 @@ def family_depths(families, access, allocations, depth: int, target: Target) -> 
     in SBUF (bytes per partition) or PSUM (whole banks: "The allocation for PSUM tensors
     must start at the beginning of each bank", NKI 0.2 migration guide), so a family's
     rotation buffers must fit beside everything live with them. Each family starts at
-    ``depth`` buffers (or as many tiles as the program keeps alive at once, if more); where
+    ``depth`` buffers and needs that much space (or as many tiles as the program keeps
+    alive at once, if more); where
     a point of the program needs more than the memory (less what placed tiles ever touch:
     the kernel's own layout), a family live there gives up one buffer, down to what the
     program itself keeps alive, until every point fits: among those with the most buffers,
@@ -313,7 +315,7 @@ def family_depths(families, access, allocations, depth: int, target: Target) -> 
             continue
         pool = (a.core, a.buffer)
         if a.placed is not None:
-            p0, p1, b0, b1 = a.placed
+            _, _, b0, b1 = a.placed
             if a.buffer == "psum":
                 reserved.setdefault(pool, set()).update(
                     range(b0 // target.psum_bank_bytes, (b1 - 1) // target.psum_bank_bytes + 1))
@@ -322,13 +324,11 @@ def family_depths(families, access, allocations, depth: int, target: Target) -> 
         elif a.nbytes is not None:
             units_of[a.alloc_id] = (-(-a.nbytes // target.psum_bank_bytes) if a.buffer == "psum"
                                     else int(a.nbytes))
-    # every compiler-placed tile belongs to a family (a lone tile is a family of one)
-    fams: dict[tuple, list[int]] = {}
-    for key, members in families.items():
-        fams[key] = members
-    placed_in_family = {m for members in families.values() for m in members}
+    # every tile the compiler places belongs to a family (a lone tile is a family of one)
+    fams: dict[tuple, list[int]] = dict(families)
+    in_family = {m for members in families.values() for m in members}
     for a in allocations:
-        if a.alloc_id in units_of and a.alloc_id in access and a.alloc_id not in placed_in_family:
+        if a.alloc_id in units_of and a.alloc_id in access and a.alloc_id not in in_family:
             fams[(a.core, a.buffer, ("tile", a.alloc_id))] = [a.alloc_id]
     info = {}                                  # family -> (pool, units, span, kept alive, order)
     for key, members in fams.items():
