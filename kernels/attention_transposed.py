@@ -5,8 +5,8 @@ see ``LaunchFacts.transposed_scores``).
 Per query tile and batch of heads: S = Q·Kᵀ side by side in PSUM (a bank of heads at a
 time) and VectorE reduces for the row maxes m (raw units); GpSimd splits m into bf16
 hi + mid + lo (exactly m) and one DMA transpose puts them on partitions D..D+2 of Qᵀ;
-TensorE computes
-Sᵀ = [Kᵀ; -1; -1; -1]ᵀ·[Qᵀ; hi; mid; lo] = (S - m)ᵀ per 128-key tile (fp32 accumulation),
+TensorE computes Sᵀ = [Kᵀ; -1; -1; -1]ᵀ·[Qᵀ; hi; mid; lo] = (S - m)ᵀ per 128-key tile (fp32
+accumulation),
 and ScalarE Pᵀ = exp(scale·Sᵀ) with no per-partition bias, so one exp covers the batch's
 heads and every key tile.  bf16 products are exact in fp32, so accumulated in the order of
 S = Q·Kᵀ the max element gives exactly 0 and every other exp argument is <= 0: no
@@ -25,17 +25,17 @@ from .tiling import cdiv
 
 # Heads per batch: at most 6, within _ts_heads' PSUM limits (a 128-row tile fits 4: Sᵀ of
 # one key tile for all heads in one bank). 6 lets a short tail tile (r <= 85, e.g. ViT's
-# 69 rows) share one exp and one row-max reduce among 6 heads instead of 4: fewer fixed
-# costs on ScalarE, the engine that sets ViT's time (modeled trn2 LNC=2, ViT-B 40.9 -> 40.4
-# us, ViT-L 52.8 -> 51.8 us; 8 models the same as 6 on ViT). It was 4 from 2026-11-29,
-# when the cost model's fixed costs per instruction were not yet grounded in measurements
-# and more heads on tail tiles modeled slower (a coarser pipeline).
+# 69 rows) share one exp among 6 heads instead of 4: fewer fixed costs on ScalarE
+# (modeled trn2 LNC=2: ViT-B 43.4 us with 4, 42.8 with 6; ViT-L 54.6 / 54.1; 8 models as
+# 6). It was 4 from 2026-11-29, when the cost model's fixed costs per instruction were
+# not yet grounded in measurements and more heads on tail tiles modeled slower.
 TS_MAX_HEADS = 6
 # PSUM of one batch: the scores S of its heads, TS_ST_TILES tiles of Sᵀ (nkc banks each:
 # the previous batch's may still be live) and TS_O_BANKS bank of outputs, within PSUM_BANKS.
-# With three key tiles (256 < Sk <= 384) one Sᵀ tile: two (6 banks) would leave S one bank,
-# one head per batch; one leaves it four (modeled trn2 LNC=2, B=8 H=12 S=257 D=64: 147 ->
-# 99 us; the compiler keeps the one Sᵀ tile single-buffered, docs/cost-model.md "Buffers").
+# With three key tiles (256 < Sk <= 384) one Sᵀ tile: two (6 banks) would leave one head
+# per batch; one leaves four (modeled trn2 LNC=2, B=8 H=12 S=257 D=64: 147 -> 99 us, then
+# 92.6 with S one bank at a time; the Sᵀ tile keeps one buffer, docs/cost-model.md
+# "Buffers").
 TS_ST_TILES = 2
 TS_ST_TILES_3 = 1
 TS_O_BANKS = 1
@@ -168,8 +168,9 @@ def _ts_tile(facts, plan, qx, kx, vals, h0, h1, hk0, out, r, n, last, on_vector,
     """Attention of every head of a group for one query tile, P made directly as Pᵀ.
 
     1. per batch of heads, S = Q·Kᵀ side by side in PSUM and one VectorE reduce for the row
-       maxes m, one PSUM bank of heads at a time; hi + mid + lo = m onto partitions D..D+2 of Qᵀ (_ts_hilo: per batch on the
-       launch's first and last tiles, else once for all heads);
+       maxes m, one PSUM bank of heads at a time; hi + mid + lo = m onto partitions D..D+2
+       of Qᵀ (_ts_hilo: per batch on the launch's first and last tiles, else once for all
+       heads);
     2. per batch of heads, Sᵀ = [Kᵀ; -1; -1; -1]ᵀ·[Qᵀ; hi; mid; lo] = (S - m)ᵀ per key tile
        [128 keys, nkc, heads · r] fp32 PSUM, Pᵀ = exp(scale·Sᵀ) by one ScalarE instruction
        for the batch, O | rowsum = P·[V | 1], then evict (on VectorE if ``last`` or
