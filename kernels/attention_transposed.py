@@ -2,14 +2,14 @@
 or PSUM copies of P (bf16, no mask, not causal, Sk <= 384, D in {32, 64, 96}, Dv <= 128;
 see ``LaunchFacts.transposed_scores``).
 
-Per query tile and batch of heads: S = Q·Kᵀ side by side in PSUM (a bank of heads at a
-time) and VectorE reduces for the row maxes m (raw units); GpSimd splits m into bf16
-hi + mid + lo (exactly m) and one DMA transpose puts them on partitions D..D+2 of Qᵀ;
-TensorE computes Sᵀ = [Kᵀ; -1; -1; -1]ᵀ·[Qᵀ; hi; mid; lo] = (S - m)ᵀ per 128-key tile (fp32
-accumulation), and ScalarE Pᵀ = exp(scale·Sᵀ) with no per-partition bias, so one exp covers
-the batch's heads and every key tile.  bf16 products are exact in fp32, so accumulated in the order of
-S = Q·Kᵀ the max element gives exactly 0 and every other exp argument is <= 0: no
-overflow whatever the logits' size.  Pᵀ is the stationary operand of P·[V | 1].
+Per query tile and batch of heads: S = Q·Kᵀ side by side in PSUM (a bank of heads at a time)
+and VectorE reduces for the row maxes m (raw units); GpSimd splits m into bf16 hi + mid + lo
+(exactly m) and one DMA transpose puts them on partitions D..D+2 of Qᵀ; TensorE computes Sᵀ
+= [Kᵀ; -1; -1; -1]ᵀ·[Qᵀ; hi; mid; lo] = (S - m)ᵀ per 128-key tile (fp32 accumulation), and
+ScalarE Pᵀ = exp(scale·Sᵀ) with no per-partition bias, so one exp covers the batch's heads
+and every key tile. bf16 products are exact in fp32, so accumulated in the order of S = Q·Kᵀ
+the max element gives exactly 0 and every other exp argument is <= 0: no overflow whatever
+the logits' size. Pᵀ is the stationary operand of P·[V | 1].
 """
 
 import nki.isa as nisa
