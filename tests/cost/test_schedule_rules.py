@@ -227,15 +227,9 @@ def test_rotation_keeps_two_buffers_per_site_while_the_banks_hold_them():
 
 
 def _depths(trace, allocs, target=TRN2, depth=2):
-    from nki_kernels.simulator.cost.schedule import family_depths
-    access, families = {}, {}
-    for ins in trace:
-        for o in list(ins.reads) + list(ins.writes):
-            if o.buffer != "hbm":
-                access.setdefault(o.alloc_id, []).append((ins.index, True))
-    for a in allocs:
-        if a.alloc_id in access and a.placed is None:
-            families.setdefault((a.core, a.buffer, a.site), []).append(a.alloc_id)
+    """{site line: buffers} family_depths gives the hand-built sites (k.py lines)."""
+    from nki_kernels.simulator.cost.schedule import buffer_families, family_depths
+    access, families = buffer_families(trace, allocs)
     return {k[2][0][1]: d for k, d in family_depths(families, access, allocs, depth, target).items()
             if k[2][0][0] == "k.py"}
 

@@ -249,22 +249,7 @@ def rotation_edges(trace, allocations, depth: int, target: Target | None = None)
     including its first read then wait for every access of the old occupant."""
     if depth < 1:
         raise CostModelError(f"buffer_rotation_depth={depth}; expected at least 1")
-    access: dict[int, list[tuple[int, bool]]] = {}
-    for ins in trace:
-        seen = set()
-        for o in ins.reads:
-            if o.buffer != "hbm" and o.alloc_id not in seen:
-                seen.add(o.alloc_id)
-                access.setdefault(o.alloc_id, []).append((ins.index, True))
-        for o in ins.writes:
-            if o.buffer != "hbm" and o.alloc_id not in seen:
-                seen.add(o.alloc_id)
-                access.setdefault(o.alloc_id, []).append((ins.index, False))
-    families: dict[tuple, list[int]] = {}
-    for a in allocations:
-        # a placed tile's bytes are the kernel's choice, not the compiler's rotation
-        if a.alloc_id in access and a.placed is None:
-            families.setdefault((a.core, a.buffer, a.site), []).append(a.alloc_id)
+    access, families = buffer_families(trace, allocations)
     depths = family_depths(families, access, allocations, depth, target) if target is not None else {}
     edges: list[tuple[int, int]] = []
     for key, members in families.items():
@@ -289,6 +274,29 @@ def rotation_edges(trace, allocations, depth: int, target: Target | None = None)
             edges.extend((p, s) for s in initial for p in old)
             occupants[b] = alloc
     return edges
+
+
+def buffer_families(trace, allocations) -> tuple[dict[int, list[tuple[int, bool]]], dict[tuple, list[int]]]:
+    """(access, families): each on-chip tile's accesses in issue order, (instruction index,
+    is a read), and the compiler-placed tiles grouped by family (core, buffer, site) in
+    allocation order; placed tiles are the kernel's layout and belong to none."""
+    access: dict[int, list[tuple[int, bool]]] = {}
+    for ins in trace:
+        seen = set()
+        for o in ins.reads:
+            if o.buffer != "hbm" and o.alloc_id not in seen:
+                seen.add(o.alloc_id)
+                access.setdefault(o.alloc_id, []).append((ins.index, True))
+        for o in ins.writes:
+            if o.buffer != "hbm" and o.alloc_id not in seen:
+                seen.add(o.alloc_id)
+                access.setdefault(o.alloc_id, []).append((ins.index, False))
+    families: dict[tuple, list[int]] = {}
+    for a in allocations:
+        # a placed tile's bytes are the kernel's choice, not the compiler's rotation
+        if a.alloc_id in access and a.placed is None:
+            families.setdefault((a.core, a.buffer, a.site), []).append(a.alloc_id)
+    return access, families
 
 
 def family_depths(families, access, allocations, depth: int, target: Target) -> dict[tuple, int]:
