@@ -278,8 +278,9 @@ def rotation_edges(trace, allocations, depth: int, target: Target | None = None)
 
 def buffer_families(trace, allocations) -> tuple[dict[int, list[tuple[int, bool]]], dict[tuple, list[int]]]:
     """(access, families): each on-chip tile's accesses in issue order, (instruction index,
-    is a read), and the compiler-placed tiles grouped by family (core, buffer, site) in
-    allocation order; placed tiles are the kernel's layout and belong to none."""
+    is a read), and the tiles without an explicit address grouped by family (core, buffer,
+    site) in allocation order; tiles the kernel placed are its own layout and belong to
+    none."""
     access: dict[int, list[tuple[int, bool]]] = {}
     for ins in trace:
         seen = set()
@@ -307,14 +308,13 @@ def family_depths(families, access, allocations, depth: int, target: Target) -> 
     must start at the beginning of each bank", NKI 0.2 migration guide), so a family's
     rotation buffers must fit beside everything live with them. Each family starts at
     ``depth`` buffers and needs that much space (or as many tiles as the program keeps
-    alive at once, if more); where
-    a point of the program needs more than the memory (less what placed tiles ever touch:
-    the kernel's own layout), a family live there gives up one buffer, down to what the
-    program itself keeps alive, until every point fits: among those with the most buffers,
-    the one with the smallest tiles that still cover the excess, else the one with the
-    largest (depths stay level and the fewest buffers are given up; the compiler's own
-    choice is not documented). Without allocation sizes (hand-built traces) nothing
-    changes."""
+    alive at once, if more). Where a point of the program needs more than the memory
+    (less what placed tiles ever touch: the kernel's own layout), a family live there
+    gives up one buffer, down to what the program itself keeps alive, until every point
+    fits: among those with the most buffers, the one with the smallest tiles that still
+    cover the excess, else the one with the largest (depths stay level and the fewest
+    buffers are given up; the compiler's own choice is not documented). Without
+    allocation sizes (hand-built traces) nothing changes."""
     units_of: dict[int, int] = {}
     reserved: dict[tuple, set] = {}
     reserved_bytes: dict[tuple, list] = {}
