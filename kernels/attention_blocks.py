@@ -189,33 +189,32 @@ def scores(qT, kT, r, n):
 
 
 def row_max(facts, s, r, n, bias=None, diag=None):
-    """-rowmax of scale·S + mask, in fp32 (scaled units), for the exp that follows.
+    """-rowmax of scale·S + mask, in fp32 (scaled units), for the exp that follows, and the
+    row itself moved out of PSUM.
 
     s: [128, n] fp32 PSUM scores (rows :r).  Masking, one of:
       bias: [128, n] fp32 SBUF additive tile (user mask, causal folded in);
       diag: (c, cb) for causal without a user mask: columns [0, c) are visible to every
             row, columns [c, n) get the additive causal tile cb ([128, n - c] SBUF view);
       neither: no mask.
-    VectorE reads PSUM once for the max, fused with the scale (it reduces min(-scale·S), so
-    either sign of scale works); with a mask that pass writes z = -(scale·S + mask) to SBUF
-    fp32, masked columns taking two more VectorE passes (add the mask, reduce).
-    Returns (p, neg_max, z, c): p a [128, n] SBUF tile for P (used as scratch without a
-    mask), neg_max [128, 1] fp32 clamped <= FLT_MAX (a row masked everywhere then gives
-    exp(-inf) = 0), z ([128, n] fp32 SBUF, or None without a mask) and c, the number of
-    leading columns the exp reads straight from PSUM (n without a mask, else 0)."""
+    VectorE reads PSUM once, writing z = -(scale·S) to SBUF fp32 and reducing its min
+    (min(-scale·S) = -max(scale·S), so either sign of scale works); masked columns take two
+    more VectorE passes over z (add the mask, reduce).  The exp then reads z from SBUF, not
+    S from PSUM: S's PSUM buffer is free once VectorE has read it, so the next unit's
+    matmuls overlap this unit's exp (causal rows past 1024 keys fill 4 of the 8 banks: one
+    buffer, no rotation).  Modeled trn2 LNC=2, Llama causal GQA: S=2048 261.4 -> 164.4 us,
+    S=4096 1934.4 -> 1167.0 us.
+    Returns (p, neg_max, z): p a [128, n] SBUF tile for P, neg_max [128, 1] fp32 clamped
+    <= FLT_MAX (a row masked everywhere then gives exp(-inf) = 0), z [128, n] SBUF fp32."""
     p = nl.ndarray((P, n), dtype=facts.dtype, buffer=nl.sbuf)
     neg_max = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    z = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
     if bias is None and diag is None:
-        nisa.tensor_scalar_reduce(dst=p[:r], data=s[:r, 0:n], op0=nl.multiply, operand0=-facts.scale,
+        nisa.tensor_scalar_reduce(dst=z[:r], data=s[:r, 0:n], op0=nl.multiply, operand0=-facts.scale,
                                   reduce_op=nl.minimum, reduce_res=neg_max[:r])
-        return p, neg_max, None, n
+        return p, neg_max, z
     c, cb = (0, bias) if diag is None else diag
     parts = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.sbuf)   # -max of [0, c), of [c, n)
-    # The whole row goes to fp32 SBUF in these passes and the exp reads it there: S's PSUM
-    # buffer is free once VectorE has read it, so the next unit's matmuls overlap this exp
-    # (causal rows past 1024 keys fill 4 of the 8 banks: one buffer, no rotation). Modeled
-    # trn2 LNC=2, Llama causal GQA: S=2048 261.4 -> 164.4 us, S=4096 1934.4 -> 1167.0 us.
-    z = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
     if c:
         nisa.tensor_scalar_reduce(dst=z[:r, 0:c], data=s[:r, 0:c], op0=nl.multiply,
                                   operand0=-facts.scale, reduce_op=nl.minimum, reduce_res=parts[:r, 0:1])
@@ -232,16 +231,13 @@ def row_max(facts, s, r, n, bias=None, diag=None):
         src = parts[:, 0:1] if c else parts[:, 1:2]
     nisa.tensor_scalar(dst=neg_max[:r], data=src[:r], op0=nl.minimum, operand0=FLT_MAX,
                        engine=nisa.engine.gpsimd)
-    return p, neg_max, z, 0
+    return p, neg_max, z
 
 
-def row_exp(facts, p, s, z, c, r, n, neg_max):
-    """p[:r] = exp(scale·S + mask + neg_max) on ScalarE: columns [0, c) straight from PSUM,
-    the rest from z = -(scale·S + mask) (z: [128, n - c] SBUF fp32)."""
-    if c:
-        nisa.activation(dst=p[:r, 0:c], op=nl.exp, data=s[:r, 0:c], bias=neg_max[:r], scale=facts.scale)
-    if c < n:
-        nisa.activation(dst=p[:r, c:n], op=nl.exp, data=z[:r], bias=neg_max[:r], scale=-1.0)
+def row_exp(p, z, r, n, neg_max):
+    """p[:r, 0:n] = exp(-z + neg_max) = exp(scale·S + mask + neg_max) on ScalarE, one
+    instruction.  z: [128, n] fp32 SBUF from row_max; neg_max: [128, 1] fp32 SBUF."""
+    nisa.activation(dst=p[:r, 0:n], op=nl.exp, data=z[:r, 0:n], bias=neg_max[:r], scale=-1.0)
 
 
 def softmax_cycles(facts, n, bias, diag):

@@ -68,10 +68,10 @@ def _flash_unit(facts, plan, qT, kT, vals, kv, acc, run_neg_max, bias, diag, r, 
     qT: [[dc, r]]; kT: [[dc, n]] SBUF per head-dim piece; bias / diag: see row_max; first:
     the first key block."""
     s = scores(qT, kT, r, n)
-    p, blk, z, c = row_max(facts, s, r, n, bias, diag)
+    p, blk, z = row_max(facts, s, r, n, bias, diag)
     v_cyc, s_cyc = softmax_cycles(facts, n, bias, diag)
     if first:
-        row_exp(facts, p, s, z, c, r, n, blk)
+        row_exp(p, z, r, n, blk)
         nisa.tensor_copy(dst=run_neg_max[:r], src=blk[:r], engine=nisa.engine.gpsimd)
         # ScalarE also copies O | rowsum (Dv + 1 columns) into acc
         plan.charge(v_cyc, s_cyc + facts.Dv + 1 + active_engine_costs().scalar_instr_cycles)
@@ -84,7 +84,7 @@ def _flash_unit(facts, plan, qT, kT, vals, kv, acc, run_neg_max, bias, diag, r, 
                        engine=nisa.engine.gpsimd)
     alpha = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=alpha[:r], op=nl.exp, data=run_neg_max[:r], bias=new[:r], scale=-1.0)
-    row_exp(facts, p, s, z, c, r, n, new)
+    row_exp(p, z, r, n, new)
     nisa.tensor_copy(dst=run_neg_max[:r], src=new[:r], engine=nisa.engine.gpsimd)
     # VectorE also updates acc below (two full inputs of Dv + 1 columns: 2·(Dv + 1) cycles);
     # ScalarE also runs the one-column alpha exp (its fixed costs only)
