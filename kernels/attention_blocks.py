@@ -166,22 +166,10 @@ def _contract(dst, q_pieces, k_pieces, c0, c1):
         nisa.nc_matmul(dst=dst, stationary=qc, moving=kc[:, c0:c1], accumulate=i > 0)
 
 
-# Score rows up to this many PSUM banks get their own allocation site (scores).
-SHORT_SCORE_BANKS = 2
-
-
 def scores(qT, kT, r, n):
     """S = Q·Kᵀ (TensorE) for r query rows and n keys: [128, n] fp32 PSUM (rows :r), 512 keys
     per matmul.  qT: [[dc, r]] and kT: [[dc, >= n]] SBUF, one per head-dim piece."""
-    # Rows of at most two banks (1024 keys) come from their own allocation site: a site's
-    # rotation buffers are as large as its largest tile, so with causal's long rows (4 banks
-    # at 2048 keys, one buffer within PSUM) the short rows of the early query tiles would get
-    # one 4-bank buffer too; on their own they rotate two (modeled trn2 LNC=2, Llama
-    # S=2048 causal GQA: 282.8 -> 261.4 us)
-    if n <= SHORT_SCORE_BANKS * PSUM_BANK_FP32:
-        s = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.psum)
-    else:
-        s = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.psum)
+    s = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.psum)
     for c0 in range(0, n, MATMUL_MAX_N):
         c1 = min(n, c0 + MATMUL_MAX_N)
         _contract(s[:r, c0:c1], qT, kT, c0, c1)
@@ -202,8 +190,8 @@ def row_max(facts, s, r, n, bias=None, diag=None):
     more VectorE passes over z (add the mask, reduce).  The exp then reads z from SBUF, not
     S from PSUM: S's PSUM buffer is free once VectorE has read it, so the next unit's
     matmuls overlap this unit's exp (causal rows past 1024 keys fill 4 of the 8 banks: one
-    buffer, no rotation).  Modeled trn2 LNC=2, Llama causal GQA: S=2048 261.4 -> 164.4 us,
-    S=4096 1934.4 -> 1167.0 us.
+    buffer, no rotation).  Modeled trn2 LNC=2, Llama causal GQA: S=2048 261.4 -> 165.4 us,
+    S=4096 1934.4 -> 1166.0 us.
     Returns (p, neg_max, z): p a [128, n] SBUF tile for P, neg_max [128, 1] fp32 clamped
     <= FLT_MAX (a row masked everywhere then gives exp(-inf) = 0), z [128, n] SBUF fp32."""
     p = nl.ndarray((P, n), dtype=facts.dtype, buffer=nl.sbuf)
