@@ -169,6 +169,30 @@ def test_fits_trn2_sbuf_and_psum(case):
     assert not torch.isnan(call.finish_outputs(res.outputs)).any()
 
 
+@pytest.mark.parametrize("case", [
+    (1, 2, 1, 300, 1100, 128, BF16, True),           # single pass, causal: rows of 3 PSUM banks
+    (1, 2, 2, 130, 729, 72, BF16, False),            # single pass, unmasked head batches
+    (1, 2, 1, 200, 2500, 64, BF16, True),            # flash, causal
+    (1, 2, 2, 130, 2500, 64, BF16, False),           # flash, unmasked
+], ids=["single-causal", "single-unmasked", "flash-causal", "flash-unmasked"])
+def test_exps_read_the_score_rows_from_sbuf(case):
+    """Outside the transposed-scores path no exp reads PSUM: VectorE's row-max pass moves each
+    score row to SBUF fp32 and the exp reads it there, so the scores' PSUM buffer is free
+    before the exp and the next unit's matmuls can overlap it (docs/attention.md)."""
+    b, h, hkv, sq, sk, d, dtype, causal = case
+    q, k, v = make_qkv(b, h, hkv, sq, sk, d, dtype=dtype)
+    call = attention.attention_kernel_call(q, k, v, is_causal=causal)
+    with simulator.activated():
+        kernel = getattr(_kernel_sources.load(call.module, "simulator"), call.kernel)
+    res = simulator.run(kernel, *[t.contiguous() for t in call.tensors], target="trn2", **call.static)
+    exps = [ins for ins in res.trace if ins.op == "activation" and ins.attrs.get("func") == "exp"]
+    # one exp per (head, query tile, key block) at least
+    assert len(exps) >= h * -(-sq // 128)
+    assert [ins.index for ins in exps if any(r.buffer == "psum" for r in ins.reads)] == []
+    assert all(r.buffer == "sbuf" and r.dtype == "float32" for ins in exps for r in ins.reads if r.role == "data")
+    assert not torch.isnan(call.finish_outputs(res.outputs)).any()
+
+
 @pytest.mark.parametrize("d", [32, 64, 96])
 def test_transposed_scores_stay_finite_for_huge_logits(simulator_backend, d):
     # Issue 13, defect 4: the transposed-scores path (bf16, no mask, Sk <= 384, D in
