@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import math
 import sys
 import traceback
@@ -99,7 +100,8 @@ def _ours(op: str, args, kwargs, target: str, lnc: int) -> Side:
 # ----------------------------------------------------------------------------- AWS's
 
 class NkiLibrary:
-    """Imports nki-library kernels from a checkout with ``nki`` bound to our simulator."""
+    """Imports nki-library kernels from a checkout with ``nki`` bound to our simulator (and
+    the checkout's modules that do not parse repaired in memory: tools/nkilib_repairs.py)."""
 
     def __init__(self, checkout: Path):
         src = checkout / "src"
@@ -107,6 +109,7 @@ class NkiLibrary:
             raise FileNotFoundError(f"--nkilib {checkout}: no src/nkilib_src/nkilib (not an nki-library checkout)")
         self.src = src
         self.commit = _git_head(checkout)
+        _source_repairs().install()
 
     @contextlib.contextmanager
     def bound(self, target: str):
@@ -135,6 +138,16 @@ class NkiLibrary:
             where = traceback.extract_tb(err.__traceback__)[-1]
             msg = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
             return Side("blocked", note=f"{msg} ({Path(where.filename).name}:{where.lineno})")
+
+
+def _source_repairs():
+    """tools/nkilib_repairs.py (a script folder, not a package: loaded by path, once)."""
+    name = "nkilib_repairs"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent.parent / "tools" / f"{name}.py")
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
 
 
 def _git_head(path: Path) -> str:

@@ -236,42 +236,15 @@ def _install_plugin_environment():
 # Known defects of nki-library main d2ad3a5 that stop its own tests before any kernel runs.
 # With --patch-known-defects they are worked around in memory at import time (the checkout
 # is not modified): the affected rows are marked "patched".
-#  * src/nkilib_src/nkilib/core/mlp/mlp.py does not parse: a duplicated tail of the `mlp`
-#    docstring follows the docstring (IndentationError); the repair drops the lines from
-#    the error to the next closing triple quote.
+#  * src/nkilib_src/nkilib/core/mlp/mlp.py does not parse (nkilib_repairs.py, which
+#    benchmarks/side_by_side_nki_library.py applies too).
 #  * test/integration/nkilib/core/qkv/test_qkv_tkg.py uses `Platforms` without importing it.
-_PATCHED_MODULES = ("nkilib_src.nkilib.core.mlp.mlp",)
-
-
-class _RepairingLoader(importlib.machinery.SourceFileLoader):
-    def source_to_code(self, data, path, *, _optimize=-1):
-        text = data.decode() if isinstance(data, bytes) else data
-        for _ in range(3):
-            try:
-                return compile(text, path, "exec", dont_inherit=True, optimize=_optimize)
-            except IndentationError as err:
-                lines = text.splitlines(keepends=True)
-                start = err.lineno - 1
-                end = next((i for i in range(start, len(lines))
-                            if lines[i].strip() == '"""'), None)
-                if end is None:
-                    raise
-                text = "".join(lines[:start] + lines[end + 1:])
-        return compile(text, path, "exec", dont_inherit=True, optimize=_optimize)
-
-
-class _RepairFinder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name not in _PATCHED_MODULES:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is not None and spec.origin:
-            spec.loader = _RepairingLoader(name, spec.origin)
-        return spec
 
 
 def _install_repairs():
-    sys.meta_path.insert(0, _RepairFinder())
+    import nkilib_repairs   # tools/, on the plugin's PYTHONPATH
+
+    nkilib_repairs.install()
     import builtins
 
     from test.utils.common_dataclasses import Platforms  # the checkout's own class
