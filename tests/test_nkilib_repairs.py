@@ -48,9 +48,12 @@ def fake_checkout(tmp_path, monkeypatch):
     (pkg / "mlp.py").write_text(DEFECT)
     (pkg / "other.py").write_text(DEFECT)
     monkeypatch.syspath_prepend(str(tmp_path))
+    # an earlier test may have imported the real nki-library's nkilib_src: set it aside
+    real = {n: sys.modules.pop(n) for n in [n for n in sys.modules if n.startswith("nkilib_src")]}
     yield pkg
     for name in [n for n in sys.modules if n.startswith("nkilib_src")]:
         del sys.modules[name]
+    sys.modules.update(real)
 
 
 def test_the_listed_module_imports_with_the_stray_block_dropped(repairs, fake_checkout, monkeypatch):
