@@ -45,11 +45,23 @@ LOAD_GROUP_TILES = 4
 # more heads per PSUM copy.
 DST_BANKS = 2
 # Share of the head batches whose dSᵀ is made by SBUF->SBUF DMA transposes instead of
-# TensorE transposes + a PSUM copy (16-bit data, not folded: the DMA queues have room once
-# the query side is in, TensorE and VectorE/ScalarE do not). Modeled Llama S=2048 causal
-# GQA bf16 backward (trn2, LNC=2): 247.9 us at 0.3, 242.5 at 0.5, 240.7 at 0.7, 236.7 at
-# 0.85, 234.1 at 1 (then DMA, 172 us busy, is the busiest engine).
+# TensorE transposes + a PSUM copy (16-bit data, not folded), by the size of one head
+# batch's transposes over a full key block. A DMA transfer holds each of the 16 queues
+# at least the DMA gap (engine_costs.py; the transfer's occupancy is max(gap, data +
+# hand-over)), so transposes whose data takes less than the gap pay for time they do not
+# move data in, on the queues that also bring the query and key sides in.
+# - data-bound (past the gap; query-head groups, e.g. Llama's 4 heads x 512 keys): all
+#   by DMA. Modeled Llama S=2048 causal GQA bf16 backward (trn2, LNC=2): 239.9 us at 1,
+#   287.7 at 0.75, 292.9 at 0 (a TensorE dSᵀ tile of 2 PSUM banks leaves S | dP one
+#   buffer);
+# - gap-bound (one query head per batch: multi-head attention with 512-key blocks):
+#   half. Modeled (same target): SigLIP B=2 H=16 S=729 D=72: 369.3 us at 1, 290.1 at
+#   0.5, 264.4 at 0.25, 280.2 at 0; B=4 H=16 S=577 D=80: 499.2 / 432.3 / 423.0 / 422.8;
+#   B=2 H=8 S=512 D=128: 92.3 / 89.8 / 94.9 / 96.7 (0.75: 322.4, 454.1, 89.8). 0.5 is
+#   slower than all-DMA on none of them and best on their sum (0.25 and 0 slow the last
+#   row down; 0.75 gives back most of the first two rows' gain).
 DST_DMA_SHARE = 1.0
+DST_DMA_SHARE_GAP_BOUND = 0.5
 # Per-partition SBUF budgets (trn2: 192 KiB per partition usable by kernels): the query
 # side of a unit's chunk (resident while the key blocks stream), and the key side of one
 # block of the unit's kv heads (Kᵀ, Vᵀ, K rows); the rest holds the per-head scratch (P,
@@ -88,6 +100,7 @@ class BwdPlan(nl.NKIObject):
     kv_batch: int            # kv heads whose dK | dV accumulate in one PSUM tile
     head_batch: int          # query heads whose dSᵀ and dQ share one PSUM tile each
     folded: bool             # -lse and -D_i folded into the matmuls (FOLD_ROWS)
+    dst_dma_share: float     # share of the head batches whose dSᵀ the DMA transposes
 
 
 def q_side_bytes(facts):
@@ -126,11 +139,25 @@ def bwd_plan(facts, q_chunk=0):
     # the dSᵀ tile of a head batch takes up to 2 banks where PSUM has room (not in folded
     # mode, whose S'' | dP'' tiles take 4), the dQ tile one
     tp_banks = 1 if folded else DST_BANKS
+    # (at most the query heads of a kv batch: a larger dSᵀ tile would hold PSUM banks no
+    # head uses; multi-head attention with one kv head per batch has one head per batch)
     head_batch = max(1, min(tp_banks * PSUM_BANK_BYTES // (kt * P * f.itemsize),
-                            PSUM_BANK_BYTES // (f.D * FP32_BYTES)))
+                            PSUM_BANK_BYTES // (f.D * FP32_BYTES), kv_batch * f.G))
     return BwdPlan(kb=kb, n_kb=n_kb, kt=kt, kv_group=kv_group, q_chunk=chunk,
                    n_chunks=cdiv(f.n_q_tiles, chunk), kv_batch=kv_batch, head_batch=head_batch,
-                   folded=folded)
+                   folded=folded, dst_dma_share=_dst_dma_share(f, kb, head_batch, folded))
+
+
+def _dst_dma_share(facts, kb, head_batch, folded):
+    """DST_DMA_SHARE if one head batch's dSᵀ transposes over a full key block are
+    data-bound on the DMA queues (their data outlasts the DMA gap), else
+    DST_DMA_SHARE_GAP_BOUND; 0 where dSᵀ never goes by DMA (fp32, folded mode)."""
+    if folded or not facts.dma_transpose:
+        return 0.0
+    c = active_engine_costs()
+    data_ns = (head_batch * P * min(kb, facts.Sk) * facts.itemsize
+               / (c.dma_bytes_per_s * c.dma_transpose_efficiency) * 1e9)
+    return DST_DMA_SHARE if data_ns + c.dma_transfer_handoff_ns >= c.dma_transfer_gap_ns else DST_DMA_SHARE_GAP_BOUND
 
 
 class BwdBalance(nl.NKIObject):
@@ -144,10 +171,9 @@ class BwdBalance(nl.NKIObject):
         self.scalar_ns = 0.0
         self.gpsimd_ns = 0.0
         self.slot = -1
-        # 16-bit data outside folded mode: this share of the head batches makes dSᵀ by DMA
-        # transposes (the DMA queues have room once the query side is loaded), spread by a
-        # credit
-        self.dma_share = DST_DMA_SHARE if facts.dma_transpose and not plan.folded else 0.0
+        # this share of the head batches makes dSᵀ by DMA transposes (plan.dst_dma_share),
+        # spread by a credit
+        self.dma_share = plan.dst_dma_share
         self.dma_credit = 0.0
 
     def use_dma(self):

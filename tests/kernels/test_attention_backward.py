@@ -15,6 +15,8 @@ element error relative to max |ref|:
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -209,6 +211,43 @@ def test_lnc2_cores_write_disjoint_elements():
         assert not (w0 & w1), f"allocation {alloc}: elements written by both cores"
         assert not (w0 & read[1].get(alloc, set())) and not (w1 & read[0].get(alloc, set())), \
             f"allocation {alloc}: an element one core writes is read by the other"
+
+
+@pytest.mark.parametrize("case, dma_share", [
+    # one query head per head batch (multi-head, D + Dv <= 256: 512-key blocks, one kv head's
+    # dK | dV fill the accumulator banks): [128, 512] bf16 per transpose, 0.71 us of data
+    # on trn2 against the 0.85 us DMA gap, so half of the dSᵀ go by TensorE
+    ((1, 4, 4, 200, 600, 72, 72, BF16, None, False), 0.5),
+    # GQA 4: four heads per batch, [128, 4, 512] bf16, data-bound: every dSᵀ by DMA
+    ((1, 8, 2, 300, 600, 128, 128, BF16, None, True), 1.0),
+    # fp16 with a key mask, one head per batch: half
+    ((1, 2, 2, 130, 700, 72, 72, F16, "key_bool", False), 0.5),
+], ids=["mha-gap-bound", "gqa-data-bound", "fp16-masked-gap-bound"])
+def test_dst_transposes_split_by_transfer_size(case, dma_share):
+    """dSᵀ by SBUF->SBUF DMA transposes or TensorE transposes + a PSUM copy, by the plan's
+    share (attention_bwd_plan._dst_dma_share): both paths in one launch give the float64
+    gradients, and each takes the share of the head batches the plan says."""
+    b, h, hkv, sq, sk, d, dv, dtype, mask_kind, causal = case
+    args, mask = _saved(b, h, hkv, sq, sk, d, dv, dtype, mask_kind, causal)
+    grads, res = _run_backward(args, mask, causal, 2)
+    grad_out, q, k, v, _, _ = args
+    _check_grads(grads, _float64_grads(q, k, v, mask, causal, grad_out), dtype)
+    by_tensor = [ins for ins in res.trace if ins.op == "nc_transpose" and ins.engine == "tensor"]
+    by_dma = [ins for ins in res.trace if ins.op == "dma_transpose"
+              and all(o.buffer == "sbuf" for o in ins.reads)]
+    if dma_share == 1.0:
+        assert by_dma and not by_tensor
+        return
+    assert by_dma and by_tensor
+    # head batches per path: a DMA batch's transposes write one dSᵀ tile (its full key
+    # tiles in one transfer, a tail in another); a TensorE batch copies its 16-bit dSᵀ out
+    # of PSUM once (every other PSUM tile is fp32). Each core has an even number of
+    # batches (cases chosen so), and the credit gives the DMA exactly the share.
+    dma_batches = len({(ins.attrs["core"], ins.writes[0].alloc_id) for ins in by_dma})
+    copies = [ins for ins in res.trace if ins.engine in ("vector", "scalar")
+              and any(o.buffer == "psum" and o.dtype in ("bfloat16", "float16") for o in ins.reads)]
+    assert len(by_tensor) >= len(copies) > 0
+    assert dma_batches / (dma_batches + len(copies)) == dma_share
 
 
 # ------------------------------------------------------------------------------ wiring
