@@ -270,7 +270,7 @@ def _head_batch(f, plan, bal, qside, kside, kv_acc, ka0, mask, b, hk0, u0, u1, t
     h_first = hk0 * f.G                     # absolute index of unit-relative head 0
     # dSᵀ by DMA transposes (SBUF -> SBUF) for a planned share of the head batches (16-bit,
     # not folded), else TensorE transposes into PSUM and one copy out
-    by_dma = not plan.folded and bal.use_dma()
+    by_dma = not plan.folded and bal.use_dma(nu, r, m)
     ds_all = nl.ndarray((P, plan.head_batch, plan.kb), dtype=f.dtype, buffer=nl.sbuf) if by_dma else None
     tp = None if by_dma else nl.ndarray((P, plan.head_batch * plan.kt, P), dtype=f.dtype, buffer=nl.psum)
     for u in (range(u0, u1, FOLD_PAIR) if plan.folded else ()):

@@ -45,21 +45,24 @@ LOAD_GROUP_TILES = 4
 # more heads per PSUM copy.
 DST_BANKS = 2
 # Share of the head batches whose dSᵀ is made by SBUF->SBUF DMA transposes instead of
-# TensorE transposes + a PSUM copy (16-bit data, not folded), by the size of one head
-# batch's transposes over a full key block. A DMA transfer holds each of the 16 queues
-# at least the DMA gap (engine_costs.py; the transfer's occupancy is max(gap, data +
-# hand-over)), so transposes whose data takes less than the gap pay for time they do not
-# move data in, on the queues that also bring the query and key sides in.
-# - data-bound (past the gap; query-head groups, e.g. Llama's 4 heads x 512 keys): all
-#   by DMA. Modeled Llama S=2048 causal GQA bf16 backward (trn2, LNC=2): 239.9 us at 1,
-#   287.7 at 0.75, 292.9 at 0 (a TensorE dSᵀ tile of 2 PSUM banks leaves S | dP one
-#   buffer);
-# - gap-bound (one query head per batch: multi-head attention with 512-key blocks):
-#   half. Modeled (same target): SigLIP B=2 H=16 S=729 D=72: 369.3 us at 1, 290.1 at
-#   0.5, 264.4 at 0.25, 280.2 at 0; B=4 H=16 S=577 D=80: 499.2 / 432.3 / 423.0 / 422.8;
-#   B=2 H=8 S=512 D=128: 92.3 / 89.8 / 94.9 / 96.7 (0.75: 322.4, 454.1, 89.8). 0.5 is
-#   slower than all-DMA on none of them and best on their sum (0.25 and 0 slow the last
-#   row down; 0.75 gives back most of the first two rows' gain).
+# TensorE transposes + a PSUM copy (16-bit data, not folded), by the size of the
+# transposes. A DMA transfer holds each of the 16 queues at least the DMA gap
+# (engine_costs.py: occupancy max(gap, data + hand-over)), so transposes whose data takes
+# less than the gap pay for time they move nothing in, on the queues that also bring the
+# query and key sides in.
+# - one head batch over a full key block data-bound (query-head groups, e.g. Llama's 4
+#   heads x 512 keys): every batch by DMA. Modeled Llama S=2048 causal GQA bf16 backward
+#   (trn2, LNC=2): 239.9 us at 1, 287.7 at 0.75, 292.9 at 0 (a TensorE dSᵀ tile of 2 PSUM
+#   banks leaves S and dP one buffer each);
+# - else (one query head per batch: multi-head attention with 512-key blocks), half of
+#   the batches whose transposes hold the queues at most twice their data time
+#   (BwdBalance.use_dma), none of the others (tail key blocks, short query tiles).
+#   Modeled (same target), all-DMA -> this rule: SigLIP B=2 H=16 S=729 D=72 369.4 ->
+#   273.0 us; B=4 H=16 S=577 D=80 499.2 -> 408.2; B=2 H=8 S=512 D=128 92.3 -> 89.8;
+#   B=2 H=16 S=1024 D=96 causal 359.8 -> 311.7. Half of those batches rather than a
+#   quarter or three quarters: 273.0 / 408.2 / 89.8 against 276.1 / 421.1 / 94.9 and
+#   280.5 / 414.8 / 89.8. (One share for every batch, before the filter: 290.1 / 432.3 /
+#   89.8 at 0.5.)
 DST_DMA_SHARE = 1.0
 DST_DMA_SHARE_GAP_BOUND = 0.5
 # Per-partition SBUF budgets (trn2: 192 KiB per partition usable by kernels): the query
@@ -174,10 +177,23 @@ class BwdBalance(nl.NKIObject):
         # this share of the head batches makes dSᵀ by DMA transposes (plan.dst_dma_share),
         # spread by a credit
         self.dma_share = plan.dst_dma_share
+        self.itemsize = facts.itemsize
+        self.transpose_bytes_per_ns = self.costs.dma_bytes_per_s * self.costs.dma_transpose_efficiency * 1e-9
         self.dma_credit = 0.0
 
-    def use_dma(self):
-        """Whether the next head batch's dSᵀ is made by DMA transposes (dma_share, spread)."""
+    def use_dma(self, nu=0, r=0, m=0):
+        """Whether the next head batch's dSᵀ (nu heads, r rows, m keys) is made by DMA
+        transposes (dma_share, spread). Below an all-DMA share, a batch whose transposes
+        would hold the queues more than twice as long as their data takes goes to TensorE."""
+        if 0 < self.dma_share < 1 and nu:
+            data = occ = 0.0
+            for keys in (m // P * P, m % P):
+                if keys:
+                    d = nu * r * keys * self.itemsize / self.transpose_bytes_per_ns
+                    data += d
+                    occ += self.costs.dma_occupancy_ns(d)
+            if 2 * data < occ:
+                return False
         self.dma_credit += self.dma_share
         if self.dma_credit >= 0.5:
             self.dma_credit -= 1.0

@@ -213,20 +213,33 @@ def test_lnc2_cores_write_disjoint_elements():
             f"allocation {alloc}: an element one core writes is read by the other"
 
 
-@pytest.mark.parametrize("case, dma_share", [
+def _transposes_hold_queues_twice_their_data(nu, r, m, itemsize):
+    """Whether a head batch's dSᵀ DMA transposes (nu heads, r rows, m keys: one transfer for
+    the full 128-key tiles, one for a tail) would hold the DMA queues more than twice as
+    long as their data takes on trn2 (occupancy max(gap, data + hand-over) per transfer)."""
+    t = get_target("trn2")
+    data = [nu * r * keys * itemsize / (t.dma_bytes_per_s * t.dma_transpose_sbuf_efficiency)
+            for keys in (m // 128 * 128, m % 128) if keys]
+    return 2 * sum(data) < sum(max(t.dma_transfer_gap_s, x + t.dma_transfer_handoff_s) for x in data)
+
+
+@pytest.mark.parametrize("case, all_dma", [
     # one query head per head batch (multi-head, D + Dv <= 256: 512-key blocks, one kv head's
     # dK | dV fill the accumulator banks): [128, 512] bf16 per transpose, 0.71 us of data
-    # on trn2 against the 0.85 us DMA gap, so half of the dSᵀ go by TensorE
-    ((1, 4, 4, 200, 600, 72, 72, BF16, None, False), 0.5),
+    # on trn2 against the 0.85 us DMA gap
+    ((1, 4, 4, 300, 600, 72, 72, BF16, None, False), False),
     # GQA 4: four heads per batch, [128, 4, 512] bf16, data-bound: every dSᵀ by DMA
-    ((1, 8, 2, 300, 600, 128, 128, BF16, None, True), 1.0),
-    # fp16 with a key mask, one head per batch: half
-    ((1, 2, 2, 130, 700, 72, 72, F16, "key_bool", False), 0.5),
+    ((1, 8, 2, 300, 600, 128, 128, BF16, None, True), True),
+    # fp16 with a key mask, one head per batch; the 188-key block's two transfers are gap-bound
+    ((1, 2, 2, 130, 700, 72, 72, F16, "key_bool", False), False),
 ], ids=["mha-gap-bound", "gqa-data-bound", "fp16-masked-gap-bound"])
-def test_dst_transposes_split_by_transfer_size(case, dma_share):
-    """dSᵀ by SBUF->SBUF DMA transposes or TensorE transposes + a PSUM copy, by the plan's
-    share (attention_bwd_plan._dst_dma_share): both paths in one launch give the float64
-    gradients, and each takes the share of the head batches the plan says."""
+def test_dst_transposes_split_by_transfer_size(case, all_dma):
+    """dSᵀ by SBUF->SBUF DMA transposes or by TensorE transposes + a PSUM copy
+    (attention_bwd_plan: _dst_dma_share, BwdBalance.use_dma): every head batch by DMA where
+    one batch's transposes over a full key block are data-bound; else half of the batches
+    whose transposes hold the queues at most twice their data time, spread by a credit
+    (so ceil(k / 2) of a core's k), and none of the others. Both paths in one launch give
+    the float64 gradients."""
     b, h, hkv, sq, sk, d, dv, dtype, mask_kind, causal = case
     args, mask = _saved(b, h, hkv, sq, sk, d, dv, dtype, mask_kind, causal)
     grads, res = _run_backward(args, mask, causal, 2)
@@ -235,19 +248,34 @@ def test_dst_transposes_split_by_transfer_size(case, dma_share):
     by_tensor = [ins for ins in res.trace if ins.op == "nc_transpose" and ins.engine == "tensor"]
     by_dma = [ins for ins in res.trace if ins.op == "dma_transpose"
               and all(o.buffer == "sbuf" for o in ins.reads)]
-    if dma_share == 1.0:
+    if all_dma:
         assert by_dma and not by_tensor
         return
     assert by_dma and by_tensor
-    # head batches per path: a DMA batch's transposes write one dSᵀ tile (its full key
-    # tiles in one transfer, a tail in another); a TensorE batch copies its 16-bit dSᵀ out
-    # of PSUM once (every other PSUM tile is fp32). Each core has an even number of
-    # batches (cases chosen so), and the credit gives the DMA exactly the share.
-    dma_batches = len({(ins.attrs["core"], ins.writes[0].alloc_id) for ins in by_dma})
+    itemsize = torch.finfo(dtype).bits // 8
+    # a DMA batch's transposes write one dSᵀ tile: group them, and check each batch is one
+    # the rule sends to the DMA (src [r, heads, tiles, 128] or [r, heads, tail keys])
+    batches = {}
+    for ins in by_dma:
+        src = ins.reads[0].shape
+        key = (ins.attrs["core"], ins.writes[0].alloc_id)
+        r, nu, keys = src[0], src[1], math.prod(src[2:])
+        prev = batches.get(key, (r, nu, 0))
+        batches[key] = (r, nu, prev[2] + keys)
+    for r, nu, m in batches.values():
+        assert not _transposes_hold_queues_twice_their_data(nu, r, m, itemsize), (r, nu, m)
+    # expected per core: its (batch, head) pairs (one head per batch here) x query tiles x
+    # 512-key blocks; the cores take equal halves of the pairs
+    pairs_per_core = b * h // 2
+    rows = [min(128, sq - t) for t in range(0, sq, 128)]
+    blocks = [min(512, sk - k0) for k0 in range(0, sk, 512)]
+    efficient = pairs_per_core * sum(not _transposes_hold_queues_twice_their_data(1, r, m, itemsize)
+                                     for r in rows for m in blocks)
+    assert len(batches) == 2 * -(-efficient // 2)
+    # TensorE batches: one 16-bit dSᵀ copy out of PSUM each (every other PSUM tile is fp32)
     copies = [ins for ins in res.trace if ins.engine in ("vector", "scalar")
               and any(o.buffer == "psum" and o.dtype in ("bfloat16", "float16") for o in ins.reads)]
-    assert len(by_tensor) >= len(copies) > 0
-    assert dma_batches / (dma_batches + len(copies)) == dma_share
+    assert len(copies) == 2 * pairs_per_core * len(rows) * len(blocks) - len(batches)
 
 
 # ------------------------------------------------------------------------------ wiring
