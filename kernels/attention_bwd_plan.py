@@ -181,11 +181,11 @@ class BwdBalance(nl.NKIObject):
         self.transpose_bytes_per_ns = self.costs.dma_bytes_per_s * self.costs.dma_transpose_efficiency * 1e-9
         self.dma_credit = 0.0
 
-    def use_dma(self, nu=0, r=0, m=0):
+    def use_dma(self, nu, r, m):
         """Whether the next head batch's dSᵀ (nu heads, r rows, m keys) is made by DMA
         transposes (dma_share, spread). Below an all-DMA share, a batch whose transposes
         would hold the queues more than twice as long as their data takes goes to TensorE."""
-        if 0 < self.dma_share < 1 and nu:
+        if 0 < self.dma_share < 1:
             data = occ = 0.0
             for keys in (m // P * P, m % P):
                 if keys:
