@@ -268,14 +268,16 @@ def _head_batch(f, plan, bal, qside, kside, kv_acc, ka0, mask, b, hk0, u0, u1, t
     kt = cdiv(m, P)
     nu = u1 - u0
     h_first = hk0 * f.G                     # absolute index of unit-relative head 0
-    # dSᵀ by DMA transposes (SBUF -> SBUF) for a planned share of the head batches (16-bit,
-    # not folded), else TensorE transposes into PSUM and one copy out
-    by_dma = not plan.folded and bal.use_dma(nu, r, m)
+    # dSᵀ by DMA transposes (SBUF -> SBUF) for a planned share of the head batches (16-bit;
+    # folded mode only with several key blocks: attention_bwd_plan._dst_dma_share), else
+    # TensorE transposes into PSUM and one copy out
+    by_dma = bal.use_dma(nu, r, m)
     ds_all = nl.ndarray((P, plan.head_batch, plan.kb), dtype=f.dtype, buffer=nl.sbuf) if by_dma else None
     tp = None if by_dma else nl.ndarray((P, plan.head_batch * plan.kt, P), dtype=f.dtype, buffer=nl.psum)
     for u in (range(u0, u1, FOLD_PAIR) if plan.folded else ()):
         _heads_folded(f, plan, bal, qT, doT, q_rows, do_rows, kT, vT, kv_acc, tl,
-                      list(range(u, min(u1, u + FOLD_PAIR))), ka0, r, m, started, tp, u0)
+                      list(range(u, min(u1, u + FOLD_PAIR))), ka0, r, m, started, tp, u0,
+                      None if ds_all is None else ds_all[:, u - u0:min(u1, u + FOLD_PAIR) - u0, :])
     for u in (() if plan.folded else range(u0, u1)):
         kv = u // f.G                       # unit-relative kv head
         bias = tile_bias(f, mask, b, h_first + u, q0, r, k0, k0 + m, key_bias) if f.mask_per_head else shared
@@ -371,13 +373,15 @@ def _head(f, plan, bal, qT, doT, q_rows, do_rows, di, neg_lse, kT, vT, kv_acc, t
         nisa.nc_transpose(dst=tp[:kc, i, :r], data=ds[:r, c0:c0 + kc])
 
 
-def _heads_folded(f, plan, bal, qx, dox, q_rows, do_rows, kx, vx, kv_acc, tl, us, ka0, r, m, started, tp, u0):
+def _heads_folded(f, plan, bal, qx, dox, q_rows, do_rows, kx, vx, kv_acc, tl, us, ka0, r, m, started, tp, u0,
+                  ds_out=None):
     """Folded mode (plan.folded: bf16, no mask, not causal): query heads ``us`` (one or two)
     of query tile tl against m keys, their scores side by side in one PSUM bank.
     S'' = [Qᵀ; -lse/scale]ᵀ·[Kᵀ; 1] = S - lse/scale and dP'' = [dOᵀ; -D_i]ᵀ·[Vᵀ; 1] = dP - D_i
     come out of TensorE (the extra contraction rows: exact bf16 triples, _fold_rows), so
     P = exp(scale·S'') is one ScalarE instruction for the heads with no bias, and
-    dS = P ⊙ dP'' one VectorE instruction with one input in PSUM (one pass)."""
+    dS = P ⊙ dP'' one VectorE instruction with one input in PSUM (one pass). ``ds_out``: the
+    head batch's SBUF dS rows [128, len(us), kb] when its dSᵀ goes by DMA (``tp`` is None)."""
     n = len(us)
     kt = cdiv(m, P)
     rows = slice(tl * P, tl * P + r)
@@ -389,7 +393,7 @@ def _heads_folded(f, plan, bal, qx, dox, q_rows, do_rows, kx, vx, kv_acc, tl, us
         nisa.nc_matmul(dst=dp2[:r, j, 0:m], stationary=dox[0][:, u, rows], moving=vx[0][:, kv, 0:m])
     p = nl.ndarray((P, FOLD_PAIR, plan.kb), dtype=f.dtype, buffer=nl.sbuf)
     nisa.activation(dst=p[:r, 0:n, 0:m], op=nl.exp, data=s2[:r, 0:n, 0:m], scale=f.scale)
-    ds = nl.ndarray((P, FOLD_PAIR, plan.kb), dtype=f.dtype, buffer=nl.sbuf)
+    ds = nl.ndarray((P, FOLD_PAIR, plan.kb), dtype=f.dtype, buffer=nl.sbuf) if ds_out is None else ds_out
     nisa.tensor_tensor(dst=ds[:r, 0:n, 0:m], data1=dp2[:r, 0:n, 0:m], data2=p[:r, 0:n, 0:m], op=nl.multiply)
     bal.charge(vector_cycles=n * m + bal.costs.vector_stream_cycles, scalar_cycles=n * m + bal.costs.scalar_instr_cycles)
     for j, u in enumerate(us):
@@ -401,7 +405,7 @@ def _heads_folded(f, plan, bal, qx, dox, q_rows, do_rows, kx, vx, kv_acc, tl, us
                            moving=do_rows[:r, tl, u, :], accumulate=acc(i))
             nisa.nc_matmul(dst=kv_acc[:kc, i, ka, 0:f.D], stationary=ds[:r, j, c0:c0 + kc],
                            moving=q_rows[:r, tl, u, :], accumulate=acc(i))
-        for i in range(kt):
+        for i in range(kt if tp is not None else 0):
             c0, kc = i * P, min(P, m - i * P)
             nisa.nc_transpose(dst=tp[:kc, (u - u0) * plan.kt + i, :r], data=ds[:r, j, c0:c0 + kc])
 

@@ -63,6 +63,12 @@ DST_BANKS = 2
 #   quarter or three quarters: 273.0 / 408.2 / 89.8 against 276.1 / 421.1 / 94.9 and
 #   280.5 / 414.8 / 89.8. (One share for every batch, before the filter: 290.1 / 432.3 /
 #   89.8 at 0.5.)
+# Folded mode (bf16, no mask, not causal; kb = 256) follows the same rule with two or more
+# key blocks; with one it keeps TensorE (_dst_dma_share). Modeled, TensorE -> this rule:
+# B=1 H=16 S=1024 D=64 211.9 -> 188.1 us; S=257 75.2 -> 69.2; S=512 99.3 -> 89.0;
+# S=577 141.6 -> 124.6; S=1500 219.0 -> 198.0; D=96 S=577 185.5 -> 180.8. One block with
+# the rule instead: ViT-B/16 B=8 81.6 -> 105.3 (DMA 57 -> 98 us busy), ViT-L 102.7 ->
+# 136.1, ViT-B batch 1 25.8 -> 27.5, S=256 71.4 -> 74.8.
 DST_DMA_SHARE = 1.0
 DST_DMA_SHARE_GAP_BOUND = 0.5
 # Per-partition SBUF budgets (trn2: 192 KiB per partition usable by kernels): the query
@@ -154,8 +160,12 @@ def bwd_plan(facts, q_chunk=0):
 def _dst_dma_share(facts, kb, head_batch, folded):
     """DST_DMA_SHARE if one head batch's dSᵀ transposes over a full key block are
     data-bound on the DMA queues (their data outlasts the DMA gap), else
-    DST_DMA_SHARE_GAP_BOUND; 0 where dSᵀ never goes by DMA (fp32, folded mode)."""
-    if folded or not facts.dma_transpose:
+    DST_DMA_SHARE_GAP_BOUND; 0 where dSᵀ never goes by DMA: fp32, and folded mode with one
+    key block. Folded mode halves the VectorE/ScalarE work per score, so with one key
+    block (Sk <= 256: ViT) the query and key sides' loads alone keep the DMA queues the
+    busiest engine, and the transposes would only lengthen them; every further key block
+    adds compute for the same query side."""
+    if not facts.dma_transpose or (folded and cdiv(facts.Sk, kb) == 1):
         return 0.0
     c = active_engine_costs()
     data_ns = (head_batch * P * min(kb, facts.Sk) * facts.itemsize

@@ -223,33 +223,43 @@ def _transposes_hold_queues_twice_their_data(nu, r, m, itemsize):
     return 2 * sum(data) < sum(max(t.dma_transfer_gap_s, x + t.dma_transfer_handoff_s) for x in data)
 
 
-@pytest.mark.parametrize("case, all_dma", [
+@pytest.mark.parametrize("case, expect", [
     # one query head per head batch (multi-head, D + Dv <= 256: 512-key blocks, one kv head's
     # dK | dV fill the accumulator banks): [128, 512] bf16 per transpose, 0.71 us of data
     # on trn2 against the 0.85 us DMA gap
-    ((1, 4, 4, 300, 600, 72, 72, BF16, None, False), False),
+    ((1, 4, 4, 300, 600, 72, 72, BF16, None, False), "share"),
     # GQA 4: four heads per batch, [128, 4, 512] bf16, data-bound: every dSᵀ by DMA
-    ((1, 8, 2, 300, 600, 128, 128, BF16, None, True), True),
+    ((1, 8, 2, 300, 600, 128, 128, BF16, None, True), "all"),
     # fp16 with a key mask, one head per batch; the 188-key block's two transfers are gap-bound
-    ((1, 2, 2, 130, 700, 72, 72, F16, "key_bool", False), False),
-], ids=["mha-gap-bound", "gqa-data-bound", "fp16-masked-gap-bound"])
-def test_dst_transposes_split_by_transfer_size(case, all_dma):
+    ((1, 2, 2, 130, 700, 72, 72, F16, "key_bool", False), "share"),
+    # folded mode (bf16, no mask, D = 64), three 256-key blocks: [128, 4, 256] per batch,
+    # data-bound: every dSᵀ by DMA
+    ((1, 4, 4, 300, 600, 64, 64, BF16, None, False), "all"),
+    # folded mode with one key block (ViT-like): every dSᵀ by TensorE
+    ((2, 4, 4, 197, 197, 64, 64, BF16, None, False), "none"),
+], ids=["mha-gap-bound", "gqa-data-bound", "fp16-masked-gap-bound", "folded-blocks", "folded-one-block"])
+def test_dst_transposes_split_by_transfer_size(case, expect):
     """dSᵀ by SBUF->SBUF DMA transposes or by TensorE transposes + a PSUM copy
     (attention_bwd_plan: _dst_dma_share, BwdBalance.use_dma): every head batch by DMA where
     one batch's transposes over a full key block are data-bound; else half of the batches
     whose transposes hold the queues at most twice their data time, spread by a credit
-    (so ceil(k / 2) of a core's k), and none of the others. Both paths in one launch give
-    the float64 gradients."""
+    (so ceil(k / 2) of a core's k), and none of the others; none in folded mode with one
+    key block. Launches mixing both paths give the float64 gradients like the others."""
     b, h, hkv, sq, sk, d, dv, dtype, mask_kind, causal = case
     args, mask = _saved(b, h, hkv, sq, sk, d, dv, dtype, mask_kind, causal)
     grads, res = _run_backward(args, mask, causal, 2)
     grad_out, q, k, v, _, _ = args
     _check_grads(grads, _float64_grads(q, k, v, mask, causal, grad_out), dtype)
     by_tensor = [ins for ins in res.trace if ins.op == "nc_transpose" and ins.engine == "tensor"]
+    # (folded mode's three -lse / -D_i rows also arrive by SBUF->SBUF DMA transposes, onto
+    # 3 partitions; dSᵀ transposes write a key tile's rows)
     by_dma = [ins for ins in res.trace if ins.op == "dma_transpose"
-              and all(o.buffer == "sbuf" for o in ins.reads)]
-    if all_dma:
+              and all(o.buffer == "sbuf" for o in ins.reads) and ins.writes[0].shape[0] > 3]
+    if expect == "all":
         assert by_dma and not by_tensor
+        return
+    if expect == "none":
+        assert by_tensor and not by_dma
         return
     assert by_dma and by_tensor
     itemsize = torch.finfo(dtype).bits // 8
