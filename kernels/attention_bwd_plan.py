@@ -168,8 +168,7 @@ def _dst_dma_share(facts, kb, head_batch, folded):
     if not facts.dma_transpose or (folded and cdiv(facts.Sk, kb) == 1):
         return 0.0
     c = active_engine_costs()
-    data_ns = (head_batch * P * min(kb, facts.Sk) * facts.itemsize
-               / (c.dma_bytes_per_s * c.dma_transpose_efficiency) * 1e9)
+    data_ns = c.dma_transpose_ns(head_batch * P * min(kb, facts.Sk) * facts.itemsize)
     return DST_DMA_SHARE if data_ns + c.dma_transfer_handoff_ns >= c.dma_transfer_gap_ns else DST_DMA_SHARE_GAP_BOUND
 
 
@@ -188,7 +187,6 @@ class BwdBalance(nl.NKIObject):
         # spread by a credit
         self.dma_share = plan.dst_dma_share
         self.itemsize = facts.itemsize
-        self.transpose_bytes_per_ns = self.costs.dma_bytes_per_s * self.costs.dma_transpose_efficiency * 1e-9
         self.dma_credit = 0.0
 
     def use_dma(self, nu, r, m):
@@ -199,7 +197,7 @@ class BwdBalance(nl.NKIObject):
             data = occ = 0.0
             for keys in (m // P * P, m % P):
                 if keys:
-                    d = nu * r * keys * self.itemsize / self.transpose_bytes_per_ns
+                    d = self.costs.dma_transpose_ns(nu * r * keys * self.itemsize)
                     data += d
                     occ += self.costs.dma_occupancy_ns(d)
             if 2 * data < occ:

@@ -138,6 +138,6 @@ def _launch_work(facts, costs):
         batches = cdiv(units, nb)
         for keys in (n // P * P, n % P):
             if keys:
-                data = nb * r * keys * f.itemsize / (c.dma_bytes_per_s * c.dma_transpose_efficiency) * 1e9
+                data = c.dma_transpose_ns(nb * r * keys * f.itemsize)
                 pt_d += batches * c.dma_occupancy_ns(data)
     return t_io, vec, sca, pt_v, pt_s, pt_d

@@ -58,6 +58,11 @@ class EngineCosts(nl.NKIObject):
                       "gpsimd": (self.gpsimd_ghz, self.gpsimd_instr_cycles)}[engine]
         return (max(self.min_instruction_cycles, elements / rate) + fixed) / ghz
 
+    def dma_transpose_ns(self, nbytes):
+        """Data time (ns) of an SBUF->SBUF dma_transpose of ``nbytes`` over a core's 16
+        queues (the copy bandwidth at dma_transpose_efficiency)."""
+        return nbytes / (self.dma_bytes_per_s * self.dma_transpose_efficiency) * 1e9
+
     def dma_occupancy_ns(self, data_ns):
         """How long a queue is held by a transfer share whose data takes ``data_ns``."""
         return max(self.dma_transfer_gap_ns, data_ns + self.dma_transfer_handoff_ns)

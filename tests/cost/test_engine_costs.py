@@ -5,6 +5,7 @@ and a kernel built for a target must get that target's figures."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from nki_kernels import _kernel_sources, simulator
 from nki_kernels.simulator.hardware import TARGETS
@@ -61,3 +62,28 @@ def test_queue_occupancy_is_the_models_rule(engine_costs):
     assert c.dma_occupancy_ns(10.0) == pytest.approx(t.dma_transfer_gap_s * 1e9)
     big = 10 * t.dma_transfer_gap_s * 1e9
     assert c.dma_occupancy_ns(big) == pytest.approx(big + t.dma_transfer_handoff_s * 1e9)
+
+
+def test_transpose_data_time_is_the_models(engine_costs):
+    """dma_transpose_ns (the kernels' planning figure) equals the data time the cost model
+    gives one SBUF->SBUF dma_transpose (bf16 [128, 4, 128] -> [128, 4, 128], 128 KiB)."""
+    def kernel(x):
+        import nki.isa as nisa      # the simulator's nki while it runs the kernel
+        import nki.language as nl
+
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        a = nl.ndarray((128, 4, 128), dtype=x.dtype, buffer=nl.sbuf)
+        b = nl.ndarray((128, 4, 128), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=a, src=x)
+        nisa.dma_transpose(dst=b, src=a, axes=(2, 1, 0))
+        nisa.dma_copy(dst=out, src=b)
+        return out
+
+    with simulator.activated(target="trn2"):
+        c = engine_costs.active()
+    x = torch.randn(128, 4, 128).to(torch.bfloat16)
+    est = simulator.estimate(kernel, "trn2")(x)
+    i = next(i for i, ins in enumerate(est.trace) if ins.op == "dma_transpose")
+    detail = est.schedule.detail(i)
+    assert detail["bytes"] == 128 * 4 * 128 * 2
+    assert c.dma_transpose_ns(detail["bytes"]) == pytest.approx(detail["data_us_per_queue"] * 1e3, rel=1e-9)
