@@ -154,10 +154,10 @@ def bwd_plan(facts, q_chunk=0):
                             PSUM_BANK_BYTES // (f.D * FP32_BYTES), kv_batch * f.G))
     return BwdPlan(kb=kb, n_kb=n_kb, kt=kt, kv_group=kv_group, q_chunk=chunk,
                    n_chunks=cdiv(f.n_q_tiles, chunk), kv_batch=kv_batch, head_batch=head_batch,
-                   folded=folded, dst_dma_share=_dst_dma_share(f, kb, head_batch, folded))
+                   folded=folded, dst_dma_share=_dst_dma_share(f, kb, n_kb, head_batch, folded))
 
 
-def _dst_dma_share(facts, kb, head_batch, folded):
+def _dst_dma_share(facts, kb, n_kb, head_batch, folded):
     """DST_DMA_SHARE if one head batch's dSᵀ transposes over a full key block are
     data-bound on the DMA queues (their data outlasts the DMA gap), else
     DST_DMA_SHARE_GAP_BOUND; 0 where dSᵀ never goes by DMA: fp32, and folded mode with one
@@ -165,7 +165,7 @@ def _dst_dma_share(facts, kb, head_batch, folded):
     block (Sk <= 256: ViT) the query and key sides' loads alone keep the DMA queues the
     busiest engine, and the transposes would only lengthen them; every further key block
     adds compute for the same query side."""
-    if not facts.dma_transpose or (folded and cdiv(facts.Sk, kb) == 1):
+    if not facts.dma_transpose or (folded and n_kb == 1):
         return 0.0
     c = active_engine_costs()
     data_ns = c.dma_transpose_ns(head_batch * P * min(kb, facts.Sk) * facts.itemsize)
