@@ -58,6 +58,7 @@ COVERED = {
     "nkibench:add_rmsnorm_matmul": "test_add_rmsnorm_matmul_matches_the_numpy_reference",
     "nkibench:matmul_add_rmsnorm": "test_matmul_add_rmsnorm_matches_the_reference",
     "nkibench:transpose_matmul": "test_transpose_matmul_matches_the_reference",
+    "nkibench:matmul": "test_matmul_matches_the_reference",
 }
 
 
@@ -514,3 +515,38 @@ def test_transpose_matmul_rejects_m_off_the_partition_tile(calibrate):
     with pytest.raises(ValueError, match=r"lhs.shape\[2\] \(M\)=200 must be a multiple of 128"):
         simulate(calibrate, "nkibench:transpose_matmul", "trn1", lhs=torch.randn(128, 1, 200, generator=gen),
                       rhs=torch.randn(128, 1, 256, generator=gen))
+
+
+# ---------------------------------------------------------------------------------- matmul
+
+def test_matmul_matches_the_reference(calibrate):
+    # NKIBench's layouts: lhs [M, K] as [M/128, 128, K/128, 128], rhs [K, N] as [K/128, 128,
+    # N]. 3 row tiles, 16 K tiles (two [128, 8, 128] loads each), N = 2048: two column blocks.
+    MT, KT, N = 3, 16, 2048
+    M, K = 128 * MT, 128 * KT
+    gen = torch.Generator().manual_seed(15)
+    lhs = torch.randn(M, K, generator=gen)
+    rhs = torch.randn(K, N, generator=gen)
+    out = _output(simulate(calibrate, "nkibench:matmul", "trn1", lhs=lhs.reshape(MT, 128, KT, 128),
+                           rhs=rhs.reshape(KT, 128, N)))
+    assert out.shape == (MT, 128, N)
+    out = out.reshape(M, N).double()
+    ref = lhs.double() @ rhs.double()
+    # the transposes move fp32 exactly; fp32 dot products of K terms:
+    # |error| <= K u sum_k |lhs_mk| |rhs_kn|
+    tol = K * U32 * (lhs.double().abs() @ rhs.double().abs())
+    bad = ~((out - ref).abs() <= tol)   # NaN (an element never written) counts as off
+    assert not bool(bad.any()), f"{int(bad.sum())} elements off; max error {(out - ref).abs().max():.3g}"
+
+
+@pytest.mark.parametrize("lhs_shape, rhs_shape, message", [
+    ((1, 128, 8, 128), (8, 128, 1000), r"rhs.shape\[2\] \(N\)=1000 must be a multiple of 1024"),
+    ((1, 128, 4, 128), (4, 128, 1024), r"lhs.shape\[2\]=4 \(K tiles\) must equal rhs.shape\[0\]=4 and be a multiple of 8"),
+    ((1, 128, 8, 128), (16, 128, 1024), r"lhs.shape\[2\]=8 \(K tiles\) must equal rhs.shape\[0\]=16"),
+    ((1, 64, 8, 128), (8, 128, 1024), r"lhs.shape\[1\]=64, lhs.shape\[3\]=128 and rhs.shape\[1\]=128 must be 128"),
+])
+def test_matmul_rejects_shapes_off_its_tiles(calibrate, lhs_shape, rhs_shape, message):
+    gen = torch.Generator().manual_seed(16)
+    with pytest.raises(ValueError, match=message):
+        simulate(calibrate, "nkibench:matmul", "trn1", lhs=torch.randn(*lhs_shape, generator=gen),
+                 rhs=torch.randn(*rhs_shape, generator=gen))
