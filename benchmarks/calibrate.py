@@ -142,6 +142,8 @@ class Row:
     slow: bool = False                 # left out of the default test run (big kernels)
     known_miss: str = ""               # why the model misses this row (excluded from the gates)
     lnc: int = 1                       # launch degree: LNC=2 runs kernel[2] (both cores of a trn2 LNC)
+    hbm_bytes: list = field(default_factory=list)  # [read, written] HBM bytes of the profile: the
+                                       # port must move exactly these (hbm_traffic)
     run: object = field(default=None, repr=False)   # simulator.SimResult once run
     def __hash__(self):
         return hash(self.id)
@@ -161,6 +163,9 @@ def load_rows(path: Path = DATA) -> list[Row]:
             raise ValueError(f"{path}: {row.id}: split={row.split!r}; expected 'train' or 'test'")
         if row.target not in TARGETS:
             raise ValueError(f"{path}: {row.id}: target={row.target!r}; expected one of {tuple(TARGETS)}")
+        if row.hbm_bytes and (len(row.hbm_bytes) != 2 or not all(isinstance(b, int) and b >= 0
+                                                                  for b in row.hbm_bytes)):
+            raise ValueError(f"{path}: {row.id}: hbm_bytes={row.hbm_bytes!r}; expected [read, written] byte counts")
         if row.lnc not in (1, 2):
             raise ValueError(f"{path}: {row.id}: lnc={row.lnc!r}; expected 1 or 2 (trn2's logical core sizes)")
         problems = nkilib_arg_problems(row)
@@ -309,6 +314,14 @@ def run_row(row: Row):
                                            **_inputs(row))
         row.run = _runs[key]
     return row.run
+
+
+def hbm_traffic(result) -> tuple[int, int]:
+    """(bytes read from HBM, bytes written to HBM) by a SimResult's DMA transfers: what a
+    profile's hbm_read_bytes / hbm_write_bytes count."""
+    dma = [i for i in result.trace if i.engine == "dma"]
+    return (sum(o.nbytes for i in dma for o in i.reads if o.buffer == "hbm"),
+            sum(o.nbytes for i in dma for o in i.writes if o.buffer == "hbm"))
 
 
 def _slots(est, pred):

@@ -70,6 +70,37 @@ def test_bad_measurement_files_are_rejected_naming_the_row(calibrate, tmp_path):
     bad.write_text(bad.read_text().replace('"trn9"', '"trn2"').replace('split = "train"', 'split = "dev"'))
     with pytest.raises(ValueError, match="split='dev'"):
         calibrate.load_rows(bad)
+    bad.write_text(bad.read_text().replace('split = "dev"', 'split = "test"\nhbm_bytes = [1]'))
+    with pytest.raises(ValueError, match=r"x: hbm_bytes=\[1\]; expected \[read, written\]"):
+        calibrate.load_rows(bad)
+
+
+def _check_hbm_bytes(calibrate, rows):
+    assert rows
+    for r in rows:
+        assert calibrate.hbm_traffic(calibrate.run_row(r)) == tuple(r.hbm_bytes), r.id
+
+
+def test_ports_move_exactly_the_hbm_bytes_their_profiles_count(calibrate):
+    # the porting rule (kernels/nkibench.py): a port reads what the profile read, so its
+    # timing is the timing of the same traffic
+    rows = calibrate.load_rows()
+    _check_hbm_bytes(calibrate, [r for r in rows if r.hbm_bytes and not r.slow])
+    # every NKIBench kernel row is checked, or its note says how its traffic differs
+    for r in rows:
+        if r.id.startswith("nkibench.") and r.quantity == "latency_us":
+            assert r.hbm_bytes or "HBM" in r.note, r.id
+    # the check can fail: a port that loads one operand twice moves more
+    silu = next(r for r in rows if r.id == "nkibench.silu")
+    twice = calibrate.Row(**{**vars(silu), "id": "silu_twice", "hbm_bytes": [silu.hbm_bytes[0] * 2,
+                                                                             silu.hbm_bytes[1]], "run": None})
+    with pytest.raises(AssertionError, match="silu_twice"):
+        _check_hbm_bytes(calibrate, [twice])
+
+
+@pytest.mark.sweep
+def test_slow_ports_move_exactly_the_hbm_bytes_their_profiles_count(calibrate):
+    _check_hbm_bytes(calibrate, [r for r in calibrate.load_rows() if r.hbm_bytes and r.slow])
 
 
 def test_known_misses_are_few_and_say_why(calibrate):
