@@ -35,7 +35,9 @@ NORM_RESIDENT_PARAM_BYTES = 64 * 1024
 # partition; with the input and output tiles of two blocks in flight it fits 224 KiB.
 SOFTMAX_MAX_COLS = 8192
 # softmax: largest row tile the online form keeps resident in SBUF (per partition): 96 KiB,
-# twice that with the next row tile in flight, plus ~24 KiB of chunk scratch, under 224 KiB.
+# beside the staging ring of its once-read chunks (softmax.STAGING_BUFS x 4096 elements:
+# 32 KiB bf16, 64 KiB fp32) and pass 2's scratch (fp32 exp and output tiles), under 224 KiB
+# (the simulator's capacity check passes at the limits: fp32 [300, 24576], bf16 [300, 32768]).
 SOFTMAX_RESIDENT_BYTES = 96 * 1024
 
 # attention: q/k and v head dims D, Dv. Q·Kᵀ contracts over D on TensorE's partition dim

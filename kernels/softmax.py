@@ -75,6 +75,13 @@ ONLINE_CHUNK = 4096
 # 1.39 ns of bf16 HBM traffic (ScalarE alone would need 1.67). Resident bytes per element:
 # 0.5 * 4 (e) + 0.5 * itemsize (x), so bf16 rows up to 32K and fp32 rows up to 24K fit.
 VECTOR_SHARE_ONLINE = 0.5
+# Staging tiles of the online form's pass 1 (the chunks it reads once), one ring for the
+# launch: a load runs up to this many such chunks ahead of the exps that read them. Before
+# the ring those chunks shared the kept chunks' allocation site, and each load waited for the
+# previous chunk's exp (modeled trn2 LNC=2, bf16 [256, 32000] 98.8 -> 80.4 us, [1024, 32000]
+# 278.1 -> 246.8, [1000, 9000] 112.2 -> 98.6, fp32 [512, 24000] 186.2 -> 161.9, streaming
+# [300, 50000] 255.5 -> 221.0; 2 and 3 buffers model within 5 % of 4, 6 no better).
+STAGING_BUFS = 4
 # Start of the running max: the most negative finite fp32 (finite, so exp(m - m') never
 # sees inf - inf; the lowest value a row can hold other than -inf, so a row of
 # finfo(float32).min, as transformers' masks build them, still finds its true max).
@@ -244,6 +251,13 @@ def _resident_bytes(cols, chunk, itemsize):
 def _softmax_online(x, out, n_rows, cols, chunk, resident):
     n_chunks = cdiv(cols, chunk)
     row_lo, row_hi = program_rows(n_rows)    # this program's row tiles (LNC=2: half each)
+    # Chunks pass 1 reads once (a VectorE chunk's x; every chunk when streaming) go through
+    # a ring of STAGING_BUFS tiles shared by the row tiles: a load waits only for the
+    # instruction that last read its slot, STAGING_BUFS such chunks back, also across row
+    # tiles. A kept x gets a tile of its own (allocated where it is loaded: it lives until
+    # pass 2).
+    staging = [nl.ndarray((PARTITIONS, chunk), dtype=x.dtype, buffer=nl.sbuf) for _ in range(STAGING_BUFS)]
+    n_staged = 0
     for r0 in range(row_lo, row_hi, PARTITIONS):
         parts = min(PARTITIONS, n_rows - r0)
         kept = []   # per chunk: (x tile, None) for ScalarE chunks, (None, e tile) for VectorE
@@ -257,7 +271,11 @@ def _softmax_online(x, out, n_rows, cols, chunk, resident):
             c0 = c * chunk
             width = min(chunk, cols - c0)
             on_vector = resident and spread(c, VECTOR_SHARE_ONLINE)
-            x_tile = nl.ndarray((parts, width), dtype=x.dtype, buffer=nl.sbuf)
+            if resident and not on_vector:
+                x_tile = nl.ndarray((parts, width), dtype=x.dtype, buffer=nl.sbuf)
+            else:
+                x_tile = staging[n_staged % STAGING_BUFS][:parts, 0:width]
+                n_staged += 1
             nisa.dma_copy(dst=x_tile, src=x[r0:r0 + parts, c0:c0 + width])
             chunk_max = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_reduce(dst=chunk_max, op=nl.maximum, data=x_tile, axis=1)
@@ -290,12 +308,15 @@ def _softmax_online(x, out, n_rows, cols, chunk, resident):
         nisa.reciprocal(dst=inv_sum, data=run_sum)
         neg_max = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=neg_max, data=run_max, op0=nl.multiply, operand0=-1.0)
-        # pass 2: normalised exponentials
+        # pass 2: normalised exponentials, in fresh output tiles per chunk (modeled against
+        # STAGING_BUFS' shapes: writing a kept x's output over it was slower, [1000, 9000]
+        # 127.7 us; a ring of output tiles won at [256, 32000], 72.6, and lost at [1024,
+        # 32000] and fp32 [512, 24000], 256.2 and 166.9)
         for c in range(n_chunks):
             c0 = c * chunk
             width = min(chunk, cols - c0)
-            out_tile = nl.ndarray((parts, width), dtype=x.dtype, buffer=nl.sbuf)
             x_tile, exp_tile = kept[c] if resident else (None, None)
+            out_tile = nl.ndarray((parts, width), dtype=x.dtype, buffer=nl.sbuf)
             if exp_tile is not None:
                 # e * exp(m_c - m) * (1 / l): two [P, 1] scalars, one VectorE pass
                 rescale = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
