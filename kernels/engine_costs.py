@@ -91,7 +91,7 @@ DERIVED = ("vector_stream_cycles",)
 # NeuronCore-v2 (trn1), -v3 (trn2), -v4 (trn3)
 _GEN2 = EngineCosts(vector_ghz=1.12, scalar_ghz=1.4, gpsimd_ghz=1.4, vector_psum_copy_16bit_rate=1,
                     vector_instr_cycles=360.0, scalar_instr_cycles=100.0,
-                    gpsimd_instr_cycles=360.0, vector_overlap_cycles=300.0, min_instruction_cycles=64, dma_bytes_per_s=272e9,
+                    gpsimd_instr_cycles=360.0, vector_overlap_cycles=320.0, min_instruction_cycles=64, dma_bytes_per_s=272e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0,
                     dma_transpose_efficiency=0.5)
 _GEN3 = EngineCosts(vector_ghz=0.96, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_copy_16bit_rate=2,

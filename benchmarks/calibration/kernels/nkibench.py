@@ -60,8 +60,18 @@ def rope_baseline(x_in, cos, sin):
     fp32, S in 512-column tiles.
 
     Per tile: load x [128, 512], cos and sin [64, 512]; copy the lower half of x to
-    partitions 0-63 (ScalarE: the profile shows ScalarE 14 % busy); four VectorE products
-    and a subtract/add into the two halves of the output tile; one store."""
+    partitions 0-63 (VectorE, see below); four VectorE products and a subtract/add into the
+    two halves of the output tile; one store.
+
+    The beta-1 ``nl.copy`` leaves the copy's engine to the compiler. Until 2026-12-02 the
+    port put it on ScalarE because the profile shows ScalarE 14.1 % active (611 us). But
+    AccelOpt's optimized kernel (rope_optimized), which issues no ScalarE instruction at
+    all, shows ScalarE active for the same time: 18.4 % of 3.33 ms = 612 us (both kernels
+    move the same HBM bytes). That ScalarE time is work the compiler adds, not the copy;
+    had the compiler added as much to the baseline, the copies on ScalarE (~224 us) would
+    have made it ~835 us. GpSimd's 0.7 %
+    (32 us) has no room for them either, so the copy runs on VectorE (modeled 3266 us, was
+    3005 with it on ScalarE; VectorE busy 3235 against the measured 3104, was 2974)."""
     d_head, seq = x_in.shape
     half = d_head // 2
     ts = 512
@@ -77,7 +87,7 @@ def rope_baseline(x_in, cos, sin):
         st = nl.ndarray((half, ts), dtype=x_in.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=st, src=sin[:, s0:s0 + ts])
         odd = nl.ndarray((half, ts), dtype=x_in.dtype, buffer=nl.sbuf)
-        nisa.activation(dst=odd, op=nl.copy, data=xt[half:d_head, :])
+        nisa.tensor_copy(dst=odd, src=xt[half:d_head, :], engine=nisa.engine.vector)
         even = xt[0:half, :]
         e_cos = nl.ndarray((half, ts), dtype=x_in.dtype, buffer=nl.sbuf)
         o_cos = nl.ndarray((half, ts), dtype=x_in.dtype, buffer=nl.sbuf)

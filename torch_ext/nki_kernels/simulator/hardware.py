@@ -266,7 +266,7 @@ TARGETS: dict[str, Target] = {
         # [A2] transpose mode and VectorE performance mode are new in NeuronCore-v3.
         transpose_fp32_factor=4, vector_perf_mode_full=1, vector_perf_mode_half=1,
         vector_static_cycles=360.0, scalar_static_cycles=100.0, gpsimd_static_cycles=360.0,
-        vector_overlap_cycles=300.0,
+        vector_overlap_cycles=320.0,
         cost_ranges=TRN1_STATIC_RANGES + SHARED_COST_RANGES,
         # [I] NeuronCore-v2: no 32-row matmul tiles, no fp8 double_row, no ScalarE copy,
         # no scalar activation bias, no range_select; [L] no LNC=2.
