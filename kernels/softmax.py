@@ -80,7 +80,8 @@ VECTOR_SHARE_ONLINE = 0.5
 # the ring those chunks shared the kept chunks' allocation site, and each load waited for the
 # previous chunk's exp (modeled trn2 LNC=2, bf16 [256, 32000] 98.8 -> 80.4 us, [1024, 32000]
 # 278.1 -> 246.8, [1000, 9000] 112.2 -> 98.6, fp32 [512, 24000] 186.2 -> 161.9, streaming
-# [300, 50000] 255.5 -> 221.0; 2 and 3 buffers model within 5 % of 4, 6 no better).
+# [300, 50000] 255.5 -> 221.0; with 2 buffers the streaming row stays at 255.5, with 3
+# [256, 32000] models 84.2).
 STAGING_BUFS = 4
 # Start of the running max: the most negative finite fp32 (finite, so exp(m - m') never
 # sees inf - inf; the lowest value a row can hold other than -inf, so a row of
