@@ -20,7 +20,8 @@ class EngineCosts(nl.NKIObject):
 
     def __init__(self, vector_ghz, scalar_ghz, gpsimd_ghz, vector_psum_copy_16bit_rate, vector_instr_cycles,
                  scalar_instr_cycles, gpsimd_instr_cycles, vector_overlap_cycles, min_instruction_cycles,
-                 dma_bytes_per_s, dma_transfer_gap_ns, dma_transfer_handoff_ns, dma_transpose_efficiency):
+                 dma_bytes_per_s, dma_transfer_gap_ns, dma_transfer_handoff_ns, dma_transpose_efficiency,
+                 sbuf_bytes_per_partition):
         # VectorE, ScalarE and GpSimd clocks (GHz): estimated cycles / clock = ns
         self.vector_ghz = vector_ghz
         self.scalar_ghz = scalar_ghz
@@ -46,6 +47,8 @@ class EngineCosts(nl.NKIObject):
         self.dma_transfer_gap_ns = dma_transfer_gap_ns
         self.dma_transfer_handoff_ns = dma_transfer_handoff_ns
         self.dma_transpose_efficiency = dma_transpose_efficiency
+        # SBUF bytes per partition (what a kernel may keep on chip at once)
+        self.sbuf_bytes_per_partition = sbuf_bytes_per_partition
 
     def instruction_ns(self, engine, elements, rate=1):
         """Estimated ns one ``engine`` ("vector", "scalar" or "gpsimd") instruction over
@@ -83,6 +86,7 @@ MIRRORS = {
     "dma_transfer_gap_ns": ("dma_transfer_gap_s", 1e9),
     "dma_transfer_handoff_ns": ("dma_transfer_handoff_s", 1e9),
     "dma_transpose_efficiency": ("dma_transpose_sbuf_efficiency", 1),
+    "sbuf_bytes_per_partition": ("sbuf_bytes_per_partition", 1),
 }
 
 # attributes computed from the mirrored ones (not Target fields)
@@ -93,17 +97,20 @@ _GEN2 = EngineCosts(vector_ghz=1.12, scalar_ghz=1.4, gpsimd_ghz=1.4, vector_psum
                     vector_instr_cycles=360.0, scalar_instr_cycles=100.0,
                     gpsimd_instr_cycles=360.0, vector_overlap_cycles=320.0, min_instruction_cycles=64, dma_bytes_per_s=272e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0,
-                    dma_transpose_efficiency=0.5)
+                    dma_transpose_efficiency=0.5,
+                    sbuf_bytes_per_partition=192 * 1024)
 _GEN3 = EngineCosts(vector_ghz=0.96, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_copy_16bit_rate=2,
                     vector_instr_cycles=100.0, scalar_instr_cycles=360.0,
                     gpsimd_instr_cycles=100.0, vector_overlap_cycles=0.0, min_instruction_cycles=64, dma_bytes_per_s=368e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0,
-                    dma_transpose_efficiency=0.5)
+                    dma_transpose_efficiency=0.5,
+                    sbuf_bytes_per_partition=224 * 1024)
 _GEN4 = EngineCosts(vector_ghz=1.2, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_copy_16bit_rate=2,
                     vector_instr_cycles=100.0, scalar_instr_cycles=360.0,
                     gpsimd_instr_cycles=100.0, vector_overlap_cycles=0.0, min_instruction_cycles=64, dma_bytes_per_s=528e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0,
-                    dma_transpose_efficiency=0.5)
+                    dma_transpose_efficiency=0.5,
+                    sbuf_bytes_per_partition=256 * 1024)
 
 
 def by_generation():

@@ -41,6 +41,9 @@ Engines:
       pass 2 reads them back, so HBM sees one read and one write.
       streaming (longer rows): pass 2 reloads every chunk from HBM and recomputes it on
       ScalarE (3 HBM passes: read, read, write).
+      Buffers: the chunks pass 1 reads once go through a staging ring (STAGING_BUFS) so the
+      loads run ahead of the exps; resident pass-2 outputs go through a ring of OUT_BUFS
+      tiles per row tile where the active generation's SBUF holds it (_output_ring_fits).
 Expected error:
     fp32 statistics and exponentials, one rounding to the output dtype (bf16: <= 2**-8
     relative; fp32: ~1e-6 relative; the block form rounds x - max to fp32 before the exp,
@@ -83,6 +86,12 @@ VECTOR_SHARE_ONLINE = 0.5
 # [300, 50000] 255.5 -> 221.0; with 2 buffers the streaming row stays at 255.5, with 3
 # [256, 32000] models 84.2).
 STAGING_BUFS = 4
+# Pass 2's output tiles: a ring of OUT_BUFS per row tile where it fits SBUF beside what the
+# row tile keeps (_output_ring_fits), else fresh tiles per chunk (4 per row tile models the
+# same at [256, 32000], 72.6 us, and slower at [1024, 32000], 256.2).
+OUT_BUFS = 3
+# pass 2's fp32 exp tiles (one allocation site: the compiler's two rotating buffers)
+PASS2_EXP_BUFS = 2
 # Start of the running max: the most negative finite fp32 (finite, so exp(m - m') never
 # sees inf - inf; the lowest value a row can hold other than -inf, so a row of
 # finfo(float32).min, as transformers' masks build them, still finds its true max).
@@ -249,6 +258,15 @@ def _resident_bytes(cols, chunk, itemsize):
     return total
 
 
+def _output_ring_fits(cols, chunk, itemsize):
+    """Whether a row tile's pass-2 output ring fits the active generation's SBUF beside the
+    row tile's kept chunks, the staging ring and pass 2's fp32 exp tiles (bytes per
+    partition)."""
+    need = (_resident_bytes(cols, chunk, itemsize) + (STAGING_BUFS + OUT_BUFS) * chunk * itemsize
+            + PASS2_EXP_BUFS * chunk * 4)
+    return need <= active_engine_costs().sbuf_bytes_per_partition
+
+
 def _softmax_online(x, out, n_rows, cols, chunk, resident):
     n_chunks = cdiv(cols, chunk)
     row_lo, row_hi = program_rows(n_rows)    # this program's row tiles (LNC=2: half each)
@@ -261,6 +279,9 @@ def _softmax_online(x, out, n_rows, cols, chunk, resident):
     n_staged = 0
     for r0 in range(row_lo, row_hi, PARTITIONS):
         parts = min(PARTITIONS, n_rows - r0)
+        outs = None
+        if resident and _output_ring_fits(cols, chunk, itemsize(x.dtype)):
+            outs = [nl.ndarray((PARTITIONS, chunk), dtype=x.dtype, buffer=nl.sbuf) for _ in range(OUT_BUFS)]
         kept = []   # per chunk: (x tile, None) for ScalarE chunks, (None, e tile) for VectorE
         maxes = []  # running max after each chunk, m_c
         run_max = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -309,15 +330,20 @@ def _softmax_online(x, out, n_rows, cols, chunk, resident):
         nisa.reciprocal(dst=inv_sum, data=run_sum)
         neg_max = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=neg_max, data=run_max, op0=nl.multiply, operand0=-1.0)
-        # pass 2: normalised exponentials, in fresh output tiles per chunk (modeled against
-        # STAGING_BUFS' shapes: writing a kept x's output over it was slower, [1000, 9000]
-        # 127.7 us; a ring of output tiles won at [256, 32000], 72.6, and lost at [1024,
-        # 32000] and fp32 [512, 24000], 256.2 and 166.9)
+        # pass 2: normalised exponentials, into the output ring where it fits SBUF (modeled
+        # trn2 LNC=2: [256, 32000] bf16 80.4 -> 72.6 us, [1024, 32000] 246.8 -> 233.3,
+        # [300, 32768] 137.8 -> 127.5; where it does not fit, as fp32 [300, 24576], fresh
+        # tiles per chunk: the ring there models 152.9 against 140.4, as the capacity rule
+        # takes buffers from the other sites). Writing a kept x's output over it was
+        # slower ([1000, 9000] 127.7 against 98.6).
         for c in range(n_chunks):
             c0 = c * chunk
             width = min(chunk, cols - c0)
             x_tile, exp_tile = kept[c] if resident else (None, None)
-            out_tile = nl.ndarray((parts, width), dtype=x.dtype, buffer=nl.sbuf)
+            if outs is not None:
+                out_tile = outs[c % OUT_BUFS][:parts, 0:width]
+            else:
+                out_tile = nl.ndarray((parts, width), dtype=x.dtype, buffer=nl.sbuf)
             if exp_tile is not None:
                 # e * exp(m_c - m) * (1 / l): two [P, 1] scalars, one VectorE pass
                 rescale = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
