@@ -277,10 +277,11 @@ def _softmax_online(x, out, n_rows, cols, chunk, resident):
     # pass 2).
     staging = [nl.ndarray((PARTITIONS, chunk), dtype=x.dtype, buffer=nl.sbuf) for _ in range(STAGING_BUFS)]
     n_staged = 0
+    out_ring = resident and _output_ring_fits(cols, chunk, itemsize(x.dtype))
     for r0 in range(row_lo, row_hi, PARTITIONS):
         parts = min(PARTITIONS, n_rows - r0)
         outs = None
-        if resident and _output_ring_fits(cols, chunk, itemsize(x.dtype)):
+        if out_ring:
             outs = [nl.ndarray((PARTITIONS, chunk), dtype=x.dtype, buffer=nl.sbuf) for _ in range(OUT_BUFS)]
         kept = []   # per chunk: (x tile, None) for ScalarE chunks, (None, e tile) for VectorE
         maxes = []  # running max after each chunk, m_c
