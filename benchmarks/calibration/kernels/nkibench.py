@@ -69,9 +69,10 @@ def rope_baseline(x_in, cos, sin):
     all, shows ScalarE active for the same time: 18.4 % of 3.33 ms = 612 us (both kernels
     move the same HBM bytes). That ScalarE time is work the compiler adds, not the copy;
     had the compiler added as much to the baseline, the copies on ScalarE (~224 us) would
-    have made it ~835 us. GpSimd's 0.7 %
-    (32 us) has no room for them either, so the copy runs on VectorE (modeled 3266 us, was
-    3005 with it on ScalarE; VectorE busy 3235 against the measured 3104, was 2974)."""
+    have made it ~835 us. GpSimd's 0.7 % (32 us) has no room for them either, so the copy
+    runs on VectorE (modeled 3266 us, was 3005 with it on ScalarE; VectorE busy 3235 against
+    the measured 3104, was 2974; at the refitted overlap, docs/cost-model.md, 3202 and
+    3171)."""
     d_head, seq = x_in.shape
     half = d_head // 2
     ts = 512
