@@ -347,6 +347,28 @@ def _inverse_rms(a, eps):
     return rms_inv
 
 
+def _broadcast_on_tensore(vec):
+    """[128, n] SBUF copy of an HBM vector [n], as the beta-1 compiler lowers
+    ``broadcast_to`` onto the partitions: the vector on one partition, ones^T @ it on TensorE
+    into PSUM per 512 columns (a bank of fp32), copied out on ScalarE (``nl.copy``'s
+    engine in these ports). fused_mamba.rst @72825d50 ("a partition-dimension broadcast ...
+    using a separate instruction on TensorE"); the add_rmsnorm_matmul and
+    matmul_add_rmsnorm profiles' hardware FLOPs exceed their matmuls' and transposes' by
+    exactly 2 x 128 x n, one such outer product."""
+    n = vec.shape[0]
+    row = nl.ndarray((1, n), dtype=vec.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=row, src=vec.reshape((1, n)))
+    ones = nl.ndarray((1, P), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ones, value=1.0)
+    out = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
+    for c0 in range(0, n, 512):
+        cols = slice(c0, min(c0 + 512, n))
+        part = nl.ndarray((P, cols.stop - c0), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=part, stationary=ones, moving=row[:, cols])
+        nisa.activation(dst=out[:, cols], op=nl.copy, data=part)
+    return out
+
+
 @nki.jit
 def add_rmsnorm_matmul(x_tensor, w_tensor, eps, z_tensor, g_tensor):
     """NKIBench add_rmsnorm_matmul_M4096_N2048_K1024: x, z [M, K], w [K, N], g [K], fp32 ->
@@ -387,16 +409,7 @@ def add_rmsnorm_matmul(x_tensor, w_tensor, eps, z_tensor, g_tensor):
     k_tiles = k_size // P
     result = nl.ndarray((m_size, n_size), dtype=x_tensor.dtype, buffer=nl.shared_hbm)
     ident = nl.shared_identity_matrix(P, dtype=nl.float32)
-    g_row = nl.ndarray((1, k_size), dtype=g_tensor.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=g_row, src=g_tensor.reshape((1, k_size)))
-    ones = nl.ndarray((1, P), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=ones, value=1.0)
-    g_bcast = nl.ndarray((P, k_size), dtype=nl.float32, buffer=nl.sbuf)
-    for c0 in range(0, k_size, tile_n):
-        cols = slice(c0, min(c0 + tile_n, k_size))
-        gp = nl.ndarray((P, cols.stop - c0), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=gp, stationary=ones, moving=g_row[:, cols])
-        nisa.activation(dst=g_bcast[:, cols], op=nl.copy, data=gp)
+    g_bcast = _broadcast_on_tensore(g_tensor)
     w_tiles = {}                    # (n, k) -> w [128 (k), 512 (n)], hoisted out of the row loop
     for n in range(n_size // tile_n):
         for k in range(k_tiles):
@@ -450,9 +463,11 @@ def matmul_add_rmsnorm(x_tensor, w_tensor, eps, z_tensor, g_tensor):
     code loads each w tile inside the row loop, but the loads do not depend on the row
     block and the profile's HBM reads (98.1 MB: x, z and w about twice, not the 571 MB of
     32 passes over w) show the compiler kept w on chip. w takes 128 KiB per partition
-    (K / 128 x N fp32), which bounds K x N. g is loaded once, broadcast onto the 128
-    partitions by the DMA (beta-1 ``g_tile.broadcast_to``; where the compiler broadcast it
-    is not in the profile, and it is one 8 KiB-per-partition transfer)."""
+    (K / 128 x N fp32), which bounds K x N. g is loaded once and broadcast onto the 128
+    partitions on TensorE (beta-1 ``g_tile.broadcast_to``): the profile's hardware FLOPs
+    (85,899,870,208) are twice the matmuls' plus the transposes' plus 524,288 = 2 x 128 x N,
+    one outer product with a ones row (_broadcast_on_tensore; until 2026-12-02 a stride-0
+    DMA, which read g 128 times)."""
     M, K = x_tensor.shape
     N = w_tensor.shape[1]
     tm, tk, tn = P, P, 512   # beta-1 TILE_M, TILE_K, TILE_N (gemm moving fmax)
@@ -462,8 +477,7 @@ def matmul_add_rmsnorm(x_tensor, w_tensor, eps, z_tensor, g_tensor):
             raise ValueError(f"matmul_add_rmsnorm: {name}={value} must be a multiple of {tile} "
                              "(beta-1's tiles, no remainder handling)")
     out = nl.ndarray((M, N), dtype=x_tensor.dtype, buffer=nl.shared_hbm)
-    g_t = nl.ndarray((tm, N), dtype=g_tensor.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=g_t, src=g_tensor.reshape((1, N)).broadcast(0, tm))
+    g_t = _broadcast_on_tensore(g_tensor)
     w_t = nl.ndarray((tk, K // tk, N), dtype=w_tensor.dtype, buffer=nl.sbuf)
     for n in range(N // tn):
         for k in range(K // tk):
