@@ -114,11 +114,11 @@ def target_with(target: str, params: dict | None):
 
 # The bands the held-out rows must stay within (tests/cost/test_calibration.py), as
 # modeled / measured - 1: every row within HELD_OUT_BAND and their mean |error| within
-# HELD_OUT_MEAN_BAND. Stated from the held-out errors at the fitted values (mean 15 %, the
-# worst +53 %: the tutorial's Mamba v2's VectorE active time); docs/cost-model.md
-# "Calibration" lists every row's error.
-HELD_OUT_BAND = 0.6
-HELD_OUT_MEAN_BAND = 0.18
+# HELD_OUT_MEAN_BAND. Stated from the held-out errors at the fitted values (mean 11 %, the
+# worst -26 %: silu and the RoPE baseline); docs/cost-model.md "Calibration" lists every
+# row's error. (+-60 % and 18 % until 2026-12-02, when Mamba v2 at 4096 channels was +53 %.)
+HELD_OUT_BAND = 0.35
+HELD_OUT_MEAN_BAND = 0.13
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int32": torch.int32}
 

@@ -286,6 +286,33 @@ def test_mamba_follows_the_selective_scan_recurrence(calibrate, version, seq):
     assert float((out.double() - wrong).abs().max()) > 100 * tol
 
 
+@pytest.mark.parametrize("version, seq", [("v1", 200), ("v2", 700), ("v3", 2 * MAMBA_CHUNK)])
+def test_mamba_broadcasts_b_and_c_on_tensore_into_psum_where_vectore_reads_them(calibrate, version, seq):
+    """The port's porting rule (kernels/mamba.py docstring): the beta-1 ``broadcast_to`` of a
+    [1, n] row onto 128 partitions is a TensorE instruction (fused_mamba.rst), so B[s] and
+    C[s] are ones^T @ row matmuls into PSUM, one per 512-column bank, and the two
+    tensor_tensors that use them read one input in PSUM (priced N, not 2N). A port that
+    went back to a stride-0 DMA into SBUF fails here."""
+    channels, states = 2 * 128, 2
+    delta, u = torch.rand(channels, seq) * 0.09 + 0.01, torch.randn(channels, seq)
+    a = -(torch.rand(channels, states) + 0.5)
+    b, c = torch.randn(states, seq), torch.randn(states, seq)
+    trace = simulate(calibrate, "mamba:mamba", "trn1", delta=delta, u=u, a=a, b=b, c=c, version=version).trace
+    steps = (channels // 128) * states * (seq // MAMBA_CHUNK if version == "v3" else 1)
+    banks = 1 if version == "v3" else -(-seq // MAMBA_CHUNK)
+    matmuls = [i for i in trace if i.op == "nc_matmul"]
+    assert len(matmuls) == 2 * steps * banks
+    assert all(o.buffer == "psum" for i in matmuls for o in i.writes)
+    psum_reads = [i for i in trace if i.op == "tensor_tensor" and sorted(o.buffer for o in i.reads) == ["psum", "sbuf"]]
+    assert len(psum_reads) == 2 * steps        # deltaU * B[s] and h * C[s]
+    # each row is loaded onto one partition: no stride-0 DMA fills 128 partitions with it
+    row_loads = [i for i in trace if i.engine == "dma" and any(o.buffer == "sbuf" and o.partitions == 1
+                                                               for o in i.writes)]
+    assert len(row_loads) == 2 * steps
+    assert all(o.strides[0] != 0 for i in trace if i.engine == "dma" for o in i.reads if o.buffer == "hbm"
+               and o.strides)
+
+
 # Channels that are not whole 128-partition tiles (every version) and, for the chunked
 # versions, a sequence that is not whole 512-column chunks were silently dropped: refused.
 # (v1 and v2 take any sequence length: the test above runs them at 200.)

@@ -13,8 +13,16 @@ issues per (channel tile, state[, sequence chunk]) the same instructions:
     VectorE  h = scan(deltaA, deltaBu)                      (tensor_tensor_scan: h = a*h + b)
     VectorE  scanC = h * C[s]; acc += scanC                 (tensor_tensor x 2)
 
-B[s] and C[s] reach all 128 partitions by one partition-broadcast DMA each (the beta-1
-code's ``broadcast_to``). Versions differ in loop order, reuse and tiling:
+B[s] and C[s] reach all 128 partitions the way the beta-1 code's ``broadcast_to`` on the
+partition dimension is compiled: "a partition-dimension broadcast ... using a separate
+instruction on TensorE" (fused_mamba.rst @72825d50, "Option 2"). The [1, n] row is loaded to
+one partition and multiplied by a [1, 128] row of ones into PSUM, where VectorE reads it
+(tensor_tensor with one input in PSUM: N cycles, not 2N). The profiles agree: TensorE is
+active and PSUM in use in kernels whose source issues no matmul, and v1's PSUM usage steps
+once per state, when B[s] and C[s] change (img/mamba_v1_profile_4k_chan.png, mamba_v2.png).
+Until 2026-12-02 the port broadcast them by a stride-0 DMA into SBUF, so both of those
+tensor_tensors read two SBUF inputs and were charged 2N (Mamba v2 at 4096 channels modeled
++51 %). Versions differ in loop order, reuse and tiling:
 
 * v1: states outer, channel tiles inner; every operand loaded per (state, tile);
 * v2: channel tiles outer; delta and u loaded once per tile, reused across states;
@@ -28,6 +36,7 @@ import nki.language as nl
 
 P = 128
 CHUNK = 512
+BANK_FP32 = 512   # fp32 columns of one PSUM bank (2 KiB per partition)
 
 
 def _load(src):
@@ -36,27 +45,32 @@ def _load(src):
     return t
 
 
-def _row_on_partitions(row_hbm):
-    """[P, n] SBUF copy of a [1, n] HBM row (one stride-0 DMA)."""
+def _row_on_partitions(row_hbm, ones):
+    """[P, n] PSUM broadcast of a [1, n] HBM row: the row on one partition, then ones^T @ row
+    on TensorE, one matmul per PSUM bank (512 fp32 columns)."""
     n = row_hbm.shape[1]
-    t = nl.ndarray((P, n), dtype=row_hbm.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=t, src=row_hbm.broadcast(0, P))
+    row = nl.ndarray((1, n), dtype=row_hbm.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=row, src=row_hbm)
+    t = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.psum)
+    for k0 in range(0, n, BANK_FP32):
+        k1 = min(n, k0 + BANK_FP32)
+        nisa.nc_matmul(dst=t[:, k0:k1], stationary=ones, moving=row[:, k0:k1])
     return t
 
 
-def _state_step(acc, delta_t, u_t, a_col, b_row, c_row, init, first_state):
+def _state_step(acc, delta_t, u_t, a_col, b_row, c_row, init, first_state, ones):
     """One (tile, state[, chunk]) step; returns the scan result (for a carried state)."""
     n = delta_t.shape[1]
     dA = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=dA, op=nl.exp, data=delta_t, scale=a_col)
-    b_t = _row_on_partitions(b_row)
+    b_t = _row_on_partitions(b_row, ones)
     dU = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=dU, data1=delta_t, data2=u_t, op=nl.multiply, engine=nisa.engine.vector)
     dBu = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=dBu, data1=dU, data2=b_t, op=nl.multiply, engine=nisa.engine.vector)
     h = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor_scan(dst=h, data0=dA, data1=dBu, initial=init, op0=nl.multiply, op1=nl.add)
-    c_t = _row_on_partitions(c_row)
+    c_t = _row_on_partitions(c_row, ones)
     if first_state:
         nisa.tensor_tensor(dst=acc, data1=h, data2=c_t, op=nl.multiply, engine=nisa.engine.vector)
     else:
@@ -79,6 +93,8 @@ def mamba(delta, u, a, b, c, version):
                          "(the version's sequence chunk, no remainder handling)")
     tiles = channels // P
     out = nl.ndarray((channels, seq), dtype=delta.dtype, buffer=nl.shared_hbm)
+    ones = nl.ndarray((1, P), dtype=nl.float32, buffer=nl.sbuf)   # the broadcasts' stationary row
+    nisa.memset(dst=ones, value=1.0)
 
     if version == "v1":
         accs = [nl.ndarray((P, seq), dtype=nl.float32, buffer=nl.sbuf) for _ in range(tiles)]
@@ -86,7 +102,7 @@ def mamba(delta, u, a, b, c, version):
             for t in range(tiles):
                 rows = slice(t * P, (t + 1) * P)
                 _state_step(accs[t], _load(delta[rows, :]), _load(u[rows, :]), _load(a[rows, s:s + 1]),
-                            b[s:s + 1, :], c[s:s + 1, :], 0.0, s == 0)
+                            b[s:s + 1, :], c[s:s + 1, :], 0.0, s == 0, ones)
         for t in range(tiles):
             nisa.dma_copy(dst=out[t * P:(t + 1) * P, :], src=accs[t])
     elif version in ("v2", "v3"):
@@ -98,14 +114,14 @@ def mamba(delta, u, a, b, c, version):
             for s in range(states):
                 a_col = _load(a[rows, s:s + 1])
                 if version == "v2":
-                    _state_step(acc, delta_t, u_t, a_col, b[s:s + 1, :], c[s:s + 1, :], 0.0, s == 0)
+                    _state_step(acc, delta_t, u_t, a_col, b[s:s + 1, :], c[s:s + 1, :], 0.0, s == 0, ones)
                     continue
                 carry = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.memset(dst=carry, value=0.0)
                 for k in range(seq // CHUNK):
                     cols = slice(k * CHUNK, (k + 1) * CHUNK)
                     h = _state_step(acc[:, cols], delta_t[:, cols], u_t[:, cols], a_col, b[s:s + 1, cols],
-                                    c[s:s + 1, cols], carry, s == 0)
+                                    c[s:s + 1, cols], carry, s == 0, ones)
                     nisa.tensor_copy(dst=carry, src=h[:, CHUNK - 1:CHUNK], engine=nisa.engine.vector)
             nisa.dma_copy(dst=out[rows, :], src=acc)
     elif version == "accelopt":
@@ -121,7 +137,7 @@ def mamba(delta, u, a, b, c, version):
                 u_t = _load(u[rows, cols])
                 for s in range(states):
                     h = _state_step(accs[t], delta_t, u_t, _load(a[rows, s:s + 1]), b[s:s + 1, cols],
-                                    c[s:s + 1, cols], carries[t][:, s:s + 1], s == 0)
+                                    c[s:s + 1, cols], carries[t][:, s:s + 1], s == 0, ones)
                     nisa.tensor_copy(dst=carries[t][:, s:s + 1], src=h[:, CHUNK - 1:CHUNK],
                                      engine=nisa.engine.vector)
             for t in range(tiles):
