@@ -17,7 +17,10 @@ B[s] and C[s] reach all 128 partitions the way the beta-1 code's ``broadcast_to`
 partition dimension is compiled: "a partition-dimension broadcast ... using a separate
 instruction on TensorE" (fused_mamba.rst @72825d50, "Option 2"). The [1, n] row is loaded to
 one partition and multiplied by a [1, 128] row of ones into PSUM, where VectorE reads it
-(tensor_tensor with one input in PSUM: N cycles, not 2N). The profiles agree: TensorE is
+(tensor_tensor with one input in PSUM: N cycles, not 2N). Read there rather than copied to
+SBUF first: with SBUF inputs VectorE is charged 2N as before, and v2's profiled VectorE
+duration sum (2350 us) sits below either figure but nearer the PSUM read's (modeled 2656 us
+against 3124). The profiles agree on the broadcast itself: TensorE is
 active and PSUM in use in kernels whose source issues no matmul, and v1's PSUM usage steps
 once per state, when B[s] and C[s] change (img/mamba_v1_profile_4k_chan.png, mamba_v2.png).
 Until 2026-12-02 the port broadcast them by a stride-0 DMA into SBUF, so both of those
