@@ -17,10 +17,13 @@ Layout:
 Engines, per row:
     ScalarE  square(x / sqrt(H)) with add-reduction -> mean(x**2) in fp32 (one pass)
     ScalarE  rsqrt(mean + eps) on [P, J] (tiny)
-    normalisation, split between two paths so no engine outruns the DMA (VECTOR_SHARE):
+    normalisation, split between three paths so no engine outruns the DMA (VECTOR_SHARE,
+    GPSIMD_SHARE, the rest):
       VectorE  (x * rstd) * weight in one scalar_tensor_tensor (fp32 inside, one rounding)
-      ScalarE  x * rstd into fp32 scratch, then GpSimd scratch * weight (one rounding)
-    The split is by rows when a partition holds J > 1 rows, else by columns.
+      GpSimd   x * rstd into fp32 scratch (tensor_scalar), then scratch * weight
+      ScalarE  x * rstd into fp32 scratch, then GpSimd scratch * weight
+    Every path rounds once, to the output dtype. The split is by rows when a partition
+    holds J > 1 rows, else by columns.
     Without weight: VectorE x * rstd (tensor_scalar) / ScalarE copy with scale.
     fused:   VectorE x + residual rounded to the input dtype (stored as the second output and
              normalised from that rounded value, matching an eager add followed by rms_norm).
@@ -52,8 +55,8 @@ from .limits import NORM_ONE_PASS_MAX_HIDDEN as ONE_PASS_MAX_HIDDEN
 from .limits import NORM_RESIDENT_PARAM_BYTES as RESIDENT_PARAM_BYTES
 from .limits import NORM_RESIDENT_ROW_BYTES as RESIDENT_ROW_BYTES
 from .limits import NORM_STREAM_CHUNK as STREAM_CHUNK
-from .tiling import (PARTITIONS, block_rows, broadcast_rows, column_chunks, engine_segments, itemsize,
-                     load_block, param_columns, pipelined, program_row_blocks, resident_params, rows_per_partition)
+from .tiling import (PARTITIONS, block_rows, broadcast_rows, column_chunks, itemsize, load_block, param_columns,
+                     pipelined, program_row_blocks, resident_params, rows_per_partition, split_count)
 
 # Rows are packed per partition until one transfer moves >= 2048 elements per partition:
 # 4 KiB in bf16 / 8 KiB in fp32, the DMA guide's size for saturating bandwidth.
@@ -68,21 +71,48 @@ PREFETCH_AHEAD = 2
 # and output take more than trn2's 224 KiB per partition at H = 8192 (the simulator's
 # capacity check, live ranges: 206 KiB in use before a third 32 KiB tile).
 PREFETCH_MAX_ROW_BYTES = 16 * 1024
-# Share of the normalisation given to VectorE. Per element, on trn2 (cost-model rules):
-# VectorE scalar_tensor_tensor reads 2 inputs at 0.96 GHz = 2.08 ns; the other path costs
-# ScalarE 0.83 ns (1.2 GHz) + GpSimd 2 x 0.83 ns; ScalarE also squares every element
-# (0.83 ns). With share a: VectorE 2.08a, ScalarE 0.83(2 - a), GpSimd 1.67(1 - a); a = 4/7
-# balances VectorE and ScalarE at 1.19 ns, under the 1.39 ns per element that bf16 HBM
-# traffic (2 B read + 2 B written per element at 368 GB/s over 128 partitions) takes. With
-# the calibrated per-instruction cost (docs/cost-model.md) a sweep of 0.45 .. 0.65 puts
-# the optimum at 0.5 (within 3% of 4/7 on the main job's rms_norm rows).
+# Shares of the normalisation (with a weight) given to the VectorE path and to the GpSimd
+# path; the ScalarE + GpSimd path takes the rest. Per element, on trn2 (cost-model rules):
+# VectorE scalar_tensor_tensor reads 2 inputs at 0.96 GHz = 2.08 ns; GpSimd tensor_scalar
+# 0.83 ns and tensor_tensor 1.67 ns (1.2 GHz); ScalarE's copy 0.83 ns, and ScalarE also
+# squares every element (0.83 ns). With shares a (VectorE) and g (GpSimd): VectorE 2.08a,
+# ScalarE 0.83(2 - a - g), GpSimd 0.83g + 1.67(1 - a); a = 0.5, g = 0.3 gives VectorE 1.04,
+# ScalarE 1.00, GpSimd 1.08 ns, under the 1.39 ns per element that bf16 HBM traffic (2 B
+# read + 2 B written per element at 368 GB/s over 128 partitions) takes. With two paths
+# (g = 0; a swept 0.45 .. 0.65, best 0.5) ScalarE took 1.25 ns, more than the DMA's share
+# of a block once its fixed costs are added: modeled trn2 LNC=2, [2048, 4096] bf16 62.9 ->
+# 58.5 us with three paths, [2048, 8192] 113.5 -> 111.3, [4096, 1024] (rows split) 39.1 ->
+# 32.8 (a, g swept 0.45 .. 0.55 and 0.25 .. 0.35: within 1 us of these). Storing the last
+# block one path's columns at a time would save ~1 us more of the drain, with transfers
+# under the DMA guide's 4 KiB per partition: not done.
 VECTOR_SHARE = 0.5
+GPSIMD_SHARE = 0.3
 
 
-def _scale_rows(dst, src, rstd_col, weight_cols, on_vector):
-    """dst = src * rstd (* weight) for one [P, w] segment on the chosen path."""
+def _path_segments(per, cols, with_weight):
+    """[(row j, first column, end column, path)] splitting a [P, per, cols] block's
+    normalisation between the paths "vector", "gpsimd" and "scalar" (VECTOR_SHARE,
+    GPSIMD_SHARE, the rest; no GpSimd path without a weight): whole rows when a partition
+    holds several rows, else the columns of its single row."""
+    n = per if per > 1 else cols
+    cut1 = split_count(n, VECTOR_SHARE)
+    cut2 = split_count(n, VECTOR_SHARE + (GPSIMD_SHARE if with_weight else 0.0))
+    spans = [(lo, hi, path) for lo, hi, path in ((0, cut1, "vector"), (cut1, cut2, "gpsimd"), (cut2, n, "scalar"))
+             if hi > lo]
+    if per > 1:
+        return [(j, 0, cols, path) for lo, hi, path in spans for j in range(lo, hi)]
+    return [(0, lo, hi, path) for lo, hi, path in spans]
+
+
+def _scale_rows(dst, src, rstd_col, weight_cols, path):
+    """dst = src * rstd (* weight) for one [P, w] segment on ``path`` (_path_segments)."""
     parts, width = src.shape[0], src.shape[-1]
-    if on_vector:
+    if path == "gpsimd":                # (taken only with a weight: _path_segments)
+        scaled = nl.ndarray((parts, width), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=scaled, data=src, op0=nl.multiply, operand0=rstd_col, engine=nisa.engine.gpsimd)
+        nisa.tensor_tensor(dst=dst, data1=scaled, data2=weight_cols, op=nl.multiply, engine=nisa.engine.gpsimd)
+        return
+    if path == "vector":
         if weight_cols is None:
             nisa.tensor_scalar(dst=dst, data=src, op0=nl.multiply, operand0=rstd_col)
         else:
@@ -115,9 +145,9 @@ def _normalize_block(out_tile, x_tile, parts, per, cols, weight_tile, eps_tile):
     rstd = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=rstd, op=nl.rsqrt, data=mean_sq, bias=eps_tile[0:parts, :])
     weight = None if weight_tile is None else weight_tile[0:parts, :]
-    for j, lo, hi, on_vector in engine_segments(per, cols, VECTOR_SHARE):
+    for j, lo, hi, path in _path_segments(per, cols, weight is not None):
         _scale_rows(out_tile[:, j, lo:hi], x_tile[:, j, lo:hi], rstd[:, j:j + 1],
-                    None if weight is None else weight[:, lo:hi], on_vector)
+                    None if weight is None else weight[:, lo:hi], path)
 
 
 def _eps_tile(eps):
@@ -174,9 +204,9 @@ def _rms_norm_streamed(x, out, weight, eps_tile, residual=None, total=None):
             s_tile = kept[c] if resident else _load_rows(x, residual, total, start, parts, c0, c1, store=False)
             w_cols = param_columns(weight, weight_res, c0, c1)
             out_tile = nl.ndarray((parts, c1 - c0), dtype=x.dtype, buffer=nl.sbuf)
-            for _, lo, hi, on_vector in engine_segments(1, c1 - c0, VECTOR_SHARE):
+            for _, lo, hi, path in _path_segments(1, c1 - c0, w_cols is not None):
                 _scale_rows(out_tile[:, lo:hi], s_tile[:, lo:hi], rstd,
-                            None if w_cols is None else w_cols[0:parts, lo:hi], on_vector)
+                            None if w_cols is None else w_cols[0:parts, lo:hi], path)
             nisa.dma_copy(dst=out[start:start + parts, c0:c1], src=out_tile)
 
 
