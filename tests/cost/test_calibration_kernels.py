@@ -52,6 +52,7 @@ COVERED = {
     "mamba:mamba[version=v1]": "test_mamba_follows_the_selective_scan_recurrence",
     "mamba:mamba[version=v2]": "test_mamba_follows_the_selective_scan_recurrence",
     "mamba:mamba[version=v3]": "test_mamba_follows_the_selective_scan_recurrence",
+    "mamba:mamba[version=autocomp_v2]": "test_mamba_follows_the_selective_scan_recurrence",
     "mamba:mamba[version=accelopt]": "test_mamba_follows_the_selective_scan_recurrence",
     "nkibench:adamw": "test_adamw_port_computes_the_nkibench_reference",
     "nkibench:rmsnorm_matmul": "test_rmsnorm_matmul_matches_the_numpy_reference",
@@ -269,7 +270,7 @@ def mamba_reference(delta, u, a, b, c, restart_every: int | None = None):
     return out
 
 
-@pytest.mark.parametrize("version, seq", [("v1", 200), ("v2", 200), ("v3", 3 * MAMBA_CHUNK),
+@pytest.mark.parametrize("version, seq", [("v1", 200), ("v2", 200), ("autocomp_v2", 200), ("v3", 3 * MAMBA_CHUNK),
                                           ("accelopt", 3 * MAMBA_CHUNK)])
 def test_mamba_follows_the_selective_scan_recurrence(calibrate, version, seq):
     channels, states = 3 * 128, 3
@@ -286,7 +287,7 @@ def test_mamba_follows_the_selective_scan_recurrence(calibrate, version, seq):
     assert float((out.double() - wrong).abs().max()) > 100 * tol
 
 
-@pytest.mark.parametrize("version, seq", [("v1", 200), ("v2", 700), ("v3", 2 * MAMBA_CHUNK)])
+@pytest.mark.parametrize("version, seq", [("v1", 200), ("v2", 700), ("autocomp_v2", 700), ("v3", 2 * MAMBA_CHUNK)])
 def test_mamba_broadcasts_b_and_c_on_tensore_into_psum_where_vectore_reads_them(calibrate, version, seq):
     """The port's porting rule (kernels/mamba.py docstring): the beta-1 ``broadcast_to`` of a
     [1, n] row onto 128 partitions is a TensorE instruction (fused_mamba.rst), so B[s] and
