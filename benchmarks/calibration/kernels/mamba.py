@@ -17,15 +17,14 @@ B[s] and C[s] reach all 128 partitions the way the beta-1 code's ``broadcast_to`
 partition dimension is compiled: "a partition-dimension broadcast ... using a separate
 instruction on TensorE" (fused_mamba.rst @72825d50, "Option 2"). The [1, n] row is loaded to
 one partition and multiplied by a [1, 128] row of ones into PSUM, where VectorE reads it
-(tensor_tensor with one input in PSUM: N cycles, not 2N). Read there rather than copied to
-SBUF first: with SBUF inputs VectorE is charged 2N as before, and v2's profiled VectorE
-duration sum (2350 us) sits below either figure but nearer the PSUM read's (modeled 2656 us
-against 3124). The profiles agree on the broadcast itself: TensorE is
+(tensor_tensor with one input in PSUM: N cycles, not 2N). The profiles agree: TensorE is
 active and PSUM in use in kernels whose source issues no matmul, and v1's PSUM usage steps
 once per state, when B[s] and C[s] change (img/mamba_v1_profile_4k_chan.png, mamba_v2.png).
-Until 2026-12-02 the port broadcast them by a stride-0 DMA into SBUF, so both of those
-tensor_tensors read two SBUF inputs and were charged 2N (Mamba v2 at 4096 channels modeled
-+51 %). Versions differ in loop order, reuse and tiling:
+VectorE reads them in PSUM rather than from a copy in SBUF: with SBUF inputs it is charged
+2N, and v2's profiled VectorE duration sum (2350 us) sits below either figure but nearer the
+PSUM read's (modeled 2656 us against 3124). Until 2026-12-02 the port broadcast B and C by a
+stride-0 DMA into SBUF (Mamba v2 at 4096 channels modeled +51 %). Versions differ in loop
+order, reuse and tiling:
 
 * v1: states outer, channel tiles inner; every operand loaded per (state, tile);
 * v2: channel tiles outer; delta and u loaded once per tile, reused across states;
@@ -128,11 +127,8 @@ def mamba(delta, u, a, b, c, version):
             dU = _delta_u(delta_t, u_t) if version == "autocomp_v2" else None
             for s in range(states):
                 a_col = _load(a[rows, s:s + 1])
-                if version == "autocomp_v2":
+                if version != "v3":     # v2, autocomp_v2 (dU given): the whole sequence per step
                     _state_step(acc, delta_t, u_t, a_col, b[s:s + 1, :], c[s:s + 1, :], 0.0, s == 0, ones, dU)
-                    continue
-                if version == "v2":
-                    _state_step(acc, delta_t, u_t, a_col, b[s:s + 1, :], c[s:s + 1, :], 0.0, s == 0, ones)
                     continue
                 carry = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.memset(dst=carry, value=0.0)
