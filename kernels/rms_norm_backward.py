@@ -60,8 +60,13 @@ PREFETCH_MAX_COLS = 4096
 # Per element on trn2: VectorE 16-bit two-input pass 1.04 ns (perf mode), GpSimd 1.67 ns;
 # VectorE also runs p (1.04), the reduction (0.52) and a (0.26): with share s of the two
 # products and t = a + g on GpSimd, VectorE 1.82 + 2.08 s, GpSimd 1.67 + 3.33 (1 - s):
-# s = 0.6 balances them at ~3.1 ns.
+# s = 0.6 balances them at ~3.1 ns. That is where dw comes from column sums of p (rows past
+# the diagonal accumulator, diag_fits): modeled trn2 LNC=2, [2048, 8192] bf16, share 0.5 /
+# 0.55 / 0.6 / 0.65 / 0.7 / 0.8: 339.1 / 329.5 / 326.4 / 331.2 / 337.6 / 349.4 us. With the
+# diagonal accumulator p is not formed (xhat instead, 0.26 ns) and the fixed costs move the
+# optimum up: [2048, 4096] share 0.6 / 0.7 / 0.8 / 0.9: 134.6 / 129.7 / 128.2 / 136.0 us.
 G_VECTOR_SHARE = 0.8
+G_VECTOR_SHARE_COLUMN_SUMS = 0.6
 # fused_add_rms_norm: GpSimd also adds dtotal (1.67 ns per element), so VectorE takes all
 # of g and q: VectorE 1.04 + 2.08 = 3.1 ns, GpSimd 3.3 ns.
 FUSED_G_VECTOR_SHARE = 1.0
@@ -95,7 +100,9 @@ def _front(dy_tile, x_tile, rstd, parts, per, cols, weight_tile, acc, first, fus
     f32 = nl.float32
     shape = (parts, per, cols)
     squares = nl.ndarray((parts, cols), dtype=x_tile.dtype, buffer=nl.sbuf)      # discarded
-    cut = split_count(cols, FUSED_G_VECTOR_SHARE if fused else G_VECTOR_SHARE)
+    column_sums = weight_tile is not None and len(acc.shape) != 3     # dw from p = dy * x (VectorE)
+    share = FUSED_G_VECTOR_SHARE if fused else G_VECTOR_SHARE_COLUMN_SUMS if column_sums else G_VECTOR_SHARE
+    cut = split_count(cols, share)
     dy_cols = lambda lo, hi: dy_tile[:, :, lo:hi]  # noqa: E731
     x_cols = lambda lo, hi: x_tile[:, :, lo:hi]  # noqa: E731
     if weight_tile is None:
