@@ -56,7 +56,7 @@ from .limits import NORM_RESIDENT_PARAM_BYTES as RESIDENT_PARAM_BYTES
 from .limits import NORM_RESIDENT_ROW_BYTES as RESIDENT_ROW_BYTES
 from .limits import NORM_STREAM_CHUNK as STREAM_CHUNK
 from .tiling import (PARTITIONS, block_rows, broadcast_rows, column_chunks, itemsize, load_block, param_columns,
-                     pipelined, program_row_blocks, resident_params, rows_per_partition, split_count)
+                     path_segments, pipelined, program_row_blocks, resident_params, rows_per_partition)
 
 # Rows are packed per partition until one transfer moves >= 2048 elements per partition:
 # 4 KiB in bf16 / 8 KiB in fp32, the DMA guide's size for saturating bandwidth.
@@ -94,14 +94,9 @@ def _path_segments(per, cols, with_weight):
     normalisation between the paths "vector", "gpsimd" and "scalar" (VECTOR_SHARE,
     GPSIMD_SHARE, the rest; no GpSimd path without a weight): whole rows when a partition
     holds several rows, else the columns of its single row."""
-    n = per if per > 1 else cols
-    cut1 = split_count(n, VECTOR_SHARE)
-    cut2 = split_count(n, VECTOR_SHARE + (GPSIMD_SHARE if with_weight else 0.0))
-    spans = [(lo, hi, path) for lo, hi, path in ((0, cut1, "vector"), (cut1, cut2, "gpsimd"), (cut2, n, "scalar"))
-             if hi > lo]
-    if per > 1:
-        return [(j, 0, cols, path) for lo, hi, path in spans for j in range(lo, hi)]
-    return [(0, lo, hi, path) for lo, hi, path in spans]
+    paths = ("vector", "gpsimd", "scalar")
+    shares = (VECTOR_SHARE, GPSIMD_SHARE if with_weight else 0.0)
+    return [(j, lo, hi, paths[k]) for j, lo, hi, k in path_segments(per, cols, shares)]
 
 
 def _scale_rows(dst, src, rstd_col, weight_cols, path):

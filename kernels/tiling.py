@@ -151,15 +151,29 @@ def split_count(n, share):
     return min(n, max(0, int(round(n * share))))
 
 
+def path_segments(per, cols, shares):
+    """[(row j, first column, end column, path k)] splitting a [P, per, cols] block's work
+    between len(shares) + 1 paths: path k takes ``shares[k]`` of it, the last path the rest
+    (cut points at the rounded cumulative shares, split_count); whole rows when a partition
+    holds several rows (per > 1), else the columns of its single row. Empty paths are left
+    out."""
+    n = per if per > 1 else cols
+    cuts = [0]
+    total = 0.0
+    for share in shares:
+        total += share
+        cuts.append(split_count(n, total))
+    cuts.append(n)
+    spans = [(lo, hi, k) for k, (lo, hi) in enumerate(zip(cuts, cuts[1:])) if hi > lo]
+    if per > 1:
+        return [(j, 0, cols, k) for lo, hi, k in spans for j in range(lo, hi)]
+    return [(0, lo, hi, k) for lo, hi, k in spans]
+
+
 def engine_segments(per, cols, share):
     """[(row j, first column, end column, on the first engine)] splitting a [P, per, cols]
-    block's work between two engines in the ratio ``share``: whole rows when a partition
-    holds several rows (per > 1), else the columns of its single row."""
-    if per > 1:
-        cut = split_count(per, share)
-        return [(j, 0, cols, j < cut) for j in range(per)]
-    cut = split_count(cols, share)
-    return [(0, lo, hi, first) for lo, hi, first in ((0, cut, True), (cut, cols, False)) if hi > lo]
+    block's work between two engines in the ratio ``share`` (path_segments with two paths)."""
+    return [(j, lo, hi, k == 0) for j, lo, hi, k in path_segments(per, cols, (share,))]
 
 
 def spread(i, share):

@@ -130,3 +130,20 @@ def test_layer_norm_backward_puts_sum_g_where_it_evens_the_engines():
         assert mod._sum_g_on_vector(2, 768, True, True)
         assert not mod._sum_g_on_vector(2, 768, False, True)
         assert not mod._sum_g_on_vector(1, 1000, False, True)
+
+
+def test_path_segments_split_rows_or_columns_at_the_rounded_cumulative_shares():
+    # the engine split of the row kernels (kernels/tiling.py): whole rows when a partition
+    # holds several, else columns; cut points at round(n * (a)), round(n * (a + g)); empty
+    # paths dropped; the two-path form is engine_segments
+    from nki_kernels import _kernel_sources
+
+    _kernel_sources.load("rms_norm", "simulator")
+    tiling = sys.modules["nki_kernels._nki_src_simulator.tiling"]
+    assert tiling.path_segments(1, 1000, (0.5, 0.3)) == [(0, 0, 500, 0), (0, 500, 800, 1), (0, 800, 1000, 2)]
+    assert tiling.path_segments(5, 64, (0.5, 0.3)) == [(0, 0, 64, 0), (1, 0, 64, 0), (2, 0, 64, 1),
+                                                      (3, 0, 64, 1), (4, 0, 64, 2)]
+    assert tiling.path_segments(2, 64, (0.5, 0.3)) == [(0, 0, 64, 0), (1, 0, 64, 1)]     # no rest
+    assert tiling.path_segments(1, 10, (0.0, 0.0)) == [(0, 0, 10, 2)]
+    assert tiling.engine_segments(1, 1000, 0.55) == [(0, 0, 550, True), (0, 550, 1000, False)]
+    assert tiling.engine_segments(3, 64, 0.5) == [(0, 0, 64, True), (1, 0, 64, True), (2, 0, 64, False)]
