@@ -314,6 +314,28 @@ def test_mamba_broadcasts_b_and_c_on_tensore_into_psum_where_vectore_reads_them(
                and o.strides)
 
 
+@pytest.mark.parametrize("version, seq", [("v1", 200), ("v2", 700), ("autocomp_v2", 700), ("v3", 2 * MAMBA_CHUNK),
+                                          ("accelopt", 2 * MAMBA_CHUNK)])
+def test_mamba_zeroes_the_accumulator_and_adds_every_state_as_the_sources_do(calibrate, version, seq):
+    """Every source (the tutorial's v1-v3, Autocomp's, AccelOpt's) makes the accumulator with
+    ``nl.zeros`` and adds scanC into it at every state, the first included. Until 2026-12-02
+    the port wrote the first state's scanC straight into it: one add and one memset per
+    accumulator fewer than the measured kernels ran. A port that skips them again fails."""
+    channels, states = 2 * 128, 3
+    delta, u = torch.rand(channels, seq) * 0.09 + 0.01, torch.randn(channels, seq)
+    a = -(torch.rand(channels, states) + 0.5)
+    b, c = torch.randn(states, seq), torch.randn(states, seq)
+    trace = simulate(calibrate, "mamba:mamba", "trn1", delta=delta, u=u, a=a, b=b, c=c, version=version).trace
+    tiles = channels // 128
+    chunks = seq // MAMBA_CHUNK if version in ("v3", "accelopt") else 1
+    adds = [i for i in trace if i.op == "tensor_tensor" and i.attrs.get("op") == "add"]
+    assert len(adds) == tiles * states * chunks
+    # one accumulator per tile (per sequence chunk for accelopt), zeroed over its whole extent
+    accumulators = tiles * (chunks if version == "accelopt" else 1)
+    zeroed = [i for i in trace if i.op == "memset" and i.attrs.get("value") == 0.0 and i.writes[0].partitions == 128
+              and i.writes[0].free_elems == (MAMBA_CHUNK if version == "accelopt" else seq)]
+    assert len(zeroed) == accumulators
+
 # Channels that are not whole 128-partition tiles (every version) and, for the chunked
 # versions, a sequence that is not whole 512-column chunks were silently dropped: refused.
 # (v1 and v2 take any sequence length: the test above runs them at 200.)

@@ -13,6 +13,8 @@ issues per (channel tile, state[, sequence chunk]) the same instructions:
     VectorE  h = scan(deltaA, deltaBu)                      (tensor_tensor_scan: h = a*h + b)
     VectorE  scanC = h * C[s]; acc += scanC                 (tensor_tensor x 2)
 
+with acc zeroed (``nl.zeros``: a VectorE memset) before the state loop, as in every source.
+
 B[s] and C[s] reach all 128 partitions the way the beta-1 code's ``broadcast_to`` on the
 partition dimension is compiled: "a partition-dimension broadcast ... using a separate
 instruction on TensorE" (fused_mamba.rst @72825d50, "Option 2"). The [1, n] row is loaded to
@@ -70,7 +72,7 @@ def _delta_u(delta_t, u_t):
     return dU
 
 
-def _state_step(acc, delta_t, u_t, a_col, b_row, c_row, init, first_state, ones, dU=None):
+def _state_step(acc, delta_t, u_t, a_col, b_row, c_row, init, ones, dU=None):
     """One (tile, state[, chunk]) step; returns the scan result (for a carried state).
     ``dU``: delta * u computed once per tile by the caller (autocomp_v2), else here."""
     n = delta_t.shape[1]
@@ -84,13 +86,19 @@ def _state_step(acc, delta_t, u_t, a_col, b_row, c_row, init, first_state, ones,
     h = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor_scan(dst=h, data0=dA, data1=dBu, initial=init, op0=nl.multiply, op1=nl.add)
     c_t = _row_on_partitions(c_row, ones)
-    if first_state:
-        nisa.tensor_tensor(dst=acc, data1=h, data2=c_t, op=nl.multiply, engine=nisa.engine.vector)
-    else:
-        sc = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=sc, data1=h, data2=c_t, op=nl.multiply, engine=nisa.engine.vector)
-        nisa.tensor_tensor(dst=acc, data1=acc, data2=sc, op=nl.add, engine=nisa.engine.vector)
+    sc = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=sc, data1=h, data2=c_t, op=nl.multiply, engine=nisa.engine.vector)
+    nisa.tensor_tensor(dst=acc, data1=acc, data2=sc, op=nl.add, engine=nisa.engine.vector)
     return h
+
+
+def _zeroed(shape):
+    """The accumulator as every source makes it: ``nl.zeros`` (a memset, on VectorE: the
+    beta-1 code leaves the engine to the compiler), then ``acc += scanC`` at every state,
+    the first included."""
+    acc = nl.ndarray(shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=acc, value=0.0, engine=nisa.engine.vector)
+    return acc
 
 
 @nki.jit
@@ -110,32 +118,32 @@ def mamba(delta, u, a, b, c, version):
     nisa.memset(dst=ones, value=1.0)
 
     if version == "v1":
-        accs = [nl.ndarray((P, seq), dtype=nl.float32, buffer=nl.sbuf) for _ in range(tiles)]
+        accs = [_zeroed((P, seq)) for _ in range(tiles)]
         for s in range(states):
             for t in range(tiles):
                 rows = slice(t * P, (t + 1) * P)
                 _state_step(accs[t], _load(delta[rows, :]), _load(u[rows, :]), _load(a[rows, s:s + 1]),
-                            b[s:s + 1, :], c[s:s + 1, :], 0.0, s == 0, ones)
+                            b[s:s + 1, :], c[s:s + 1, :], 0.0, ones)
         for t in range(tiles):
             nisa.dma_copy(dst=out[t * P:(t + 1) * P, :], src=accs[t])
     elif version in ("v2", "v3", "autocomp_v2"):
         for t in range(tiles):
             rows = slice(t * P, (t + 1) * P)
-            acc = nl.ndarray((P, seq), dtype=nl.float32, buffer=nl.sbuf)
+            acc = _zeroed((P, seq))
             delta_t = _load(delta[rows, :])
             u_t = _load(u[rows, :])
             dU = _delta_u(delta_t, u_t) if version == "autocomp_v2" else None
             for s in range(states):
                 a_col = _load(a[rows, s:s + 1])
                 if version != "v3":     # v2, autocomp_v2 (dU given): the whole sequence per step
-                    _state_step(acc, delta_t, u_t, a_col, b[s:s + 1, :], c[s:s + 1, :], 0.0, s == 0, ones, dU)
+                    _state_step(acc, delta_t, u_t, a_col, b[s:s + 1, :], c[s:s + 1, :], 0.0, ones, dU)
                     continue
                 carry = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.memset(dst=carry, value=0.0)
                 for k in range(seq // CHUNK):
                     cols = slice(k * CHUNK, (k + 1) * CHUNK)
                     h = _state_step(acc[:, cols], delta_t[:, cols], u_t[:, cols], a_col, b[s:s + 1, cols],
-                                    c[s:s + 1, cols], carry, s == 0, ones)
+                                    c[s:s + 1, cols], carry, ones)
                     nisa.tensor_copy(dst=carry, src=h[:, CHUNK - 1:CHUNK], engine=nisa.engine.vector)
             nisa.dma_copy(dst=out[rows, :], src=acc)
     elif version == "accelopt":
@@ -144,14 +152,14 @@ def mamba(delta, u, a, b, c, version):
             nisa.memset(dst=carry, value=0.0)
         for k in range(seq // CHUNK):
             cols = slice(k * CHUNK, (k + 1) * CHUNK)
-            accs = [nl.ndarray((P, CHUNK), dtype=nl.float32, buffer=nl.sbuf) for _ in range(tiles)]
+            accs = [_zeroed((P, CHUNK)) for _ in range(tiles)]
             for t in range(tiles):
                 rows = slice(t * P, (t + 1) * P)
                 delta_t = _load(delta[rows, cols])
                 u_t = _load(u[rows, cols])
                 for s in range(states):
                     h = _state_step(accs[t], delta_t, u_t, _load(a[rows, s:s + 1]), b[s:s + 1, cols],
-                                    c[s:s + 1, cols], carries[t][:, s:s + 1], s == 0, ones)
+                                    c[s:s + 1, cols], carries[t][:, s:s + 1], ones)
                     nisa.tensor_copy(dst=carries[t][:, s:s + 1], src=h[:, CHUNK - 1:CHUNK],
                                      engine=nisa.engine.vector)
             for t in range(tiles):
