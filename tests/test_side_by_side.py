@@ -1,0 +1,89 @@
+"""benchmarks/side_by_side_nki_library.py: the table's claims and the statuses of AWS's side.
+
+The comparison itself runs AWS's kernels from an nki-library checkout (skipped without
+one); the rest checks what the table says about a pair: the ratio, the "at least as fast"
+claim at the central value and both ends of the error bar, and which AWS kernel a row is
+against (a refused shape and a kernel our simulator cannot run are told apart)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+NKILIB_CHECKOUT = Path(os.environ.get("NKILIB_CHECKOUT", "/work/scratch/nkilib/nki-library"))
+HAVE_CHECKOUT = (NKILIB_CHECKOUT / "src" / "nkilib_src" / "nkilib").is_dir()
+
+
+@pytest.fixture(scope="module")
+def sbs():
+    spec = importlib.util.spec_from_file_location("_side_by_side", ROOT / "benchmarks" / "side_by_side_nki_library.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module          # its dataclasses look their module up there
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+def _pair(sbs, ours, aws):
+    return sbs.Pair("op", "shape", sbs.Side("ok", *ours), sbs.Side("ok", *aws, kernel="aws_kernel"))
+
+
+def test_ours_is_at_least_as_fast_only_at_the_central_value_and_both_ends(sbs):
+    assert _pair(sbs, (10.0, 8.0, 12.0), (11.0, 9.0, 14.0)).ours_at_least_as_fast is True
+    # faster at the centre and the pessimistic end, slower at the optimistic end: no claim
+    slower_low = _pair(sbs, (10.0, 8.0, 12.0), (11.0, 7.5, 14.0))
+    assert slower_low.ours_at_least_as_fast is False
+    assert slower_low.ratio == pytest.approx(10.0 / 11.0)
+    assert _pair(sbs, (12.0, 8.0, 12.0), (11.0, 9.0, 14.0)).ours_at_least_as_fast is False
+    assert _pair(sbs, (10.0, 8.0, 15.0), (11.0, 9.0, 14.0)).ours_at_least_as_fast is False
+
+
+def test_a_side_that_did_not_run_makes_no_ratio_and_no_claim(sbs):
+    pair = sbs.Pair("op", "shape", sbs.Side("ok", 10.0, 8.0, 12.0),
+                    sbs.Side("refused", note="seq len must be a multiple of 256", kernel="rope_hf"))
+    assert pair.ours_at_least_as_fast is None
+    row = sbs.table([pair], "trn2").splitlines()[-1]
+    assert row == ("| op | shape | 10.0 (8.0-12.0) | rope_hf | refused: seq len must be a multiple of 256 | - "
+                   "| - |")
+
+
+def test_two_launches_add_up_and_name_the_kernel_once(sbs):
+    total = sbs._sum([sbs.Side("ok", 3.0, 2.0, 4.0, kernel="RoPE"), sbs.Side("ok", 1.5, 1.0, 2.5, kernel="RoPE")])
+    assert (total.us, total.low, total.high, total.kernel) == (4.5, 3.0, 6.5, "RoPE x 2")
+    blocked = sbs.Side("blocked", note="CapacityError", kernel="RoPE")
+    assert sbs._sum([sbs.Side("ok", 3.0, 2.0, 4.0, kernel="RoPE"), blocked]) is blocked
+
+
+@pytest.mark.skipif(not HAVE_CHECKOUT, reason="needs an aws-neuron/nki-library checkout (set NKILIB_CHECKOUT)")
+def test_aws_refusing_a_shape_is_told_apart_from_a_kernel_we_cannot_run(sbs):
+    lib = sbs.NkiLibrary(NKILIB_CHECKOUT)
+    gen = torch.Generator().manual_seed(7)
+    q, k = sbs._rand((1, 4, 128, 64), torch.bfloat16, gen), sbs._rand((1, 2, 128, 64), torch.bfloat16, gen)
+    cos, sin = sbs._rand((1, 128, 64), torch.bfloat16, gen), sbs._rand((1, 128, 64), torch.bfloat16, gen)
+    # rope_hf at LNC=2 splits the sequence over the two cores in 128-row tiles: 128 is refused
+    side = lib.run("core.embeddings.rope_hf", "rope_hf", "trn2", 2, q=q, k=k, q_out=torch.zeros_like(q),
+                   k_out=torch.zeros_like(k), cos=cos, sin=sin)
+    assert (side.status, side.kernel) == ("refused", "rope_hf")
+    assert "128 * LNC=2" in side.note
+    missing = lib.run("core.embeddings.rope_hf", "no_such_kernel", "trn2", 2)
+    assert (missing.status, missing.kernel) == ("blocked", "no_such_kernel")
+    assert missing.note.startswith("AttributeError")
+
+
+@pytest.mark.skipif(not HAVE_CHECKOUT, reason="needs an aws-neuron/nki-library checkout (set NKILIB_CHECKOUT)")
+def test_rope_rows_compare_ours_with_both_of_aws_kernels(sbs):
+    lib = sbs.NkiLibrary(NKILIB_CHECKOUT)
+    pairs = sbs.rope_pairs(lib, "trn2", 2, quick=True)
+    assert [p.aws.kernel for p in pairs] == ["rope_hf", "RoPE x 2"]
+    for p in pairs:
+        assert p.ours.status == p.aws.status == "ok", (p.ours.note, p.aws.note)
+        assert p.ours.low <= p.ours.us <= p.ours.high and p.aws.low <= p.aws.us <= p.aws.high
+    assert pairs[0].ours is pairs[1].ours          # one run of ours against both
