@@ -15,11 +15,12 @@ Layout:
     Positions on partitions, heads and head dims on the free axis: for each (b, 128-position
     tile) the cos/sin rows [P, D] are loaded once and used for every q and k head. A head
     group is the HBM view x[b, h0:h0+G, s0:s0+P, :] permuted to [P, G, D] (one DMA of G*D
-    elements per partition; G*D <= HEAD_COLS). cos/sin are broadcast over the G heads by a
-    stride-0 view, never copied.
-Engines, per head group:
-    GpSimd   b = swap_halves(x) * (-sin_lo | sin_hi)      (two half-width ops, fp32)
-    a share of the heads (VECTOR_SHARE_PSUM):
+    elements per partition; G*D <= HEAD_COLS, HEAD_COLS_WIDE for D > 512). cos/sin are
+    broadcast over the G heads by a stride-0 view, never copied.
+Engines, per head group (started one group ahead: load and the VectorE heads' b, then the
+previous group's GpSimd b, both paths and store):
+    GpSimd   b = swap_halves(x) * (-sin_lo | sin_hi)      (two half-width ops per path, fp32)
+    a share of the heads (_vector_share):
       VectorE  a = x * cos into PSUM (fp32, one PSUM bank of heads at a time), then
                out = a + b (one input in PSUM: one pass)
     the other heads:
@@ -38,58 +39,105 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from .engine_costs import active as active_engine_costs
 from .tiling import PARTITIONS, cdiv, program_share
 
-# Elements per partition of one head group: 4096 = 32 heads x 128 (8 KiB bf16, 16 KiB fp32
-# per transfer, above the 4 KiB that saturates DMA). Input, two fp32 scratch tiles and the
-# output of a group are 48 KiB in fp32: two groups in flight fit trn2's 224 KiB.
-HEAD_COLS = 4096
+# Elements per partition of one head group: 2048 = 16 heads x 128 (4 KiB bf16, 8 KiB fp32
+# per transfer: at the 4 KiB per partition where the DMA overview's curve saturates, 96.6 %).
+# Groups are started one ahead (``_rope``: the next group's load and its VectorE heads' b
+# are issued before this group's paths), so three groups' tiles can be live; input, two fp32
+# scratch tiles and the output of a group are 24 KiB in fp32. Smaller groups pipeline
+# finer: 32-head groups (4096 columns) modeled 134 us on the Llama-7B workload at their best
+# share (0.65), 16-head groups 121 us (trn2, LNC=2).
+HEAD_COLS = 2048
+# Heads wider than a PSUM bank take the SBUF path (below) in groups of up to 4096 columns:
+# at 2048 a group holds 2 heads of 768 and the VectorE share rounds to one of them.
+HEAD_COLS_WIDE = 4096
 # fp32 per PSUM bank (512): the products a = x * cos of the VectorE heads go to PSUM one
 # bank at a time.
 PSUM_BANK_FP32 = nl.tile_size.psum_bank_fmax
-# Share of a group's heads on the VectorE path (the rest on GpSimd). Per element on trn2
-# (cost-model rules; every pass has an fp32 operand, so no 16-bit performance mode):
-# GpSimd makes b = rotate_half(x) * sin for every head, 2 inputs at 1.2 GHz = 1.67 ns.
+# Share of a group's heads on the VectorE path (the rest on GpSimd): ``_vector_share``,
+# from the active generation's engine figures (kernels/engine_costs.py). On trn2, per
+# element (every pass has an fp32 operand, so no 16-bit performance mode): GpSimd makes
+# b = rotate_half(x) * sin for every head, 2 inputs at 1.2 GHz = 1.67 ns.
 #   VectorE path: VectorE a = x * cos into PSUM (2 inputs at 0.96 GHz, 2.08 ns), then
 #     a + b with one input in PSUM (1.04 ns): VectorE 3.13 ns.
 #   GpSimd path: GpSimd a (1.67) and a + b (1.67).
-# Share f: VectorE 3.13 f, GpSimd 1.67 + 3.33 (1 - f) -> f = 0.77, 2.42 ns per element;
-# the per-bank instructions' fixed costs and the order in which the two paths' instructions
-# meet move the modeled optimum to 0.56 (swept 0.0-0.76 on the Llama-7B workload, trn2
-# LNC=2, at one shared 160-cycle fixed cost: 149 us against 161 at 0.72, the optimum while
-# that cost was 220; 0.5 / 0.6 gave 154 / 152; better at the pessimistic end too, 184
-# against 197 us). Still the optimum at the per-engine fixed costs (VectorE and GpSimd 100
-# cycles on trn2): 144.8 us against 150.5 at 0.5 and 149.3 at 0.62. Above fp32's 2.78 ns of HBM traffic per element nothing is lost; 16-bit data
-# (1.39 ns) is engine-bound.
-VECTOR_SHARE_PSUM = 0.56
-# Heads wider than a PSUM bank (D > 512): a in SBUF, a + b on VectorE reads two SBUF inputs
-# (2.08 ns): VectorE 4.17 f, GpSimd 1.67 + 3.33 (1 - f) -> f = 0.67, 2.78 ns per element.
-VECTOR_SHARE_SBUF = 0.67
+# Share f: VectorE 3.13 f = GpSimd 1.67 + 3.33 (1 - f) -> f = 0.77 (with the fixed costs
+# 0.78: 12 of a group's 16 heads, 6 of 8 key heads), 2.42 ns per element. Swept on the
+# Llama-7B workload (trn2, LNC=2): 121.2 us (118.6-153.4) at 12 of 16, against 128.9 at
+# 11 and 128.5 at 13. Until 2026-12-02 the share was a constant 0.56 (144.7 us): the kernel
+# issued each group's b for all its heads before either path, so VectorE's first a + b
+# waited for GpSimd's whole b and the balance point was not the optimum; with the group
+# started one ahead and the VectorE heads' b made first, it is. Heads wider than a PSUM
+# bank (D > 512): a in SBUF, a + b on VectorE reads two SBUF inputs (2.08 ns): VectorE
+# 4.17 f = GpSimd 1.67 + 3.33 (1 - f) -> f = 0.67. Above fp32's 2.78 ns of HBM traffic per
+# element nothing is lost; 16-bit data (1.39 ns) is engine-bound.
 
 
-def _rotate(dst_hbm, src_hbm, b, h0, group, s0, parts, dim, cos_tile, signed_sin):
-    """dst[b, h0:h0+group, s0:s0+parts, :] = rope(src[...]) for one head group: products
-    and sum in fp32, rounded once to the output dtype (as the reference)."""
-    half = dim // 2
+def _vector_share(dim, step, a_in_psum):
+    """Fraction of a group's heads for the VectorE path that evens out VectorE and GpSimd
+    (per head of ``dim`` columns, instructions of ``step`` heads; see above)."""
+    costs = active_engine_costs()
+    cols = step * dim
+    # VectorE: a = x * cos (two SBUF inputs), a + b (one input in PSUM, else two in SBUF)
+    vector = (costs.instruction_ns("vector", cols, rate=0.5)
+              + costs.instruction_ns("vector", cols, rate=1 if a_in_psum else 0.5)) / step
+    # GpSimd: b (two half-width products) for every head; its path's a and a + b
+    swap = 2 * costs.instruction_ns("gpsimd", cols // 2, rate=0.5) / step
+    own = 2 * costs.instruction_ns("gpsimd", cols, rate=0.5) / step
+    return (swap + own) / (vector + own)
+
+
+def _vector_heads(group, dim):
+    """(cut, step, a_buffer): heads [0, cut) of a group take the VectorE path, ``step``
+    heads per instruction, with a = x * cos in ``a_buffer`` (PSUM one bank of heads at a
+    time when a head fits a bank, else SBUF)."""
+    per_bank = PSUM_BANK_FP32 // dim
+    step, a_buffer = (per_bank, nl.psum) if per_bank else (group, nl.sbuf)
+    share = _vector_share(dim, min(step, group), bool(per_bank))
+    # whole heads. PSUM path: rounded down, as VectorE's a and a + b of each bank depend on
+    # each other, a wait per bank the balance does not count (12 of 16 heads on trn2, not
+    # 13: 121.2 against 128.5 us on the Llama-7B workload); SBUF path: one pair of
+    # instructions per group, rounded to nearest (3 of 4 heads of 768: 28.4 against 30.3 us)
+    heads = int(group * share) if per_bank else int(round(group * share))
+    return min(group, heads), step, a_buffer
+
+
+def _swap_times_sin(prod_sin, x_tile, sin_b, g0, g1, half, dim):
+    """prod_sin[:, g0:g1] = swap(x) * signed sin on GpSimd, fp32: first half
+    x_hi * (-sin_lo), second x_lo * sin_hi."""
+    if g0 >= g1:
+        return
+    nisa.tensor_tensor(dst=prod_sin[:, g0:g1, 0:half], data1=x_tile[:, g0:g1, half:dim],
+                       data2=sin_b[:, g0:g1, 0:half], op=nl.multiply, engine=nisa.engine.gpsimd)
+    nisa.tensor_tensor(dst=prod_sin[:, g0:g1, half:dim], data1=x_tile[:, g0:g1, 0:half],
+                       data2=sin_b[:, g0:g1, half:dim], op=nl.multiply, engine=nisa.engine.gpsimd)
+
+
+def _start_group(dst_hbm, src_hbm, b, h0, group, s0, parts, dim, cos_tile, signed_sin):
+    """First half of one head group, dst[b, h0:h0+group, s0:s0+parts, :] = rope(src[...]):
+    load x and make b = swap(x) * sin for the VectorE path's heads (GpSimd), so that
+    VectorE can start on this group while GpSimd finishes the previous one (the caller
+    issues it one group ahead of ``_finish_group``)."""
     src_view = src_hbm[b, h0:h0 + group, s0:s0 + parts, :].permute((1, 0, 2))   # [P, G, D]
-    dst_view = dst_hbm[b, h0:h0 + group, s0:s0 + parts, :].permute((1, 0, 2))
     x_tile = nl.ndarray((parts, group, dim), dtype=src_hbm.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=x_tile, src=src_view)
     cos_b = cos_tile.expand_dim(1).broadcast(1, group)     # [P, G, D], stride 0 over heads
     sin_b = signed_sin.expand_dim(1).broadcast(1, group)
-    # b = swap(x) * signed sin on GpSimd, fp32: first half x_hi * (-sin_lo), second x_lo * sin_hi
     prod_sin = nl.ndarray((parts, group, dim), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=prod_sin[:, :, 0:half], data1=x_tile[:, :, half:dim],
-                       data2=sin_b[:, :, 0:half], op=nl.multiply, engine=nisa.engine.gpsimd)
-    nisa.tensor_tensor(dst=prod_sin[:, :, half:dim], data1=x_tile[:, :, 0:half],
-                       data2=sin_b[:, :, half:dim], op=nl.multiply, engine=nisa.engine.gpsimd)
+    cut = _vector_heads(group, dim)[0]
+    _swap_times_sin(prod_sin, x_tile, sin_b, 0, cut, dim // 2, dim)
+    return (dst_hbm, b, h0, group, s0, parts, dim, x_tile, cos_b, sin_b, prod_sin)
+
+
+def _finish_group(state):
+    """Second half of a head group: the GpSimd path's b, both paths' a = x * cos and
+    out = a + b (fp32, rounded once to the output dtype, as the reference), the store."""
+    dst_hbm, b, h0, group, s0, parts, dim, x_tile, cos_b, sin_b, prod_sin = state
+    cut, step, a_buffer = _vector_heads(group, dim)
+    _swap_times_sin(prod_sin, x_tile, sin_b, cut, group, dim // 2, dim)
     out_tile = nl.ndarray((parts, group, dim), dtype=dst_hbm.dtype, buffer=nl.sbuf)
-    per_bank = PSUM_BANK_FP32 // dim
-    if per_bank:
-        share, step, a_buffer = VECTOR_SHARE_PSUM, per_bank, nl.psum
-    else:
-        share, step, a_buffer = VECTOR_SHARE_SBUF, group, nl.sbuf
-    cut = min(group, max(0, int(round(group * share))))
     # VectorE path, heads [0, cut): a = x * cos (fp32; PSUM one bank of heads at a time),
     # then out = a + b rounded to the output dtype
     for g0 in range(0, cut, step):
@@ -106,6 +154,7 @@ def _rotate(dst_hbm, src_hbm, b, h0, group, s0, parts, dim, cos_tile, signed_sin
                            op=nl.multiply, engine=nisa.engine.gpsimd)
         nisa.tensor_tensor(dst=out_tile[:, cut:group, :], data1=a, data2=prod_sin[:, cut:group, :],
                            op=nl.add, engine=nisa.engine.gpsimd)
+    dst_view = dst_hbm[b, h0:h0 + group, s0:s0 + parts, :].permute((1, 0, 2))
     nisa.dma_copy(dst=dst_view, src=out_tile)
 
 
@@ -116,10 +165,11 @@ def _rope(pairs, cos, sin, transpose=False):
     batch, _, seq, dim = pairs[0][0].shape
     cos_batch = cos.shape[0]
     half = dim // 2
-    group_max = max(1, HEAD_COLS // dim)
+    group_max = max(1, (HEAD_COLS if dim <= PSUM_BANK_FP32 else HEAD_COLS_WIDE) // dim)
     # work units: (batch, 128-position tile); at LNC=2 each program takes half of them
     n_pos_tiles = cdiv(seq, PARTITIONS)
     unit_lo, unit_hi = program_share(batch * n_pos_tiles)
+    pending = None      # the head group started last, finished after the next one starts
     for unit in range(unit_lo, unit_hi):
         b, s0 = unit // n_pos_tiles, (unit % n_pos_tiles) * PARTITIONS
         bc = b if cos_batch > 1 else 0
@@ -139,7 +189,12 @@ def _rope(pairs, cos, sin, transpose=False):
             heads = src.shape[1]
             for h0 in range(0, heads, group_max):
                 group = min(group_max, heads - h0)
-                _rotate(dst, src, b, h0, group, s0, parts, dim, cos_tile, signed_sin)
+                started = _start_group(dst, src, b, h0, group, s0, parts, dim, cos_tile, signed_sin)
+                if pending is not None:
+                    _finish_group(pending)
+                pending = started
+    if pending is not None:
+        _finish_group(pending)
 
 
 @nki.jit

@@ -72,14 +72,42 @@ def test_work_is_spread_over_engines(op, engines):
     assert engines <= used, used
 
 
-def test_rotary_loads_all_heads_of_a_position_tile_at_once():
+def test_rotary_loads_heads_in_groups_and_starts_each_group_before_the_last_one_finishes():
+    # kernels/rotary.py: 16 heads of 128 per group (HEAD_COLS = 2048 columns, 4 KiB bf16 per
+    # partition), q and k of one 128-position tile sharing its cos/sin; each group's load
+    # and the VectorE heads' b are issued before the previous group's paths and store
     q, k = torch.randn(1, 32, 256, 128).bfloat16(), torch.randn(1, 8, 256, 128).bfloat16()
     cos, sin = torch.randn(256, 128).bfloat16(), torch.randn(256, 128).bfloat16()
     result = _run(rotary.apply_rotary_pos_emb_kernel_call(q, k, cos, sin))
-    loads = [i for i in result.trace if i.op == "dma_copy" and i.writes[0].buffer == "sbuf"]
-    q_loads = [i for i in loads if i.writes[0].shape == (128, 32, 128)]
-    assert len(q_loads) == 2                       # 256 positions = 2 tiles, 32 heads each
+    loads = [i for i in result.trace if i.op == "dma_copy" and i.writes[0].buffer == "sbuf"
+             and len(i.writes[0].shape) == 3]
+    assert [i.writes[0].shape for i in loads] == [(128, 16, 128), (128, 16, 128), (128, 8, 128)] * 2
+    stores = [i for i in result.trace if i.op == "dma_copy" and i.writes[0].buffer == "hbm"]
+    assert len(stores) == len(loads)
+    # group g + 1 is loaded before group g is stored, for every g
+    assert all(loads[g + 1].index < stores[g].index for g in range(len(loads) - 1))
     assert result.peak_sbuf_bytes_per_partition <= TRN2_SBUF
+
+
+def test_rotary_vector_share_follows_the_active_generations_costs():
+    # the VectorE path's share of a head group evens out VectorE and GpSimd with the active
+    # generation's engine figures (kernels/engine_costs.py), rounded down to whole heads on
+    # the PSUM path and to the nearest head on the SBUF path (D > 512)
+    from nki_kernels import _kernel_sources
+
+    mod = _kernel_sources.load("rotary", "simulator")
+    with simulator.activated(target="trn2"):
+        trn2 = mod._vector_heads(16, 128)
+        trn2_keys = mod._vector_heads(8, 128)
+        wide = mod._vector_heads(4, 768)
+        share = mod._vector_share(128, 4, True)
+    with simulator.activated(target="trn3"):
+        trn3 = mod._vector_heads(16, 128)
+    assert 0.75 < share < 0.8               # the per-element balance of the module comment
+    assert trn2[0] == 12 and trn2[1] == 4   # 12 of 16 heads, 4 heads (one PSUM bank) per step
+    assert trn2_keys[0] == 6
+    assert wide[0] == 3 and wide[1] == 4    # SBUF path: one instruction pair for the group
+    assert trn3[0] != trn2[0]
 
 
 def test_softmax_scaling_share_follows_the_active_generations_costs():
