@@ -46,9 +46,10 @@ DECODE_HIDDEN = (2048, 4096, 8192)
 class Side:
     """One kernel on one shape: modeled latency and its error bar, or why it did not run
     ("blocked": our simulator cannot run AWS's kernel; "refused": AWS's kernel rejects the
-    shape by its own input checks)."""
+    shape by its own input checks; "exceeds memory": it allocates more on-chip memory than
+    the target has at that shape)."""
 
-    status: str = "not run"            # ok | blocked | refused | no counterpart
+    status: str = "not run"            # ok | blocked | refused | exceeds memory | no counterpart
     us: float = float("nan")
     low: float = float("nan")
     high: float = float("nan")
@@ -142,7 +143,11 @@ class NkiLibrary:
             first = str(err).strip().splitlines()[0] if str(err).strip() else ""
             if "Kernel validation" in first:
                 # AWS's kernel_assert: the kernel's own input contract rejects the shape
-                return Side("refused", note=first.split("Kernel validation exception: ")[-1], kernel=name)
+                reason = first.split("Kernel validation exception: ")[-1].split(" - Please check")[0]
+                return Side("refused", note=reason, kernel=name)
+            if type(err).__name__ == "CapacityError":
+                # the kernel, called on this shape, allocates more SBUF/PSUM than the target has
+                return Side("exceeds memory", note=first.split(" at instruction")[0], kernel=name)
             msg = f"{type(err).__name__}: {first}"
             return Side("blocked", note=f"{msg} ({Path(where.filename).name}:{where.lineno})", kernel=name)
 
@@ -361,7 +366,7 @@ def main(argv=None) -> int:
     print(text)
     if args.markdown:
         Path(args.markdown).write_text(text + "\n")
-    blocked = [p for p in pairs if p.aws.status == "blocked"]
+    blocked = [p for p in pairs if p.aws.status == "blocked"]   # our simulator's gaps only
     if blocked:
         print(f"\n{len(blocked)} AWS kernel run(s) blocked in our simulator; first: {blocked[0].aws.note}")
     return 0

@@ -63,7 +63,7 @@ def test_two_launches_add_up_and_name_the_kernel_once(sbs):
 
 
 @pytest.mark.skipif(not HAVE_CHECKOUT, reason="needs an aws-neuron/nki-library checkout (set NKILIB_CHECKOUT)")
-def test_aws_refusing_a_shape_is_told_apart_from_a_kernel_we_cannot_run(sbs):
+def test_aws_refusing_or_outgrowing_a_shape_is_told_apart_from_a_kernel_we_cannot_run(sbs):
     lib = sbs.NkiLibrary(NKILIB_CHECKOUT)
     gen = torch.Generator().manual_seed(7)
     q, k = sbs._rand((1, 4, 128, 64), torch.bfloat16, gen), sbs._rand((1, 2, 128, 64), torch.bfloat16, gen)
@@ -72,7 +72,13 @@ def test_aws_refusing_a_shape_is_told_apart_from_a_kernel_we_cannot_run(sbs):
     side = lib.run("core.embeddings.rope_hf", "rope_hf", "trn2", 2, q=q, k=k, q_out=torch.zeros_like(q),
                    k_out=torch.zeros_like(k), cos=cos, sin=sin)
     assert (side.status, side.kernel) == ("refused", "rope_hf")
-    assert "128 * LNC=2" in side.note
+    assert side.note == "seq len must be multiple of 128 * LNC=2, got 128"
+    # AWS's [d, B, H, S] RoPE called on a whole 2048-position sequence outgrows SBUF
+    x = sbs._rand((128, 1, 32, 2048), torch.bfloat16, gen)
+    half = sbs._rand((64, 1, 2048), torch.bfloat16, gen)
+    big = lib.run("core.embeddings.rope", "RoPE", "trn2", 2, x_in=x, cos=half, sin=half)
+    assert (big.status, big.kernel) == ("exceeds memory", "RoPE")
+    assert big.note.startswith("sbuf: a tensor (64, 1, 32, 2048) bfloat16 needs")
     missing = lib.run("core.embeddings.rope_hf", "no_such_kernel", "trn2", 2)
     assert (missing.status, missing.kernel) == ("blocked", "no_such_kernel")
     assert missing.note.startswith("AttributeError")
