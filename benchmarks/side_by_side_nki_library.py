@@ -2,14 +2,17 @@
 """Side by side: AWS's nki-library kernels and ours on the same shapes, both MODELED.
 
 Given a checkout of aws-neuron/nki-library, this runs each of its kernels that overlaps one
-of our ops (RMSNorm and LayerNorm token generation incl. 1-64 token decode shapes, RoPE,
-attention_cte, attention_bwd, the MLP pieces) and our kernel for the same shape in the
-bundled simulator, models both traces with the same cost model on the same target, and
-prints one row per shape: modeled us (error bar) of each, and ours / AWS's.
+of our ops (RMSNorm and LayerNorm: the TKG kernels on 1-64 token decode shapes and on
+prefill shapes; RoPE: rope_hf, the HuggingFace layout, and RoPE, the [d, B, heads, S] one;
+attention_cte; attention_bwd; the MLP pieces, listed) and our kernel for the same shape in
+the bundled simulator, models both traces with the same cost model on the same target, and
+prints one row per shape: AWS's kernel, modeled us (error bar) of each, and ours / AWS's.
 
 Nothing ran on a Trainium: every time is MODELED (<target>). AWS's kernels run from the
-checkout as they are (their code is not copied into this repository); a kernel our
-simulator cannot run yet is a row with status "blocked" and the first error.
+checkout as they are (their code is not copied into this repository). A shape AWS's kernel
+does not serve is a row that says why: "refused" (its own input checks), "exceeds memory"
+(it allocates more on-chip memory than the target has) or "blocked" (our simulator cannot
+run it yet, with the first error).
 
 Usage:
     python benchmarks/side_by_side_nki_library.py --nkilib /path/to/nki-library
@@ -40,6 +43,8 @@ _NKI_NAMES = ("nki", "nki.language", "nki.isa")
 
 DECODE_TOKENS = (1, 4, 8, 16, 32, 64)
 DECODE_HIDDEN = (2048, 4096, 8192)
+PREFILL_SHAPES = ((128, 4096), (512, 4096), (2048, 4096))   # [tokens, H]: Llama-7B prefill
+VIT_LAYER_NORM = (1576, 768)                                # ViT-B/16 batch 8
 
 
 @dataclass
@@ -181,29 +186,33 @@ def _rand(shape, dtype, gen):
 
 def norm_pairs(lib: NkiLibrary, op: str, target: str, lnc: int, quick: bool) -> list[Pair]:
     """RMSNorm / LayerNorm on [tokens, H] fp16 (AWS's TKG kernels: input [1, T, H], gamma
-    [1, H], output [128, T, H / 128] in HBM, the layout their next matmul reads)."""
+    [1, H], output [128, T, H / 128] in HBM, the layout their next matmul reads): the decode
+    shapes, then prefill shapes, where nki-library has no other plain RMSNorm / LayerNorm
+    kernel (rmsnorm_quant also quantizes) and its TKG kernels still run."""
     pairs = []
     tokens = (1, 64) if quick else DECODE_TOKENS
     hidden = (2048,) if quick else DECODE_HIDDEN
-    for h in hidden:
-        for t in tokens:
-            gen = torch.Generator().manual_seed(zlib.crc32(f"{op}{t}{h}".encode()))
-            x = _rand((t, h), torch.float16, gen)
-            w = _rand((h,), torch.float16, gen)
-            b = _rand((h,), torch.float16, gen)
-            pair = Pair(op, f"[{t}, {h}] fp16")
-            if op == "rms_norm":
-                pair.ours = _ours("rms_norm", (x, (h,), w, 1e-6), {}, target, lnc)
-                pair.aws = lib.run("core.subkernels.rmsnorm_tkg", "rmsnorm_tkg", target, lnc,
-                                   input=x.reshape(1, t, h), gamma=w.reshape(1, h),
-                                   output=torch.zeros((128, t, h // 128), dtype=torch.float16), eps=1e-6)
-            else:
-                pair.ours = _ours("layer_norm", (x, (h,), w, b, 1e-6), {}, target, lnc)
-                pair.aws = lib.run("core.subkernels.layernorm_tkg", "layernorm_tkg", target, lnc,
-                                   input=x.reshape(1, t, h), gamma=w.reshape(1, h),
-                                   output=torch.zeros((128, t, h // 128), dtype=torch.float16),
-                                   beta=b.reshape(1, h), eps=1e-6)
-            pairs.append(pair)
+    shapes = [(t, h) for h in hidden for t in tokens]
+    if not quick:
+        shapes += list(PREFILL_SHAPES) + ([VIT_LAYER_NORM] if op == "layer_norm" else [])
+    for t, h in shapes:
+        gen = torch.Generator().manual_seed(zlib.crc32(f"{op}{t}{h}".encode()))
+        x = _rand((t, h), torch.float16, gen)
+        w = _rand((h,), torch.float16, gen)
+        b = _rand((h,), torch.float16, gen)
+        pair = Pair(op, f"[{t}, {h}] fp16")
+        if op == "rms_norm":
+            pair.ours = _ours("rms_norm", (x, (h,), w, 1e-6), {}, target, lnc)
+            pair.aws = lib.run("core.subkernels.rmsnorm_tkg", "rmsnorm_tkg", target, lnc,
+                               input=x.reshape(1, t, h), gamma=w.reshape(1, h),
+                               output=torch.zeros((128, t, h // 128), dtype=torch.float16), eps=1e-6)
+        else:
+            pair.ours = _ours("layer_norm", (x, (h,), w, b, 1e-6), {}, target, lnc)
+            pair.aws = lib.run("core.subkernels.layernorm_tkg", "layernorm_tkg", target, lnc,
+                               input=x.reshape(1, t, h), gamma=w.reshape(1, h),
+                               output=torch.zeros((128, t, h // 128), dtype=torch.float16),
+                               beta=b.reshape(1, h), eps=1e-6)
+        pairs.append(pair)
     return pairs
 
 
