@@ -17,7 +17,7 @@ Layout:
 Engines:
     ScalarE  a = act(gate) in fp32 (one pass over the gate half)
     VectorE / GpSimd  out = a * up, fp32 inside, rounded once to the output dtype; the
-             product is split between the two engines (VECTOR_SHARE), by rows when a
+             product is split between the two engines (EngineCosts.vector_gpsimd_share), by rows when a
              partition holds J > 1 rows, else by columns
     Fresh SBUF tiles per block/chunk, so the next load overlaps the current compute.
 Expected error:
@@ -29,6 +29,7 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from .engine_costs import active as active_engine_costs
 from .tiling import block_rows, load_block, program_row_blocks, rows_per_partition, split_count
 
 # Row packing target: 2048 output elements per partition per DMA (4 KiB bf16 / 8 KiB fp32
@@ -38,11 +39,11 @@ TARGET_COLS = 2048
 # 48 KiB per partition in fp32, so two chunks in flight fit trn2's 224 KiB comfortably.
 COL_CHUNK = 4096
 ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
-# Share of the product a * up given to VectorE. Per output element on trn2 (cost-model
-# rules): two input passes cost VectorE 2.08 ns (0.96 GHz), GpSimd 1.67 ns (1.2 GHz);
-# share f: VectorE 2.08f = GpSimd 1.67(1 - f) at f = 0.45 (0.93 ns), under the 2.09 ns of
-# bf16 HBM traffic per output element (2 inputs read, 1 output written).
-VECTOR_SHARE = 0.45
+# Share of the product a * up given to VectorE: EngineCosts.vector_gpsimd_share of the
+# active generation. Per output element on trn2 (cost-model rules): two input passes cost
+# VectorE 2.08 ns (0.96 GHz), GpSimd 1.67 ns (1.2 GHz); share f: VectorE 2.08f = GpSimd
+# 1.67(1 - f) at f = 0.44 (0.93 ns), under the 2.09 ns of bf16 HBM traffic per output
+# element (2 inputs read, 1 output written). (A constant 0.45 until 2026-12-02.)
 
 
 def _rows_per_partition(in_cols):
@@ -57,11 +58,12 @@ def _gate_mul(out_tile, gate, up, func):
     parts, per, width = out_tile.shape
     act = nl.ndarray((parts, per, width), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=act, op=func, data=gate)                      # ScalarE, fp32
+    share = active_engine_costs().vector_gpsimd_share()
     if per > 1:
-        cut = split_count(per, VECTOR_SHARE)
+        cut = split_count(per, share)
         pieces = [(0, cut, 0, width), (cut, per, 0, width)]
     else:
-        cut = split_count(width, VECTOR_SHARE)
+        cut = split_count(width, share)
         pieces = [(0, 1, 0, cut), (0, 1, cut, width)]
     for (j0, j1, c0, c1), engine in zip(pieces, (nisa.engine.vector, nisa.engine.gpsimd)):
         if j1 > j0 and c1 > c0:

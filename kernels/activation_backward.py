@@ -19,7 +19,7 @@ Dimensions / layout:
 Engines:
     ScalarE  f'(x) (and for the gated ops f(g)) in fp32
     VectorE / GpSimd  the products with dy (and u), fp32 inside, one rounding per output;
-             split by columns (VECTOR_SHARE)
+             split by columns (EngineCosts.vector_gpsimd_share)
 No reductions: every output element is computed by one program, the same at LNC=1 and
 LNC=2.
 Expected error:
@@ -31,6 +31,7 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from .engine_costs import active as active_engine_costs
 from .tiling import (PARTITIONS, block_rows, load_block, pipelined, program_row_blocks, program_share,
                      rows_per_partition, split_count)
 
@@ -43,18 +44,18 @@ COL_CHUNK = 4096
 PREFETCH_AHEAD = 2
 # (f, f') per op name on ScalarE
 FUNCTIONS = {"gelu": (nl.gelu, nl.gelu_dx), "silu": (nl.silu, nl.silu_dx)}
-# Share of the products given to VectorE: a two-input pass with an fp32 operand costs
-# VectorE 2.08 ns per element (0.96 GHz) and GpSimd 1.67 ns (1.2 GHz): 0.45 balances them
-# (0.93 ns per product), under the HBM time per element (elementwise 2.09 ns: dy, x
-# read, dx written in bf16; gated 3.48 ns per output element: dy, x = [g | u] read,
-# dx = [dg | du] written).
-VECTOR_SHARE = 0.45
+# Share of the products given to VectorE: EngineCosts.vector_gpsimd_share of the active
+# generation. A two-input pass with an fp32 operand costs VectorE 2.08 ns per element
+# (0.96 GHz) and GpSimd 1.67 ns (1.2 GHz) on trn2: 0.44 balances them (0.93 ns per
+# product), under the HBM time per element (elementwise 2.09 ns: dy, x read, dx written in
+# bf16; gated 3.48 ns per output element: dy, x = [g | u] read, dx = [dg | du] written).
+# (A constant 0.45 until 2026-12-02.)
 
 
 def _split_product(dst, a, b):
     """dst = a * b over [P, ..., w] views, columns split between VectorE and GpSimd."""
     width = dst.shape[-1]
-    cut = split_count(width, VECTOR_SHARE)
+    cut = split_count(width, active_engine_costs().vector_gpsimd_share())
     for lo, hi, engine in ((0, cut, nisa.engine.vector), (cut, width, nisa.engine.gpsimd)):
         if hi > lo:
             nisa.tensor_tensor(dst=dst[..., lo:hi], data1=a[..., lo:hi], data2=b[..., lo:hi], op=nl.multiply,

@@ -61,6 +61,13 @@ class EngineCosts(nl.NKIObject):
                       "gpsimd": (self.gpsimd_ghz, self.gpsimd_instr_cycles)}[engine]
         return (max(self.min_instruction_cycles, elements / rate) + fixed) / ghz
 
+    def vector_gpsimd_share(self):
+        """Share of a stream of two-input elementwise passes to give VectorE so that it and
+        GpSimd finish together (the rest to GpSimd): both read two inputs per element
+        (2 cycles; an fp32 operand leaves VectorE without its 16-bit mode), so the share is
+        VectorE's clock over the sum of the two (trn2: 0.96 / (0.96 + 1.2) = 0.44)."""
+        return self.vector_ghz / (self.vector_ghz + self.gpsimd_ghz)
+
     def dma_transpose_ns(self, nbytes):
         """Data time (ns) of an SBUF->SBUF dma_transpose of ``nbytes`` over a core's 16
         queues (the copy bandwidth at dma_transpose_efficiency)."""

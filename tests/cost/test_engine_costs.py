@@ -87,3 +87,38 @@ def test_transpose_data_time_is_the_models(engine_costs):
     detail = est.schedule.detail(i)
     assert detail["bytes"] == 128 * 4 * 128 * 2
     assert c.dma_transpose_ns(detail["bytes"]) == pytest.approx(detail["data_us_per_queue"] * 1e3, rel=1e-9)
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_the_vector_gpsimd_share_evens_out_the_models_two_input_passes(engine_costs, name):
+    """The share the elementwise kernels give VectorE (activation_and_mul, activation_backward)
+    makes a two-input fp32 multiply over n elements per partition take as long on VectorE
+    (the share) as on GpSimd (the rest), by the cost model's own estimates."""
+    def kernel(a, b):
+        import nki.isa as nisa
+        import nki.language as nl
+
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        x = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        y = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        z = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x, src=a)
+        nisa.dma_copy(dst=y, src=b)
+        cut = int(round(a.shape[1] * share))
+        nisa.tensor_tensor(dst=z[:, :cut], data1=x[:, :cut], data2=y[:, :cut], op=nl.multiply,
+                           engine=nisa.engine.vector)
+        nisa.tensor_tensor(dst=z[:, cut:], data1=x[:, cut:], data2=y[:, cut:], op=nl.multiply,
+                           engine=nisa.engine.gpsimd)
+        nisa.dma_copy(dst=out, src=z)
+        return out
+
+    target = TARGETS[name]
+    with simulator.activated(target=name):
+        share = engine_costs.active().vector_gpsimd_share()
+    assert share == pytest.approx(target.vector_hz / (target.vector_hz + target.gpsimd_hz))
+    a, b = torch.randn(128, 8192), torch.randn(128, 8192)
+    est = simulator.estimate(kernel, name)(a, b)
+    busy = est.engine_busy_us
+    # within the two instructions' different fixed costs
+    fixed_us = abs(target.vector_static_cycles / target.vector_hz - target.gpsimd_static_cycles / target.gpsimd_hz) * 1e6
+    assert abs(busy["vector"] - busy["gpsimd"]) <= fixed_us + 0.01 * busy["vector"], busy
