@@ -4,7 +4,8 @@
 Given a checkout of aws-neuron/nki-library, this runs each of its kernels that overlaps one
 of our ops (RMSNorm and LayerNorm: the TKG kernels on 1-64 token decode shapes and on
 prefill shapes; RoPE: rope_hf, the HuggingFace layout, and RoPE, the [d, B, heads, S] one;
-attention_cte; attention_bwd; the MLP pieces, listed) and our kernel for the same shape in
+the RoPE backward: rope_hf with backward=True; attention_cte; attention_bwd; the MLP pieces,
+listed) and our kernel for the same shape in
 the bundled simulator, models both traces with the same cost model on the same target, and
 prints one row per shape: AWS's kernel, modeled us (error bar) of each, and ours / AWS's.
 
@@ -16,7 +17,8 @@ run it yet, with the first error).
 
 Usage:
     python benchmarks/side_by_side_nki_library.py --nkilib /path/to/nki-library
-        [--target trn2] [--ops rms_norm,layer_norm,rope,attention,attention_backward] [--quick] [--markdown FILE]
+        [--target trn2] [--ops rms_norm,layer_norm,rope,rope_backward,attention,attention_backward]
+        [--quick] [--markdown FILE]
 """
 
 from __future__ import annotations
@@ -253,6 +255,30 @@ def rope_pairs(lib: NkiLibrary, target: str, lnc: int, quick: bool) -> list[Pair
     return pairs
 
 
+ROPE_BACKWARD_SEQ = (512, 2048)
+
+
+def rope_backward_pairs(lib: NkiLibrary, target: str, lnc: int, quick: bool) -> list[Pair]:
+    """The rotary backward (d q, d k from the output gradients) on q [1, 32, S, 128] and
+    k [1, 8, S, 128] bf16: ours (the forward kernel with the transposed rotation) against
+    rope_hf with backward=True (the same inverse rotation, one launch for both)."""
+    pairs = []
+    for s in ((512,) if quick else ROPE_BACKWARD_SEQ):
+        gen = torch.Generator().manual_seed(zlib.crc32(f"rope-bwd{s}".encode()))
+        q = _rand((1, 32, s, 128), torch.bfloat16, gen)
+        k = _rand((1, 8, s, 128), torch.bfloat16, gen)
+        cos = _rand((1, s, 128), torch.bfloat16, gen)
+        sin = _rand((1, s, 128), torch.bfloat16, gen)
+        pair = Pair("apply_rotary_pos_emb backward", f"q [1, 32, {s}, 128], k [1, 8, {s}, 128] bf16")
+        pair.ours = _ours_backward("apply_rotary_pos_emb", (q, k, cos, sin), {}, target, lnc)
+        dq, dk = (_rand(t.shape, torch.bfloat16, gen) for t in (q, k))
+        pair.aws = lib.run("core.embeddings.rope_hf", "rope_hf", target, lnc, q=dq, k=dk,
+                           q_out=torch.zeros_like(dq), k_out=torch.zeros_like(dk), cos=cos, sin=sin,
+                           backward=True)
+        pairs.append(pair)
+    return pairs
+
+
 def attention_pairs(lib: NkiLibrary, target: str, lnc: int, quick: bool) -> list[Pair]:
     """Prefill attention: ours (SDPA) vs AWS's attention_cte (heads folded into the batch,
     q [B*H, S, d] with tp_q, k [B*H, d, S], v [B*H, S, d], fp32 softmax)."""
@@ -346,7 +372,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lnc", type=int, default=2, choices=(1, 2),
                     help="launch degree of both sides (default 2: how AWS's compiler launches on trn2/trn3)")
     ap.add_argument("--commit", default="", help="nki-library commit, when the checkout has no .git")
-    ap.add_argument("--ops", default="rms_norm,layer_norm,rope,attention,attention_backward")
+    ap.add_argument("--ops", default="rms_norm,layer_norm,rope,rope_backward,attention,attention_backward")
     ap.add_argument("--quick", action="store_true", help="two shapes per op")
     ap.add_argument("--markdown", default="", help="also write the table to this file")
     args = ap.parse_args(argv)
@@ -354,16 +380,18 @@ def main(argv=None) -> int:
     if args.commit:
         lib.commit = args.commit
     ops = {o.strip() for o in args.ops.split(",") if o.strip()}
-    unknown = ops - {"rms_norm", "layer_norm", "rope", "attention", "attention_backward"}
+    unknown = ops - {"rms_norm", "layer_norm", "rope", "rope_backward", "attention", "attention_backward"}
     if unknown:
-        ap.error(f"--ops {sorted(unknown)} unknown; choose from rms_norm, layer_norm, rope, attention, "
-                 "attention_backward")
+        ap.error(f"--ops {sorted(unknown)} unknown; choose from rms_norm, layer_norm, rope, rope_backward, "
+                 "attention, attention_backward")
     pairs: list[Pair] = []
     for op in ("rms_norm", "layer_norm"):
         if op in ops:
             pairs += norm_pairs(lib, op, args.target, args.lnc, args.quick)
     if "rope" in ops:
         pairs += rope_pairs(lib, args.target, args.lnc, args.quick)
+    if "rope_backward" in ops:
+        pairs += rope_backward_pairs(lib, args.target, args.lnc, args.quick)
     if "attention" in ops:
         pairs += attention_pairs(lib, args.target, args.lnc, args.quick)
     if "attention_backward" in ops:

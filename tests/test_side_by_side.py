@@ -93,3 +93,11 @@ def test_rope_rows_compare_ours_with_both_of_aws_kernels(sbs):
         assert p.ours.status == p.aws.status == "ok", (p.ours.note, p.aws.note)
         assert p.ours.low <= p.ours.us <= p.ours.high and p.aws.low <= p.aws.us <= p.aws.high
     assert pairs[0].ours is pairs[1].ours          # one run of ours against both
+
+
+@pytest.mark.skipif(not HAVE_CHECKOUT, reason="needs an aws-neuron/nki-library checkout (set NKILIB_CHECKOUT)")
+def test_rope_backward_rows_compare_our_backward_with_rope_hf_backward(sbs):
+    lib = sbs.NkiLibrary(NKILIB_CHECKOUT)
+    (pair,) = sbs.rope_backward_pairs(lib, "trn2", 2, quick=True)
+    assert pair.op == "apply_rotary_pos_emb backward" and pair.aws.kernel == "rope_hf"
+    assert pair.ours.status == pair.aws.status == "ok", (pair.ours.note, pair.aws.note)
