@@ -28,6 +28,18 @@ def test_dma_compute_adds(sim, mk, v):
         nisa.dma_compute(dst, [mk(a), mk(b)], nl.multiply)
 
 
+def test_dma_compute_reads_each_source_at_its_own_dtype(sim, mk, v, last):
+    # fp32 sources summed into a bf16 dst: the engines read 2 x 4 B per element and write
+    # 2 B; the transfer is priced by the larger side (cost/model.py dma_cost)
+    _, nl, nisa = sim
+    a, b = torch.randn(16, 10), torch.randn(16, 10)
+    dst = nl.ndarray((16, 10), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_compute(dst, [mk(a), mk(b)], nl.add)
+    torch.testing.assert_close(v(dst), (a + b).bfloat16().float())   # one rounding of the fp32 sum
+    ins = last()
+    assert (ins.attrs["bytes"], ins.attrs["src_bytes"]) == (16 * 10 * 2, 2 * 16 * 10 * 4)
+
+
 def test_tensor_copy_predicated(sim, mk, v):
     _, nl, nisa = sim
     x, y = torch.randn(32, 20), torch.randn(32, 20)

@@ -124,6 +124,9 @@ def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True,
         acc = v.clone() if acc is None else acc + v
     store("dma_compute", dst, acc)
     n = dst.size * dst.dtype.itemsize
+    # every source is read at its own dtype (the engines cast to fp32 inside: the
+    # dma_compute docstring), so fp32 sources into a bf16 dst read 4 B per element each
+    src_bytes = sum(s.size * s.dtype.itemsize for s in srcs)
     return record("dma_compute", "dma", [(f"srcs[{i}]", s) for i, s in enumerate(srcs)],
                   [("dst", dst)], dst.size * (len(srcs) - 1),
-                  {"bytes": n, "src_bytes": n * len(srcs), "direction": "compute"})
+                  {"bytes": n, "src_bytes": src_bytes, "direction": "compute"})
