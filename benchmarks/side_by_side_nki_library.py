@@ -221,6 +221,17 @@ def norm_pairs(lib: NkiLibrary, op: str, target: str, lnc: int, quick: bool) -> 
 ROPE_SEQ = (128, 512, 2048, 4096)
 
 
+def _rope_inputs(seed: str, s: int):
+    """Fresh q [1, 32, s, 128], k [1, 8, s, 128], cos and sin [1, s, 128] (bf16, Llama-7B
+    heads), the row's shape text and the generator (for further inputs)."""
+    gen = torch.Generator().manual_seed(zlib.crc32(seed.encode()))
+    q = _rand((1, 32, s, 128), torch.bfloat16, gen)
+    k = _rand((1, 8, s, 128), torch.bfloat16, gen)
+    cos = _rand((1, s, 128), torch.bfloat16, gen)
+    sin = _rand((1, s, 128), torch.bfloat16, gen)
+    return q, k, cos, sin, f"q [1, 32, {s}, 128], k [1, 8, {s}, 128] bf16", gen
+
+
 def rope_pairs(lib: NkiLibrary, target: str, lnc: int, quick: bool) -> list[Pair]:
     """Rotary on q [1, 32, S, 128] and k [1, 8, S, 128] bf16 (Llama-7B heads), against both
     of AWS's RoPE kernels:
@@ -231,12 +242,7 @@ def rope_pairs(lib: NkiLibrary, target: str, lnc: int, quick: bool) -> list[Pair
       tensor, times added (our inputs permuted to its layout, outside the timed kernel)."""
     pairs = []
     for s in ((512,) if quick else ROPE_SEQ):
-        gen = torch.Generator().manual_seed(zlib.crc32(f"rope{s}".encode()))
-        q = _rand((1, 32, s, 128), torch.bfloat16, gen)
-        k = _rand((1, 8, s, 128), torch.bfloat16, gen)
-        cos = _rand((1, s, 128), torch.bfloat16, gen)
-        sin = _rand((1, s, 128), torch.bfloat16, gen)
-        shape = f"q [1, 32, {s}, 128], k [1, 8, {s}, 128] bf16"
+        q, k, cos, sin, shape, _ = _rope_inputs(f"rope{s}", s)
         ours = _ours("apply_rotary_pos_emb", (q, k, cos, sin), {}, target, lnc)
         hf = Pair("apply_rotary_pos_emb", shape, ours)
         hf.aws = lib.run("core.embeddings.rope_hf", "rope_hf", target, lnc, q=q, k=k, q_out=torch.zeros_like(q),
@@ -264,12 +270,8 @@ def rope_backward_pairs(lib: NkiLibrary, target: str, lnc: int, quick: bool) -> 
     rope_hf with backward=True (the same inverse rotation, one launch for both)."""
     pairs = []
     for s in ((512,) if quick else ROPE_BACKWARD_SEQ):
-        gen = torch.Generator().manual_seed(zlib.crc32(f"rope-bwd{s}".encode()))
-        q = _rand((1, 32, s, 128), torch.bfloat16, gen)
-        k = _rand((1, 8, s, 128), torch.bfloat16, gen)
-        cos = _rand((1, s, 128), torch.bfloat16, gen)
-        sin = _rand((1, s, 128), torch.bfloat16, gen)
-        pair = Pair("apply_rotary_pos_emb backward", f"q [1, 32, {s}, 128], k [1, 8, {s}, 128] bf16")
+        q, k, cos, sin, shape, gen = _rope_inputs(f"rope-bwd{s}", s)
+        pair = Pair("apply_rotary_pos_emb backward", shape)
         pair.ours = _ours_backward("apply_rotary_pos_emb", (q, k, cos, sin), {}, target, lnc)
         dq, dk = (_rand(t.shape, torch.bfloat16, gen) for t in (q, k))
         pair.aws = lib.run("core.embeddings.rope_hf", "rope_hf", target, lnc, q=dq, k=dk,
