@@ -17,8 +17,8 @@ Layout:
 Engines:
     ScalarE  a = act(gate) in fp32 (one pass over the gate half)
     VectorE / GpSimd  out = a * up, fp32 inside, rounded once to the output dtype; the
-             product is split between the two engines (EngineCosts.vector_gpsimd_share), by rows when a
-             partition holds J > 1 rows, else by columns
+             product is split between the two engines (EngineCosts.vector_gpsimd_share),
+             by rows when a partition holds J > 1 rows, else by columns
     Fresh SBUF tiles per block/chunk, so the next load overlaps the current compute.
 Expected error:
     one rounding to the output dtype on top of fp32 math (bf16: <= 2**-8 relative; fp32:

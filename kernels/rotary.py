@@ -64,7 +64,7 @@ PSUM_BANK_FP32 = nl.tile_size.psum_bank_fmax
 #     a + b with one input in PSUM (1.04 ns): VectorE 3.13 ns.
 #   GpSimd path: GpSimd a (1.67) and a + b (1.67).
 # Share f: VectorE 3.13 f = GpSimd 1.67 + 3.33 (1 - f) -> f = 0.77 (with the fixed costs
-# 0.78: 12 of a group's 16 heads, 6 of 8 key heads), 2.42 ns per element. Swept on the
+# 0.79: 12 of a group's 16 heads rounded down, 6 of 8 key heads), 2.42 ns per element. Swept on the
 # Llama-7B workload (trn2, LNC=2): 121.2 us (118.6-153.4) at 12 of 16, against 128.9 at
 # 11 and 128.5 at 13. Until 2026-12-02 the share was a constant 0.56 (144.7 us): the kernel
 # issued each group's b for all its heads before either path, so VectorE's first a + b
