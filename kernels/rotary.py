@@ -66,10 +66,12 @@ PSUM_BANK_FP32 = nl.tile_size.psum_bank_fmax
 # Share f: VectorE 3.13 f = GpSimd 1.67 + 3.33 (1 - f) -> f = 0.77 (with the fixed costs
 # 0.79: 12 of a group's 16 heads rounded down, 6 of 8 key heads), 2.42 ns per element. Swept on the
 # Llama-7B workload (trn2, LNC=2): 121.2 us (118.6-153.4) at 12 of 16, against 128.9 at
-# 11 and 128.5 at 13. Until 2026-12-02 the share was a constant 0.56 (144.7 us): the kernel
-# issued each group's b for all its heads before either path, so VectorE's first a + b
-# waited for GpSimd's whole b and the balance point was not the optimum; with the group
-# started one ahead and the VectorE heads' b made first, it is. Heads wider than a PSUM
+# 11 and 128.5 at 13. On trn3 the rule gives 13 of 16 heads, 114.0 us, within 1 % of the
+# best whole-head count there (14: 112.8; 12: 121.1). Until 2026-12-02 the share was a
+# constant 0.56 (144.7 us): the kernel issued each group's b for all its heads before
+# either path, so VectorE's first a + b waited for GpSimd's whole b and the balance point
+# was not the optimum; with the group started one ahead and the VectorE heads' b made
+# first, it is. Heads wider than a PSUM
 # bank (D > 512): a in SBUF, a + b on VectorE reads two SBUF inputs (2.08 ns): VectorE
 # 4.17 f = GpSimd 1.67 + 3.33 (1 - f) -> f = 0.67. Above fp32's 2.78 ns of HBM traffic per
 # element nothing is lost; 16-bit data (1.39 ns) is engine-bound.
