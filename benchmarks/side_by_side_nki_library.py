@@ -38,6 +38,7 @@ import torch
 
 from nki_kernels import _dispatch, registry, simulator
 from nki_kernels.simulator.cost import estimate_trace, time_range
+from nki_kernels.simulator.errors import CapacityError
 
 # nki-library's test harness aliases these module names to the simulator's (test/utils/
 # simulation_setup.py); ours provides the first three, the others are not modelled yet.
@@ -152,7 +153,7 @@ class NkiLibrary:
                 # AWS's kernel_assert: the kernel's own input contract rejects the shape
                 reason = first.split("Kernel validation exception: ")[-1].split(" - Please check")[0]
                 return Side("refused", note=reason, kernel=name)
-            if type(err).__name__ == "CapacityError":
+            if isinstance(err, CapacityError):
                 # the kernel, called on this shape, allocates more SBUF/PSUM than the target has
                 return Side("exceeds memory", note=first.split(" at instruction")[0], kernel=name)
             msg = f"{type(err).__name__}: {first}"
