@@ -128,16 +128,15 @@ def _start_group(dst_hbm, src_hbm, b, h0, group, s0, parts, dim, cos_tile, signe
     cos_b = cos_tile.expand_dim(1).broadcast(1, group)     # [P, G, D], stride 0 over heads
     sin_b = signed_sin.expand_dim(1).broadcast(1, group)
     prod_sin = nl.ndarray((parts, group, dim), dtype=nl.float32, buffer=nl.sbuf)
-    cut = _vector_heads(group, dim)[0]
-    _swap_times_sin(prod_sin, x_tile, sin_b, 0, cut, dim // 2, dim)
-    return (dst_hbm, b, h0, group, s0, parts, dim, x_tile, cos_b, sin_b, prod_sin)
+    split = _vector_heads(group, dim)
+    _swap_times_sin(prod_sin, x_tile, sin_b, 0, split[0], dim // 2, dim)
+    return (dst_hbm, b, h0, group, s0, parts, dim, x_tile, cos_b, sin_b, prod_sin, split)
 
 
 def _finish_group(state):
     """Second half of a head group: the GpSimd path's b, both paths' a = x * cos and
     out = a + b (fp32, rounded once to the output dtype, as the reference), the store."""
-    dst_hbm, b, h0, group, s0, parts, dim, x_tile, cos_b, sin_b, prod_sin = state
-    cut, step, a_buffer = _vector_heads(group, dim)
+    dst_hbm, b, h0, group, s0, parts, dim, x_tile, cos_b, sin_b, prod_sin, (cut, step, a_buffer) = state
     _swap_times_sin(prod_sin, x_tile, sin_b, cut, group, dim // 2, dim)
     out_tile = nl.ndarray((parts, group, dim), dtype=dst_hbm.dtype, buffer=nl.sbuf)
     # VectorE path, heads [0, cut): a = x * cos (fp32; PSUM one bank of heads at a time),
