@@ -104,6 +104,60 @@ def test_empty_dims_return_what_torch_returns(monkeypatch, backend, q_shape, k_s
         assert all(t.grad is not None and t.grad.shape == t.shape and not t.grad.any() for t in (q, k, v))
 
 
+# ------------------------------------------------------------------------------ GQA decode: query heads folded into rows
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("b, h, hkv, sq, sk, mask", [
+    (2, 8, 2, 1, 300, None),           # decode, single pass
+    (1, 6, 2, 5, 97, "key_bool"),      # a short chunk with key padding
+    (2, 4, 1, 1, 2500, "key_float"),   # decode past the single-pass limit (flash kernel)
+    (1, 8, 2, 31, 64, None),           # G * Sq = 124 rows: one tile of every head
+])
+def test_gqa_short_queries_fold_heads_into_rows_and_match_the_reference(monkeypatch, layout, b, h, hkv, sq, sk, mask):
+    """Grouped-query calls with short queries, no causal and no per-row mask run with each
+    kv head's query heads folded into its query rows (ops/attention.py _folded_call): the
+    launch reads q as [B, Hkv, G * Sq, D] (bhsd) or [B, G * Sq, Hkv, D] (bshd), and the
+    output, its layout and the gradients (through the folded LSE) are those of SDPA."""
+    monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", "simulator")
+    q, k, v = make_qkv(b, h, hkv, sq, sk, 32, dtype=BF16, layout=layout)
+    m = make_mask(mask, b, h, sq, sk, BF16)
+    call = attention.attention_kernel_call(q, k, v, m, enable_gqa=True)
+    rows = (h // hkv) * sq
+    # (the launch's layout: a [B, 1, H, D] or [B, S, 1, D] view is contiguous, so bhsd)
+    folded = (b, hkv, rows, 32) if call.static["layout"] == "bhsd" else (b, rows, hkv, 32)
+    assert tuple(call.tensors[0].shape) == folded
+    out = sdpa(q, k, v, attn_mask=m, enable_gqa=True)
+    check_close(out, q, k, v, m)
+    assert out.stride() == attention._empty_out(q, k, v).stride()
+    # the training path: the forward's LSE comes back folded and is unfolded for the backward
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    grad = torch.randn(b, h, sq, 32).to(BF16)
+    sdpa(*leaves, attn_mask=m, enable_gqa=True).backward(grad)
+    ref = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    fm = None if m is None else (m if m.is_floating_point() else torch.zeros(m.shape).masked_fill(~m, float("-inf")))
+    F.scaled_dot_product_attention(*ref, attn_mask=None if fm is None else fm.double(), enable_gqa=True).backward(grad.double())
+    for got, want in zip(leaves, ref):
+        torch.testing.assert_close(got.grad.double(), want.grad, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("case, kwargs", [
+    ("causal", {"is_causal": True}),
+    ("per-row mask", {"attn_mask": "finfo_min"}),
+    ("no groups", {"hkv": 8}),
+    ("a full tile of queries", {"sq": 128}),
+])
+def test_gqa_folding_only_where_every_row_sees_the_same_keys(case, kwargs):
+    """A causal mask or a mask that differs per query row ties a row's keys to its position
+    and head, so those calls keep the heads apart; so do calls without groups (nothing to
+    fold) and calls with a whole 128-row tile of queries per head."""
+    kwargs = dict(kwargs)
+    hkv, sq = kwargs.pop("hkv", 2), kwargs.pop("sq", 3)
+    q, k, v = make_qkv(1, 8, hkv, sq, 40, 16, dtype=F32)
+    mask = make_mask(kwargs.pop("attn_mask", None), 1, 8, sq, 40, F32)
+    call = attention.attention_kernel_call(q, k, v, mask, enable_gqa=True, **kwargs)
+    assert tuple(call.tensors[0].shape) == (1, 8, sq, 16)
+
+
 # ------------------------------------------------------------------------------ autograd, opcheck, compile
 
 @pytest.mark.parametrize("backend", ["reference", "simulator"])
@@ -133,7 +187,8 @@ def test_gradients_of_all_masked_rows_are_finite(reference_backend):
     lambda: (*make_qkv(2, 4, 4, 7, 9, 16, dtype=F32), None, False, 0.25),
     lambda: (*make_qkv(2, 4, 2, 7, 9, 16, dtype=F32, layout="bshd"), torch.randn(2, 1, 7, 9), True, 0.25),
     lambda: (*make_qkv(1, 2, 2, 5, 6, 8, dtype=BF16), torch.rand(5, 6) > 0.3, False, 0.5),
-], ids=["plain", "gqa-bshd-mask-causal", "bool-mask-bf16"])
+    lambda: (*make_qkv(2, 8, 2, 1, 9, 16, dtype=F32, layout="bshd"), torch.rand(2, 1, 1, 9) > 0.3, False, 0.25),
+], ids=["plain", "gqa-bshd-mask-causal", "bool-mask-bf16", "gqa-decode-folded-bshd"])
 def test_opcheck(args):
     q, k, v, mask, causal, scale = args()
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
