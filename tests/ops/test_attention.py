@@ -115,7 +115,7 @@ def test_empty_dims_return_what_torch_returns(monkeypatch, backend, q_shape, k_s
 ])
 def test_gqa_short_queries_fold_heads_into_rows_and_match_the_reference(monkeypatch, layout, b, h, hkv, sq, sk, mask):
     """Grouped-query calls with short queries, no causal and no per-row mask run with each
-    kv head's query heads folded into its query rows (ops/attention.py _folded_call): the
+    kv head's query heads folded into its query rows (ops/attention.py _folded_inputs): the
     launch reads q as [B, Hkv, G * Sq, D] (bhsd) or [B, G * Sq, Hkv, D] (bshd), and the
     output, its layout and the gradients (through the folded LSE) are those of SDPA."""
     monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", "simulator")

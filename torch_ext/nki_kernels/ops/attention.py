@@ -40,7 +40,7 @@ SINGLE_PASS_MAX_KEYS = _kernel_sources.limits().ATTENTION_SINGLE_PASS_MAX_KEYS
 KERNEL_MODULE = "attention"   # kernels/attention.py
 # Grouped-query calls with fewer query rows than one 128-row tile (decode, short chunks) and
 # no causal or per-row mask fold each kv head's query heads into its query rows
-# (_folded_call): modeled trn2 LNC=2, decode B=4 H=8/1kv S=1024 d=128 31.4 -> 11.9 us,
+# (_folded_inputs): modeled trn2 LNC=2, decode B=4 H=8/1kv S=1024 d=128 31.4 -> 11.9 us,
 # B=1 H=32/8kv S=2048 82.0 -> 34.7 us.
 FOLD_MAX_QUERY_ROWS = 128
 BACKWARD_MODULE = "attention_bwd"   # kernels/attention_bwd.py
@@ -179,8 +179,8 @@ def attention_kernel_call(query: torch.Tensor, key: torch.Tensor, value: torch.T
     mask = _kernel_mask(attn_mask, b, h, sq, sk)
     group = h // hk
     if group > 1 and sq < FOLD_MAX_QUERY_ROWS and not is_causal and (mask is None or mask.dim() == 2):
-        return _folded_call(query, key, value, mask, float(scale), layout, group)
-    if layout == "bshd":
+        tensors, finish = _folded_inputs(query, key, value, layout, group)
+    elif layout == "bshd":
         tensors = (query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))
         finish = _finish_bshd
     else:
@@ -197,9 +197,9 @@ def _finish_bshd(out):
     return out.transpose(1, 2)
 
 
-def _folded_call(query, key, value, mask, scale, layout, group):
-    """Grouped-query attention with short queries (decode), launched with the ``group``
-    query heads of each kv head folded into its query rows: q [B, H, Sq, D] as
+def _folded_inputs(query, key, value, layout, group):
+    """(tensors, finish) of a grouped-query launch with short queries (decode), the
+    ``group`` query heads of each kv head folded into its query rows: q [B, H, Sq, D] as
     [B, Hkv, G * Sq, D] (row g * Sq + s is query head kv * G + g, position s), so one
     128-row query tile holds every head of the group instead of Sq rows of one head, and
     K / V are read once per kv head. Exact: every row's softmax is its own, and without a
@@ -223,11 +223,7 @@ def _folded_call(query, key, value, mask, scale, layout, group):
 
         def finish(out):   # [B, Hkv, G * Sq, Dv] -> [B, H, Sq, Dv], a view
             return out.reshape(b, h, sq, dv)
-    if mask is not None:
-        tensors = tensors + (mask,)
-    kernel = "attention_kernel" if key.shape[2] <= SINGLE_PASS_MAX_KEYS else "flash_attention_kernel"
-    static = {"scale": scale, "causal": False, "layout": layout}
-    return _dispatch.KernelCall(KERNEL_MODULE, kernel, tensors, static, finish)
+    return tensors, finish
 
 
 # ---------------------------------------------------------------------------- custom op
@@ -300,7 +296,7 @@ def attention_lse_kernel_call(query, key, value, attn_mask=None, is_causal=False
     def both(outputs):
         out, lse = outputs
         # [B, H, Sq] as the kernel wrote it, or [B, Hkv, G * Sq] from a folded launch
-        # (_folded_call), whose rows g * Sq + s are query head kv * G + g
+        # (_folded_inputs), whose rows g * Sq + s are query head kv * G + g
         return (out if finish is None else finish(out)), lse.reshape(b, h, sq)
 
     return _dispatch.KernelCall(call.module, call.kernel, call.tensors, {**call.static, "return_lse": True}, both)
