@@ -66,6 +66,7 @@ import nki
 import nki.language as nl
 
 from .attention_blocks import causal_base, key_bias_rows
+from .attention_decode import decode_attention
 from .attention_flash import flash_group
 from .attention_launch import KEY_BLOCK, LaunchTensors, launch_facts
 from .attention_plan import EngineBalance
@@ -107,6 +108,11 @@ def _launch(q, k, v, mask, scale, causal, layout, key_block, flash, return_lse=F
     Returns out, or (out, lse) with ``return_lse``."""
     facts = launch_facts(q, k, v, mask, scale, causal, layout, key_block)
     plan = EngineBalance(facts)
+    if facts.decode and not return_lse:
+        out = nl.ndarray(facts.out_shape(), dtype=q.dtype, buffer=nl.shared_hbm)
+        tensors = LaunchTensors(q=q, k=k, v=v, mask=mask, out=out, causal_base=None, ts_keys=None)
+        decode_attention(facts, plan, tensors, program_units(facts))
+        return out
     # Set up whenever the launch qualifies, also for flash_attention_kernel, which never
     # uses it (kept: removing it changes the instruction trace; see docs/attention.md).
     ts_keys = TransposedKeys(facts) if facts.transposed_scores else None

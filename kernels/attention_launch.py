@@ -44,6 +44,12 @@ TS_EXTRA_ROWS = 3
 TS_PARTITION_QUADRANT = 32
 TS_MAX_KEY_TILES = 3
 NEG_INF = float("-inf")       # additive mask value of a masked key
+# Decode path (attention_decode.py: keys on partitions): at most this many query rows per
+# (batch, head), and keys up to DECODE_MAX_KEYS (Kᵀ and V of a pair stay in SBUF). Modeled
+# trn2 LNC=2, bf16, d = 128, B=4 kv heads 1, S=2048: 32 rows (G=4, Sq=8) 18.2 -> 16.9 us
+# on this path; 64 rows (G=8, Sq=8) 18.5 -> 21.5, so 64 rows stay on the row-tile paths.
+DECODE_MAX_ROWS = 32
+DECODE_MAX_KEYS = 8192
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,8 @@ class LaunchFacts(nl.NKIObject):
     q_chunk: int             # query tiles whose Qᵀ and outputs are resident together
     transposed_scores: bool  # qualifies for the transposed-scores path (attention_kernel
                              # takes it: attention_transposed.py)
+    decode: bool = False     # qualifies for the decode path (attention_decode.py; taken
+                             # unless the launch returns the lse)
 
     def rows(self, t, b, h0, h1, s0, s1):
         """HBM view [s1-s0, h1-h0, d] of q/k/v/out for batch b, heads h0:h1, rows s0:s1."""
@@ -126,6 +134,8 @@ def launch_facts(q, k, v, mask, scale, causal, layout, key_block):
     transposed_scores = (str(q.dtype) == "bfloat16" and not biased and Sk <= TS_MAX_KEY_TILES * P
                          and D % TS_PARTITION_QUADRANT == 0 and D + TS_EXTRA_ROWS <= P
                          and Dv <= P and key_block >= Sk)
+    decode = (isz == 2 and G == 1 and Sq <= DECODE_MAX_ROWS and not causal
+              and mask_kind in (None, "key") and D <= P and Sk <= DECODE_MAX_KEYS)
     return LaunchFacts(
         B=B, H=H, Hkv=Hkv, G=G, Sq=Sq, Sk=Sk, D=D, Dv=Dv, layout=layout, dtype=q.dtype,
         itemsize=isz, scale=float(scale), causal=bool(causal), mask_kind=mask_kind,
@@ -133,7 +143,7 @@ def launch_facts(q, k, v, mask, scale, causal, layout, key_block):
         mask_per_head=mask_kind == "full" and mask_heads > 1,
         causal_only=bool(causal) and mask is None, guard_empty_rows=mask is not None,
         biased=biased, dma_transpose=isz == 2, n_q_tiles=n_q_tiles, key_block=key_block,
-        kv_group=kv_group, q_chunk=q_chunk, transposed_scores=transposed_scores)
+        kv_group=kv_group, q_chunk=q_chunk, transposed_scores=transposed_scores, decode=decode)
 
 
 def _mask_kind(mask, B, H, Sq, Sk):

@@ -1,0 +1,269 @@
+"""The decode attention path: a few query rows per head against many keys, with the keys
+on the 128 partitions (``LaunchFacts.decode``: 16-bit data, one query head per kv head, at
+most DECODE_MAX_ROWS query rows, no causal mask, no mask or a key-padding mask, D <= 128,
+Sk <= DECODE_MAX_KEYS).
+
+Why: the other paths put a query tile's rows on the partitions. At decode a tile holds 1-32
+live rows (Sq = 1, or the G query heads of a kv head folded into its rows by the op layer),
+so every VectorE / ScalarE pass over a score row [r, Sk] runs Sk cycles on r of the 128
+lanes. Here the scores are made transposed, Sᵀ [128 keys, rows], so each pass runs Sk·r/128
+cycles on all lanes. AWS's decode kernel (nki-library core/attention/attention_tkg.py)
+makes the same choice: keys on partitions, the max by a reduce, a TensorE transpose and a
+second reduce, the exp after a VectorE subtraction.
+
+Per batch of ``pb`` (batch, head) pairs, n = Sq rows each, T = ceil(Sk / 128) key tiles
+(tile t holds keys 128 t .. 128 t + 127 on partitions 0-127):
+    DMA      Qᵀ [D, n] and Kᵀ [D, Sk] by DMA transposes; V [128, T, Dv] (+ a ones column);
+             the key-padding row [T, 128] (contiguous) of each batch.
+    TensorE  Sᵀ_t = K_t·Qᵀ [128, n] per (pair, key tile) (stationary Kᵀ_t, moving Qᵀ), a
+             PSUM bank of them at a time; the mask rows transposed to [128, T]; the
+             per-lane maxima transposed to rows; the row max broadcast back to 128 lanes;
+             O = P·[V | 1] (stationary Pᵀ_t [128, n], moving [V_t | 1]): the ones column
+             gives the row sum of the same rounded P that multiplies V.
+    VectorE  x = scale·Sᵀ out of PSUM into SBUF fp32 [128, pb, T, n]; the per-lane max over
+             the key tiles; the max of the 128 lanes; x - m (m broadcast over lanes and
+             tiles); the eviction of O / rowsum (attention_blocks.evict).
+    GpSimd   the mask (or the -inf of padded keys) added to x; memsets.
+    ScalarE  Pᵀ = exp(x - m) into SBUF (matmul dtype), one instruction per batch of pairs.
+x - m is exactly 0 at each row's max (m is one of x's fp32 values), so no exp overflows
+whatever the logits' size. A row whose keys are all masked has m = -inf, clamped to
+-FLT_MAX: its exps are 0, its row sum 0, and the eviction's TINY floor makes the row 0 (as
+torch's SDPA).
+"""
+
+import nki.isa as nisa
+import nki.language as nl
+
+from .attention_blocks import FLT_MAX, evict, load_transposed
+from .attention_launch import KEY_BLOCK, NEG_INF, P, PSUM_BANK_FP32
+from .tiling import cdiv
+
+# SBUF of one batch of pairs, per partition: Kᵀ and V (16-bit), x (fp32) and Pᵀ; two
+# batches are in flight (the next one's loads overlap this one's compute), 128 KiB of
+# trn2's 224 KiB per partition in all.
+DECODE_BATCH_BYTES = 64 * 1024
+# PSUM banks of outputs O | rowsum per batch of pairs (each bank holds 512 // (Dv + 1)
+# pairs' [n, Dv + 1]).
+DECODE_O_BANKS = 2
+
+
+def decode_pair_bytes(facts):
+    """SBUF bytes per partition one (batch, head) pair takes in a batch of pairs."""
+    T = cdiv(facts.Sk, P)
+    n = facts.Sq
+    isz = facts.itemsize
+    return T * (P * isz + facts.Dv * isz + n * (4 + isz))
+
+
+def decode_batch_sizes(facts, pairs):
+    """Pairs per batch, in order, for ``pairs`` pairs on this core: batches of as many as
+    DECODE_BATCH_BYTES, the 128 rows of the transposed maxima and DECODE_O_BANKS of
+    outputs allow."""
+    per_o = PSUM_BANK_FP32 // (facts.Dv + 1)
+    most = max(1, min(DECODE_BATCH_BYTES // decode_pair_bytes(facts), P // facts.Sq,
+                      per_o * DECODE_O_BANKS))
+    batches = cdiv(pairs, most)
+    pb = cdiv(pairs, batches)
+    return [min(pb, pairs - i) for i in range(0, pairs, pb)]
+
+
+def decode_attention(facts, plan, tensors, units):
+    """Decode attention for this program's work ``units`` (attention_work.program_units:
+    whole (batch, head) pairs, every query row), in batches of pairs."""
+    pairs = [(b, h) for (b, h0, h1, _t0, _t1) in units for h in range(h0, h1)]
+    if not pairs:
+        return
+    sizes = decode_batch_sizes(facts, len(pairs))
+    tail_bias = _tail_bias(facts) if facts.mask_kind is None else None
+    ones = nl.ndarray((P, 1), dtype=facts.dtype, buffer=nl.sbuf)   # moving operand of the row sums
+    nisa.memset(dst=ones, value=1.0, engine=nisa.engine.gpsimd)
+    # Qᵀ and the mask rows of every pair of this core, loaded once at the start (small
+    # transfers: between the batches' K / V streams each would cost a DMA transfer gap)
+    qT = nl.ndarray((facts.D, len(pairs), facts.Sq), dtype=facts.dtype, buffer=nl.sbuf)
+    for j0, j1 in _runs(pairs):
+        nisa.dma_transpose(dst=qT[:, j0:j1, :], src=_run_rows(facts, tensors.q, pairs, j0, j1, 0, facts.Sq),
+                           axes=(2, 1, 0))
+    bias = _key_bias(facts, tensors.mask, pairs) if facts.mask_kind == "key" else None
+    i = 0
+    for size in sizes:
+        _decode_batch(facts, plan, tensors, pairs, i, i + size, qT, bias, tail_bias, ones)
+        i += size
+
+
+def _tail_bias(facts):
+    """[128, 1] fp32 SBUF: 0 on the partitions of the last key tile that hold keys, -inf on
+    the padding ones (None when Sk is a multiple of 128)."""
+    tail = facts.Sk % P
+    if tail == 0:
+        return None
+    tb = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=tb, value=NEG_INF, engine=nisa.engine.gpsimd)
+    nisa.memset(dst=tb[:tail], value=0.0, engine=nisa.engine.gpsimd)
+    return tb
+
+
+def _decode_batch(facts, plan, tensors, all_pairs, p0, p1, qT_all, bias, tail_bias, ones):
+    """Pairs p0:p1 of this core's ``all_pairs``; ``qT_all`` [D, pairs, n] their Qᵀ,
+    ``bias`` (rows, first row) of _key_bias or None."""
+    pairs = all_pairs[p0:p1]
+    D, Dv, Sk, n = facts.D, facts.Dv, facts.Sk, facts.Sq
+    T = cdiv(Sk, P)
+    full = Sk // P
+    pb = len(pairs)
+    N = pb * n                                  # rows of the batch (<= 128)
+    # Which key sits where. Blocked (Sk a multiple of 128): partition p holds keys
+    # p·T .. p·T + T - 1, so each partition's V (and mask) is one contiguous HBM run; key
+    # tile t is the strided Kᵀ columns t, t + T, ... Else tile t holds keys 128 t + p.
+    blocked = full == T
+
+    # ---- loads: Qᵀ [D, pb, n], Kᵀ [D, pb, T*128] (padded keys 0), V [128, T, pb, Dv | 1]
+    qT = qT_all[:, p0:p1, :]
+    kT = nl.ndarray((D, pb, T * P), dtype=facts.dtype, buffer=nl.sbuf)
+    if Sk < T * P:
+        nisa.memset(dst=kT[:, :, Sk:T * P], value=0.0, engine=nisa.engine.gpsimd)
+    vals = nl.ndarray((P, pb, T, Dv), dtype=facts.dtype, buffer=nl.sbuf)
+    runs = _runs(pairs)
+    for j, (b, h) in enumerate(pairs):                 # every Kᵀ first: the scores and the
+        for k0 in range(0, Sk, KEY_BLOCK):             # softmax overlap the V loads
+            k1 = min(Sk, k0 + KEY_BLOCK)
+            load_transposed(facts, tensors.k, b, h, h + 1, k0, k1, out=kT[:, j:j + 1, k0:k1])
+    for j, (b, h) in enumerate(pairs):
+        if blocked:
+            # key p·T + t at partition p, slot t: T·Dv contiguous elements per partition
+            nisa.dma_copy(dst=vals[:, j], src=facts.rows(tensors.v, b, h, h + 1, 0, Sk).reshape((P, T, Dv)))
+            continue
+        if full:
+            nisa.dma_copy(dst=vals[:, j, 0:full, :].expand_dim(2),
+                          src=facts.tiles(tensors.v, b, h, h + 1, 0, full * P))
+        if Sk > full * P:
+            nisa.dma_copy(dst=vals[:Sk - full * P, j, full:T, :], src=facts.rows(tensors.v, b, h, h + 1, full * P, Sk))
+
+    # ---- x = scale·Sᵀ [128, pb, T, n] fp32, a PSUM bank of (pair, key tile) items at a time
+    x = nl.ndarray((P, pb, T, n), dtype=nl.float32, buffer=nl.sbuf)
+    x_items = x.reshape((P, pb * T * n))
+    per_bank = PSUM_BANK_FP32 // n
+    items = pb * T
+    for i0 in range(0, items, per_bank):
+        i1 = min(items, i0 + per_bank)
+        st = nl.ndarray((P, per_bank * n), dtype=nl.float32, buffer=nl.psum)
+        for i in range(i0, i1):
+            j, t = i // T, i % T
+            c = (i - i0) * n
+            keys = kT[:, j, t::T] if blocked else kT[:, j, t * P:(t + 1) * P]
+            nisa.nc_matmul(dst=st[:, c:c + n], stationary=keys, moving=qT[:, j, :])
+        nisa.tensor_scalar(dst=x_items[:, i0 * n:i1 * n], data=st[:, 0:(i1 - i0) * n], op0=nl.multiply,
+                           operand0=facts.scale)
+    if bias is not None:
+        bias, lo = bias
+        if bias.shape[1] == len(all_pairs):            # one mask row per pair, in order
+            rows = bias[:, p0:p1, :]
+            nisa.tensor_tensor(dst=x, data1=x, data2=rows.expand_dim(3).broadcast(3, n), op=nl.add,
+                               engine=nisa.engine.gpsimd)
+        else:
+            for j, (b, _h) in enumerate(pairs):
+                row = (b if facts.mask_batches > 1 else 0) - lo
+                nisa.tensor_tensor(dst=x[:, j], data1=x[:, j], data2=bias[:, row].expand_dim(2).broadcast(2, n),
+                                   op=nl.add, engine=nisa.engine.gpsimd)
+    elif tail_bias is not None:
+        last = x[:, :, T - 1, :]
+        nisa.tensor_tensor(dst=last, data1=last, data2=tail_bias.expand_dim(2).broadcast(1, pb).broadcast(2, n),
+                           op=nl.add, engine=nisa.engine.gpsimd)
+
+    # ---- row max m: per lane over the key tiles, then over the 128 lanes (transposed)
+    lane_max = nl.ndarray((P, pb, n), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=lane_max, op=nl.maximum, data=x.permute(0, 1, 3, 2), axis=3)
+    lane_max_t = nl.ndarray((N, P), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=lane_max_t, data=lane_max.reshape((P, N)))
+    m = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=m, op=nl.maximum, data=lane_max_t, axis=1)
+    if facts.guard_empty_rows:
+        # an all-masked row: -inf - (-FLT_MAX) = -inf below, not -inf - (-inf) = NaN
+        nisa.tensor_scalar(dst=m, data=m, op0=nl.maximum, operand0=-FLT_MAX)
+    # m on every lane: the transpose of the [N, 128] broadcast of the column
+    m_lanes = nl.ndarray((P, N), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=m_lanes, data=m.broadcast(1, P))
+
+    # ---- Pᵀ = exp(x - m) (matmul dtype)
+    nisa.tensor_tensor(dst=x, data1=x, data2=m_lanes.reshape((P, pb, n)).expand_dim(2).broadcast(2, T),
+                       op=nl.subtract)
+    pT = nl.ndarray((P, pb, T, n), dtype=facts.dtype, buffer=nl.sbuf)
+    nisa.activation(dst=pT, op=nl.exp, data=x)
+
+    # ---- O | rowsum = P·[V | 1] per pair, side by side in PSUM; O / rowsum; store
+    w = Dv + 1
+    per_o = PSUM_BANK_FP32 // w
+    o = nl.ndarray((P, cdiv(pb, per_o), PSUM_BANK_FP32), dtype=nl.float32, buffer=nl.psum)
+    for j in range(pb):
+        c = (j % per_o) * w
+        for t in range(T):
+            kc = min(P, Sk - t * P) if not blocked else P
+            # O in columns :Dv, the row sum of the same rounded P in column Dv
+            nisa.nc_matmul(dst=o[:n, j // per_o, c:c + Dv], stationary=pT[:kc, j, t, :], moving=vals[:kc, j, t, :],
+                           accumulate=t > 0)
+            nisa.nc_matmul(dst=o[:n, j // per_o, c + Dv:c + w], stationary=pT[:kc, j, t, :], moving=ones[:kc],
+                           accumulate=t > 0)
+    res = nl.ndarray((P, pb, Dv), dtype=facts.dtype, buffer=nl.sbuf)
+    evict(facts, plan, o, res[:n], pb, n)
+    for j0, j1 in runs:                                # one store per run
+        nisa.dma_copy(dst=_run_rows(facts, tensors.out, pairs, j0, j1, 0, n), src=res[:n, j0:j1, :])
+
+
+def _runs(pairs):
+    """[(j0, j1)]: the batch's pairs cut into runs of consecutive heads of one batch or of
+    one head of consecutive batches (one DMA moves a run's queries or outputs)."""
+    runs = []
+    j0 = 0
+    while j0 < len(pairs):
+        b0, h0 = pairs[j0]
+        j1 = j0 + 1
+        while j1 < len(pairs) and pairs[j1] == (b0, h0 + j1 - j0):
+            j1 += 1
+        if j1 == j0 + 1:
+            while j1 < len(pairs) and pairs[j1] == (b0 + j1 - j0, h0):
+                j1 += 1
+        runs.append((j0, j1))
+        j0 = j1
+    return runs
+
+
+def _run_rows(facts, t, pairs, j0, j1, s0, s1):
+    """HBM view [s1-s0, j1-j0, d] of rows s0:s1 of the run j0:j1's pairs in t (q or out,
+    either layout)."""
+    (b0, h0), (b1, h1) = pairs[j0], pairs[j1 - 1]
+    if b0 == b1:
+        return facts.rows(t, b0, h0, h1 + 1, s0, s1)
+    if facts.layout == "bhsd":
+        return t[b0:b1 + 1, h0, s0:s1, :].permute(1, 0, 2)
+    return t[b0:b1 + 1, s0:s1, h0, :].permute(1, 0, 2)
+
+
+def _key_bias(facts, mask, pairs):
+    """(bias, lo): bias [128, nb, T] fp32 SBUF holds the key-padding rows lo .. lo + nb - 1
+    of the mask (the batch's pairs read consecutive rows) with keys where x has them (see
+    ``blocked`` in _decode_batch), -inf on the padding of a last partial key tile. One DMA
+    for the batch's rows; unblocked they arrive as [T, nb, 128] and are transposed on
+    TensorE."""
+    Sk = facts.Sk
+    T = cdiv(Sk, P)
+    full = Sk // P
+    rows_of = [b if facts.mask_batches > 1 else 0 for b, _h in pairs]
+    lo, hi = rows_of[0], rows_of[-1] + 1
+    nb = hi - lo
+    bias = nl.ndarray((P, nb, T), dtype=nl.float32, buffer=nl.sbuf)
+    if full == T:
+        # key p·T + t at [p, t] (the V layout): T contiguous values per partition and row
+        nisa.dma_copy(dst=bias, src=mask[lo:hi, 0:Sk].reshape((nb, P, T)).permute(1, 0, 2))
+        return bias, lo
+    rows = nl.ndarray((T, nb, P), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=rows, value=NEG_INF, engine=nisa.engine.gpsimd)
+    if full:
+        nisa.dma_copy(dst=rows[0:full], src=mask[lo:hi, 0:full * P].reshape((nb, full, P)).permute(1, 0, 2))
+    nisa.dma_copy(dst=rows[full:T, :, 0:Sk - full * P], src=mask[lo:hi, full * P:Sk].expand_dim(0))
+    per_bank = PSUM_BANK_FP32 // T
+    for i0 in range(0, nb, per_bank):
+        g = min(per_bank, nb - i0)
+        cols = nl.ndarray((P, per_bank, T), dtype=nl.float32, buffer=nl.psum)
+        for i in range(g):
+            nisa.nc_transpose(dst=cols[:, i, :], data=rows[:, i0 + i, :])
+        nisa.tensor_copy(dst=bias[:, i0:i0 + g, :], src=cols[:, 0:g, :], engine=nisa.engine.vector)
+    return bias, lo

@@ -1,0 +1,113 @@
+"""The decode attention path (kernels/attention_decode.py: keys on partitions) in the
+simulator, through the op: which launches take it, values against float64, masks, tails,
+both layouts, memory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nki_kernels
+from nki_kernels import _kernel_sources, simulator
+from nki_kernels.ops import attention
+from nki_kernels.simulator.hardware import get_target
+from tests.ops._attention_cases import check_close, make_mask, make_qkv
+
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+
+# (B, H, Hkv, Sq, Sk, D, Dv, dtype, layout, mask): the op folds grouped-query decode into
+# kv heads with G * Sq rows, so every case reaches the kernel with one query head per kv head
+DECODE = [
+    (8, 4, 1, 1, 4096, 128, 128, BF16, "bhsd", "key_bool"),   # Llama-style GQA decode, blocked keys
+    (3, 8, 2, 2, 1000, 64, 64, F16, "bshd", None),            # 1000 keys: a 104-key tail tile
+    (2, 6, 6, 1, 300, 128, 96, BF16, "bhsd", "key_float"),    # MHA: runs of heads, Dv != D, tail
+    (1, 2, 2, 32, 257, 64, 64, BF16, "bshd", "key_bool"),     # 32 rows (DECODE_MAX_ROWS), 1-key tail
+    (2, 2, 2, 1, 1, 32, 32, BF16, "bhsd", None),              # one key
+    (5, 4, 1, 3, 640, 96, 128, BF16, "bhsd", "key_bool"),     # odd batch count, D = 96
+]
+
+
+def _id(case):
+    b, h, hkv, sq, sk, d, dv, dtype, layout, mask = case
+    return f"B{b}-H{h}/{hkv}-Sq{sq}-Sk{sk}-D{d}-Dv{dv}-{str(dtype)[6:]}-{layout}" + (f"-{mask}" if mask else "")
+
+
+def _kernel_trace(q, k, v, mask=None, lnc=1):
+    """The trn2 simulator result of the op's launch for (q, k, v, mask)."""
+    call = attention.attention_kernel_call(q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+    with simulator.activated():
+        kernel = getattr(_kernel_sources.load(call.module, "simulator"), call.kernel)
+    if lnc > 1:
+        kernel = kernel[lnc]
+    return call, simulator.run(kernel, *[t.contiguous() for t in call.tensors], target="trn2", **call.static)
+
+
+def _exps(res):
+    return [ins for ins in res.trace if ins.op == "activation" and ins.attrs.get("func") == "exp"]
+
+
+@pytest.mark.parametrize("case", DECODE, ids=_id)
+def test_decode_matches_float64(simulator_backend, case):
+    b, h, hkv, sq, sk, d, dv, dtype, layout, mask_kind = case
+    q, k, v = make_qkv(b, h, hkv, sq, sk, d, dv, dtype, layout)
+    mask = make_mask(mask_kind, b, h, sq, sk, dtype)
+    out = nki_kernels.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=h != hkv)
+    check_close(out, q, k, v, mask)
+
+
+@pytest.mark.parametrize("case", DECODE, ids=_id)
+def test_decode_launch_puts_keys_on_partitions(case):
+    """Every exp of a decode launch covers all 128 partitions (keys), whatever the few query
+    rows, and one exp serves a whole batch of (batch, head) pairs."""
+    b, h, hkv, sq, sk, d, dv, dtype, layout, mask_kind = case
+    q, k, v = make_qkv(b, h, hkv, sq, sk, d, dv, dtype, layout)
+    mask = make_mask(mask_kind, b, h, sq, sk, dtype)
+    call, res = _kernel_trace(q, k, v, mask)
+    exps = _exps(res)
+    assert exps and all(ins.writes[0].partitions == 128 for ins in exps)
+    assert len(exps) <= b * hkv                       # one exp per batch of (batch, kv head) pairs
+    check_close(call.finish_outputs(res.outputs), q, k, v, mask)
+
+
+@pytest.mark.parametrize("why, kwargs", [
+    ("33 rows", dict(b=2, h=4, hkv=1, sq=9, sk=512, d=64)),          # G * Sq = 36 > DECODE_MAX_ROWS
+    ("fp32", dict(b=2, h=4, hkv=1, sq=1, sk=512, d=64, dtype=F32)),   # Kᵀ needs 2-byte DMA transposes
+    ("head dim 256", dict(b=2, h=4, hkv=1, sq=1, sk=512, d=256)),
+    ("8193 keys", dict(b=1, h=2, hkv=2, sq=1, sk=8193, d=64)),
+])
+def test_launches_the_decode_path_does_not_take(why, kwargs):
+    """Outside the decode path's contract the row-tile paths run (their exps cover only the
+    query rows), with the same values."""
+    q, k, v = make_qkv(kwargs.pop("b"), kwargs.pop("h"), kwargs.pop("hkv"), kwargs.pop("sq"), kwargs.pop("sk"),
+                       kwargs.pop("d"), dtype=kwargs.pop("dtype", BF16))
+    call, res = _kernel_trace(q, k, v)
+    assert all(ins.writes[0].partitions < 128 for ins in _exps(res)), why
+    check_close(call.finish_outputs(res.outputs), q, k, v)
+
+
+def test_decode_all_masked_batch_is_zero_and_huge_logits_stay_finite(simulator_backend):
+    """A batch whose keys are all padded returns 0 (as torch's SDPA); scaled logits of ~1e7
+    give no inf or NaN (the max is subtracted exactly)."""
+    q, k, v = make_qkv(3, 8, 1, 1, 700, 128, dtype=BF16)
+    q, k = (q.float() * 5e3).to(BF16), (k.float() * 5e3).to(BF16)
+    mask = torch.rand(3, 1, 1, 700) > 0.5
+    mask[1] = False
+    out = nki_kernels.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert torch.isfinite(out).all()
+    assert (out[1] == 0).all() and (out[0] != 0).any()
+    check_close(out, q, k, v, mask)
+
+
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_decode_fits_trn2_at_its_limits(lnc):
+    """The largest decode launches (8192 keys with 32 rows; 64 pairs of 2048 keys) stay
+    within trn2's SBUF and PSUM, and write every output element."""
+    trn2 = get_target("trn2")
+    for b, h, hkv, sq, sk in ((1, 2, 2, 32, 8192), (64, 8, 1, 1, 2048)):
+        q, k, v = make_qkv(b, h, hkv, sq, sk, 128, dtype=BF16)
+        call, res = _kernel_trace(q, k, v, lnc=lnc)
+        assert res.peak_sbuf_bytes_per_partition <= trn2.sbuf_bytes_per_partition
+        assert res.peak_psum_banks <= trn2.psum_banks
+        out = call.finish_outputs(res.outputs)
+        assert not torch.isnan(out).any()
+        check_close(out, q, k, v)
