@@ -42,6 +42,9 @@ from .tiling import cdiv
 # batches are in flight (the next one's loads overlap this one's compute), 128 KiB of
 # trn2's 224 KiB per partition in all.
 DECODE_BATCH_BYTES = 64 * 1024
+# Bytes per partition from which a DMA runs at full bandwidth (AWS, NKI DMA overview,
+# nki-dma-intro-1.jpg: ~97 % at 4 KiB per partition; calibration rows dma.curve.*).
+DMA_SATURATING_BYTES = 4 * 1024
 # PSUM banks of outputs O | rowsum per batch of pairs (each bank holds 512 // (Dv + 1)
 # pairs' [n, Dv + 1]).
 DECODE_O_BANKS = 2
@@ -77,17 +80,38 @@ def decode_attention(facts, plan, tensors, units):
     tail_bias = _tail_bias(facts) if facts.mask_kind is None else None
     ones = nl.ndarray((P, 1), dtype=facts.dtype, buffer=nl.sbuf)   # moving operand of the row sums
     nisa.memset(dst=ones, value=1.0, engine=nisa.engine.gpsimd)
-    # Qᵀ and the mask rows of every pair of this core, loaded once at the start (small
-    # transfers: between the batches' K / V streams each would cost a DMA transfer gap)
     qT = nl.ndarray((facts.D, len(pairs), facts.Sq), dtype=facts.dtype, buffer=nl.sbuf)
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    # Kᵀ one batch ahead of V: DMA order K0, (queries, masks), K1, V0, K2, V1, ... so a
+    # batch's softmax is done when its V arrives and only the last P·V follows the stream
+    next_keys = _load_keys(facts, tensors, pairs[0:sizes[0]])
+    # Qᵀ and the mask rows of every pair of this core, once, after the first batch's keys:
+    # small transfers (each costs a DMA transfer gap), not needed before the first score
+    # matmul, and between later batches' K / V streams they would stall it
     for j0, j1 in _runs(pairs):
         nisa.dma_transpose(dst=qT[:, j0:j1, :], src=_run_rows(facts, tensors.q, pairs, j0, j1, 0, facts.Sq),
                            axes=(2, 1, 0))
     bias = _key_bias(facts, tensors.mask, pairs) if facts.mask_kind == "key" else None
-    i = 0
-    for size in sizes:
-        _decode_batch(facts, plan, tensors, pairs, i, i + size, qT, bias, tail_bias, ones)
-        i += size
+    for i, (p0, size) in enumerate(zip(starts, sizes)):
+        kT = next_keys
+        if i + 1 < len(sizes):
+            next_keys = _load_keys(facts, tensors, pairs[starts[i + 1]:starts[i + 1] + sizes[i + 1]])
+        _decode_batch(facts, plan, tensors, pairs, p0, p0 + size, qT, kT, bias, tail_bias, ones)
+
+
+def _load_keys(facts, tensors, pairs):
+    """Kᵀ [D, pairs, T*128] SBUF (matmul dtype) of ``pairs``: DMA transposes of up to
+    KEY_BLOCK keys, the padding keys of a partial last tile 0."""
+    Sk = facts.Sk
+    T = cdiv(Sk, P)
+    kT = nl.ndarray((facts.D, len(pairs), T * P), dtype=facts.dtype, buffer=nl.sbuf)
+    if Sk < T * P:
+        nisa.memset(dst=kT[:, :, Sk:T * P], value=0.0, engine=nisa.engine.gpsimd)
+    for j, (b, h) in enumerate(pairs):
+        for k0 in range(0, Sk, KEY_BLOCK):
+            k1 = min(Sk, k0 + KEY_BLOCK)
+            load_transposed(facts, tensors.k, b, h, h + 1, k0, k1, out=kT[:, j:j + 1, k0:k1])
+    return kT
 
 
 def _tail_bias(facts):
@@ -102,9 +126,9 @@ def _tail_bias(facts):
     return tb
 
 
-def _decode_batch(facts, plan, tensors, all_pairs, p0, p1, qT_all, bias, tail_bias, ones):
-    """Pairs p0:p1 of this core's ``all_pairs``; ``qT_all`` [D, pairs, n] their Qᵀ,
-    ``bias`` (rows, first row) of _key_bias or None."""
+def _decode_batch(facts, plan, tensors, all_pairs, p0, p1, qT_all, kT, bias, tail_bias, ones):
+    """Pairs p0:p1 of this core's ``all_pairs``; ``qT_all`` [D, pairs, n] their Qᵀ, kT
+    their Kᵀ (_load_keys), ``bias`` (rows, first row) of _key_bias or None."""
     pairs = all_pairs[p0:p1]
     D, Dv, Sk, n = facts.D, facts.Dv, facts.Sk, facts.Sq
     T = cdiv(Sk, P)
@@ -116,25 +140,22 @@ def _decode_batch(facts, plan, tensors, all_pairs, p0, p1, qT_all, bias, tail_bi
     # tile t is the strided Kᵀ columns t, t + T, ... Else tile t holds keys 128 t + p.
     blocked = full == T
 
-    # ---- loads: Qᵀ [D, pb, n], Kᵀ [D, pb, T*128] (padded keys 0), V [128, T, pb, Dv | 1]
+    # ---- V [128, pb, T, Dv]: each pair's in two DMAs when they stay large (_v_parts), so
+    # P·V of the first half runs while the second arrives (the last pair's P·V is what the
+    # DMA stream cannot hide)
     qT = qT_all[:, p0:p1, :]
-    kT = nl.ndarray((D, pb, T * P), dtype=facts.dtype, buffer=nl.sbuf)
-    if Sk < T * P:
-        nisa.memset(dst=kT[:, :, Sk:T * P], value=0.0, engine=nisa.engine.gpsimd)
     vals = nl.ndarray((P, pb, T, Dv), dtype=facts.dtype, buffer=nl.sbuf)
     runs = _runs(pairs)
-    for j, (b, h) in enumerate(pairs):                 # every Kᵀ first: the scores and the
-        for k0 in range(0, Sk, KEY_BLOCK):             # softmax overlap the V loads
-            k1 = min(Sk, k0 + KEY_BLOCK)
-            load_transposed(facts, tensors.k, b, h, h + 1, k0, k1, out=kT[:, j:j + 1, k0:k1])
     for j, (b, h) in enumerate(pairs):
         if blocked:
             # key p·T + t at partition p, slot t: T·Dv contiguous elements per partition
-            nisa.dma_copy(dst=vals[:, j], src=facts.rows(tensors.v, b, h, h + 1, 0, Sk).reshape((P, T, Dv)))
+            src = facts.rows(tensors.v, b, h, h + 1, 0, Sk).reshape((P, T, Dv))
+            for t0, t1 in _v_parts(facts, T):
+                nisa.dma_copy(dst=vals[:, j, t0:t1], src=src[:, t0:t1])
             continue
-        if full:
-            nisa.dma_copy(dst=vals[:, j, 0:full, :].expand_dim(2),
-                          src=facts.tiles(tensors.v, b, h, h + 1, 0, full * P))
+        for t0, t1 in _v_parts(facts, full):
+            nisa.dma_copy(dst=vals[:, j, t0:t1, :].expand_dim(2),
+                          src=facts.tiles(tensors.v, b, h, h + 1, t0 * P, t1 * P))
         if Sk > full * P:
             nisa.dma_copy(dst=vals[:Sk - full * P, j, full:T, :], src=facts.rows(tensors.v, b, h, h + 1, full * P, Sk))
 
@@ -206,6 +227,16 @@ def _decode_batch(facts, plan, tensors, all_pairs, p0, p1, qT_all, bias, tail_bi
     evict(facts, plan, o, res[:n], pb, n)
     for j0, j1 in runs:                                # one store per run
         nisa.dma_copy(dst=_run_rows(facts, tensors.out, pairs, j0, j1, 0, n), src=res[:n, j0:j1, :])
+
+
+def _v_parts(facts, n):
+    """Key-tile ranges of one pair's V DMAs for n tiles: two halves when each still moves
+    DMA_SATURATING_BYTES per partition (the DMA overview's curve: bandwidth saturates from
+    ~4 KiB per partition; a smaller transfer is held by the per-transfer gap), else one."""
+    cut = n // 2
+    if cut * facts.Dv * facts.itemsize < DMA_SATURATING_BYTES:
+        return [(0, n)] if n else []
+    return [(0, cut), (cut, n)]
 
 
 def _runs(pairs):
