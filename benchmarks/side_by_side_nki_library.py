@@ -141,23 +141,35 @@ class NkiLibrary:
     def run(self, module: str, name: str, target: str, lnc: int, **inputs) -> Side:
         try:
             fn = self.function(module, name, target)
+        except Exception as err:  # noqa: BLE001 - reported as the row's status
+            return self._failed(err, name)
+        return self.run_kernel(fn, name, target, lnc, **inputs)
+
+    def run_kernel(self, fn, name: str, target: str, lnc: int, **inputs) -> Side:
+        """Model jitted kernel ``fn`` (AWS's, or a wrapper around it) on ``inputs``."""
+        try:
             with self.bound(target):
                 kernel = fn[lnc] if lnc > 1 and hasattr(fn, "__getitem__") else fn
                 res = simulator.run(kernel, target=target, **inputs)
             est = estimate_trace(res.trace, target, allocations=res.allocations)
             return _side(est, kernel=name)
         except Exception as err:  # a kernel our simulator cannot run yet: report, go on
-            where = traceback.extract_tb(err.__traceback__)[-1]
-            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            if "Kernel validation" in first:
-                # AWS's kernel_assert: the kernel's own input contract rejects the shape
-                reason = first.split("Kernel validation exception: ")[-1].split(" - Please check")[0]
-                return Side("refused", note=reason, kernel=name)
-            if isinstance(err, CapacityError):
-                # the kernel, called on this shape, allocates more SBUF/PSUM than the target has
-                return Side("exceeds memory", note=first.split(" at instruction")[0], kernel=name)
-            msg = f"{type(err).__name__}: {first}"
-            return Side("blocked", note=f"{msg} ({Path(where.filename).name}:{where.lineno})", kernel=name)
+            return self._failed(err, name)
+
+    @staticmethod
+    def _failed(err, name: str) -> Side:
+        """The row's status for an exception raised by AWS's kernel or our simulator."""
+        where = traceback.extract_tb(err.__traceback__)[-1]
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        if "Kernel validation" in first:
+            # AWS's kernel_assert: the kernel's own input contract rejects the shape
+            reason = first.split("Kernel validation exception: ")[-1].split(" - Please check")[0]
+            return Side("refused", note=reason, kernel=name)
+        if isinstance(err, CapacityError):
+            # the kernel, called on this shape, allocates more SBUF/PSUM than the target has
+            return Side("exceeds memory", note=first.split(" at instruction")[0], kernel=name)
+        msg = f"{type(err).__name__}: {first}"
+        return Side("blocked", note=f"{msg} ({Path(where.filename).name}:{where.lineno})", kernel=name)
 
 
 def _source_repairs():
@@ -302,6 +314,73 @@ def attention_pairs(lib: NkiLibrary, target: str, lnc: int, quick: bool) -> list
     return pairs
 
 
+# Decode attention: (B, query heads per kv head, query tokens, cached keys), d = 128, one kv
+# head per launch as nki-library's attention_tkg serves it (tensor parallelism leaves one kv
+# head per core); shapes from AWS's own tkg tests and Llama-style decode batches.
+DECODE_ATTENTION = ((1, 4, 1, 2048), (4, 8, 1, 1024), (8, 4, 1, 4096), (1, 4, 4, 2048), (32, 8, 1, 2048))
+
+
+def _tkg_kernel(lib: NkiLibrary, target: str, cfg):
+    """A jitted wrapper that calls AWS's attention_tkg as its own tests do (q and the active
+    key copied to SBUF first, an SbufManager over the SBUF, output [B, H, d, s_active] in
+    HBM); built inside the checkout's ``nki`` binding."""
+    with lib.bound(target):
+        import nki
+        import nki.isa as nisa
+        import nki.language as nl
+        tkg = importlib.import_module("nkilib_src.nkilib.core.attention.attention_tkg").attention_tkg
+        alloc = importlib.import_module("nkilib_src.nkilib.core.utils.allocator")
+        logging = importlib.import_module("nkilib_src.nkilib.core.utils.logging")
+
+        @nki.jit
+        def attention_tkg(q, k_active, v_active, k_prior, v_prior, mask):
+            sbm = alloc.SbufManager(0, nl.tile_size.total_available_sbuf_size - 16 * 1024, logging.Logger("SBM"))
+            sbm.open_scope()
+            out = nl.ndarray((cfg.bs, cfg.q_head, cfg.d_head, cfg.s_active), dtype=q.dtype, buffer=nl.shared_hbm)
+            q_sb = sbm.alloc_stack(q.shape, dtype=q.dtype, buffer=nl.sbuf)
+            k_sb = sbm.alloc_stack(k_active.shape, dtype=k_active.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(q_sb, q)
+            nisa.dma_copy(k_sb, k_active)
+            result, _ = tkg(q_sb, k_sb, v_active, k_prior, v_prior, mask, out, cfg, sbm)
+            sbm.close_scope()
+            return result
+    return attention_tkg
+
+
+def attention_decode_pairs(lib: NkiLibrary, target: str, lnc: int, quick: bool) -> list[Pair]:
+    """Decode attention: ours (SDPA, q [B, G, s, 128], k/v [B, 1, S, 128], a key-padding mask
+    [B, 1, 1, S]) vs AWS's attention_tkg on the same cache (k_prior [B, 1, S, 128], the layout
+    HF caches use, so tp_k_prior=True; its uint8 mask [S, B, G, s]; q pre-scaled, no RoPE
+    fusion). attention_tkg attends to S keys, the active token in the cache's last slot."""
+    shapes = DECODE_ATTENTION[:1] if quick else DECODE_ATTENTION
+    d = 128
+    pairs = []
+    for b, g, sa, sp in shapes:
+        gen = torch.Generator().manual_seed(zlib.crc32(f"decode{b}{g}{sa}{sp}".encode()))
+        q = _rand((b, g, sa, d), torch.bfloat16, gen)
+        k, v = (_rand((b, 1, sp, d), torch.bfloat16, gen) for _ in range(2))
+        keep = torch.ones((b, 1, 1, sp), dtype=torch.bool)
+        pair = Pair("scaled_dot_product_attention (decode)", f"B={b} H={g}/1kv s={sa} S={sp} D={d} bf16 key mask")
+        pair.ours = _ours("scaled_dot_product_attention", (q, k, v), {"attn_mask": keep, "enable_gqa": g > 1},
+                          target, lnc)
+        try:
+            cfg = lib.function("core.attention.attention_tkg_utils", "AttnTKGConfig", target)(
+                bs=b, q_head=g, s_active=sa, curr_sprior=sp, full_sprior=sp, d_head=d, tp_k_prior=True,
+                qk_in_sb=True)
+            kernel = _tkg_kernel(lib, target, cfg)
+        except Exception as err:  # an older checkout without the kernel: report, go on
+            pair.aws = Side("blocked", note=f"{type(err).__name__}: {err}", kernel="attention_tkg")
+            pairs.append(pair)
+            continue
+        pair.aws = lib.run_kernel(kernel, "attention_tkg", target, lnc,
+                                  q=q.permute(3, 0, 1, 2).reshape(d, b * g * sa).contiguous(),
+                                  k_active=k[:, 0, sp - sa:sp, :].permute(2, 0, 1).reshape(d, b * sa).contiguous(),
+                                  v_active=v[:, :, sp - sa:sp, :].contiguous(), k_prior=k, v_prior=v,
+                                  mask=torch.ones((sp, b, g, sa), dtype=torch.uint8))
+        pairs.append(pair)
+    return pairs
+
+
 def _ours_backward(op: str, args, kwargs, target: str, lnc: int) -> Side:
     """Our backward kernel of ``op`` on a forward call's inputs (the registry's backward
     arguments: fresh output gradients plus what the forward saves)."""
@@ -375,7 +454,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lnc", type=int, default=2, choices=(1, 2),
                     help="launch degree of both sides (default 2: how AWS's compiler launches on trn2/trn3)")
     ap.add_argument("--commit", default="", help="nki-library commit, when the checkout has no .git")
-    ap.add_argument("--ops", default="rms_norm,layer_norm,rope,rope_backward,attention,attention_backward")
+    ap.add_argument("--ops", default="rms_norm,layer_norm,rope,rope_backward,attention,attention_decode,"
+                                     "attention_backward")
     ap.add_argument("--quick", action="store_true", help="two shapes per op")
     ap.add_argument("--markdown", default="", help="also write the table to this file")
     args = ap.parse_args(argv)
@@ -383,10 +463,10 @@ def main(argv=None) -> int:
     if args.commit:
         lib.commit = args.commit
     ops = {o.strip() for o in args.ops.split(",") if o.strip()}
-    unknown = ops - {"rms_norm", "layer_norm", "rope", "rope_backward", "attention", "attention_backward"}
+    known = ("rms_norm", "layer_norm", "rope", "rope_backward", "attention", "attention_decode", "attention_backward")
+    unknown = ops - set(known)
     if unknown:
-        ap.error(f"--ops {sorted(unknown)} unknown; choose from rms_norm, layer_norm, rope, rope_backward, "
-                 "attention, attention_backward")
+        ap.error(f"--ops {sorted(unknown)} unknown; choose from {', '.join(known)}")
     pairs: list[Pair] = []
     for op in ("rms_norm", "layer_norm"):
         if op in ops:
@@ -397,6 +477,8 @@ def main(argv=None) -> int:
         pairs += rope_backward_pairs(lib, args.target, args.lnc, args.quick)
     if "attention" in ops:
         pairs += attention_pairs(lib, args.target, args.lnc, args.quick)
+    if "attention_decode" in ops:
+        pairs += attention_decode_pairs(lib, args.target, args.lnc, args.quick)
     if "attention_backward" in ops:
         pairs += attention_backward_pairs(lib, args.target, args.lnc, args.quick)
     pairs += no_counterpart_pairs()

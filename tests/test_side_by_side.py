@@ -101,3 +101,12 @@ def test_rope_backward_rows_compare_our_backward_with_rope_hf_backward(sbs):
     (pair,) = sbs.rope_backward_pairs(lib, "trn2", 2, quick=True)
     assert pair.op == "apply_rotary_pos_emb backward" and pair.aws.kernel == "rope_hf"
     assert pair.ours.status == pair.aws.status == "ok", (pair.ours.note, pair.aws.note)
+
+
+@pytest.mark.skipif(not HAVE_CHECKOUT, reason="needs an aws-neuron/nki-library checkout (set NKILIB_CHECKOUT)")
+def test_decode_rows_compare_our_sdpa_with_attention_tkg(sbs):
+    lib = sbs.NkiLibrary(NKILIB_CHECKOUT)
+    (pair,) = sbs.attention_decode_pairs(lib, "trn2", 2, quick=True)
+    assert pair.op == "scaled_dot_product_attention (decode)" and pair.aws.kernel == "attention_tkg"
+    assert pair.ours.status == pair.aws.status == "ok", (pair.ours.note, pair.aws.note)
+    assert pair.ours.low <= pair.ours.us <= pair.ours.high and pair.aws.low <= pair.aws.us <= pair.aws.high
