@@ -40,6 +40,7 @@ class Workload:
     large: bool = False                          # a large shape: memory-bound ops target 0.8 efficiency
     speedup_target: float | None = None          # a modeled speedup the op must reach here
     reference_dtype: torch.dtype = torch.float64  # compute dtype of the reference it is checked against
+    inference_only: bool = False                 # a token-generation call: the main job has no backward row
 
 
 @dataclass(frozen=True)

@@ -516,20 +516,29 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 
 # ---------------------------------------------------------------------------- registration
 
-def _workload_label(name, b, h, s, d, hkv=None, causal=False):
+def _workload_label(name, b, h, s, d, hkv=None, causal=False, sq=None, key_padding=False):
     hkv = hkv or h
-    return (f"{name} B={b} H={h}" + (f"/{hkv}kv" if hkv != h else "") + f" S={s} D={d}"
-            + (" causal" if causal else ""))
+    return (f"{name} B={b} H={h}" + (f"/{hkv}kv" if hkv != h else "") + (f" Sq={sq}" if sq not in (None, s) else "")
+            + f" S={s} D={d}" + (" causal" if causal else "") + (" key padding" if key_padding else ""))
 
 
-def _workload(name, b, h, s, d, hkv=None, causal=False, **kw):
+def _workload(name, b, h, s, d, hkv=None, causal=False, sq=None, key_padding=False, **kw):
+    """A registry workload: q [b, h, sq (default s), d], k / v [b, hkv, s, d]; with
+    ``key_padding`` a bool mask [b, 1, 1, s] (transformers' padding mask at decode) whose
+    batches pad different numbers of leading keys (batch i: 37 i mod s / 2)."""
     hkv = hkv or h
+    sq = s if sq is None else sq
 
     def make(gen):
-        q, k, v = randn(gen, b, h, s, d), randn(gen, b, hkv, s, d), randn(gen, b, hkv, s, d)
-        return (q, k, v), {"attn_mask": None, "is_causal": causal, "enable_gqa": hkv != h}
+        q, k, v = randn(gen, b, h, sq, d), randn(gen, b, hkv, s, d), randn(gen, b, hkv, s, d)
+        mask = None
+        if key_padding:
+            mask = torch.ones((b, 1, 1, s), dtype=torch.bool)
+            for i in range(b):
+                mask[i, :, :, :(37 * i) % (s // 2)] = False
+        return (q, k, v), {"attn_mask": mask, "is_causal": causal, "enable_gqa": hkv != h}
 
-    return registry.Workload(_workload_label(name, b, h, s, d, hkv, causal), make, **kw)
+    return registry.Workload(_workload_label(name, b, h, s, d, hkv, causal, sq, key_padding), make, **kw)
 
 
 def _backward_inputs(gen, args, kwargs):
@@ -574,4 +583,7 @@ registry.register(registry.OpSpec(
         _workload("Llama long-S", 1, 8, 2048, 128, hkv=2, causal=True, quick=True,
                   reference_dtype=torch.float32),
         _workload("Llama long-S", 1, 16, 4096, 128, hkv=4, causal=True, reference_dtype=torch.float32),
+        # token generation: one new query per sequence against a padded KV cache
+        _workload("Llama decode", 8, 32, 2048, 128, hkv=8, sq=1, key_padding=True, reference_dtype=torch.float32,
+                  inference_only=True),
     )))
