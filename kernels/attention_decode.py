@@ -12,14 +12,15 @@ makes the same choice: keys on partitions, the max by a reduce, a TensorE transp
 second reduce, the exp after a VectorE subtraction.
 
 Per batch of ``pb`` (batch, head) pairs, n = Sq rows each, T = ceil(Sk / 128) key tiles
-(tile t holds keys 128 t .. 128 t + 127 on partitions 0-127):
-    DMA      Qᵀ [D, n] and Kᵀ [D, Sk] by DMA transposes; V [128, T, Dv] (+ a ones column);
-             the key-padding row [T, 128] (contiguous) of each batch.
+(blocked when Sk is a multiple of 128: partition p holds keys p·T .. p·T + T - 1, so V and
+the mask move as one contiguous run per partition; else tile t holds keys 128 t + p):
+    DMA      Kᵀ [D, Sk] by DMA transposes, one batch ahead of V; Qᵀ and the key-padding
+             rows of every pair of the core once, after the first batch's keys; V [128, T,
+             Dv] per pair (two halves when each stays >= 4 KiB per partition); outputs.
     TensorE  Sᵀ_t = K_t·Qᵀ [128, n] per (pair, key tile) (stationary Kᵀ_t, moving Qᵀ), a
-             PSUM bank of them at a time; the mask rows transposed to [128, T]; the
+             PSUM bank of them at a time; unblocked mask rows transposed to [128, T]; the
              per-lane maxima transposed to rows; the row max broadcast back to 128 lanes;
-             O = P·[V | 1] (stationary Pᵀ_t [128, n], moving [V_t | 1]): the ones column
-             gives the row sum of the same rounded P that multiplies V.
+             O = P·V and the row sums P·1 (stationary Pᵀ_t [128, n]) per pair.
     VectorE  x = scale·Sᵀ out of PSUM into SBUF fp32 [128, pb, T, n]; the per-lane max over
              the key tiles; the max of the 128 lanes; x - m (m broadcast over lanes and
              tiles); the eviction of O / rowsum (attention_blocks.evict).

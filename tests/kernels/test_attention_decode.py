@@ -111,3 +111,19 @@ def test_decode_fits_trn2_at_its_limits(lnc):
         out = call.finish_outputs(res.outputs)
         assert not torch.isnan(out).any()
         check_close(out, q, k, v)
+
+
+# ``-m sweep``: key counts around the tile and block edges x pair shapes x masks (head dim,
+# dtype and layout cycle along)
+SWEEP_KEYS = [1, 127, 128, 129, 2048, 4097, 8192]
+SWEEP_PAIRS = [(1, 1, 1, 1), (4, 8, 1, 1), (3, 6, 6, 2), (2, 4, 2, 8)]      # (B, H, Hkv, Sq)
+SWEEP = [(b, h, hkv, sq, sk, d, d, dtype, layout, mask)
+         for i, (sk, (b, h, hkv, sq), mask) in enumerate(
+             (sk, p, m) for sk in SWEEP_KEYS for p in SWEEP_PAIRS for m in (None, "key_bool", "key_float"))
+         for d, dtype, layout in [((64, BF16, "bshd"), (128, F16, "bhsd"), (96, BF16, "bhsd"))[i % 3]]]
+
+
+@pytest.mark.sweep
+@pytest.mark.parametrize("case", SWEEP, ids=_id)
+def test_decode_sweep(simulator_backend, case):
+    test_decode_matches_float64(simulator_backend, case)
