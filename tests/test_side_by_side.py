@@ -96,17 +96,13 @@ def test_rope_rows_compare_ours_with_both_of_aws_kernels(sbs):
 
 
 @pytest.mark.skipif(not HAVE_CHECKOUT, reason="needs an aws-neuron/nki-library checkout (set NKILIB_CHECKOUT)")
-def test_rope_backward_rows_compare_our_backward_with_rope_hf_backward(sbs):
+@pytest.mark.parametrize("rows, op, kernel", [
+    ("rope_backward_pairs", "apply_rotary_pos_emb backward", "rope_hf"),       # rope_hf(backward=True)
+    ("attention_decode_pairs", "scaled_dot_product_attention (decode)", "attention_tkg"),
+])
+def test_single_kernel_rows_compare_ours_with_the_aws_kernel(sbs, rows, op, kernel):
     lib = sbs.NkiLibrary(NKILIB_CHECKOUT)
-    (pair,) = sbs.rope_backward_pairs(lib, "trn2", 2, quick=True)
-    assert pair.op == "apply_rotary_pos_emb backward" and pair.aws.kernel == "rope_hf"
-    assert pair.ours.status == pair.aws.status == "ok", (pair.ours.note, pair.aws.note)
-
-
-@pytest.mark.skipif(not HAVE_CHECKOUT, reason="needs an aws-neuron/nki-library checkout (set NKILIB_CHECKOUT)")
-def test_decode_rows_compare_our_sdpa_with_attention_tkg(sbs):
-    lib = sbs.NkiLibrary(NKILIB_CHECKOUT)
-    (pair,) = sbs.attention_decode_pairs(lib, "trn2", 2, quick=True)
-    assert pair.op == "scaled_dot_product_attention (decode)" and pair.aws.kernel == "attention_tkg"
+    (pair,) = getattr(sbs, rows)(lib, "trn2", 2, quick=True)
+    assert pair.op == op and pair.aws.kernel == kernel
     assert pair.ours.status == pair.aws.status == "ok", (pair.ours.note, pair.aws.note)
     assert pair.ours.low <= pair.ours.us <= pair.ours.high and pair.aws.low <= pair.aws.us <= pair.aws.high
