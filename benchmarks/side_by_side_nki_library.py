@@ -314,10 +314,17 @@ def attention_pairs(lib: NkiLibrary, target: str, lnc: int, quick: bool) -> list
     return pairs
 
 
-# Decode attention: (B, query heads per kv head, query tokens, cached keys), d = 128, one kv
+# Decode attention: (B, query heads per kv head, query tokens, cached keys, head dim), one kv
 # head per launch as nki-library's attention_tkg serves it (tensor parallelism leaves one kv
-# head per core); shapes from AWS's own tkg tests and Llama-style decode batches.
-DECODE_ATTENTION = ((1, 4, 1, 2048), (4, 8, 1, 1024), (8, 4, 1, 4096), (1, 4, 4, 2048), (32, 8, 1, 2048))
+# head per core). First the shapes of AWS's own tkg test table (test_attention_tkg.py
+# attention_tkg_fast_configs: Llama 76B / 3.1 70B / 405B slots, smaller buckets, d = 64;
+# speculative decoding with 5 or 7 tokens), then Llama-style one-token batches.
+DECODE_ATTENTION = (
+    (4, 1, 5, 1024, 128), (4, 1, 5, 3072, 128), (4, 1, 5, 7168, 128), (4, 1, 5, 10240, 128),
+    (4, 1, 5, 16384, 128), (4, 1, 5, 24576, 128), (4, 2, 7, 16384, 128), (4, 2, 7, 256, 128),
+    (4, 2, 7, 2048, 128), (4, 2, 7, 512, 64), (4, 3, 7, 16384, 64), (4, 1, 5, 10240, 64),
+    (1, 4, 1, 2048, 128), (4, 8, 1, 1024, 128), (8, 4, 1, 4096, 128), (32, 8, 1, 2048, 128),
+)
 
 
 def _tkg_kernel(lib: NkiLibrary, target: str, cfg):
@@ -348,15 +355,14 @@ def _tkg_kernel(lib: NkiLibrary, target: str, cfg):
 
 
 def attention_decode_pairs(lib: NkiLibrary, target: str, lnc: int, quick: bool) -> list[Pair]:
-    """Decode attention: ours (SDPA, q [B, G, s, 128], k/v [B, 1, S, 128], a key-padding mask
-    [B, 1, 1, S]) vs AWS's attention_tkg on the same cache (k_prior [B, 1, S, 128], the layout
+    """Decode attention: ours (SDPA, q [B, G, s, d], k/v [B, 1, S, d], a key-padding mask
+    [B, 1, 1, S]) vs AWS's attention_tkg on the same cache (k_prior [B, 1, S, d], the layout
     HF caches use, so tp_k_prior=True; its uint8 mask [S, B, G, s]; q pre-scaled, no RoPE
     fusion). attention_tkg attends to S keys, the active token in the cache's last slot."""
     shapes = DECODE_ATTENTION[:1] if quick else DECODE_ATTENTION
-    d = 128
     pairs = []
-    for b, g, sa, sp in shapes:
-        gen = torch.Generator().manual_seed(zlib.crc32(f"decode{b}{g}{sa}{sp}".encode()))
+    for b, g, sa, sp, d in shapes:
+        gen = torch.Generator().manual_seed(zlib.crc32(f"decode{b}{g}{sa}{sp}{d}".encode()))
         q = _rand((b, g, sa, d), torch.bfloat16, gen)
         k, v = (_rand((b, 1, sp, d), torch.bfloat16, gen) for _ in range(2))
         keep = torch.ones((b, 1, 1, sp), dtype=torch.bool)

@@ -1,7 +1,8 @@
 """The decode attention path: a few query rows per head against many keys, with the keys
 on the 128 partitions (``LaunchFacts.decode``: 16-bit data, one query head per kv head, at
-most DECODE_MAX_ROWS query rows, no causal mask, no mask or a key-padding mask, D <= 128,
-Sk <= DECODE_MAX_KEYS).
+most DECODE_MAX_ROWS query rows, no causal mask, no mask or a key-padding mask, D <= 128;
+beyond DECODE_RESIDENT_KEYS keys one pair at a time with Kᵀ streamed, within
+DECODE_STREAM_BYTES).
 
 Why: the other paths put a query tile's rows on the partitions. At decode a tile holds 1-32
 live rows (Sq = 1, or the G query heads of a kv head folded into its rows by the op layer),
@@ -36,7 +37,7 @@ import nki.isa as nisa
 import nki.language as nl
 
 from .attention_blocks import FLT_MAX, evict, load_transposed
-from .attention_launch import KEY_BLOCK, NEG_INF, P, PSUM_BANK_FP32
+from .attention_launch import DECODE_RESIDENT_KEYS, KEY_BLOCK, NEG_INF, P, PSUM_BANK_FP32
 from .tiling import cdiv
 
 # SBUF of one batch of pairs, per partition: Kᵀ and V (16-bit), x (fp32) and Pᵀ; two
@@ -46,6 +47,8 @@ DECODE_BATCH_BYTES = 64 * 1024
 # Bytes per partition from which a DMA runs at full bandwidth (AWS, NKI DMA overview,
 # nki-dma-intro-1.jpg: ~97 % at 4 KiB per partition; calibration rows dma.curve.*).
 DMA_SATURATING_BYTES = 4 * 1024
+# At most this many V DMAs per pair (long streamed pairs: P·V follows V in 8 steps).
+V_MAX_PARTS = 8
 # PSUM banks of outputs O | rowsum per batch of pairs (each bank holds 512 // (Dv + 1)
 # pairs' [n, Dv + 1]).
 DECODE_O_BANKS = 2
@@ -63,6 +66,8 @@ def decode_batch_sizes(facts, pairs):
     """Pairs per batch, in order, for ``pairs`` pairs on this core: batches of as many as
     DECODE_BATCH_BYTES, the 128 rows of the transposed maxima and DECODE_O_BANKS of
     outputs allow."""
+    if facts.Sk > DECODE_RESIDENT_KEYS:
+        return [1] * pairs                      # streamed keys: one pair at a time
     per_o = PSUM_BANK_FP32 // (facts.Dv + 1)
     most = max(1, min(DECODE_BATCH_BYTES // decode_pair_bytes(facts), P // facts.Sq,
                       per_o * DECODE_O_BANKS))
@@ -83,9 +88,11 @@ def decode_attention(facts, plan, tensors, units):
     nisa.memset(dst=ones, value=1.0, engine=nisa.engine.gpsimd)
     qT = nl.ndarray((facts.D, len(pairs), facts.Sq), dtype=facts.dtype, buffer=nl.sbuf)
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    # Kᵀ one batch ahead of V: DMA order K0, (queries, masks), K1, V0, K2, V1, ... so a
-    # batch's softmax is done when its V arrives and only the last P·V follows the stream
-    next_keys = _load_keys(facts, tensors, pairs[0:sizes[0]])
+    # Kᵀ one batch ahead of V (resident) or one pair's scores ahead (streamed): DMA order K0,
+    # (queries, masks), K1, V0, K2, V1, ... so a batch's softmax is done when its V arrives
+    # and only the last P·V follows the stream
+    streamed = facts.Sk > DECODE_RESIDENT_KEYS
+    next_keys = None if streamed else _load_keys(facts, tensors, pairs[0:sizes[0]])
     # Qᵀ and the mask rows of every pair of this core, once, after the first batch's keys:
     # small transfers (each costs a DMA transfer gap), not needed before the first score
     # matmul, and between later batches' K / V streams they would stall it
@@ -93,11 +100,72 @@ def decode_attention(facts, plan, tensors, units):
         nisa.dma_transpose(dst=qT[:, j0:j1, :], src=_run_rows(facts, tensors.q, pairs, j0, j1, 0, facts.Sq),
                            axes=(2, 1, 0))
     bias = _key_bias(facts, tensors.mask, pairs) if facts.mask_kind == "key" else None
+    # streamed keys: the next pair's scores (its Kᵀ stream) one pair ahead of this pair's V
+    next_scores = _pair_scores(facts, tensors, pairs, 0, qT) if streamed else None
     for i, (p0, size) in enumerate(zip(starts, sizes)):
-        kT = next_keys
+        kT, x = next_keys, next_scores
         if i + 1 < len(sizes):
-            next_keys = _load_keys(facts, tensors, pairs[starts[i + 1]:starts[i + 1] + sizes[i + 1]])
-        _decode_batch(facts, plan, tensors, pairs, p0, p0 + size, qT, kT, bias, tail_bias, ones)
+            if streamed:
+                next_scores = _pair_scores(facts, tensors, pairs, starts[i + 1], qT)
+            else:
+                next_keys = _load_keys(facts, tensors, pairs[starts[i + 1]:starts[i + 1] + sizes[i + 1]])
+        _decode_batch(facts, plan, tensors, pairs, p0, p0 + size, qT, kT, x, bias, tail_bias, ones)
+
+
+def _pair_scores(facts, tensors, pairs, p, qT):
+    """x [128, 1, T, n] fp32 = scale·Sᵀ of pair p, its Kᵀ streamed (_streamed_scores)."""
+    T = cdiv(facts.Sk, P)
+    x = nl.ndarray((P, 1, T, facts.Sq), dtype=nl.float32, buffer=nl.sbuf)
+    _streamed_scores(facts, tensors, x, pairs[p], qT[:, p, :], facts.Sk == T * P)
+    return x
+
+
+def _resident_scores(facts, x, kT, qT, blocked):
+    """x [128, pb, T, n] = scale·Sᵀ from the batch's resident Kᵀ, a PSUM bank of (pair, key
+    tile) items at a time (items of several pairs share a bank: fewer evictions)."""
+    _, pb, T, n = x.shape
+    x_items = x.reshape((P, pb * T * n))
+    per_bank = PSUM_BANK_FP32 // n
+    items = pb * T
+    for i0 in range(0, items, per_bank):
+        i1 = min(items, i0 + per_bank)
+        st = nl.ndarray((P, per_bank * n), dtype=nl.float32, buffer=nl.psum)
+        for i in range(i0, i1):
+            j, t = i // T, i % T
+            c = (i - i0) * n
+            keys = kT[:, j, t::T] if blocked else kT[:, j, t * P:(t + 1) * P]
+            nisa.nc_matmul(dst=st[:, c:c + n], stationary=keys, moving=qT[:, j, :])
+        nisa.tensor_scalar(dst=x_items[:, i0 * n:i1 * n], data=st[:, 0:(i1 - i0) * n], op0=nl.multiply,
+                           operand0=facts.scale)
+
+
+def _streamed_scores(facts, tensors, x, pair, qT, blocked):
+    """x [128, 1, T, n] = scale·Sᵀ of one pair with its Kᵀ streamed in blocks of up to
+    KEY_BLOCK keys (a rotating [D, tiles, 128] SBUF buffer, one DMA transpose each), a PSUM
+    bank of key tiles per block. Blocked keys: the block of tiles t0:t1 holds keys p·T + t
+    (partition p of the key tile), so its DMA reads rows t0:t1 of K viewed [128, T, D]."""
+    b, h = pair
+    D, Sk = facts.D, facts.Sk
+    T, n = x.shape[2], x.shape[3]
+    per_block = min(KEY_BLOCK // P, PSUM_BANK_FP32 // n)
+    rows = facts.rows(tensors.k, b, h, h + 1, 0, Sk)          # [Sk, 1, D]
+    for t0 in range(0, T, per_block):
+        t1 = min(T, t0 + per_block)
+        kb = nl.ndarray((D, per_block, P), dtype=facts.dtype, buffer=nl.sbuf)
+        if blocked:
+            nisa.dma_transpose(dst=kb[:, 0:t1 - t0, :], src=rows.reshape((P, T, D))[:, t0:t1, :], axes=(2, 1, 0))
+        else:
+            k0, k1 = t0 * P, min(Sk, t1 * P)
+            flat = kb.reshape((D, 1, per_block * P))
+            if k1 < t1 * P:                                    # the last tile's padding keys: 0
+                nisa.memset(dst=flat[:, :, k1 - k0:(t1 - t0) * P], value=0.0, engine=nisa.engine.gpsimd)
+            nisa.dma_transpose(dst=flat[:, :, 0:k1 - k0], src=rows[k0:k1], axes=(2, 1, 0))
+        st = nl.ndarray((P, per_block * n), dtype=nl.float32, buffer=nl.psum)
+        for t in range(t0, t1):
+            c = (t - t0) * n
+            nisa.nc_matmul(dst=st[:, c:c + n], stationary=kb[:, t - t0, :], moving=qT)
+        nisa.tensor_scalar(dst=x[:, 0, t0:t1, :], data=st[:, 0:(t1 - t0) * n].reshape((P, t1 - t0, n)),
+                           op0=nl.multiply, operand0=facts.scale)
 
 
 def _load_keys(facts, tensors, pairs):
@@ -127,9 +195,10 @@ def _tail_bias(facts):
     return tb
 
 
-def _decode_batch(facts, plan, tensors, all_pairs, p0, p1, qT_all, kT, bias, tail_bias, ones):
-    """Pairs p0:p1 of this core's ``all_pairs``; ``qT_all`` [D, pairs, n] their Qᵀ, kT
-    their Kᵀ (_load_keys), ``bias`` (rows, first row) of _key_bias or None."""
+def _decode_batch(facts, plan, tensors, all_pairs, p0, p1, qT_all, kT, x, bias, tail_bias, ones):
+    """Pairs p0:p1 of this core's ``all_pairs``; ``qT_all`` [D, pairs, n] their Qᵀ; either
+    kT, their resident Kᵀ (_load_keys), or x, the scores of a streamed pair (_pair_scores);
+    ``bias`` (rows, first row) of _key_bias or None."""
     pairs = all_pairs[p0:p1]
     D, Dv, Sk, n = facts.D, facts.Dv, facts.Sk, facts.Sq
     T = cdiv(Sk, P)
@@ -141,10 +210,14 @@ def _decode_batch(facts, plan, tensors, all_pairs, p0, p1, qT_all, kT, bias, tai
     # tile t is the strided Kᵀ columns t, t + T, ... Else tile t holds keys 128 t + p.
     blocked = full == T
 
-    # ---- V [128, pb, T, Dv]: each pair's in two DMAs when they stay large (_v_parts), so
-    # P·V of the first half runs while the second arrives (the last pair's P·V is what the
-    # DMA stream cannot hide)
-    qT = qT_all[:, p0:p1, :]
+    # ---- x = scale·Sᵀ [128, pb, T, n] fp32 (a streamed pair's is made one pair ahead)
+    if x is None:
+        x = nl.ndarray((P, pb, T, n), dtype=nl.float32, buffer=nl.sbuf)
+        _resident_scores(facts, x, kT, qT_all[:, p0:p1, :], blocked)
+    # ---- V [128, pb, T, Dv] (after the scores in program order: streamed keys go first on
+    # the DMA queues): each pair's in parts of >= 4 KiB per partition (_v_parts), so P·V of
+    # the first part runs while the next arrives (the last pair's P·V is what the DMA
+    # stream cannot hide)
     vals = nl.ndarray((P, pb, T, Dv), dtype=facts.dtype, buffer=nl.sbuf)
     runs = _runs(pairs)
     for j, (b, h) in enumerate(pairs):
@@ -160,21 +233,6 @@ def _decode_batch(facts, plan, tensors, all_pairs, p0, p1, qT_all, kT, bias, tai
         if Sk > full * P:
             nisa.dma_copy(dst=vals[:Sk - full * P, j, full:T, :], src=facts.rows(tensors.v, b, h, h + 1, full * P, Sk))
 
-    # ---- x = scale·Sᵀ [128, pb, T, n] fp32, a PSUM bank of (pair, key tile) items at a time
-    x = nl.ndarray((P, pb, T, n), dtype=nl.float32, buffer=nl.sbuf)
-    x_items = x.reshape((P, pb * T * n))
-    per_bank = PSUM_BANK_FP32 // n
-    items = pb * T
-    for i0 in range(0, items, per_bank):
-        i1 = min(items, i0 + per_bank)
-        st = nl.ndarray((P, per_bank * n), dtype=nl.float32, buffer=nl.psum)
-        for i in range(i0, i1):
-            j, t = i // T, i % T
-            c = (i - i0) * n
-            keys = kT[:, j, t::T] if blocked else kT[:, j, t * P:(t + 1) * P]
-            nisa.nc_matmul(dst=st[:, c:c + n], stationary=keys, moving=qT[:, j, :])
-        nisa.tensor_scalar(dst=x_items[:, i0 * n:i1 * n], data=st[:, 0:(i1 - i0) * n], op0=nl.multiply,
-                           operand0=facts.scale)
     if bias is not None:
         bias, lo = bias
         if bias.shape[1] == len(all_pairs):            # one mask row per pair, in order
@@ -231,13 +289,13 @@ def _decode_batch(facts, plan, tensors, all_pairs, p0, p1, qT_all, kT, bias, tai
 
 
 def _v_parts(facts, n):
-    """Key-tile ranges of one pair's V DMAs for n tiles: two halves when each still moves
-    DMA_SATURATING_BYTES per partition (the DMA overview's curve: bandwidth saturates from
-    ~4 KiB per partition; a smaller transfer is held by the per-transfer gap), else one."""
-    cut = n // 2
-    if cut * facts.Dv * facts.itemsize < DMA_SATURATING_BYTES:
-        return [(0, n)] if n else []
-    return [(0, cut), (cut, n)]
+    """Key-tile ranges of one pair's V DMAs for n tiles: as many parts (up to V_MAX_PARTS)
+    as still move DMA_SATURATING_BYTES per partition each (the DMA overview's curve:
+    bandwidth saturates from ~4 KiB per partition; a smaller transfer is held by the
+    per-transfer gap); [] for n = 0."""
+    parts = max(1, min(V_MAX_PARTS, n * facts.Dv * facts.itemsize // DMA_SATURATING_BYTES))
+    cuts = [n * i // parts for i in range(parts + 1)]
+    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
 
 
 def _runs(pairs):

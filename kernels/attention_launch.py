@@ -45,11 +45,20 @@ TS_PARTITION_QUADRANT = 32
 TS_MAX_KEY_TILES = 3
 NEG_INF = float("-inf")       # additive mask value of a masked key
 # Decode path (attention_decode.py: keys on partitions): at most this many query rows per
-# (batch, head), and keys up to DECODE_MAX_KEYS (Kᵀ and V of a pair stay in SBUF). Modeled
-# trn2 LNC=2, bf16, d = 128, B=4 kv heads 1, S=2048: 32 rows (G=4, Sq=8) 18.2 -> 16.9 us
-# on this path; 64 rows (G=8, Sq=8) 18.5 -> 21.5, so 64 rows stay on the row-tile paths.
+# (batch, head). Modeled trn2 LNC=2, bf16, d = 128, B=4 kv heads 1, S=2048: 32 rows (G=4,
+# Sq=8) 18.2 -> 16.9 us on this path; 64 rows (G=8, Sq=8) 18.5 -> 21.5, so 64 rows stay on
+# the row-tile paths.
 DECODE_MAX_ROWS = 32
-DECODE_MAX_KEYS = 8192
+# Up to DECODE_RESIDENT_KEYS keys, Kᵀ and V of a batch of pairs stay in SBUF (several pairs
+# share the fixed costs); beyond, one pair at a time with Kᵀ streamed in blocks, one pair
+# ahead, and V, the scores and Pᵀ resident, as long as those take at most
+# DECODE_STREAM_BYTES per partition (two pairs in flight: 160 KiB of trn2's 224; bf16
+# Dv = 128 and 5 rows: 26624 keys). Modeled trn2 LNC=2, key padding, central / optimistic
+# us with the limit at 8192 -> 2048: B=4 H=1/1kv s=5 S=7168 30.3 / 28.3 -> 27.4 / 25.0;
+# S=3072 17.0 / 15.1 -> 15.9 / 12.7; B=8 H=4/1kv S=4096 31.2 / 28.0 -> 31.0 / 27.9. At
+# 1024 the 2048-key rows lose (B=1 H=4/1kv 9.6 -> 11.3).
+DECODE_RESIDENT_KEYS = 2048
+DECODE_STREAM_BYTES = 80 * 1024
 
 
 @dataclass(frozen=True)
@@ -135,7 +144,8 @@ def launch_facts(q, k, v, mask, scale, causal, layout, key_block):
                          and D % TS_PARTITION_QUADRANT == 0 and D + TS_EXTRA_ROWS <= P
                          and Dv <= P and key_block >= Sk)
     decode = (isz == 2 and G == 1 and Sq <= DECODE_MAX_ROWS and not causal
-              and mask_kind in (None, "key") and D <= P and Sk <= DECODE_MAX_KEYS)
+              and mask_kind in (None, "key") and D <= P
+              and (Sk <= DECODE_RESIDENT_KEYS or decode_streamed_bytes(isz, Sq, Sk, Dv) <= DECODE_STREAM_BYTES))
     return LaunchFacts(
         B=B, H=H, Hkv=Hkv, G=G, Sq=Sq, Sk=Sk, D=D, Dv=Dv, layout=layout, dtype=q.dtype,
         itemsize=isz, scale=float(scale), causal=bool(causal), mask_kind=mask_kind,
@@ -144,6 +154,13 @@ def launch_facts(q, k, v, mask, scale, causal, layout, key_block):
         causal_only=bool(causal) and mask is None, guard_empty_rows=mask is not None,
         biased=biased, dma_transpose=isz == 2, n_q_tiles=n_q_tiles, key_block=key_block,
         kv_group=kv_group, q_chunk=q_chunk, transposed_scores=transposed_scores, decode=decode)
+
+
+def decode_streamed_bytes(isz, Sq, Sk, Dv):
+    """SBUF bytes per partition of one pair of the decode path's streamed keys: V (16-bit),
+    the fp32 scores and Pᵀ, for cdiv(Sk, 128) key tiles of Sq rows."""
+    T = cdiv(Sk, P)
+    return T * (Dv * isz + Sq * (FP32_BYTES + isz))
 
 
 def _mask_kind(mask, B, H, Sq, Sk):

@@ -24,6 +24,10 @@ DECODE = [
     (1, 2, 2, 32, 257, 64, 64, BF16, "bshd", "key_bool"),     # 32 rows (DECODE_MAX_ROWS), 1-key tail
     (2, 2, 2, 1, 1, 32, 32, BF16, "bhsd", None),              # one key
     (5, 4, 1, 3, 640, 96, 128, BF16, "bhsd", "key_bool"),     # odd batch count, D = 96
+    # past DECODE_RESIDENT_KEYS: one pair at a time, Kᵀ streamed in blocks one pair ahead
+    (2, 4, 1, 5, 10240, 128, 128, BF16, "bhsd", "key_bool"),  # AWS's tkg table: 4 heads x 5 tokens, blocked keys
+    (1, 2, 2, 3, 9000, 64, 64, F16, "bshd", None),            # 9000 keys: a 40-key tail tile, natural order
+    (3, 2, 1, 7, 4097, 128, 96, BF16, "bhsd", "key_float"),   # 3 pairs over 2 cores, Dv != D
 ]
 
 
@@ -73,7 +77,7 @@ def test_decode_launch_puts_keys_on_partitions(case):
     ("33 rows", dict(b=2, h=4, hkv=1, sq=9, sk=512, d=64)),          # G * Sq = 36 > DECODE_MAX_ROWS
     ("fp32", dict(b=2, h=4, hkv=1, sq=1, sk=512, d=64, dtype=F32)),   # Kᵀ needs 2-byte DMA transposes
     ("head dim 256", dict(b=2, h=4, hkv=1, sq=1, sk=512, d=256)),
-    ("8193 keys", dict(b=1, h=2, hkv=2, sq=1, sk=8193, d=64)),
+    ("streamed pair over budget", dict(b=1, h=1, hkv=1, sq=32, sk=24000, d=128)),   # 84 KiB > 80 KiB
 ])
 def test_launches_the_decode_path_does_not_take(why, kwargs):
     """Outside the decode path's contract the row-tile paths run (their exps cover only the
@@ -100,10 +104,11 @@ def test_decode_all_masked_batch_is_zero_and_huge_logits_stay_finite(simulator_b
 
 @pytest.mark.parametrize("lnc", [1, 2])
 def test_decode_fits_trn2_at_its_limits(lnc):
-    """The largest decode launches (8192 keys with 32 rows; 64 pairs of 2048 keys) stay
-    within trn2's SBUF and PSUM, and write every output element."""
+    """The largest decode launches stay within trn2's SBUF and PSUM and write every output
+    element: 64 pairs of 2048 resident keys; streamed pairs at DECODE_STREAM_BYTES (32 rows
+    of 23296 keys, 5 rows of 36608 keys)."""
     trn2 = get_target("trn2")
-    for b, h, hkv, sq, sk in ((1, 2, 2, 32, 8192), (64, 8, 1, 1, 2048)):
+    for b, h, hkv, sq, sk in ((64, 8, 1, 1, 2048), (2, 1, 1, 32, 23296), (2, 1, 1, 5, 36608)):
         q, k, v = make_qkv(b, h, hkv, sq, sk, 128, dtype=BF16)
         call, res = _kernel_trace(q, k, v, lnc=lnc)
         assert res.peak_sbuf_bytes_per_partition <= trn2.sbuf_bytes_per_partition
