@@ -36,7 +36,7 @@ torch's SDPA).
 import nki.isa as nisa
 import nki.language as nl
 
-from .attention_blocks import FLT_MAX, evict, load_transposed
+from .attention_blocks import FLT_MAX, divide, evict, load_transposed
 from .attention_launch import DECODE_RESIDENT_KEYS, KEY_BLOCK, NEG_INF, P, PSUM_BANK_FP32
 from .tiling import cdiv
 
@@ -79,6 +79,9 @@ def decode_batch_sizes(facts, pairs):
 def decode_attention(facts, plan, tensors, units):
     """Decode attention for this program's work ``units`` (attention_work.program_units:
     whole (batch, head) pairs, every query row), in batches of pairs."""
+    if nl.num_programs() == 2 and facts.B * facts.Hkv == 1 and facts.Sk > DECODE_RESIDENT_KEYS:
+        _decode_split_pair(facts, plan, tensors)
+        return
     pairs = [(b, h) for (b, h0, h1, _t0, _t1) in units for h in range(h0, h1)]
     if not pairs:
         return
@@ -112,11 +115,60 @@ def decode_attention(facts, plan, tensors, units):
         _decode_batch(facts, plan, tensors, pairs, p0, p0 + size, qT, kT, x, bias, tail_bias, ones)
 
 
-def _pair_scores(facts, tensors, pairs, p, qT):
-    """x [128, 1, T, n] fp32 = scale·Sᵀ of pair p, its Kᵀ streamed (_streamed_scores)."""
-    T = cdiv(facts.Sk, P)
+def _decode_split_pair(facts, plan, tensors):
+    """One (batch, head) pair on both cores of an LNC=2 launch (batch-1 decode with one kv
+    head per launch): each core takes half of the keys (a multiple of 128 on core 0) and
+    makes its partial O | rowsum and row max m (FlashAttention's split-KV decoding); the
+    cores swap their partials with one sendrecv (nki.isa.sendrecv, NKI 0.7: "sends its src
+    tile to the dst location of the target NeuronCore ... while simultaneously receiving")
+    and core 0 combines them: m = max(m0, m1), O = O0·exp(m0 - m) + O1·exp(m1 - m) and the
+    row sums alike, then O / rowsum. AWS's attention_tkg shards its keys over the two cores
+    the same way when the batch cannot be split."""
+    core = nl.program_id(0)
+    Dv, n = facts.Dv, facts.Sq
+    half = cdiv(cdiv(facts.Sk, P), 2) * P
+    keys = (0, half) if core == 0 else (half, facts.Sk)
+    pairs = [(0, 0)]
+    ones = nl.ndarray((P, 1), dtype=facts.dtype, buffer=nl.sbuf)   # moving operand of the row sums
+    nisa.memset(dst=ones, value=1.0, engine=nisa.engine.gpsimd)
+    qT = nl.ndarray((facts.D, 1, n), dtype=facts.dtype, buffer=nl.sbuf)
+    nisa.dma_transpose(dst=qT, src=_run_rows(facts, tensors.q, pairs, 0, 1, 0, n), axes=(2, 1, 0))
+    x = _pair_scores(facts, tensors, pairs, 0, qT, keys)
+    bias = _key_bias(facts, tensors.mask, pairs, keys) if facts.mask_kind == "key" else None
+    tail_bias = _tail_bias(facts, keys[1] - keys[0]) if facts.mask_kind is None else None
+    o, m = _decode_batch(facts, plan, tensors, pairs, 0, 1, qT, None, x, bias, tail_bias, ones, keys)
+    # partial [n, Dv + 2] fp32: O | rowsum | m
+    part = nl.ndarray((n, Dv + 2), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=part[:, 0:Dv + 1], src=o[:n, 0, 0:Dv + 1], engine=nisa.engine.vector)
+    nisa.tensor_copy(dst=part[:, Dv + 1:Dv + 2], src=m, engine=nisa.engine.gpsimd)
+    other = nl.ndarray((n, Dv + 2), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.sendrecv(src=part, dst=other, send_to_rank=1 - core, recv_from_rank=1 - core, pipe_id=0)
+    if core != 0:
+        return
+    # weights exp(m_c - max(m0, m1)) of the two partials ([n, 2]; m >= -FLT_MAX, so no NaN)
+    both = nl.ndarray((n, 2), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=both[:, 0:1], src=part[:, Dv + 1:Dv + 2], engine=nisa.engine.gpsimd)
+    nisa.tensor_copy(dst=both[:, 1:2], src=other[:, Dv + 1:Dv + 2], engine=nisa.engine.gpsimd)
+    mx = nl.ndarray((n, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=mx, op=nl.maximum, data=both, axis=1)
+    nisa.tensor_tensor(dst=both, data1=both, data2=mx.broadcast(1, 2), op=nl.subtract)
+    nisa.activation(dst=both, op=nl.exp, data=both)
+    raw = nl.ndarray((n, Dv + 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=raw, data=part[:, 0:Dv + 1], op0=nl.multiply, operand0=both[:, 0:1])
+    nisa.scalar_tensor_tensor(dst=raw, data=other[:, 0:Dv + 1], op0=nl.multiply, operand0=both[:, 1:2],
+                              op1=nl.add, operand1=raw)
+    res = nl.ndarray((n, Dv), dtype=facts.dtype, buffer=nl.sbuf)
+    divide(facts, res, raw, n)
+    nisa.dma_copy(dst=_run_rows(facts, tensors.out, pairs, 0, 1, 0, n), src=res.expand_dim(1))
+
+
+def _pair_scores(facts, tensors, pairs, p, qT, keys=None):
+    """x [128, 1, T, n] fp32 = scale·Sᵀ of pair p (its keys k0:k1, default all), its Kᵀ
+    streamed (_streamed_scores)."""
+    k0, k1 = keys if keys is not None else (0, facts.Sk)
+    T = cdiv(k1 - k0, P)
     x = nl.ndarray((P, 1, T, facts.Sq), dtype=nl.float32, buffer=nl.sbuf)
-    _streamed_scores(facts, tensors, x, pairs[p], qT[:, p, :], facts.Sk == T * P)
+    _streamed_scores(facts, tensors, x, pairs[p], qT[:, p, :], k1 - k0 == T * P, k0)
     return x
 
 
@@ -139,27 +191,28 @@ def _resident_scores(facts, x, kT, qT, blocked):
                            operand0=facts.scale)
 
 
-def _streamed_scores(facts, tensors, x, pair, qT, blocked):
+def _streamed_scores(facts, tensors, x, pair, qT, blocked, k0=0):
     """x [128, 1, T, n] = scale·Sᵀ of one pair with its Kᵀ streamed in blocks of up to
     KEY_BLOCK keys (a rotating [D, tiles, 128] SBUF buffer, one DMA transpose each), a PSUM
     bank of key tiles per block. Blocked keys: the block of tiles t0:t1 holds keys p·T + t
     (partition p of the key tile), so its DMA reads rows t0:t1 of K viewed [128, T, D]."""
     b, h = pair
-    D, Sk = facts.D, facts.Sk
+    D = facts.D
     T, n = x.shape[2], x.shape[3]
+    Sk = min(facts.Sk - k0, T * P)                            # this range's keys: k0 .. k0 + Sk
     per_block = min(KEY_BLOCK // P, PSUM_BANK_FP32 // n)
-    rows = facts.rows(tensors.k, b, h, h + 1, 0, Sk)          # [Sk, 1, D]
+    rows = facts.rows(tensors.k, b, h, h + 1, k0, k0 + Sk)    # [Sk, 1, D]
     for t0 in range(0, T, per_block):
         t1 = min(T, t0 + per_block)
         kb = nl.ndarray((D, per_block, P), dtype=facts.dtype, buffer=nl.sbuf)
         if blocked:
             nisa.dma_transpose(dst=kb[:, 0:t1 - t0, :], src=rows.reshape((P, T, D))[:, t0:t1, :], axes=(2, 1, 0))
         else:
-            k0, k1 = t0 * P, min(Sk, t1 * P)
+            r0, r1 = t0 * P, min(Sk, t1 * P)
             flat = kb.reshape((D, 1, per_block * P))
-            if k1 < t1 * P:                                    # the last tile's padding keys: 0
-                nisa.memset(dst=flat[:, :, k1 - k0:(t1 - t0) * P], value=0.0, engine=nisa.engine.gpsimd)
-            nisa.dma_transpose(dst=flat[:, :, 0:k1 - k0], src=rows[k0:k1], axes=(2, 1, 0))
+            if r1 < t1 * P:                                    # the last tile's padding keys: 0
+                nisa.memset(dst=flat[:, :, r1 - r0:(t1 - t0) * P], value=0.0, engine=nisa.engine.gpsimd)
+            nisa.dma_transpose(dst=flat[:, :, 0:r1 - r0], src=rows[r0:r1], axes=(2, 1, 0))
         st = nl.ndarray((P, per_block * n), dtype=nl.float32, buffer=nl.psum)
         for t in range(t0, t1):
             c = (t - t0) * n
@@ -183,10 +236,10 @@ def _load_keys(facts, tensors, pairs):
     return kT
 
 
-def _tail_bias(facts):
+def _tail_bias(facts, sk=None):
     """[128, 1] fp32 SBUF: 0 on the partitions of the last key tile that hold keys, -inf on
-    the padding ones (None when Sk is a multiple of 128)."""
-    tail = facts.Sk % P
+    the padding ones (None when the ``sk`` keys, default Sk, are a multiple of 128)."""
+    tail = (facts.Sk if sk is None else sk) % P
     if tail == 0:
         return None
     tb = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -195,12 +248,15 @@ def _tail_bias(facts):
     return tb
 
 
-def _decode_batch(facts, plan, tensors, all_pairs, p0, p1, qT_all, kT, x, bias, tail_bias, ones):
+def _decode_batch(facts, plan, tensors, all_pairs, p0, p1, qT_all, kT, x, bias, tail_bias, ones, keys=None):
     """Pairs p0:p1 of this core's ``all_pairs``; ``qT_all`` [D, pairs, n] their Qᵀ; either
     kT, their resident Kᵀ (_load_keys), or x, the scores of a streamed pair (_pair_scores);
-    ``bias`` (rows, first row) of _key_bias or None."""
+    ``bias`` (rows, first row) of _key_bias or None. ``keys`` (k0, k1): only those keys
+    (a core's half of a split pair): returns (O | rowsum [128, 1, 512] fp32 PSUM, the row
+    max m [n, 1] fp32 SBUF) instead of storing the output."""
     pairs = all_pairs[p0:p1]
-    D, Dv, Sk, n = facts.D, facts.Dv, facts.Sk, facts.Sq
+    k0, k1 = keys if keys is not None else (0, facts.Sk)
+    Dv, Sk, n = facts.Dv, k1 - k0, facts.Sq
     T = cdiv(Sk, P)
     full = Sk // P
     pb = len(pairs)
@@ -223,15 +279,16 @@ def _decode_batch(facts, plan, tensors, all_pairs, p0, p1, qT_all, kT, x, bias, 
     for j, (b, h) in enumerate(pairs):
         if blocked:
             # key p·T + t at partition p, slot t: T·Dv contiguous elements per partition
-            src = facts.rows(tensors.v, b, h, h + 1, 0, Sk).reshape((P, T, Dv))
+            src = facts.rows(tensors.v, b, h, h + 1, k0, k1).reshape((P, T, Dv))
             for t0, t1 in _v_parts(facts, T):
                 nisa.dma_copy(dst=vals[:, j, t0:t1], src=src[:, t0:t1])
             continue
         for t0, t1 in _v_parts(facts, full):
             nisa.dma_copy(dst=vals[:, j, t0:t1, :].expand_dim(2),
-                          src=facts.tiles(tensors.v, b, h, h + 1, t0 * P, t1 * P))
+                          src=facts.tiles(tensors.v, b, h, h + 1, k0 + t0 * P, k0 + t1 * P))
         if Sk > full * P:
-            nisa.dma_copy(dst=vals[:Sk - full * P, j, full:T, :], src=facts.rows(tensors.v, b, h, h + 1, full * P, Sk))
+            nisa.dma_copy(dst=vals[:Sk - full * P, j, full:T, :],
+                          src=facts.rows(tensors.v, b, h, h + 1, k0 + full * P, k1))
 
     if bias is not None:
         bias, lo = bias
@@ -282,6 +339,8 @@ def _decode_batch(facts, plan, tensors, all_pairs, p0, p1, qT_all, kT, x, bias, 
                            accumulate=t > 0)
             nisa.nc_matmul(dst=o[:n, j // per_o, c + Dv:c + w], stationary=pT[:kc, j, t, :], moving=ones[:kc],
                            accumulate=t > 0)
+    if keys is not None:
+        return o, m
     res = nl.ndarray((P, pb, Dv), dtype=facts.dtype, buffer=nl.sbuf)
     evict(facts, plan, o, res[:n], pb, n)
     for j0, j1 in runs:                                # one store per run
@@ -327,13 +386,14 @@ def _run_rows(facts, t, pairs, j0, j1, s0, s1):
     return t[b0:b1 + 1, s0:s1, h0, :].permute(1, 0, 2)
 
 
-def _key_bias(facts, mask, pairs):
+def _key_bias(facts, mask, pairs, keys=None):
     """(bias, lo): bias [128, nb, T] fp32 SBUF holds the key-padding rows lo .. lo + nb - 1
     of the mask (the batch's pairs read consecutive rows) with keys where x has them (see
     ``blocked`` in _decode_batch), -inf on the padding of a last partial key tile. One DMA
     for the batch's rows; unblocked they arrive as [T, nb, 128] and are transposed on
     TensorE."""
-    Sk = facts.Sk
+    k0, k1 = keys if keys is not None else (0, facts.Sk)
+    Sk = k1 - k0
     T = cdiv(Sk, P)
     full = Sk // P
     rows_of = [b if facts.mask_batches > 1 else 0 for b, _h in pairs]
@@ -342,13 +402,13 @@ def _key_bias(facts, mask, pairs):
     bias = nl.ndarray((P, nb, T), dtype=nl.float32, buffer=nl.sbuf)
     if full == T:
         # key p·T + t at [p, t] (the V layout): T contiguous values per partition and row
-        nisa.dma_copy(dst=bias, src=mask[lo:hi, 0:Sk].reshape((nb, P, T)).permute(1, 0, 2))
+        nisa.dma_copy(dst=bias, src=mask[lo:hi, k0:k1].reshape((nb, P, T)).permute(1, 0, 2))
         return bias, lo
     rows = nl.ndarray((T, nb, P), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=rows, value=NEG_INF, engine=nisa.engine.gpsimd)
     if full:
-        nisa.dma_copy(dst=rows[0:full], src=mask[lo:hi, 0:full * P].reshape((nb, full, P)).permute(1, 0, 2))
-    nisa.dma_copy(dst=rows[full:T, :, 0:Sk - full * P], src=mask[lo:hi, full * P:Sk].expand_dim(0))
+        nisa.dma_copy(dst=rows[0:full], src=mask[lo:hi, k0:k0 + full * P].reshape((nb, full, P)).permute(1, 0, 2))
+    nisa.dma_copy(dst=rows[full:T, :, 0:Sk - full * P], src=mask[lo:hi, k0 + full * P:k1].expand_dim(0))
     per_bank = PSUM_BANK_FP32 // T
     for i0 in range(0, nb, per_bank):
         g = min(per_bank, nb - i0)

@@ -28,6 +28,9 @@ DECODE = [
     (2, 4, 1, 5, 10240, 128, 128, BF16, "bhsd", "key_bool"),  # AWS's tkg table: 4 heads x 5 tokens, blocked keys
     (1, 2, 2, 3, 9000, 64, 64, F16, "bshd", None),            # 9000 keys: a 40-key tail tile, natural order
     (3, 2, 1, 7, 4097, 128, 96, BF16, "bhsd", "key_float"),   # 3 pairs over 2 cores, Dv != D
+    # one pair at LNC=2: each core takes half of the keys, core 0 combines (split-KV)
+    (1, 4, 1, 1, 16384, 128, 128, BF16, "bhsd", "key_bool"),  # batch-1 long-context decode
+    (1, 1, 1, 5, 9000, 64, 64, F16, "bshd", None),            # halves of 9088 and 1152 - 240 keys: a tail
 ]
 
 
@@ -132,3 +135,27 @@ SWEEP = [(b, h, hkv, sq, sk, d, d, dtype, layout, mask)
 @pytest.mark.parametrize("case", SWEEP, ids=_id)
 def test_decode_sweep(simulator_backend, case):
     test_decode_matches_float64(simulator_backend, case)
+
+
+def test_one_pair_splits_its_keys_over_the_two_cores():
+    """At LNC=2 a launch with one (batch, kv head) pair and more than DECODE_RESIDENT_KEYS
+    keys gives each core half of the keys: one sendrecv per core swaps the partial O |
+    rowsum | max, and only core 0 stores. Values against float64, also with the keys of one
+    half (or all of them) masked."""
+    q, k, v = make_qkv(1, 4, 1, 2, 5000, 128, dtype=BF16)
+    call, res = _kernel_trace(q, k, v, lnc=2)
+    exchanges = [ins for ins in res.trace if ins.op == "sendrecv"]
+    assert sorted(ins.attrs["core"] for ins in exchanges) == [0, 1]
+    stores = [ins for ins in res.trace if ins.op == "dma_copy" and any(w.buffer == "hbm" for w in ins.writes)]
+    assert stores and {ins.attrs["core"] for ins in stores} == {0}
+    assert {ins.attrs["core"] for ins in _exps(res)} == {0, 1}          # both cores make scores
+    check_close(call.finish_outputs(res.outputs), q, k, v)
+    for cut in (3000, 5000):                     # core 0's keys all masked; every key masked
+        mask = torch.ones(1, 1, 1, 5000, dtype=torch.bool)
+        mask[..., :cut] = False
+        call, res = _kernel_trace(q, k, v, mask, lnc=2)
+        out = call.finish_outputs(res.outputs)
+        if cut == 5000:
+            assert (out == 0).all()
+        else:
+            check_close(out, q, k, v, mask)
