@@ -442,6 +442,36 @@ def test_two_streaming_cores_share_the_hbm_stack():
     assert one_core.schedule.costs[0].data_seconds == pytest.approx(alone.data_seconds)
 
 
+def _exchange_trace(busy_rows: int):
+    """Core 1 runs ``busy_rows`` ScalarE passes before its sendrecv; core 0 sends at once."""
+    b = TraceBuilder()
+    src0, dst0, src1, dst1 = new_alloc(), new_alloc(), new_alloc(), new_alloc()
+    t = new_alloc()
+    for _ in range(busy_rows):
+        b._add("activation", "scalar", [sbuf("data", t, (128, 2048))], [sbuf("dst", t, (128, 2048))], core=1)
+    b._add("activation", "scalar", [sbuf("data", t, (128, 2048))], [sbuf("dst", src1, (128, 8))], core=1)
+    b._add("memset", "vector", [], [sbuf("dst", src0, (128, 8))], core=0)
+    for core, src, dst in ((0, src0, dst0), (1, src1, dst1)):
+        b._add("sendrecv", "dma", [sbuf("src", src, (128, 8))], [sbuf("dst", dst, (128, 8))],
+               bytes=128 * 8 * 4, core=core, send_to_rank=1 - core, recv_from_rank=1 - core, pipe_id=0)
+    return b.trace
+
+
+def test_a_sendrecv_waits_for_the_other_core_s_side():
+    """nki.isa.sendrecv: "all operations in the group must complete before any can
+    proceed": core 0's exchange starts only once core 1's tile is made, however early core 0
+    is ready; with nothing before it on core 1, core 0 does not wait."""
+    trace = _exchange_trace(6)
+    est = estimate_trace(trace)
+    s = est.schedule
+    ex0, ex1 = (i for i, ins in enumerate(trace) if ins.op == "sendrecv")
+    made = ex0 - 2                                              # core 1's last ScalarE pass
+    assert s.start[ex0] >= s.finish[made] - 1e-12 and s.start[ex1] >= s.finish[made] - 1e-12
+    assert s.finish[made] > 5 * (s.finish[ex0 - 1] - s.start[ex0 - 1])   # core 0 was ready long before
+    quick = estimate_trace(_exchange_trace(0))
+    assert quick.latency_us < est.latency_us / 4
+
+
 # ----------------------------------------------------------------------------- error bars
 
 def test_variants_put_every_uncertain_number_at_its_end():

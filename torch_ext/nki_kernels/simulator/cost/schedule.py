@@ -184,6 +184,7 @@ def dependencies(trace, target: Target, allocations=None) -> list[dict[int, floa
     ``allocations`` (``trace.AllocationSite`` records), also the buffer-rotation edges and
     the edges between explicitly placed tiles over the same bytes."""
     allocs: dict[int, _AllocState] = {}
+    exchanges: dict[tuple, list[int]] = {}  # sendrecv positions not yet matched, per direction
     placement = _Placement(allocations)
     phys: dict[int, _AllocState] = {}      # placed tile -> its accesses as physical bytes
     preds: list[dict[int, float]] = []
@@ -231,10 +232,36 @@ def dependencies(trace, target: Target, allocations=None) -> list[dict[int, floa
                 phys.setdefault(alloc, _AllocState()).add_write(preg, pos)
         engine_of[pos] = ins.engine
         preds.append(mine)
+        if ins.op == "sendrecv":
+            _pair_exchange(ins, pos, exchanges, preds)
     if allocations:
         for p, s in rotation_edges(trace, allocations, int(target.buffer_rotation_depth), target):
             preds[s].setdefault(p, 0.0)
     return preds
+
+
+def _pair_exchange(ins, pos, exchanges, preds):
+    """A ``sendrecv`` between the cores of an LNC=2 launch: "operations with the same pipe_id
+    form a logical group where all operations in the group must complete before any can
+    proceed" (nki.isa.sendrecv, NKI 0.7 API docs), so neither side starts before both
+    sides' inputs are ready: each side also waits for the other's predecessors. Matched by
+    order: the k-th exchange core a sends to core b with pipe p meets the k-th core b sends
+    to core a with pipe p."""
+    a = int(ins.attrs.get("core", 0) or 0)
+    b = ins.attrs.get("send_to_rank", a)
+    pipe = ins.attrs.get("pipe_id")
+    waiting = exchanges.get((b, a, pipe))
+    if waiting:
+        other = waiting.pop(0)
+        mine, theirs = dict(preds[pos]), dict(preds[other])
+        for p, lat in theirs.items():
+            if preds[pos].get(p, -1.0) < lat:
+                preds[pos][p] = lat
+        for p, lat in mine.items():
+            if preds[other].get(p, -1.0) < lat:
+                preds[other][p] = lat
+        return
+    exchanges.setdefault((a, b, pipe), []).append(pos)
 
 
 def rotation_edges(trace, allocations, depth: int, target: Target | None = None) -> list[tuple[int, int]]:
