@@ -27,6 +27,8 @@ the mask move as one contiguous run per partition; else tile t holds keys 128 t 
              tiles); the eviction of O / rowsum (attention_blocks.evict).
     GpSimd   the mask (or the -inf of padded keys) added to x; memsets.
     ScalarE  Pᵀ = exp(x - m) into SBUF (matmul dtype), one instruction per batch of pairs.
+One pair with more than DECODE_RESIDENT_KEYS keys at LNC=2 splits its keys over the two
+cores and combines the halves' partial results (_decode_split_pair).
 x - m is exactly 0 at each row's max (m is one of x's fp32 values), so no exp overflows
 whatever the logits' size. A row whose keys are all masked has m = -inf, clamped to
 -FLT_MAX: its exps are 0, its row sum 0, and the eviction's TINY floor makes the row 0 (as
