@@ -318,14 +318,16 @@ def attention_pairs(lib: NkiLibrary, target: str, lnc: int, quick: bool) -> list
 # head per launch as nki-library's attention_tkg serves it (tensor parallelism leaves one kv
 # head per core). First the shapes of AWS's own tkg test table (test_attention_tkg.py
 # attention_tkg_fast_configs: Llama 76B / 3.1 70B / 405B slots, smaller buckets, d = 64;
-# speculative decoding with 5 or 7 tokens), then Llama-style one-token batches and batch-1
-# long contexts (one pair per launch: both kernels split its keys over the two cores).
+# speculative decoding with 5 or 7 tokens), then Llama-style one-token batches, batch-1 long
+# contexts (one pair per launch: both kernels split its keys over the two cores) and odd
+# batches (ours splits the last pair's keys; attention_tkg shards every pair's keys).
 DECODE_ATTENTION = (
     (4, 1, 5, 1024, 128), (4, 1, 5, 3072, 128), (4, 1, 5, 7168, 128), (4, 1, 5, 10240, 128),
     (4, 1, 5, 16384, 128), (4, 1, 5, 24576, 128), (4, 2, 7, 16384, 128), (4, 2, 7, 256, 128),
     (4, 2, 7, 2048, 128), (4, 2, 7, 512, 64), (4, 3, 7, 16384, 64), (4, 1, 5, 10240, 64),
     (1, 4, 1, 2048, 128), (4, 8, 1, 1024, 128), (8, 4, 1, 4096, 128), (32, 8, 1, 2048, 128),
     (1, 4, 1, 8192, 128), (1, 4, 1, 16384, 128), (1, 8, 1, 24576, 128),
+    (3, 4, 1, 16384, 128), (5, 4, 1, 8192, 128),
 )
 
 

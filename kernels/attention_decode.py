@@ -27,8 +27,9 @@ the mask move as one contiguous run per partition; else tile t holds keys 128 t 
              tiles); the eviction of O / rowsum (attention_blocks.evict).
     GpSimd   the mask (or the -inf of padded keys) added to x; memsets.
     ScalarE  Pᵀ = exp(x - m) into SBUF (matmul dtype), one instruction per batch of pairs.
-One pair with more than DECODE_RESIDENT_KEYS keys at LNC=2 splits its keys over the two
-cores and combines the halves' partial results (_decode_split_pair).
+With more than DECODE_RESIDENT_KEYS keys and an odd number of pairs at LNC=2, the last
+pair splits its keys over the two cores and the halves' partial results are combined
+(_split_pair_scores, _finish_split_pair); each core takes half of the other pairs.
 x - m is exactly 0 at each row's max (m is one of x's fp32 values), so no exp overflows
 whatever the logits' size. A row whose keys are all masked has m = -inf, clamped to
 -FLT_MAX: its exps are 0, its row sum 0, and the eviction's TINY floor makes the row 0 (as
@@ -81,12 +82,29 @@ def decode_batch_sizes(facts, pairs):
 def decode_attention(facts, plan, tensors, units):
     """Decode attention for this program's work ``units`` (attention_work.program_units:
     whole (batch, head) pairs, every query row), in batches of pairs."""
-    if nl.num_programs() == 2 and facts.B * facts.Hkv == 1 and facts.Sk > DECODE_RESIDENT_KEYS:
-        _decode_split_pair(facts, plan, tensors)
-        return
-    pairs = [(b, h) for (b, h0, h1, _t0, _t1) in units for h in range(h0, h1)]
-    if not pairs:
-        return
+    split = None
+    if nl.num_programs() == 2 and facts.B * facts.Hkv % 2 == 1 and facts.Sk > DECODE_RESIDENT_KEYS:
+        # an odd number of pairs with streamed keys: each core takes half of the others and
+        # half of the last pair's keys (the cores' loads stay even)
+        every = [(b, h) for b in range(facts.B) for h in range(facts.Hkv)]
+        split, whole = every[-1], len(every) - 1
+        core = nl.program_id(0)
+        pairs = every[core * whole // 2:(core + 1) * whole // 2]
+    else:
+        pairs = [(b, h) for (b, h0, h1, _t0, _t1) in units for h in range(h0, h1)]
+    # DMA order with a split pair: its keys, the first whole pair's keys, its values (its
+    # softmax, exchange and combination overlap the whole pairs' streams), then theirs
+    split_state = _split_pair_scores(facts, tensors, split) if split is not None else None
+    state = _start_pairs(facts, tensors, pairs) if pairs else None
+    if split is not None:
+        _finish_split_pair(facts, plan, tensors, split, split_state)
+    if pairs:
+        _decode_pairs(facts, plan, tensors, pairs, state)
+
+
+def _start_pairs(facts, tensors, pairs):
+    """The first loads of whole ``pairs`` on this core (see _decode_pairs): (sizes, starts,
+    qT, bias, tail_bias, ones, the first batch's Kᵀ or the first pair's scores)."""
     sizes = decode_batch_sizes(facts, len(pairs))
     tail_bias = _tail_bias(facts) if facts.mask_kind is None else None
     ones = nl.ndarray((P, 1), dtype=facts.dtype, buffer=nl.sbuf)   # moving operand of the row sums
@@ -107,6 +125,14 @@ def decode_attention(facts, plan, tensors, units):
     bias = _key_bias(facts, tensors.mask, pairs) if facts.mask_kind == "key" else None
     # streamed keys: the next pair's scores (its Kᵀ stream) one pair ahead of this pair's V
     next_scores = _pair_scores(facts, tensors, pairs, 0, qT) if streamed else None
+    return sizes, starts, qT, bias, tail_bias, ones, next_keys, next_scores
+
+
+def _decode_pairs(facts, plan, tensors, pairs, state):
+    """Decode attention of whole ``pairs`` on this core, in batches, from _start_pairs'
+    ``state``."""
+    sizes, starts, qT, bias, tail_bias, ones, next_keys, next_scores = state
+    streamed = facts.Sk > DECODE_RESIDENT_KEYS
     for i, (p0, size) in enumerate(zip(starts, sizes)):
         kT, x = next_keys, next_scores
         if i + 1 < len(sizes):
@@ -117,9 +143,23 @@ def decode_attention(facts, plan, tensors, units):
         _decode_batch(facts, plan, tensors, pairs, p0, p0 + size, qT, kT, x, bias, tail_bias, ones)
 
 
-def _decode_split_pair(facts, plan, tensors):
-    """One (batch, head) pair on both cores of an LNC=2 launch (batch-1 decode with one kv
-    head per launch): each core takes half of the keys (a multiple of 128 on core 0) and
+def _split_pair_scores(facts, tensors, pair):
+    """This core's half of a split ``pair``: (keys, qT, x, ones) with x its scores (its Kᵀ
+    stream); _finish_split_pair does the rest."""
+    core = nl.program_id(0)
+    half = cdiv(cdiv(facts.Sk, P), 2) * P
+    keys = (0, half) if core == 0 else (half, facts.Sk)
+    pairs = [pair]
+    ones = nl.ndarray((P, 1), dtype=facts.dtype, buffer=nl.sbuf)   # moving operand of the row sums
+    nisa.memset(dst=ones, value=1.0, engine=nisa.engine.gpsimd)
+    qT = nl.ndarray((facts.D, 1, facts.Sq), dtype=facts.dtype, buffer=nl.sbuf)
+    nisa.dma_transpose(dst=qT, src=_run_rows(facts, tensors.q, pairs, 0, 1, 0, facts.Sq), axes=(2, 1, 0))
+    return keys, qT, _pair_scores(facts, tensors, pairs, 0, qT, keys), ones
+
+
+def _finish_split_pair(facts, plan, tensors, pair, state):
+    """One (batch, head) ``pair`` on both cores of an LNC=2 launch (batch-1 decode with one kv
+    head per launch, or the last of an odd number of pairs): each core takes half of the keys (a multiple of 128 on core 0) and
     makes its partial O | rowsum and row max m (FlashAttention's split-KV decoding); the
     cores swap their partials with one sendrecv (nki.isa.sendrecv, NKI 0.7: "sends its src
     tile to the dst location of the target NeuronCore ... while simultaneously receiving")
@@ -128,14 +168,8 @@ def _decode_split_pair(facts, plan, tensors):
     the same way when the batch cannot be split."""
     core = nl.program_id(0)
     Dv, n = facts.Dv, facts.Sq
-    half = cdiv(cdiv(facts.Sk, P), 2) * P
-    keys = (0, half) if core == 0 else (half, facts.Sk)
-    pairs = [(0, 0)]
-    ones = nl.ndarray((P, 1), dtype=facts.dtype, buffer=nl.sbuf)   # moving operand of the row sums
-    nisa.memset(dst=ones, value=1.0, engine=nisa.engine.gpsimd)
-    qT = nl.ndarray((facts.D, 1, n), dtype=facts.dtype, buffer=nl.sbuf)
-    nisa.dma_transpose(dst=qT, src=_run_rows(facts, tensors.q, pairs, 0, 1, 0, n), axes=(2, 1, 0))
-    x = _pair_scores(facts, tensors, pairs, 0, qT, keys)
+    keys, qT, x, ones = state
+    pairs = [pair]
     bias = _key_bias(facts, tensors.mask, pairs, keys) if facts.mask_kind == "key" else None
     tail_bias = _tail_bias(facts, keys[1] - keys[0]) if facts.mask_kind is None else None
     o, m = _decode_batch(facts, plan, tensors, pairs, 0, 1, qT, None, x, bias, tail_bias, ones, keys)
@@ -332,15 +366,27 @@ def _decode_batch(facts, plan, tensors, all_pairs, p0, p1, qT_all, kT, x, bias, 
     w = Dv + 1
     per_o = PSUM_BANK_FP32 // w
     o = nl.ndarray((P, cdiv(pb, per_o), PSUM_BANK_FP32), dtype=nl.float32, buffer=nl.psum)
+    # A streamed pair's many key tiles (pb = 1): Oᵀ = V_tᵀ·P_t [Dv, n] (stationary V_t, 64
+    # TensorE cycles a tile against 128 + for O = P_t·V_t with the n-row Pᵀ stationary), then
+    # one transpose back; the row sums stay P_tᵀ·1 into column Dv.
+    values_stationary = kT is None and Dv <= P
     for j in range(pb):
         c = (j % per_o) * w
+        o_t = nl.ndarray((Dv, n), dtype=nl.float32, buffer=nl.psum) if values_stationary else None
         for t in range(T):
             kc = min(P, Sk - t * P) if not blocked else P
-            # O in columns :Dv, the row sum of the same rounded P in column Dv
-            nisa.nc_matmul(dst=o[:n, j // per_o, c:c + Dv], stationary=pT[:kc, j, t, :], moving=vals[:kc, j, t, :],
-                           accumulate=t > 0)
+            if values_stationary:
+                nisa.nc_matmul(dst=o_t, stationary=vals[:kc, j, t, :], moving=pT[:kc, j, t, :], accumulate=t > 0)
+            else:
+                # O in columns :Dv, the row sum of the same rounded P in column Dv
+                nisa.nc_matmul(dst=o[:n, j // per_o, c:c + Dv], stationary=pT[:kc, j, t, :],
+                               moving=vals[:kc, j, t, :], accumulate=t > 0)
             nisa.nc_matmul(dst=o[:n, j // per_o, c + Dv:c + w], stationary=pT[:kc, j, t, :], moving=ones[:kc],
                            accumulate=t > 0)
+        if values_stationary:
+            o_t_sb = nl.ndarray((Dv, n), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=o_t_sb, src=o_t, engine=nisa.engine.vector)
+            nisa.nc_transpose(dst=o[:n, j // per_o, c:c + Dv], data=o_t_sb)
     if keys is not None:
         return o, m
     res = nl.ndarray((P, pb, Dv), dtype=facts.dtype, buffer=nl.sbuf)

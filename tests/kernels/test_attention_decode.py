@@ -30,7 +30,9 @@ DECODE = [
     (3, 2, 1, 7, 4097, 128, 96, BF16, "bhsd", "key_float"),   # 3 pairs over 2 cores, Dv != D
     # one pair at LNC=2: each core takes half of the keys, core 0 combines (split-KV)
     (1, 4, 1, 1, 16384, 128, 128, BF16, "bhsd", "key_bool"),  # batch-1 long-context decode
-    (1, 1, 1, 5, 9000, 64, 64, F16, "bshd", None),            # halves of 9088 and 1152 - 240 keys: a tail
+    (1, 1, 1, 5, 9000, 64, 64, F16, "bshd", None),            # halves of 4608 and 4392 keys: a tail
+    (3, 4, 1, 1, 4096, 128, 128, BF16, "bhsd", "key_bool"),   # 3 pairs: the last one split
+    (2, 2, 2, 2, 3000, 64, 256, BF16, "bhsd", None),          # streamed, Dv = 256: P·V with Pᵀ stationary
 ]
 
 
@@ -159,3 +161,15 @@ def test_one_pair_splits_its_keys_over_the_two_cores():
             assert (out == 0).all()
         else:
             check_close(out, q, k, v, mask)
+
+
+def test_an_odd_number_of_pairs_splits_only_the_last_pair():
+    """3 pairs with streamed keys at LNC=2: each core takes one whole pair and half of the
+    last pair's keys; one exchange per core; core 0 stores two pairs' rows, core 1 one."""
+    q, k, v = make_qkv(3, 4, 1, 1, 4096, 128, dtype=BF16)
+    mask = make_mask("key_bool", 3, 4, 1, 4096, BF16)
+    call, res = _kernel_trace(q, k, v, mask, lnc=2)
+    assert sorted(ins.attrs["core"] for ins in res.trace if ins.op == "sendrecv") == [0, 1]
+    stores = [ins.attrs["core"] for ins in res.trace if ins.op == "dma_copy" and any(w.buffer == "hbm" for w in ins.writes)]
+    assert sorted(stores) == [0, 0, 1]
+    check_close(call.finish_outputs(res.outputs), q, k, v, mask)
