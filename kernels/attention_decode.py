@@ -452,16 +452,24 @@ def _key_bias(facts, mask, pairs, keys=None):
         # key p·T + t at [p, t] (the V layout): T contiguous values per partition and row
         nisa.dma_copy(dst=bias, src=mask[lo:hi, k0:k1].reshape((nb, P, T)).permute(1, 0, 2))
         return bias, lo
-    rows = nl.ndarray((T, nb, P), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=rows, value=NEG_INF, engine=nisa.engine.gpsimd)
-    if full:
-        nisa.dma_copy(dst=rows[0:full], src=mask[lo:hi, k0:k0 + full * P].reshape((nb, full, P)).permute(1, 0, 2))
-    nisa.dma_copy(dst=rows[full:T, :, 0:Sk - full * P], src=mask[lo:hi, k0 + full * P:k1].expand_dim(0))
-    per_bank = PSUM_BANK_FP32 // T
-    for i0 in range(0, nb, per_bank):
-        g = min(per_bank, nb - i0)
-        cols = nl.ndarray((P, per_bank, T), dtype=nl.float32, buffer=nl.psum)
-        for i in range(g):
-            nisa.nc_transpose(dst=cols[:, i, :], data=rows[:, i0 + i, :])
-        nisa.tensor_copy(dst=bias[:, i0:i0 + g, :], src=cols[:, 0:g, :], engine=nisa.engine.vector)
+    # unblocked: rows [tiles, nb, 128] (a partition per key tile: at most 128 tiles a chunk),
+    # transposed on TensorE into bias[:, row, tiles]
+    for c0 in range(0, T, P):
+        c1 = min(T, c0 + P)
+        f1 = min(full, c1)                              # full tiles of this chunk end here
+        rows = nl.ndarray((c1 - c0, nb, P), dtype=nl.float32, buffer=nl.sbuf)
+        if f1 < c1:
+            nisa.memset(dst=rows, value=NEG_INF, engine=nisa.engine.gpsimd)
+        if f1 > c0:
+            nisa.dma_copy(dst=rows[0:f1 - c0],
+                          src=mask[lo:hi, k0 + c0 * P:k0 + f1 * P].reshape((nb, f1 - c0, P)).permute(1, 0, 2))
+        if f1 < c1:
+            nisa.dma_copy(dst=rows[f1 - c0:c1 - c0, :, 0:Sk - full * P], src=mask[lo:hi, k0 + full * P:k1].expand_dim(0))
+        per_bank = PSUM_BANK_FP32 // (c1 - c0)
+        for i0 in range(0, nb, per_bank):
+            g = min(per_bank, nb - i0)
+            cols = nl.ndarray((P, per_bank, c1 - c0), dtype=nl.float32, buffer=nl.psum)
+            for i in range(g):
+                nisa.nc_transpose(dst=cols[:, i, :], data=rows[:, i0 + i, :])
+            nisa.tensor_copy(dst=bias[:, i0:i0 + g, c0:c1], src=cols[:, 0:g, :], engine=nisa.engine.vector)
     return bias, lo

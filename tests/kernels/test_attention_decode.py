@@ -33,6 +33,7 @@ DECODE = [
     (1, 1, 1, 5, 9000, 64, 64, F16, "bshd", None),            # halves of 4608 and 4392 keys: a tail
     (3, 4, 1, 1, 4096, 128, 128, BF16, "bhsd", "key_bool"),   # 3 pairs: the last one split
     (2, 2, 2, 2, 3000, 64, 256, BF16, "bhsd", None),          # streamed, Dv = 256: P·V with Pᵀ stationary
+    (2, 2, 1, 2, 20000, 96, 96, BF16, "bhsd", "key_bool"),    # 157 key tiles: the mask transposed in 2 chunks
 ]
 
 
