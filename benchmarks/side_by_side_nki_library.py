@@ -359,8 +359,9 @@ def _tkg_kernel(lib: NkiLibrary, target: str, cfg):
 
 
 def attention_decode_pairs(lib: NkiLibrary, target: str, lnc: int, quick: bool) -> list[Pair]:
-    """Decode attention: ours (SDPA, q [B, G, s, d], k/v [B, 1, S, d], a key-padding mask
-    [B, 1, 1, S]) vs AWS's attention_tkg on the same cache (k_prior [B, 1, S, d], the layout
+    """Decode attention: ours (SDPA, q [B, G, s, d], k/v [B, 1, S, d]; a key-padding mask
+    [B, 1, 1, S] for one token, a [B, 1, s, S] mask with the s active tokens causal among
+    themselves for speculative decoding) vs AWS's attention_tkg on the same cache (k_prior [B, 1, S, d], the layout
     HF caches use, so tp_k_prior=True; its uint8 mask [S, B, G, s]; q pre-scaled, no RoPE
     fusion). attention_tkg attends to S keys, the active token in the cache's last slot."""
     shapes = DECODE_ATTENTION[:1] if quick else DECODE_ATTENTION
@@ -369,8 +370,11 @@ def attention_decode_pairs(lib: NkiLibrary, target: str, lnc: int, quick: bool) 
         gen = torch.Generator().manual_seed(zlib.crc32(f"decode{b}{g}{sa}{sp}{d}".encode()))
         q = _rand((b, g, sa, d), torch.bfloat16, gen)
         k, v = (_rand((b, 1, sp, d), torch.bfloat16, gen) for _ in range(2))
-        keep = torch.ones((b, 1, 1, sp), dtype=torch.bool)
-        pair = Pair("scaled_dot_product_attention (decode)", f"B={b} H={g}/1kv s={sa} S={sp} D={d} bf16 key mask")
+        if sa == 1:
+            keep, what = torch.ones((b, 1, 1, sp), dtype=torch.bool), "key mask"
+        else:   # speculative decoding: the sa active tokens (the last keys) see each other causally
+            keep, what = torch.ones((b, 1, sa, sp), dtype=torch.bool).tril(sp - sa), "causal active mask"
+        pair = Pair("scaled_dot_product_attention (decode)", f"B={b} H={g}/1kv s={sa} S={sp} D={d} bf16 {what}")
         pair.ours = _ours("scaled_dot_product_attention", (q, k, v), {"attn_mask": keep, "enable_gqa": g > 1},
                           target, lnc)
         try:

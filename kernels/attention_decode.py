@@ -62,7 +62,8 @@ def decode_pair_bytes(facts):
     T = cdiv(facts.Sk, P)
     n = facts.Sq
     isz = facts.itemsize
-    return T * (P * isz + facts.Dv * isz + n * (4 + isz))
+    row_mask = n * 4 if facts.mask_kind == "full" else 0      # fp32 rows of a per-row mask
+    return T * (P * isz + facts.Dv * isz + n * (4 + isz) + row_mask)
 
 
 def decode_batch_sizes(facts, pairs):
@@ -302,6 +303,9 @@ def _decode_batch(facts, plan, tensors, all_pairs, p0, p1, qT_all, kT, x, bias, 
     # tile t is the strided Kᵀ columns t, t + T, ... Else tile t holds keys 128 t + p.
     blocked = full == T
 
+    # a per-row mask: this batch's rows, before its V on the DMA queues
+    row_bias = _row_bias(facts, tensors.mask, pairs, (k0, k1)) if facts.mask_kind == "full" else None
+
     # ---- x = scale·Sᵀ [128, pb, T, n] fp32 (a streamed pair's is made one pair ahead)
     if x is None:
         x = nl.ndarray((P, pb, T, n), dtype=nl.float32, buffer=nl.sbuf)
@@ -337,6 +341,9 @@ def _decode_batch(facts, plan, tensors, all_pairs, p0, p1, qT_all, kT, x, bias, 
                 row = (b if facts.mask_batches > 1 else 0) - lo
                 nisa.tensor_tensor(dst=x[:, j], data1=x[:, j], data2=bias[:, row].expand_dim(2).broadcast(2, n),
                                    op=nl.add, engine=nisa.engine.gpsimd)
+    elif row_bias is not None:
+        nisa.tensor_tensor(dst=x, data1=x, data2=row_bias.reshape((P, pb, n, T)).permute(0, 1, 3, 2), op=nl.add,
+                           engine=nisa.engine.gpsimd)
     elif tail_bias is not None:
         last = x[:, :, T - 1, :]
         nisa.tensor_tensor(dst=last, data1=last, data2=tail_bias.expand_dim(2).broadcast(1, pb).broadcast(2, n),
@@ -436,40 +443,56 @@ def _run_rows(facts, t, pairs, j0, j1, s0, s1):
 
 def _key_bias(facts, mask, pairs, keys=None):
     """(bias, lo): bias [128, nb, T] fp32 SBUF holds the key-padding rows lo .. lo + nb - 1
-    of the mask (the batch's pairs read consecutive rows) with keys where x has them (see
-    ``blocked`` in _decode_batch), -inf on the padding of a last partial key tile. One DMA
-    for the batch's rows; unblocked they arrive as [T, nb, 128] and are transposed on
-    TensorE."""
+    of the mask (the batch's pairs read consecutive rows) over keys k0:k1 (default all) with
+    keys where x has them (_keys_on_partitions). One DMA for the rows."""
     k0, k1 = keys if keys is not None else (0, facts.Sk)
-    Sk = k1 - k0
-    T = cdiv(Sk, P)
-    full = Sk // P
     rows_of = [b if facts.mask_batches > 1 else 0 for b, _h in pairs]
     lo, hi = rows_of[0], rows_of[-1] + 1
-    nb = hi - lo
-    bias = nl.ndarray((P, nb, T), dtype=nl.float32, buffer=nl.sbuf)
+    bias = nl.ndarray((P, hi - lo, cdiv(k1 - k0, P)), dtype=nl.float32, buffer=nl.sbuf)
+    _keys_on_partitions(bias, mask[lo:hi, k0:k1])
+    return bias, lo
+
+
+def _row_bias(facts, mask, pairs, keys):
+    """[128, pb * n, T] fp32 SBUF: the per-row mask of each pair's n query rows (row
+    j * n + s: pair j, query row s) over keys k0:k1, keys where x has them. One DMA per
+    pair (_keys_on_partitions)."""
+    k0, k1 = keys
+    n = facts.Sq
+    bias = nl.ndarray((P, len(pairs) * n, cdiv(k1 - k0, P)), dtype=nl.float32, buffer=nl.sbuf)
+    for j, (b, h) in enumerate(pairs):
+        mb = b if facts.mask_batches > 1 else 0
+        mh = h if facts.mask_heads > 1 else 0
+        _keys_on_partitions(bias[:, j * n:(j + 1) * n, :], mask[mb, mh, :, k0:k1])
+    return bias
+
+
+def _keys_on_partitions(dst, src):
+    """dst [128, R, T] fp32 SBUF <- src [R, Sk] fp32 HBM mask rows, key t·128 + p (or p·T + t
+    when blocked, Sk = 128 T: as x, V and Kᵀ lay them out) at [p, r, t]; -inf on the
+    padding of a last partial tile. Blocked: one DMA, T contiguous values per partition and
+    row. Else the rows arrive as [tiles, R, 128] (a partition per key tile, at most 128
+    tiles a chunk) and are transposed on TensorE."""
+    R, Sk = src.shape
+    T = cdiv(Sk, P)
+    full = Sk // P
     if full == T:
-        # key p·T + t at [p, t] (the V layout): T contiguous values per partition and row
-        nisa.dma_copy(dst=bias, src=mask[lo:hi, k0:k1].reshape((nb, P, T)).permute(1, 0, 2))
-        return bias, lo
-    # unblocked: rows [tiles, nb, 128] (a partition per key tile: at most 128 tiles a chunk),
-    # transposed on TensorE into bias[:, row, tiles]
+        nisa.dma_copy(dst=dst, src=src.reshape((R, P, T)).permute(1, 0, 2))
+        return
     for c0 in range(0, T, P):
         c1 = min(T, c0 + P)
         f1 = min(full, c1)                              # full tiles of this chunk end here
-        rows = nl.ndarray((c1 - c0, nb, P), dtype=nl.float32, buffer=nl.sbuf)
+        rows = nl.ndarray((c1 - c0, R, P), dtype=nl.float32, buffer=nl.sbuf)
         if f1 < c1:
             nisa.memset(dst=rows, value=NEG_INF, engine=nisa.engine.gpsimd)
         if f1 > c0:
-            nisa.dma_copy(dst=rows[0:f1 - c0],
-                          src=mask[lo:hi, k0 + c0 * P:k0 + f1 * P].reshape((nb, f1 - c0, P)).permute(1, 0, 2))
+            nisa.dma_copy(dst=rows[0:f1 - c0], src=src[:, c0 * P:f1 * P].reshape((R, f1 - c0, P)).permute(1, 0, 2))
         if f1 < c1:
-            nisa.dma_copy(dst=rows[f1 - c0:c1 - c0, :, 0:Sk - full * P], src=mask[lo:hi, k0 + full * P:k1].expand_dim(0))
+            nisa.dma_copy(dst=rows[f1 - c0:c1 - c0, :, 0:Sk - full * P], src=src[:, full * P:Sk].expand_dim(0))
         per_bank = PSUM_BANK_FP32 // (c1 - c0)
-        for i0 in range(0, nb, per_bank):
-            g = min(per_bank, nb - i0)
+        for i0 in range(0, R, per_bank):
+            g = min(per_bank, R - i0)
             cols = nl.ndarray((P, per_bank, c1 - c0), dtype=nl.float32, buffer=nl.psum)
             for i in range(g):
                 nisa.nc_transpose(dst=cols[:, i, :], data=rows[:, i0 + i, :])
-            nisa.tensor_copy(dst=bias[:, i0:i0 + g, c0:c1], src=cols[:, 0:g, :], engine=nisa.engine.vector)
-    return bias, lo
+            nisa.tensor_copy(dst=dst[:, i0:i0 + g, c0:c1], src=cols[:, 0:g, :], engine=nisa.engine.vector)

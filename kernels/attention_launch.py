@@ -143,9 +143,9 @@ def launch_facts(q, k, v, mask, scale, causal, layout, key_block):
     transposed_scores = (str(q.dtype) == "bfloat16" and not biased and Sk <= TS_MAX_KEY_TILES * P
                          and D % TS_PARTITION_QUADRANT == 0 and D + TS_EXTRA_ROWS <= P
                          and Dv <= P and key_block >= Sk)
-    decode = (isz == 2 and G == 1 and Sq <= DECODE_MAX_ROWS and not causal
-              and mask_kind in (None, "key") and D <= P
-              and (Sk <= DECODE_RESIDENT_KEYS or decode_streamed_bytes(isz, Sq, Sk, Dv) <= DECODE_STREAM_BYTES))
+    decode = (isz == 2 and G == 1 and Sq <= DECODE_MAX_ROWS and not causal and D <= P
+              and (Sk <= DECODE_RESIDENT_KEYS
+                   or decode_streamed_bytes(isz, Sq, Sk, Dv, mask_kind == "full") <= DECODE_STREAM_BYTES))
     return LaunchFacts(
         B=B, H=H, Hkv=Hkv, G=G, Sq=Sq, Sk=Sk, D=D, Dv=Dv, layout=layout, dtype=q.dtype,
         itemsize=isz, scale=float(scale), causal=bool(causal), mask_kind=mask_kind,
@@ -156,11 +156,12 @@ def launch_facts(q, k, v, mask, scale, causal, layout, key_block):
         kv_group=kv_group, q_chunk=q_chunk, transposed_scores=transposed_scores, decode=decode)
 
 
-def decode_streamed_bytes(isz, Sq, Sk, Dv):
+def decode_streamed_bytes(isz, Sq, Sk, Dv, row_mask=False):
     """SBUF bytes per partition of one pair of the decode path's streamed keys: V (16-bit),
-    the fp32 scores and Pᵀ, for cdiv(Sk, 128) key tiles of Sq rows."""
+    the fp32 scores and Pᵀ, for cdiv(Sk, 128) key tiles of Sq rows (and the fp32 mask
+    rows of a per-row mask)."""
     T = cdiv(Sk, P)
-    return T * (Dv * isz + Sq * (FP32_BYTES + isz))
+    return T * (Dv * isz + Sq * (FP32_BYTES + isz) + (Sq * FP32_BYTES if row_mask else 0))
 
 
 def _mask_kind(mask, B, H, Sq, Sk):

@@ -34,6 +34,10 @@ DECODE = [
     (3, 4, 1, 1, 4096, 128, 128, BF16, "bhsd", "key_bool"),   # 3 pairs: the last one split
     (2, 2, 2, 2, 3000, 64, 256, BF16, "bhsd", None),          # streamed, Dv = 256: P·V with Pᵀ stationary
     (2, 2, 1, 2, 20000, 96, 96, BF16, "bhsd", "key_bool"),    # 157 key tiles: the mask transposed in 2 chunks
+    # per-row masks ([B or 1, H or 1, Sq, Sk]: speculative decoding's causal active tokens)
+    (2, 4, 1, 3, 3000, 128, 128, BF16, "bhsd", "full_float"), # per-head rows, folded with the heads
+    (3, 2, 1, 5, 1000, 64, 64, F16, "bshd", "finfo_min"),     # transformers' [B, 1, Sq, Sk] finfo.min mask
+    (1, 2, 2, 7, 2304, 128, 128, BF16, "bhsd", "bool_2d"),    # one [Sq, Sk] pattern, split pair
 ]
 
 

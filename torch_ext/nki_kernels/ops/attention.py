@@ -178,8 +178,10 @@ def attention_kernel_call(query: torch.Tensor, key: torch.Tensor, value: torch.T
     layout = _layout(query, key, value)
     mask = _kernel_mask(attn_mask, b, h, sq, sk)
     group = h // hk
-    if group > 1 and sq < FOLD_MAX_QUERY_ROWS and not is_causal and (mask is None or mask.dim() == 2):
+    if group > 1 and sq < FOLD_MAX_QUERY_ROWS and not is_causal:
         tensors, finish = _folded_inputs(query, key, value, layout, group)
+        if mask is not None and mask.dim() == 4:
+            mask = _folded_mask(mask, group)
     elif layout == "bshd":
         tensors = (query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))
         finish = _finish_bshd
@@ -197,14 +199,25 @@ def _finish_bshd(out):
     return out.transpose(1, 2)
 
 
+def _folded_mask(mask, group):
+    """A per-row kernel mask [Bm, Hm, Sq, Sk] for the folded launch: [Bm, Hm', G * Sq, Sk]
+    with row g * Sq + s of kv head kv = the mask of query head kv * G + g at position s
+    (Hm = H: a reshape; Hm = 1: the same rows repeated for each of the G heads, a copy of
+    G * Sq rows, small where the fold applies)."""
+    mb, mh, sq, sk = mask.shape
+    if mh == 1:
+        return mask.repeat(1, 1, group, 1)
+    return mask.reshape(mb, mh // group, group * sq, sk)
+
+
 def _folded_inputs(query, key, value, layout, group):
     """(tensors, finish) of a grouped-query launch with short queries (decode), the
     ``group`` query heads of each kv head folded into its query rows: q [B, H, Sq, D] as
     [B, Hkv, G * Sq, D] (row g * Sq + s is query head kv * G + g, position s), so one
     128-row query tile holds every head of the group instead of Sq rows of one head, and
-    K / V are read once per kv head. Exact: every row's softmax is its own, and without a
-    causal mask or a per-row mask (a key-padding row is the same for all) no row's keys
-    depend on its position. bhsd inputs fold as views; bshd ones copy q and the output
+    K / V are read once per kv head. Exact: every row's softmax is its own; without a causal
+    mask no row's keys depend on its position, and a per-row mask folds with the rows
+    (_folded_mask). bhsd inputs fold as views; bshd ones copy q and the output
     (B * H * Sq * D elements, small where this applies), never K / V. The LSE of
     ``attention_lse_kernel_call``, [B, Hkv, G * Sq], is [B, H, Sq] reshaped."""
     b, h, sq, d = query.shape
