@@ -54,9 +54,10 @@ Transposed scores (attention_kernel with bf16, no mask, not causal, Sk <= 384, D
     accumulation), and ScalarE Pᵀ = exp(scale·Sᵀ) with no per-partition bias, so one exp
     covers 4 heads and every key tile.  The max element of a row gives exactly exp(0), so
     no exp overflows, whatever the logits' size.
-Decode (16-bit, one query head per kv head, <= 32 query rows, no causal mask, no mask or
-    key padding, D <= 128, Sk <= 8192; not with return_lse): attention_decode.py puts the
-    keys on the partitions, so a few query rows still use all 128 lanes.
+Decode (16-bit, one query head per kv head, <= 32 query rows, no causal flag (any mask),
+    D <= 128, keys within the decode path's SBUF budget; not with return_lse):
+    attention_decode.py puts the keys on the partitions, so a few query rows still use all
+    128 lanes.
 Causal: key blocks above the diagonal are skipped; only the ≤128 keys of the diagonal
     block take the masked path, the keys before it are read like unmasked ones.
 Numerics:

@@ -1,6 +1,6 @@
 """The decode attention path: a few query rows per head against many keys, with the keys
 on the 128 partitions (``LaunchFacts.decode``: 16-bit data, one query head per kv head, at
-most DECODE_MAX_ROWS query rows, no causal mask, no mask or a key-padding mask, D <= 128;
+most DECODE_MAX_ROWS query rows, no causal flag (any mask: key padding or per row), D <= 128;
 beyond DECODE_RESIDENT_KEYS keys one pair at a time with Kᵀ streamed, within
 DECODE_STREAM_BYTES).
 
