@@ -142,20 +142,38 @@ def test_gqa_short_queries_fold_heads_into_rows_and_match_the_reference(monkeypa
 
 @pytest.mark.parametrize("case, kwargs", [
     ("causal", {"is_causal": True}),
-    ("per-row mask", {"attn_mask": "finfo_min"}),
     ("no groups", {"hkv": 8}),
     ("a full tile of queries", {"sq": 128}),
 ])
 def test_gqa_folding_only_where_every_row_sees_the_same_keys(case, kwargs):
-    """A causal mask or a mask that differs per query row ties a row's keys to its position
-    and head, so those calls keep the heads apart; so do calls without groups (nothing to
-    fold) and calls with a whole 128-row tile of queries per head."""
+    """is_causal ties a row's keys to its position in the launch, so those calls keep the
+    heads apart; so do calls without groups (nothing to fold) and calls with a whole 128-row
+    tile of queries per head."""
     kwargs = dict(kwargs)
     hkv, sq = kwargs.pop("hkv", 2), kwargs.pop("sq", 3)
     q, k, v = make_qkv(1, 8, hkv, sq, 40, 16, dtype=F32)
     mask = make_mask(kwargs.pop("attn_mask", None), 1, 8, sq, 40, F32)
     call = attention.attention_kernel_call(q, k, v, mask, enable_gqa=True, **kwargs)
     assert tuple(call.tensors[0].shape) == (1, 8, sq, 16)
+
+
+@pytest.mark.parametrize("heads", [1, 8], ids=["one mask for every head", "a mask per head"])
+def test_a_per_row_mask_folds_with_the_heads(heads):
+    """A per-row mask [B, Hm, Sq, Sk] folds with the query heads: row g * Sq + s of kv head
+    kv is the mask of query head kv * G + g at position s (Hm = 1: the same rows for each
+    head of the group)."""
+    b, h, hkv, sq, sk = 2, 8, 2, 3, 40
+    q, k, v = make_qkv(b, h, hkv, sq, sk, 16, dtype=F32)
+    mask = torch.randn(b, heads, sq, sk)
+    call = attention.attention_kernel_call(q, k, v, mask, enable_gqa=True)
+    assert tuple(call.tensors[0].shape) == (b, hkv, 4 * sq, 16)
+    folded = call.tensors[3]
+    assert tuple(folded.shape) == (b, hkv if heads > 1 else 1, 4 * sq, sk)
+    for kv in range(hkv):
+        for g in range(4):
+            for s_ in range(sq):
+                want = mask[:, kv * 4 + g if heads > 1 else 0, s_]
+                assert torch.equal(folded[:, kv if heads > 1 else 0, g * sq + s_], want)
 
 
 # ------------------------------------------------------------------------------ autograd, opcheck, compile

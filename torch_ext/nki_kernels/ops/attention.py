@@ -39,8 +39,8 @@ MAX_HEAD_DIM = _kernel_sources.limits().ATTENTION_MAX_HEAD_DIM
 SINGLE_PASS_MAX_KEYS = _kernel_sources.limits().ATTENTION_SINGLE_PASS_MAX_KEYS
 KERNEL_MODULE = "attention"   # kernels/attention.py
 # Grouped-query calls with fewer query rows than one 128-row tile (decode, short chunks) and
-# no causal or per-row mask fold each kv head's query heads into its query rows
-# (_folded_inputs): modeled trn2 LNC=2, decode B=4 H=8/1kv S=1024 d=128 31.4 -> 11.9 us,
+# no is_causal fold each kv head's query heads into its query rows (_folded_inputs; a
+# per-row mask folds with them, _folded_mask): modeled trn2 LNC=2, decode B=4 H=8/1kv S=1024 d=128 31.4 -> 11.9 us,
 # B=1 H=32/8kv S=2048 82.0 -> 34.7 us.
 FOLD_MAX_QUERY_ROWS = 128
 BACKWARD_MODULE = "attention_bwd"   # kernels/attention_bwd.py
