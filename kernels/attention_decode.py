@@ -95,21 +95,21 @@ def decode_attention(facts, plan, tensors, units):
         pairs = [(b, h) for (b, h0, h1, _t0, _t1) in units for h in range(h0, h1)]
     # DMA order with a split pair: its keys, the first whole pair's keys, its values (its
     # softmax, exchange and combination overlap the whole pairs' streams), then theirs
-    split_state = _split_pair_scores(facts, tensors, split) if split is not None else None
-    state = _start_pairs(facts, tensors, pairs) if pairs else None
+    ones = nl.ndarray((P, 1), dtype=facts.dtype, buffer=nl.sbuf)   # moving operand of the row sums
+    nisa.memset(dst=ones, value=1.0, engine=nisa.engine.gpsimd)
+    split_state = _split_pair_scores(facts, tensors, split, ones) if split is not None else None
+    state = _start_pairs(facts, tensors, pairs, ones) if pairs else None
     if split is not None:
         _finish_split_pair(facts, plan, tensors, split, split_state)
     if pairs:
         _decode_pairs(facts, plan, tensors, pairs, state)
 
 
-def _start_pairs(facts, tensors, pairs):
+def _start_pairs(facts, tensors, pairs, ones):
     """The first loads of whole ``pairs`` on this core (see _decode_pairs): (sizes, starts,
     qT, bias, tail_bias, ones, the first batch's Kᵀ or the first pair's scores)."""
     sizes = decode_batch_sizes(facts, len(pairs))
     tail_bias = _tail_bias(facts) if facts.mask_kind is None else None
-    ones = nl.ndarray((P, 1), dtype=facts.dtype, buffer=nl.sbuf)   # moving operand of the row sums
-    nisa.memset(dst=ones, value=1.0, engine=nisa.engine.gpsimd)
     qT = nl.ndarray((facts.D, len(pairs), facts.Sq), dtype=facts.dtype, buffer=nl.sbuf)
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     # Kᵀ one batch ahead of V (resident) or one pair's scores ahead (streamed): DMA order K0,
@@ -144,15 +144,13 @@ def _decode_pairs(facts, plan, tensors, pairs, state):
         _decode_batch(facts, plan, tensors, pairs, p0, p0 + size, qT, kT, x, bias, tail_bias, ones)
 
 
-def _split_pair_scores(facts, tensors, pair):
+def _split_pair_scores(facts, tensors, pair, ones):
     """This core's half of a split ``pair``: (keys, qT, x, ones) with x its scores (its Kᵀ
     stream); _finish_split_pair does the rest."""
     core = nl.program_id(0)
     half = cdiv(cdiv(facts.Sk, P), 2) * P
     keys = (0, half) if core == 0 else (half, facts.Sk)
     pairs = [pair]
-    ones = nl.ndarray((P, 1), dtype=facts.dtype, buffer=nl.sbuf)   # moving operand of the row sums
-    nisa.memset(dst=ones, value=1.0, engine=nisa.engine.gpsimd)
     qT = nl.ndarray((facts.D, 1, facts.Sq), dtype=facts.dtype, buffer=nl.sbuf)
     nisa.dma_transpose(dst=qT, src=_run_rows(facts, tensors.q, pairs, 0, 1, 0, facts.Sq), axes=(2, 1, 0))
     return keys, qT, _pair_scores(facts, tensors, pairs, 0, qT, keys), ones
