@@ -335,17 +335,17 @@ def _tkg_kernel(lib: NkiLibrary, target: str, cfg):
     """A jitted wrapper that calls AWS's attention_tkg as its own tests do (q and the active
     key copied to SBUF first, an SbufManager over the SBUF, output [B, H, d, s_active] in
     HBM); built inside the checkout's ``nki`` binding."""
+    tkg = lib.function("core.attention.attention_tkg", "attention_tkg", target)
+    sbuf_manager = lib.function("core.utils.allocator", "SbufManager", target)
+    logger = lib.function("core.utils.logging", "Logger", target)
     with lib.bound(target):
         import nki
         import nki.isa as nisa
         import nki.language as nl
-        tkg = importlib.import_module("nkilib_src.nkilib.core.attention.attention_tkg").attention_tkg
-        alloc = importlib.import_module("nkilib_src.nkilib.core.utils.allocator")
-        logging = importlib.import_module("nkilib_src.nkilib.core.utils.logging")
 
         @nki.jit
         def attention_tkg(q, k_active, v_active, k_prior, v_prior, mask):
-            sbm = alloc.SbufManager(0, nl.tile_size.total_available_sbuf_size - 16 * 1024, logging.Logger("SBM"))
+            sbm = sbuf_manager(0, nl.tile_size.total_available_sbuf_size - 16 * 1024, logger("SBM"))
             sbm.open_scope()
             out = nl.ndarray((cfg.bs, cfg.q_head, cfg.d_head, cfg.s_active), dtype=q.dtype, buffer=nl.shared_hbm)
             q_sb = sbm.alloc_stack(q.shape, dtype=q.dtype, buffer=nl.sbuf)

@@ -97,17 +97,17 @@ def decode_attention(facts, plan, tensors, units):
     # softmax, exchange and combination overlap the whole pairs' streams), then theirs
     ones = nl.ndarray((P, 1), dtype=facts.dtype, buffer=nl.sbuf)   # moving operand of the row sums
     nisa.memset(dst=ones, value=1.0, engine=nisa.engine.gpsimd)
-    split_state = _split_pair_scores(facts, tensors, split, ones) if split is not None else None
+    split_state = _split_pair_scores(facts, tensors, split) if split is not None else None
     state = _start_pairs(facts, tensors, pairs, ones) if pairs else None
     if split is not None:
-        _finish_split_pair(facts, plan, tensors, split, split_state)
+        _finish_split_pair(facts, plan, tensors, split, split_state, ones)
     if pairs:
-        _decode_pairs(facts, plan, tensors, pairs, state)
+        _decode_pairs(facts, plan, tensors, pairs, state, ones)
 
 
 def _start_pairs(facts, tensors, pairs, ones):
     """The first loads of whole ``pairs`` on this core (see _decode_pairs): (sizes, starts,
-    qT, bias, tail_bias, ones, the first batch's Kᵀ or the first pair's scores)."""
+    qT, bias, tail_bias, the first batch's Kᵀ or the first pair's scores)."""
     sizes = decode_batch_sizes(facts, len(pairs))
     tail_bias = _tail_bias(facts) if facts.mask_kind is None else None
     qT = nl.ndarray((facts.D, len(pairs), facts.Sq), dtype=facts.dtype, buffer=nl.sbuf)
@@ -126,13 +126,13 @@ def _start_pairs(facts, tensors, pairs, ones):
     bias = _key_bias(facts, tensors.mask, pairs) if facts.mask_kind == "key" else None
     # streamed keys: the next pair's scores (its Kᵀ stream) one pair ahead of this pair's V
     next_scores = _pair_scores(facts, tensors, pairs, 0, qT) if streamed else None
-    return sizes, starts, qT, bias, tail_bias, ones, next_keys, next_scores
+    return sizes, starts, qT, bias, tail_bias, next_keys, next_scores
 
 
-def _decode_pairs(facts, plan, tensors, pairs, state):
+def _decode_pairs(facts, plan, tensors, pairs, state, ones):
     """Decode attention of whole ``pairs`` on this core, in batches, from _start_pairs'
     ``state``."""
-    sizes, starts, qT, bias, tail_bias, ones, next_keys, next_scores = state
+    sizes, starts, qT, bias, tail_bias, next_keys, next_scores = state
     streamed = facts.Sk > DECODE_RESIDENT_KEYS
     for i, (p0, size) in enumerate(zip(starts, sizes)):
         kT, x = next_keys, next_scores
@@ -144,19 +144,19 @@ def _decode_pairs(facts, plan, tensors, pairs, state):
         _decode_batch(facts, plan, tensors, pairs, p0, p0 + size, qT, kT, x, bias, tail_bias, ones)
 
 
-def _split_pair_scores(facts, tensors, pair, ones):
-    """This core's half of a split ``pair``: (keys, qT, x, ones) with x its scores (its Kᵀ
-    stream); _finish_split_pair does the rest."""
+def _split_pair_scores(facts, tensors, pair):
+    """This core's half of a split ``pair``: (keys, qT, x) with x its scores (its Kᵀ stream);
+    _finish_split_pair does the rest."""
     core = nl.program_id(0)
     half = cdiv(cdiv(facts.Sk, P), 2) * P
     keys = (0, half) if core == 0 else (half, facts.Sk)
     pairs = [pair]
     qT = nl.ndarray((facts.D, 1, facts.Sq), dtype=facts.dtype, buffer=nl.sbuf)
     nisa.dma_transpose(dst=qT, src=_run_rows(facts, tensors.q, pairs, 0, 1, 0, facts.Sq), axes=(2, 1, 0))
-    return keys, qT, _pair_scores(facts, tensors, pairs, 0, qT, keys), ones
+    return keys, qT, _pair_scores(facts, tensors, pairs, 0, qT, keys)
 
 
-def _finish_split_pair(facts, plan, tensors, pair, state):
+def _finish_split_pair(facts, plan, tensors, pair, state, ones):
     """One (batch, head) ``pair`` on both cores of an LNC=2 launch (batch-1 decode with one kv
     head per launch, or the last of an odd number of pairs): each core takes half of the keys (a multiple of 128 on core 0) and
     makes its partial O | rowsum and row max m (FlashAttention's split-KV decoding); the
@@ -167,7 +167,7 @@ def _finish_split_pair(facts, plan, tensors, pair, state):
     the same way when the batch cannot be split."""
     core = nl.program_id(0)
     Dv, n = facts.Dv, facts.Sq
-    keys, qT, x, ones = state
+    keys, qT, x = state
     pairs = [pair]
     bias = _key_bias(facts, tensors.mask, pairs, keys) if facts.mask_kind == "key" else None
     tail_bias = _tail_bias(facts, keys[1] - keys[0]) if facts.mask_kind is None else None
