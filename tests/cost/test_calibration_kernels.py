@@ -60,6 +60,8 @@ COVERED = {
     "nkibench:matmul_add_rmsnorm": "test_matmul_add_rmsnorm_matches_the_reference",
     "nkibench:transpose_matmul": "test_transpose_matmul_matches_the_reference",
     "nkibench:matmul": "test_matmul_matches_the_reference",
+    "layernorm_tutorial:layernorm[version=v1]": "test_layernorm_tutorial_normalises_and_applies_gamma_beta",
+    "layernorm_tutorial:layernorm[version=v2]": "test_layernorm_tutorial_normalises_and_applies_gamma_beta",
 }
 
 
@@ -600,3 +602,34 @@ def test_matmul_rejects_shapes_off_its_tiles(calibrate, lhs_shape, rhs_shape, me
     with pytest.raises(ValueError, match=message):
         simulate(calibrate, "nkibench:matmul", "trn1", lhs=torch.randn(*lhs_shape, generator=gen),
                  rhs=torch.randn(*rhs_shape, generator=gen))
+
+
+# ----------------------------------------------------------------------------- layernorm_tutorial:layernorm
+# The LayerNorm tutorial's two kernels (aws-neuron-sdk general/nki/examples/layernorm/
+# layernorm_torch.py: torch.nn.functional.layer_norm with gamma, beta, eps 1e-5). fp32 all
+# through; v1's variance is E[x^2] - E[x]^2, which loses relative precision when the mean is
+# large against the spread: inputs of mean ~0.5 and spread ~0.3 (the tutorial's np.random.rand)
+# keep it at a few ulp of E[x^2] -> 1e-4 absolute / relative on outputs of order 1. Shapes:
+# a partial last row tile (3 tiles, 44 rows in the last), columns off the 512-column bn_stats
+# chunk and the PSUM bank (1000), and an exact one (2 tiles x 1024).
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("rows, cols", [(300, 1000), (256, 1024)])
+def test_layernorm_tutorial_normalises_and_applies_gamma_beta(calibrate, version, rows, cols):
+    x, gamma, beta = torch.rand(rows, cols), torch.rand(cols), torch.rand(cols)
+    out = simulate(calibrate, "layernorm_tutorial:layernorm", "trn1", x=x, gamma=gamma, beta=beta,
+                   version=version).outputs
+    ref = torch.nn.functional.layer_norm(x.double(), (cols,), gamma.double(), beta.double(), eps=1e-5)
+    torch.testing.assert_close(out.double(), ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("version, gamma_len, beta_len, message", [
+    ("v3", 64, 64, r"version='v3'; expected 'v1' or 'v2'"),
+    ("v1", 63, 64, r"gamma \(63,\) and beta \(64,\) must both be \(64,\)"),
+    ("v2", 64, 65, r"gamma \(64,\) and beta \(65,\) must both be \(64,\)"),
+])
+def test_layernorm_tutorial_rejects_a_bad_version_or_parameter_length(calibrate, version, gamma_len, beta_len,
+                                                                      message):
+    with pytest.raises(ValueError, match=message):
+        simulate(calibrate, "layernorm_tutorial:layernorm", "trn1", x=torch.rand(128, 64),
+                 gamma=torch.rand(gamma_len), beta=torch.rand(beta_len), version=version)
