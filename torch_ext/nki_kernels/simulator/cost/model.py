@@ -20,8 +20,8 @@ TensorE (``tensor_hz``)
 
 VectorE (``vector_hz``)
     one input pass ``N`` cycles, two full-size inputs (``tensor_tensor``,
-    ``scalar_tensor_tensor``, ``select_reduce``...) ``2N``; ``tensor_tensor`` with one input
-    in PSUM and the other in SBUF ``N``; ``tensor_reduce`` ``N`` (``N/2`` for bf16 add/max);
+    ``scalar_tensor_tensor``, ``select_reduce``...) ``2N``; ``tensor_tensor`` and
+    ``scalar_tensor_tensor`` with one input in PSUM and the other in SBUF ``N``; ``tensor_reduce`` ``N`` (``N/2`` for bf16 add/max);
     ``reciprocal`` ``8N``; ``nc_transpose`` (32x32) ``N``; an ALU ``power``/``rsqrt``/
     ``reciprocal`` op inside tensor_scalar/tensor_tensor/... x8 (iterative, like reciprocal). NeuronCore-v3+ performance mode:
     ``tensor_copy``/``tensor_scalar`` with every operand bf16/fp16 run 4x faster when all
@@ -253,11 +253,17 @@ def vector_engine_cost(ins, target: Target) -> tuple[float, str]:
     # The data tensors the performance-mode conditions are about: full-size inputs and the
     # output (per-partition scalar operands such as a (P,1) fp32 bias do not count).
     on_chip = full + [o for o in ins.writes if o.role == "dst" and o.buffer != "hbm"]
-    if op == "tensor_tensor" and len(full) == 2:
+    if op in ("tensor_tensor", "scalar_tensor_tensor") and len(full) == 2:
         bufs = sorted(o.buffer for o in full)
         if bufs == ["psum", "sbuf"]:
-            return n, "tensor_tensor N (one input in PSUM)"
-        if bufs == ["sbuf", "sbuf"] and _all_16bit(on_chip) and target.vector_perf_mode_half > 1:
+            # tensor_tensor: "If one input tile is in PSUM and the other is in SBUF, N Vector
+            # Engine cycles" [S]; scalar_tensor_tensor has "approximately the same latency as a
+            # regular tensor_tensor instruction" (its NKI 0.7 docstring, nki/api/nki/isa)
+            return n, f"{op} N (one input in PSUM)"
+        # the 2x performance mode is listed for tensor_tensor only (trn2 architecture guide,
+        # "Vector Engine Performance Mode"), not for scalar_tensor_tensor
+        if (op == "tensor_tensor" and bufs == ["sbuf", "sbuf"] and _all_16bit(on_chip)
+                and target.vector_perf_mode_half > 1):
             return cycles / target.vector_perf_mode_half, rule + f" /{target.vector_perf_mode_half} perf mode"
     if op in ("tensor_copy", "tensor_scalar") and _all_16bit(on_chip):
         in_psum = sum(o.buffer == "psum" for o in on_chip)
