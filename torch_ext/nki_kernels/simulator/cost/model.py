@@ -21,7 +21,8 @@ TensorE (``tensor_hz``)
 VectorE (``vector_hz``)
     one input pass ``N`` cycles, two full-size inputs (``tensor_tensor``,
     ``scalar_tensor_tensor``, ``select_reduce``...) ``2N``; ``tensor_tensor`` and
-    ``scalar_tensor_tensor`` with one input in PSUM and the other in SBUF ``N``; ``tensor_reduce`` ``N`` (``N/2`` for bf16 add/max);
+    ``scalar_tensor_tensor`` with one input in PSUM and the other in SBUF ``N``;
+    ``tensor_reduce`` ``N`` (``N/2`` for bf16 add/max);
     ``reciprocal`` ``8N``; ``nc_transpose`` (32x32) ``N``; an ALU ``power``/``rsqrt``/
     ``reciprocal`` op inside tensor_scalar/tensor_tensor/... x8 (iterative, like reciprocal). NeuronCore-v3+ performance mode:
     ``tensor_copy``/``tensor_scalar`` with every operand bf16/fp16 run 4x faster when all
