@@ -240,6 +240,13 @@ class Target:
     # [I] quantize_mx / nc_matmul_mx: "Available only on NeuronCore-v4 and newer"
     has_mx: bool = False
     mx_group_partitions: int = 8           # [I] quantize_mx: groups of "8 partitions x 4 elements"
+    # [A3] "MX data-type Quantization": QuantizeMX "can quantize four input elements per
+    # partition, per cycle (i.e., 4x Vector performance mode)"
+    quantize_mx_elems_per_lane: int = 4
+    # [A2] [A3] "Compute Engine Specifications": VectorE moves 512 BF16/FP16(/FP8 on v4)
+    # elements per cycle (vector_perf_mode_full per lane) and "256 input/output for other data
+    # types" (2 per lane). v4's exponential runs at that width (cost/model.py)
+    vector_other_elems_per_lane: int = 2
 
     def static_cycles(self, engine: str) -> float:
         """Fixed cycles of one ``engine`` ("vector" | "scalar" | "gpsimd") instruction."""

@@ -12,6 +12,7 @@ TensorE (``tensor_hz``)
     partitions), N the moving free size (output columns); x4 when an operand is float32
     (fp32 runs in four passes: 20 vs 79 TFLOPS; tfloat32 runs at the bf16 rate). ``M / 4``:
     the background LoadStationary, up to 4x faster than a matmul of the same size [A1].
+    ``nc_matmul_mx`` (v4) as ``nc_matmul`` on its x4 tile sizes (4 packed pairs per PE [A3]).
     ``nc_transpose`` on TensorE (and ``nc_matmul(is_transpose=True)``): ``max(P, min(64, F))``
     cycles for a ``[P, F]`` input; fp32 x2 with v3+ transpose mode (x4 on v2).
     Back-to-back matmuls issue at that rate (the next stationary loads while the current
@@ -23,8 +24,10 @@ VectorE (``vector_hz``)
     ``scalar_tensor_tensor``, ``select_reduce``...) ``2N``; ``tensor_tensor`` and
     ``scalar_tensor_tensor`` with one input in PSUM and the other in SBUF ``N``;
     ``tensor_reduce`` ``N`` (``N/2`` for bf16 add/max);
-    ``reciprocal`` ``8N``; ``nc_transpose`` (32x32) ``N``; an ALU ``power``/``rsqrt``/
-    ``reciprocal`` op inside tensor_scalar/tensor_tensor/... x8 (iterative, like reciprocal). NeuronCore-v3+ performance mode:
+    ``reciprocal`` ``8N``; ``nc_transpose`` (32x32) ``N``; v4's ``quantize_mx`` ``N/4`` and
+    ``exponential`` at the data path's width (``N/4`` 16-bit, ``N/2`` otherwise); an ALU
+    ``power``/``rsqrt``/``reciprocal`` op inside tensor_scalar/tensor_tensor/... x8
+    (iterative, like reciprocal). NeuronCore-v3+ performance mode:
     ``tensor_copy``/``tensor_scalar`` with every operand bf16/fp16 run 4x faster when all
     operands are in SBUF, 2x when one is in PSUM; ``tensor_tensor`` with both inputs in SBUF
     and every operand bf16/fp16 runs 2x faster. Then ``max(MIN_II=64, cycles)`` plus the
@@ -209,25 +212,28 @@ def tensor_engine_cost(ins, target: Target) -> tuple[float, str]:
             cycles *= target.transpose_fp32_factor
             rule += f" x{target.transpose_fp32_factor} fp32"
         return cycles, rule
-    if ins.op == "nc_matmul":
+    if ins.op in ("nc_matmul", "nc_matmul_mx"):
+        # nc_matmul_mx (v4): each PE multiplies four packed MX pairs per cycle, so an
+        # instruction on [K, M] x4 / [K, N] x4 tiles takes a bf16 matmul's cycles for the same
+        # M and N (4x the FLOPs) [A3] "Quad-MXFP8/MXFP4 Matmul Performance"
         st = next((o for o in ins.reads if o.role == "stationary"), None)
         mv = next((o for o in ins.reads if o.role == "moving"), None)
         m = _attr(ins, "M", default=st.free_elems if st is not None else None)
         n = _attr(ins, "N", default=mv.free_elems if mv is not None else None)
         if m is None or n is None:
-            raise CostModelError(f"instruction {ins.index} (nc_matmul): needs attrs M and N or "
+            raise CostModelError(f"instruction {ins.index} ({ins.op}): needs attrs M and N or "
                                  "stationary/moving operands")
         fp32 = _attr(ins, "fp32", default=None)
         if fp32 is None:
             fp32 = any(_is_fp32(o) for o in (st, mv) if o is not None)
         cycles = max(min(target.matmul_min_cycles, m), n, m / target.load_stationary_speedup)
-        rule = "matmul max(min(64, M), N, M/4)"
+        rule = ("mx " if ins.op == "nc_matmul_mx" else "") + "matmul max(min(64, M), N, M/4)"
         if fp32:
             cycles *= target.matmul_fp32_factor
             rule += f" x{target.matmul_fp32_factor} fp32"
         return cycles, rule
     raise CostModelError(f"instruction {ins.index}: op {ins.op!r} on TensorE is not priced "
-                         "(expected nc_matmul or nc_transpose)")
+                         "(expected nc_matmul, nc_matmul_mx or nc_transpose)")
 
 
 def vector_engine_cost(ins, target: Target) -> tuple[float, str]:
@@ -243,6 +249,11 @@ def vector_engine_cost(ins, target: Target) -> tuple[float, str]:
         return n, "tensor_reduce N"
     if op == "nc_transpose":
         return n, "vector transpose N"
+    if op == "quantize_mx":
+        r = target.quantize_mx_elems_per_lane
+        return n / r, f"quantize_mx N/{r}"
+    if op == "exponential":
+        return _exponential_cycles(ins, n, target)
     full = _full_inputs(ins, n)
     passes = max(1, len(full))
     cycles = passes * n
@@ -272,6 +283,17 @@ def vector_engine_cost(ins, target: Target) -> tuple[float, str]:
         if speed > 1:
             return cycles / speed, rule + f" /{speed} perf mode"
     return cycles, rule
+
+
+def _exponential_cycles(ins, n: int, target: Target) -> tuple[float, str]:
+    """nisa.exponential (VectorE, v4) at VectorE's full data path: 4 elements per lane per
+    cycle when every operand is 16-bit (512 per cycle), 2 otherwise (256 per cycle) [A3]
+    "Compute Engine Specifications". The guide's "4x the throughput compared to the
+    nisa.activation (op=nl.exp) instruction" [A3] is this rate against ScalarE's 128-element
+    fp32 path; against its 256-element bf16 path the data path allows 2x, not 4x."""
+    operands = _full_inputs(ins, n) + [o for o in ins.writes if o.role == "dst" and o.buffer != "hbm"]
+    rate = target.vector_perf_mode_full if _all_16bit(operands) else target.vector_other_elems_per_lane
+    return n / rate, f"exponential N/{rate} (data path)"
 
 
 def scalar_engine_cost(ins, target: Target) -> tuple[float, str]:
