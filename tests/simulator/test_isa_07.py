@@ -111,6 +111,42 @@ def test_nc_matmul_mx_matches_the_dequantized_product():
             nki.isa.quantize_mx(None, None, None)
 
 
+def test_mx_scales_of_two_tiles_pack_into_one_at_quadrant_offsets():
+    # MX deep dive, "Packing Scale Values": scales at "an offset of 0, 4, 8, or 12" within each
+    # quadrant; its example writes one tile's scales to packed[0:, :M], the other's to packed[4:, :]
+    with simulator.activated("trn3") as nki:
+        nl, nisa = nki.language, nki.isa
+        K, M, N = 128, 16, 40
+        packed = nl.ndarray((K, N), dtype=nl.uint8)
+        packed.dtype.assign(packed._data, torch.full((K, N), 0xAB))   # poison: unwritten rows
+        xs = []
+        for free, rows in ((M, slice(0, None)), (N, slice(4, None))):
+            x = torch.randn(K, 4 * free) * 5
+            src = nl.ndarray((K, 4 * free), dtype=nl.bfloat16)
+            src.dtype.assign(src._data, x)
+            data = nl.ndarray((K, free), dtype=nl.float8_e4m3fn_x4)
+            nisa.quantize_mx(data, src, packed[rows, 0:free])
+            xs.append((src, data, packed[rows, 0:free]))
+        (xa, a, sa), (xb, b, sb) = xs
+        out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul_mx(out, a, b, sa, sb)
+        # each x4 column of the data is four contraction elements: [K, F, 4] -> [4K, F]
+        A = xa.values().reshape(K, M, 4).permute(0, 2, 1).reshape(4 * K, M).double()
+        B = xb.values().reshape(K, N, 4).permute(0, 2, 1).reshape(4 * K, N).double()
+        ref = A.t() @ B
+        # fp8 e4m3 keeps 3 mantissa bits: each product within ~2^-3 relative, errors average out
+        torch.testing.assert_close(out.values().double(), ref, rtol=0.1, atol=0.1 * ref.abs().max().item())
+        used = {32 * q + r for q in range(4) for r in range(8)}
+        codes = packed.values()
+        assert all(codes[p].eq(0xAB).all() for p in range(K) if p not in used)
+        assert not any(codes[p, 0:M].eq(0xAB).all() for p in used)
+        for bad in (2, 16):
+            with pytest.raises(NkiValidationError, match=f"starting at partition {bad}"):
+                nisa.quantize_mx(a, xa, packed[bad:, 0:M])
+            with pytest.raises(NkiValidationError, match=f"starting at partition {bad}"):
+                nisa.nc_matmul_mx(out, a, b, packed[bad:, 0:M], sb)
+
+
 def test_tensor_tensor_inputs_may_start_at_different_partitions(sim, mk):
     # "The two tiles must have the same partition axis size and the same number of elements
     # per partition" (nki.isa.tensor_tensor): no rule on where each starts

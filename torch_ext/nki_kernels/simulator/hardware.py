@@ -240,6 +240,10 @@ class Target:
     # [I] quantize_mx / nc_matmul_mx: "Available only on NeuronCore-v4 and newer"
     has_mx: bool = False
     mx_group_partitions: int = 8           # [I] quantize_mx: groups of "8 partitions x 4 elements"
+    # MX deep dive "Packing Scale Values": "Quantize-MX and Matmul-MX support writing/reading
+    # scales at an offset of 0, 4, 8, or 12 within each [quadrant]" (its example slices the
+    # scale tile from partition 4)
+    mx_scale_quadrant_offsets: tuple[int, ...] = (0, 4, 8, 12)
     # [A3] "MX data-type Quantization": QuantizeMX "can quantize four input elements per
     # partition, per cycle (i.e., 4x Vector performance mode)"
     quantize_mx_elems_per_lane: int = 4

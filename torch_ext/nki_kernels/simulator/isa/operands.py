@@ -69,8 +69,11 @@ def start_partition(t: NkiTensor) -> int:
     return t._start_partition()
 
 
-def onchip(instr, role, t, *, psum=True, sbuf=True, why="") -> NkiTensor:
-    """Check an engine operand: an SBUF/PSUM tensor, <= 128 partitions, legal start partition."""
+def onchip(instr, role, t, *, psum=True, sbuf=True, why="", quadrant_offsets=()) -> NkiTensor:
+    """Check an engine operand: an SBUF/PSUM tensor, <= 128 partitions, legal start partition.
+
+    ``quadrant_offsets``: starts this many partitions into a quadrant the operand may also
+    take (MX scale tiles); the rule then applies to the access from the quadrant's start."""
     if not isinstance(t, NkiTensor):
         fail(f"{instr}: {role} must be an NKI tensor, got {type(t).__name__}")
     kind = t._alloc.kind
@@ -89,10 +92,12 @@ def onchip(instr, role, t, *, psum=True, sbuf=True, why="") -> NkiTensor:
     if p > tgt.partitions:
         fail(f"{instr}: {role} partition dim {p} exceeds maximum {tgt.partitions}")
     s = start_partition(t)
+    q = tgt.partition_quadrant
+    if s % q and s % q in quadrant_offsets:
+        p, s = p + s % q, s - s % q
     if s:
         # Start-partition rule (docs/hardware.md): an access of more than two quadrants
         # starts at 0, of more than one at 0 or at the middle, else at a quadrant boundary.
-        q = tgt.partition_quadrant
         if p > 2 * q:
             fail(f"{instr}: {role} spans {p} partitions starting at partition {s}; "
                  f"an access of more than {2 * q} partitions must start at partition 0")

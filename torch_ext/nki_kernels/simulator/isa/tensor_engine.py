@@ -216,7 +216,8 @@ def nc_matmul_mx(dst, stationary, moving, stationary_scale, moving_scale, tile_p
         fail(f"{I}: needs NeuronCore-v4 (trn3); the target is {tgt.name}")
     for role, t in (("stationary", stationary), ("moving", moving),
                     ("stationary_scale", stationary_scale), ("moving_scale", moving_scale)):
-        onchip(I, role, t, psum=False, why=" (TensorE reads SBUF only)")
+        onchip(I, role, t, psum=False, why=" (TensorE reads SBUF only)",
+               quadrant_offsets=tgt.mx_scale_quadrant_offsets if role.endswith("_scale") else ())
     onchip(I, "dst", dst, sbuf=False, why=" (TensorE writes PSUM only)")
     for role, t in (("stationary", stationary), ("moving", moving)):
         if t.dtype.name not in _MX_DATA:

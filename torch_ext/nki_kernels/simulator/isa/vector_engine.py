@@ -451,7 +451,8 @@ def quantize_mx(dst, src, dst_scale, name=None):
     if not tgt.has_mx:
         fail(f"{I}: needs NeuronCore-v4 (trn3); the target is {tgt.name}")
     for role, t in (("dst", dst), ("src", src), ("dst_scale", dst_scale)):
-        onchip(I, role, t, psum=False, why=" (all tiles in SBUF)")
+        onchip(I, role, t, psum=False, why=" (all tiles in SBUF)",
+               quadrant_offsets=tgt.mx_scale_quadrant_offsets if role == "dst_scale" else ())
     if src.dtype.name not in ("float16", "bfloat16"):
         fail(f"{I}: src dtype must be float16 or bfloat16, got {src.dtype.name}")
     if dst.dtype.name not in _MX_EMAX:
