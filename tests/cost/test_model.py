@@ -186,6 +186,42 @@ def test_tensor_reduce_bf16_add_is_twice_as_fast():
     assert (bf16.cycles, fp32.cycles) == (1024 + S, 2048 + S)
 
 
+def test_memset_of_zero_into_16_bit_data_is_twice_as_fast():
+    # [S] memset: "If the initialized value is zero and output data type is bfloat16/float16,
+    # max(MIN_II, N/2) Vector Engine cycles; otherwise max(MIN_II, N)"
+    def memset(b, dtype, value, engine="vector", n=1024):
+        b._add("memset", engine, [], [sbuf("dst", new_alloc(), (128, n), dtype)], value=value)
+
+    assert _one(lambda b: memset(b, "bfloat16", 0.0)).cycles == 512 + S
+    assert _one(lambda b: memset(b, "float16", 0)).cycles == 512 + S
+    assert _one(lambda b: memset(b, "bfloat16", -3.0)).cycles == 1024 + S
+    assert _one(lambda b: memset(b, "float32", 0.0)).cycles == 1024 + S
+    assert _one(lambda b: memset(b, "bfloat16", 0.0, n=100)).cycles == 64 + S   # MIN_II
+    assert _one(lambda b: memset(b, "bfloat16", 0.0, engine="gpsimd")).cycles == 1024 + SG
+
+
+def test_bn_aggr_costs_13_cycles_per_3_elements():
+    # [S] bn_aggr: "max(MIN_II, 13*(N/3))": N is the bn_stats records read (6 per group)
+    def aggr(b, n):
+        b._add("bn_aggr", "vector", [sbuf("data", new_alloc(), (128, n), "float32")],
+               [sbuf("dst", new_alloc(), (128, 2), "float32")])
+
+    assert _one(lambda b: aggr(b, 48)).cycles == 13 * 16 + S
+    assert _one(lambda b: aggr(b, 6)).cycles == 64 + S
+
+
+def test_tensor_scalar_reduce_pays_the_accumulator_read_out():
+    # [S] tensor_scalar_reduce: "max(MIN_II, N) + MIN_II" (activation_reduce's rule on ScalarE)
+    def tsr(b, n):
+        b._add("tensor_scalar_reduce", "vector",
+               [sbuf("data", new_alloc(), (128, n), "bfloat16"), sbuf("operand0", new_alloc(), (128, 1), "float32")],
+               [sbuf("dst", new_alloc(), (128, n), "bfloat16"), sbuf("reduce_res", new_alloc(), (128, 1), "float32")],
+               op0="multiply", reduce_op="add")
+
+    assert _one(lambda b: tsr(b, 512)).cycles == 512 + 64 + S
+    assert _one(lambda b: tsr(b, 9)).cycles == 64 + 64 + S
+
+
 def test_alu_power_rsqrt_reciprocal_are_iterative_on_vector_and_gpsimd():
     # exp via the ALU (e ** x with nl.power) is not a cheap pass: VectorE 8N like its
     # reciprocal, GpSimd ~4 cycles per element (4x ScalarE's rate)

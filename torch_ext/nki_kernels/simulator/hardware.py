@@ -125,6 +125,10 @@ class Target:
     load_stationary_speedup: int = 4
     transpose_fp32_factor: int = 2          # [A2] TensorE transpose mode: fp32 2x faster than fp32 matmul
     activation_readout_cycles: int = 64     # [S] ScalarE: +64 cycles to read the accumulator out
+    # [S] tensor_scalar_reduce: "max(MIN_II, N) + MIN_II" VectorE cycles (the same read-out)
+    vector_reduce_readout_cycles: int = 64
+    memset_zero_16bit_speedup: int = 2      # [S] memset: "N/2" for a zero into bf16/fp16, else N
+    bn_aggr_cycles_per_3_elems: int = 13    # [S] bn_aggr: "max(MIN_II, 13*(N/3))" VectorE cycles
     gpsimd_pattern_cycles: int = 150        # [S] GpSimd iota/affine_select: 150 + N
     vector_reciprocal_factor: int = 8       # [S] VectorE reciprocal ~8N
     reduce_bf16_speedup: int = 2            # [S] tensor_reduce N/2 for bf16 add/max

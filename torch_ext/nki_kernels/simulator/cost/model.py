@@ -24,7 +24,8 @@ VectorE (``vector_hz``)
     ``scalar_tensor_tensor``, ``select_reduce``...) ``2N``; ``tensor_tensor`` and
     ``scalar_tensor_tensor`` with one input in PSUM and the other in SBUF ``N``;
     ``tensor_reduce`` ``N`` (``N/2`` for bf16 add/max);
-    ``reciprocal`` ``8N``; ``nc_transpose`` (32x32) ``N``; v4's ``quantize_mx`` ``N/4`` and
+    ``reciprocal`` ``8N``; ``nc_transpose`` (32x32) ``N``; ``bn_aggr`` ``13N/3``; ``memset`` of
+    zero into bf16/fp16 ``N/2``; ``tensor_scalar_reduce`` ``max(64, N) + 64``; v4's ``quantize_mx`` ``N/4`` and
     ``exponential`` at the data path's width (``N/4`` 16-bit, ``N/2`` otherwise); an ALU
     ``power``/``rsqrt``/``reciprocal`` op inside tensor_scalar/tensor_tensor/... x8
     (iterative, like reciprocal). NeuronCore-v3+ performance mode:
@@ -249,6 +250,19 @@ def vector_engine_cost(ins, target: Target) -> tuple[float, str]:
         return n, "tensor_reduce N"
     if op == "nc_transpose":
         return n, "vector transpose N"
+    if op == "bn_aggr":
+        c = target.bn_aggr_cycles_per_3_elems
+        return c * n / 3, f"bn_aggr {c}N/3"
+    if op == "memset" and ins.engine == "vector":
+        dst = next((o for o in ins.writes if o.buffer != "hbm"), None)
+        value = _attr(ins, "value", default=None)
+        if dst is not None and dst.dtype in ("bfloat16", "float16") and value is not None and float(value) == 0.0:
+            f = target.memset_zero_16bit_speedup
+            return n / f, f"memset of zero into 16-bit N/{f}"
+        return n, "memset N"
+    if op == "tensor_scalar_reduce":
+        r = target.vector_reduce_readout_cycles
+        return max(target.min_instruction_cycles, n) + r, f"tensor_scalar_reduce max(64, N) +{r} read-out"
     if op == "quantize_mx":
         r = target.quantize_mx_elems_per_lane
         return n / r, f"quantize_mx N/{r}"
