@@ -20,7 +20,7 @@ class EngineCosts(nl.NKIObject):
 
     def __init__(self, vector_ghz, scalar_ghz, gpsimd_ghz, vector_psum_copy_16bit_rate, vector_instr_cycles,
                  scalar_instr_cycles, gpsimd_instr_cycles, vector_overlap_cycles, min_instruction_cycles,
-                 dma_bytes_per_s, dma_transfer_gap_ns, dma_transfer_handoff_ns, dma_transpose_efficiency,
+                 vector_reduce_readout_cycles, dma_bytes_per_s, dma_transfer_gap_ns, dma_transfer_handoff_ns, dma_transpose_efficiency,
                  sbuf_bytes_per_partition):
         # VectorE, ScalarE and GpSimd clocks (GHz): estimated cycles / clock = ns
         self.vector_ghz = vector_ghz
@@ -41,6 +41,9 @@ class EngineCosts(nl.NKIObject):
         # independent instructions (what planning charges)
         self.vector_stream_cycles = vector_instr_cycles - min(vector_overlap_cycles, vector_instr_cycles)
         self.min_instruction_cycles = min_instruction_cycles
+        # what a VectorE instruction that also reduces into a (P, 1) result
+        # (tensor_scalar_reduce) pays on top of its pass to read the accumulator out
+        self.vector_reduce_readout_cycles = vector_reduce_readout_cycles
         # DMA: bandwidth of a core's 16 queues; per transfer and queue the occupancy is
         # max(gap, data + hand-over); SBUF->SBUF dma_transpose efficiency
         self.dma_bytes_per_s = dma_bytes_per_s
@@ -89,6 +92,7 @@ MIRRORS = {
     "gpsimd_instr_cycles": ("gpsimd_static_cycles", 1),
     "vector_overlap_cycles": ("vector_overlap_cycles", 1),
     "min_instruction_cycles": ("min_instruction_cycles", 1),
+    "vector_reduce_readout_cycles": ("vector_reduce_readout_cycles", 1),
     "dma_bytes_per_s": ("dma_bytes_per_s", 1),
     "dma_transfer_gap_ns": ("dma_transfer_gap_s", 1e9),
     "dma_transfer_handoff_ns": ("dma_transfer_handoff_s", 1e9),
@@ -102,19 +106,22 @@ DERIVED = ("vector_stream_cycles",)
 # NeuronCore-v2 (trn1), -v3 (trn2), -v4 (trn3)
 _GEN2 = EngineCosts(vector_ghz=1.12, scalar_ghz=1.4, gpsimd_ghz=1.4, vector_psum_copy_16bit_rate=1,
                     vector_instr_cycles=360.0, scalar_instr_cycles=100.0,
-                    gpsimd_instr_cycles=360.0, vector_overlap_cycles=320.0, min_instruction_cycles=64, dma_bytes_per_s=272e9,
+                    gpsimd_instr_cycles=360.0, vector_overlap_cycles=320.0, min_instruction_cycles=64,
+                    vector_reduce_readout_cycles=64, dma_bytes_per_s=272e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0,
                     dma_transpose_efficiency=0.5,
                     sbuf_bytes_per_partition=192 * 1024)
 _GEN3 = EngineCosts(vector_ghz=0.96, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_copy_16bit_rate=2,
                     vector_instr_cycles=100.0, scalar_instr_cycles=360.0,
-                    gpsimd_instr_cycles=100.0, vector_overlap_cycles=0.0, min_instruction_cycles=64, dma_bytes_per_s=368e9,
+                    gpsimd_instr_cycles=100.0, vector_overlap_cycles=0.0, min_instruction_cycles=64,
+                    vector_reduce_readout_cycles=64, dma_bytes_per_s=368e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0,
                     dma_transpose_efficiency=0.5,
                     sbuf_bytes_per_partition=224 * 1024)
 _GEN4 = EngineCosts(vector_ghz=1.2, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_copy_16bit_rate=2,
                     vector_instr_cycles=100.0, scalar_instr_cycles=360.0,
-                    gpsimd_instr_cycles=100.0, vector_overlap_cycles=0.0, min_instruction_cycles=64, dma_bytes_per_s=528e9,
+                    gpsimd_instr_cycles=100.0, vector_overlap_cycles=0.0, min_instruction_cycles=64,
+                    vector_reduce_readout_cycles=64, dma_bytes_per_s=528e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0,
                     dma_transpose_efficiency=0.5,
                     sbuf_bytes_per_partition=256 * 1024)

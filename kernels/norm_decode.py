@@ -39,9 +39,10 @@ choice made by a program's share and keep the per-element arithmetic (below):
         operands; c**2 on ScalarE, m2**2 on ScalarE while VectorE still sums the squares;
         (c - m2) * weight before rsqrt is known, so after rsqrt only * rstd (+ bias)
         remain. LayerNorm with at most PER_ROW_MAX_ROWS rows in a program (1 to 5 tokens
-        at LNC=2) centres each row with its sum in one VectorE instruction and sums its
-        squares on ScalarE, and ends with one y * rstd + bias per row (limits.py says why
-        that keeps the bits). A per-row LayerNorm chain like RMSNorm's was 0.15 us slower
+        at LNC=2) centres each row with its sum in one VectorE instruction (or all rows in
+        one pass and one reduce, when the model's figures say that is sooner:
+        _row_sums_per_row) and sums each row's squares on ScalarE, and ends with one
+        y * rstd + bias per row (limits.py says why that keeps the bits). A per-row LayerNorm chain like RMSNorm's was 0.15 us slower
         at 1-2 rows at the central cost (limits.py).
 LNC:
     each program takes a contiguous half of the rows (``program_share``); rows are
@@ -55,6 +56,7 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from .engine_costs import active as active_engine_costs
 from .limits import NORM_DECODE_MAX_ELEMENTS as DECODE_MAX_ELEMENTS
 from .limits import NORM_DECODE_MAX_ROWS as DECODE_MAX_ROWS
 from .limits import NORM_DECODE_ROW_LOOP_MAX_ROWS as ROW_LOOP_MAX_ROWS
@@ -204,16 +206,33 @@ def rms_norm_decode_kernel(x, weight=None, eps=1e-6):
 
 # ----------------------------------------------------------------------------- LayerNorm
 
+def _row_sums_per_row(n_rows, h1):
+    """Whether c = x - m and its per-partition sums are sooner from one tensor_scalar_reduce
+    per row (a pass plus the accumulator read-out each, its ISA cost text "max(MIN_II, N) +
+    MIN_II") than from one tensor_tensor over all rows and one tensor_reduce (two dependent
+    passes): VectorE cycles, the cost model's figures (engine_costs.py). Either way the same
+    fp32 operations (limits.py)."""
+    costs = active_engine_costs()
+    ii, fixed = costs.min_instruction_cycles, costs.vector_instr_cycles
+    per_row = n_rows * (max(ii, h1) + costs.vector_reduce_readout_cycles + fixed)
+    return per_row <= 2 * (max(ii, n_rows * h1) + fixed)
+
+
 def _centre_rows(x_tile, centred, mean, sum_c, sum_sq):
-    """Per row: c = x - m with its per-partition sum in one VectorE tensor_scalar_reduce, and
-    the sum of (m - x)**2 = c**2 on ScalarE's accumulator (square with bias m, scale -1 on
-    x: the same fp32 value as c**2). ``mean``: [128, n] PSUM; ``sum_c``, ``sum_sq``:
-    [128, n] SBUF."""
+    """c = x - m with its per-partition sums on VectorE, per row or over all rows
+    (_row_sums_per_row); per row, the sum of (m - x)**2 = c**2 on ScalarE's accumulator
+    (square with bias m, scale -1 on x: the same fp32 value as c**2). ``mean``: [128, n]
+    PSUM; ``sum_c``, ``sum_sq``: [128, n] SBUF."""
     n_rows, h1 = x_tile.shape[1], x_tile.shape[2]
+    if _row_sums_per_row(n_rows, h1):
+        for r in range(n_rows):
+            nisa.tensor_scalar_reduce(dst=centred[:, r, :], data=x_tile[:, r, :], op0=nl.subtract,
+                                      operand0=_col(mean, r), reduce_op=nl.add, reduce_res=_col(sum_c, r))
+    else:
+        nisa.tensor_tensor(dst=centred, data1=x_tile, data2=_along_h1(mean, h1), op=nl.subtract)
+        nisa.tensor_reduce(dst=sum_c, op=nl.add, data=centred, axis=2)
     discard = nl.ndarray((PARTITIONS, h1), dtype=nl.float32, buffer=nl.sbuf)
     for r in range(n_rows):
-        nisa.tensor_scalar_reduce(dst=centred[:, r, :], data=x_tile[:, r, :], op0=nl.subtract,
-                                  operand0=_col(mean, r), reduce_op=nl.add, reduce_res=_col(sum_c, r))
         nisa.activation(dst=discard, op=nl.square, data=x_tile[:, r, :], scale=-1.0, bias=_col(mean, r),
                         reduce_op=nl.add, reduce_res=_col(sum_sq, r), reduce_cmd=nisa.reduce_cmd.reset_reduce)
 

@@ -35,9 +35,10 @@ def decode_for_every_shape_it_takes(monkeypatch, request):
 
 # (rows, hidden, dtype): one token, the most rows of the per-row path, an odd count just
 # above it, one row per program at LNC=2, two rows per program at LNC=2 (LayerNorm's
-# per-row statistics in the all-rows path), the most rows the kernel takes
+# per-row statistics in the all-rows path: at H=4096 the rows' sums from one pass over both
+# rows, at H=8192 from one tensor_scalar_reduce per row), the most rows the kernel takes
 CASES = [(1, 2048, BF16), (ROW_LOOP, 2048, F16), (ROW_LOOP + 3, 4096, F32), (3, 128, BF16),
-         (2 * PER_ROW, 4096, F16), (MAX_ROWS, 1024, BF16)]
+         (2 * PER_ROW, 4096, F16), (2 * PER_ROW, 8192, BF16), (MAX_ROWS, 1024, BF16)]
 
 
 @pytest.mark.parametrize("rows, hidden, dtype", CASES, ids=[f"{r}x{h}-{str(d)[6:]}" for r, h, d in CASES])
