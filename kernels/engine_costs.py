@@ -20,8 +20,8 @@ class EngineCosts(nl.NKIObject):
 
     def __init__(self, vector_ghz, scalar_ghz, gpsimd_ghz, vector_psum_copy_16bit_rate, vector_instr_cycles,
                  scalar_instr_cycles, gpsimd_instr_cycles, vector_overlap_cycles, min_instruction_cycles,
-                 vector_reduce_readout_cycles, dma_bytes_per_s, dma_transfer_gap_ns, dma_transfer_handoff_ns, dma_transpose_efficiency,
-                 sbuf_bytes_per_partition):
+                 vector_reduce_readout_cycles, dma_bytes_per_s, dma_transfer_gap_ns, dma_transfer_handoff_ns,
+                 dma_transpose_efficiency, sbuf_bytes_per_partition):
         # VectorE, ScalarE and GpSimd clocks (GHz): estimated cycles / clock = ns
         self.vector_ghz = vector_ghz
         self.scalar_ghz = scalar_ghz

@@ -42,8 +42,9 @@ choice made by a program's share and keep the per-element arithmetic (below):
         at LNC=2) centres each row with its sum in one VectorE instruction (or all rows in
         one pass and one reduce, when the model's figures say that is sooner:
         _row_sums_per_row) and sums each row's squares on ScalarE, and ends with one
-        y * rstd + bias per row (limits.py says why that keeps the bits). A per-row LayerNorm chain like RMSNorm's was 0.15 us slower
-        at 1-2 rows at the central cost (limits.py).
+        y * rstd + bias per row (limits.py says why that keeps the bits). A per-row
+        LayerNorm chain like RMSNorm's was 0.15 us slower at 1-2 rows at the central cost
+        (limits.py).
 LNC:
     each program takes a contiguous half of the rows (``program_share``); rows are
     independent, so both degrees give the same output.

@@ -52,6 +52,11 @@ def main(argv=None):
     tut = args.checkout.resolve() / "src" / "nki_samples" / "tutorials"
     if not tut.is_dir():
         ap.error(f"{args.checkout} is not an nki-samples checkout (no src/nki_samples/tutorials)")
+    sdk_mx = None
+    if args.sdk is not None:
+        sdk_mx = args.sdk.resolve() / "nki" / "deep-dives" / "src" / "mxfp-matmul"
+        if not sdk_mx.is_dir():
+            ap.error(f"--sdk {args.sdk}: not an aws-neuron-sdk checkout (no nki/deep-dives/src/mxfp-matmul)")
 
     import ml_dtypes
     import numpy as np
@@ -103,10 +108,7 @@ def main(argv=None):
         dict(TILES_IN_BLOCK_M=2, TILES_IN_BLOCK_N=2, TILES_IN_BLOCK_K=2))
 
     _mx_checks(run, tut / "mxfp-matmul", "nki07_mx_kernels", "mxfp")
-    if args.sdk is not None:
-        sdk_mx = args.sdk.resolve() / "nki" / "deep-dives" / "src" / "mxfp-matmul"
-        if not sdk_mx.is_dir():
-            ap.error(f"--sdk {args.sdk}: not an aws-neuron-sdk checkout (no nki/deep-dives/src/mxfp-matmul)")
+    if sdk_mx is not None:
         _mx_checks(run, sdk_mx, "sdk_mx_kernels", "sdk mxfp")
 
     w = [max(len(r[i]) for r in rows + [("kernel", "status", "max error", "modeled µs", "")])

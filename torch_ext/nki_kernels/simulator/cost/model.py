@@ -25,8 +25,9 @@ VectorE (``vector_hz``)
     ``scalar_tensor_tensor`` with one input in PSUM and the other in SBUF ``N``;
     ``tensor_reduce`` ``N`` (``N/2`` for bf16 add/max);
     ``reciprocal`` ``8N``; ``nc_transpose`` (32x32) ``N``; ``bn_aggr`` ``13N/3``; ``memset`` of
-    zero into bf16/fp16 ``N/2``; ``tensor_scalar_reduce`` ``max(64, N) + 64``; v4's ``quantize_mx`` ``N/4`` and
-    ``exponential`` at the data path's width (``N/4`` 16-bit, ``N/2`` otherwise); an ALU
+    zero into bf16/fp16 ``N/2``; ``tensor_scalar_reduce`` ``max(64, N) + 64``; v4's
+    ``quantize_mx`` ``N/4`` and ``exponential`` at the data path's width (``N/4`` 16-bit,
+    ``N/2`` otherwise); an ALU
     ``power``/``rsqrt``/``reciprocal`` op inside tensor_scalar/tensor_tensor/... x8
     (iterative, like reciprocal). NeuronCore-v3+ performance mode:
     ``tensor_copy``/``tensor_scalar`` with every operand bf16/fp16 run 4x faster when all
@@ -256,7 +257,7 @@ def vector_engine_cost(ins, target: Target) -> tuple[float, str]:
     if op == "memset" and ins.engine == "vector":
         dst = next((o for o in ins.writes if o.buffer != "hbm"), None)
         value = _attr(ins, "value", default=None)
-        if dst is not None and dst.dtype in ("bfloat16", "float16") and value is not None and float(value) == 0.0:
+        if dst is not None and dst.dtype in _SIXTEEN_BIT_FLOATS and value is not None and float(value) == 0.0:
             f = target.memset_zero_16bit_speedup
             return n / f, f"memset of zero into 16-bit N/{f}"
         return n, "memset N"
