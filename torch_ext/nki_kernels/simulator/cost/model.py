@@ -27,9 +27,9 @@ VectorE (``vector_hz``)
     ``reciprocal`` ``8N``; ``nc_transpose`` (32x32) ``N``; ``bn_aggr`` ``13N/3``; ``memset`` of
     zero into bf16/fp16 ``N/2``; ``tensor_scalar_reduce`` ``max(64, N) + 64``; v4's
     ``quantize_mx`` ``N/4`` and ``exponential`` at the data path's width (``N/4`` 16-bit,
-    ``N/2`` otherwise); an ALU
-    ``power``/``rsqrt``/``reciprocal`` op inside tensor_scalar/tensor_tensor/... x8
-    (iterative, like reciprocal). NeuronCore-v3+ performance mode:
+    ``N/2`` otherwise); an ALU ``power``/``rsqrt``/``reciprocal`` op inside
+    tensor_scalar/tensor_tensor/... x8 (iterative, like reciprocal). NeuronCore-v3+
+    performance mode:
     ``tensor_copy``/``tensor_scalar`` with every operand bf16/fp16 run 4x faster when all
     operands are in SBUF, 2x when one is in PSUM; ``tensor_tensor`` with both inputs in SBUF
     and every operand bf16/fp16 runs 2x faster. Then ``max(MIN_II=64, cycles)`` plus the
@@ -169,6 +169,12 @@ def _full_inputs(ins, n: int) -> list:
     return full
 
 
+def _data_operands(full: list, ins) -> list:
+    """The data tensors a dtype-dependent rate is about: the full-size inputs ``full`` and the
+    on-chip output (per-partition scalar operands such as a (P,1) fp32 bias do not count)."""
+    return full + [o for o in ins.writes if o.role == "dst" and o.buffer != "hbm"]
+
+
 def _all_16bit(operands) -> bool:
     return bool(operands) and all(o.dtype in _SIXTEEN_BIT_FLOATS for o in operands)
 
@@ -277,9 +283,7 @@ def vector_engine_cost(ins, target: Target) -> tuple[float, str]:
     if alu:
         f = target.alu_transcendental_factor_vector
         return cycles * f, rule + f" x{f} ALU {alu}"
-    # The data tensors the performance-mode conditions are about: full-size inputs and the
-    # output (per-partition scalar operands such as a (P,1) fp32 bias do not count).
-    on_chip = full + [o for o in ins.writes if o.role == "dst" and o.buffer != "hbm"]
+    on_chip = _data_operands(full, ins)   # what the performance-mode conditions are about
     if op in ("tensor_tensor", "scalar_tensor_tensor") and len(full) == 2:
         bufs = sorted(o.buffer for o in full)
         if bufs == ["psum", "sbuf"]:
@@ -306,14 +310,14 @@ def _exponential_cycles(ins, n: int, target: Target) -> tuple[float, str]:
     "Compute Engine Specifications". The guide's "4x the throughput compared to the
     nisa.activation (op=nl.exp) instruction" [A3] is this rate against ScalarE's 128-element
     fp32 path; against its 256-element bf16 path the data path allows 2x, not 4x."""
-    operands = _full_inputs(ins, n) + [o for o in ins.writes if o.role == "dst" and o.buffer != "hbm"]
-    rate = target.vector_perf_mode_full if _all_16bit(operands) else target.vector_other_elems_per_lane
+    sixteen = _all_16bit(_data_operands(_full_inputs(ins, n), ins))
+    rate = target.vector_perf_mode_full if sixteen else target.vector_other_elems_per_lane
     return n / rate, f"exponential N/{rate} (data path)"
 
 
 def scalar_engine_cost(ins, target: Target) -> tuple[float, str]:
     n, _ = _main_free(ins)
-    sixteen = _all_16bit(_full_inputs(ins, n) + [o for o in ins.writes if o.role == "dst" and o.buffer != "hbm"])
+    sixteen = _all_16bit(_data_operands(_full_inputs(ins, n), ins))
     per_cycle = target.scalar_elems_per_cycle if sixteen else target.scalar_elems_per_cycle_fp32
     rate = max(1.0, per_cycle / target.partitions)
     cycles = max(target.min_instruction_cycles, n / rate)
