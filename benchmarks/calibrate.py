@@ -10,7 +10,10 @@ reproduces its setup (benchmarks/calibration/kernels/, our own beta-2 code). Thi
 2. models the trace on the row's target with the cost model and takes the row's quantity
    (latency, a transfer's duration, an instruction's duration, an engine's busy time...);
 3. prints model vs measurement per row with its source, the error of the held-out rows
-   (split = "test") and whether the model orders every rank_group as measured;
+   (split = "test") and whether the model orders every rank_group as measured, and for
+   each whole-launch latency its error bar (the row re-scheduled at both ends of the
+   uncertain numbers, widened by hardware.py's model_error_band) and how many
+   measurements per split lie inside;
 4. with ``--fit``, first fits the FREE_PARAMETERS (a few cost-model numbers, each one for
    every kernel: the DMA numbers for every target, the fixed cost per instruction per engine
    and generation) on the training rows (split = "train") by coordinate descent
@@ -27,11 +30,13 @@ family the held-out rows, mean |error|, rms, max and the count within +-25 %, th
 AWS's variants of one shape, and the worst rows with each engine's busy time. With ``--fit``
 as well, trn2's VectorE fixed cost (QOR_PARAMETERS, which no public row isolates) and the
 launch's two fixed costs (LAUNCH_PARAMETERS) are fitted on that file's train rows, after
-the public rows' parameters, and the held-out rows are reported at those values.
-``--csv FILE`` writes every modeled row for plots and offline fits.
+the public rows' parameters, and the held-out rows are reported at those values. Whenever
+QoR train rows run, the model-error band they fit (fit_band: 90 % of them inside their bar)
+is printed next to hardware.py's. ``--split train|test`` runs one split only; ``--csv FILE``
+writes every modeled row (with its bar) for plots and offline fits.
 
 Usage: python benchmarks/calibrate.py [--fit] [--only PREFIX[,PREFIX]] [--data FILE] [--skip-slow]
-       [--nkilib PATH] [--csv FILE]   (--only nkilib.mlp_tkg runs just those QoR rows)
+       [--nkilib PATH] [--split train|test] [--csv FILE]   (--only nkilib.mlp_tkg runs just those QoR rows)
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 try:
@@ -57,6 +63,7 @@ except ModuleNotFoundError:  # Python 3.10
 from nki_kernels import simulator
 from nki_kernels.simulator.cost import estimate_trace
 from nki_kernels.simulator.cost.schedule import dependencies
+from nki_kernels.simulator.cost.uncertainty import ENDS, variant
 from nki_kernels.simulator.hardware import TARGETS
 
 HERE = Path(__file__).resolve().parent
@@ -120,6 +127,12 @@ def target_with(target: str, params: dict | None):
 # 4096 channels was +53 %.)
 HELD_OUT_BAND = 0.35
 HELD_OUT_MEAN_BAND = 0.13
+# The error bars' promise: this share of whole-launch latencies measured on hardware lies
+# within the modeled bar (the parameter ranges' ends widened by Target.model_error_band,
+# fitted on the train rows by fit_band; docs/cost-model.md "Error bars"). The parameter
+# ranges alone held 4 of the 16 held-out public latency rows: the bars claimed speedups the
+# calibration does not support.
+BAND_COVERAGE = 0.9
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int32": torch.int32}
 
@@ -292,6 +305,10 @@ _runs: dict[tuple, object] = {}
 engine_busy: dict[str, dict[str, float]] = {}   # row id -> the last modeled run's busy µs per engine
 launches: dict[str, tuple[int, float]] = {}    # latency row id -> (physical cores, launch us included)
 _preds: dict[tuple, list] = {}   # a run's dependencies per (latencies, buffer depth)
+# latency row id -> (low, high): the row re-scheduled with every uncertain number at its
+# optimistic and at its pessimistic end (cost.uncertainty.variant), launch cost included;
+# the target's model_error_band is not applied here (bar_ends)
+bars: dict[str, tuple[float, float]] = {}
 
 
 def run_row(row: Row):
@@ -398,6 +415,59 @@ def modeled(rows: list[Row], params: dict | None = None) -> dict[str, float]:
         else:
             out[row.id] = raw[row.id]
     return out
+
+
+def bar_ends(rows: list[Row], params: dict | None = None) -> dict[str, tuple[float, float]]:
+    """(low, high) of each whole-launch latency row (``bars``): its trace re-scheduled with
+    every uncertain number of ``Target.cost_ranges`` at its optimistic and at its pessimistic
+    end, as the main job's error bars are (cost.uncertainty), plus the launch cost. Only the
+    parameter ranges: the model-error band is applied by ``inside_bar``."""
+    out = {}
+    for row in rows:
+        if row.quantity != "latency_us" or row.relative_to:
+            continue
+        res = run_row(row)
+        target = target_with(row.target, params)
+        ends = [quantity(row, estimate_trace(res.trace, variant(target, end), allocations=res.allocations))
+                for end in ENDS]
+        out[row.id] = (min(ends), max(ends))
+    bars.update(out)
+    return out
+
+
+def inside_bar(row: Row, value: float, band: tuple[float, float] = (1.0, 1.0)) -> bool:
+    """Whether the row's measurement lies within its error bar: the parameter ranges' ends
+    (``bars``, never narrower than the central ``value``) times the model-error ``band``."""
+    low, high = bars[row.id]
+    return min(low, value) * band[0] <= row.measured <= max(high, value) * band[1]
+
+
+def fit_band(rows: list[Row], values: dict[str, float], coverage: float = BAND_COVERAGE) -> tuple[float, float]:
+    """The model-error band (Target.model_error_band) fitted on the train latency rows with a
+    bar: the factors by which the bar's ends must widen for ``coverage`` of them to hold
+    their measurement, (1 - coverage) / 2 falling out at each end (quantiles of measured /
+    low end and measured / high end; never narrowing the bar)."""
+    train = [r for r in rows if r.split == "train" and r.id in bars and r.id in values]
+    if not train:
+        raise ValueError("no train row with an error bar: nothing to fit the model-error band on")
+    below = [r.measured / min(bars[r.id][0], values[r.id]) for r in train]
+    above = [r.measured / max(bars[r.id][1], values[r.id]) for r in train]
+    tail = (1.0 - coverage) / 2
+    return (min(1.0, float(np.quantile(below, tail))), max(1.0, float(np.quantile(above, 1.0 - tail))))
+
+
+def bar_coverage(rows: list[Row], values: dict[str, float], band: tuple[float, float]) -> str:
+    """How many latency rows per split hold their measurement within the error bar, with the
+    parameter ranges alone and with the model-error ``band`` as well."""
+    lines = []
+    for split in ("train", "test"):
+        sel = [r for r in gated(rows) if r.split == split and r.id in bars and r.id in values]
+        if sel:
+            bare = sum(inside_bar(r, values[r.id]) for r in sel)
+            wide = sum(inside_bar(r, values[r.id], band) for r in sel)
+            lines.append(f"{split}: {len(sel)} latency rows; measurement inside the error bar: {wide} "
+                         f"(x{band[0]:.2f} .. x{band[1]:.2f} model-error band), {bare} (parameter ranges alone)")
+    return "\n".join(lines)
 
 
 def errors(rows: list[Row], values: dict[str, float]) -> dict[str, float]:
@@ -534,14 +604,25 @@ def _fmt(v: float, unit: str) -> str:
     return f"{v:.1f} %" if unit == "percent" else f"{v:.4g} {unit}"
 
 
-def report(rows: list[Row], values: dict[str, float], params: dict | None = None) -> str:
+def report(rows: list[Row], values: dict[str, float], params: dict | None = None,
+           band: tuple[float, float] | None = None) -> str:
+    """The public rows: model vs measurement with sources, the error bars of the latency
+    rows (parameter ranges x ``band``, default trn2's model_error_band: one band for every
+    generation), the held-out errors and the rank groups."""
     errs = errors(rows, values)
     lines = ["model (MODELED by the cost model) vs measurement (measured on Trainium by the source)", ""]
     w = max(len(r.id) for r in rows)
-    lines.append(f"{'id':<{w}}  target  split  {'measured':>12}  {'modeled':>12}  {'error':>7}  source")
+    band = TARGETS["trn2"].model_error_band if band is None else band
+    lines.append(f"{'id':<{w}}  target  split  {'measured':>12}  {'modeled':>12}  {'error':>7}  "
+                 f"{'error bar':>17}  source")
     for r in rows:
+        bar = ""
+        if r.id in bars:
+            low, high = bars[r.id]
+            bar = (f"{min(low, values[r.id]) * band[0]:.4g}-{max(high, values[r.id]) * band[1]:.4g}"
+                   f"{'' if inside_bar(r, values[r.id], band) else ' OUT'}")
         lines.append(f"{r.id:<{w}}  {r.target:<6}  {r.split:<5}  {_fmt(r.measured, r.unit):>12}  "
-                     f"{_fmt(values[r.id], r.unit):>12}  {errs[r.id]:+7.0%}  {r.source[:90]}")
+                     f"{_fmt(values[r.id], r.unit):>12}  {errs[r.id]:+7.0%}  {bar:>17}  {r.source[:90]}")
     held = [r for r in gated(rows) if r.split == "test"]
     lines.append("")
     if params:
@@ -552,9 +633,11 @@ def report(rows: list[Row], values: dict[str, float], params: dict | None = None
             rms = math.sqrt(sum(e * e for e in sel) / len(sel))
             lines.append(f"{split}: {len(sel)} rows, mean |error| {sum(sel) / len(sel):.0%}, "
                          f"rms {rms:.0%}, max {max(sel):.0%}")
-    for band in (0.25, 0.5, HELD_OUT_BAND):
-        outside = [r.id for r in held if abs(errs[r.id]) > band]
-        lines.append(f"held-out rows outside +-{band:.0%}: {', '.join(outside) if outside else 'none'}")
+    for limit in (0.25, 0.5, HELD_OUT_BAND):
+        outside = [r.id for r in held if abs(errs[r.id]) > limit]
+        lines.append(f"held-out rows outside +-{limit:.0%}: {', '.join(outside) if outside else 'none'}")
+    if any(r.id in bars for r in rows):
+        lines.append(bar_coverage(rows, values, band))
     for g, measured, model, same in rankings(rows, values):
         lines.append(f"rank {g}: measured {' < '.join(measured)}; modeled {' < '.join(model)}: "
                      f"{'same order' if same else 'DIFFERENT ORDER'}")
@@ -667,7 +750,8 @@ def write_csv(path: Path, rows: list[Row], values: dict[str, float]) -> None:
     with open(path, "w", newline="") as f:
         out = csv.writer(f)
         out.writerow(["id", "family", "target", "lnc", "split", "quantity", "unit", "measured", "modeled",
-                      "error", "launch_us_modeled"] + [f"busy_us_{e}_modeled" for e in engines])
+                      "error", "launch_us_modeled", "bar_low_modeled", "bar_high_modeled"]
+                     + [f"busy_us_{e}_modeled" for e in engines])
         for r in rows:
             if r.id not in values:
                 continue
@@ -675,6 +759,7 @@ def write_csv(path: Path, rows: list[Row], values: dict[str, float]) -> None:
             launch = launches[r.id][1] if r.id in launches else 0.0
             out.writerow([r.id, family(r), r.target, r.lnc, r.split, r.quantity, r.unit, r.measured,
                           f"{values[r.id]:.6g}", f"{values[r.id] / r.measured - 1:+.4f}", f"{launch:.6g}"]
+                         + ([f"{b:.6g}" for b in bars[r.id]] if r.id in bars else ["", ""])
                          + [f"{busy.get(e, 0.0):.6g}" for e in engines])
 
 
@@ -687,6 +772,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-slow", action="store_true", help="leave out rows marked slow")
     ap.add_argument("--nkilib", default="", help="an aws-neuron/nki-library checkout: also model its QoR "
                     f"rows ({QOR.name}) with its own kernels")
+    ap.add_argument("--split", choices=("train", "test"), default="",
+                    help="run only that split's rows (and the rows they are relative to)")
     ap.add_argument("--csv", default="", help="also write every modeled row (id, family, lnc, split, measured, "
                     "modeled, busy us per engine) to this CSV file, for plots and offline fits")
     args = ap.parse_args(argv)
@@ -705,8 +792,14 @@ def main(argv=None) -> int:
         qor = [r for r in qor if r.id.startswith(prefixes)]
     if args.skip_slow:
         rows = [r for r in rows if not r.slow]
+    if args.split:
+        rows = [r for r in rows if r.split == args.split or any(o.relative_to == r.id for o in rows
+                                                                 if o.split == args.split)]
+        qor = [r for r in qor if r.split == args.split]
     params = fit(rows) if args.fit else None
     public: dict[str, float] = modeled(rows, params) if rows else {}
+    if rows:
+        bar_ends(rows, params)
     if rows and not (args.fit and qor):   # with the QoR fit: reported after it
         print(report(rows, public, params))
     if args.skip_slow:
@@ -723,6 +816,8 @@ def main(argv=None) -> int:
             try:
                 for k, point in enumerate(points):
                     at_point[k][r.id] = modeled([r], point)[r.id]
+                central = points[_central_point(points)] if args.fit else points[0]
+                bar_ends([r], central)
                 v = at_point[_central_point(points) if args.fit else 0][r.id]
                 print(f"{r.id}: LNC={r.lnc} measured {_fmt(r.measured, r.unit)}, modeled "
                       f"{_fmt(v, r.unit)} ({v / r.measured - 1:+.0%})", flush=True)
@@ -738,14 +833,25 @@ def main(argv=None) -> int:
             print("\nfitted on the QoR train rows (copy into simulator/hardware.py by hand): "
                   + ", ".join(f"{k} = {v:g}" for k, v in point.items()) + ", "
                   + ", ".join(f"{k} = {v * 1e6:.0f}e-6" for k, v in launch.items()))
-            for r in qor:   # what the rows now include (the CSV's launch column)
+            for r in qor:   # what the rows now include (the CSV's launch column, the bars)
                 if r.id in launches:
-                    launches[r.id] = (launches[r.id][0], _launch_us(r, launches[r.id][0], launch))
+                    cores, was = launches[r.id]
+                    launches[r.id] = (cores, _launch_us(r, cores, launch))
+                    if r.id in bars:
+                        bars[r.id] = tuple(b - was + launches[r.id][1] for b in bars[r.id])
             public = modeled(rows, params) if rows else {}   # at the full fit (trn2 rows' VectorE)
             if rows:
+                bar_ends(rows, params)
                 print("\n" + report(rows, public, params))
+        band = TARGETS["trn2"].model_error_band
+        if any(r.split == "train" and r.id in bars for r in qor):
+            fitted = fit_band(qor, values)
+            print(f"\nmodel-error band the QoR train rows fit ({BAND_COVERAGE:.0%} of them inside their bar; "
+                  f"copy into simulator/hardware.py by hand): model_error_band = ({fitted[0]:.2f}, {fitted[1]:.2f}); "
+                  f"hardware.py has ({band[0]:.2f}, {band[1]:.2f})")
         print()
         print(qor_report(qor, values))
+        print(bar_coverage(qor, values, band))
     if args.csv:
         write_csv(Path(args.csv), rows + qor, {**public, **values})
         print(f"wrote {args.csv}")

@@ -198,10 +198,15 @@ def error_bars(est, eager_us_on) -> dict:
     each speedup compares them under one hypothesis. The fixed costs only slow the kernel,
     so the low end has them pessimistic; the DMA bandwidth slows both, so the low end is
     the smaller ratio with it at either end (the ratio is monotone in it). The high end
-    likewise, mirrored. The central speedup always lies inside."""
+    likewise, mirrored. The kernel's ends are then widened by the target's model-error band
+    (what the parameter ranges do not explain, fitted on hardware measurements:
+    hardware.py ``model_error_band``). The central speedup always lies inside."""
     kernel_at = end_latencies(est)          # the kernel at each end, as scheduled
     low, high = time_range(est, ends=kernel_at)
     base = get_target(est.target)
+    # the model-error band widens the kernel's ends (eager is a limit-based lower bound:
+    # no modeled schedule, nothing to widen)
+    band = dict(zip(("optimistic", "pessimistic"), base.model_error_band))
     ends = {end: variant(base, end) for end in ENDS}
 
     def ratio(tgt, kernel_us):
@@ -210,8 +215,9 @@ def error_bars(est, eager_us_on) -> dict:
     ratios = {}
     for end, other in (("pessimistic", "optimistic"), ("optimistic", "pessimistic")):
         swapped = dataclasses.replace(ends[end], **{f: getattr(ends[other], f) for f in EAGER_FIELDS})
-        ratios[end] = [ratio(ends[end], kernel_at[end]),
-                       ratio(swapped, estimate_trace(est.trace, swapped, allocations=est.allocations).latency_us)]
+        ratios[end] = [ratio(ends[end], kernel_at[end] * band[end]),
+                       ratio(swapped, estimate_trace(est.trace, swapped, allocations=est.allocations).latency_us
+                             * band[end])]
     central = eager_us_on(base) / est.latency_us if est.latency_us > 0 else float("nan")
     return {"modeled_low_us": low, "modeled_high_us": high,
             "speedup_low": min(ratios["pessimistic"] + [central]),

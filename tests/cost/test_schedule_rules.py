@@ -13,6 +13,7 @@ import torch
 
 from nki_kernels import simulator
 from nki_kernels.simulator.cost import dma_cost, estimate_trace, time_range, variant
+from nki_kernels.simulator.cost.uncertainty import end_latencies
 from nki_kernels.simulator.cost.schedule import dependencies, rotation_edges
 from nki_kernels.simulator.hardware import TARGETS
 from nki_kernels.simulator.trace import AllocationSite
@@ -501,6 +502,21 @@ def test_the_time_range_brackets_the_central_value():
     est = estimate_trace(trace, TRN2, allocations=allocs)
     low, high = time_range(est)
     assert low < est.latency_us < high
+
+
+def test_the_time_range_widens_both_ends_by_the_model_error_band():
+    trace, allocs, _ = _stream(12)
+    est = estimate_trace(trace, TRN2, allocations=allocs)
+    ends = end_latencies(est)
+    bare = dataclasses.replace(TRN2, model_error_band=(1.0, 1.0))
+    wide = dataclasses.replace(TRN2, model_error_band=(0.7, 1.4))
+    low, high = time_range(est, bare, ends=ends)
+    assert (low, high) == (pytest.approx(min(ends["optimistic"], est.latency_us)),
+                           pytest.approx(max(ends["pessimistic"], est.latency_us)))
+    assert time_range(est, wide, ends=ends) == (pytest.approx(0.7 * low), pytest.approx(1.4 * high))
+    # the default: the target's own band, whatever it is
+    band = TRN2.model_error_band
+    assert time_range(est, ends=ends) == (pytest.approx(band[0] * low), pytest.approx(band[1] * high))
 
 
 def test_bad_variant_requests_are_errors():
