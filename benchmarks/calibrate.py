@@ -435,10 +435,12 @@ def bar_ends(rows: list[Row], params: dict | None = None) -> dict[str, tuple[flo
     return out
 
 
-def inside_bar(row: Row, value: float, band: tuple[float, float] = (1.0, 1.0)) -> bool:
+def inside_bar(row: Row, value: float, band: tuple[float, float] | None = (1.0, 1.0)) -> bool:
     """Whether the row's measurement lies within its error bar: the parameter ranges' ends
-    (``bars``, never narrower than the central ``value``) times the model-error ``band``."""
+    (``bars``, never narrower than the central ``value``) times the model-error ``band``
+    (None: the row's target's model_error_band)."""
     low, high = bars[row.id]
+    band = TARGETS[row.target].model_error_band if band is None else band
     return min(low, value) * band[0] <= row.measured <= max(high, value) * band[1]
 
 
@@ -456,17 +458,20 @@ def fit_band(rows: list[Row], values: dict[str, float], coverage: float = BAND_C
     return (min(1.0, float(np.quantile(below, tail))), max(1.0, float(np.quantile(above, 1.0 - tail))))
 
 
-def bar_coverage(rows: list[Row], values: dict[str, float], band: tuple[float, float]) -> str:
+def bar_coverage(rows: list[Row], values: dict[str, float], band: tuple[float, float] | None = None) -> str:
     """How many latency rows per split hold their measurement within the error bar, with the
-    parameter ranges alone and with the model-error ``band`` as well."""
+    parameter ranges alone and with the model-error ``band`` as well (None: each row's
+    target's model_error_band)."""
     lines = []
     for split in ("train", "test"):
         sel = [r for r in gated(rows) if r.split == split and r.id in bars and r.id in values]
         if sel:
             bare = sum(inside_bar(r, values[r.id]) for r in sel)
             wide = sum(inside_bar(r, values[r.id], band) for r in sel)
+            bands = {TARGETS[r.target].model_error_band for r in sel} if band is None else {band}
+            said = ", ".join(f"x{lo:.2f} .. x{hi:.2f}" for lo, hi in sorted(bands))
             lines.append(f"{split}: {len(sel)} latency rows; measurement inside the error bar: {wide} "
-                         f"(x{band[0]:.2f} .. x{band[1]:.2f} model-error band), {bare} (parameter ranges alone)")
+                         f"({said} model-error band), {bare} (parameter ranges alone)")
     return "\n".join(lines)
 
 
@@ -607,19 +612,19 @@ def _fmt(v: float, unit: str) -> str:
 def report(rows: list[Row], values: dict[str, float], params: dict | None = None,
            band: tuple[float, float] | None = None) -> str:
     """The public rows: model vs measurement with sources, the error bars of the latency
-    rows (parameter ranges x ``band``, default trn2's model_error_band: one band for every
-    generation), the held-out errors and the rank groups."""
+    rows (parameter ranges x ``band``; None: each row's target's model_error_band), the
+    held-out errors and the rank groups."""
     errs = errors(rows, values)
     lines = ["model (MODELED by the cost model) vs measurement (measured on Trainium by the source)", ""]
     w = max(len(r.id) for r in rows)
-    band = TARGETS["trn2"].model_error_band if band is None else band
     lines.append(f"{'id':<{w}}  target  split  {'measured':>12}  {'modeled':>12}  {'error':>7}  "
                  f"{'error bar':>17}  source")
     for r in rows:
         bar = ""
         if r.id in bars:
             low, high = bars[r.id]
-            bar = (f"{min(low, values[r.id]) * band[0]:.4g}-{max(high, values[r.id]) * band[1]:.4g}"
+            b = TARGETS[r.target].model_error_band if band is None else band
+            bar = (f"{min(low, values[r.id]) * b[0]:.4g}-{max(high, values[r.id]) * b[1]:.4g}"
                    f"{'' if inside_bar(r, values[r.id], band) else ' OUT'}")
         lines.append(f"{r.id:<{w}}  {r.target:<6}  {r.split:<5}  {_fmt(r.measured, r.unit):>12}  "
                      f"{_fmt(values[r.id], r.unit):>12}  {errs[r.id]:+7.0%}  {bar:>17}  {r.source[:90]}")
@@ -843,15 +848,15 @@ def main(argv=None) -> int:
             if rows:
                 bar_ends(rows, params)
                 print("\n" + report(rows, public, params))
-        band = TARGETS["trn2"].model_error_band
         if any(r.split == "train" and r.id in bars for r in qor):
             fitted = fit_band(qor, values)
+            band = TARGETS["trn2"].model_error_band   # the QoR rows' target
             print(f"\nmodel-error band the QoR train rows fit ({BAND_COVERAGE:.0%} of them inside their bar; "
                   f"copy into simulator/hardware.py by hand): model_error_band = ({fitted[0]:.2f}, {fitted[1]:.2f}); "
                   f"hardware.py has ({band[0]:.2f}, {band[1]:.2f})")
         print()
         print(qor_report(qor, values))
-        print(bar_coverage(qor, values, band))
+        print(bar_coverage(qor, values))
     if args.csv:
         write_csv(Path(args.csv), rows + qor, {**public, **values})
         print(f"wrote {args.csv}")

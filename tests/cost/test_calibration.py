@@ -348,8 +348,7 @@ def test_the_error_bars_hold_the_held_out_latency_measurements(calibrate, public
     for r in held:
         low, high = bars[r.id]
         assert low <= values[r.id] * 1.001 and values[r.id] <= high * 1.001, r.id
-    band = TARGETS["trn2"].model_error_band
-    inside = [r.id for r in held if calibrate.inside_bar(r, values[r.id], band)]
+    inside = [r.id for r in held if calibrate.inside_bar(r, values[r.id], None)]   # each row's target's band
     assert len(inside) >= BAR_HELD_OUT_MIN, (
         f"{len(inside)} of {len(held)} held-out latency rows inside their error bar: "
         f"outside {[r.id for r in held if r.id not in inside]}")
