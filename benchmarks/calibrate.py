@@ -435,13 +435,19 @@ def bar_ends(rows: list[Row], params: dict | None = None) -> dict[str, tuple[flo
     return out
 
 
-def inside_bar(row: Row, value: float, band: tuple[float, float] | None = (1.0, 1.0)) -> bool:
-    """Whether the row's measurement lies within its error bar: the parameter ranges' ends
-    (``bars``, never narrower than the central ``value``) times the model-error ``band``
-    (None: the row's target's model_error_band)."""
+def bar_of(row: Row, value: float, band: tuple[float, float] | None = (1.0, 1.0)) -> tuple[float, float]:
+    """The row's error bar: the parameter ranges' ends (``bars``, never narrower than the
+    central ``value``) times the model-error ``band`` (None: the row's target's
+    model_error_band)."""
     low, high = bars[row.id]
     band = TARGETS[row.target].model_error_band if band is None else band
-    return min(low, value) * band[0] <= row.measured <= max(high, value) * band[1]
+    return min(low, value) * band[0], max(high, value) * band[1]
+
+
+def inside_bar(row: Row, value: float, band: tuple[float, float] | None = (1.0, 1.0)) -> bool:
+    """Whether the row's measurement lies within its error bar (``bar_of``)."""
+    low, high = bar_of(row, value, band)
+    return low <= row.measured <= high
 
 
 def fit_band(rows: list[Row], values: dict[str, float], coverage: float = BAND_COVERAGE) -> tuple[float, float]:
@@ -452,8 +458,8 @@ def fit_band(rows: list[Row], values: dict[str, float], coverage: float = BAND_C
     train = [r for r in rows if r.split == "train" and r.id in bars and r.id in values]
     if not train:
         raise ValueError("no train row with an error bar: nothing to fit the model-error band on")
-    below = [r.measured / min(bars[r.id][0], values[r.id]) for r in train]
-    above = [r.measured / max(bars[r.id][1], values[r.id]) for r in train]
+    below = [r.measured / bar_of(r, values[r.id])[0] for r in train]
+    above = [r.measured / bar_of(r, values[r.id])[1] for r in train]
     tail = (1.0 - coverage) / 2
     return (min(1.0, float(np.quantile(below, tail))), max(1.0, float(np.quantile(above, 1.0 - tail))))
 
@@ -622,9 +628,8 @@ def report(rows: list[Row], values: dict[str, float], params: dict | None = None
     for r in rows:
         bar = ""
         if r.id in bars:
-            low, high = bars[r.id]
-            b = TARGETS[r.target].model_error_band if band is None else band
-            bar = (f"{min(low, values[r.id]) * b[0]:.4g}-{max(high, values[r.id]) * b[1]:.4g}"
+            low, high = bar_of(r, values[r.id], band)
+            bar = (f"{low:.4g}-{high:.4g}"
                    f"{'' if inside_bar(r, values[r.id], band) else ' OUT'}")
         lines.append(f"{r.id:<{w}}  {r.target:<6}  {r.split:<5}  {_fmt(r.measured, r.unit):>12}  "
                      f"{_fmt(values[r.id], r.unit):>12}  {errs[r.id]:+7.0%}  {bar:>17}  {r.source[:90]}")
