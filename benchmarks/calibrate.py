@@ -33,10 +33,12 @@ launch's two fixed costs (LAUNCH_PARAMETERS) are fitted on that file's train row
 the public rows' parameters, and the held-out rows are reported at those values. Whenever
 QoR train rows run, the model-error band they fit (fit_band: 90 % of them inside their bar)
 is printed next to hardware.py's. ``--split train|test`` runs one split only; ``--csv FILE``
-writes every modeled row (with its bar) for plots and offline fits.
+writes every modeled row (with its bar) for plots and offline fits. Vectors AWS measured at
+both launch degrees are also compared as pairs: the speedup LNC=2 brings, measured and
+modeled (lnc_report); ``--pairs`` runs only those rows.
 
 Usage: python benchmarks/calibrate.py [--fit] [--only PREFIX[,PREFIX]] [--data FILE] [--skip-slow]
-       [--nkilib PATH] [--split train|test] [--csv FILE]   (--only nkilib.mlp_tkg runs just those QoR rows)
+       [--nkilib PATH] [--split train|test] [--pairs] [--csv FILE]   (--only nkilib.mlp_tkg runs just those QoR rows)
 """
 
 from __future__ import annotations
@@ -700,6 +702,49 @@ def pair_orders(rows: list[Row], values: dict[str, float]) -> tuple[int, list[st
     return n, wrong
 
 
+def lnc_pairs(rows: list[Row]) -> list[tuple[Row, Row]]:
+    """(LNC=1 row, LNC=2 row) of every vector measured once at each launch degree: the same
+    kernel, target and arguments (AWS's QoR tables run many vectors at both). A vector
+    measured twice at one degree (two test lines with different references) pairs with
+    nothing: which of its figures goes with the other degree's is not known."""
+    by_call: dict[tuple, dict[int, list[Row]]] = {}
+    for r in rows:
+        by_call.setdefault((r.kernel, r.target, repr(sorted(r.args.items()))), {}).setdefault(r.lnc, []).append(r)
+    return [(d[1][0], d[2][0]) for d in by_call.values()
+            if len(d.get(1, ())) == 1 and len(d.get(2, ())) == 1]
+
+
+def lnc_speedups(rows: list[Row], values: dict[str, float]) -> list[tuple[Row, Row, float, float]]:
+    """(LNC=1 row, LNC=2 row, measured speedup, modeled speedup) of every pair both of whose
+    rows are modeled; speedup = LNC=1 time / LNC=2 time, each a whole launch."""
+    return [(one, two, one.measured / two.measured, values[one.id] / values[two.id])
+            for one, two in lnc_pairs(rows) if one.id in values and two.id in values]
+
+
+def lnc_report(rows: list[Row], values: dict[str, float], shown: int = 4) -> list[str]:
+    """What LNC=2 gains over LNC=1 on the same vector, measured and modeled, per family:
+    the check of the model's two-core rules (its own cores, the shared HBM stack, the second
+    core's launch cost) that no single-degree row makes. Error = modeled / measured speedup - 1."""
+    pairs = lnc_speedups(rows, values)
+    if not pairs:
+        return []
+    lines = [f"LNC=2 over LNC=1 on the same vector ({len(pairs)} pairs; speedup = LNC=1 / LNC=2 launch time, "
+             "MODELED vs measured; error = modeled / measured speedup - 1):"]
+    for f in sorted({family(one) for one, *_ in pairs}):
+        sel = [p for p in pairs if family(p[0]) == f]
+        errs = [mod / meas - 1 for _, _, meas, mod in sel]
+        over = sum(e > 0 for e in errs)
+        lines.append(f"  {f:<14} {len(sel):3d} pairs  measured speedup {min(p[2] for p in sel):.2f}-"
+                     f"{max(p[2] for p in sel):.2f}x, modeled {min(p[3] for p in sel):.2f}-{max(p[3] for p in sel):.2f}x  "
+                     f"error mean {sum(errs) / len(errs):+4.0%}, max |error| {max(abs(e) for e in errs):4.0%}  "
+                     f"model gains more than measured on {over}/{len(sel)}")
+    worst = sorted(pairs, key=lambda p: -abs(p[3] / p[2] - 1))[:shown]
+    for one, two, meas, mod in worst:
+        lines.append(f"    {two.id}: measured {one.measured:.4g} -> {two.measured:.4g} us ({meas:.2f}x), "
+                     f"modeled {values[one.id]:.4g} -> {values[two.id]:.4g} us ({mod:.2f}x, {mod / meas - 1:+.0%})")
+    return lines
+
+
 def _summary(errs: list[float]) -> str:
     if not errs:
         return "no rows"
@@ -742,6 +787,10 @@ def qor_report(rows: list[Row], values: dict[str, float], worst: int = 10, shown
             lines.extend(f"    DIFFERENT: {w}" for w in wrong[:shown])
             if len(wrong) > shown:
                 lines.append(f"    ... and {len(wrong) - shown} more pairs in a different order")
+    pair_lines = lnc_report(rows + train, values, shown)
+    if pair_lines:
+        lines.append("")
+        lines.extend(pair_lines)
     lines.append("")
     lines.append(f"worst {worst} rows, busy time per engine as a share of the modeled latency:")
     by_err = sorted(errs, key=lambda i: -abs(errs[i]))[:worst]
@@ -784,9 +833,16 @@ def main(argv=None) -> int:
                     f"rows ({QOR.name}) with its own kernels")
     ap.add_argument("--split", choices=("train", "test"), default="",
                     help="run only that split's rows (and the rows they are relative to)")
+    ap.add_argument("--pairs", action="store_true", help="run only the QoR rows measured at both launch degrees "
+                    "(both splits): the LNC=2-over-LNC=1 check")
     ap.add_argument("--csv", default="", help="also write every modeled row (id, family, lnc, split, measured, "
                     "modeled, busy us per engine) to this CSV file, for plots and offline fits")
     args = ap.parse_args(argv)
+    if args.pairs and args.split:
+        ap.error(f"--pairs takes both splits' rows (a pair's two rows can be in different splits); "
+                 f"drop --split {args.split}")
+    if args.pairs and not args.nkilib:
+        ap.error("--pairs selects nki-library QoR rows: pass --nkilib PATH")
     rows = load_rows(Path(args.data))
     qor: list[Row] = []
     if args.nkilib:
@@ -814,6 +870,9 @@ def main(argv=None) -> int:
         print(report(rows, public, params))
     if args.skip_slow:
         qor = [r for r in qor if not r.slow]
+    if args.pairs:
+        paired = {r.id for pair in lnc_pairs(qor) for r in pair}
+        qor = [r for r in qor if r.id in paired]
     values: dict[str, float] = {}
     if qor:
         print(f"\nnki-library QoR rows ({QOR.name}), AWS's kernels from {args.nkilib} "

@@ -6,6 +6,7 @@ marked slow; ``-m sweep`` covers them all and re-fits the free parameters."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import zlib
 from pathlib import Path
@@ -232,6 +233,53 @@ def test_the_qor_report_summarises_each_family_and_flags_reversed_variants(calib
     assert "3 rows" in fam_a and "mean |error|  17%" in fam_a and "max  30%" in fam_a and "2/3" in fam_a
     assert "fam_b" in text and "-50%" in text
     assert "1/2 pairs in the measured order" in text
+
+
+def test_lnc_pairs_match_one_vector_at_both_degrees_and_report_the_speedup_error(calibrate):
+    gen = torch.Generator().manual_seed(11)
+    t1, t2, u1, u2 = (50.0 + 100.0 * torch.rand(4, generator=gen, dtype=torch.float64)).tolist()
+
+    def row(id, measured, lnc, args, split="test"):
+        r = _row(calibrate, id, measured, lnc)
+        return dataclasses.replace(r, args=args, split=split)
+
+    rows = [row("nkilib.fam_a.v_lnc1", t1, 1, {"x": [[4, 8], "bfloat16"]}, "train"),
+            row("nkilib.fam_a.v_lnc2", t2, 2, {"x": [[4, 8], "bfloat16"]}),
+            row("nkilib.fam_a.w_lnc1", u1, 1, {"x": [[4, 16], "bfloat16"]}),
+            row("nkilib.fam_a.w_lnc2", u2, 2, {"x": [[4, 16], "bfloat16"]}),
+            # one degree only: no pair
+            row("nkilib.fam_a.lone_lnc2", t1, 2, {"x": [[8, 8], "bfloat16"]}),
+            # measured twice at LNC=2 (two test lines): ambiguous, no pair
+            row("nkilib.fam_b.d_lnc1", u1, 1, {"x": [[2, 8], "bfloat16"]}),
+            row("nkilib.fam_b.d_lnc2_a", u2, 2, {"x": [[2, 8], "bfloat16"]}),
+            row("nkilib.fam_b.d_lnc2_b", t2, 2, {"x": [[2, 8], "bfloat16"]})]
+    pairs = calibrate.lnc_pairs(rows)
+    assert [(a.id, b.id) for a, b in pairs] == [("nkilib.fam_a.v_lnc1", "nkilib.fam_a.v_lnc2"),
+                                               ("nkilib.fam_a.w_lnc1", "nkilib.fam_a.w_lnc2")]
+    # the model gains 1.3x the measured speedup on v and 0.8x on w
+    values = {"nkilib.fam_a.v_lnc1": 1.3 * t1 / t2 * 40.0, "nkilib.fam_a.v_lnc2": 40.0,
+              "nkilib.fam_a.w_lnc1": 0.8 * u1 / u2 * 70.0, "nkilib.fam_a.w_lnc2": 70.0}
+    got = {two.id: (meas, mod) for _, two, meas, mod in calibrate.lnc_speedups(rows, values)}
+    assert got["nkilib.fam_a.v_lnc2"] == pytest.approx((t1 / t2, 1.3 * t1 / t2))
+    assert got["nkilib.fam_a.w_lnc2"] == pytest.approx((u1 / u2, 0.8 * u1 / u2))
+    text = "\n".join(calibrate.lnc_report(rows, values))
+    fam_a = next(line for line in text.splitlines() if line.strip().startswith("fam_a"))
+    assert "2 pairs" in fam_a and "error mean  +5%" in fam_a and "max |error|  30%" in fam_a
+    assert "model gains more than measured on 1/2" in fam_a
+    assert "fam_b" not in text
+    # a pair with one row not modeled (blocked) is left out; none left: no section
+    assert calibrate.lnc_report(rows, {"nkilib.fam_a.v_lnc1": 1.0}) == []
+    # the LNC section reaches the QoR report
+    assert "LNC=2 over LNC=1 on the same vector (2 pairs" in calibrate.qor_report(rows, values)
+
+
+def test_pairs_refuses_a_split_and_needs_a_checkout(calibrate, capsys):
+    with pytest.raises(SystemExit):
+        calibrate.main(["--pairs", "--split", "train", "--nkilib", "/nonexistent"])
+    assert "--pairs takes both splits' rows" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        calibrate.main(["--pairs"])
+    assert "--pairs selects nki-library QoR rows: pass --nkilib PATH" in capsys.readouterr().err
 
 
 def test_the_launch_costs_fitted_on_train_rows_recover_a_known_offset(calibrate, monkeypatch):
