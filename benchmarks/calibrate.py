@@ -898,6 +898,14 @@ def main(argv=None) -> int:
         values = at_point[0]
         if args.fit:
             point, launch, values = fit_qor(qor + rows, points, at_point, public)
+            (name, _), = QOR_PARAMETERS.items()
+            held = points[_central_point(points)][name]
+            if point[name] != held:
+                # each row's bar was scheduled once, at hardware.py's value (a trace is
+                # dropped after its row: re-scheduling every grid point's ends would triple
+                # the run); the launch costs below move them, the fitted point does not
+                print(f"note: the error bars and the band fit below are at hardware.py's {name} = {held:g}, "
+                      f"not the fitted {point[name]:g}: copy the fit into hardware.py and re-run for bars at it")
             params = dict(params, **point)
             print("\nfitted on the QoR train rows (copy into simulator/hardware.py by hand): "
                   + ", ".join(f"{k} = {v:g}" for k, v in point.items()) + ", "
