@@ -72,7 +72,13 @@ def rope_baseline(x_in, cos, sin):
     have made it ~835 us. GpSimd's 0.7 % (32 us) has no room for them either, so the copy
     runs on VectorE (modeled 3266 us, was 3005 with it on ScalarE; VectorE busy 3235 against
     the measured 3104, was 2974; at the refitted overlap, docs/cost-model.md, 3202 and
-    3171)."""
+    3171).
+
+    Not carried over: the source loops over tiles with a plain Python ``range``, which the
+    beta-1 compiler replaced with ``sequential_range`` ("much more conservative loop-level
+    optimizations compared to affine_range", NKI beta-1 API); NKI 0.7 has only Python
+    ``range``. The model pipelines the tiles as for affine_range; the measured kernel idles
+    VectorE ~2.4 us per tile (docs/cost-model.md, Calibration)."""
     d_head, seq = x_in.shape
     half = d_head // 2
     ts = 512
