@@ -185,6 +185,21 @@ def test_the_nkilib_qor_rows_are_aws_references_with_their_launch_degree_and_a_b
         assert f"LNC={r.lnc}" in r.what, r.id
 
 
+def test_the_qor_file_pairs_vectors_measured_at_both_launch_degrees(calibrate):
+    # the LNC=2-over-LNC=1 check (docs/cost-model.md "Two cores") rests on these pairs: the
+    # same kernel and arguments, one row per degree, each from AWS's own table for that degree
+    rows = calibrate.load_rows(calibrate.QOR)
+    pairs = calibrate.lnc_pairs(rows)
+    assert len({calibrate.family(one) for one, _ in pairs}) >= 2
+    assert len([p for p in pairs if not (p[0].slow or p[1].slow)]) >= 25
+    seen = set()
+    for one, two in pairs:
+        assert (one.lnc, two.lnc) == (1, 2) and one.id != two.id
+        assert (one.kernel, one.target, one.args) == (two.kernel, two.target, two.args), (one.id, two.id)
+        assert one.id not in seen and two.id not in seen, (one.id, two.id)
+        seen |= {one.id, two.id}
+
+
 def test_nkilib_enum_and_config_arguments_are_checked_without_a_checkout(calibrate, tmp_path):
     row = ('[[measurement]]\nid = "x"\nwhat = "w"\ntarget = "trn2"\nmeasured = 1.0\nunit = "us"\n'
            'quantity = "latency_us"\nkernel = "nkilib:core.mlp.mlp:mlp"\nsource = "s"\nconfidence = "M?"\n'
