@@ -313,11 +313,17 @@ _preds: dict[tuple, list] = {}   # a run's dependencies per (latencies, buffer d
 bars: dict[str, tuple[float, float]] = {}
 
 
+def call_of(row: Row) -> tuple[str, str, str]:
+    """What a row runs: its kernel, target and arguments (rows equal in these differ at most
+    in launch degree and reference)."""
+    return row.kernel, row.target, repr(sorted(row.args.items()))
+
+
 def run_row(row: Row):
     """Simulate the row's kernel once (cached on the row, and shared by rows that run the
     same kernel on the same arguments and target)."""
     if row.run is None:
-        key = (row.kernel, row.target, row.lnc, repr(sorted(row.args.items())))
+        key = (*call_of(row), row.lnc)
         if key not in _runs:
             if row.kernel.startswith(NKILIB_PREFIX):
                 if _nkilib is None:
@@ -709,7 +715,7 @@ def lnc_pairs(rows: list[Row]) -> list[tuple[Row, Row]]:
     nothing: which of its figures goes with the other degree's is not known."""
     by_call: dict[tuple, dict[int, list[Row]]] = {}
     for r in rows:
-        by_call.setdefault((r.kernel, r.target, repr(sorted(r.args.items()))), {}).setdefault(r.lnc, []).append(r)
+        by_call.setdefault(call_of(r), {}).setdefault(r.lnc, []).append(r)
     return [(d[1][0], d[2][0]) for d in by_call.values()
             if len(d.get(1, ())) == 1 and len(d.get(2, ())) == 1]
 
@@ -730,18 +736,19 @@ def lnc_report(rows: list[Row], values: dict[str, float], shown: int = 4) -> lis
         return []
     lines = [f"LNC=2 over LNC=1 on the same vector ({len(pairs)} pairs; speedup = LNC=1 / LNC=2 launch time, "
              "MODELED vs measured; error = modeled / measured speedup - 1):"]
+    error = {two.id: mod / meas - 1 for _, two, meas, mod in pairs}
     for f in sorted({family(one) for one, *_ in pairs}):
         sel = [p for p in pairs if family(p[0]) == f]
-        errs = [mod / meas - 1 for _, _, meas, mod in sel]
+        errs = [error[two.id] for _, two, _, _ in sel]
         over = sum(e > 0 for e in errs)
         lines.append(f"  {f:<14} {len(sel):3d} pairs  measured speedup {min(p[2] for p in sel):.2f}-"
                      f"{max(p[2] for p in sel):.2f}x, modeled {min(p[3] for p in sel):.2f}-{max(p[3] for p in sel):.2f}x  "
                      f"error mean {sum(errs) / len(errs):+4.0%}, max |error| {max(abs(e) for e in errs):4.0%}  "
                      f"model gains more than measured on {over}/{len(sel)}")
-    worst = sorted(pairs, key=lambda p: -abs(p[3] / p[2] - 1))[:shown]
+    worst = sorted(pairs, key=lambda p: -abs(error[p[1].id]))[:shown]
     for one, two, meas, mod in worst:
         lines.append(f"    {two.id}: measured {one.measured:.4g} -> {two.measured:.4g} us ({meas:.2f}x), "
-                     f"modeled {values[one.id]:.4g} -> {values[two.id]:.4g} us ({mod:.2f}x, {mod / meas - 1:+.0%})")
+                     f"modeled {values[one.id]:.4g} -> {values[two.id]:.4g} us ({mod:.2f}x, {error[two.id]:+.0%})")
     return lines
 
 
