@@ -94,7 +94,9 @@ FREE_PARAMETERS = {
 # every grid value (its dependencies are computed once). The grid starts at the performance
 # guide's "~100 cycles" static overhead [P]: below the documented figure the value would
 # only absorb other errors (attention_cte's rows, over-charged for other reasons, pull it
-# to the floor; mlp_cte's alone fit 250-300; docs/cost-model.md "Calibration").
+# to the floor; mlp_cte's alone fit 250-300; docs/cost-model.md "Calibration"). trn2's
+# VectorE overlap is not a free parameter: at every point it is the fixed cost less trn1's
+# measured issue interval (_qor_points; hardware.py VECTOR_ISSUE_CYCLES).
 QOR_PARAMETERS = {"trn2:vector_static_cycles": [float(v) for v in range(100, 501, 50)]}
 
 
@@ -568,9 +570,13 @@ def fit_launch(rows: list[Row], values: dict[str, float]) -> dict:
 
 
 def _qor_points(params: dict) -> list[dict]:
-    """The public fit ``params`` with each QOR_PARAMETERS grid point (one parameter)."""
+    """The public fit ``params`` with each QOR_PARAMETERS grid point (one parameter). trn2's
+    VectorE overlap follows its fixed cost: the fixed cost less trn1's issue interval (trn1's
+    fixed cost less its overlap, at ``params`` or hardware.py; hardware.py VECTOR_ISSUE_CYCLES)."""
     (name, grid), = QOR_PARAMETERS.items()
-    return [dict(params, **{name: v}) for v in grid]
+    trn1 = target_with("trn1", params)
+    interval = trn1.vector_static_cycles - trn1.vector_overlap_cycles
+    return [dict(params, **{name: v, "trn2:vector_overlap_cycles": max(0.0, v - interval)}) for v in grid]
 
 
 def _central_point(points: list[dict]) -> int:
@@ -592,10 +598,11 @@ def fit_qor(rows: list[Row], points: list[dict], at_point: list[dict], public: d
         launch = fit_launch(rows, merged)
         priced = with_launch(rows, merged, launch)
         loss = _loss(_launch_train(rows, priced), priced)
-        print(f"  {name} = {point[name]:g}: launch {launch['launch_overhead_s'] * 1e6:.0f} + "
+        print(f"  {name} = {point[name]:g} (overlap {point['trn2:vector_overlap_cycles']:g}): launch {launch['launch_overhead_s'] * 1e6:.0f} + "
               f"{launch['second_core_launch_s'] * 1e6:.0f} us, train loss {loss:.4f}")
         if loss < best[0]:
-            best = (loss, {name: point[name]}, launch, {k: priced[k] for k in vals})
+            tied = "trn2:vector_overlap_cycles"
+            best = (loss, {name: point[name], tied: point[tied]}, launch, {k: priced[k] for k in vals})
     return best[1], best[2], best[3]
 
 

@@ -53,13 +53,16 @@ class EngineCosts(nl.NKIObject):
         # SBUF bytes per partition (what a kernel may keep on chip at once)
         self.sbuf_bytes_per_partition = sbuf_bytes_per_partition
 
-    def instruction_ns(self, engine, elements, rate=1):
+    def instruction_ns(self, engine, elements, rate=1, reads_previous=False):
         """Estimated ns one ``engine`` ("vector", "scalar" or "gpsimd") instruction over
         ``elements`` per partition at ``rate`` elements per cycle holds the engine in a
         stream of independent instructions (the cost model's rule: max(MIN_II,
         elements / rate) + the engine's fixed cost, in its own cycles, less VectorE's
-        pipeline overlap)."""
-        ghz, fixed = {"vector": (self.vector_ghz, self.vector_stream_cycles),
+        pipeline overlap). ``reads_previous``: it reads the result of the instruction
+        before it on the engine, so VectorE's pipeline drains first and it pays its whole
+        fixed cost."""
+        vector_fixed = self.vector_instr_cycles if reads_previous else self.vector_stream_cycles
+        ghz, fixed = {"vector": (self.vector_ghz, vector_fixed),
                       "scalar": (self.scalar_ghz, self.scalar_instr_cycles),
                       "gpsimd": (self.gpsimd_ghz, self.gpsimd_instr_cycles)}[engine]
         return (max(self.min_instruction_cycles, elements / rate) + fixed) / ghz
@@ -113,14 +116,14 @@ _GEN2 = EngineCosts(vector_ghz=1.12, scalar_ghz=1.4, gpsimd_ghz=1.4, vector_psum
                     sbuf_bytes_per_partition=192 * 1024)
 _GEN3 = EngineCosts(vector_ghz=0.96, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_copy_16bit_rate=2,
                     vector_instr_cycles=100.0, scalar_instr_cycles=360.0,
-                    gpsimd_instr_cycles=100.0, vector_overlap_cycles=0.0, min_instruction_cycles=64,
+                    gpsimd_instr_cycles=100.0, vector_overlap_cycles=60.0, min_instruction_cycles=64,
                     vector_reduce_readout_cycles=64, dma_bytes_per_s=368e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0,
                     dma_transpose_efficiency=0.5,
                     sbuf_bytes_per_partition=224 * 1024)
 _GEN4 = EngineCosts(vector_ghz=1.2, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_copy_16bit_rate=2,
                     vector_instr_cycles=100.0, scalar_instr_cycles=360.0,
-                    gpsimd_instr_cycles=100.0, vector_overlap_cycles=0.0, min_instruction_cycles=64,
+                    gpsimd_instr_cycles=100.0, vector_overlap_cycles=60.0, min_instruction_cycles=64,
                     vector_reduce_readout_cycles=64, dma_bytes_per_s=528e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0,
                     dma_transpose_efficiency=0.5,

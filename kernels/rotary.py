@@ -64,7 +64,7 @@ PSUM_BANK_FP32 = nl.tile_size.psum_bank_fmax
 #     a + b with one input in PSUM (1.04 ns): VectorE 3.13 ns.
 #   GpSimd path: GpSimd a (1.67) and a + b (1.67).
 # Share f: VectorE 3.13 f = GpSimd 1.67 + 3.33 (1 - f) -> f = 0.77 (with the fixed costs
-# 0.79: 12 of a group's 16 heads rounded down, 6 of 8 key heads), 2.42 ns per element. Swept on the
+# 0.80: 12 of a group's 16 heads rounded down, 6 of 8 key heads), 2.42 ns per element. Swept on the
 # Llama-7B workload (trn2, LNC=2): 121.2 us (118.6-153.4) at 12 of 16, against 128.9 at
 # 11 and 128.5 at 13. On trn3 the rule gives 13 of 16 heads, 114.0 us, within 1 % of the
 # best whole-head count there (14: 112.8; 12: 121.1). Until 2026-12-02 the share was a
@@ -82,9 +82,10 @@ def _vector_share(dim, step, a_in_psum):
     (per head of ``dim`` columns, instructions of ``step`` heads; see above)."""
     costs = active_engine_costs()
     cols = step * dim
-    # VectorE: a = x * cos (two SBUF inputs), a + b (one input in PSUM, else two in SBUF)
+    # VectorE: a = x * cos (two SBUF inputs), a + b (one input in PSUM, else two in SBUF),
+    # which reads a: VectorE's pipeline drains between the two
     vector = (costs.instruction_ns("vector", cols, rate=0.5)
-              + costs.instruction_ns("vector", cols, rate=1 if a_in_psum else 0.5)) / step
+              + costs.instruction_ns("vector", cols, rate=1 if a_in_psum else 0.5, reads_previous=True)) / step
     # GpSimd: b (two half-width products) for every head; its path's a and a + b
     swap = 2 * costs.instruction_ns("gpsimd", cols // 2, rate=0.5) / step
     own = 2 * costs.instruction_ns("gpsimd", cols, rate=0.5) / step

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nki_kernels.simulator.hardware import TARGETS
+from nki_kernels.simulator.hardware import TARGETS, VECTOR_ISSUE_CYCLES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -353,12 +353,17 @@ def test_the_qor_fit_picks_the_grid_point_whose_launch_priced_rows_fit_best(cali
     points = calibrate._qor_points({"dma_descriptor_bytes": 20.0})
     assert [p[name] for p in points] == calibrate.QOR_PARAMETERS[name]
     assert all(p["dma_descriptor_bytes"] == 20.0 for p in points)
+    # trn2's VectorE overlap moves with its fixed cost: trn1's issue interval (hardware.py
+    # VECTOR_ISSUE_CYCLES), or the interval of the trn1 values the public fit passes in
+    assert [p["trn2:vector_overlap_cycles"] for p in points] == [v - VECTOR_ISSUE_CYCLES for v in calibrate.QOR_PARAMETERS[name]]
+    refit = calibrate._qor_points({"trn1:vector_static_cycles": 300.0, "trn1:vector_overlap_cycles": 200.0})
+    assert [p["trn2:vector_overlap_cycles"] for p in refit] == [max(0.0, v - 100.0) for v in calibrate.QOR_PARAMETERS[name]]
     launch_now = TARGETS["trn2"].launch_overhead_s * 1e6
     monkeypatch.setattr(calibrate, "launches", {"q0": (1, launch_now), "q1": (1, launch_now)})
     at_point = [{"q0": 10.0 + launch_now, "q1": 30.0 + launch_now},
                 {"q0": 10.0 + launch_now, "q1": 50.0 + launch_now}]
     point, launch, values = calibrate.fit_qor(rows, points[:2], at_point, {})
-    assert point == {name: points[0][name]}
+    assert point == {name: points[0][name], "trn2:vector_overlap_cycles": points[0]["trn2:vector_overlap_cycles"]}
     assert launch["launch_overhead_s"] == pytest.approx(30e-6)
     assert values == pytest.approx({"q0": 40.0, "q1": 60.0})
 
