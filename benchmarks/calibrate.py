@@ -98,6 +98,7 @@ FREE_PARAMETERS = {
 # VectorE overlap is not a free parameter: at every point it is the fixed cost less trn1's
 # measured issue interval (_qor_points; hardware.py VECTOR_ISSUE_CYCLES).
 QOR_PARAMETERS = {"trn2:vector_static_cycles": [float(v) for v in range(100, 501, 50)]}
+QOR_TIED = "trn2:vector_overlap_cycles"   # set at every QOR_PARAMETERS point (_qor_points)
 
 
 def scoped(name: str) -> tuple[str, str]:
@@ -576,7 +577,7 @@ def _qor_points(params: dict) -> list[dict]:
     (name, grid), = QOR_PARAMETERS.items()
     trn1 = target_with("trn1", params)
     interval = trn1.vector_static_cycles - trn1.vector_overlap_cycles
-    return [dict(params, **{name: v, "trn2:vector_overlap_cycles": max(0.0, v - interval)}) for v in grid]
+    return [dict(params, **{name: v, QOR_TIED: max(0.0, v - interval)}) for v in grid]
 
 
 def _central_point(points: list[dict]) -> int:
@@ -598,11 +599,10 @@ def fit_qor(rows: list[Row], points: list[dict], at_point: list[dict], public: d
         launch = fit_launch(rows, merged)
         priced = with_launch(rows, merged, launch)
         loss = _loss(_launch_train(rows, priced), priced)
-        print(f"  {name} = {point[name]:g} (overlap {point['trn2:vector_overlap_cycles']:g}): launch {launch['launch_overhead_s'] * 1e6:.0f} + "
+        print(f"  {name} = {point[name]:g} (overlap {point[QOR_TIED]:g}): launch {launch['launch_overhead_s'] * 1e6:.0f} + "
               f"{launch['second_core_launch_s'] * 1e6:.0f} us, train loss {loss:.4f}")
         if loss < best[0]:
-            tied = "trn2:vector_overlap_cycles"
-            best = (loss, {name: point[name], tied: point[tied]}, launch, {k: priced[k] for k in vals})
+            best = (loss, {name: point[name], QOR_TIED: point[QOR_TIED]}, launch, {k: priced[k] for k in vals})
     return best[1], best[2], best[3]
 
 
