@@ -327,6 +327,64 @@ def test_small_transfers_are_bound_by_the_transfer_gap_not_the_bandwidth():
     assert est.latency_us > 20 * bandwidth_time
 
 
+def _two_site_burst(per_site: int):
+    """``per_site`` tiny loads into column slices of each of two SBUF tiles (two allocation
+    sites; no transfer depends on another), site A's issued first."""
+    from nki_kernels.simulator.trace import AllocationSite
+    b = TraceBuilder()
+    src = new_alloc()
+    tiles = [new_alloc(), new_alloc()]
+    for t in tiles:
+        for i in range(per_site):
+            dst = sbuf("dst", t, (128, 16), offset=i * 16, strides=(16 * per_site, 1))
+            b.dma(dst, hbm("src", src, (128, 16), offset=i * 128 * 16))
+    allocs = [AllocationSite(t, "sbuf", (("k.py", 10 + k),), None) for k, t in enumerate(tiles)]
+    return b.trace, allocs
+
+
+def test_one_queue_per_engine_starts_every_transfer_a_gap_after_the_last():
+    # dma_site_queues=1 (the default): whatever their sites, the 64 transfers leave each
+    # engine one per transfer gap, in issue order
+    trace, allocs = _two_site_burst(32)
+    est = estimate_trace(trace, TRN2, allocations=allocs)
+    data = dma_cost(trace[0], TRN2).data_seconds
+    assert est.latency_us == pytest.approx((TRN2.dma_latency_s + 63 * TRN2.dma_transfer_gap_s + data) * US)
+
+
+def test_queues_per_site_run_round_robin_each_in_order_one_per_gap():
+    # two sites, two queues per engine: each queue still starts one transfer per gap, in
+    # order ([D] "executed in order" within a queue), and the engine serves both ("round
+    # robin" across queues): site B's k-th transfer follows site A's k-th by one data time
+    trace, allocs = _two_site_burst(32)
+    target = dataclasses.replace(TRN2, dma_site_queues=2)
+    est = estimate_trace(trace, target, allocations=allocs)
+    data = dma_cost(trace[0], TRN2).data_seconds
+    assert data < TRN2.dma_transfer_gap_s / 2
+    assert est.latency_us == pytest.approx((TRN2.dma_latency_s + 31 * TRN2.dma_transfer_gap_s + 2 * data) * US)
+    starts = sorted({s.start for s in est.schedule.slots if s.lane == "dma_q0"})
+    assert starts[:3] == pytest.approx([TRN2.dma_latency_s, TRN2.dma_latency_s + data,
+                                        TRN2.dma_latency_s + TRN2.dma_transfer_gap_s])
+    # one site's transfers keep their issue order on every engine
+    for lane in {s.lane for s in est.schedule.slots}:
+        site_a = [s for s in est.schedule.slots if s.lane == lane and s.index < 32]
+        assert [s.index for s in sorted(site_a, key=lambda s: s.start)] == sorted(s.index for s in site_a)
+
+
+def test_sites_beyond_the_queues_share_them_and_hbm_only_transfers_take_queue_zero():
+    from nki_kernels.simulator.cost.schedule import _dma_site_queues
+    from nki_kernels.simulator.trace import AllocationSite
+    b = TraceBuilder()
+    tiles = [new_alloc() for _ in range(3)]
+    for t in tiles:
+        b.dma(sbuf("dst", t, (128, 64)), hbm("src", new_alloc(), (128, 64)))
+    b.dma(hbm("dst", new_alloc(), (128, 64)), hbm("src", new_alloc(), (128, 64)))
+    b.dma(hbm("dst", new_alloc(), (128, 64)), sbuf("src", tiles[1], (128, 64)))   # a store of site 1
+    allocs = [AllocationSite(t, "sbuf", (("k.py", 20 + k),), None) for k, t in enumerate(tiles)]
+    two = dataclasses.replace(TRN2, dma_site_queues=2)
+    assert _dma_site_queues(b.trace, allocs, two) == {0: 0, 1: 1, 2: 0, 3: 0, 4: 1}
+    assert set(_dma_site_queues(b.trace, allocs, TRN2).values()) == {0}
+
+
 def test_a_stream_hides_the_latency_and_a_chain_pays_it_each_time():
     def trace(chained: bool):
         b = TraceBuilder()

@@ -180,6 +180,14 @@ class Target:
     #   overlap the joint fit lands at 0 (train loss 0.00598 against 0.00604 at 25 ns; the
     #   4 KiB point models 99.6 % instead of 98.1 %).
     dma_transfer_handoff_s: float = 0.0   # [F]
+    # * queues: each DMA engine serves 16 queues; transfers within a queue run in order,
+    #   transfers of different queues are "scheduled in a round robin fashion" [D] ("DMA
+    #   Queues"). The transfer gap is a queue's (a stream of one queue's transfers is what
+    #   the curve of [D] measured); the engine's bandwidth is shared. Which queue a transfer
+    #   takes is the compiler's choice ("typically tied to the trigger engine" [D]); the model
+    #   gives every SBUF allocation site its own queue (a loop's transfers of one site stay
+    #   in order), sites beyond dma_site_queues sharing them. 1: one queue per engine.
+    dma_site_queues: int = 1
     dma_transpose_hbm_efficiency: float = 0.9   # [A2] HBM->SBUF DMA transpose: up to 90% of DMA throughput
     dma_transpose_sbuf_efficiency: float = 0.5  # [A2] SBUF->SBUF DMA transpose: up to 50%
     # The two physical cores of a logical core have their own 16 DMA engines each [D] but

@@ -29,9 +29,13 @@
    engine's busy time is the union of its instructions' intervals (the profiler's "Event
    Duration Active"); each slot keeps the instruction's whole duration.
    A DMA transfer, ``dma_latency_s`` after its dependencies are done, is split over
-   ``queues`` of its core's 16 DMA queues (the ones with the least pending work); a queue
-   moves one transfer's share at a time, starting the next one no sooner than the
-   transfer gap after the previous start; the transfer completes when its last share lands.
+   ``queues`` of its core's 16 DMA engines (lanes "dma_q<k>", the ones with the least
+   pending work); an engine moves one share's data at a time, and each of its queues
+   starts its shares in issue order, no sooner than the transfer gap after its previous
+   start. With one queue per engine (``dma_site_queues`` = 1, the default) that is one
+   transfer per engine per max(gap, data); with more, the shares of other allocation
+   sites' queues take turns between them (round robin). The transfer completes when its
+   last share lands.
 4. Cores. Instructions of a kernel[2] trace carry their core (``attrs["core"]``); each core
    has its own engines and queues. While both cores are active, transfers touching HBM get
    ``min(1, hbm_stack_bytes_per_s / (cores x dma_bytes_per_s))`` of the bandwidth (the two
@@ -484,6 +488,32 @@ def _core(ins) -> int:
     return int(ins.attrs.get("core", 0) or 0)
 
 
+def _dma_site_queues(trace, allocations, target: Target) -> dict[int, int]:
+    """{DMA instruction index: its queue on every engine it uses}: the allocation site of
+    its SBUF side (destination first), sites numbered in order of first use, modulo
+    ``target.dma_site_queues`` (hardware.py); transfers with no SBUF side share queue 0."""
+    queues = max(1, int(target.dma_site_queues))
+    site_of = {a.alloc_id: (a.site, a.core) for a in allocations or ()}
+    numbers: dict = {}
+    queue_of = {}
+    for ins in trace:
+        if ins.engine != "dma":
+            continue
+        key = None
+        if queues > 1:
+            for o in list(ins.writes) + list(ins.reads):
+                if o.buffer == "sbuf" and o.alloc_id in site_of:
+                    key = site_of[o.alloc_id]
+                    break
+        if key is None:
+            queue_of[ins.index] = 0
+            continue
+        if key not in numbers:
+            numbers[key] = len(numbers)
+        queue_of[ins.index] = numbers[key] % queues
+    return queue_of
+
+
 def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
     """List-schedule ``trace`` (instructions in issue order) on ``target``; ``allocations``
     (where each on-chip tile was allocated) turns on finite buffering. ``preds``: the
@@ -532,6 +562,9 @@ def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
                                  "expected tensor, vector, scalar, gpsimd or dma")
         costs.append(c)
 
+    site_queue_of = _dma_site_queues(trace, allocations, target)
+    site_queue_free: dict[tuple[str, int], float] = {}   # (DMA engine lane, queue): next start allowed
+    n_site_queues = len(set(site_queue_of.values()))
     ready_at = [0.0] * n
     start = [0.0] * n
     finish = [0.0] * n
@@ -571,13 +604,15 @@ def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
 
     def enqueue_dma(i: int, now: float) -> None:
         c = costs[i]
-        occ = c.occupancy_seconds
+        occ = c.data_seconds + c.handoff_seconds   # the engine's bandwidth; the gap is the queue's
         queues = core_lanes(_core(trace[i]))[1]
-        chosen = sorted(queues, key=lambda q: (max(q.free_at, now) + q.backlog, q.name))[: c.queues]
+        sq = site_queue_of[i]
+        chosen = sorted(queues, key=lambda q: (max(q.free_at, site_queue_free.get((q.name, sq), 0.0), now)
+                                               + q.backlog, q.name))[: c.queues]
         shares_left[i] = len(chosen)
         for q in chosen:
             heapq.heappush(q.waiting, (i, occ))
-            q.backlog += occ
+            q.backlog += c.occupancy_seconds
             touched.add(q)
 
     def complete(i: int, now: float) -> None:
@@ -590,31 +625,61 @@ def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
             if missing[s] == 0:
                 push(ready_at[s], 1, s)
 
+    def next_share(lane: _Lane, now: float):
+        """The first-issued waiting share whose queue may start now (shares of one queue
+        leave in issue order; another queue's may pass a blocked one: round robin)."""
+        held = []
+        blocked: set[int] = set()
+        found = None
+        while lane.waiting and len(blocked) < n_site_queues:
+            item = heapq.heappop(lane.waiting)
+            sq = site_queue_of[item[0]]
+            if sq not in blocked and site_queue_free.get((lane.name, sq), 0.0) <= now:
+                found = item
+                break
+            blocked.add(sq)
+            held.append(item)
+        for item in held:
+            heapq.heappush(lane.waiting, item)
+        if found is None:   # every waiting queue is inside its gap: look again when one opens
+            push(min(site_queue_free[(lane.name, site_queue_of[i])] for i, _ in held), 0, lane)
+        return found
+
     def dispatch(lane: _Lane, now: float) -> None:
         if lane.running or not lane.waiting or lane.free_at > now:
+            return
+        if trace[lane.waiting[0][0]].engine == "dma":
+            item = next_share(lane, now)
+            if item is None:
+                return
+            i, occ = item
+            c = costs[i]
+            key = (lane.name, site_queue_of[i])
+            queue_end = max(now + c.gap_seconds, now + occ)
+            site_queue_free[key] = queue_end
+            lane.running = True
+            lane.busy += max(0.0, queue_end - max(now, lane.last_end))
+            lane.last_end = max(lane.last_end, queue_end)
+            lane.free_at = now + occ
+            lane.backlog -= c.occupancy_seconds
+            done = now + c.data_seconds
+            if now < start[i]:
+                start[i] = now
+            slots.append(Slot(i, trace[i].op, "dma", lane.name, now, done))
+            push(now + occ, 0, lane)
+            push(done, 2, i)
             return
         i, occ = heapq.heappop(lane.waiting)
         ins = trace[i]
         lane.running = True
         lane.busy += now + occ - max(now, lane.last_end)
         lane.last_end = now + occ
-        lane.free_at = now + occ
-        if ins.engine == "dma":
-            c = costs[i]
-            lane.backlog -= occ
-            done = now + c.data_seconds
-            if now < start[i]:
-                start[i] = now
-            slots.append(Slot(i, ins.op, "dma", lane.name, now, done))
-            push(now + occ, 0, lane)
-            push(done, 2, i)
-        else:
-            start[i] = now
-            slots.append(Slot(i, ins.op, ins.engine, lane.name, now, now + occ))
-            # the lane takes its next (necessarily independent) instruction early
-            lane.free_at = now + occ - overlap_s.get(ins.engine, 0.0)
-            push(lane.free_at, 0, lane)
-            push(now + occ, 3, i)
+        start[i] = now
+        slots.append(Slot(i, ins.op, ins.engine, lane.name, now, now + occ))
+        # the lane takes its next (necessarily independent) instruction early
+        lane.free_at = now + occ - overlap_s.get(ins.engine, 0.0)
+        push(lane.free_at, 0, lane)
+        push(now + occ, 3, i)
 
     while events:
         now = events[0][0]
