@@ -186,8 +186,9 @@ class Target:
     #   the curve of [D] measured); the engine's bandwidth is shared. Which queue a transfer
     #   takes is the compiler's choice ("typically tied to the trigger engine" [D]); the model
     #   gives every SBUF allocation site its own queue (a loop's transfers of one site stay
-    #   in order), sites beyond dma_site_queues sharing them. 1: one queue per engine, the
-    #   default: the QoR rows do not take more (docs/cost-model.md "DMA", Queues); the site rule is our assumption.
+    #   in order), sites beyond dma_site_queues sharing them; the site rule is our
+    #   assumption. 1 (the default): one queue per engine, as the QoR rows do not take more
+    #   (docs/cost-model.md "DMA", Queues).
     dma_site_queues: int = 1
     dma_transpose_hbm_efficiency: float = 0.9   # [A2] HBM->SBUF DMA transpose: up to 90% of DMA throughput
     dma_transpose_sbuf_efficiency: float = 0.5  # [A2] SBUF->SBUF DMA transpose: up to 50%
