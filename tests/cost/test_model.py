@@ -12,6 +12,8 @@ import math
 import pytest
 
 from nki_kernels.simulator.cost import CostModelError, compute_cost, dma_cost, estimate_trace
+from nki_kernels.simulator.cost.schedule import _dma_site_queues
+from nki_kernels.simulator.trace import AllocationSite
 from nki_kernels.simulator.hardware import TARGETS
 from tests.cost._build import TraceBuilder, hbm, new_alloc, psum, sbuf
 
@@ -330,7 +332,6 @@ def test_small_transfers_are_bound_by_the_transfer_gap_not_the_bandwidth():
 def _two_site_burst(per_site: int):
     """``per_site`` tiny loads into column slices of each of two SBUF tiles (two allocation
     sites; no transfer depends on another), site A's issued first."""
-    from nki_kernels.simulator.trace import AllocationSite
     b = TraceBuilder()
     src = new_alloc()
     tiles = [new_alloc(), new_alloc()]
@@ -371,8 +372,6 @@ def test_queues_per_site_run_round_robin_each_in_order_one_per_gap():
 
 
 def test_sites_beyond_the_queues_share_them_and_hbm_only_transfers_take_queue_zero():
-    from nki_kernels.simulator.cost.schedule import _dma_site_queues
-    from nki_kernels.simulator.trace import AllocationSite
     b = TraceBuilder()
     tiles = [new_alloc() for _ in range(3)]
     for t in tiles:
