@@ -654,9 +654,9 @@ def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
                 return
             i, occ = item
             c = costs[i]
-            key = (lane.name, site_queue_of[i])
-            queue_end = max(now + c.gap_seconds, now + occ)
-            site_queue_free[key] = queue_end
+            # the queue is held for max(gap, data + hand-over); the engine only for the data
+            queue_end = now + c.occupancy_seconds
+            site_queue_free[(lane.name, site_queue_of[i])] = queue_end
             lane.running = True
             lane.busy += max(0.0, queue_end - max(now, lane.last_end))
             lane.last_end = max(lane.last_end, queue_end)
