@@ -139,7 +139,10 @@ HELD_OUT_MEAN_BAND = 0.13
 # calibration does not support.
 BAND_COVERAGE = 0.9
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int32": torch.int32}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int32": torch.int32,
+           # trn2's fp8 (IEEE-like e4m3, max 240): torch has no such dtype, so these inputs go
+           # in as ml_dtypes numpy arrays (the simulator's numpy path, simulator/host.py)
+           "float8_e4m3": None}
 
 
 @dataclass
@@ -161,6 +164,7 @@ class Row:
     slow: bool = False                 # left out of the default test run (big kernels)
     known_miss: str = ""               # why the model misses this row (excluded from the gates)
     lnc: int = 1                       # launch degree: LNC=2 runs kernel[2] (both cores of a trn2 LNC)
+    added_after_fit: str = ""          # date the row was added after the fit: such rows are all held out
     hbm_bytes: list = field(default_factory=list)  # [read, written] HBM bytes of the profile: the
                                        # port must move exactly these (hbm_traffic)
     run: object = field(default=None, repr=False)   # simulator.SimResult once run
@@ -180,6 +184,9 @@ def load_rows(path: Path = DATA) -> list[Row]:
             raise ValueError(f"{path}: measurement #{i} ({rec.get('id', '?')}): {err}") from None
         if row.split not in ("train", "test"):
             raise ValueError(f"{path}: {row.id}: split={row.split!r}; expected 'train' or 'test'")
+        if row.added_after_fit and row.split != "test":
+            raise ValueError(f"{path}: {row.id}: added_after_fit={row.added_after_fit!r} with split={row.split!r}; "
+                             "rows added after the fit are held out (split = 'test')")
         if row.target not in TARGETS:
             raise ValueError(f"{path}: {row.id}: target={row.target!r}; expected one of {tuple(TARGETS)}")
         if row.hbm_bytes and (len(row.hbm_bytes) != 2 or not all(isinstance(b, int) and b >= 0
@@ -287,6 +294,15 @@ def _nkilib_value(value, target: str):
     return value
 
 
+def _numpy_as(data: torch.Tensor, dtype: str, where: str):
+    """``data`` as a numpy array of ml_dtypes' ``dtype`` (the dtypes torch lacks)."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise RuntimeError(f"{where}: a {dtype} tensor needs ml_dtypes (pip install -e '.[dev]')") from None
+    return data.numpy().astype(getattr(ml_dtypes, dtype))
+
+
 def _inputs(row: Row) -> dict:
     """The kernel's keyword arguments: fresh random tensors for [shape, dtype] entries, filled
     ones for [shape, dtype, fill], AWS's enums and configuration objects for nki-library rows."""
@@ -296,9 +312,10 @@ def _inputs(row: Row) -> dict:
         if _is_tensor(value):
             shape, dtype = value[0], _DTYPES[value[1]]
             if len(value) == 3:
-                kwargs[name] = torch.full(shape, value[2], dtype=dtype)
+                data = torch.full(shape, value[2], dtype=dtype or torch.float32)
             else:
-                kwargs[name] = (torch.rand(shape, generator=gen) * 0.2 - 0.1).to(dtype)
+                data = (torch.rand(shape, generator=gen) * 0.2 - 0.1).to(dtype or torch.float32)
+            kwargs[name] = data if dtype is not None else _numpy_as(data, value[1], f"{row.id}: args.{name}")
         elif row.kernel.startswith(NKILIB_PREFIX):
             kwargs[name] = _nkilib_value(value, row.target)
         else:

@@ -74,6 +74,10 @@ def test_bad_measurement_files_are_rejected_naming_the_row(calibrate, tmp_path):
     bad.write_text(bad.read_text().replace('split = "dev"', 'split = "test"\nhbm_bytes = [1]'))
     with pytest.raises(ValueError, match=r"x: hbm_bytes=\[1\]; expected \[read, written\]"):
         calibrate.load_rows(bad)
+    bad.write_text(bad.read_text().replace("hbm_bytes = [1]", 'added_after_fit = "2026-12-03"').replace(
+        'split = "test"', 'split = "train"'))
+    with pytest.raises(ValueError, match="x: added_after_fit='2026-12-03' with split='train'; rows added after the fit"):
+        calibrate.load_rows(bad)
 
 
 def _check_hbm_bytes(calibrate, rows):
@@ -175,8 +179,9 @@ def test_the_nkilib_qor_rows_are_aws_references_with_their_launch_degree_and_a_b
         assert r.kernel.startswith(calibrate.NKILIB_PREFIX) and r.kernel.count(":") == 2, r.id
         assert not r.known_miss and not r.relative_to, r.id
         # the train rows (the launch costs and trn2's VectorE fixed cost are fitted on them)
-        # follow the file's blind rule
-        assert r.split == ("train" if zlib.crc32(r.id.encode()) % 3 == 0 else "test"), r.id
+        # follow the file's blind rule; rows added after that fit are all held out
+        blind = "train" if zlib.crc32(r.id.encode()) % 3 == 0 else "test"
+        assert r.split == ("test" if r.added_after_fit else blind), r.id
         assert (r.target, r.unit, r.quantity, r.confidence) == ("trn2", "us", "latency_us", "M?"), r.id
         assert r.source.startswith("aws-neuron/nki-library @d2ad3a57 test/integration/nkilib/core/"), r.id
         # measured = tpbSgCyclesSum / 1e6 (hw-measurements.md 8: the unit behaves like ps)
@@ -406,6 +411,24 @@ def test_config_rows_run_aws_kernels_from_a_checkout(calibrate):
     for r in small:
         assert 0.1 < values[r.id] / r.measured < 10, (r.id, values[r.id], r.measured)
         calibrate.forget(r)
+
+
+@pytest.mark.skipif(not (NKILIB_CHECKOUT / "src" / "nkilib_src" / "nkilib").is_dir(),
+                    reason="needs an aws-neuron/nki-library checkout (set NKILIB_CHECKOUT)")
+def test_fp8_weights_reach_aws_kernels_as_trn2_fp8(calibrate):
+    # AWS's mlp_cte test hands the kernel float8_e4m3 weights whatever the quantization; under
+    # QuantizationType.NONE the kernel loads them into bf16 tiles, so its weight loads cast
+    calibrate.use_nkilib(NKILIB_CHECKOUT)
+    rows = {r.id: r for r in calibrate.load_rows(calibrate.QOR)}
+    row = rows["nkilib.mlp_cte.b1_s512_h1024_i448_rms_norm_lnc1"]
+    assert type(calibrate._inputs(row)["up_proj_weights_tensor"]).__module__ == "numpy"
+    run = calibrate.run_row(row)
+    casts = [i for i in run.trace if i.engine == "dma" and i.reads and i.writes
+             and (i.reads[0].dtype, i.writes[0].dtype) == ("float8_e4m3", "bfloat16")]
+    # gate, up and down weights: 1024 x 448 elements each, one byte apiece from HBM
+    assert sum(o.nbytes for i in casts for o in i.reads) == 3 * 1024 * 448
+    assert 0.5 < calibrate.modeled([row])[row.id] / row.measured < 2
+    calibrate.forget(row)
 
 
 def test_the_qor_fit_picks_the_grid_point_whose_launch_priced_rows_fit_best(calibrate, monkeypatch):
