@@ -335,6 +335,86 @@ def test_back_to_back_matmuls_do_not_wait_for_the_pipeline():
     assert estimate_trace(b.trace).latency_us == pytest.approx(4 * 512 / TRN2.tensor_hz * US)
 
 
+def _tiled_matmuls(tiles, target=TRN2, n=512):
+    """One bf16 matmul per PE tile (start row, start column, rows, columns; None = the whole
+    array), each into its own PSUM tile; returns the Estimate."""
+    b = TraceBuilder()
+    for tile in tiles:
+        rows = tile[2] if tile else 128
+        cols = tile[3] if tile else 128
+        ins = b.matmul(psum("dst", new_alloc(), (cols, n)), sbuf("stationary", new_alloc(), (rows, cols)),
+                       sbuf("moving", new_alloc(), (rows, n)))
+        if tile:
+            ins.attrs["tile"] = tile
+    return estimate_trace(b.trace, target)
+
+
+def test_matmuls_on_disjoint_pe_tiles_run_in_parallel():
+    # v2.33 nki.isa.nc_matmul, "Tiling mode": matmuls with a stationary tile smaller than
+    # [128, 128] "run in parallel"; v3 slices the array into 4 x 32 columns (or rows)
+    one = 512 / TRN2.tensor_hz * US
+    columns = [(0, 32 * j, 128, 32) for j in range(4)]
+    assert _tiled_matmuls(columns).latency_us == pytest.approx(one)
+    rows_and_columns = [(64 * r, 64 * c, 64, 64) for r in range(2) for c in range(2)]
+    assert _tiled_matmuls(rows_and_columns).latency_us == pytest.approx(one)
+    # the same tile, or overlapping ones, take turns
+    assert _tiled_matmuls([(0, 32, 128, 32)] * 4).latency_us == pytest.approx(4 * one)
+    assert _tiled_matmuls([(0, 0, 128, 64), (0, 32, 128, 32)]).latency_us == pytest.approx(2 * one)
+    # a whole-array matmul waits for every tile, and the next tiled one waits for it
+    est = _tiled_matmuls([(0, 0, 128, 32), (0, 96, 128, 32), None, (0, 32, 128, 32)])
+    assert est.schedule.start[1] == est.schedule.start[0] == 0.0
+    assert est.schedule.start[2] == pytest.approx(one / US)
+    assert est.schedule.start[3] == pytest.approx(2 * one / US)
+    # TensorE's busy time is the union of its matmuls' intervals
+    assert _tiled_matmuls(columns).engine_busy_us["tensor"] == pytest.approx(one)
+
+
+def test_tiling_follows_the_generation_and_can_be_switched_off():
+    trn1 = TARGETS["trn1"]   # v2: 2 x 64 tiles only
+    one = 512 / trn1.tensor_hz * US
+    assert _tiled_matmuls([(0, 0, 128, 64), (0, 64, 128, 64)], trn1).latency_us == pytest.approx(one)
+    off = dataclasses.replace(TRN2, matmul_tiles_parallel=False)
+    columns = [(0, 32 * j, 128, 32) for j in range(4)]
+    assert _tiled_matmuls(columns, off).latency_us == pytest.approx(4 * 512 / TRN2.tensor_hz * US)
+
+
+def test_the_simulator_records_each_matmul_s_pe_tile():
+    with simulator.activated():
+        import nki
+        import nki.isa as nisa
+        import nki.language as nl
+
+        @nki.jit
+        def kernel(a, b):
+            out = nl.ndarray((32, 4, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+            at = nl.ndarray((128, 32), dtype=a.dtype, buffer=nl.sbuf)
+            bt = nl.ndarray((128, 512), dtype=b.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=at, src=a)
+            nisa.dma_copy(dst=bt, src=b)
+            # four PSUM tiles alive together (each its own buffer), one column tile each
+            accs = [nl.ndarray((32, 512), dtype=nl.float32, buffer=nl.psum) for _ in range(4)]
+            for j in range(4):
+                nisa.nc_matmul(dst=accs[j], stationary=at, moving=bt, tile_position=(0, 32 * j), tile_size=(128, 32))
+            for j in range(4):
+                res = nl.ndarray((32, 512), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_copy(dst=res, src=accs[j])
+                nisa.dma_copy(dst=out[:, j, :], src=res)
+            whole = nl.ndarray((32, 512), dtype=nl.float32, buffer=nl.psum)
+            nisa.nc_matmul(dst=whole, stationary=at, moving=bt)
+            return out
+
+    a, b = torch.rand(128, 32).to(torch.bfloat16), torch.rand(128, 512).to(torch.bfloat16)
+    res = simulator.run(kernel, a, b)
+    mm = [i for i in res.trace if i.op == "nc_matmul"]
+    assert [i.attrs["tile"] for i in mm] == [(0, 32 * j, 128, 32) for j in range(4)] + [(0, 0, 128, 128)]
+    ref = (a.double().t() @ b.double()).float()   # every tile computes the same product
+    for j in range(4):
+        torch.testing.assert_close(res.outputs[:, j, :], ref, rtol=1e-5, atol=1e-5)
+    est = simulator.estimate(kernel)(a, b)
+    starts = sorted(est.schedule.start[i.index] for i in mm[:4])
+    assert starts[-1] - starts[0] < 512 / TRN2.tensor_hz   # all four in flight together
+
+
 def test_a_ready_instruction_passes_a_stalled_earlier_one_on_its_engine():
     # the compiler's scheduler reorders independent operations (nl.no_reorder's docstring)
     b = TraceBuilder()

@@ -252,6 +252,11 @@ class Target:
     matmul_rows: int = 128
     matmul_columns: int = 128
     matmul_tile_sizes: tuple[int, ...] = (32, 64, 128)   # 2x64 tiles from v2, 4x32 from v3
+    # Tiling mode lets "multiple nc_matmul instructions with a stationary tile size smaller
+    # than [128, 128] ... run in parallel" (v2.33 nki.isa.nc_matmul, "Tiling mode"): with it
+    # on, the schedule runs TensorE instructions on disjoint PE tiles (the array in cells of
+    # the smallest tile size) at the same time (cost/schedule.py).
+    matmul_tiles_parallel: bool = True
     matmul_moving_fmax: int = 512          # moving free size with an fp32 dst (one PSUM bank)
     matmul_moving_fmax_bf16_dst: int = 512  # with a bf16 dst (v4 only allows that dst)
     matmul_dst_dtypes: tuple[str, ...] = ("float32",)

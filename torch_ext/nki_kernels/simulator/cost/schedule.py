@@ -488,6 +488,15 @@ def _core(ins) -> int:
     return int(ins.attrs.get("core", 0) or 0)
 
 
+def _pe_cells(ins, target: Target) -> frozenset:
+    """The cells of TensorE's PE array an instruction occupies: its tile (``attrs["tile"]`` =
+    (start row, start column, rows, columns), recorded by nc_matmul in tiling mode) in cells of
+    the smallest tile size; every cell for anything else (a whole-array matmul, a transpose)."""
+    g = min(target.matmul_tile_sizes)
+    r0, c0, rows, cols = ins.attrs.get("tile") or (0, 0, target.matmul_rows, target.matmul_columns)
+    return frozenset((r, c) for r in range(r0 // g, (r0 + rows) // g) for c in range(c0 // g, (c0 + cols) // g))
+
+
 def _dma_site_queues(trace, allocations, target: Target) -> dict[int, int]:
     """{DMA instruction index: its queue on every engine it uses}: the allocation site of
     its SBUF side (destination first), sites numbered in order of first use, modulo
@@ -587,6 +596,9 @@ def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
             push(0.0, 1, i)
 
     touched: set = set()
+    pe_free: dict[tuple[int, tuple[int, int]], float] = {}   # (core, PE cell): when its matmul ends
+    pe_cell = min(target.matmul_tile_sizes)
+    n_pe_cells = (target.matmul_rows // pe_cell) * (target.matmul_columns // pe_cell)
     # VectorE's pipeline overlap (hardware.py: vector_overlap_cycles, capped at the fixed cost)
     overlap_s = {"vector": min(target.vector_overlap_cycles, target.vector_static_cycles)
                  / engine_hz(target, "vector")}
@@ -669,15 +681,31 @@ def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
             push(now + occ, 0, lane)
             push(done, 2, i)
             return
-        i, occ = heapq.heappop(lane.waiting)
+        i, occ = lane.waiting[0]
         ins = trace[i]
+        cells = _pe_cells(ins, target) if ins.engine == "tensor" and target.matmul_tiles_parallel else None
+        if cells is not None:
+            # tiling mode: a matmul starts once its PE tile is free; one on a tile smaller than
+            # the array leaves the other tiles to the next instructions at once
+            core = _core(ins)
+            tiles_free = max(pe_free.get((core, cell), 0.0) for cell in cells)
+            if tiles_free > now:
+                lane.running = True
+                push(tiles_free, 0, lane)
+                return
+        heapq.heappop(lane.waiting)
         lane.running = True
-        lane.busy += now + occ - max(now, lane.last_end)
-        lane.last_end = now + occ
+        lane.busy += max(0.0, now + occ - max(now, lane.last_end))
+        lane.last_end = max(lane.last_end, now + occ)
         start[i] = now
         slots.append(Slot(i, ins.op, ins.engine, lane.name, now, now + occ))
         # the lane takes its next (necessarily independent) instruction early
         lane.free_at = now + occ - overlap_s.get(ins.engine, 0.0)
+        if cells is not None:
+            for cell in cells:
+                pe_free[(core, cell)] = now + occ
+            if len(cells) < n_pe_cells:
+                lane.free_at = now
         push(lane.free_at, 0, lane)
         push(now + occ, 3, i)
 

@@ -126,7 +126,10 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
                   {"K": K * (2 if double else 1), "M": M, "N": N, "fp32": is_f32,
                    "is_transpose": bool(is_transpose), "accumulate": mode,
                    "dtype": names[0], "moving_dtype": names[1], "perf_mode":
-                   "double_row" if double else "none"})
+                   "double_row" if double else "none",
+                   # the PE tile the matmul runs on (tiling mode: matmuls on disjoint tiles
+                   # run in parallel, cost/schedule.py); the whole array when not tiled
+                   "tile": (r0, c0, row_size, col_size) if tile_position else (0, 0, rows, cols)})
 
 
 def nc_transpose(dst, data, engine=enums.engine.unknown, name=None):
