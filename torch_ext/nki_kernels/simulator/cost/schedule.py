@@ -488,12 +488,12 @@ def _core(ins) -> int:
     return int(ins.attrs.get("core", 0) or 0)
 
 
-def _pe_cells(ins, target: Target) -> frozenset:
-    """The cells of TensorE's PE array an instruction occupies: its tile (``attrs["tile"]`` =
-    (start row, start column, rows, columns), recorded by nc_matmul in tiling mode) in cells of
-    the smallest tile size; every cell for anything else (a whole-array matmul, a transpose)."""
+def _pe_cells(tile, target: Target) -> frozenset:
+    """The cells of TensorE's PE array a tile occupies (``tile`` = (start row, start column,
+    rows, columns), as nc_matmul records it in ``attrs["tile"]``), in cells of the smallest
+    tile size; ``None`` (a transpose, a hand-built trace) is the whole array."""
     g = min(target.matmul_tile_sizes)
-    r0, c0, rows, cols = ins.attrs.get("tile") or (0, 0, target.matmul_rows, target.matmul_columns)
+    r0, c0, rows, cols = tile or (0, 0, target.matmul_rows, target.matmul_columns)
     return frozenset((r, c) for r in range(r0 // g, (r0 + rows) // g) for c in range(c0 // g, (c0 + cols) // g))
 
 
@@ -597,8 +597,10 @@ def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
 
     touched: set = set()
     pe_free: dict[tuple[int, tuple[int, int]], float] = {}   # (core, PE cell): when its matmul ends
-    pe_cell = min(target.matmul_tile_sizes)
-    n_pe_cells = (target.matmul_rows // pe_cell) * (target.matmul_columns // pe_cell)
+    # per TensorE instruction, the PE cells it holds (tiling mode), found once
+    pe_cells = [_pe_cells(ins.attrs.get("tile"), target)
+                if ins.engine == "tensor" and target.matmul_tiles_parallel else None for ins in trace]
+    n_pe_cells = len(_pe_cells(None, target))
     # VectorE's pipeline overlap (hardware.py: vector_overlap_cycles, capped at the fixed cost)
     overlap_s = {"vector": min(target.vector_overlap_cycles, target.vector_static_cycles)
                  / engine_hz(target, "vector")}
@@ -683,7 +685,7 @@ def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
             return
         i, occ = lane.waiting[0]
         ins = trace[i]
-        cells = _pe_cells(ins, target) if ins.engine == "tensor" and target.matmul_tiles_parallel else None
+        cells = pe_cells[i]
         if cells is not None:
             # tiling mode: a matmul starts once its PE tile is free; one on a tile smaller than
             # the array leaves the other tiles to the next instructions at once
