@@ -41,6 +41,75 @@ def _stream(chunks: int, cols: int = 2048):
     return b.trace, allocs, tiles
 
 
+# ------------------------------------------------------------------ beta-1 sequential loops
+
+def _sequential_kernel():
+    """Per iteration of nl.sequential_range(4) (inside an ordinary outer loop of 2): load a
+    [128, 2048] tile, exp on ScalarE, add 1 on VectorE, store. Returns (kernel, x)."""
+    with simulator.activated():
+        import nki
+        import nki.isa as nisa
+        import nki.language as nl
+
+        @nki.jit
+        def kernel(x):
+            out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+            for j in range(2):
+                for i in nl.sequential_range(4):
+                    rows = slice((4 * j + i) * 128, (4 * j + i + 1) * 128)
+                    t = nl.ndarray((128, 2048), dtype=x.dtype, buffer=nl.sbuf)
+                    nisa.dma_copy(dst=t, src=x[rows, :])
+                    e = nl.ndarray((128, 2048), dtype=x.dtype, buffer=nl.sbuf)
+                    nisa.activation(dst=e, op=nl.exp, data=t)
+                    r = nl.ndarray((128, 2048), dtype=x.dtype, buffer=nl.sbuf)
+                    nisa.tensor_scalar(dst=r, data=e, op0=nl.add, operand0=1.0, engine=nisa.engine.vector)
+                    nisa.dma_copy(dst=out[rows, :], src=r)
+            return out
+
+    return kernel, torch.randn(1024, 2048)
+
+
+def test_the_simulator_marks_each_sequential_range_iteration_and_computes_the_same():
+    kernel, x = _sequential_kernel()
+    res = simulator.run(kernel, x)
+    torch.testing.assert_close(res.outputs, torch.exp(x.double()).float() + 1, rtol=1e-5, atol=1e-5)
+    marks = [i.attrs.get("sequential") for i in res.trace]
+    assert all(m is not None and len(m) == 1 for m in marks)
+    loops = sorted({m[0][0] for m in marks})
+    assert len(loops) == 2                                    # one loop per pass of the outer range
+    per_iteration = [m[0] for m in marks]
+    assert per_iteration == [(loop, k) for loop in loops for k in range(4) for _ in range(4)]
+    with simulator.activated():
+        import nki.language as nl
+        assert len(nl.sequential_range(1, 7, 2)) == 3 and list(nl.sequential_range(1, 7, 2)) == [1, 3, 5]
+
+
+def test_beta1_sequential_loops_hold_each_iteration_s_loads_until_the_last_one_s_compute():
+    kernel, x = _sequential_kernel()
+    res = simulator.run(kernel, x)
+    trace = res.trace
+    beta1 = dataclasses.replace(TRN2, beta1_sequential_loops=True)
+    loads = [i.index for i in trace if i.op == "dma_copy" and i.reads[0].buffer == "hbm"]
+    stores = [i.index for i in trace if i.op == "dma_copy" and i.writes[0].buffer == "hbm"]
+    compute = [i.index for i in trace if i.engine != "dma"]
+    plain = dependencies(trace, TRN2, res.allocations)
+    held = dependencies(trace, beta1, res.allocations)
+    for it, load in enumerate(loads):
+        before = set(compute[2 * (it - 1): 2 * it]) if it % 4 else set()   # a new loop starts afresh
+        assert before <= set(held[load]) and not before & set(plain[load])
+        assert not set(stores) & (set(held[load]) - set(plain[load]))       # stores still overlap
+    for i in compute + stores:
+        assert held[i] == plain[i]
+    est_plain = estimate_trace(trace, TRN2, allocations=res.allocations)
+    est_held = estimate_trace(trace, beta1, allocations=res.allocations)
+    s = est_held.schedule
+    for it in range(1, 4):
+        assert s.start[loads[it]] >= s.finish[compute[2 * it - 1]] + TRN2.dma_latency_s - 1e-12
+    assert est_held.latency_us > est_plain.latency_us
+    # NKI 0.7 code (the default Target) is untouched by the marks
+    assert not TRN2.beta1_sequential_loops and not TARGETS["trn1"].beta1_sequential_loops
+
+
 # ----------------------------------------------------------------------------- buffers
 
 def test_tiles_of_one_site_rotate_through_depth_buffers():

@@ -59,6 +59,9 @@ class Context:
         self.vector_regs = torch.full((self.target.partitions,), float("nan"))
         self.shared_cursor = 0
         self.dynamic_flow: list = []  # (loop kind, trip count) of run-time loops, in order
+        # the nl.sequential_range iterations the kernel is in, outermost first: (loop, iteration)
+        self.sequential_iterations: list[tuple[int, int]] = []
+        self.sequential_loops_seen = 0
         # each core's engines have their own random state; core 0 starts from the seed
         self.generator = torch.Generator().manual_seed(self.params.seed + program_id)
         run.cores.append(self)

@@ -216,6 +216,11 @@ class Target:
     # more of them alive. [A1]/migration guide: "the compiler could choose to allocate 2
     # physical tiles"; nki-library's allocator double-buffers ("interleave_degree=2").
     buffer_rotation_depth: int = 2
+    # ---- the compiler that built a measured kernel ---------------------------------------
+    # True only for ports of beta-1 kernels (calibrate.py, rows with compiler = "beta1"): their
+    # nl.sequential_range loops are not software-pipelined (cost/schedule.py
+    # beta1_sequential_edges). NKI 0.7's sequential_range is an alias of range: False.
+    beta1_sequential_loops: bool = False
     # ---- uncertain cost parameters: (optimistic, pessimistic) --------------------------
     # The error bars of every modeled figure: cost.uncertainty re-runs the schedule with
     # all of these at their optimistic and at their pessimistic end (docs/cost-model.md

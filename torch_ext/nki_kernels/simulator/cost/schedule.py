@@ -10,6 +10,9 @@
      allocation it writes.
 
    Footprints are exact sets of element runs (regions.py).
+   1b. Only for ports of beta-1 kernels (``Target.beta1_sequential_loops``): in a loop the
+   beta-1 compiler kept sequential (``nl.sequential_range``), an iteration's loads from HBM
+   also wait for the previous iteration's compute instructions (``beta1_sequential_edges``).
 2. Buffers. Tiles allocated by the same line on the same call path (loop iterations) share
    ``buffer_rotation_depth`` physical buffers (more when the program keeps more of them
    alive at once), rotated in allocation order: the first writes of tile k wait for every
@@ -241,7 +244,42 @@ def dependencies(trace, target: Target, allocations=None) -> list[dict[int, floa
     if allocations:
         for p, s in rotation_edges(trace, allocations, int(target.buffer_rotation_depth), target):
             preds[s].setdefault(p, 0.0)
+    if target.beta1_sequential_loops:
+        for p, s in beta1_sequential_edges(trace):
+            preds[s].setdefault(p, 0.0)
     return preds
+
+
+def beta1_sequential_edges(trace) -> list[tuple[int, int]]:
+    """(earlier, later) pairs of the beta-1 compiler's ``sequential_range`` (rule 1b).
+
+    Beta-1 NKI replaced "any use of Python range(...)" in a kernel with sequential_range,
+    which "informs Neuron compiler to respect inter-loop dependency and perform much more
+    conservative loop-level optimizations compared to affine_range" and "prevents Neuron
+    compiler from unrolling the loops until entering compiler backend"
+    (nki.language.sequential_range, NKI beta-1 API). The model's reading: such a loop's
+    iterations are not software-pipelined, so an iteration's loads from HBM are not issued
+    before the previous iteration's compute instructions are done (its stores may still
+    run). The simulator marks the iterations of ``nl.sequential_range`` (in NKI 0.7 a plain
+    alias of range); only ports of beta-1 kernels ask for this (calibrate.py, docs/cost-model.md
+    "Beta-1 sequential loops")."""
+    compute: dict[tuple[int, int, int], list[int]] = {}   # (core, loop, iteration) -> compute instructions
+    loads: list[tuple[int, tuple]] = []
+    for ins in trace:
+        marks = ins.attrs.get("sequential")
+        if not marks:
+            continue
+        core = _core(ins)
+        if ins.engine != "dma":
+            for loop, k in marks:
+                compute.setdefault((core, loop, k), []).append(ins.index)
+        elif any(o.buffer == "hbm" for o in ins.reads):
+            loads.append((ins.index, tuple((core, loop, k) for loop, k in marks)))
+    edges = []
+    for i, keys in loads:
+        for core, loop, k in keys:
+            edges.extend((p, i) for p in compute.get((core, loop, k - 1), ()))
+    return edges
 
 
 def _pair_exchange(ins, pos, exchanges, preds):

@@ -294,6 +294,8 @@ def record(op, eng, reads, writes, flops, attrs) -> NkiInstruction:
     r = [capture(role, t) for role, t in reads if isinstance(t, NkiTensor)]
     w = [capture(role, t) for role, t in writes if isinstance(t, NkiTensor)]
     run = ctx.run
+    if ctx.sequential_iterations:
+        attrs["sequential"] = tuple(ctx.sequential_iterations)
     idx = rec.record(op, eng, r, w, flops, attrs, ctx.program_id if run.grid > 1 else None)
     # liveness (memory.Life): first and last use, first write, last read
     for role, t in reads:

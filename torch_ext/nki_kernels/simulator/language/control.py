@@ -35,8 +35,33 @@ def _range(start, stop=None, step=1):
 
 
 affine_range = _range
-sequential_range = _range
 static_range = _range
+
+
+class sequential_range:
+    """``nl.sequential_range``: in NKI 0.7 a deprecated alias of ``range`` (the same
+    iterations, the same meaning to the compiler). The simulator also marks every instruction
+    issued in an iteration (``attrs["sequential"]``: (loop, iteration) pairs, outermost
+    first) so that the cost model can give ports of beta-1 kernels the beta-1 compiler's
+    meaning of the loop (hardware.py ``Target.beta1_sequential_loops``); nothing else reads
+    the marks. Our kernels may not use it (tests/kernels/test_language_rules.py)."""
+
+    def __init__(self, start, stop=None, step=1):
+        self._range = _range(start, stop, step)
+
+    def __len__(self):
+        return len(self._range)
+
+    def __iter__(self):
+        ctx = current()
+        loop = ctx.sequential_loops_seen
+        ctx.sequential_loops_seen += 1
+        for k, i in enumerate(self._range):
+            ctx.sequential_iterations.append((loop, k))
+            try:
+                yield i
+            finally:
+                ctx.sequential_iterations.pop()
 
 
 def _dynamic(kind: str, count: int) -> None:
