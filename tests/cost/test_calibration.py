@@ -78,6 +78,9 @@ def test_bad_measurement_files_are_rejected_naming_the_row(calibrate, tmp_path):
         'split = "test"', 'split = "train"'))
     with pytest.raises(ValueError, match="x: added_after_fit='2026-12-03' with split='train'; rows added after the fit"):
         calibrate.load_rows(bad)
+    bad.write_text(bad.read_text().replace('added_after_fit = "2026-12-03"', 'compiler = "beta2"'))
+    with pytest.raises(ValueError, match=r"x: compiler='beta2'; expected one of \('nki-0.7', 'beta1'\)"):
+        calibrate.load_rows(bad)
 
 
 def _check_hbm_bytes(calibrate, rows):
@@ -163,6 +166,17 @@ def test_scoped_parameters_change_only_their_target(calibrate):
     assert calibrate.target_with("trn2", {"trn1:vector_static_cycles": 999.0}) is TARGETS["trn2"]
     with pytest.raises(ValueError, match="'trn1:vector_static'.*no field 'vector_static'"):
         calibrate.target_with("trn1", {"trn1:vector_static": 1.0})
+    # a port of a beta-1 kernel gets the beta-1 compiler's sequential loops, nothing else does
+    assert calibrate.target_with("trn1", {}, "beta1").beta1_sequential_loops
+    assert not calibrate.target_with("trn1", {}).beta1_sequential_loops
+
+
+def test_beta1_rows_are_the_ports_of_beta1_kernels(calibrate):
+    # Row.compiler is a fact about the measured kernel: every row from SDK 2.20 (NKI beta 1),
+    # AccelOpt or Autocomp, and no other
+    beta1_sources = ("zhang677/AccelOpt", "ucb-bar/autocomp", "aws-neuron-sdk @72825d50")
+    for r in calibrate.load_rows():
+        assert (r.compiler == "beta1") == r.source.startswith(beta1_sources), r.id
 
 
 # ----------------------------------------------------------------------------- nki-library QoR rows

@@ -34,7 +34,8 @@ order, reuse and tiling:
 * autocomp_v2: v2 with delta * u computed once per channel tile (Autocomp's second kernel,
   ucb-bar/autocomp examples/trn-tutorial/3_mamba_trace.py, score 0.539 ms; its first,
   0.636 ms, is the tutorial's v1);
-* accelopt: sequence chunks outer, then tiles, then states; delta/u per (chunk, tile).
+* accelopt: sequence chunks outer (the source's ``nl.sequential_range``), then tiles, then
+  states; delta/u per (chunk, tile).
 """
 
 import nki
@@ -150,7 +151,9 @@ def mamba(delta, u, a, b, c, version):
         carries = [nl.ndarray((P, states), dtype=nl.float32, buffer=nl.sbuf) for _ in range(tiles)]
         for carry in carries:
             nisa.memset(dst=carry, value=0.0)
-        for k in range(seq // CHUNK):
+        # the source's nl.sequential_range (the carried state): kept, for the beta-1 compiler's
+        # meaning of it (docs/cost-model.md "Beta-1 sequential loops")
+        for k in nl.sequential_range(seq // CHUNK):
             cols = slice(k * CHUNK, (k + 1) * CHUNK)
             accs = [_zeroed((P, CHUNK)) for _ in range(tiles)]
             for t in range(tiles):

@@ -74,11 +74,11 @@ def rope_baseline(x_in, cos, sin):
     the measured 3104, was 2974; at the refitted overlap, docs/cost-model.md, 3202 and
     3171).
 
-    Not carried over: the source loops over tiles with a plain Python ``range``, which the
-    beta-1 compiler replaced with ``sequential_range`` ("much more conservative loop-level
-    optimizations compared to affine_range", NKI beta-1 API); NKI 0.7 has only Python
-    ``range``. The model pipelines the tiles as for affine_range; the measured kernel idles
-    VectorE ~2.4 us per tile (docs/cost-model.md, Calibration)."""
+    The source loops over tiles with a plain Python ``range``, which the beta-1 compiler
+    replaced with ``sequential_range`` ("much more conservative loop-level optimizations
+    compared to affine_range", NKI beta-1 API), so the port loops with
+    ``nl.sequential_range`` (in NKI 0.7 an alias of range): the row's ``compiler = "beta1"``
+    has the model not pipeline the tiles (docs/cost-model.md "Beta-1 sequential loops")."""
     d_head, seq = x_in.shape
     half = d_head // 2
     ts = 512
@@ -86,7 +86,7 @@ def rope_baseline(x_in, cos, sin):
         raise ValueError(f"rope_baseline: x_in.shape[1]={seq} must be a multiple of {ts} (the beta-1 "
                          "kernel's column tile, no remainder handling)")
     out = nl.ndarray((d_head, seq), dtype=x_in.dtype, buffer=nl.shared_hbm)
-    for s0 in range(0, seq, ts):
+    for s0 in nl.sequential_range(0, seq, ts):   # the source's Python range (see above)
         xt = nl.ndarray((d_head, ts), dtype=x_in.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=xt, src=x_in[:, s0:s0 + ts])
         ct = nl.ndarray((half, ts), dtype=x_in.dtype, buffer=nl.sbuf)
@@ -123,7 +123,8 @@ def rope_optimized(x_in, cos, sin):
     product that reads it); the profile's HBM reads (268,435,456 B = x, cos and sin once)
     show the compiler merged the identical ones, so the port loads each of the four
     [64, 2048] operands once (until 2026-12-02 it issued all eight; VectorE bounds the
-    kernel either way: modeled 2887 us both)."""
+    kernel either way: modeled 2887 us both). Its tile loop is a plain Python ``range``, as
+    in rope_baseline: a beta-1 sequential loop."""
     d_head, seq = x_in.shape
     half = d_head // 2
     ts = 2048
@@ -142,7 +143,7 @@ def rope_optimized(x_in, cos, sin):
         nisa.tensor_tensor(dst=t, data1=a, data2=b, op=op, engine=nisa.engine.vector)
         return t
 
-    for s0 in range(0, seq, ts):
+    for s0 in nl.sequential_range(0, seq, ts):   # the source's Python range (rope_baseline)
         cols = slice(s0, s0 + ts)
         # in the order the source's products first read them
         even, c = load(x_in[0:half, cols]), load(cos[:, cols])
