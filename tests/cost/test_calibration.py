@@ -114,10 +114,23 @@ def test_slow_ports_move_exactly_the_hbm_bytes_their_profiles_count(calibrate):
 def test_known_misses_are_few_and_say_why(calibrate):
     rows = calibrate.load_rows()
     misses = [r for r in rows if r.known_miss]
-    # one cause: the tutorial's Mamba v3 at 4096 channels, whose compiled VectorE stream
-    # differs from its source (its profile's instruction count)
-    assert len(misses) <= 4 and all(len(r.known_miss) > 40 for r in misses)
-    assert all(r.id.startswith("mamba.v3.c4096_") for r in misses)
+    # Each cause, with the rows it may excuse (docs/cost-model.md): a new known miss has to
+    # be added here, with its cause, on purpose.
+    causes = {
+        # the tutorial's Mamba v3 at 4096 channels: its profile counts fewer VectorE
+        # instructions than its source issues
+        "mamba.v3.c4096_": 4,
+        # Autocomp's GEMM set: no per-transfer DMA cost orders its first two kernels as
+        # measured; trn1's small-transfer cost or the compiler's coalescing, no profile
+        "autocomp.gemm.": 6,
+        # Autocomp's fastest self-attention: the source's own VectorE work models above the
+        # measured latency
+        "autocomp.attention.c10": 1,
+    }
+    for prefix, limit in causes.items():
+        assert sum(r.id.startswith(prefix) for r in misses) <= limit, prefix
+    assert all(any(r.id.startswith(p) for p in causes) for r in misses), [r.id for r in misses]
+    assert all(len(r.known_miss) > 40 for r in misses)
     assert not any(r.split == "train" for r in misses)
 
 

@@ -62,6 +62,10 @@ COVERED = {
     "nkibench:matmul": "test_matmul_matches_the_reference",
     "layernorm_tutorial:layernorm[version=v1]": "test_layernorm_tutorial_normalises_and_applies_gamma_beta",
     "layernorm_tutorial:layernorm[version=v2]": "test_layernorm_tutorial_normalises_and_applies_gamma_beta",
+    **{f"autocomp_gemm:gemm[variant={v}]": "test_autocomp_gemm_variants_multiply"
+       for v in ("s20_99", "s28_68", "s11_8", "s8_07", "s7_62", "s6_96")},
+    **{f"autocomp_attention:{k}[copy_engine=scalar][version={v}]": "test_autocomp_attention_is_softmax_qk_times_v"
+       for k, vs in (("three_pass", ("c3", "c4", "c5")), ("fused", ("c8", "c9", "c10"))) for v in vs},
 }
 
 
@@ -633,3 +637,83 @@ def test_layernorm_tutorial_rejects_a_bad_version_or_parameter_length(calibrate,
     with pytest.raises(ValueError, match=message):
         simulate(calibrate, "layernorm_tutorial:layernorm", "trn1", x=torch.rand(128, 64),
                  gamma=torch.rand(gamma_len), beta=torch.rand(beta_len), version=version)
+
+
+# ----------------------------------------------------------------------------- autocomp_gemm:gemm
+# lhsT.T @ rhs in bf16 (the harness's dtype): bf16 products are exact in fp32, the fp32 sums
+# of K terms are off by at most K u32 sum|a||b|, and the bf16 result adds one rounding,
+# 2**-8 of |result|. Shape: 2 K tiles, 4 M tiles (one block of the 4 x 2 variants), 4 N tiles.
+
+@pytest.mark.parametrize("variant", ["s20_99", "s28_68", "s11_8", "s8_07", "s7_62", "s6_96"])
+def test_autocomp_gemm_variants_multiply(calibrate, variant):
+    K, M, N = 256, 512, 2048
+    a = (torch.randn(K, M) / 16).to(torch.bfloat16)
+    b = (torch.randn(K, N) / 16).to(torch.bfloat16)
+    out = simulate(calibrate, "autocomp_gemm:gemm", "trn1", lhsT=a, rhs=b, variant=variant).outputs
+    assert out.dtype == torch.bfloat16 and out.shape == (M, N)
+    ref = a.double().T @ b.double()
+    tol = K * U32 * (a.double().abs().T @ b.double().abs()) + 2.0 ** -8 * ref.abs()
+    bad = ~((out.double() - ref).abs() <= tol)
+    assert not bool(bad.any()), f"{int(bad.sum())} elements off; max error {(out.double() - ref).abs().max():.3g}"
+
+
+@pytest.mark.parametrize("variant, k, m, n, message", [
+    ("s9_99", 128, 512, 1024, r"variant='s9_99' is not one of"),
+    ("s20_99", 128, 512, 1000, r"rhs.shape\[1\] \(N\)=1000 must be a multiple of 512"),
+    ("s8_07", 128, 256, 1024, r"lhsT.shape\[1\] \(M\)=256 must be a multiple of 512"),
+    ("s11_8", 200, 256, 1024, r"lhsT.shape\[0\] \(K\)=200 must be a multiple of 128"),
+])
+def test_autocomp_gemm_rejects_an_unknown_variant_or_shapes_off_its_blocks(calibrate, variant, k, m, n, message):
+    with pytest.raises(ValueError, match=message):
+        simulate(calibrate, "autocomp_gemm:gemm", "trn1", lhsT=torch.rand(k, m).to(torch.bfloat16),
+                 rhs=torch.rand(k, n).to(torch.bfloat16), variant=variant)
+
+
+def test_autocomp_gemm_rejects_a_contraction_mismatch(calibrate):
+    with pytest.raises(ValueError, match=r"rhs.shape\[0\]=256 must equal lhsT.shape\[0\]=128"):
+        simulate(calibrate, "autocomp_gemm:gemm", "trn1", lhsT=torch.rand(128, 512).to(torch.bfloat16),
+                 rhs=torch.rand(256, 1024).to(torch.bfloat16), variant="s20_99")
+
+
+# ----------------------------------------------------------------------------- autocomp_attention
+# out [S, 128] = softmax(q^T k) v^T with q, k, v [128, S] bf16 in [-1, 1] (the harness's
+# inputs). The probabilities and the V^T tiles pass through bf16 (8 bits: 2**-8 relative),
+# so each output, a convex combination of |v| <= 1, is off by a few 2**-8: the harness's
+# own atol, 1e-2. Candidate 8 caches QK^T in bf16 before the exp (scores up to ~40 here:
+# absolute rounding up to 0.16 in the exponent), so its reference rounds QK^T the same way.
+# seq 1024: two 512-key blocks and 8 query tiles; both copy placements.
+
+def _attention_reference(q, k, v, round_scores_to_bf16=False):
+    s = q.double().T @ k.double()
+    if round_scores_to_bf16:
+        s = s.float().to(torch.bfloat16).double()
+    p = torch.softmax(s, dim=1)
+    return p @ v.double().T
+
+
+@pytest.mark.parametrize("copy_engine", ["scalar", "vector"])
+@pytest.mark.parametrize("kernel, version", [("three_pass", "c3"), ("three_pass", "c4"), ("three_pass", "c5"),
+                                             ("fused", "c8"), ("fused", "c9"), ("fused", "c10")])
+def test_autocomp_attention_is_softmax_qk_times_v(calibrate, kernel, version, copy_engine):
+    seq = 1024
+    q, k, v = ((torch.rand(128, seq) * 2 - 1).to(torch.bfloat16) for _ in range(3))
+    out = simulate(calibrate, f"autocomp_attention:{kernel}", "trn1", q=q, k=k, v=v, version=version,
+                   copy_engine=copy_engine).outputs
+    assert out.shape == (seq, 128) and out.dtype == torch.bfloat16
+    ref = _attention_reference(q, k, v, round_scores_to_bf16=(version == "c8"))
+    torch.testing.assert_close(out.double(), ref, atol=1e-2, rtol=0)
+
+
+@pytest.mark.parametrize("kernel, version, shape, copy_engine, message", [
+    ("three_pass", "c6", (128, 512), "scalar", r"version='c6'; expected 'c3', 'c4' or 'c5'"),
+    ("fused", "c5", (128, 512), "scalar", r"version='c5'; expected 'c8', 'c9' or 'c10'"),
+    ("fused", "c9", (128, 500), "scalar", r"q.shape\[1\] \(seq\)=500 must be a multiple of 512"),
+    ("three_pass", "c4", (64, 512), "scalar", r"q.shape\[0\] \(d_head\)=64 must be 128"),
+    ("fused", "c10", (128, 512), "gpsimd", r"copy_engine='gpsimd'; expected 'scalar', 'vector' or 'alt'"),
+])
+def test_autocomp_attention_rejects_bad_versions_shapes_and_engines(calibrate, kernel, version, shape,
+                                                                   copy_engine, message):
+    q, k, v = (torch.rand(*shape).to(torch.bfloat16) for _ in range(3))
+    with pytest.raises(ValueError, match=message):
+        simulate(calibrate, f"autocomp_attention:{kernel}", "trn1", q=q, k=k, v=v, version=version,
+                 copy_engine=copy_engine)
