@@ -123,9 +123,11 @@ def test_known_misses_are_few_and_say_why(calibrate):
         # Autocomp's GEMM set: no per-transfer DMA cost orders its first two kernels as
         # measured; trn1's small-transfer cost or the compiler's coalescing, no profile
         "autocomp.gemm.": 6,
-        # Autocomp's fastest self-attention: the source's own VectorE work models above the
-        # measured latency
+        # Autocomp's fastest attention kernels: their sources' work on one engine models above
+        # the measured latency (self-attention: VectorE's own instructions; SD attention: the
+        # compiler-placed copies on either engine)
         "autocomp.attention.c10": 1,
+        "autocomp.sd_attention.best": 1,
     }
     for prefix, limit in causes.items():
         assert sum(r.id.startswith(prefix) for r in misses) <= limit, prefix
@@ -153,7 +155,10 @@ def test_the_model_stays_within_the_band_on_the_held_out_measurements(calibrate,
 
 @pytest.mark.sweep
 def test_every_measurement_including_the_slow_ones(calibrate):
-    _check(calibrate, calibrate.load_rows())
+    # the known misses are left out before modeling (_check would drop them anyway):
+    # calibrate.py's report models and prints them, and Autocomp's six GEMM kernels alone
+    # take ~10 minutes to simulate and schedule
+    _check(calibrate, calibrate.gated(calibrate.load_rows()))
 
 
 @pytest.mark.sweep
@@ -523,15 +528,16 @@ def test_the_model_error_band_is_the_quantiles_of_the_train_rows_outside_their_b
 
 # The error bars' promise on the public held-out latency rows (none of them trains the band:
 # it is fitted on nki-library's trn2 QoR train rows, and these are trn1 kernels): at least
-# this many of the 16 hold their measurement (12 do; the parameter ranges alone held 4).
-BAR_HELD_OUT_MIN = 12
+# this many of the 24 that are not slow hold their measurement (19 do, 11 with the parameter
+# ranges alone; before Autocomp's attention rows of 2026-12-03, 12 and 4 of 16).
+BAR_HELD_OUT_MIN = 19
 
 
 def test_the_error_bars_hold_the_held_out_latency_measurements(calibrate, public_modeled):
     rows, values = public_modeled
     bars = calibrate.bar_ends(rows)
     held = [r for r in calibrate.gated(rows) if r.split == "test" and r.id in bars]
-    assert len(held) >= 16
+    assert len(held) >= 24
     for r in held:
         low, high = bars[r.id]
         assert low <= values[r.id] * 1.001 and values[r.id] <= high * 1.001, r.id

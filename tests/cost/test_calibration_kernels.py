@@ -66,6 +66,8 @@ COVERED = {
        for v in ("s20_99", "s28_68", "s11_8", "s8_07", "s7_62", "s6_96")},
     **{f"autocomp_attention:{k}[copy_engine=scalar][version={v}]": "test_autocomp_attention_is_softmax_qk_times_v"
        for k, vs in (("three_pass", ("c3", "c4", "c5")), ("fused", ("c8", "c9", "c10"))) for v in vs},
+    **{f"autocomp_sd_attention:sd_attention[copy_engine=scalar][version={v}]":
+       "test_autocomp_sd_attention_is_softmax_scaled_qk_times_v" for v in ("tutorial", "best")},
 }
 
 
@@ -716,4 +718,54 @@ def test_autocomp_attention_rejects_bad_versions_shapes_and_engines(calibrate, k
     q, k, v = (torch.rand(*shape).to(torch.bfloat16) for _ in range(3))
     with pytest.raises(ValueError, match=message):
         simulate(calibrate, f"autocomp_attention:{kernel}", "trn1", q=q, k=k, v=v, version=version,
+                 copy_engine=copy_engine)
+
+
+# ----------------------------------------------------------------------------- autocomp_sd_attention
+# out [S, 64] = softmax((q * 0.125) @ k^T) @ v, q, k, v [S, 64] fp32 in [0, 1) (the harness's
+# inputs, np.random.rand). The reference is float64 with the casts the harness's
+# mixed_precision=True path declares: q, k, v and the probabilities in bf16 (pe_in_dt), and
+# for "best" the QK^T row buffer too; the row sum taken before the probabilities' cast. What
+# is left: fp32 accumulation (64-term scores, S-term sums: ~1e-6 relative) and the rare
+# element where fp32 and float64 round to neighbouring bf16 values. One such flip moves an
+# output by at most 2**-8 x p_j (a probability) or (e**(2**-7 |s_j|) - 1) x p_j (a score,
+# |s_j| < 8 here: 6.5 % x p_j) times |v_j - out| < 1; at these flat rows p_j < 0.01, so a
+# flip costs < 7e-4 x |v_j - out| <~ 4e-4 and a few coincide rarely: atol 5e-4 (observed
+# <= 3e-5), 20x below the error of the plain average of v (~1e-2). seq 384: three tiles;
+# both copy placements.
+
+def _sd_attention_reference(q, k, v, bf16_scores):
+    bf = lambda x: x.to(torch.bfloat16).double()
+    s = (bf(q) * 0.125) @ bf(k).T
+    if bf16_scores:
+        s = bf(s)
+    e = torch.exp(s - s.max(dim=1, keepdim=True).values)
+    return (bf(e) @ bf(v)) / e.sum(dim=1, keepdim=True)
+
+
+@pytest.mark.parametrize("copy_engine", ["scalar", "vector"])
+@pytest.mark.parametrize("version", ["tutorial", "best"])
+def test_autocomp_sd_attention_is_softmax_scaled_qk_times_v(calibrate, version, copy_engine):
+    seq, d_head = 384, 64
+    q, k, v = (torch.rand(seq, d_head) for _ in range(3))
+    out = simulate(calibrate, "autocomp_sd_attention:sd_attention", "trn1", q=q, k=k, v=v, version=version,
+                   copy_engine=copy_engine).outputs
+    assert out.shape == (seq, d_head) and out.dtype == torch.float32
+    ref = _sd_attention_reference(q, k, v, bf16_scores=(version == "best"))
+    torch.testing.assert_close(out.double(), ref, atol=5e-4, rtol=0)
+
+
+@pytest.mark.parametrize("version, shapes, dtype, copy_engine, message", [
+    ("c6", [(256, 64)] * 3, torch.float32, "scalar", r"version='c6'; expected 'tutorial' or 'best'"),
+    ("best", [(256, 64)] * 3, torch.float32, "gpsimd", r"copy_engine='gpsimd'; expected 'scalar' or 'vector'"),
+    ("tutorial", [(300, 64)] * 3, torch.float32, "scalar", r"q.shape\[0\] \(seq\)=300 must be a positive multiple of 128"),
+    ("best", [(256, 192)] * 3, torch.float32, "scalar", r"q.shape\[1\] \(d_head\)=192 must be at most 128"),
+    ("tutorial", [(256, 64), (256, 64), (128, 64)], torch.float32, "scalar", r"must have one shape"),
+    ("best", [(256, 64)] * 3, torch.bfloat16, "scalar", r"q.dtype=bfloat16 must be float32"),
+])
+def test_autocomp_sd_attention_rejects_bad_versions_shapes_dtypes_and_engines(calibrate, version, shapes, dtype,
+                                                                             copy_engine, message):
+    q, k, v = (torch.rand(*s).to(dtype) for s in shapes)
+    with pytest.raises(ValueError, match=message):
+        simulate(calibrate, "autocomp_sd_attention:sd_attention", "trn1", q=q, k=k, v=v, version=version,
                  copy_engine=copy_engine)
