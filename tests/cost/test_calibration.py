@@ -128,6 +128,9 @@ def test_known_misses_are_few_and_say_why(calibrate):
         # compiler-placed copies on either engine)
         "autocomp.attention.c10": 1,
         "autocomp.sd_attention.best": 1,
+        # Autocomp's sixth Mamba kernel: the beta-1 sequential-loop rule holds its explicit
+        # one-state-ahead prefetch back (docs/cost-model.md "Beta-1 sequential loops")
+        "mamba.autocomp_v5.": 1,
     }
     for prefix, limit in causes.items():
         assert sum(r.id.startswith(prefix) for r in misses) <= limit, prefix
@@ -285,6 +288,17 @@ def test_the_qor_report_summarises_each_family_and_flags_reversed_variants(calib
     assert "3 rows" in fam_a and "mean |error|  17%" in fam_a and "max  30%" in fam_a and "2/3" in fam_a
     assert "fam_b" in text and "-50%" in text
     assert "1/2 pairs in the measured order" in text
+
+
+def test_the_public_ranking_treats_times_within_rank_tie_as_ties(calibrate):
+    # a and b measured 0.2 % apart (a tie), c far slower: the model's a/b order does not count
+    rows = [_row(calibrate, "a", 538.0, group="g"), _row(calibrate, "b", 539.0, group="g"),
+            _row(calibrate, "c", 636.0, group="g")]
+    ((_, measured, modeled, same),) = calibrate.rankings(rows, {"a": 405.5, "b": 405.4, "c": 516.0})
+    assert measured == ["a", "b", "c"] and modeled == ["b", "a", "c"] and same
+    # the check can fail: c modeled faster than a, which measured 18 % faster than c
+    ((_, _, _, same),) = calibrate.rankings(rows, {"a": 405.5, "b": 405.4, "c": 400.0})
+    assert not same
 
 
 def test_lnc_pairs_match_one_vector_at_both_degrees_and_report_the_speedup_error(calibrate):
@@ -528,16 +542,16 @@ def test_the_model_error_band_is_the_quantiles_of_the_train_rows_outside_their_b
 
 # The error bars' promise on the public held-out latency rows (none of them trains the band:
 # it is fitted on nki-library's trn2 QoR train rows, and these are trn1 kernels): at least
-# this many of the 24 that are not slow hold their measurement (19 do, 11 with the parameter
-# ranges alone; before Autocomp's attention rows of 2026-12-03, 12 and 4 of 16).
-BAR_HELD_OUT_MIN = 19
+# this many of the 26 that are not slow hold their measurement (20 do, 12 with the parameter
+# ranges alone; before Autocomp's attention and Mamba rows of 2026-12-03, 12 and 4 of 16).
+BAR_HELD_OUT_MIN = 20
 
 
 def test_the_error_bars_hold_the_held_out_latency_measurements(calibrate, public_modeled):
     rows, values = public_modeled
     bars = calibrate.bar_ends(rows)
     held = [r for r in calibrate.gated(rows) if r.split == "test" and r.id in bars]
-    assert len(held) >= 24
+    assert len(held) >= 26
     for r in held:
         low, high = bars[r.id]
         assert low <= values[r.id] * 1.001 and values[r.id] <= high * 1.001, r.id

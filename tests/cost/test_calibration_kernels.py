@@ -53,6 +53,9 @@ COVERED = {
     "mamba:mamba[version=v2]": "test_mamba_follows_the_selective_scan_recurrence",
     "mamba:mamba[version=v3]": "test_mamba_follows_the_selective_scan_recurrence",
     "mamba:mamba[version=autocomp_v2]": "test_mamba_follows_the_selective_scan_recurrence",
+    "mamba:mamba[version=autocomp_v3]": "test_mamba_follows_the_selective_scan_recurrence",
+    "mamba:mamba[version=autocomp_v4]": "test_mamba_follows_the_selective_scan_recurrence",
+    "mamba:mamba[version=autocomp_v5]": "test_mamba_follows_the_selective_scan_recurrence",
     "mamba:mamba[version=accelopt]": "test_mamba_follows_the_selective_scan_recurrence",
     "nkibench:adamw": "test_adamw_port_computes_the_nkibench_reference",
     "nkibench:rmsnorm_matmul": "test_rmsnorm_matmul_matches_the_numpy_reference",
@@ -247,7 +250,7 @@ def test_rope_rejects_a_sequence_that_is_not_whole_tiles(calibrate, kernel, seq,
         simulate(calibrate, kernel, "trn1", x_in=x, cos=cos, sin=sin)
 
 
-# ----------------------------------------------------------------------------- mamba:mamba (v1, v2, v3, accelopt)
+# ----------------------------------------------------------------------------- mamba:mamba (v1, v2, v3, autocomp_v2-v5, accelopt)
 # The module docstring's selective scan (= AccelOpt NKIBench/reference/mamba_M7168_C256_S16):
 #   h_s[c, t] = exp(delta[c, t] A[c, s]) h_s[c, t-1] + delta[c, t] u[c, t] B[s, t], h_s[c, -1] = 0
 #   out[c, t] = sum_s C[s, t] h_s[c, t]
@@ -278,8 +281,11 @@ def mamba_reference(delta, u, a, b, c, restart_every: int | None = None):
     return out
 
 
-@pytest.mark.parametrize("version, seq", [("v1", 200), ("v2", 200), ("autocomp_v2", 200), ("v3", 3 * MAMBA_CHUNK),
-                                          ("accelopt", 3 * MAMBA_CHUNK)])
+@pytest.mark.parametrize("version, seq", [("v1", 200), ("v2", 200), ("autocomp_v2", 200), ("autocomp_v3", 200),
+                                          ("v3", 3 * MAMBA_CHUNK), ("accelopt", 3 * MAMBA_CHUNK),
+                                          ("autocomp_v4", 3 * MAMBA_CHUNK), ("autocomp_v5", 3 * MAMBA_CHUNK),
+                                          ("autocomp_v4", 2 * MAMBA_CHUNK + 188), ("autocomp_v5", 2 * MAMBA_CHUNK + 188),
+                                          ("autocomp_v4", 200)])
 def test_mamba_follows_the_selective_scan_recurrence(calibrate, version, seq):
     channels, states = 3 * 128, 3
     delta = torch.rand(channels, seq) * 0.09 + 0.01
@@ -295,7 +301,8 @@ def test_mamba_follows_the_selective_scan_recurrence(calibrate, version, seq):
     assert float((out.double() - wrong).abs().max()) > 100 * tol
 
 
-@pytest.mark.parametrize("version, seq", [("v1", 200), ("v2", 700), ("autocomp_v2", 700), ("v3", 2 * MAMBA_CHUNK)])
+@pytest.mark.parametrize("version, seq", [("v1", 200), ("v2", 700), ("autocomp_v2", 700), ("autocomp_v3", 700),
+                                          ("v3", 2 * MAMBA_CHUNK)])
 def test_mamba_broadcasts_b_and_c_on_tensore_into_psum_where_vectore_reads_them(calibrate, version, seq):
     """The port's porting rule (kernels/mamba.py docstring): the beta-1 ``broadcast_to`` of a
     [1, n] row onto 128 partitions is a TensorE instruction (fused_mamba.rst), so B[s] and
@@ -322,8 +329,8 @@ def test_mamba_broadcasts_b_and_c_on_tensore_into_psum_where_vectore_reads_them(
                and o.strides)
 
 
-@pytest.mark.parametrize("version, seq", [("v1", 200), ("v2", 700), ("autocomp_v2", 700), ("v3", 2 * MAMBA_CHUNK),
-                                          ("accelopt", 2 * MAMBA_CHUNK)])
+@pytest.mark.parametrize("version, seq", [("v1", 200), ("v2", 700), ("autocomp_v2", 700), ("autocomp_v3", 700),
+                                          ("v3", 2 * MAMBA_CHUNK), ("accelopt", 2 * MAMBA_CHUNK)])
 def test_mamba_zeroes_the_accumulator_and_adds_every_state_as_the_sources_do(calibrate, version, seq):
     """Every source (the tutorial's v1-v3, Autocomp's, AccelOpt's) makes the accumulator with
     ``nl.zeros`` and adds scanC into it at every state, the first included. Until 2026-12-02
@@ -344,15 +351,71 @@ def test_mamba_zeroes_the_accumulator_and_adds_every_state_as_the_sources_do(cal
               and i.writes[0].free_elems == (MAMBA_CHUNK if version == "accelopt" else seq)]
     assert len(zeroed) == accumulators
 
+
+@pytest.mark.parametrize("version", ["autocomp_v2", "autocomp_v3"])
+def test_mamba_autocomp_v3_loads_a_once_per_channel_tile(calibrate, version):
+    """Autocomp's fourth kernel differs from its third only in loading A as one [128, states]
+    block per channel tile (the third: a [128, 1] column per state)."""
+    channels, seq, states = 2 * 128, 200, 3
+    delta, u = torch.rand(channels, seq) * 0.09 + 0.01, torch.randn(channels, seq)
+    a = -(torch.rand(channels, states) + 0.5)
+    b, c = torch.randn(states, seq), torch.randn(states, seq)
+    trace = simulate(calibrate, "mamba:mamba", "trn1", delta=delta, u=u, a=a, b=b, c=c, version=version).trace
+    a_loads = [i for i in trace if i.engine == "dma" and i.writes[0].buffer == "sbuf"
+               and i.writes[0].partitions == 128 and i.writes[0].free_elems in (1, states)]
+    tiles = channels // 128
+    assert len(a_loads) == (tiles if version == "autocomp_v3" else tiles * states)
+
+
+@pytest.mark.parametrize("version", ["autocomp_v4", "autocomp_v5"])
+def test_mamba_autocomp_chunked_accumulates_in_psum_and_carries_the_scan(calibrate, version):
+    """Autocomp's fifth and sixth kernels (kernels/mamba.py ``_autocomp_chunked``): per
+    channel tile, 512-column chunks (a 188-column tail here) in a sequential loop; per chunk a
+    PSUM accumulator zeroed by a VectorE memset, every state's scanC added into it in PSUM on
+    VectorE, then copied to SBUF on VectorE (the source's engine=) and stored; B and C rows
+    broadcast on TensorE; the scan's carry one [128, states] tile per channel tile. autocomp_v5
+    also runs its state loop as the source's nl.sequential_range."""
+    channels, states = 2 * 128, 3
+    seq = 2 * MAMBA_CHUNK + 188
+    delta, u = torch.rand(channels, seq) * 0.09 + 0.01, torch.randn(channels, seq)
+    a = -(torch.rand(channels, states) + 0.5)
+    b, c = torch.randn(states, seq), torch.randn(states, seq)
+    trace = simulate(calibrate, "mamba:mamba", "trn1", delta=delta, u=u, a=a, b=b, c=c, version=version).trace
+    tiles, chunks = channels // 128, 3
+    adds = [i for i in trace if i.op == "tensor_tensor" and i.attrs.get("op") == "add"]
+    assert len(adds) == tiles * states * chunks and all(i.writes[0].buffer == "psum" for i in adds)
+    psum_zeroed = [i for i in trace if i.op == "memset" and i.writes[0].buffer == "psum"]
+    assert len(psum_zeroed) == tiles * chunks and all(i.engine == "vector" for i in psum_zeroed)
+    carries = [i for i in trace if i.op == "memset" and i.writes[0].buffer == "sbuf" and i.writes[0].partitions == 128
+               and i.writes[0].free_elems == states]
+    assert len(carries) == tiles
+    out_copies = [i for i in trace if i.op == "tensor_copy" and i.reads[0].buffer == "psum"]
+    assert len(out_copies) == tiles * chunks and all(i.engine == "vector" for i in out_copies)
+    assert sorted({i.writes[0].free_elems for i in out_copies}) == [188, MAMBA_CHUNK]
+    matmuls = [i for i in trace if i.op == "nc_matmul"]
+    assert len(matmuls) == 2 * tiles * states * chunks
+    row_loads = [i for i in trace if i.engine == "dma" and i.writes[0].buffer == "sbuf" and i.writes[0].partitions == 1]
+    assert len(row_loads) == 2 * tiles * states * chunks
+    # the scans: marked sequential in the chunk loop (full chunks) and, for v5, the state loop
+    scans = [i for i in trace if i.op == "tensor_tensor_scan"]
+    depth = [len(i.attrs.get("sequential") or ()) for i in scans]
+    full, tail = tiles * states * 2, tiles * states
+    if version == "autocomp_v4":
+        assert sorted(depth) == [0] * tail + [1] * full
+    else:
+        assert sorted(depth) == [1] * tail + [2] * full
+
 # Channels that are not whole 128-partition tiles (every version) and, for the chunked
 # versions, a sequence that is not whole 512-column chunks were silently dropped: refused.
-# (v1 and v2 take any sequence length: the test above runs them at 200.)
+# (v1, v2 and autocomp_v2-v5 take any sequence length: v4 and v5 run a shorter tail chunk.)
 
 @pytest.mark.parametrize("version, channels, seq, match", [
     ("v1", 200, 64, r"mamba: delta.shape\[0\] \(channels\)=200 must be a multiple of 128"),
     ("v2", 64, 64, r"mamba: delta.shape\[0\] \(channels\)=64 must be a multiple of 128"),
     ("v3", 3 * 128 + 1, 512, r"mamba: delta.shape\[0\] \(channels\)=385 must be a multiple of 128"),
     ("accelopt", 130, 512, r"mamba: delta.shape\[0\] \(channels\)=130 must be a multiple of 128"),
+    ("autocomp_v3", 130, 512, r"mamba: delta.shape\[0\] \(channels\)=130 must be a multiple of 128"),
+    ("autocomp_v5", 64, 512, r"mamba: delta.shape\[0\] \(channels\)=64 must be a multiple of 128"),
     ("v3", 128, 512 + 188, r"mamba v3: delta.shape\[1\] \(seq\)=700 must be a multiple of 512"),
     ("accelopt", 128, 200, r"mamba accelopt: delta.shape\[1\] \(seq\)=200 must be a multiple of 512"),
 ])

@@ -34,8 +34,22 @@ order, reuse and tiling:
 * autocomp_v2: v2 with delta * u computed once per channel tile (Autocomp's second kernel,
   ucb-bar/autocomp examples/trn-tutorial/3_mamba_trace.py, score 0.539 ms; its first,
   0.636 ms, is the tutorial's v1);
+* autocomp_v3: autocomp_v2 with A loaded once per channel tile as a [128, states] block
+  (Autocomp's fourth kernel, score 0.538 ms);
+* autocomp_v4, autocomp_v5: Autocomp's fifth (0.435 ms) and sixth (0.43 ms) kernels: per
+  channel tile, 512-column chunks in the source's ``nl.sequential_range``, states inner, the
+  accumulator in PSUM (``_autocomp_chunked``); v5 double-buffers the B and C rows and runs its
+  state loop in ``nl.sequential_range``;
 * accelopt: sequence chunks outer (the source's ``nl.sequential_range``), then tiles, then
   states; delta/u per (chunk, tile).
+
+Autocomp's trace (examples/trn-tutorial/3_mamba_trace.py @dd26a565, eight candidates) beyond
+these: the second (0.636 ms) is v1 with B and C loaded once per state rather than per (state,
+tile), an unported near-copy of the first (same score). The seventh (0.362 ms) and eighth
+(0.359 ms) are not ported: they replace the sixth's ``nl.broadcast_to`` of B and C with
+``nl.multiply(tile, row)``, the row [1, chunk] broadcast implicitly on the partitions, and
+no document says how the beta-1 compiler lowers that; under the ``broadcast_to`` rule above
+the seventh's stream would be the sixth's exactly, while the measurement has it 16 % faster.
 """
 
 import nki
@@ -59,6 +73,13 @@ def _row_on_partitions(row_hbm, ones):
     n = row_hbm.shape[1]
     row = nl.ndarray((1, n), dtype=row_hbm.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=row, src=row_hbm)
+    return _broadcast(row, ones)
+
+
+def _broadcast(row, ones):
+    """[P, n] PSUM broadcast of a [1, n] SBUF row: ones^T @ row on TensorE, one matmul per
+    PSUM bank (512 fp32 columns)."""
+    n = row.shape[1]
     t = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.psum)
     for k0 in range(0, n, BANK_FP32):
         k1 = min(n, k0 + BANK_FP32)
@@ -127,16 +148,17 @@ def mamba(delta, u, a, b, c, version):
                             b[s:s + 1, :], c[s:s + 1, :], 0.0, ones)
         for t in range(tiles):
             nisa.dma_copy(dst=out[t * P:(t + 1) * P, :], src=accs[t])
-    elif version in ("v2", "v3", "autocomp_v2"):
+    elif version in ("v2", "v3", "autocomp_v2", "autocomp_v3"):
         for t in range(tiles):
             rows = slice(t * P, (t + 1) * P)
             acc = _zeroed((P, seq))
             delta_t = _load(delta[rows, :])
             u_t = _load(u[rows, :])
-            dU = _delta_u(delta_t, u_t) if version == "autocomp_v2" else None
+            dU = _delta_u(delta_t, u_t) if version.startswith("autocomp") else None
+            a_block = _load(a[rows, :]) if version == "autocomp_v3" else None   # A once per tile
             for s in range(states):
-                a_col = _load(a[rows, s:s + 1])
-                if version != "v3":     # v2, autocomp_v2 (dU given): the whole sequence per step
+                a_col = a_block[:, s:s + 1] if a_block is not None else _load(a[rows, s:s + 1])
+                if version != "v3":     # v2, autocomp_v2/v3 (dU given): the whole sequence per step
                     _state_step(acc, delta_t, u_t, a_col, b[s:s + 1, :], c[s:s + 1, :], 0.0, ones, dU)
                     continue
                 carry = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -167,6 +189,85 @@ def mamba(delta, u, a, b, c, version):
                                      engine=nisa.engine.vector)
             for t in range(tiles):
                 nisa.dma_copy(dst=out[t * P:(t + 1) * P, cols], src=accs[t])
+    elif version in ("autocomp_v4", "autocomp_v5"):
+        _autocomp_chunked(delta, u, a, b, c, out, ones, double_buffered=version == "autocomp_v5")
     else:
-        raise ValueError(f"version={version!r}; expected v1, v2, v3, autocomp_v2 or accelopt")
+        raise ValueError(f"version={version!r}; expected v1, v2, v3, autocomp_v2, autocomp_v3, autocomp_v4, "
+                         "autocomp_v5 or accelopt")
     return out
+
+
+def _autocomp_chunked(delta, u, a, b, c, out, ones, double_buffered):
+    """Autocomp's fifth (autocomp_v4, score 0.435 ms) and sixth (autocomp_v5, 0.43 ms)
+    kernels. Per channel tile: delta and u loaded whole, deltaU = delta * u (VectorE), A as one
+    [P, states] block, the carry ``nl.zeros((P, states))`` (VectorE memset); then per
+    512-column chunk (the source's ``nl.sequential_range``; a shorter tail chunk after the
+    loop, as the source's ``if tail > 0`` block): a PSUM accumulator ``nl.zeros(...,
+    buffer=nl.psum)`` and per state exp (ScalarE), B and C rows broadcast on TensorE into PSUM,
+    deltaBu, the scan from the state's carry column, the carry column's update (a [P, 1]
+    copy, VectorE as in v3/accelopt), scanC, ``acc_psum += scanC`` (VectorE, its result in
+    PSUM); the accumulator copied to SBUF by the source's ``nisa.tensor_copy(...,
+    engine=nisa.vector_engine)`` and stored.
+
+    The PSUM accumulator is zeroed by a VectorE memset: the rule that a PSUM ``nl.zeros``
+    costs nothing (kernels/autocomp_gemm.py) rests on the first matmul overwriting it, and
+    here VectorE adds into it (``tensor_tensor`` reads it), so its zeros must be written.
+
+    autocomp_v4: B and C rows loaded per (chunk, state) as they are used, the state loop
+    ``affine_range``. autocomp_v5: two [1, chunk] SBUF buffers each for B and C per chunk,
+    state 0's rows loaded before the state loop and state s + 1's DMAed into the other buffer
+    at state s before its compute (the source's double buffering), the state loop
+    ``nl.sequential_range`` (kept: the beta-1 meaning, docs/cost-model.md)."""
+    channels, seq = delta.shape
+    states = a.shape[1]
+    f_tile = min(seq, BANK_FP32)      # the source's min(seq_len, nl.tile_size.psum_fmax)
+    n_full = seq // f_tile
+    tail = seq - n_full * f_tile
+    state_loop = nl.sequential_range if double_buffered else range
+    for t in range(channels // P):
+        rows = slice(t * P, (t + 1) * P)
+        delta_t = _load(delta[rows, :])
+        u_t = _load(u[rows, :])
+        dU = _delta_u(delta_t, u_t)
+        a_block = _load(a[rows, :])
+        carry = _zeroed((P, states))
+
+        def chunk(f0, f1):
+            n = f1 - f0
+            acc = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.psum)
+            nisa.memset(dst=acc, value=0.0, engine=nisa.engine.vector)
+            if double_buffered:
+                bufs = [(nl.ndarray((1, n), dtype=b.dtype, buffer=nl.sbuf),
+                         nl.ndarray((1, n), dtype=c.dtype, buffer=nl.sbuf)) for _ in range(2)]
+                nisa.dma_copy(dst=bufs[0][0], src=b[0:1, f0:f1])
+                nisa.dma_copy(dst=bufs[0][1], src=c[0:1, f0:f1])
+            for s in state_loop(states):
+                dA = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.activation(dst=dA, op=nl.exp, data=delta_t[:, f0:f1], scale=a_block[:, s:s + 1])
+                if double_buffered:
+                    b_row, c_row = bufs[s % 2]
+                    if s + 1 < states:
+                        nisa.dma_copy(dst=bufs[(s + 1) % 2][0], src=b[s + 1:s + 2, f0:f1])
+                        nisa.dma_copy(dst=bufs[(s + 1) % 2][1], src=c[s + 1:s + 2, f0:f1])
+                else:
+                    b_row, c_row = _load(b[s:s + 1, f0:f1]), _load(c[s:s + 1, f0:f1])
+                b_t = _broadcast(b_row, ones)
+                c_t = _broadcast(c_row, ones)
+                dBu = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_tensor(dst=dBu, data1=dU[:, f0:f1], data2=b_t, op=nl.multiply,
+                                   engine=nisa.engine.vector)
+                h = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_tensor_scan(dst=h, data0=dA, data1=dBu, initial=carry[:, s:s + 1], op0=nl.multiply,
+                                        op1=nl.add)
+                nisa.tensor_copy(dst=carry[:, s:s + 1], src=h[:, n - 1:n], engine=nisa.engine.vector)
+                sc = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_tensor(dst=sc, data1=h, data2=c_t, op=nl.multiply, engine=nisa.engine.vector)
+                nisa.tensor_tensor(dst=acc, data1=acc, data2=sc, op=nl.add, engine=nisa.engine.vector)
+            acc_sbuf = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=acc_sbuf, src=acc, engine=nisa.engine.vector)
+            nisa.dma_copy(dst=out[rows, f0:f1], src=acc_sbuf)
+
+        for k in nl.sequential_range(n_full):
+            chunk(k * f_tile, (k + 1) * f_tile)
+        if tail:
+            chunk(n_full * f_tile, seq)
