@@ -740,6 +740,31 @@ def test_autocomp_gemm_rejects_a_contraction_mismatch(calibrate):
                  rhs=torch.rand(256, 1024).to(torch.bfloat16), variant="s20_99")
 
 
+@pytest.mark.parametrize("group_n", [1, 2])
+def test_autocomp_gemm_k_coalesced_what_if_multiplies(calibrate, group_n):
+    # the what-if of docs/cost-model.md (no row runs it): the same product, K loads coalesced;
+    # 3 K tiles (an odd count), 2 M tiles, 2 N blocks; tolerance as for the ports above
+    K, M, N = 384, 256, 1024 * group_n
+    a = (torch.randn(K, M) / 16).to(torch.bfloat16)
+    b = (torch.randn(K, N) / 16).to(torch.bfloat16)
+    out = simulate(calibrate, "autocomp_gemm:gemm_k_coalesced", "trn1", lhsT=a, rhs=b, group_n=group_n).outputs
+    ref = a.double().T @ b.double()
+    tol = K * U32 * (a.double().abs().T @ b.double().abs()) + 2.0 ** -8 * ref.abs()
+    bad = ~((out.double() - ref).abs() <= tol)
+    assert not bool(bad.any()), f"{int(bad.sum())} elements off; max error {(out.double() - ref).abs().max():.3g}"
+
+
+@pytest.mark.parametrize("group_n, k, m, n, message", [
+    (3, 128, 128, 1536, r"group_n=3; expected 1 or 2"),
+    (2, 128, 128, 512, r"rhs.shape\[1\] \(N\)=512 must be a multiple of 1024"),
+    (1, 100, 128, 512, r"lhsT.shape\[0\] \(K\)=100 must be a multiple of 128"),
+])
+def test_autocomp_gemm_k_coalesced_rejects_bad_arguments(calibrate, group_n, k, m, n, message):
+    with pytest.raises(ValueError, match=message):
+        simulate(calibrate, "autocomp_gemm:gemm_k_coalesced", "trn1", lhsT=torch.rand(k, m).to(torch.bfloat16),
+                 rhs=torch.rand(k, n).to(torch.bfloat16), group_n=group_n)
+
+
 # ----------------------------------------------------------------------------- autocomp_attention
 # out [S, 128] = softmax(q^T k) v^T with q, k, v [128, S] bf16 in [-1, 1] (the harness's
 # inputs). The probabilities and the V^T tiles pass through bf16 (8 bits: 2**-8 relative),

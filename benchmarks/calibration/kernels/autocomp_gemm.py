@@ -124,3 +124,52 @@ def gemm(lhsT, rhs, variant):
                     rows = slice(m0 + i * P, m0 + (i + 1) * P)
                     nisa.dma_copy(dst=out[rows, n0 + j * TILE_N:n0 + (j + 1) * TILE_N], src=ot)
     return out
+
+
+@nki.jit
+def gemm_k_coalesced(lhsT, rhs, group_n):
+    """A what-if, not a port (no row runs it): Autocomp's first (``group_n`` = 1) or second
+    (2) GEMM kernel with each block's affine K loop of loads coalesced into one transfer per
+    operand, as the beta-1 compiler would if it vectorized that loop (docs/cost-model.md,
+    "Autocomp's traces as rows", GEMM). lhsT [K, M] and rhs [K, N] are read as [128, K/128,
+    128] and [128, K/128, 512] views (partition = k mod 128): one lhsT and ``group_n`` rhs
+    transfers per block instead of K/128 each; the matmuls, copies (ScalarE) and stores are
+    the port's.
+
+    Modeled at the measured shape (2026-12-03): 20.8 ms for the first (measured 20.99) and
+    18.7 ms for the second (measured 28.68). Reproduce with
+    ``estimate_trace(simulator.run(gemm_k_coalesced, target="trn1", lhsT=..., rhs=...,
+    group_n=1).trace, calibrate.target_with("trn1", None, "beta1"))`` (latency_us +
+    launch_us)."""
+    K, M = lhsT.shape
+    K2, N = rhs.shape
+    if K2 != K:
+        raise ValueError(f"gemm_k_coalesced: rhs.shape[0]={K2} must equal lhsT.shape[0]={K} (the contraction)")
+    if group_n not in (1, 2):
+        raise ValueError(f"gemm_k_coalesced: group_n={group_n!r}; expected 1 or 2 (Autocomp's first two kernels)")
+    for name, value, block in (("lhsT.shape[0] (K)", K, P), ("lhsT.shape[1] (M)", M, P),
+                               ("rhs.shape[1] (N)", N, TILE_N * group_n)):
+        if value % block:
+            raise ValueError(f"gemm_k_coalesced: {name}={value} must be a multiple of {block}")
+    kt = K // P
+    out = nl.ndarray((M, N), dtype=lhsT.dtype, buffer=nl.shared_hbm)
+    for m in range(M // P):
+        for nb in range(N // (TILE_N * group_n)):
+            accs = [nl.ndarray((P, TILE_N), dtype=nl.float32, buffer=nl.psum) for _ in range(group_n)]
+            lt = nl.ndarray((P, kt, P), dtype=lhsT.dtype, buffer=nl.sbuf)          # [k, K tile, m]
+            nisa.dma_copy(dst=lt, src=lhsT[:, m * P:(m + 1) * P].reshape((kt, P, P)).permute(1, 0, 2))
+            rts = []
+            for j in range(group_n):
+                n0 = (nb * group_n + j) * TILE_N
+                rt = nl.ndarray((P, kt, TILE_N), dtype=rhs.dtype, buffer=nl.sbuf)   # [k, K tile, n]
+                nisa.dma_copy(dst=rt, src=rhs[:, n0:n0 + TILE_N].reshape((kt, P, TILE_N)).permute(1, 0, 2))
+                rts.append(rt)
+            for k in range(kt):
+                for j in range(group_n):
+                    nisa.nc_matmul(dst=accs[j], stationary=lt[:, k, :], moving=rts[j][:, k, :])
+            for j in range(group_n):
+                ot = nl.ndarray((P, TILE_N), dtype=lhsT.dtype, buffer=nl.sbuf)
+                nisa.activation(dst=ot, op=nl.copy, data=accs[j])
+                n0 = (nb * group_n + j) * TILE_N
+                nisa.dma_copy(dst=out[m * P:(m + 1) * P, n0:n0 + TILE_N], src=ot)
+    return out
