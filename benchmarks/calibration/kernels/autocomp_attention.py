@@ -50,14 +50,13 @@ FS = 128          # gemm_stationary_fmax
 
 
 def _copy(dst, src, engine, k=0):
-    """PSUM -> SBUF copy (with cast to dst's dtype) on the chosen engine."""
+    """PSUM -> SBUF copy (with cast to dst's dtype) on the chosen engine (checked on entry:
+    _check_shapes); "alt" takes ScalarE for even ``k``, VectorE for odd."""
     eng = engine if engine != "alt" else ("scalar" if k % 2 == 0 else "vector")
     if eng == "scalar":
         nisa.activation(dst=dst, op=nl.copy, data=src)
-    elif eng == "vector":
-        nisa.tensor_copy(dst=dst, src=src, engine=nisa.engine.vector)
     else:
-        raise ValueError(f"copy_engine={engine!r}; expected 'scalar', 'vector' or 'alt'")
+        nisa.tensor_copy(dst=dst, src=src, engine=nisa.engine.vector)
 
 
 def _check_shapes(kernel, q, k, v, copy_engine):

@@ -59,6 +59,17 @@ VARIANTS = {
 }
 
 
+def _store_tile(out, acc, row0, col0, copy_engine):
+    """The PSUM accumulator [128, 512] copied to SBUF in out's dtype (``copy_engine``
+    "scalar": activation(copy); "vector": tensor_copy) and stored at out[row0:, col0:]."""
+    ot = nl.ndarray((P, TILE_N), dtype=out.dtype, buffer=nl.sbuf)
+    if copy_engine == "vector":
+        nisa.tensor_copy(dst=ot, src=acc, engine=nisa.engine.vector)
+    else:
+        nisa.activation(dst=ot, op=nl.copy, data=acc)
+    nisa.dma_copy(dst=out[row0:row0 + P, col0:col0 + TILE_N], src=ot)
+
+
 @nki.jit
 def gemm(lhsT, rhs, variant):
     """lhsT [K, M] @ rhs [K, N] -> [M, N] in lhsT's dtype, as Autocomp's kernel ``variant``
@@ -116,13 +127,7 @@ def gemm(lhsT, rhs, variant):
                                            moving=rhs_k[:, j * TILE_N:(j + 1) * TILE_N])
             for i in range(gm):
                 for j in range(gn):
-                    ot = nl.ndarray((P, TILE_N), dtype=lhsT.dtype, buffer=nl.sbuf)
-                    if v["copy_engine"] == "vector":
-                        nisa.tensor_copy(dst=ot, src=accs[i][j], engine=nisa.engine.vector)
-                    else:
-                        nisa.activation(dst=ot, op=nl.copy, data=accs[i][j])
-                    rows = slice(m0 + i * P, m0 + (i + 1) * P)
-                    nisa.dma_copy(dst=out[rows, n0 + j * TILE_N:n0 + (j + 1) * TILE_N], src=ot)
+                    _store_tile(out, accs[i][j], m0 + i * P, n0 + j * TILE_N, v["copy_engine"])
     return out
 
 
@@ -168,8 +173,5 @@ def gemm_k_coalesced(lhsT, rhs, group_n):
                 for j in range(group_n):
                     nisa.nc_matmul(dst=accs[j], stationary=lt[:, k, :], moving=rts[j][:, k, :])
             for j in range(group_n):
-                ot = nl.ndarray((P, TILE_N), dtype=lhsT.dtype, buffer=nl.sbuf)
-                nisa.activation(dst=ot, op=nl.copy, data=accs[j])
-                n0 = (nb * group_n + j) * TILE_N
-                nisa.dma_copy(dst=out[m * P:(m + 1) * P, n0:n0 + TILE_N], src=ot)
+                _store_tile(out, accs[j], m * P, (nb * group_n + j) * TILE_N, "scalar")
     return out
