@@ -49,6 +49,7 @@ import dataclasses
 import importlib.util
 import math
 import re
+import statistics
 import sys
 import zlib
 from dataclasses import dataclass, field
@@ -406,6 +407,17 @@ def quantity(row: Row, est) -> float:
         big = max((i for i in trace if i.engine == "dma"), key=lambda i: est.schedule.costs[i.index].bytes)
         ends = [s.end - s.start for s in est.schedule.slots if s.index == big.index]
         return max(ends) * 1e6
+    if q == "dma_start_interval_us":
+        # neuron-profile's per-engine DMA rows: the interval from one transfer's start to the
+        # next on the same DMA engine, the median over every engine's consecutive pairs (a
+        # stream of transfers waiting in the queues: the engine's per-transfer cadence)
+        starts: dict[str, list[float]] = {}
+        for s in _slots(est, lambda s: s.engine == "dma"):
+            starts.setdefault(s.lane, []).append(s.start)
+        gaps = [b - a for lane in starts.values() for a, b in zip(sorted(lane), sorted(lane)[1:])]
+        if not gaps:
+            raise ValueError(f"{row.id}: no DMA engine started two transfers")
+        return statistics.median(gaps) * 1e6
     if q == "dma_stream_gbps":
         loads = {i.index for i in trace if i.engine == "dma" and any(o.buffer == "hbm" for o in i.reads)}
         sl = _slots(est, lambda s: s.index in loads)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import types
 import zlib
 from pathlib import Path
 
@@ -41,7 +42,7 @@ def test_every_row_has_a_source_a_kernel_and_a_known_quantity(calibrate):
         assert r.source and r.what and r.confidence in ("M", "M?", "P"), r.id
         assert r.quantity.partition(":")[0] in ("latency_us", "dma_slot_us", "dma_stream_gbps", "op_slot_us",
                                                 "chain_interval_us", "consumer_start_us", "busy_us",
-                                                "duration_sum_us"), r.id
+                                                "duration_sum_us", "dma_start_interval_us"), r.id
         assert (ROOT / "benchmarks" / "calibration" / "kernels" / f"{r.kernel.partition(':')[0]}.py").exists(), r.id
     assert any(r.rank_group for r in rows)
 
@@ -131,6 +132,9 @@ def test_known_misses_are_few_and_say_why(calibrate):
         # Autocomp's sixth Mamba kernel: the beta-1 sequential-loop rule holds its explicit
         # one-state-ahead prefetch back (docs/cost-model.md "Beta-1 sequential loops")
         "mamba.autocomp_v5.": 1,
+        # trn1's per-transfer DMA cadence read off AWS's fig29: the model's gap is trn2's, and
+        # a trn1 gap that long moves the trn1 kernels' rows away from their measurements
+        "dma.tiny_transfer_interval_trn1": 1,
     }
     for prefix, limit in causes.items():
         assert sum(r.id.startswith(prefix) for r in misses) <= limit, prefix
@@ -190,6 +194,20 @@ def test_scoped_parameters_change_only_their_target(calibrate):
     # a port of a beta-1 kernel gets the beta-1 compiler's sequential loops, nothing else does
     assert calibrate.target_with("trn1", {}, "beta1").beta1_sequential_loops
     assert not calibrate.target_with("trn1", {}).beta1_sequential_loops
+
+
+def test_the_dma_start_interval_is_an_engine_s_cadence_on_queued_transfers(calibrate):
+    rows = {r.id: r for r in calibrate.load_rows()}
+    row = rows["dma.tiny_transfer_interval_trn1"]
+    # 64 queued 4 B loads spread over the 16 engines: each engine starts them one gap apart
+    for gap in (0.6e-6, 1.2e-6):
+        got = calibrate.modeled([row], {"dma_transfer_gap_s": gap})[row.id]
+        assert got == pytest.approx(gap * 1e6, rel=1e-6)
+    # a schedule where no engine starts a second transfer has no interval to report
+    one = types.SimpleNamespace(trace=[], schedule=types.SimpleNamespace(slots=[
+        types.SimpleNamespace(engine="dma", lane=f"dma_q{k}", start=1e-6 * k) for k in range(16)]))
+    with pytest.raises(ValueError, match="dma.tiny_transfer_interval_trn1: no DMA engine started two"):
+        calibrate.quantity(row, one)
 
 
 def test_beta1_rows_are_the_ports_of_beta1_kernels(calibrate):
