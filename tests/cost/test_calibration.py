@@ -129,9 +129,6 @@ def test_known_misses_are_few_and_say_why(calibrate):
         # compiler-placed copies on either engine)
         "autocomp.attention.c10": 1,
         "autocomp.sd_attention.best": 1,
-        # Autocomp's sixth Mamba kernel: the beta-1 sequential-loop rule holds its explicit
-        # one-state-ahead prefetch back (docs/cost-model.md "Beta-1 sequential loops")
-        "mamba.autocomp_v5.": 1,
         # trn1's per-transfer DMA cadence read off AWS's fig29: the model's gap is trn2's, and
         # a trn1 gap that long moves the trn1 kernels' rows away from their measurements
         "dma.tiny_transfer_interval_trn1": 1,
@@ -560,16 +557,17 @@ def test_the_model_error_band_is_the_quantiles_of_the_train_rows_outside_their_b
 
 # The error bars' promise on the public held-out latency rows (none of them trains the band:
 # it is fitted on nki-library's trn2 QoR train rows, and these are trn1 kernels): at least
-# this many of the 26 that are not slow hold their measurement (20 do, 12 with the parameter
-# ranges alone; before Autocomp's attention and Mamba rows of 2026-12-03, 12 and 4 of 16).
-BAR_HELD_OUT_MIN = 20
+# this many of the 27 that are not slow hold their measurement (21 do, 13 with the parameter
+# ranges alone; 20 of 26 while Autocomp's sixth Mamba kernel was a known miss, until session
+# 41; before Autocomp's attention and Mamba rows of 2026-12-03, 12 and 4 of 16).
+BAR_HELD_OUT_MIN = 21
 
 
 def test_the_error_bars_hold_the_held_out_latency_measurements(calibrate, public_modeled):
     rows, values = public_modeled
     bars = calibrate.bar_ends(rows)
     held = [r for r in calibrate.gated(rows) if r.split == "test" and r.id in bars]
-    assert len(held) >= 26
+    assert len(held) >= 27
     for r in held:
         low, high = bars[r.id]
         assert low <= values[r.id] * 1.001 and values[r.id] <= high * 1.001, r.id

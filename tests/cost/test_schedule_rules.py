@@ -110,6 +110,58 @@ def test_beta1_sequential_loops_hold_each_iteration_s_loads_until_the_last_one_s
     assert not TRN2.beta1_sequential_loops and not TARGETS["trn1"].beta1_sequential_loops
 
 
+def _prefetching_kernel():
+    """nl.sequential_range(4) double-buffered by hand: x's rows for iteration i + 1 are DMAed
+    into the other buffer at iteration i (the first before the loop), y's rows are loaded in
+    the iteration that reads them; per iteration exp(x rows) + y rows, stored."""
+    with simulator.activated():
+        import nki
+        import nki.isa as nisa
+        import nki.language as nl
+
+        @nki.jit
+        def kernel(x, y):
+            out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+            bufs = [nl.ndarray((128, 512), dtype=x.dtype, buffer=nl.sbuf) for _ in range(2)]
+            nisa.dma_copy(dst=bufs[0], src=x[0:128, :])
+            for i in nl.sequential_range(4):
+                if i + 1 < 4:
+                    nisa.dma_copy(dst=bufs[(i + 1) % 2], src=x[(i + 1) * 128:(i + 2) * 128, :])
+                w = nl.ndarray((128, 512), dtype=x.dtype, buffer=nl.sbuf)
+                nisa.dma_copy(dst=w, src=y[i * 128:(i + 1) * 128, :])
+                e = nl.ndarray((128, 512), dtype=x.dtype, buffer=nl.sbuf)
+                nisa.activation(dst=e, op=nl.exp, data=bufs[i % 2])
+                r = nl.ndarray((128, 512), dtype=x.dtype, buffer=nl.sbuf)
+                nisa.tensor_tensor(dst=r, data1=e, data2=w, op=nl.add, engine=nisa.engine.vector)
+                nisa.dma_copy(dst=out[i * 128:(i + 1) * 128, :], src=r)
+            return out
+
+    return kernel, torch.randn(512, 512), torch.randn(512, 512)
+
+
+def test_beta1_sequential_loops_do_not_hold_the_kernel_s_own_prefetch():
+    kernel, x, y = _prefetching_kernel()
+    res = simulator.run(kernel, x, y)
+    torch.testing.assert_close(res.outputs, (torch.exp(x.double()) + y.double()).float(), rtol=1e-5, atol=1e-5)
+    trace = res.trace
+    beta1 = dataclasses.replace(TRN2, beta1_sequential_loops=True)
+    plain = dependencies(trace, TRN2, res.allocations)
+    held = dependencies(trace, beta1, res.allocations)
+    loads = [i for i in trace if i.op == "dma_copy" and i.reads[0].buffer == "hbm"]
+    x_id = loads[0].reads[0].alloc_id                  # the first load, before the loop, reads x
+    x_loads = [i.index for i in loads if i.reads[0].alloc_id == x_id]
+    y_loads = [i.index for i in loads if i.reads[0].alloc_id != x_id]
+    compute = [i.index for i in trace if i.engine != "dma"]
+    assert len(x_loads) == 4 and len(y_loads) == 4 and len(compute) == 8
+    # x's rows for iteration i + 1, loaded at iteration i: read in a later iteration, not held
+    for load in x_loads:
+        assert held[load] == plain[load]
+    # y's rows, read in their own iteration: held until the previous iteration's compute is done
+    for it, load in enumerate(y_loads):
+        before = set(compute[2 * (it - 1): 2 * it]) if it else set()
+        assert before <= set(held[load]) and not before & set(plain[load])
+
+
 # ----------------------------------------------------------------------------- buffers
 
 def test_tiles_of_one_site_rotate_through_depth_buffers():

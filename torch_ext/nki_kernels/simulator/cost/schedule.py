@@ -12,7 +12,8 @@
    Footprints are exact sets of element runs (regions.py).
    1b. Only for ports of beta-1 kernels (``Target.beta1_sequential_loops``): in a loop the
    beta-1 compiler kept sequential (``nl.sequential_range``), an iteration's loads from HBM
-   also wait for the previous iteration's compute instructions (``beta1_sequential_edges``).
+   also wait for the previous iteration's compute instructions, unless the kernel itself
+   loads them for a later iteration (``beta1_sequential_edges``).
 2. Buffers. Tiles allocated by the same line on the same call path (loop iterations) share
    ``buffer_rotation_depth`` physical buffers (more when the program keeps more of them
    alive at once), rotated in allocation order: the first writes of tile k wait for every
@@ -196,6 +197,7 @@ def dependencies(trace, target: Target, allocations=None) -> list[dict[int, floa
     phys: dict[int, _AllocState] = {}      # placed tile -> its accesses as physical bytes
     preds: list[dict[int, float]] = []
     engine_of: dict[int, str] = {}
+    first_reader: dict[int, int] = {}      # instruction -> the first one that reads its result
 
     def access(o):
         """(allocation, footprint, physical footprint if the tile shares bytes, else None)."""
@@ -221,6 +223,7 @@ def dependencies(trace, target: Target, allocations=None) -> list[dict[int, floa
         writes = [access(o) for o in ins.writes]
         for alloc, reg, preg in reads:
             for p in earlier(alloc, reg, preg, "writers_of"):
+                first_reader.setdefault(p, pos)
                 lat = dependency_latency_seconds(engine_of[p], target)
                 if mine.get(p, -1.0) < lat:
                     mine[p] = lat
@@ -245,12 +248,12 @@ def dependencies(trace, target: Target, allocations=None) -> list[dict[int, floa
         for p, s in rotation_edges(trace, allocations, int(target.buffer_rotation_depth), target):
             preds[s].setdefault(p, 0.0)
     if target.beta1_sequential_loops:
-        for p, s in beta1_sequential_edges(trace):
+        for p, s in beta1_sequential_edges(trace, first_reader):
             preds[s].setdefault(p, 0.0)
     return preds
 
 
-def beta1_sequential_edges(trace) -> list[tuple[int, int]]:
+def beta1_sequential_edges(trace, first_reader: dict[int, int] | None = None) -> list[tuple[int, int]]:
     """(earlier, later) pairs of the beta-1 compiler's ``sequential_range`` (rule 1b).
 
     Beta-1 NKI replaced "any use of Python range(...)" in a kernel with sequential_range,
@@ -260,9 +263,12 @@ def beta1_sequential_edges(trace) -> list[tuple[int, int]]:
     (nki.language.sequential_range, NKI beta-1 API). The model's reading: such a loop's
     iterations are not software-pipelined, so an iteration's loads from HBM are not issued
     before the previous iteration's compute instructions are done (its stores may still
-    run). The simulator marks the iterations of ``nl.sequential_range`` (in NKI 0.7 a plain
-    alias of range); only ports of beta-1 kernels ask for this (calibrate.py, docs/cost-model.md
-    "Beta-1 sequential loops")."""
+    run). Pipelining is what the compiler declines, so a load whose first reader
+    (``first_reader``, from the dependencies) is in a later iteration of the loop -- the
+    kernel's own prefetch, double buffering by hand -- is not held in that loop: the kernel
+    has already placed it an iteration ahead. The simulator marks the iterations of
+    ``nl.sequential_range`` (in NKI 0.7 a plain alias of range); only ports of beta-1 kernels
+    ask for this (calibrate.py, docs/cost-model.md "Beta-1 sequential loops")."""
     compute: dict[tuple[int, int, int], list[int]] = {}   # (core, loop, iteration) -> compute instructions
     loads: list[tuple[int, tuple]] = []
     for ins in trace:
@@ -277,7 +283,11 @@ def beta1_sequential_edges(trace) -> list[tuple[int, int]]:
             loads.append((ins.index, tuple((core, loop, k) for loop, k in marks)))
     edges = []
     for i, keys in loads:
+        reader = (first_reader or {}).get(i)
+        read_in = dict(trace[reader].attrs.get("sequential") or ()) if reader is not None else None
         for core, loop, k in keys:
+            if read_in is not None and read_in.get(loop) != k:
+                continue          # read in a later iteration of this loop: the kernel's own prefetch
             edges.extend((p, i) for p in compute.get((core, loop, k - 1), ()))
     return edges
 
