@@ -264,9 +264,9 @@ def beta1_sequential_edges(trace, first_reader: dict[int, int] | None = None) ->
     iterations are not software-pipelined, so an iteration's loads from HBM are not issued
     before the previous iteration's compute instructions are done (its stores may still
     run). Pipelining is what the compiler declines, so a load whose first reader
-    (``first_reader``, from the dependencies) is in a later iteration of the loop -- the
-    kernel's own prefetch, double buffering by hand -- is not held in that loop: the kernel
-    has already placed it an iteration ahead. The simulator marks the iterations of
+    (``first_reader``, from the dependencies) is not in the load's own iteration of the loop
+    (a later one, or after the loop) -- the kernel's own prefetch, double buffering by hand --
+    is not held in that loop: the kernel has already placed it ahead. The simulator marks the iterations of
     ``nl.sequential_range`` (in NKI 0.7 a plain alias of range); only ports of beta-1 kernels
     ask for this (calibrate.py, docs/cost-model.md "Beta-1 sequential loops")."""
     compute: dict[tuple[int, int, int], list[int]] = {}   # (core, loop, iteration) -> compute instructions
@@ -287,7 +287,7 @@ def beta1_sequential_edges(trace, first_reader: dict[int, int] | None = None) ->
         read_in = dict(trace[reader].attrs.get("sequential") or ()) if reader is not None else None
         for core, loop, k in keys:
             if read_in is not None and read_in.get(loop) != k:
-                continue          # read in a later iteration of this loop: the kernel's own prefetch
+                continue          # first read after this iteration (a later one, or after the loop): a prefetch
             edges.extend((p, i) for p in compute.get((core, loop, k - 1), ()))
     return edges
 
