@@ -414,7 +414,9 @@ def quantity(row: Row, est) -> float:
         starts: dict[str, list[float]] = {}
         for s in _slots(est, lambda s: s.engine == "dma"):
             starts.setdefault(s.lane, []).append(s.start)
-        gaps = [b - a for lane in starts.values() for a, b in zip(sorted(lane), sorted(lane)[1:])]
+        for lane in starts.values():
+            lane.sort()
+        gaps = [b - a for lane in starts.values() for a, b in zip(lane, lane[1:])]
         if not gaps:
             raise ValueError(f"{row.id}: no DMA engine started two transfers")
         return statistics.median(gaps) * 1e6

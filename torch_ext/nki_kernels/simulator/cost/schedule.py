@@ -198,6 +198,7 @@ def dependencies(trace, target: Target, allocations=None) -> list[dict[int, floa
     preds: list[dict[int, float]] = []
     engine_of: dict[int, str] = {}
     first_reader: dict[int, int] = {}      # instruction -> the first one that reads its result
+    track_readers = target.beta1_sequential_loops   # only rule 1b asks for first_reader
 
     def access(o):
         """(allocation, footprint, physical footprint if the tile shares bytes, else None)."""
@@ -223,7 +224,8 @@ def dependencies(trace, target: Target, allocations=None) -> list[dict[int, floa
         writes = [access(o) for o in ins.writes]
         for alloc, reg, preg in reads:
             for p in earlier(alloc, reg, preg, "writers_of"):
-                first_reader.setdefault(p, pos)
+                if track_readers:
+                    first_reader.setdefault(p, pos)
                 lat = dependency_latency_seconds(engine_of[p], target)
                 if mine.get(p, -1.0) < lat:
                     mine[p] = lat
