@@ -18,6 +18,9 @@ from nki_kernels.simulator.hardware import TARGETS
 from tests.cost._build import TraceBuilder, hbm, new_alloc, psum, sbuf
 
 TRN2 = TARGETS["trn2"]
+# TensorE at its steady rate: these tests pin the per-instruction rules; the throttle a
+# burst starts under is a schedule rule of its own (tests/cost/test_tensor_throttle.py)
+TRN2_STEADY = dataclasses.replace(TRN2, tensor_throttle_start_rate=None)
 US = 1e6
 
 
@@ -34,34 +37,34 @@ def _matmul_trace(n_moving: int, dtype: str = "bfloat16", count: int = 1, m: int
 
 @pytest.mark.parametrize("n", [64, 128, 300, 512])
 def test_matmul_time_is_moving_size_cycles(n):
-    est = estimate_trace(_matmul_trace(n))
+    est = estimate_trace(_matmul_trace(n), TRN2_STEADY)
     assert est.latency_us == pytest.approx(n / TRN2.tensor_hz * US)
     assert est.engine_busy_us["tensor"] == pytest.approx(est.latency_us)
     assert est.bottleneck == "tensor"
 
 
 def test_matmul_time_scales_with_moving_size():
-    t = {n: estimate_trace(_matmul_trace(n, count=8)).latency_us for n in (128, 256, 512)}
+    t = {n: estimate_trace(_matmul_trace(n, count=8), TRN2_STEADY).latency_us for n in (128, 256, 512)}
     assert t[256] == pytest.approx(2 * t[128])
     assert t[512] == pytest.approx(4 * t[128])
 
 
 def test_small_matmul_is_floored_by_min_of_64_and_stationary_size():
     # max(min(64, M), N): a 16-column moving tile still costs 64 cycles with M=128 ...
-    assert estimate_trace(_matmul_trace(16)).latency_us == pytest.approx(64 / TRN2.tensor_hz * US)
+    assert estimate_trace(_matmul_trace(16), TRN2_STEADY).latency_us == pytest.approx(64 / TRN2.tensor_hz * US)
     # ... but only M cycles when the stationary tile is narrower than 64.
-    assert estimate_trace(_matmul_trace(16, m=32)).latency_us == pytest.approx(32 / TRN2.tensor_hz * US)
+    assert estimate_trace(_matmul_trace(16, m=32), TRN2_STEADY).latency_us == pytest.approx(32 / TRN2.tensor_hz * US)
 
 
 def test_fp32_matmul_costs_four_times_bf16():
-    bf16 = estimate_trace(_matmul_trace(512, "bfloat16", count=4)).latency_us
-    fp32 = estimate_trace(_matmul_trace(512, "float32", count=4)).latency_us
+    bf16 = estimate_trace(_matmul_trace(512, "bfloat16", count=4), TRN2_STEADY).latency_us
+    fp32 = estimate_trace(_matmul_trace(512, "float32", count=4), TRN2_STEADY).latency_us
     assert fp32 == pytest.approx(4 * bf16)
 
 
 def test_matmul_peak_matches_the_documented_tflops():
     # 128x128x512 bf16 matmuls back to back run at 2*128*128*2.4 GHz = 78.6 TFLOPS (79 documented).
-    est = estimate_trace(_matmul_trace(512, count=16))
+    est = estimate_trace(_matmul_trace(512, count=16), TRN2_STEADY)
     tflops = est.matmul_flops / (est.latency_us / US) / 1e12
     assert tflops == pytest.approx(2 * 128 * 128 * TRN2.tensor_hz / 1e12)
     assert tflops == pytest.approx(TRN2.tensor_peak_bf16_flops / 1e12, rel=0.01)

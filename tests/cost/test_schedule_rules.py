@@ -20,6 +20,9 @@ from nki_kernels.simulator.trace import AllocationSite
 from tests.cost._build import TraceBuilder, hbm, new_alloc, psum, sbuf
 
 TRN2 = TARGETS["trn2"]
+# TensorE at its steady rate, for the tests of one TensorE rule at a time (the throttle a
+# burst starts under: tests/cost/test_tensor_throttle.py)
+TRN2_STEADY = dataclasses.replace(TRN2, tensor_throttle_start_rate=None)
 US = 1e6
 
 
@@ -442,7 +445,7 @@ def test_a_psum_reader_waits_for_the_matmul_pipeline():
     b.matmul(psum("dst", acc, (128, 128)), sbuf("stationary", new_alloc(), (128, 128)),
              sbuf("moving", new_alloc(), (128, 128)))
     b.tensor_copy(sbuf("dst", new_alloc(), (128, 128), "float32"), psum("src", acc, (128, 128)))
-    est = estimate_trace(b.trace)
+    est = estimate_trace(b.trace, TRN2_STEADY)
     interval = 128 / TRN2.tensor_hz
     assert est.schedule.start[1] == pytest.approx(interval + TRN2.matmul_latency_cycles / TRN2.tensor_hz)
 
@@ -453,10 +456,10 @@ def test_back_to_back_matmuls_do_not_wait_for_the_pipeline():
     st = sbuf("stationary", new_alloc(), (128, 128))
     for _ in range(4):   # accumulating into one PSUM tile
         b.matmul(psum("dst", acc, (128, 512)), st, sbuf("moving", new_alloc(), (128, 512)))
-    assert estimate_trace(b.trace).latency_us == pytest.approx(4 * 512 / TRN2.tensor_hz * US)
+    assert estimate_trace(b.trace, TRN2_STEADY).latency_us == pytest.approx(4 * 512 / TRN2.tensor_hz * US)
 
 
-def _tiled_matmuls(tiles, target=TRN2, n=512):
+def _tiled_matmuls(tiles, target=TRN2_STEADY, n=512):
     """One bf16 matmul per PE tile (start row, start column, rows, columns; None = the whole
     array), each into its own PSUM tile; returns the Estimate."""
     b = TraceBuilder()
@@ -494,7 +497,7 @@ def test_tiling_follows_the_generation_and_can_be_switched_off():
     trn1 = TARGETS["trn1"]   # v2: 2 x 64 tiles only
     one = 512 / trn1.tensor_hz * US
     assert _tiled_matmuls([(0, 0, 128, 64), (0, 64, 128, 64)], trn1).latency_us == pytest.approx(one)
-    off = dataclasses.replace(TRN2, matmul_tiles_parallel=False)
+    off = dataclasses.replace(TRN2_STEADY, matmul_tiles_parallel=False)
     columns = [(0, 32 * j, 128, 32) for j in range(4)]
     assert _tiled_matmuls(columns, off).latency_us == pytest.approx(4 * 512 / TRN2.tensor_hz * US)
 

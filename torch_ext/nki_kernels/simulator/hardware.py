@@ -84,7 +84,8 @@ class Target:
     # overhead ~100 cycles; dependent 1-element instructions ~266 ScalarE cycles apart);
     # [A1]/[A2]/[A3] the Trainium/Inferentia2, Trainium2, Trainium3 architecture guides;
     # [D] the DMA overview (16 DMA engines, 8 partitions each); [H] AWS's
-    # neuron-agentic-development profiling rule rsqrt-engine-tradeoff-and-psum;
+    # neuron-agentic-development profiling rule rsqrt-engine-tradeoff-and-psum; [X] Neuron
+    # Explorer's "Understanding throttling" (tools/neuron-explorer/overview-summary-page.rst);
     # [M] a public hardware measurement (benchmarks/calibration/measurements.toml, row id
     # named); [F] FITTED by benchmarks/calibrate.py on the training rows of that file
     # (docs/cost-model.md "Calibration").
@@ -197,6 +198,20 @@ class Target:
     # per-stack bandwidth = chip HBM bandwidth / stacks [C] (trn2: 2.9 TB/s / 4 stacks).
     # Both cores streaming get min(1, stack / (2 x dma_bytes_per_s)) of their DMA bandwidth.
     hbm_stack_bytes_per_s: float = 725e9
+    # ---- TensorE's current (dI/dt) throttle (cost/schedule.py; docs/cost-model.md) ------
+    # [X] "On Trn2 and Trn3 the Tensor Engine starts at roughly 50% utilization of maximum
+    # utilization and ramps to full over about the first ~3 microseconds after work begins.
+    # If utilization drops below 50% over any ~3 microsecond window -- for example during an
+    # idle gap -- the limit re-engages, so the next burst again runs at roughly 50% of maximum
+    # Tensor Engine utilization until it ramps back up." The schedule runs a TensorE
+    # instruction at this fraction of its rate when a burst begins, rising linearly to the
+    # full rate over the burst's first tensor_throttle_ramp_s of TensorE busy time; a burst ends
+    # when TensorE was busy less than tensor_throttle_release_utilization of the last
+    # tensor_throttle_window_s. None: no throttle (trn1: the page gives no trn1 figure).
+    tensor_throttle_start_rate: float | None = 0.5
+    tensor_throttle_ramp_s: float = 3e-6
+    tensor_throttle_window_s: float = 3e-6
+    tensor_throttle_release_utilization: float = 0.5
     # ---- fixed cost of one launch (docs/cost-model.md "Launch cost") --------------------
     # Whole-kernel measurements include time no instruction of the kernel accounts for:
     # nki-library's QoR CycleCount (per physical core, max over cores) of its smallest
@@ -330,6 +345,8 @@ TARGETS: dict[str, Target] = {
         hbm_stack_bytes_per_s=820e9,
         # [A2] transpose mode and VectorE performance mode are new in NeuronCore-v3.
         transpose_fp32_factor=4, vector_perf_mode_full=1, vector_perf_mode_half=1,
+        # [X] gives the TensorE current throttle for Trn2 and Trn3 only
+        tensor_throttle_start_rate=None,
         vector_static_cycles=360.0, scalar_static_cycles=100.0, gpsimd_static_cycles=360.0,
         vector_overlap_cycles=320.0, vector_overlap_measured=True,
         cost_ranges=TRN1_STATIC_RANGES + SHARED_COST_RANGES,

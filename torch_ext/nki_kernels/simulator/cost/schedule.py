@@ -32,6 +32,10 @@
    on the current one can be ready then, so a dependent one still waits for the end. An
    engine's busy time is the union of its instructions' intervals (the profiler's "Event
    Duration Active"); each slot keeps the instruction's whole duration.
+   TensorE on trn2/trn3 is throttled (hardware.py ``tensor_throttle_*``, AWS's Neuron
+   Explorer docs): a burst of TensorE work starts at half rate and reaches the full rate
+   after ~3 us of busy time; after a window in which TensorE was busy less than half the time
+   (an idle gap) the next instruction starts a new burst (``throttled_seconds``).
    A DMA transfer, ``dma_latency_s`` after its dependencies are done, is split over
    ``queues`` of its core's 16 DMA engines (lanes "dma_q<k>", the ones with the least
    pending work); an engine moves one share's data at a time, and each of its queues
@@ -508,6 +512,9 @@ class Schedule:
     # completion of its last instruction
     core_busy: dict[int, dict[str, float]] = field(default_factory=dict)
     core_finish: dict[int, float] = field(default_factory=dict)
+    # per physical core: seconds TensorE's current throttle added to its instructions
+    # (hardware.py tensor_throttle_*; 0 where the target has none)
+    tensor_throttle: dict[int, float] = field(default_factory=dict)
 
     def detail(self, index: int) -> dict:
         """What the model charged instruction ``index`` (for traces and debugging)."""
@@ -522,7 +529,8 @@ class Schedule:
 
 
 class _Lane:
-    __slots__ = ("name", "free_at", "waiting", "backlog", "busy", "running", "last_end")
+    __slots__ = ("name", "free_at", "waiting", "backlog", "busy", "running", "last_end", "recent",
+                 "burst_start", "burst_busy")
 
     def __init__(self, name: str):
         self.name = name
@@ -532,6 +540,50 @@ class _Lane:
         self.busy = 0.0              # seconds the lane had work (union of its intervals)
         self.running = False
         self.last_end = 0.0          # end of the latest interval counted in busy
+        # TensorE's throttle (hardware.py tensor_throttle_*): its intervals of the last
+        # window, in start order; when the current burst began; busy seconds before it
+        self.recent: list = []
+        self.burst_start = None
+        self.burst_busy = 0.0
+
+
+def throttled_seconds(work: float, progress: float, target: Target) -> float:
+    """Seconds TensorE takes for ``work`` seconds of full-rate work when it has been busy
+    ``progress`` seconds in the current burst: the rate starts at target.tensor_throttle_start_rate
+    and rises linearly to 1 over the burst's first target.tensor_throttle_ramp_s of busy time
+    (hardware.py [X]); past the ramp the work takes its own time."""
+    f0, ramp = target.tensor_throttle_start_rate, target.tensor_throttle_ramp_s
+    if f0 is None or progress >= ramp or work <= 0.0:
+        return work
+    rate0 = f0 + (1.0 - f0) * progress / ramp          # the rate now
+    left = ramp - progress                             # seconds until the rate is 1
+    in_ramp = left * (rate0 + 1.0) / 2.0               # work done by then
+    if work >= in_ramp:
+        return left + (work - in_ramp)
+    a = (1.0 - f0) / (2.0 * ramp)                      # work(t) = rate0 t + a t^2
+    return (-rate0 + math.sqrt(rate0 * rate0 + 4.0 * a * work)) / (2.0 * a)
+
+
+def _tensor_burst(lane: _Lane, now: float, target: Target) -> float:
+    """TensorE work done in the current burst before ``now`` (seconds), starting a new burst
+    at ``now`` when the engine was busy less than the release utilization over the last
+    window (counted from the burst's start while the burst is younger than a window)."""
+    window = target.tensor_throttle_window_s
+    lane.recent = [iv for iv in lane.recent if iv[1] > now - window]
+    if lane.burst_start is not None:
+        w0 = max(now - window, lane.burst_start)
+        if now > w0:
+            busy, edge = 0.0, w0
+            for a, b in lane.recent:          # union of the intervals inside [w0, now]
+                a, b = max(a, edge), min(b, now)
+                if b > a:
+                    busy += b - a
+                    edge = b
+            if busy / (now - w0) < target.tensor_throttle_release_utilization:
+                lane.burst_start = None
+    if lane.burst_start is None:
+        lane.burst_start, lane.burst_busy = now, lane.busy
+    return lane.busy - lane.burst_busy
 
 
 def _core(ins) -> int:
@@ -654,6 +706,7 @@ def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
     # VectorE's pipeline overlap (hardware.py: vector_overlap_cycles, capped at the fixed cost)
     overlap_s = {"vector": min(target.vector_overlap_cycles, target.vector_static_cycles)
                  / engine_hz(target, "vector")}
+    throttle_s: dict[int, float] = {}   # per core: seconds TensorE's throttle added
 
     def release(i: int, now: float) -> None:
         ins = trace[i]
@@ -746,6 +799,11 @@ def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
                 push(tiles_free, 0, lane)
                 return
         heapq.heappop(lane.waiting)
+        if ins.engine == "tensor" and target.tensor_throttle_start_rate is not None:
+            full = occ
+            occ = throttled_seconds(full, _tensor_burst(lane, now, target), target)
+            throttle_s[_core(ins)] = throttle_s.get(_core(ins), 0.0) + occ - full
+            lane.recent.append((now, now + occ))
         lane.running = True
         lane.busy += max(0.0, now + occ - max(now, lane.last_end))
         lane.last_end = max(lane.last_end, now + occ)
@@ -800,4 +858,5 @@ def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
     queue_busy = [q.busy for c in cores.values() for q in c[1]]
     names = [lane.name for c in cores.values() for lane in list(c[0].values()) + c[1]]
     return Schedule(slots, start, finish, latency, busy, queue_busy, hbm_bytes, dma_bytes, names,
-                    costs, ready_at, core_busy, dict(sorted(core_finish.items())))
+                    costs, ready_at, core_busy, dict(sorted(core_finish.items())),
+                    {k: throttle_s.get(k, 0.0) for k in sorted(cores)})
