@@ -36,7 +36,8 @@ choice made by a program's share and keep the per-element arithmetic (below):
         scalar_tensor_tensor.
     more rows (RMSNorm), every row count (LayerNorm): one instruction per step over all
         rows, the per-row statistics broadcast along H1 (stride 0) as tensor_tensor
-        operands; c**2 on ScalarE, m2**2 on ScalarE while VectorE still sums the squares;
+        operands; c**2 on ScalarE, m2**2 on ScalarE (one row: on VectorE, sooner) while
+        VectorE still sums the squares;
         (c - m2) * weight before rsqrt is known, so after rsqrt only * rstd (+ bias)
         remain. LayerNorm with at most PER_ROW_MAX_ROWS rows in a program (1 to 5 tokens
         at LNC=2) centres each row with its sum in one VectorE instruction (or all rows in
@@ -241,7 +242,7 @@ def _centre_rows(x_tile, centred, mean, sum_c, sum_sq):
 def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
     """Every row count: sum(x) on VectorE; c = x - m (m read from PSUM); c**2 on ScalarE while
     VectorE sums c (a program of at most PER_ROW_MAX_ROWS rows: per row, _centre_rows);
-    m2 = mean(c) and m2**2 (ScalarE) while VectorE sums the squares; TensorE
+    m2 = mean(c) and m2**2 (ScalarE; VectorE for one row) while VectorE sums the squares; TensorE
     accumulates var + eps = eps + mean(c**2) - m2**2 in one PSUM tile; y = (c - m2)
     (* weight on GpSimd) meanwhile; rstd = max(var + eps, eps) ** -0.5; out = y * rstd
     (+ bias on GpSimd)."""
@@ -272,7 +273,14 @@ def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
         nisa.tensor_reduce(dst=sum_sq, op=nl.add, data=squares, axis=2)
     m2 = _row_means(inv, sum_c)                                        # PSUM [128, N]: m2
     m2_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=m2_sq, op=nl.square, data=m2)
+    if n_rows == 1:
+        # one row: m2 * m2 on VectorE ((P, 1) operands, read from PSUM), sooner than ScalarE's
+        # square (its fixed cost) at every end of the cost model's ranges; at two rows two such
+        # instructions are later at the pessimistic end than one square (modeled trn2, LNC=2,
+        # fp16 [4, 4096]: 5.8 (3.6-8.9) -> 5.7 (3.5-9.3) us)
+        nisa.tensor_scalar(dst=m2_sq, data=m2, op0=nl.multiply, operand0=m2)
+    else:
+        nisa.activation(dst=m2_sq, op=nl.square, data=m2)
     nisa.tensor_tensor(dst=centred, data1=centred, data2=_along_h1(m2, h1), op=nl.subtract)
     nisa.nc_matmul(dst=var_eps, stationary=inv, moving=sum_sq, accumulate=True)       # + mean(c**2)
     nisa.nc_matmul(dst=var_eps, stationary=neg_first, moving=m2_sq, accumulate=True)  # - m2**2
