@@ -11,6 +11,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def load_script(path: str):
+    """A script of the repository (``path`` from its root; not part of the package) as a
+    module."""
+    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 @pytest.fixture(scope="module")
 def calibrate():
     """benchmarks/calibrate.py as a module (it is a script, not part of the package)."""

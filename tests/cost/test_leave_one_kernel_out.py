@@ -4,22 +4,16 @@ the refit sees. The refits themselves take ~4 min each (run the script; docs/cos
 
 from __future__ import annotations
 
-import importlib.util
 import types
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.cost.conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def loko():
-    spec = importlib.util.spec_from_file_location(
-        "leave_one_kernel_out", ROOT / "benchmarks" / "calibration" / "leave_one_kernel_out.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/calibration/leave_one_kernel_out.py")
 
 
 def _row(calibrate, id, kernel, split, x=1, known_miss="", measured=100.0):

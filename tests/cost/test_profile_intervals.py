@@ -4,22 +4,15 @@ fig29's geometry, where the transfers' starts are known."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.cost.conftest import load_script
 
 
 @pytest.fixture(scope="module")
 def pi():
-    spec = importlib.util.spec_from_file_location(
-        "profile_intervals", ROOT / "benchmarks" / "calibration" / "profile_intervals.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/calibration/profile_intervals.py")
 
 
 def _draw(pi, starts_per_row, wide=()):
