@@ -36,8 +36,8 @@ choice made by a program's share and keep the per-element arithmetic (below):
         scalar_tensor_tensor.
     more rows (RMSNorm), every row count (LayerNorm): one instruction per step over all
         rows, the per-row statistics broadcast along H1 (stride 0) as tensor_tensor
-        operands; c**2 on ScalarE, m2**2 on ScalarE (one row: on VectorE, sooner) while
-        VectorE still sums the squares;
+        operands; c**2 on ScalarE, m2**2 on ScalarE while VectorE still sums the squares
+        (one row: m2**2 on VectorE, sooner than ScalarE's fixed cost);
         (c - m2) * weight before rsqrt is known, so after rsqrt only * rstd (+ bias)
         remain. LayerNorm with at most PER_ROW_MAX_ROWS rows in a program (1 to 5 tokens
         at LNC=2) centres each row with its sum in one VectorE instruction (or all rows in
