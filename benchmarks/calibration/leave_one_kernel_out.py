@@ -54,10 +54,9 @@ def without_run(rows, key) -> list:
     return [r for r in rows if not (r.split == "train" and run_key(r) == key)]
 
 
-def leave_one_out(cal, rows, key, shipped: dict[str, float]) -> list[dict]:
-    """Refit without run ``key``'s train rows; one record per row of that run."""
+def leave_one_out(cal, rows, key, own, shipped: dict[str, float]) -> list[dict]:
+    """Refit without run ``key``'s train rows; one record per row of that run (``own``)."""
     params = cal.fit(without_run(rows, key))
-    own = kernels_in_both_splits(rows)[key]
     left_out = cal.modeled(own, params)
     fitted = {name: getattr(cal.target_with(cal.scoped(name)[0] or "trn2", None), cal.scoped(name)[1])
               for name in cal.FREE_PARAMETERS}
@@ -86,7 +85,7 @@ def main(argv=None) -> int:
     print(f"{'row':44} {'split':5} {'measured':>11} {'all rows':>9} {'left out':>9}  parameters that moved")
     records = []
     for key, own in runs.items():
-        for rec in leave_one_out(cal, rows, key, shipped):
+        for rec in leave_one_out(cal, rows, key, own, shipped):
             records.append(rec)
             print(f"{rec['id']:44} {rec['split']:5} {cal._fmt(rec['measured'], rec['unit']):>11} "
                   f"{rec['error_all_rows']:>+9.0%} {rec['error_left_out']:>+9.0%}  {rec['moved']}", flush=True)

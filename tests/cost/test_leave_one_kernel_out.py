@@ -58,9 +58,9 @@ def test_the_left_out_column_is_the_model_at_the_other_rows_fit(loko, rows, cali
 
     cal = types.SimpleNamespace(**{k: getattr(calibrate, k) for k in ("FREE_PARAMETERS", "scoped", "target_with")},
                                 fit=fit, modeled=modeled)
-    (key,) = loko.kernels_in_both_splits(rows)
+    ((key, own),) = loko.kernels_in_both_splits(rows).items()
     shipped = modeled(rows)
-    recs = {r["id"]: r for r in loko.leave_one_out(cal, rows, key, shipped)}
+    recs = {r["id"]: r for r in loko.leave_one_out(cal, rows, key, own, shipped)}
     assert "a.busy" not in seen["fit"] and "b.busy" in seen["fit"]
     assert set(recs) == {"a.lat", "a.busy"}
     assert recs["a.lat"]["error_all_rows"] == pytest.approx(0.1)
