@@ -440,7 +440,7 @@ def family_depths(families, access, allocations, depth: int, target: Target) -> 
         if pool[1] == "psum":
             cap[pool] = target.psum_banks - len(reserved.get(pool, ()))
         else:
-            cap[pool] = target.sbuf_bytes_per_partition - _union_bytes(reserved_bytes.get(pool, []))
+            cap[pool] = target.sbuf_bytes_per_partition - _covered(reserved_bytes.get(pool, []))
     # rotation depth per family; the space it needs is that many buffers, or as many tiles
     # as the program keeps alive at once if more (rotation_edges gives those their own)
     depths = {key: depth if len(fams[key]) > 1 else 1 for key in info}
@@ -473,9 +473,10 @@ def family_depths(families, access, allocations, depth: int, target: Target) -> 
     return depths
 
 
-def _union_bytes(ranges) -> int:
-    """Bytes covered by byte ranges [(b0, b1), ...] (placed SBUF tiles, any partitions)."""
-    covered, end = 0, -1
+def _covered(ranges):
+    """Length covered by half-open ranges [(a, b), ...] in any order: the bytes of placed SBUF
+    tiles (any partitions), the seconds TensorE was busy in a window."""
+    covered, end = 0, float("-inf")
     for b0, b1 in sorted(ranges):
         if b1 > end:
             covered += b1 - max(b0, end)
@@ -573,12 +574,7 @@ def _tensor_burst(lane: _Lane, now: float, target: Target) -> float:
     if lane.burst_start is not None:
         w0 = max(now - window, lane.burst_start)
         if now > w0:
-            busy, edge = 0.0, w0
-            for a, b in lane.recent:          # union of the intervals inside [w0, now]
-                a, b = max(a, edge), min(b, now)
-                if b > a:
-                    busy += b - a
-                    edge = b
+            busy = _covered((max(a, w0), min(b, now)) for a, b in lane.recent if min(b, now) > max(a, w0))
             if busy / (now - w0) < target.tensor_throttle_release_utilization:
                 lane.burst_start = None
     if lane.burst_start is None:
