@@ -25,27 +25,31 @@ Statistics:
     y = c - m2), so rows with a large mean keep an exact variance (like the row kernel's
     ScalarE path). TensorE also adds eps and -m2**2 into the PSUM tile the rstd step
     reads (one VectorE max(., eps) ** -0.5: the clamp keeps a variance that rounds below
-    0 from giving NaN).
+    0 from giving NaN); for a program of one row, TensorE adds eps, and VectorE subtracts
+    m2**2 (below).
 RMSNorm has two paths, chosen by the total row count (not by a program's share, so LNC=1
-and LNC=2 give the same bits); LayerNorm has one, whose per-row statistics are the one
-choice made by a program's share and keep the per-element arithmetic (below):
+and LNC=2 give the same bits); LayerNorm's forms are chosen by a program's share and keep
+the per-element arithmetic (below, and limits.py):
     few rows (RMSNorm, N <= ROW_LOOP_MAX_ROWS): a decode step is a chain of small dependent
         instructions, each costing mostly its fixed overhead, so per row the kernel issues
         instructions that take the row's statistics as (P, 1) operands, fusing steps:
         sum(x**2) in ScalarE's accumulator, rsqrt, (x * rstd) * weight in one
         scalar_tensor_tensor.
-    more rows (RMSNorm), every row count (LayerNorm): one instruction per step over all
-        rows, the per-row statistics broadcast along H1 (stride 0) as tensor_tensor
-        operands; c**2 on ScalarE, m2**2 on ScalarE while VectorE still sums the squares
-        (one row: m2**2 on VectorE, sooner than ScalarE's fixed cost);
+    more rows (RMSNorm), two rows or more in a program (LayerNorm): one instruction per step
+        over all rows, the per-row statistics broadcast along H1 (stride 0) as tensor_tensor
+        operands; c**2 on ScalarE, m2**2 on ScalarE while VectorE still sums the squares;
         (c - m2) * weight before rsqrt is known, so after rsqrt only * rstd (+ bias)
-        remain. LayerNorm with at most PER_ROW_MAX_ROWS rows in a program (1 to 5 tokens
+        remain. LayerNorm with at most PER_ROW_MAX_ROWS rows in a program (up to 4 tokens
         at LNC=2) centres each row with its sum in one VectorE instruction (or all rows in
         one pass and one reduce, when the model's figures say that is sooner:
         _row_sums_per_row) and sums each row's squares on ScalarE, and ends with one
         y * rstd + bias per row (limits.py says why that keeps the bits). A per-row
         LayerNorm chain like RMSNorm's was 0.15 us slower at 1-2 rows at the central cost
         (limits.py).
+    one row in a program (LayerNorm: 1 token, 2 at LNC=2): the per-row statistics above, but
+        one matmul gives m2 and mean(c**2) + eps together and one VectorE instruction makes
+        var + eps from them, so no matmul waits on m2**2; ScalarE makes -y meanwhile
+        (_layer_one_row).
 LNC:
     each program takes a contiguous half of the rows (``program_share``); rows are
     independent, so both degrees give the same output.
@@ -239,20 +243,28 @@ def _centre_rows(x_tile, centred, mean, sum_c, sum_sq):
                         reduce_op=nl.add, reduce_res=_col(sum_sq, r), reduce_cmd=nisa.reduce_cmd.reset_reduce)
 
 
-def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
-    """Every row count: sum(x) on VectorE; c = x - m (m read from PSUM); c**2 on ScalarE while
-    VectorE sums c (a program of at most PER_ROW_MAX_ROWS rows: per row, _centre_rows);
-    m2 = mean(c) and m2**2 (ScalarE; VectorE for one row) while VectorE sums the squares; TensorE
-    accumulates var + eps = eps + mean(c**2) - m2**2 in one PSUM tile; y = (c - m2)
-    (* weight on GpSimd) meanwhile; rstd = max(var + eps, eps) ** -0.5; out = y * rstd
-    (+ bias on GpSimd)."""
-    n_rows, h1 = x_tile.shape[1], x_tile.shape[2]
-    inv = _mean_matrix(cols)
-    # stationary [128, 128]: -1 on partition 0, 0 elsewhere: adds minus row 0 of the moving
-    # tile (exactly) to every partition's accumulator
+def _neg_first():
+    """[128, 128] fp32 stationary: -1 on partition 0, 0 elsewhere (GpSimd memsets): adds minus
+    row 0 of the moving tile (exactly) to every partition's accumulator."""
     neg_first = nl.ndarray((PARTITIONS, PARTITIONS), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=neg_first, value=0.0, engine=nisa.engine.gpsimd)
     nisa.memset(dst=neg_first[0:1, :], value=-1.0, engine=nisa.engine.gpsimd)
+    return neg_first
+
+
+def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
+    """Two rows or more in the program (one: _layer_one_row): sum(x) on VectorE; c = x - m
+    (m read from PSUM); c**2 on ScalarE while VectorE sums c (a program of at most
+    PER_ROW_MAX_ROWS rows: per row, _centre_rows); m2 = mean(c) and m2**2 (ScalarE) while
+    VectorE sums the squares; TensorE accumulates var + eps = eps + mean(c**2) - m2**2 in one
+    PSUM tile; y = (c - m2) (* weight on GpSimd) meanwhile; rstd = max(var + eps, eps) ** -0.5;
+    out = y * rstd (+ bias: per row in one scalar_tensor_tensor up to PER_ROW_MAX_ROWS rows,
+    else on GpSimd)."""
+    n_rows, h1 = x_tile.shape[1], x_tile.shape[2]
+    if n_rows == 1:
+        _layer_one_row(x_tile, out_tile, weight_tile, bias_tile, cols, eps)
+        return
+    inv, neg_first = _mean_matrix(cols), _neg_first()
     neg_eps = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=neg_eps, value=-eps, engine=nisa.engine.gpsimd)
     var_eps = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.psum)
@@ -273,14 +285,7 @@ def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
         nisa.tensor_reduce(dst=sum_sq, op=nl.add, data=squares, axis=2)
     m2 = _row_means(inv, sum_c)                                        # PSUM [128, N]: m2
     m2_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
-    if n_rows == 1:
-        # one row: m2 * m2 on VectorE ((P, 1) operands, read from PSUM), sooner than ScalarE's
-        # square (its fixed cost) at every end of the cost model's ranges; at two rows two such
-        # instructions are later at the pessimistic end than one square (modeled trn2, LNC=2,
-        # fp16 [4, 4096]: 5.8 (3.6-8.9) -> 5.7 (3.5-9.3) us)
-        nisa.tensor_scalar(dst=m2_sq, data=m2, op0=nl.multiply, operand0=m2)
-    else:
-        nisa.activation(dst=m2_sq, op=nl.square, data=m2)
+    nisa.activation(dst=m2_sq, op=nl.square, data=m2)
     nisa.tensor_tensor(dst=centred, data1=centred, data2=_along_h1(m2, h1), op=nl.subtract)
     nisa.nc_matmul(dst=var_eps, stationary=inv, moving=sum_sq, accumulate=True)       # + mean(c**2)
     nisa.nc_matmul(dst=var_eps, stationary=neg_first, moving=m2_sq, accumulate=True)  # - m2**2
@@ -303,6 +308,54 @@ def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
     nisa.tensor_tensor(dst=centred, data1=centred, data2=_along_h1(rstd, h1), op=nl.multiply)
     nisa.tensor_tensor(dst=out_tile, data1=centred, data2=_along_rows(bias_tile, n_rows), op=nl.add,
                        engine=nisa.engine.gpsimd)
+
+
+def _layer_one_row(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
+    """One row in the program (a decode step of 1 token; 2 at LNC=2): a chain of small
+    dependent instructions, each mostly fixed cost. The steps of _centre_rows; then ONE
+    matmul gives m2 = mean(c) and mean(c**2) + eps side by side in PSUM (eps put there before
+    x arrives), and one VectorE tensor_scalar makes var + eps = (mean(c**2) + eps) - m2 * m2
+    from them: no matmul waits on m2**2 (the all-rows form has two dependent matmuls after m2,
+    each a TensorE pass, its PSUM latency and, on trn2/trn3, a burst at half rate:
+    docs/cost-model.md). Meanwhile ScalarE makes m2 - c = -y (scale -1, bias m2) and GpSimd
+    multiplies it by weight; the last step is bias - (-y * weight) * rstd. Every sign flip
+    is exact, so each element takes the same fp32 roundings as in the all-rows form
+    (tests/kernels/test_lnc.py compares the bits of 2 rows at LNC=1 and LNC=2).
+    A second row would add a VectorE instruction per row to the chain after m2, which is
+    later than the all-rows form's ScalarE square and matmul (modeled trn2, LNC=2, fp16
+    [4, 4096]: 5.76 (3.59-8.93) -> 6.08 (3.95-8.94) us)."""
+    h1 = x_tile.shape[2]
+    inv, neg_first = _mean_matrix(cols), _neg_first()
+    # moving row 0 [0, -eps] (the only row neg_first reads) -> PSUM stats [0, eps]
+    neg_eps = nl.ndarray((PARTITIONS, 2), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=neg_eps, value=-eps, engine=nisa.engine.gpsimd)
+    nisa.memset(dst=neg_eps[:, 0:1], value=0.0, engine=nisa.engine.gpsimd)
+    stats = nl.ndarray((PARTITIONS, 2), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=stats, stationary=neg_first, moving=neg_eps, accumulate=False)
+    sums = nl.ndarray((PARTITIONS, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=sums, op=nl.add, data=x_tile, axis=2)
+    mean = _row_means(inv, sums)                                       # PSUM [128, 1]: m
+    centred = nl.ndarray((PARTITIONS, 1, h1), dtype=nl.float32, buffer=nl.sbuf)
+    partials = nl.ndarray((PARTITIONS, 2), dtype=nl.float32, buffer=nl.sbuf)  # [sum c, sum c**2]
+    _centre_rows(x_tile, centred, mean, partials[:, 0:1], partials[:, 1:2])
+    nisa.nc_matmul(dst=stats, stationary=inv, moving=partials, accumulate=True)  # [m2, mean(c**2) + eps]
+    m2, mean_sq_eps = _col(stats, 0), _col(stats, 1)
+    var_eps = nl.ndarray((PARTITIONS, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=var_eps, data=m2, op0=nl.multiply, operand0=m2,
+                       op1=nl.subtract, operand1=mean_sq_eps, reverse1=True)
+    # the max: var + eps can round below eps (constant rows of large values), below 0 at eps=0
+    rstd = nl.ndarray((PARTITIONS, 1), dtype=nl.float32, buffer=nl.psum)
+    nisa.tensor_scalar(dst=rstd, data=var_eps, op0=nl.maximum, operand0=float(eps), op1=nl.power, operand1=-0.5)
+    neg_y = nl.ndarray((PARTITIONS, h1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=neg_y, op=nl.copy, data=centred[:, 0, :], scale=-1.0, bias=m2)
+    if weight_tile is not None:
+        nisa.tensor_tensor(dst=neg_y, data1=neg_y, data2=weight_tile, op=nl.multiply, engine=nisa.engine.gpsimd)
+    if bias_tile is None:
+        nisa.tensor_scalar(dst=out_tile[:, 0, :], data=neg_y, op0=nl.multiply, operand0=rstd,
+                           op1=nl.multiply, operand1=-1.0)
+    else:
+        nisa.scalar_tensor_tensor(dst=out_tile[:, 0, :], data=neg_y, op0=nl.multiply, operand0=rstd,
+                                  op1=nl.subtract, operand1=bias_tile, reverse1=True)
 
 
 @nki.jit
