@@ -315,15 +315,18 @@ def _layer_one_row(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
     dependent instructions, each mostly fixed cost. The steps of _centre_rows; then ONE
     matmul gives m2 = mean(c) and mean(c**2) + eps side by side in PSUM (eps put there before
     x arrives), and one VectorE tensor_scalar makes var + eps = (mean(c**2) + eps) - m2 * m2
-    from them: no matmul waits on m2**2 (the all-rows form has two dependent matmuls after m2,
-    each a TensorE pass, its PSUM latency and, on trn2/trn3, a burst at half rate:
-    docs/cost-model.md). Meanwhile ScalarE makes m2 - c = -y (scale -1, bias m2) and GpSimd
+    from them: no matmul waits on m2**2 (the all-rows form has a second dependent matmul
+    after m2, a TensorE pass and its PSUM latency, 200-600 cycles across the cost model's
+    range: modeled trn2, LNC=2, fp16 [1, 4096], 4.90 (2.96-7.01) us against 4.92 (2.93-7.41)
+    for the all-rows form; [1, 8192] 5.07 (3.10-7.14) against 5.03 (3.03-7.54)).
+    Meanwhile ScalarE makes m2 - c = -y (scale -1, bias m2) and GpSimd
     multiplies it by weight; the last step is bias - (-y * weight) * rstd. Every sign flip
     is exact, so each element takes the same fp32 roundings as in the all-rows form
     (tests/kernels/test_lnc.py compares the bits of 2 rows at LNC=1 and LNC=2).
     A second row would add a VectorE instruction per row to the chain after m2, which is
     later than the all-rows form's ScalarE square and matmul (modeled trn2, LNC=2, fp16
-    [4, 4096]: 5.76 (3.59-8.93) -> 6.08 (3.95-8.94) us)."""
+    [4, 4096], session 43 before the throttle counted FLOPs: 5.76 (3.59-8.93) -> 6.08
+    (3.95-8.94) us)."""
     h1 = x_tile.shape[2]
     inv, neg_first = _mean_matrix(cols), _neg_first()
     # moving row 0 [0, -eps] (the only row neg_first reads) -> PSUM stats [0, eps]

@@ -16,6 +16,7 @@ import math
 import pytest
 
 from nki_kernels.simulator.cost import estimate_trace
+from nki_kernels.simulator.cost.model import tensor_utilization
 from nki_kernels.simulator.cost.schedule import throttled_seconds
 from nki_kernels.simulator.hardware import TARGETS
 from tests.cost._build import TraceBuilder, new_alloc, psum, sbuf
@@ -76,3 +77,82 @@ def test_an_idle_gap_of_more_than_half_the_window_restarts_the_ramp(gap_elems, b
     count = 20                                              # 4.3 us of matmuls per burst
     est = estimate_trace(_bursts(count, gap_elems), TRN2)
     assert est.schedule.tensor_throttle[0] == pytest.approx(bursts * RAMP_LOSS_S)
+
+
+# ---- utilization: the limit caps the peak's fraction of FLOPs an instruction uses -----------
+# ("Active Throttled %: the percentage of the Tensor Engine's peak FLOPs (its BF16-adjusted
+# hardware maximum) that throttling made unavailable", [X]); hardware.py tensor_throttle_by_flops
+
+BY_BUSY_TIME = dataclasses.replace(TRN2, tensor_throttle_by_flops=False)
+
+
+def test_an_instruction_under_the_limit_runs_at_its_own_rate():
+    for utilization in (0.5, 0.25, 2 / 256):
+        assert throttled_seconds(1e-6, 0.0, TRN2, utilization) == 1e-6
+    # at 0.75 of the peak: the limit (0.5, rising 1/6 per us) reaches it after 1.5 us, when the
+    # instruction has done 1.5 * (0.5 + 0.75) / 2 / 0.75 = 1.25 us of its work
+    assert throttled_seconds(2e-6, 0.0, TRN2, 0.75) == pytest.approx(2.25e-6)
+    # within that: 0.75 * work = 0.5 t + t^2 / 12 (t in us)
+    assert throttled_seconds(0.5e-6, 0.0, TRN2, 0.75) == pytest.approx((-0.5 + math.sqrt(0.25 + 0.125)) * 6 * 1e-6)
+    # at the whole peak: the ramp of the first test
+    assert throttled_seconds(2.25e-6, 0.0, TRN2, 1.0) == pytest.approx(3e-6)
+
+
+def _matmul(k, m, n, dtype="bfloat16"):
+    b = TraceBuilder()
+    b.matmul(psum("dst", new_alloc(), (m, n)), sbuf("stationary", new_alloc(), (k, m), dtype),
+             sbuf("moving", new_alloc(), (k, n), dtype))
+    return b.trace[-1]
+
+
+@pytest.mark.parametrize("k, m, n, dtype, expected", [
+    (128, 128, 512, "bfloat16", 1.0),        # the whole array, streaming: the peak
+    (64, 128, 512, "bfloat16", 0.5),         # a contraction over 64 partitions (a head of 64)
+    (128, 128, 512, "float32", 0.25),        # four passes: a quarter of the bf16 peak
+    (128, 128, 2, "float32", 2 / 256),       # 2 columns in the 64-cycle floor, four passes
+    (128, 64, 512, "bfloat16", 0.5),         # 64 output partitions
+])
+def test_utilization_is_the_share_of_the_peak_a_matmul_uses(k, m, n, dtype, expected):
+    assert tensor_utilization(_matmul(k, m, n, dtype), TRN2) == pytest.approx(expected)
+
+
+def test_a_transpose_is_a_matmul_by_the_identity():
+    b = TraceBuilder()
+    data = sbuf("data", new_alloc(), (128, 32))
+    b._add("nc_transpose", "tensor", [data], [psum("dst", new_alloc(), (32, 128))], 0)
+    # [128, 32]: 128 x 32 x 128 MACs in max(128, min(64, 32)) = 128 cycles
+    assert tensor_utilization(b.trace[-1], TRN2) == pytest.approx(0.25)
+
+
+def _stream(b, count, k, dtype="bfloat16"):
+    st = sbuf("stationary", new_alloc(), (k, 128), dtype)
+    for _ in range(count):
+        b.matmul(psum("dst", new_alloc(), (128, 512)), st, sbuf("moving", new_alloc(), (k, 512), dtype))
+
+
+@pytest.mark.parametrize("k, dtype", [(64, "bfloat16"), (128, "float32")])
+def test_a_stream_under_the_limit_is_not_throttled(k, dtype):
+    b = TraceBuilder()
+    _stream(b, 30, k, dtype)
+    assert estimate_trace(b.trace, TRN2).schedule.tensor_throttle == {0: 0.0}
+    # read as busy time, the same stream (> 3 us of work) pays the whole ramp
+    assert estimate_trace(b.trace, BY_BUSY_TIME).schedule.tensor_throttle[0] == pytest.approx(RAMP_LOSS_S)
+
+
+def test_matmuls_under_half_the_peak_do_not_ramp_tensor_e_up_for_dense_ones():
+    # 4.4 us of 32-partition contractions (a quarter of the peak, TensorE busy throughout),
+    # then 20 dense matmuls: TensorE used a quarter of its peak over the window, so the first
+    # dense matmul starts a burst at half rate and the dense ones pay the whole ramp
+    b = TraceBuilder()
+    _stream(b, 20, 32)
+    _stream(b, 20, 128)
+    est = estimate_trace(b.trace, TRN2)
+    sch = est.schedule
+    first_dense = 20
+    assert sch.finish[first_dense - 1] - sch.start[first_dense - 1] == pytest.approx(MATMUL_S)
+    assert sch.finish[first_dense] - sch.start[first_dense] > 1.5 * MATMUL_S
+    assert sch.tensor_throttle[0] == pytest.approx(RAMP_LOSS_S)
+    # read as busy time, the quarter-peak ones pay the ramp and the dense ones run at full rate
+    busy = estimate_trace(b.trace, BY_BUSY_TIME).schedule
+    assert busy.finish[first_dense] - busy.start[first_dense] == pytest.approx(MATMUL_S)
+    assert busy.finish[0] - busy.start[0] > 1.5 * MATMUL_S

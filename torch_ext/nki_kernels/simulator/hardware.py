@@ -203,15 +203,25 @@ class Target:
     # utilization and ramps to full over about the first ~3 microseconds after work begins.
     # If utilization drops below 50% over any ~3 microsecond window -- for example during an
     # idle gap -- the limit re-engages, so the next burst again runs at roughly 50% of maximum
-    # Tensor Engine utilization until it ramps back up." The schedule runs a TensorE
-    # instruction at this fraction of its rate when a burst begins, rising linearly to the
-    # full rate over the burst's first tensor_throttle_ramp_s of TensorE busy time; a burst ends
-    # when TensorE was busy less than tensor_throttle_release_utilization of the last
-    # tensor_throttle_window_s. None: no throttle (trn1: the page gives no trn1 figure).
+    # Tensor Engine utilization until it ramps back up." The schedule caps TensorE's
+    # utilization at this fraction of its peak when a burst begins, rising linearly to 1 over
+    # the burst's first tensor_throttle_ramp_s of TensorE busy time; a burst ends when
+    # TensorE's utilization over the last tensor_throttle_window_s was under
+    # tensor_throttle_release_utilization. None: no throttle (trn1: the page gives no trn1
+    # figure). Utilization is the peak's fraction of FLOPs, as the page's profile reports it
+    # ("Active Throttled %: the percentage of the Tensor Engine's peak FLOPs (its
+    # BF16-adjusted hardware maximum) that throttling made unavailable"), so a matmul that
+    # uses less than the limit at its own rate (fp32's four passes, a contraction over 64
+    # partitions, a few columns in the 64-cycle floor) is not slowed, and counts for its
+    # share towards the release (cost/model.py tensor_utilization). False: every TensorE
+    # instruction counts as the whole peak (the limit scales every duration; busy time
+    # decides the release), the reading of 2026-12-03 (session 42), kept for comparison
+    # (docs/cost-model.md "TensorE's current throttle").
     tensor_throttle_start_rate: float | None = 0.5
     tensor_throttle_ramp_s: float = 3e-6
     tensor_throttle_window_s: float = 3e-6
     tensor_throttle_release_utilization: float = 0.5
+    tensor_throttle_by_flops: bool = True
     # ---- fixed cost of one launch (docs/cost-model.md "Launch cost") --------------------
     # Whole-kernel measurements include time no instruction of the kernel accounts for:
     # nki-library's QoR CycleCount (per physical core, max over cores) of its smallest

@@ -244,6 +244,26 @@ def tensor_engine_cost(ins, target: Target) -> tuple[float, str]:
                          "(expected nc_matmul, nc_matmul_mx or nc_transpose)")
 
 
+def tensor_utilization(ins, target: Target) -> float:
+    """The fraction of TensorE's peak bf16 multiply-accumulate rate (rows x columns MACs per
+    cycle) a matmul or transpose uses while it runs at its full rate: its K x M x N MACs
+    over the cycles ``tensor_engine_cost`` gives it. A 64-cycle floor, a contraction over
+    fewer than 128 partitions, fp32's four passes ("BF16-adjusted" peak) all lower it.
+    A transpose of [P, F] is a matmul of the data (K = P, M = F) by a P x P identity (N = P)."""
+    cycles, _ = tensor_engine_cost(ins, target)
+    if ins.op == "nc_transpose" or (ins.op == "nc_matmul" and _attr(ins, "is_transpose", default=False)):
+        data = next((o for o in ins.reads if o.role in ("data", "stationary", "src")), None)
+        k, m, n = data.partitions, data.free_elems, data.partitions
+    else:
+        st = next((o for o in ins.reads if o.role == "stationary"), None)
+        mv = next((o for o in ins.reads if o.role == "moving"), None)
+        k = st.partitions if st is not None else target.matmul_rows
+        m = _attr(ins, "M", default=st.free_elems if st is not None else None)
+        n = _attr(ins, "N", default=mv.free_elems if mv is not None else None)
+    macs = k * m * n * (4 if ins.op == "nc_matmul_mx" else 1)
+    return min(1.0, macs / (target.matmul_rows * target.matmul_columns * cycles))
+
+
 def vector_engine_cost(ins, target: Target) -> tuple[float, str]:
     n, _ = _main_free(ins)
     op = ins.op

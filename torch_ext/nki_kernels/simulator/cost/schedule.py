@@ -33,9 +33,12 @@
    engine's busy time is the union of its instructions' intervals (the profiler's "Event
    Duration Active"); each slot keeps the instruction's whole duration.
    TensorE on trn2/trn3 is throttled (hardware.py ``tensor_throttle_*``, AWS's Neuron
-   Explorer docs): a burst of TensorE work starts at half rate and reaches the full rate
-   after ~3 us of busy time; after a window in which TensorE was busy less than half the time
-   (an idle gap) the next instruction starts a new burst (``throttled_seconds``).
+   Explorer docs): a burst of TensorE work starts with its utilization capped at half the
+   peak FLOPs, and the cap reaches the peak after ~3 us of busy time; an instruction that
+   uses less than the cap at its own rate is not slowed (``throttled_seconds``,
+   ``cost/model.py`` ``tensor_utilization``). After a window in which TensorE used less than
+   half its peak (an idle gap, or only matmuls that use a small share of it) the next
+   instruction starts a new burst.
    A DMA transfer, ``dma_latency_s`` after its dependencies are done, is split over
    ``queues`` of its core's 16 DMA engines (lanes "dma_q<k>", the ones with the least
    pending work); an engine moves one share's data at a time, and each of its queues
@@ -63,7 +66,7 @@ import numpy as np
 
 from ..hardware import Target
 from .model import (COMPUTE_ENGINES, CostModelError, compute_cost, dependency_latency_seconds, dma_cost,
-                    engine_hz)
+                    engine_hz, tensor_utilization)
 from .regions import Region, region_of
 
 
@@ -541,40 +544,52 @@ class _Lane:
         self.busy = 0.0              # seconds the lane had work (union of its intervals)
         self.running = False
         self.last_end = 0.0          # end of the latest interval counted in busy
-        # TensorE's throttle (hardware.py tensor_throttle_*): its intervals of the last
-        # window, in start order; when the current burst began; busy seconds before it
+        # TensorE's throttle (hardware.py tensor_throttle_*): its (start, end, utilization)
+        # intervals of the last window, in start order; when the current burst began; busy
+        # seconds before it
         self.recent: list = []
         self.burst_start = None
         self.burst_busy = 0.0
 
 
-def throttled_seconds(work: float, progress: float, target: Target) -> float:
+def throttled_seconds(work: float, progress: float, target: Target, utilization: float = 1.0) -> float:
     """Seconds TensorE takes for ``work`` seconds of full-rate work when it has been busy
-    ``progress`` seconds in the current burst: the rate starts at target.tensor_throttle_start_rate
-    and rises linearly to 1 over the burst's first target.tensor_throttle_ramp_s of busy time
-    (hardware.py [X]); past the ramp the work takes its own time."""
+    ``progress`` seconds in the current burst: the utilization limit starts at
+    target.tensor_throttle_start_rate and rises linearly to 1 over the burst's first
+    target.tensor_throttle_ramp_s of busy time (hardware.py [X]). An instruction that uses
+    ``utilization`` of the peak at its full rate runs at min(1, limit / utilization) of it:
+    one under the limit is not slowed; past the ramp the work takes its own time."""
     f0, ramp = target.tensor_throttle_start_rate, target.tensor_throttle_ramp_s
     if f0 is None or progress >= ramp or work <= 0.0:
         return work
-    rate0 = f0 + (1.0 - f0) * progress / ramp          # the rate now
-    left = ramp - progress                             # seconds until the rate is 1
-    in_ramp = left * (rate0 + 1.0) / 2.0               # work done by then
+    u = min(1.0, utilization)
+    rate0 = f0 + (1.0 - f0) * progress / ramp          # the limit now
+    if rate0 >= u:
+        return work
+    left = (u - rate0) * ramp / (1.0 - f0)             # seconds until the limit reaches u
+    in_ramp = left * (rate0 + u) / (2.0 * u)           # full-rate work done by then
     if work >= in_ramp:
         return left + (work - in_ramp)
-    a = (1.0 - f0) / (2.0 * ramp)                      # work(t) = rate0 t + a t^2
-    return (-rate0 + math.sqrt(rate0 * rate0 + 4.0 * a * work)) / (2.0 * a)
+    a = (1.0 - f0) / (2.0 * ramp)                      # u * work(t) = rate0 t + a t^2
+    return (-rate0 + math.sqrt(rate0 * rate0 + 4.0 * a * u * work)) / (2.0 * a)
 
 
 def _tensor_burst(lane: _Lane, now: float, target: Target) -> float:
     """TensorE work done in the current burst before ``now`` (seconds), starting a new burst
-    at ``now`` when the engine was busy less than the release utilization over the last
-    window (counted from the burst's start while the burst is younger than a window)."""
+    at ``now`` when the engine's utilization over the last window (counted from the burst's
+    start while the burst is younger than a window) was under the release utilization."""
     window = target.tensor_throttle_window_s
     lane.recent = [iv for iv in lane.recent if iv[1] > now - window]
     if lane.burst_start is not None:
         w0 = max(now - window, lane.burst_start)
         if now > w0:
-            busy = _covered((max(a, w0), min(b, now)) for a, b in lane.recent if min(b, now) > max(a, w0))
+            if target.tensor_throttle_by_flops:
+                # the peak's fraction TensorE was asked for over the window: each interval at
+                # its instruction's utilization at full rate (not the throttled rate, or a
+                # burst that starts under the limit could never count as busy enough)
+                busy = sum((min(b, now) - max(a, w0)) * u for a, b, u in lane.recent if min(b, now) > max(a, w0))
+            else:
+                busy = _covered((max(a, w0), min(b, now)) for a, b, _ in lane.recent if min(b, now) > max(a, w0))
             if busy / (now - w0) < target.tensor_throttle_release_utilization:
                 lane.burst_start = None
     if lane.burst_start is None:
@@ -699,6 +714,9 @@ def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
     pe_cells = [_pe_cells(ins.attrs.get("tile"), target)
                 if ins.engine == "tensor" and target.matmul_tiles_parallel else None for ins in trace]
     n_pe_cells = len(_pe_cells(None, target))
+    # per TensorE instruction, the share of the peak it uses at its own rate (the throttle)
+    tensor_util = [tensor_utilization(ins, target) if ins.engine == "tensor" and target.tensor_throttle_by_flops
+                   else 1.0 for ins in trace]
     # VectorE's pipeline overlap (hardware.py: vector_overlap_cycles, capped at the fixed cost)
     overlap_s = {"vector": min(target.vector_overlap_cycles, target.vector_static_cycles)
                  / engine_hz(target, "vector")}
@@ -796,10 +814,10 @@ def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
                 return
         heapq.heappop(lane.waiting)
         if ins.engine == "tensor" and target.tensor_throttle_start_rate is not None:
-            full = occ
-            occ = throttled_seconds(full, _tensor_burst(lane, now, target), target)
+            full, u = occ, (tensor_util[i] if target.tensor_throttle_by_flops else 1.0)
+            occ = throttled_seconds(full, _tensor_burst(lane, now, target), target, u)
             throttle_s[_core(ins)] = throttle_s.get(_core(ins), 0.0) + occ - full
-            lane.recent.append((now, now + occ))
+            lane.recent.append((now, now + occ, u))
         lane.running = True
         lane.busy += max(0.0, now + occ - max(now, lane.last_end))
         lane.last_end = max(lane.last_end, now + occ)
