@@ -715,8 +715,9 @@ def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
                 if ins.engine == "tensor" and target.matmul_tiles_parallel else None for ins in trace]
     n_pe_cells = len(_pe_cells(None, target))
     # per TensorE instruction, the share of the peak it uses at its own rate (the throttle)
-    tensor_util = [tensor_utilization(ins, target) if ins.engine == "tensor" and target.tensor_throttle_by_flops
-                   else 1.0 for ins in trace]
+    by_flops = target.tensor_throttle_start_rate is not None and target.tensor_throttle_by_flops
+    tensor_util = [tensor_utilization(ins, target) if by_flops and ins.engine == "tensor" else 1.0
+                   for ins in trace]
     # VectorE's pipeline overlap (hardware.py: vector_overlap_cycles, capped at the fixed cost)
     overlap_s = {"vector": min(target.vector_overlap_cycles, target.vector_static_cycles)
                  / engine_hz(target, "vector")}
@@ -814,7 +815,7 @@ def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
                 return
         heapq.heappop(lane.waiting)
         if ins.engine == "tensor" and target.tensor_throttle_start_rate is not None:
-            full, u = occ, (tensor_util[i] if target.tensor_throttle_by_flops else 1.0)
+            full, u = occ, tensor_util[i]
             occ = throttled_seconds(full, _tensor_burst(lane, now, target), target, u)
             throttle_s[_core(ins)] = throttle_s.get(_core(ins), 0.0) + occ - full
             lane.recent.append((now, now + occ, u))
