@@ -322,7 +322,7 @@ def _layer_one_row(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
     Meanwhile ScalarE makes m2 - c = -y (scale -1, bias m2) and GpSimd
     multiplies it by weight; the last step is bias - (-y * weight) * rstd. Every sign flip
     is exact, so each element takes the same fp32 roundings as in the all-rows form
-    (tests/kernels/test_lnc.py compares the bits of 2 rows at LNC=1 and LNC=2).
+    (tests/ops/test_norm_decode.py compares the bits of 2 rows at LNC=1 and LNC=2).
     A second row would add a VectorE instruction per row to the chain after m2, which is
     later than the all-rows form's ScalarE square and matmul (modeled trn2, LNC=2, fp16
     [4, 4096], session 43 before the throttle counted FLOPs: 5.76 (3.59-8.93) -> 6.08
