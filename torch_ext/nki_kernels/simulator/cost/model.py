@@ -207,10 +207,29 @@ def _alu_transcendental(ins) -> str | None:
     return None
 
 
+def _is_transpose(ins) -> bool:
+    return ins.op == "nc_transpose" or (ins.op == "nc_matmul" and _attr(ins, "is_transpose", default=False))
+
+
+def _transpose_data(ins):
+    """The operand a TensorE transpose reads (None if the trace has none)."""
+    return next((o for o in ins.reads if o.role in ("data", "stationary", "src")), None)
+
+
+def _matmul_operands(ins):
+    """(stationary, moving, M, N) of a matmul: M the stationary free size (output
+    partitions), N the moving free size; attrs ``M``/``N`` win (hand-built traces)."""
+    st = next((o for o in ins.reads if o.role == "stationary"), None)
+    mv = next((o for o in ins.reads if o.role == "moving"), None)
+    m = _attr(ins, "M", default=st.free_elems if st is not None else None)
+    n = _attr(ins, "N", default=mv.free_elems if mv is not None else None)
+    return st, mv, m, n
+
+
 def tensor_engine_cost(ins, target: Target) -> tuple[float, str]:
     """TensorE cycles of a matmul or transpose."""
-    if ins.op == "nc_transpose" or (ins.op == "nc_matmul" and _attr(ins, "is_transpose", default=False)):
-        data = next((o for o in ins.reads if o.role in ("data", "stationary", "src")), None)
+    if _is_transpose(ins):
+        data = _transpose_data(ins)
         if data is None:
             raise CostModelError(f"instruction {ins.index} ({ins.op}): no data operand to transpose")
         p, f = data.partitions, data.free_elems
@@ -224,10 +243,7 @@ def tensor_engine_cost(ins, target: Target) -> tuple[float, str]:
         # nc_matmul_mx (v4): each PE multiplies four packed MX pairs per cycle, so an
         # instruction on [K, M] x4 / [K, N] x4 tiles takes a bf16 matmul's cycles for the same
         # M and N (4x the FLOPs) [A3] "Quad-MXFP8/MXFP4 Matmul Performance"
-        st = next((o for o in ins.reads if o.role == "stationary"), None)
-        mv = next((o for o in ins.reads if o.role == "moving"), None)
-        m = _attr(ins, "M", default=st.free_elems if st is not None else None)
-        n = _attr(ins, "N", default=mv.free_elems if mv is not None else None)
+        st, mv, m, n = _matmul_operands(ins)
         if m is None or n is None:
             raise CostModelError(f"instruction {ins.index} ({ins.op}): needs attrs M and N or "
                                  "stationary/moving operands")
@@ -251,15 +267,12 @@ def tensor_utilization(ins, target: Target) -> float:
     fewer than 128 partitions, fp32's four passes ("BF16-adjusted" peak) all lower it.
     A transpose of [P, F] is a matmul of the data (K = P, M = F) by a P x P identity (N = P)."""
     cycles, _ = tensor_engine_cost(ins, target)
-    if ins.op == "nc_transpose" or (ins.op == "nc_matmul" and _attr(ins, "is_transpose", default=False)):
-        data = next((o for o in ins.reads if o.role in ("data", "stationary", "src")), None)
+    if _is_transpose(ins):
+        data = _transpose_data(ins)
         k, m, n = data.partitions, data.free_elems, data.partitions
     else:
-        st = next((o for o in ins.reads if o.role == "stationary"), None)
-        mv = next((o for o in ins.reads if o.role == "moving"), None)
+        st, _, m, n = _matmul_operands(ins)
         k = st.partitions if st is not None else target.matmul_rows
-        m = _attr(ins, "M", default=st.free_elems if st is not None else None)
-        n = _attr(ins, "N", default=mv.free_elems if mv is not None else None)
     macs = k * m * n * (4 if ins.op == "nc_matmul_mx" else 1)
     return min(1.0, macs / (target.matmul_rows * target.matmul_columns * cycles))
 
