@@ -252,6 +252,29 @@ def _neg_first():
     return neg_first
 
 
+def _eps_in_psum(neg_first, n_zero, n_eps, eps):
+    """[128, n_zero + n_eps] fp32 PSUM holding 0 in its first n_zero columns and eps in the
+    rest, on every partition, written by TensorE before x arrives (the moving tile's row 0,
+    the only row ``neg_first`` reads, is -eps / 0; GpSimd memsets) for later matmuls to
+    accumulate onto."""
+    cols = n_zero + n_eps
+    neg_eps = nl.ndarray((PARTITIONS, cols), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=neg_eps, value=-eps, engine=nisa.engine.gpsimd)
+    if n_zero:
+        nisa.memset(dst=neg_eps[:, 0:n_zero], value=0.0, engine=nisa.engine.gpsimd)
+    acc = nl.ndarray((PARTITIONS, cols), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=acc, stationary=neg_first, moving=neg_eps, accumulate=False)
+    return acc
+
+
+def _x_row_means(inv, x_tile):
+    """[128, n] fp32 PSUM: each row's mean of x [128, n, H1] on every partition (VectorE sums
+    over H1, then TensorE over the partitions)."""
+    sums = nl.ndarray((PARTITIONS, x_tile.shape[1]), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=sums, op=nl.add, data=x_tile, axis=2)
+    return _row_means(inv, sums)
+
+
 def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
     """Two rows or more in the program (one: _layer_one_row): sum(x) on VectorE; c = x - m
     (m read from PSUM); c**2 on ScalarE while VectorE sums c (a program of at most
@@ -265,13 +288,8 @@ def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
         _layer_one_row(x_tile, out_tile, weight_tile, bias_tile, cols, eps)
         return
     inv, neg_first = _mean_matrix(cols), _neg_first()
-    neg_eps = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=neg_eps, value=-eps, engine=nisa.engine.gpsimd)
-    var_eps = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=var_eps, stationary=neg_first, moving=neg_eps, accumulate=False)  # eps, before x arrives
-    sums = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=sums, op=nl.add, data=x_tile, axis=2)
-    mean = _row_means(inv, sums)                                       # PSUM [128, N]: m
+    var_eps = _eps_in_psum(neg_first, 0, n_rows, eps)                 # PSUM [128, N]: eps
+    mean = _x_row_means(inv, x_tile)                                   # PSUM [128, N]: m
     centred = nl.ndarray((PARTITIONS, n_rows, h1), dtype=nl.float32, buffer=nl.sbuf)
     sum_c = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
     sum_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
@@ -329,15 +347,8 @@ def _layer_one_row(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
     (3.95-8.94) us)."""
     h1 = x_tile.shape[2]
     inv, neg_first = _mean_matrix(cols), _neg_first()
-    # moving row 0 [0, -eps] (the only row neg_first reads) -> PSUM stats [0, eps]
-    neg_eps = nl.ndarray((PARTITIONS, 2), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=neg_eps, value=-eps, engine=nisa.engine.gpsimd)
-    nisa.memset(dst=neg_eps[:, 0:1], value=0.0, engine=nisa.engine.gpsimd)
-    stats = nl.ndarray((PARTITIONS, 2), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=stats, stationary=neg_first, moving=neg_eps, accumulate=False)
-    sums = nl.ndarray((PARTITIONS, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=sums, op=nl.add, data=x_tile, axis=2)
-    mean = _row_means(inv, sums)                                       # PSUM [128, 1]: m
+    stats = _eps_in_psum(neg_first, 1, 1, eps)                         # PSUM [128, 2]: [0, eps]
+    mean = _x_row_means(inv, x_tile)                                   # PSUM [128, 1]: m
     centred = nl.ndarray((PARTITIONS, 1, h1), dtype=nl.float32, buffer=nl.sbuf)
     partials = nl.ndarray((PARTITIONS, 2), dtype=nl.float32, buffer=nl.sbuf)  # [sum c, sum c**2]
     _centre_rows(x_tile, centred, mean, partials[:, 0:1], partials[:, 1:2])
