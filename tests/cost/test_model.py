@@ -151,6 +151,31 @@ def test_perf_mode_ignores_per_partition_scalar_operands():
     assert cost.cycles == 1024 / 4 + S
 
 
+def _quantize(data_dtype="bfloat16", data_buffer=sbuf, dst_dtype="float8_e4m3"):
+    """tensor_scalar [128, 1024] data -> dst (x * scale, a (P, 1) fp32 operand), as a row
+    quantization issues it."""
+    return lambda b: b._add("tensor_scalar", "vector",
+                            [data_buffer("data", new_alloc(), (128, 1024), data_dtype),
+                             sbuf("operand0", new_alloc(), (128, 1), "float32")],
+                            [sbuf("dst", new_alloc(), (128, 1024), dst_dtype)])
+
+
+@pytest.mark.parametrize("dst_dtype", ["float8_e4m3", "float8_e4m3fn", "float8_e5m2"])
+def test_perf_mode_takes_an_fp8_output_from_16bit_inputs(dst_dtype):
+    # hardware.py vector_perf_mode_8bit_dst: bf16 -> fp8 runs at the 16-bit output's rate
+    assert _one(_quantize(dst_dtype=dst_dtype)).cycles == 1024 / 4 + S
+    assert _one(_quantize(data_buffer=psum, data_dtype="bfloat16", dst_dtype=dst_dtype)).cycles == 1024 / 2 + S
+    off = dataclasses.replace(TRN2, vector_perf_mode_8bit_dst=False)
+    b = TraceBuilder()
+    _quantize(dst_dtype=dst_dtype)(b)
+    assert compute_cost(b.trace[0], off).cycles == 1024 + S
+
+
+def test_perf_mode_is_not_taken_by_fp8_or_fp32_inputs():
+    assert _one(_quantize(data_dtype="float8_e4m3", dst_dtype="bfloat16")).cycles == 1024 + S
+    assert _one(_quantize(data_dtype="float32")).cycles == 1024 + S
+
+
 def test_tensor_tensor_with_one_psum_input_costs_n():
     tt = _one(lambda b: b.tensor_tensor(sbuf("dst", new_alloc(), (128, 512), "float32"),
                                         psum("data1", new_alloc(), (128, 512)),

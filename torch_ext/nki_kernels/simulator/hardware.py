@@ -151,6 +151,12 @@ class Target:
     reduce_bf16_speedup: int = 2            # [S] tensor_reduce N/2 for bf16 add/max
     vector_perf_mode_full: int = 4          # [A2] 4x: tensor_copy/tensor_scalar, 16-bit, all SBUF
     vector_perf_mode_half: int = 2          # [A2] 2x: same with one side in PSUM; tensor_tensor 16-bit SBUF
+    # tensor_copy/tensor_scalar writing an 8-bit float (fp8) from 16-bit inputs take the mode
+    # too. [A2] names BF16/FP16 ("input and output data types do not need to match"); an fp8
+    # output is narrower than either, and AWS's fp8 quantization kernel measures it: nki-library's
+    # rmsnorm_quant QoR rows and its design doc's profile (docs/cost-model.md "fp8 outputs").
+    # False: only 16-bit outputs (the reading before session 44).
+    vector_perf_mode_8bit_dst: bool = True
     scalar_elems_per_cycle_fp32: int = 128  # [A3] ScalarE 128 elem/cycle for 32-bit types on every generation
     # ALU "transcendental" ops (power, rsqrt, reciprocal) in tensor_scalar/tensor_tensor/...
     # are iterative on VectorE/GpSimd, unlike ScalarE's activation tables:

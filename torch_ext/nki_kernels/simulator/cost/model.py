@@ -30,8 +30,9 @@ VectorE (``vector_hz``)
     ``N/2`` otherwise); an ALU ``power``/``rsqrt``/``reciprocal`` op inside
     tensor_scalar/tensor_tensor/... x8 (iterative, like reciprocal). NeuronCore-v3+
     performance mode:
-    ``tensor_copy``/``tensor_scalar`` with every operand bf16/fp16 run 4x faster when all
-    operands are in SBUF, 2x when one is in PSUM; ``tensor_tensor`` with both inputs in SBUF
+    ``tensor_copy``/``tensor_scalar`` with every operand bf16/fp16 (or an fp8 output from
+    16-bit inputs: ``vector_perf_mode_8bit_dst``) run 4x faster when all operands are in
+    SBUF, 2x when one is in PSUM; ``tensor_tensor`` with both inputs in SBUF
     and every operand bf16/fp16 runs 2x faster. Then ``max(MIN_II=64, cycles)`` plus the
     engine's static overhead ``vector_static_cycles`` (calibrated per generation, see
     hardware.py).
@@ -86,6 +87,7 @@ from ..trace import ENGINES
 COMPUTE_ENGINES = tuple(e for e in ENGINES if e != "dma")
 
 _SIXTEEN_BIT_FLOATS = frozenset({"bfloat16", "float16"})
+_EIGHT_BIT_FLOATS = frozenset({"float8_e4m3", "float8_e4m3fn", "float8_e5m2"})
 _FP32 = frozenset({"float32"})
 # Roles that are outputs or accumulators, never a data input pass.
 _OUTPUT_ROLES = frozenset({"dst", "reduce_res", "out", "output"})
@@ -177,6 +179,17 @@ def _data_operands(full: list, ins) -> list:
 
 def _all_16bit(operands) -> bool:
     return bool(operands) and all(o.dtype in _SIXTEEN_BIT_FLOATS for o in operands)
+
+
+def _copy_perf_mode_operands(operands, target: Target) -> bool:
+    """Whether a tensor_copy/tensor_scalar's data operands allow VectorE's performance mode:
+    16-bit floats, or (``target.vector_perf_mode_8bit_dst``) an 8-bit float output from
+    16-bit inputs."""
+    if not target.vector_perf_mode_8bit_dst:
+        return _all_16bit(operands)
+    return bool(operands) and all(o.dtype in _SIXTEEN_BIT_FLOATS
+                                  or (o.role in _OUTPUT_ROLES and o.dtype in _EIGHT_BIT_FLOATS)
+                                  for o in operands)
 
 
 def _attr(ins, *names, default=None):
@@ -329,7 +342,7 @@ def vector_engine_cost(ins, target: Target) -> tuple[float, str]:
         if (op == "tensor_tensor" and bufs == ["sbuf", "sbuf"] and _all_16bit(on_chip)
                 and target.vector_perf_mode_half > 1):
             return cycles / target.vector_perf_mode_half, rule + f" /{target.vector_perf_mode_half} perf mode"
-    if op in ("tensor_copy", "tensor_scalar") and _all_16bit(on_chip):
+    if op in ("tensor_copy", "tensor_scalar") and _copy_perf_mode_operands(on_chip, target):
         in_psum = sum(o.buffer == "psum" for o in on_chip)
         speed = target.vector_perf_mode_full if in_psum == 0 else target.vector_perf_mode_half
         if speed > 1:
