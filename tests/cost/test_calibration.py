@@ -492,6 +492,36 @@ def test_fp8_weights_reach_aws_kernels_as_trn2_fp8(calibrate):
     calibrate.forget(row)
 
 
+@pytest.mark.skipif(not (NKILIB_CHECKOUT / "src" / "nkilib_src" / "nkilib").is_dir(),
+                    reason="needs an aws-neuron/nki-library checkout (set NKILIB_CHECKOUT)")
+def test_rmsnorm_quant_fp8_quantization_runs_in_vectore_perf_mode(calibrate):
+    # hardware.py vector_perf_mode_8bit_dst: AWS's row quantization writes fp8 from bf16 with
+    # one VectorE tensor_scalar per row tile; in the performance mode its quantization-only
+    # row (two 16384-element VectorE passes per core) models within 10 % of AWS's
+    # measurement, where the strict reading (16-bit outputs only) is over by more than 25 %
+    import dataclasses
+
+    from nki_kernels.simulator.cost import compute_cost, estimate_trace
+    from nki_kernels.simulator.hardware import TARGETS
+    calibrate.use_nkilib(NKILIB_CHECKOUT)
+    row = {r.id: r for r in calibrate.load_rows(calibrate.QOR)}[
+        "nkilib.rmsnorm_quant.s2_h16384_quant_only_row_lb0_l288_lnc2"]
+    run = calibrate.run_row(row)
+    quantize = [i for i in run.trace if i.engine == "vector" and i.op == "tensor_scalar"
+                and any(o.dtype == "float8_e4m3" for o in i.writes)]
+    assert quantize, "no VectorE tensor_scalar writes fp8"
+    trn2 = TARGETS["trn2"]
+    strict = dataclasses.replace(trn2, vector_perf_mode_8bit_dst=False)
+    n = 16384
+    assert compute_cost(quantize[0], trn2).cycles == n / trn2.vector_perf_mode_full + trn2.vector_static_cycles
+    assert compute_cost(quantize[0], strict).cycles == n + trn2.vector_static_cycles
+    launch = calibrate.modeled([row])[row.id] - estimate_trace(run.trace, trn2, allocations=run.allocations).latency_us
+    at_strict = estimate_trace(run.trace, strict, allocations=run.allocations).latency_us + launch
+    assert abs(calibrate.modeled([row])[row.id] / row.measured - 1) < 0.10
+    assert at_strict / row.measured - 1 > 0.25
+    calibrate.forget(row)
+
+
 def test_the_qor_fit_picks_the_grid_point_whose_launch_priced_rows_fit_best(calibrate, monkeypatch):
     # two train rows measured at 40 and 60 us; at point 0 the instruction streams model
     # 10 / 30 us (a launch cost of 30 us fits both), at point 1 10 / 50 us (no single
