@@ -273,13 +273,15 @@ def tensor_engine_cost(ins, target: Target) -> tuple[float, str]:
                          "(expected nc_matmul, nc_matmul_mx or nc_transpose)")
 
 
-def tensor_utilization(ins, target: Target) -> float:
+def tensor_utilization(ins, target: Target, cycles: float | None = None) -> float:
     """The fraction of TensorE's peak bf16 multiply-accumulate rate (rows x columns MACs per
     cycle) a matmul or transpose uses while it runs at its full rate: its K x M x N MACs
-    over the cycles ``tensor_engine_cost`` gives it. A 64-cycle floor, a contraction over
-    fewer than 128 partitions, fp32's four passes ("BF16-adjusted" peak) all lower it.
-    A transpose of [P, F] is a matmul of the data (K = P, M = F) by a P x P identity (N = P)."""
-    cycles, _ = tensor_engine_cost(ins, target)
+    over the cycles ``tensor_engine_cost`` gives it (``cycles``, if the caller has them
+    already). A 64-cycle floor, a contraction over fewer than 128 partitions, fp32's four
+    passes ("BF16-adjusted" peak) all lower it. A transpose of [P, F] is a matmul of the
+    data (K = P, M = F) by a P x P identity (N = P)."""
+    if cycles is None:
+        cycles, _ = tensor_engine_cost(ins, target)
     if _is_transpose(ins):
         data = _transpose_data(ins)
         k, m, n = data.partitions, data.free_elems, data.partitions

@@ -716,8 +716,8 @@ def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
     n_pe_cells = len(_pe_cells(None, target))
     # per TensorE instruction, the share of the peak it uses at its own rate (the throttle)
     by_flops = target.tensor_throttle_start_rate is not None and target.tensor_throttle_by_flops
-    tensor_util = [tensor_utilization(ins, target) if by_flops and ins.engine == "tensor" else 1.0
-                   for ins in trace]
+    tensor_util = [tensor_utilization(ins, target, costs[i].cycles)
+                   if by_flops and ins.engine == "tensor" else 1.0 for i, ins in enumerate(trace)]
     # VectorE's pipeline overlap (hardware.py: vector_overlap_cycles, capped at the fixed cost)
     overlap_s = {"vector": min(target.vector_overlap_cycles, target.vector_static_cycles)
                  / engine_hz(target, "vector")}
