@@ -394,6 +394,11 @@ def quantity(row: Row, est) -> float:
         # a whole launch as profiled: its instruction stream plus the launch's fixed cost
         launches[row.id] = (est.cores, est.launch_us)
         return est.latency_us + est.launch_us
+    if q == "device_us":
+        # one execution timed by device-side tracing (nrtpy's benchmark(mode="device"):
+        # "NeuronCore execution time"): the instruction stream alone, no launch cost (so
+        # not in ``launches``: the launch-cost fit never touches it)
+        return est.latency_us
     if q == "busy_us":
         return est.engine_busy_us[arg]
     if q == "duration_sum_us":
@@ -477,7 +482,7 @@ def bar_ends(rows: list[Row], params: dict | None = None) -> dict[str, tuple[flo
     parameter ranges: the model-error band is applied by ``inside_bar``."""
     out = {}
     for row in rows:
-        if row.quantity != "latency_us" or row.relative_to:
+        if row.quantity not in ("latency_us", "device_us") or row.relative_to:
             continue
         res = run_row(row)
         target = target_with(row.target, params, row.compiler)

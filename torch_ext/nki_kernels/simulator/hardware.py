@@ -237,7 +237,10 @@ class Target:
     # calibration/nkilib_qor.toml (its header says which) and checked on the rest. They
     # are NOT in Estimate.latency_us (the instruction stream: what a kernel costs inside a
     # larger compiled graph, and what the main job compares); Estimate.launch_us carries
-    # them for comparisons with whole-launch measurements.
+    # them for comparisons with whole-launch measurements. nki-library's collector counts
+    # "setup/teardown opcodes" in the CycleCount it reports, and a device-side time of a
+    # whole tiny NEFF (nrtpy's tutorial: the NKI quickstart's add kernel, 3.2 us; row
+    # device.quickstart_add_4x3_fp16) holds none of the 26 us.
     launch_overhead_s: float = 26e-6       # [F] every launch
     second_core_launch_s: float = 2e-6     # [F] added when the launch runs on two physical cores
     # ---- finite buffering (cost/schedule.py "Buffers") ----------------------------------
