@@ -212,7 +212,8 @@ def test_a_device_side_time_is_the_instruction_stream_without_the_launch_cost(ca
     rows = {r.id: r for r in calibrate.load_rows()}
     row = rows["device.quickstart_add_4x3_fp16"]
     res = calibrate.run_row(row)
-    est = estimate_trace(res.trace, TARGETS[row.target], allocations=res.allocations)
+    est = estimate_trace(res.trace, calibrate.target_with(row.target, None, row.compiler),
+                         allocations=res.allocations)
     value = calibrate.modeled([row])[row.id]
     assert value == pytest.approx(est.latency_us, rel=1e-9)
     assert row.id not in calibrate.launches     # so the launch-cost fit never re-prices it
