@@ -21,3 +21,36 @@ def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """||actual - expected|| / ||expected|| in float64."""
     a, e = actual.double(), expected.double()
     return float((a - e).norm() / e.norm().clamp_min(1e-300))
+
+
+def _elements(operand) -> set[int]:
+    """The element offsets an HBM operand covers in its allocation."""
+    idx = torch.tensor([operand.offset])
+    for size, stride in zip(operand.shape, operand.strides):
+        idx = (idx[:, None] + torch.arange(size)[None, :] * stride).reshape(-1)
+    return set(idx.tolist())
+
+
+def hbm_races(trace) -> list[str]:
+    """Races between the cores of a kernel[2] trace: HBM elements written by both cores, or
+    written by one core and read by the other (``[]`` when there are none)."""
+    written = {0: {}, 1: {}}
+    read = {0: {}, 1: {}}
+    for ins in trace:
+        core = ins.attrs.get("core")
+        if core not in (0, 1):
+            continue
+        for ops, acc in ((ins.writes, written), (ins.reads, read)):
+            for o in ops:
+                if o.buffer == "hbm":
+                    acc[core].setdefault(o.alloc_id, set()).update(_elements(o))
+    races = []
+    for alloc in set(written[0]) | set(written[1]):
+        w0, w1 = written[0].get(alloc, set()), written[1].get(alloc, set())
+        if w0 & w1:
+            races.append(f"allocation {alloc}: {len(w0 & w1)} elements written by both cores")
+        for a, b in ((0, 1), (1, 0)):
+            crossed = written[a].get(alloc, set()) & read[b].get(alloc, set())
+            if crossed:
+                races.append(f"allocation {alloc}: {len(crossed)} elements core {a} writes and core {b} reads")
+    return races

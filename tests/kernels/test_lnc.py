@@ -9,7 +9,7 @@ import torch
 
 from nki_kernels import _dispatch, references, simulator
 from nki_kernels.ops import activations, attention, norms, rotary, softmax
-from tests._helpers import TOLERANCES
+from tests._helpers import TOLERANCES, hbm_races
 
 BF16, F32 = torch.bfloat16, torch.float32
 
@@ -34,11 +34,20 @@ CASES = [
                                    compute_dtype=torch.float64)),
     ("rms_norm-3tiles+7", lambda: norms.rms_norm_kernel_call(_x(3 * 128 + 7, 200), (200,), None, 1e-6),
      lambda c: references.rms_norm(c.tensors[0].double(), (200,), None, 1e-6, compute_dtype=torch.float64)),
-    ("rms_norm-decode-1", lambda: norms.rms_norm_kernel_call(_x(1, 256), (256,), _x(256), 1e-6),
+    ("rms_norm-narrow-1row", lambda: norms.rms_norm_kernel_call(_x(1, 256), (256,), _x(256), 1e-6),
      lambda c: references.rms_norm(c.tensors[0].double(), (256,), c.tensors[1].double(), 1e-6,
                                    compute_dtype=torch.float64)),
-    ("layer_norm-decode-5", lambda: norms.layer_norm_kernel_call(_x(5, 384), (384,), _x(384), _x(384), 1e-5),
+    ("layer_norm-narrow-5", lambda: norms.layer_norm_kernel_call(_x(5, 384), (384,), _x(384), _x(384), 1e-5),
      lambda c: references.layer_norm(c.tensors[0].double(), (384,), c.tensors[1].double(), c.tensors[2].double(),
+                                     1e-5, compute_dtype=torch.float64)),
+    # the decode path (H >= NORM_DECODE_MIN_HIDDEN, few rows): rows split over the cores
+    ("rms_norm-decode-1x4096", lambda: norms.rms_norm_kernel_call(_x(1, 4096), (4096,), _x(4096), 1e-6),
+     lambda c: references.rms_norm(c.tensors[0].double(), (4096,), c.tensors[1].double(), 1e-6,
+                                   compute_dtype=torch.float64)),
+    ("rms_norm-decode-5x1024", lambda: norms.rms_norm_kernel_call(_x(5, 1024), (1024,), None, 1e-6),
+     lambda c: references.rms_norm(c.tensors[0].double(), (1024,), None, 1e-6, compute_dtype=torch.float64)),
+    ("layer_norm-decode-37x768", lambda: norms.layer_norm_kernel_call(_x(37, 768), (768,), _x(768), _x(768), 1e-5),
+     lambda c: references.layer_norm(c.tensors[0].double(), (768,), c.tensors[1].double(), c.tensors[2].double(),
                                      1e-5, compute_dtype=torch.float64)),
     ("fused_add-129", lambda: norms.fused_add_rms_norm_kernel_call(_x(129, 64), _x(129, 64), _x(64), 1e-6),
      lambda c: references.fused_add_rms_norm(c.tensors[0], c.tensors[1], c.tensors[2], 1e-6,
@@ -100,6 +109,17 @@ CASES += [
 ]
 
 
+# Cases with one unit of work (one row tile, one decode row, one attention tile): only one
+# program stores. The row-tiled kernels give the one (tail) tile to the last program, the
+# attention kernel its one unit to the first. Every other case splits its output between
+# both cores.
+ONE_STORING_CORE = {
+    "elementwise-5": 1, "rms_norm-1row": 1, "rms_norm-narrow-1row": 1, "layer_norm-narrow-5": 1,
+    "rms_norm-decode-1x4096": 1, "fused_add-streamed-1row": 1, "silu_and_mul-3": 1,
+    "softmax-one-pass-5": 1, "rotary-1tile": 1, "attention-one-tile": 0,
+}
+
+
 def _run(call, lnc):
     kernel = _dispatch.simulator_kernel(call)[lnc]
     result = simulator.run(kernel, *[t.contiguous() for t in call.tensors], **call.static)
@@ -122,8 +142,15 @@ def test_both_degrees_give_identical_outputs(name, make_call, reference):
     for got, want in zip(finished, expected):
         atol, rtol = TOLERANCES[got.dtype]
         torch.testing.assert_close(got.double(), want.double(), atol=atol, rtol=rtol)
-    # at LNC=2 both physical cores ran their program (trace records carry the core)
-    assert {ins.attrs.get("core") for ins in two.trace} <= {0, 1}
+    # at LNC=2 the output is split as the kernel's work split says (trace records carry the
+    # core), and neither core writes what the other writes or reads
+    stores = {ins.attrs.get("core") for ins in two.trace if ins.op == "dma_copy" and ins.writes[0].buffer == "hbm"}
+    assert stores == ({ONE_STORING_CORE[name]} if name in ONE_STORING_CORE else {0, 1})
+    assert hbm_races(two.trace) == []
+
+
+def test_every_one_core_case_is_a_case():
+    assert set(ONE_STORING_CORE) <= {c[0] for c in CASES}
 
 
 def test_a_single_unit_runs_on_one_core_only():
