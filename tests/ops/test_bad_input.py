@@ -34,6 +34,13 @@ CASES = [
      TypeError, ["weight", "int32"]),
     ("ln-eps-negative", lambda: nki_kernels.layer_norm(x768(3, 8), (8,), eps=-1.0),
      ValueError, ["eps=-1.0"]),
+    ("ln-shape-float", lambda: nki_kernels.layer_norm(x768(3, 4), 4.0),
+     TypeError, ["normalized_shape", "4.0"]),
+    # a float size is refused, never truncated to the int it would round to (4.7 -> 4)
+    ("ln-shape-float-element", lambda: nki_kernels.layer_norm(x768(3, 4), (4.7,)),
+     TypeError, ["normalized_shape", "4.7"]),
+    ("ln-eps-none", lambda: nki_kernels.layer_norm(x768(3, 8), (8,), eps=None),
+     TypeError, ["eps=None", "float"]),
     ("ln-not-a-tensor", lambda: nki_kernels.layer_norm([1.0, 2.0], (2,)),
      TypeError, ["input", "list"]),
     # ---- rms_norm
@@ -41,6 +48,8 @@ CASES = [
      TypeError, ["input", "int16"]),
     ("rms-shape-mismatch", lambda: nki_kernels.rms_norm(x768(2, 5, 6), (5,)),
      ValueError, ["normalized_shape=[5]", "[2, 5, 6]"]),
+    ("rms-shape-none", lambda: nki_kernels.rms_norm(x768(2, 6), None),
+     TypeError, ["normalized_shape", "None"]),
     ("rms-weight-size", lambda: nki_kernels.rms_norm(x768(2, 6), (6,), torch.ones(3, 2)),
      ValueError, ["weight", "[3, 2]", "[6]"]),
     ("rms-eps-type", lambda: nki_kernels.rms_norm(x768(2, 6), (6,), None, "1e-6"),
@@ -50,6 +59,8 @@ CASES = [
      ValueError, ["residual", "[4, 9]", "[4, 8]"]),
     ("fused-residual-dtype", lambda: nki_kernels.fused_add_rms_norm(
         x768(4, 8), x768(4, 8).bfloat16(), None, 1e-6), TypeError, ["residual", "bfloat16", "float32"]),
+    ("fused-0d", lambda: nki_kernels.fused_add_rms_norm(torch.tensor(1.5), torch.tensor(0.5), None, 1e-6),
+     ValueError, ["input", "0-dimensional"]),
     ("fused-weight-size", lambda: nki_kernels.fused_add_rms_norm(x768(4, 8), x768(4, 8), torch.ones(4), 1e-6),
      ValueError, ["weight", "[4]", "[8]"]),
     ("fused-integer", lambda: nki_kernels.fused_add_rms_norm(torch.ones(2, 2, dtype=torch.int64),

@@ -16,6 +16,7 @@ one fp32 partial per work part (kernels/weight_grads.py), summed here in fp32
 
 from __future__ import annotations
 
+import operator
 from typing import List, Optional, Sequence, Union
 
 import torch
@@ -52,13 +53,16 @@ ShapeLike = Union[int, Sequence[int], torch.Size]
 # ---------------------------------------------------------------------------- checks
 
 def _as_shape(normalized_shape: ShapeLike) -> tuple[int, ...]:
-    if isinstance(normalized_shape, int):
+    if isinstance(normalized_shape, int) and not isinstance(normalized_shape, bool):
         return (normalized_shape,)
     try:
-        shape = tuple(int(d) for d in normalized_shape)
+        # operator.index, not int(): a float size (4.7) is refused, never truncated
+        shape = tuple(operator.index(d) for d in normalized_shape if not isinstance(d, bool))
+        if len(shape) != len(normalized_shape):
+            raise TypeError
     except TypeError:
         raise TypeError(
-            f"normalized_shape must be an int or a sequence of ints, got {type(normalized_shape).__name__}"
+            f"normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}"
         ) from None
     if len(shape) == 0:
         raise ValueError("normalized_shape=() is empty; it must name at least the last dimension")
@@ -266,6 +270,8 @@ def layer_norm(input: torch.Tensor, normalized_shape: ShapeLike, weight: Optiona
     _check_normalized_shape(input, shape)
     _check_param("weight", weight, shape, input)
     _check_param("bias", bias, shape, input)
+    if eps is None:   # F.layer_norm has no default for None either (rms_norm's None is torch's)
+        raise TypeError("eps=None: layer_norm needs a float eps, as F.layer_norm does")
     return _layer_norm_op(input, list(shape), weight, bias, _resolve_eps(eps, input.dtype))
 
 
