@@ -739,3 +739,10 @@ def test_bad_variant_requests_are_errors():
     bad = dataclasses.replace(TRN2, cost_ranges=(("no_such_field", 1.0, 2.0),))
     with pytest.raises(ValueError, match="no_such_field"):
         variant(bad, "optimistic")
+    # an Estimate stripped of its trace / schedule cannot be re-scheduled / exported
+    trace, allocs, _ = _stream(4)
+    est = estimate_trace(trace, TRN2, allocations=allocs)
+    with pytest.raises(ValueError, match="this Estimate kept no trace to re-schedule"):
+        end_latencies(dataclasses.replace(est, trace=None))
+    with pytest.raises(ValueError, match="this Estimate has no schedule to export"):
+        dataclasses.replace(est, schedule=None).to_chrome_trace("unused.json")

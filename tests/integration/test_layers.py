@@ -236,3 +236,23 @@ def test_kernelized_layers_train_and_compile(local_repo, simulated_calls):
     assert "rms_norm_kernel" in simulated_calls
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(model[0].weight.grad, ref_grad, atol=1e-4, rtol=1e-4)
+
+
+def test_rotary_layer_takes_the_sequence_major_layout(local_repo, simulated_calls):
+    """``unsqueeze_dim=2``: q/k as [B, S, H, D] (cos/sin [B, S, D] unsqueezed at dim 2), against
+    transformers' own function in float64; an unsupported dim is refused by name."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_rope
+
+    rope = local_repo[1].layers.ApplyRotaryPosEmb()
+    b, s, hq, hk, d = 2, 37, 4, 2, 32
+    q, k = torch.randn(b, s, hq, d), torch.randn(b, s, hk, d)
+    ang = torch.randn(b, s, d // 2).repeat(1, 1, 2)
+    cos, sin = ang.cos(), ang.sin()
+    q_out, k_out = rope(q, k, cos, sin, unsqueeze_dim=2)
+    assert simulated_calls, "the kernel did not run"
+    q_ref, k_ref = hf_rope(q.double(), k.double(), cos.double(), sin.double(), unsqueeze_dim=2)
+    assert q_out.shape == q.shape and k_out.shape == k.shape
+    torch.testing.assert_close(q_out.double(), q_ref, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(k_out.double(), k_ref, atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match=r"unsqueeze_dim=3 is not supported; expected 1 or 2"):
+        rope(q, k, cos, sin, unsqueeze_dim=3)

@@ -126,6 +126,9 @@ def test_neuron_device_routes_to_the_toolchain(monkeypatch):
                            types.SimpleNamespace(type="neuron"))
     assert result == "kernel" and calls[0].kernel == "elementwise_kernel"
     assert _dispatch.run(lambda: None, lambda: "reference", torch.device("cpu")) == "reference"
+    with pytest.raises(RuntimeError, match=r"nki_kernels has no implementation for device meta; "
+                                           r"supported devices are 'neuron'"):
+        _dispatch.run(lambda: None, lambda: "reference", torch.device("meta"))
 
 
 @pytest.mark.parametrize("missing", ["torch_neuronx", "nki"])

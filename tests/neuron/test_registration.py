@@ -181,7 +181,9 @@ def test_the_package_registers_every_op_with_nki_op_on_a_neuron_host(tmp_path):
         y = nki_kernels.gelu(x)
         y.sum().backward()
         ok_ref = torch.allclose(y, torch.nn.functional.gelu(x))
-        ok_grad = x.grad is not None and bool(torch.isfinite(x.grad).all())
+        x_ref = x.detach().clone().requires_grad_(True)
+        torch.nn.functional.gelu(x_ref).sum().backward()
+        ok_grad = x.grad is not None and torch.allclose(x.grad, x_ref.grad, atol=1e-5, rtol=1e-4)
         with FakeTensorMode() as m:
             fake = nki_kernels.rms_norm(m.from_tensor(torch.randn(3, 8)), (8,), None, 1e-6)
         compiled = torch.compile(lambda t: nki_kernels.silu(t) + 1, fullgraph=True, backend="eager")

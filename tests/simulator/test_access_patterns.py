@@ -171,10 +171,10 @@ def _scatter_kernel(src, rows, out):
 
 def test_vector_offset_scatters_into_an_input():
     src = torch.randn(8, 5)
-    out = torch.zeros(20, 5)
+    out = torch.randn(20, 5)    # the 12 rows the kernel does not write must keep these values
     rows = torch.tensor([19, 0, 7, 3, 11, 2, 5, 13], dtype=torch.int32).reshape(8, 1)
+    ref = out.clone()
     simulator.run(_scatter_kernel, src, rows, out)
-    ref = torch.zeros(20, 5)
     ref[rows.reshape(-1).long()] = src
     assert torch.equal(out, ref)
 

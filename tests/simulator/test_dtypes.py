@@ -58,9 +58,15 @@ def test_to_nki_accepts_torch_numpy_and_names(src, expected):
     assert dt.to_nki(src) == expected
 
 
-@pytest.mark.parametrize("bad", [torch.float64, np.float64, "float64", torch.int64, "complex"])
-def test_to_nki_rejects_unsupported(bad):
-    with pytest.raises(TypeError):
+@pytest.mark.parametrize("bad, message", [
+    (torch.float64, "torch dtype torch.float64 has no NKI equivalent"),
+    (torch.int64, "torch dtype torch.int64 has no NKI equivalent"),
+    (np.float64, "dtype float64 is not an NKI dtype \\(NKI has no 64-bit types\\)"),
+    ("float64", "dtype 'float64' is not an NKI dtype; expected one of"),
+    ("complex", "dtype 'complex' is not an NKI dtype; expected one of"),
+])
+def test_to_nki_rejects_unsupported(bad, message):
+    with pytest.raises(TypeError, match=message):
         dt.to_nki(bad)
 
 

@@ -21,6 +21,13 @@ def _copy_kernel(x):
     return out
 
 
+def test_run_refuses_what_is_not_a_kernel_and_tensors_off_the_cpu():
+    with pytest.raises(TypeError, match=r"expected an NKI kernel \(function or nki.jit object\), got 42"):
+        simulator.run(42, torch.randn(4, 4))
+    with pytest.raises(TypeError, match=r"argument x: the simulator takes CPU tensors, got meta"):
+        simulator.run(_copy_kernel, torch.empty(4, 4, device="meta"))
+
+
 def test_error_hierarchy():
     assert issubclass(NkiValidationError, SimulatorError) and issubclass(NkiValidationError, AssertionError)
     assert issubclass(CapacityError, NkiValidationError)

@@ -72,6 +72,8 @@ def test_nki_classes_get_the_default_initializer():
         assert (p.a, p.b, p.sum) == (2, 3, 5) and Plain(4, 5).sum == 9
         with pytest.raises(TypeError, match="takes 2 positional arguments"):
             Plain(1, 2, 3)
+        with pytest.raises(TypeError, match="Plain\\(\\) got multiple values for argument 'a'"):
+            Plain(1, a=2)
 
         class Own(NKIObject):
             def __init__(self, q):
@@ -87,6 +89,14 @@ def test_nki_classes_get_the_default_initializer():
             k: int = 1
 
         assert Frozen(2).k == 2
+
+
+def test_an_operator_selector_is_not_callable():
+    # nl.average / nl.bypass / nl.prelu name an operation for an instruction's op= argument;
+    # NKI 0.7 has no nl.average(x) function
+    with simulator.activated("trn2") as nki:
+        with pytest.raises(TypeError, match=r"nl.average is an operator selector only; it cannot be called"):
+            nki.language.average(np.ones((2, 2), np.float32))
 
 
 def test_psum_fmax_is_one_psum_bank():
