@@ -22,7 +22,8 @@ def _load(path: Path):
 
 
 def test_the_heavy_benchmarks_have_cpu_workloads():
-    assert {p.stem for p in SPLIT} >= {"benchmark_attention", "benchmark_layer_norm", "benchmark_rms_norm",
+    assert {p.stem for p in SPLIT} >= {"benchmark_attention", "benchmark_elementwise", "benchmark_layer_norm",
+                                       "benchmark_rms_norm",
                                        "benchmark_rotary", "benchmark_silu_and_mul", "benchmark_softmax"}
 
 
