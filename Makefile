@@ -12,10 +12,14 @@ STAMP   = $(VENV)/.nki-kernels-installed
 setup: $(STAMP)
 
 # torch is installed first and pinned: an unpinned torch would pull a multi-GB CUDA build.
+# Which build "torch==2.13.0" resolves to is pip's choice: where pip is configured with a
+# local CPU wheel (find-links, as on the CI machine) it takes that; on a machine with only
+# PyPI it takes the CUDA build, so pass TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu".
+TORCH_PIP_ARGS ?=
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet $(TORCH_PIP_ARGS) "torch==2.13.0"
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
