@@ -3,9 +3,11 @@
     out = x * cos + rotate_half(x) * sin,   rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2])
 
 Backward (``transpose=True``): rotate_half is the map R(x) = [-x2, x1], whose transpose
-is R^T(g) = [g2, -g1] = -R(g), so dx = dout * cos + R^T(dout * sin) = dout * cos +
-rotate_half(dout) * (-sin): the same kernel with the sign of sin's halves flipped (cos and
-sin take no gradient here; the op layer recomputes when they need one).
+is R^T(g) = [g2, -g1], so dx = dout * cos + R^T(dout * sin) = dout * cos +
+[dout2 * sin2, -dout1 * sin1]: the same kernel with the signed sin (sin[D/2:], -sin[:D/2])
+in place of (-sin[:D/2], sin[D/2:]). The halves are swapped, not only negated: sin's two
+halves need not be equal (transformers' cos/sin repeat the frequencies, but the op takes
+any). cos and sin take no gradient here; the op layer recomputes when they need one.
 
 Dimensions:
     B: batch; Hq, Hk: query / key heads (may differ: grouped-query attention);
@@ -163,7 +165,7 @@ def _finish_group(state):
 def _rope(pairs, cos, sin, transpose=False):
     """dst = src * cos + rotate_half(src) * sin for every (src, dst) HBM pair of ``pairs``
     (tensors [B, H, S, D] that differ only in H; cos, sin [Bc, S, D]); with ``transpose``
-    the transposed map, src * cos + rotate_half(src) * (-sin) (module docstring)."""
+    the transposed map, src * cos + [src2 * sin2, -src1 * sin1] (module docstring)."""
     batch, _, seq, dim = pairs[0][0].shape
     cos_batch = cos.shape[0]
     half = dim // 2
@@ -180,13 +182,15 @@ def _rope(pairs, cos, sin, transpose=False):
         nisa.dma_copy(dst=cos_tile, src=cos[bc, s0:s0 + parts, :])
         sin_tile = nl.ndarray((parts, dim), dtype=sin.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=sin_tile, src=sin[bc, s0:s0 + parts, :])
-        # signed sin = (-sin[:D/2], sin[D/2:]) in sin's dtype, once per position tile
-        # (negation is exact); transposed: (sin[:D/2], -sin[D/2:])
+        # signed sin, multiplied into swap_halves(src), in sin's dtype, once per position
+        # tile (negation is exact): (-sin[:D/2], sin[D/2:]); transposed (sin[D/2:], -sin[:D/2])
         signed_sin = nl.ndarray((parts, dim), dtype=sin.dtype, buffer=nl.sbuf)
-        negated, kept = ((half, dim), (0, half)) if transpose else ((0, half), (half, dim))
-        nisa.tensor_scalar(dst=signed_sin[:, negated[0]:negated[1]], data=sin_tile[:, negated[0]:negated[1]],
+        lo, hi = (0, half), (half, dim)
+        # (destination half, source half) of the negated and of the copied piece
+        (neg_dst, neg_src), (copy_dst, copy_src) = ((hi, lo), (lo, hi)) if transpose else ((lo, lo), (hi, hi))
+        nisa.tensor_scalar(dst=signed_sin[:, neg_dst[0]:neg_dst[1]], data=sin_tile[:, neg_src[0]:neg_src[1]],
                            op0=nl.multiply, operand0=-1.0)
-        nisa.tensor_copy(dst=signed_sin[:, kept[0]:kept[1]], src=sin_tile[:, kept[0]:kept[1]])
+        nisa.tensor_copy(dst=signed_sin[:, copy_dst[0]:copy_dst[1]], src=sin_tile[:, copy_src[0]:copy_src[1]])
         for src, dst in pairs:
             heads = src.shape[1]
             for h0 in range(0, heads, group_max):
@@ -202,7 +206,8 @@ def _rope(pairs, cos, sin, transpose=False):
 @nki.jit
 def rotary_kernel(q, k, cos, sin, transpose=False):
     """Return ``(q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin)``; with
-    ``transpose``, the backward: the same with -sin (the rotation's transpose).
+    ``transpose``, the backward: the rotation's transpose, dout * cos + [dout2 * sin2,
+    -dout1 * sin1].
 
     Args:
         q: HBM [B, Hq, S, D]; k: HBM [B, Hk, S, D] (same B, S, D and dtype as q).

@@ -80,8 +80,10 @@ def test_softmax_long_rows_recompute(simulator_backend, monkeypatch):
         softmax.softmax_backward_kernel_call(dy, x, -1)
 
 
-def _rope(b, h, hk, s, d, dtype):
-    ang = torch.randn(b, s, d // 2).repeat(1, 1, 2)
+def _rope(b, h, hk, s, d, dtype, halves="repeated"):
+    # "repeated": transformers' cos/sin (the frequencies twice); "distinct": any cos/sin the
+    # op accepts, where the backward must swap sin's halves, not only negate them
+    ang = torch.randn(b, s, d // 2).repeat(1, 1, 2) if halves == "repeated" else torch.randn(b, s, d)
     q = torch.randn(b, h, s, d).to(dtype).requires_grad_(True)
     k = torch.randn(b, hk, s, d).to(dtype).requires_grad_(True)
     return q, k, ang.cos().to(dtype), ang.sin().to(dtype)
@@ -91,11 +93,12 @@ def _rope(b, h, hk, s, d, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("dims", [(2, 4, 2, 9, 16), (1, 3, 1, 130, 64), (1, 2, 2, 128, 128)],
                          ids=["gqa-9", "gqa-130", "tile-exact"])
-def test_rotary_gradients(monkeypatch, backend, dtype, dims):
+@pytest.mark.parametrize("halves", ["repeated", "distinct"])
+def test_rotary_gradients(monkeypatch, backend, dtype, dims, halves):
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf
 
     monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", backend)
-    q, k, cos, sin = _rope(*dims, dtype)
+    q, k, cos, sin = _rope(*dims, dtype, halves)
     qo, ko = nki_kernels.apply_rotary_pos_emb(q, k, cos, sin)
     gq, gk = torch.randn(qo.shape).to(dtype), torch.randn(ko.shape).to(dtype)
     got = torch.autograd.grad((qo, ko), (q, k), (gq, gk))

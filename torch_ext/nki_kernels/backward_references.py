@@ -151,10 +151,15 @@ def gelu_and_mul_backward(grad_output: torch.Tensor, input: torch.Tensor, approx
 def apply_rotary_pos_emb_backward(grad_q: torch.Tensor, grad_k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                                   compute_dtype: torch.dtype | None = None):
     """``(d q, d k)`` of the rotate-half rotary embedding: ``dout * cos + R^T(dout * sin)``
-    with ``R^T(g) = [g2, -g1]`` (the transpose of rotate_half), i.e. the embedding with -sin."""
+    with ``R^T(g) = [g2, -g1]`` (the transpose of rotate_half): ``dout * cos + [dout2 * sin2,
+    -dout1 * sin1]``, i.e. the embedding with sin's halves swapped and negated,
+    ``(-sin2, -sin1)`` (equal to -sin only when sin's two halves are equal)."""
     from . import references
 
-    return references.apply_rotary_pos_emb(grad_q, grad_k, cos, -sin, compute_dtype=compute_dtype or COMPUTE_DTYPE)
+    half = sin.shape[-1] // 2
+    swapped = -torch.cat((sin[..., half:], sin[..., :half]), dim=-1)
+    return references.apply_rotary_pos_emb(grad_q, grad_k, cos, swapped,
+                                           compute_dtype=compute_dtype or COMPUTE_DTYPE)
 
 
 # ---------------------------------------------------------------------------- softmax

@@ -64,7 +64,7 @@ def apply_rotary_pos_emb_kernel_call(q: torch.Tensor, k: torch.Tensor, cos: torc
 def apply_rotary_pos_emb_backward_kernel_call(grad_q: torch.Tensor, grad_k: torch.Tensor, cos: torch.Tensor,
                                               sin: torch.Tensor) -> _dispatch.KernelCall:
     """The NKI launch of rotary's backward: the forward's kernels with ``transpose=True``
-    (the transposed rotation: the embedding with -sin, kernels/rotary.py)."""
+    (the transposed rotation: sin's halves swapped and negated, kernels/rotary.py)."""
     call = apply_rotary_pos_emb_kernel_call(grad_q, grad_k, cos, sin)
     return _dispatch.KernelCall(call.module, call.kernel, call.tensors, {**call.static, "transpose": True},
                                 finish=call.finish)
