@@ -28,7 +28,31 @@ def _cases():
         ("softmax", OP["softmax"], lambda: (g(3, 9, 40), -1)),
         ("softmax_dim0", OP["softmax"], lambda: (g(9, 40), 0)),
         ("rotary", OP["apply_rotary_pos_emb"], lambda: (g(2, 4, 9, 16), g(2, 2, 9, 16), g(2, 9, 16), g(2, 9, 16))),
+        # non-contiguous inputs: the fake's output strides must be the real output's (a
+        # compiled graph checks them), whatever layout each backend computes in
+        ("layer_norm_transposed", OP["layer_norm"], lambda: (t(6, 8, 10), [10], g(10), g(10), 1e-5)),
+        ("rms_norm_transposed", OP["rms_norm"], lambda: (t(6, 8, 10), [10], g(10), 1e-6)),
+        ("fused_add_transposed", OP["fused_add_rms_norm"], lambda: (t(6, 8, 10), t(6, 8, 10), None, 1e-6)),
+        ("gelu_transposed", OP["gelu"], lambda: (t(6, 8, 10), "none")),
+        ("silu_transposed", OP["silu"], lambda: (t(6, 8, 10),)),
+        ("silu_and_mul_channels_last", OP["silu_and_mul"],
+         lambda: (torch.randn(2, 6, 3, 4).to(memory_format=torch.channels_last).requires_grad_(True),)),
+        ("softmax_transposed_dim0", OP["softmax"], lambda: (t(6, 8, 10), 0)),
+        ("rotary_bshd_views", OP["apply_rotary_pos_emb"],
+         lambda: (bshd(2, 9, 4, 16), bshd(2, 9, 2, 16), g(2, 9, 16), g(2, 9, 16))),
+        ("sdpa_bshd_query", OP["scaled_dot_product_attention"],
+         lambda: (bshd(1, 8, 2, 16), g(1, 2, 8, 16), g(1, 2, 8, 16), None, False, 0.25)),
     ]
+
+
+def t(*shape):
+    """A transposed (non-contiguous, dense) view that requires grad."""
+    return torch.randn(*reversed(shape)).transpose(0, -1).requires_grad_(True)
+
+
+def bshd(b, s, h, d):
+    """transformers' q/k: [B, S, H, D] storage seen as [B, H, S, D]."""
+    return torch.randn(b, s, h, d).transpose(1, 2).requires_grad_(True)
 
 
 CASES = _cases()
@@ -68,5 +92,30 @@ def test_ops_compile_fullgraph(simulator_backend):
     args = (torch.randn(9, 64), torch.randn(9, 64), torch.randn(64), torch.randn(1, 2, 9, 16),
             torch.randn(1, 1, 9, 16), torch.randn(1, 9, 16), torch.randn(1, 9, 16))
     compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    for got, want in zip(compiled(*args), eager(*args)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["reference", "simulator"])
+def test_compile_fullgraph_on_non_contiguous_inputs(monkeypatch, backend):
+    # transposed activations and transformers' [B, S, H, D] q/k views through a compiled
+    # graph: the graph checks each real output against its fake's strides
+    monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", backend)
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf
+
+    def block(b, q, k, cos, sin):
+        x = b.transpose(0, 2)                                      # [6, 8, 10], strides (1, 6, 48)
+        h = nki_kernels.layer_norm(x, (10,)) * 2 + nki_kernels.gelu(x) + nki_kernels.softmax(x, 0)
+        q2, k2 = nki_kernels.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        return h, q2, k2
+
+    def eager(b, q, k, cos, sin):
+        x = b.transpose(0, 2)
+        h = F.layer_norm(x, (10,)) * 2 + F.gelu(x) + torch.softmax(x, 0)
+        return (h, *hf(q.transpose(1, 2), k.transpose(1, 2), cos, sin))
+
+    args = (torch.randn(10, 8, 6), torch.randn(2, 9, 4, 16), torch.randn(2, 9, 2, 16),
+            torch.randn(2, 9, 16), torch.randn(2, 9, 16))
+    compiled = torch.compile(block, fullgraph=True)   # inductor: it asserts every output's strides
     for got, want in zip(compiled(*args), eager(*args)):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)

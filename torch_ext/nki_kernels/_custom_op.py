@@ -78,6 +78,25 @@ class KernelBackward:
     grads_for: tuple[int, ...] | None = None
 
 
+def _in_fake_layout(result, fake: Callable, args: tuple):
+    """``result`` with every output in the layout (strides) the op's ``fake`` gives.
+
+    torch.compile traces an op through its fake and checks the real outputs against it, so
+    the two must agree whatever the inputs' layout; the backends compute in their own (the
+    kernels on contiguous copies, the references in torch's), so an output in another
+    layout is copied into the fake's. With contiguous inputs every fake is contiguous
+    (tests/ops/test_opcheck.py checks both), so that common case costs nothing."""
+    outs = result if isinstance(result, tuple) else (result,)
+    if (all(a.is_contiguous() for a in args if isinstance(a, torch.Tensor))
+            and all(o is None or o.is_contiguous() for o in outs)):
+        return result
+    wanted = fake(*args)
+    wanted = wanted if isinstance(wanted, tuple) else (wanted,)
+    fixed = tuple(o if o is None or w is None or o.stride() == w.stride() else w.copy_(o)
+                  for o, w in zip(outs, wanted))
+    return fixed if isinstance(result, tuple) else fixed[0]
+
+
 def define_op(stub: Callable, *, kernel_call: Callable, reference: Callable, fake: Callable,
               grad_reference: Callable, is_empty: Callable | None = None,
               backward: KernelBackward | None = None):
@@ -102,8 +121,9 @@ def define_op(stub: Callable, *, kernel_call: Callable, reference: Callable, fak
     def body(*args):
         if empty(*args):
             return fake(*args)
-        return _dispatch.run(lambda: kernel_call(**dict(zip(names, args))),
-                             lambda: reference(*args), _first_tensor(args).device)
+        result = _dispatch.run(lambda: kernel_call(**dict(zip(names, args))),
+                               lambda: reference(*args), _first_tensor(args).device)
+        return _in_fake_layout(result, fake, args)
 
     body.__name__, body.__qualname__, body.__module__ = stub.__name__, stub.__qualname__, stub.__module__
     body.__signature__ = signature
