@@ -175,3 +175,18 @@ def test_mixed_devices(op):
             nki_kernels.apply_rotary_pos_emb(_q(1, 2, 5, 8), _q(1, 2, 5, 8), _q(5, 8),
                                              torch.empty(5, 8, device="meta"))
     assert "meta" in str(info.value) and "cpu" in str(info.value)
+
+
+def test_numpy_scalars_are_taken_as_torch_takes_them():
+    # eps / scale / dim as numpy scalars (what a config loaded with numpy gives): torch takes
+    # them, so they are not refused; the values match torch's with the same Python numbers
+    import numpy as np
+    import torch.nn.functional as F
+
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(nki_kernels.layer_norm(x, 8, eps=np.float32(1e-3)), F.layer_norm(x, (8,), eps=1e-3))
+    torch.testing.assert_close(nki_kernels.rms_norm(x, (8,), None, np.float64(1e-3)), F.rms_norm(x, (8,), eps=1e-3))
+    torch.testing.assert_close(nki_kernels.softmax(x, np.int64(0)), torch.softmax(x, 0))
+    q, k, v = (torch.randn(1, 2, 5, 8) for _ in range(3))
+    torch.testing.assert_close(nki_kernels.scaled_dot_product_attention(q, k, v, scale=np.float32(0.5)),
+                               F.scaled_dot_product_attention(q, k, v, scale=0.5))

@@ -23,6 +23,7 @@ softmax of equal scores, i.e. the mean of the values, again as SDPA gives.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Optional
 
 import torch
@@ -83,8 +84,9 @@ def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
     if not isinstance(enable_gqa, bool):
         raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
     if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+        # any real number (numpy scalars too, as torch takes them); bool is refused
+        if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+            raise TypeError(f"scale must be a float or None, got {scale!r} ({type(scale).__qualname__})")
         if not math.isfinite(scale):
             raise ValueError(f"scale={scale} must be finite")
 
