@@ -20,6 +20,12 @@ All hardware numbers come from ``simulator/hardware.py``. docs/cost-model.md exp
 the model and its assumptions.
 """
 
+try:  # the ops and the simulator need only torch; the cost model's footprints need numpy
+    import numpy  # noqa: F401
+except ImportError as e:
+    raise ImportError("nki_kernels.simulator.cost (the cost model behind simulator.estimate) needs numpy, "
+                      "which the ops and the simulator do not: pip install numpy") from e
+
 from .estimate import Estimate, estimate_trace
 from .model import CostModelError, DmaCost, InstructionCost, compute_cost, dma_cost
 from .schedule import Schedule, Slot, schedule
