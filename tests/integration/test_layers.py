@@ -256,3 +256,20 @@ def test_rotary_layer_takes_the_sequence_major_layout(local_repo, simulated_call
     torch.testing.assert_close(k_out.double(), k_ref, atol=1e-5, rtol=1e-4)
     with pytest.raises(ValueError, match=r"unsqueeze_dim=3 is not supported; expected 1 or 2"):
         rope(q, k, cos, sin, unsqueeze_dim=3)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: nn.RMSNorm(64, eps=1e-6, elementwise_affine=False),       # no weight
+    lambda: nn.RMSNorm((4, 16), eps=None),                             # two normalised dims, torch's eps
+], ids=["no-affine", "two-dims-default-eps"])
+def test_rms_norm_layer_takes_torch_rmsnorm_modules(local_repo, simulated_calls, make):
+    module = make()
+    if module.weight is not None:
+        with torch.no_grad():
+            module.weight.copy_(torch.randn_like(module.weight))
+    x = torch.randn(3, 5, 4, 16).reshape(3, 5, 64) if module.normalized_shape == (64,) else torch.randn(3, 5, 4, 16)
+    want = module(x)
+    layer = local_repo[1].layers.RMSNorm
+    got = layer.forward(module, x)
+    assert simulated_calls, "the kernel did not run"
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)

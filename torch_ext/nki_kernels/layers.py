@@ -33,11 +33,13 @@ from .ops.rotary import apply_rotary_pos_emb
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm over the last dimension with the replaced module's ``weight`` [H] and
-    ``variance_epsilon`` (or ``eps``).
+    """RMSNorm with the replaced module's ``weight`` (None without an affine) and
+    ``variance_epsilon`` (transformers) or ``eps`` (``nn.RMSNorm``; None is torch's default),
+    over its ``normalized_shape`` (``nn.RMSNorm``) or the last dimension (transformers).
 
-    Shapes: hidden_states [..., H] -> [..., H]. The result has the dtype the Llama forward
-    returns (``weight * x.to(input_dtype)``): the promotion of the input and weight dtypes.
+    Shapes: hidden_states [..., *normalized_shape] -> same. With a weight the result has the
+    dtype the Llama forward returns (``weight * x.to(input_dtype)``): the promotion of the
+    input and weight dtypes; without one, the input's.
     """
 
     has_backward = True
@@ -46,9 +48,12 @@ class RMSNorm(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         eps = getattr(self, "variance_epsilon", None)
         if eps is None:
-            eps = getattr(self, "eps")
-        weight = self.weight
-        out = rms_norm(hidden_states, (hidden_states.shape[-1],), weight, eps)
+            eps = getattr(self, "eps", None)
+        shape = getattr(self, "normalized_shape", None) or (hidden_states.shape[-1],)
+        weight = getattr(self, "weight", None)
+        out = rms_norm(hidden_states, tuple(shape), weight, eps)
+        if weight is None:
+            return out
         result_dtype = torch.promote_types(hidden_states.dtype, weight.dtype)
         return out if out.dtype == result_dtype else out.to(result_dtype)
 
