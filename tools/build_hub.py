@@ -351,7 +351,10 @@ def render_card(config: Config, api: dict, report: str | None, benchmarks: list[
         "|---|---|---|",
     ]
     for backend in config.backends:
-        where = "Trainium hosts (`torch.neuron` present)" if backend == "neuron" else "every other host"
+        # kernels 0.17.2 takes a variant whose backend is the machine's (a CUDA, ROCm, XPU or
+        # MPS torch rejects torch-cpu unless get_kernel(..., backend="cpu") asks for it)
+        where = ("Trainium hosts (`torch.neuron` present)" if backend == "neuron"
+                 else 'hosts with a CPU-only torch (elsewhere pass `backend="cpu"` to `get_kernel`)')
         deps = ", ".join(f"`{d}`" for d in config.python_depends[backend]) or "none (torch only)"
         lines.append(f"| `build/torch-{backend}` | {where} | {deps} |")
     lines += [
@@ -359,7 +362,7 @@ def render_card(config: Config, api: dict, report: str | None, benchmarks: list[
         "## How to use",
         "",
         "```python",
-        "# pip install -U kernels",
+        "# pip install kernels==0.17.2   # the version this build was tested with",
         "import torch",
         "from kernels import get_kernel",
         "",
@@ -402,7 +405,12 @@ def render_card(config: Config, api: dict, report: str | None, benchmarks: list[
     if api["layers"]:
         lines += [
             "Stateless layers for `kernels.kernelize`, in the `layers` submodule "
-            f'(`LayerRepository(repo_id="{repo}", layer_name=..., version={version})`).',
+            f'(`LayerRepository(repo_id="{repo}", layer_name=..., version={version}, trust_remote_code=True)`). '
+            "With the tested pair (transformers 5.24, kernels 0.17.2) transformers' own layer "
+            "decorators are no-ops (they need kernels >= 0.18.2), so `kernels.kernelize` finds no "
+            "named layer in a stock model and changes nothing; use the package's "
+            "`transformers.kernelize(model)`, which names the layers itself, or name your own "
+            "classes with `kernels.use_kernel_forward_from_hub`.",
             "",
         ]
         for e in api["layers"]:

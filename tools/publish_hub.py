@@ -145,6 +145,30 @@ def validate_build(build_dir: Path, repo_id: str, version: int) -> str:
     return f"loaded {module.__name__} with kernels.get_local_kernel: {len(names)} public names"
 
 
+def stale_files(build_dir: Path, config, root: Path = ROOT) -> list[str]:
+    """Files of the build that differ from the sources it is built from (``root``), or are
+    missing from them or from it: a build older than the tree would upload old code. Empty
+    when the build is current."""
+    sources = build_hub.collect_sources(root, config)
+    generated = {"_ops.py", "metadata.json", "nki_src/__init__.py"}
+    stale = []
+    for variant in sorted(p for p in build_dir.glob("torch-*") if p.is_dir()):
+        wanted = dict(sources.package)
+        wanted.update({f"nki_src/{rel}": data for rel, data in sources.nki.items()})
+        built = {f.relative_to(variant).as_posix() for f in _files(variant)} - generated
+        for rel in sorted(built | set(wanted)):
+            path = variant / rel
+            if rel not in wanted:
+                stale.append(f"{variant.name}/{rel}: no longer in the sources")
+            elif not path.is_file() or path.read_bytes() != wanted[rel]:
+                stale.append(f"{variant.name}/{rel}: differs from the sources")
+    for name, data in sorted(sources.benchmarks.items()):
+        path = build_dir / "benchmarks" / name
+        if not path.is_file() or path.read_bytes() != data:
+            stale.append(f"benchmarks/{name}: differs from the sources")
+    return stale
+
+
 def _default_api_factory(token: str):
     from huggingface_hub import HfApi
 
@@ -216,6 +240,10 @@ def main(argv: list[str] | None = None, *, api_factory=_default_api_factory,
                 )
         plan = make_plan(args.build_dir, repo_id, config.version)
         print(validate(args.build_dir, repo_id, config.version))
+        stale = stale_files(args.build_dir, config)
+        if stale:
+            raise PublishError(f"{args.build_dir} is older than the sources ({len(stale)} files); run `make build` "
+                               "again. Nothing was uploaded:\n  " + "\n  ".join(stale[:20]))
         print(plan.describe())
         if not args.push:
             print("dry run: nothing uploaded. Re-run with --push to upload"

@@ -161,6 +161,27 @@ def test_an_invalid_build_is_never_uploaded(publish_hub, default_build, tmp_path
     assert "torch-neuron: files differ from the metadata digest" in err and "activations.py" in err
 
 
+def test_a_build_older_than_the_sources_is_never_uploaded(publish_hub, build_hub, default_build, tmp_path, capsys):
+    # a build that is valid in itself (its digest matches its files) but made from other
+    # sources than the tree's: here, a copy of the tree with one edited module
+    old_root = tmp_path / "tree"
+    for rel in ("torch_ext/nki_kernels", "kernels", "benchmarks"):
+        shutil.copytree(ROOT / rel, old_root / rel, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "build.toml", old_root / "build.toml")
+    layers = old_root / "torch_ext" / "nki_kernels" / "layers.py"
+    layers.write_text(layers.read_text() + "\n# an older version of this module\n")
+    out = tmp_path / "build"
+    build_hub.build(out, root=old_root, api=default_build[1]["api"])
+    api = FakeHfApi()
+    rc, _ = _run(publish_hub, ["--build-dir", str(out), "--push", "--token", "hf_fake"], api=api)
+    err = capsys.readouterr().err
+    assert rc == 1 and api.calls == []
+    assert "is older than the sources" in err
+    assert "torch-cpu/layers.py: differs from the sources" in err and "torch-neuron/layers.py" in err
+    # the tree's own build is current
+    assert publish_hub.stale_files(default_build[0], build_hub.read_config(ROOT / "build.toml")) == []
+
+
 def test_card_for_another_repo_is_refused(publish_hub, default_build, capsys):
     out, _ = default_build
     api = FakeHfApi()
