@@ -253,6 +253,8 @@ def test_tensor_scalar_rounds_once_into_bf16(sim, mk, v):
     (dict(op0="add", operand0=1.0, op1="bitwise_and", operand1=1), "both be bitvec or both"),
     (dict(op0="multiply", operand0=1.0, op1="subtract", operand1=1.0, engine="scalar"),
      "Scalar engine supports only"),
+    (dict(op0="bitwise_and", operand0=3, engine="gpsimd"), "must run on the Vector engine, got engine=gpsimd"),
+    (dict(op0="bitwise_or", operand0=3, engine="scalar"), "must run on the Vector engine, got engine=scalar"),
 ])
 def test_tensor_scalar_rules(sim, mk, kwargs, msg):
     _, nl, nisa = sim

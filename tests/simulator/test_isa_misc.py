@@ -185,3 +185,22 @@ def test_unsupported_names_raise_clearly(sim):
     t = nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.sbuf)
     with pytest.raises(UnsupportedError, match="indirect"):
         t.indirect(t)
+
+
+def test_find_index8_takes_successive_occurrences_of_a_repeated_value(sim, mk):
+    # AWS's simulator fix "to match hardware" (Neuron 2.32 release notes): the k-th copy of a
+    # value in vals finds its k-th occurrence; absent (or exhausted) values get all ones
+    _, nl, nisa = sim
+    data = torch.tensor([[1, 5, 3, 5, 2, 5, 0, 4, 1, 3, -1, -2]], dtype=torch.float32)
+    vals = torch.tensor([[5, 5, 5, 4, 3, 3, 2, 9]], dtype=torch.float32)
+    found = nl.ndarray((1, 8), dtype=nl.uint32, buffer=nl.sbuf)
+    nisa.nc_find_index8(found, mk(data), mk(vals))
+    assert found.values().tolist() == [[1, 3, 5, 7, 2, 9, 4, 0xFFFFFFFF]]
+    vals4 = torch.tensor([[5, 5, 5, 5, 1, 1, 1, 0]], dtype=torch.float32)    # 4th 5 and 3rd 1: none
+    short = nl.ndarray((1, 8), dtype=nl.uint16, buffer=nl.sbuf)
+    nisa.nc_find_index8(short, mk(data), mk(vals4))
+    assert short.values().tolist() == [[1, 3, 5, 0xFFFF, 0, 8, 0xFFFF, 6]]
+    with pytest.raises(NkiValidationError, match="dst dtype float32 must be uint16 or uint32"):
+        nisa.nc_find_index8(nl.ndarray((1, 8), dtype=nl.float32, buffer=nl.sbuf), mk(data), mk(vals))
+    with pytest.raises(NkiValidationError, match="data has 4 elements per partition; between 8 and 16384"):
+        nisa.nc_find_index8(found, mk(data[:, :4]), mk(vals))

@@ -183,3 +183,20 @@ def test_trace_operands(sim, mk, last):
         ("data", "sbuf", (64, 16, 2), "bfloat16", 64, 32, 64 * 32 * 2)
     assert r.alloc_id == a._alloc.alloc_id
     assert ins.writes[0].role == "dst" and ins.index == len(simulator.current_trace()) - 1
+
+
+def test_integer_to_integer_copies_go_through_fp32(sim, mk):
+    # "first casting from src.dtype to float32, then from float32 to dst.dtype" (dma_copy),
+    # "intermediate FP32 cast when input and output data types differ" (tensor_copy): round
+    # to nearest even and saturate, never wrap
+    _, nl, nisa = sim
+    x = mk(torch.tensor([[300, -50, -1, 70000, 16777217, 5]], dtype=torch.int32), "int32")
+    i8 = nl.ndarray((1, 6), dtype=nl.int8, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=i8, src=x)
+    assert i8.values().tolist() == [[127, -50, -1, 127, 127, 5]]
+    u8 = nl.ndarray((1, 6), dtype=nl.uint8, buffer=nl.sbuf)
+    nisa.dma_copy(dst=u8, src=x)
+    assert u8.values().tolist() == [[255, 0, 0, 255, 255, 5]]
+    u32 = nl.ndarray((1, 6), dtype=nl.uint32, buffer=nl.hbm)
+    nisa.dma_copy(dst=u32, src=x)
+    assert u32.values().tolist() == [[300, 0, 0, 70000, 16777216, 5]]   # 2**24 + 1 rounds in fp32

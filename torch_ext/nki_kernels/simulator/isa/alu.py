@@ -133,6 +133,10 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     if o1 is not None and o0.bitvec != o1.bitvec:
         fail(f"{I}: op0 {o0!r} and op1 {o1!r} must both be bitvec or both arithmetic")
     eng = engine_of(I, engine, ("vector", "scalar", "gpsimd"), "vector")
+    if o0.bitvec and eng != "vector":
+        # "If bitvec operators are used, the tensor_scalar instruction must run on Vector
+        # Engine" (NKI 0.7 docstring)
+        fail(f"{I}: bitvec op {o0!r} must run on the Vector engine, got engine={eng}")
     if eng == "gpsimd":
         no_psum_on_gpsimd(I, ("dst", dst), ("data", data), ("operand0", operand0),
                           ("operand1", operand1))

@@ -215,13 +215,15 @@ def store(instr, dst: NkiTensor, value: torch.Tensor, matmul=False, raw=False) -
 
 
 def cast_copy(instr, dst: NkiTensor, src: NkiTensor) -> None:
-    """Copy ``src`` into dst: equal dtypes copy bits, integer to integer wraps, anything
-    with a float casts through fp32."""
+    """Copy ``src`` into dst: equal dtypes copy bits; any other pair, integer to integer
+    included, casts through fp32 (round to nearest even, then saturate to dst's range):
+    dma_copy "first casting from src.dtype to float32, then from float32 to dst.dtype",
+    tensor_copy an "intermediate FP32 cast when input and output data types differ" (NKI
+    0.7 docstrings). So int32 300 -> int8 is 127 (not 44), and int32 above 2**24 loses its
+    low bits."""
     sd, dd = src.dtype, dst.dtype
     if sd == dd or (sd.storage == dd.storage and (sd.is_packed or dd.is_packed)):
         store(instr, dst, src._data, raw=True)
-    elif sd.is_int and dd.is_int:
-        store(instr, dst, ints(src))
     else:
         store(instr, dst, f32(src))
 
@@ -231,9 +233,7 @@ def convert_bits(bits: torch.Tensor, src_dtype, dst_dtype) -> torch.Tensor:
     if src_dtype == dst_dtype or (src_dtype.storage == dst_dtype.storage
                                   and (src_dtype.is_packed or dst_dtype.is_packed)):
         return bits
-    values = src_dtype.from_bits(bits)
-    if not (src_dtype.is_int and dst_dtype.is_int):
-        values = values.to(torch.float32)
+    values = src_dtype.from_bits(bits).to(torch.float32)    # through fp32, as cast_copy
     return dst_dtype.to_bits(values)
 
 

@@ -318,20 +318,32 @@ def max8(dst, src, name=None):
 
 
 def nc_find_index8(dst, data, vals, name=None):
-    """Index of the first occurrence of each of 8 values per partition (0xFFFFFFFF if absent)."""
+    """Index of each of 8 values per partition (all ones if absent). A value repeated in
+    ``vals`` takes its successive occurrences in ``data``: the k-th copy the k-th occurrence
+    (AWS's simulator was fixed to this "to match hardware", Neuron 2.32 release notes, NKI
+    "Bug Fixes": "Duplicate search values now advance through successive occurrences")."""
     I = "nc_find_index8"
     onchip(I, "dst", dst)
     onchip(I, "data", data)
     onchip(I, "vals", vals)
     if free_elems(vals) != 8 or free_elems(dst) != 8:
         fail(f"{I}: vals and dst must have 8 elements per partition")
+    # docstring: "between 8 and 16,384 elements per partition"; output "uint16 or uint32"
+    if not 8 <= free_elems(data) <= 16384:
+        fail(f"{I}: data has {free_elems(data)} elements per partition; between 8 and 16384 are allowed")
+    if dst.dtype.name not in ("uint16", "uint32"):
+        fail(f"{I}: dst dtype {dst.dtype.name} must be uint16 or uint32")
     P = data.shape[0]
     x = f32(data).reshape(P, 1, -1)
     v = f32(vals).reshape(P, 8, 1)
-    eq = x == v
-    first = eq.to(torch.int64).argmax(2)
+    eq = x == v                                                   # [P, 8, F]
+    # the copy number of each value among the vals before it: 0 for its first copy
+    same = v.reshape(P, 8, 1) == v.reshape(P, 1, 8)               # [P, 8 (j), 8 (i)]
+    copy_no = torch.tril(same.to(torch.int64), diagonal=-1).sum(2, keepdim=True)
+    hit = eq & (eq.to(torch.int64).cumsum(2) == copy_no + 1)
+    index = hit.to(torch.int64).argmax(2)
     sentinel = 0xFFFF if dst.dtype.name == "uint16" else 0xFFFFFFFF
-    store(I, dst, torch.where(eq.any(2), first, torch.tensor(sentinel)))
+    store(I, dst, torch.where(hit.any(2), index, torch.tensor(sentinel)))
     return record(I, "vector", [("data", data), ("vals", vals)], [("dst", dst)],
                   data.size, {})
 
