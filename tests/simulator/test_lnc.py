@@ -281,3 +281,49 @@ def test_dynamic_control_flow_must_match_between_the_cores():
     with pytest.raises(NkiValidationError, match=r"run-time loop #0 \(core 0: fori_loop ran 2 "
                                                  r"iterations; core 1: fori_loop ran 3"):
         simulator.run(_dynamic_loops, x, True, params=LNC2)
+
+
+def _zero_then_scatter(x, last_differs):
+    """Both cores zero the whole output, then write into the same rows: the same values
+    (router_topk's pattern at LNC=2: order-independent), or, with ``last_differs``, each its
+    own value as its last write."""
+    import nki.isa as nisa
+    import nki.language as nl
+
+    me = nl.program_id(0)
+    out = nl.ndarray((8, 16), dtype=nl.float32, buffer=nl.shared_hbm, name="out")
+    zeros = nl.ndarray((8, 16), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(zeros, 0.0)
+    nisa.dma_copy(out, zeros)
+    vals = nl.ndarray((8, 16), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(vals, 2.0 + me if last_differs else 2.0)
+    nisa.dma_copy(out[2:5, :], vals[2:5, :])
+    return out
+
+
+def _intermediate_matches_last_differs(x):
+    """Core 1 writes 2.0 twice; core 0 writes 1.0 once: the last writes differ even though
+    core 1's second write changes nothing in the simulator's order."""
+    import nki.isa as nisa
+    import nki.language as nl
+
+    me = nl.program_id(0)
+    out = nl.ndarray((8, 16), dtype=nl.float32, buffer=nl.shared_hbm, name="out")
+    t = nl.ndarray((8, 16), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(t, 1.0 if me == 0 else 2.0)
+    nisa.dma_copy(out, t)
+    if me == 1:
+        nisa.dma_copy(out, t)
+    return out
+
+
+def test_only_each_core_s_last_write_decides_a_write_race():
+    x = torch.zeros(1, 1)
+    out = simulator.run(_zero_then_scatter, x, False, params=LNC2).outputs
+    want = torch.zeros(8, 16)
+    want[2:5] = 2.0
+    assert torch.equal(out, want)
+    with pytest.raises(RaceError, match=r"out \(8, 16\) float32, bytes 128\.\.319: both cores write different"):
+        simulator.run(_zero_then_scatter, x, True, params=LNC2)
+    with pytest.raises(RaceError, match=r"out \(8, 16\) float32, bytes 0\.\.511: both cores write different"):
+        simulator.run(_intermediate_matches_last_differs, x, params=LNC2)

@@ -10,8 +10,12 @@ bytes with no synchronisation ordering them:
 
 * a write and a read, when the write changes those bytes: what the reader sees depends on
   which core gets there first;
-* two writes, when the later one (in the simulator's interleaving) writes different bits
-  than the earlier one left: the final contents depend on the order.
+* two writes, when they leave different bits as each core's last write to those bytes:
+  the final contents depend on which core writes last. A write that its own core writes
+  over later is not compared (only the last write of each core can be final; what the
+  other core might read in between is the read rule's), so two cores that both zero a
+  tensor and then both scatter the same values into it (AWS's router_topk at LNC=2) give
+  the same memory in any order.
 
 Two cores writing the SAME bits to the same bytes (AWS's cumsum and rope kernels at LNC=2
 both compute and store the whole output) give the same memory in either order: that is not
@@ -36,11 +40,13 @@ class RaceTracker:
 
     def __init__(self, run):
         self.run = run
-        # (core, epoch, instruction, "read"|"write", allocation, lo, hi, where, changed)
+        # (core, epoch, instruction, "read"|"write", allocation, lo, hi, where, changed,
+        #  written: the bits a write left, in its elements' order; None for a read)
         self.accesses: list[tuple] = []
         self.epoch = [0] * run.grid      # synchronisations completed, per core
         self.syncs: list[tuple] = []     # (cores, {core: epoch it entered at})
         self._changed: dict[int, torch.Tensor] = {}  # id(view) -> changed mask of its store
+        self._written: dict[int, torch.Tensor] = {}  # id(view) -> the bits its store wrote
 
     # ------------------------------------------------------------------ writes
     def before_store(self, dst) -> torch.Tensor | None:
@@ -55,11 +61,13 @@ class RaceTracker:
             return
         new = dst._data
         self._changed[id(dst)] = _bits(new) != _bits(old)
+        self._written[id(dst)] = _bits(new).clone()
 
     def after_store_indirect(self, dst, old, new) -> None:
         """The same for a store through a run-time access pattern (elements in the view's
         order; the ones it did not write compare equal)."""
         self._changed[id(dst)] = _bits(new) != _bits(old)
+        self._written[id(dst)] = _bits(new).clone()
 
     # ------------------------------------------------------------------ recording
     def record(self, core, idx, op, reads, writes) -> None:
@@ -70,14 +78,17 @@ class RaceTracker:
                     continue
                 where, keep = _where(t)
                 changed = self._changed.pop(id(t), None) if kind == "write" else None
+                written = self._written.pop(id(t), None) if kind == "write" else None
                 if changed is not None and keep is not None:
                     changed = changed[keep]
+                if written is not None and keep is not None:
+                    written = written[keep]
                 changed = _compact(changed)
                 lo, hi = _hull(where)
                 if hi <= lo:
                     continue
                 self.accesses.append((core, self.epoch[core], idx, kind, a, lo, hi, where,
-                                      changed))
+                                      changed, written))
 
     # ------------------------------------------------------------------ synchronisation
     def synchronised(self, cores) -> None:
@@ -253,6 +264,8 @@ def _conflict(x, y, accs):
     it reads those bits in any order (AWS's dynamic_elementwise_add: both cores store the
     whole result, then read it back)."""
     w, o = (x, y) if x[3] == "write" else (y, x)
+    if o[3] == "write" and w[9] is not None and o[9] is not None:
+        return _last_writes_differ(w, o, accs)
     if o[3] == "write" and o[2] > w[2]:
         w, o = o, w  # of two writes, the later one decides whether the order matters
     wb, ob = _byte_offsets(w[7]), _byte_offsets(o[7])
@@ -282,6 +295,43 @@ def _conflict(x, y, accs):
         starts = hit_bytes
         return w, o, int(starts.min()), int(starts.max()) + 1
     return w, o, int(starts.min()), int(starts.max()) + w[7][2]
+
+
+def _written_bytes(acc, lo, hi) -> torch.Tensor:
+    """The byte values write ``acc`` leaves in [lo, hi) (-1 where it writes nothing),
+    minus the bytes its own core writes again later (those values are never final)."""
+    values = torch.full((hi - lo,), -1, dtype=torch.int16)
+    es = acc[7][2]
+    starts = _byte_offsets(acc[7])
+    data = acc[9].contiguous().reshape(-1).view(torch.uint8).reshape(-1, es).to(torch.int16)
+    at = (starts.unsqueeze(1) + torch.arange(es)).reshape(-1) - lo
+    inside = (at >= 0) & (at < hi - lo)
+    values[at[inside]] = data.reshape(-1)[inside]
+    return values
+
+
+def _last_writes_differ(w, o, accs):
+    """(w, o, lo, hi) if the two writes, each its core's last write to some bytes, leave
+    different values there (the final memory depends on which core writes last)."""
+    lo, hi = max(w[5], o[5]), min(w[6], o[6])
+    if hi <= lo:
+        return None
+    ends = []
+    for acc in (w, o):
+        values = _written_bytes(acc, lo, hi)
+        for own in accs:  # the same core writing those bytes again later
+            if own[0] == acc[0] and own[3] == "write" and own[2] > acc[2] and own[5] < hi and own[6] > lo:
+                starts = _byte_offsets(own[7])
+                at = (starts.unsqueeze(1) + torch.arange(own[7][2])).reshape(-1) - lo
+                values[at[(at >= 0) & (at < hi - lo)]] = -1
+        ends.append(values)
+    differ = (ends[0] >= 0) & (ends[1] >= 0) & (ends[0] != ends[1])
+    if not bool(differ.any()):
+        return None
+    where = differ.nonzero().reshape(-1)
+    first, second = (w, o) if w[2] > o[2] else (o, w)
+    es = first[7][2]  # reported in whole elements (0.0 and 1.0 share their low bytes)
+    return first, second, (lo + int(where.min())) // es * es, -(-(lo + int(where.max()) + 1) // es) * es
 
 
 def _message(w, o, lo, hi, describe) -> str:
