@@ -243,7 +243,7 @@ def _layer_norm_grads(inputs, outputs, grad_outputs):
 
 _layer_norm_op = define_op(
     _layer_norm, kernel_call=layer_norm_kernel_call, reference=references.layer_norm,
-    fake=lambda input, *_: torch.empty_like(input, memory_format=torch.contiguous_format),   # contiguous, as F.*_norm returns
+    fake=lambda input, *_: torch.empty_like(input, memory_format=torch.contiguous_format),  # as F.*_norm
     grad_reference=lambda *a: references.layer_norm(*a, compute_dtype=torch.float32),
     backward=KernelBackward(
         _layer_norm_grads,
@@ -344,7 +344,7 @@ def _rms_norm(input: torch.Tensor, normalized_shape: List[int], weight: Optional
 
 _rms_norm_op = define_op(
     _rms_norm, kernel_call=rms_norm_kernel_call, reference=references.rms_norm,
-    fake=lambda input, *_: torch.empty_like(input, memory_format=torch.contiguous_format),   # contiguous, as F.*_norm returns
+    fake=lambda input, *_: torch.empty_like(input, memory_format=torch.contiguous_format),  # as F.*_norm
     grad_reference=lambda *a: references.rms_norm(*a, compute_dtype=torch.float32),
     backward=KernelBackward(
         _rms_norm_grads,
@@ -425,7 +425,8 @@ def _fused_add_rms_norm_grads(inputs, outputs, grad_outputs):
 
 _fused_add_rms_norm_op = define_op(
     _fused_add_rms_norm, kernel_call=fused_add_rms_norm_kernel_call, reference=references.fused_add_rms_norm,
-    fake=lambda input, *_: (torch.empty_like(input, memory_format=torch.contiguous_format), torch.empty_like(input, memory_format=torch.contiguous_format)),
+    fake=lambda input, *_: (torch.empty_like(input, memory_format=torch.contiguous_format),
+                            torch.empty_like(input, memory_format=torch.contiguous_format)),
     grad_reference=lambda *a: references.fused_add_rms_norm(*a, compute_dtype=torch.float32),
     backward=KernelBackward(
         _fused_add_rms_norm_grads, save_outputs=(1,),

@@ -107,7 +107,7 @@ def _softmax(input: torch.Tensor, dim: int) -> torch.Tensor: ...
 
 
 _softmax_op = define_op(_softmax, kernel_call=softmax_kernel_call, reference=references.softmax,
-                        fake=lambda input, dim: torch.empty_like(input, memory_format=torch.contiguous_format),  # as torch.softmax
+                        fake=lambda input, dim: torch.empty_like(input, memory_format=torch.contiguous_format),
                         grad_reference=lambda *a: references.softmax(*a, compute_dtype=torch.float32),
                         backward=KernelBackward(
                             lambda inputs, outputs, grads: (_softmax_backward_op(grads[0], outputs[0], inputs[1]),

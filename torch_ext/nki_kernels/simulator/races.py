@@ -298,8 +298,7 @@ def _conflict(x, y, accs):
 
 
 def _written_bytes(acc, lo, hi) -> torch.Tensor:
-    """The byte values write ``acc`` leaves in [lo, hi) (-1 where it writes nothing),
-    minus the bytes its own core writes again later (those values are never final)."""
+    """The byte values write ``acc`` leaves in [lo, hi), -1 where it writes nothing."""
     values = torch.full((hi - lo,), -1, dtype=torch.int16)
     es = acc[7][2]
     starts = _byte_offsets(acc[7])
@@ -331,7 +330,8 @@ def _last_writes_differ(w, o, accs):
     where = differ.nonzero().reshape(-1)
     first, second = (w, o) if w[2] > o[2] else (o, w)
     es = first[7][2]  # reported in whole elements (0.0 and 1.0 share their low bytes)
-    return first, second, (lo + int(where.min())) // es * es, -(-(lo + int(where.max()) + 1) // es) * es
+    first_byte, end_byte = lo + int(where.min()), lo + int(where.max()) + 1
+    return first, second, first_byte // es * es, -(-end_byte // es) * es
 
 
 def _message(w, o, lo, hi, describe) -> str:
