@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+import operator
 from typing import Iterable
 
 import torch
@@ -56,3 +58,22 @@ def check_choice(name: str, value: object, choices: tuple) -> None:
     """Raise ValueError unless ``value`` is one of ``choices``."""
     if value not in choices:
         raise ValueError(f"{name}={value!r} is not supported; expected one of {choices}")
+
+
+def check_real(name: str, value: object, what: str = "a float") -> float:
+    """``value`` as a Python float: any real number, numpy scalars too (torch takes them);
+    a bool is refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {what}, got {value!r} ({type(value).__qualname__})")
+    return float(value)
+
+
+def check_index(name: str, value: object) -> int:
+    """``value`` as a Python int: an int or anything with ``__index__`` (numpy integers, as
+    torch takes them); a bool or a float is refused."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__qualname__})")

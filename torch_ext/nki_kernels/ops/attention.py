@@ -23,7 +23,6 @@ softmax of equal scores, i.e. the mean of the values, again as SDPA gives.
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Optional
 
 import torch
@@ -84,9 +83,7 @@ def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
     if not isinstance(enable_gqa, bool):
         raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
     if scale is not None:
-        # any real number (numpy scalars too, as torch takes them); bool is refused
-        if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-            raise TypeError(f"scale must be a float or None, got {scale!r} ({type(scale).__qualname__})")
+        _checks.check_real("scale", scale, "a float or None")
         if not math.isfinite(scale):
             raise ValueError(f"scale={scale} must be finite")
 

@@ -16,7 +16,6 @@ one fp32 partial per work part (kernels/weight_grads.py), summed here in fp32
 
 from __future__ import annotations
 
-import numbers
 import operator
 from typing import List, Optional, Sequence, Union
 
@@ -115,12 +114,10 @@ def default_rms_eps(dtype: torch.dtype) -> float:
 def _resolve_eps(eps: Optional[float], dtype: torch.dtype) -> float:
     if eps is None:
         return default_rms_eps(dtype)
-    # any real number (numpy scalars too, as torch takes them); bool is refused
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"eps must be a float, got {eps!r} ({type(eps).__qualname__})")
+    eps = _checks.check_real("eps", eps)
     if eps < 0:
         raise ValueError(f"eps={eps} is negative; it must be >= 0")
-    return float(eps)
+    return eps
 
 
 def _rows_view(t: torch.Tensor, hidden: int) -> torch.Tensor:

@@ -3,7 +3,6 @@ registration."""
 
 from __future__ import annotations
 
-import operator
 from typing import Optional
 
 import torch
@@ -21,13 +20,7 @@ RESIDENT_BYTES = _kernel_sources.limits().SOFTMAX_RESIDENT_BYTES
 
 
 def _normalize_dim(input: torch.Tensor, dim: int) -> int:
-    # an int or anything with __index__ (numpy integers, as torch takes them); bool is refused
-    try:
-        if isinstance(dim, bool):
-            raise TypeError
-        dim = operator.index(dim)
-    except TypeError:
-        raise TypeError(f"dim must be an int, got {dim!r} ({type(dim).__qualname__})") from None
+    dim = _checks.check_index("dim", dim)
     ndim = max(input.dim(), 1)
     if not -ndim <= dim < ndim:
         raise IndexError(f"dim={dim} is out of range for input with {input.dim()} dimension(s) "

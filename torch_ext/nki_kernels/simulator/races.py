@@ -234,6 +234,11 @@ def _byte_offsets(where) -> torch.Tensor:
     return (off.reshape(-1, 1) + idx.reshape(1, -1) * es).reshape(-1)
 
 
+def _bytes(starts: torch.Tensor, es: int) -> torch.Tensor:
+    """Every byte of the elements starting at ``starts`` (``es`` bytes each), element by element."""
+    return (starts.unsqueeze(1) + torch.arange(es)).reshape(-1)
+
+
 def _covering(starts, es, other_starts, other_es) -> torch.Tensor:
     """Which elements (``starts``, ``es`` bytes each) share a byte with the other set."""
     if es == other_es and bool(((starts % es) == 0).all()) and bool(((other_starts % es) == 0).all()):
@@ -252,8 +257,8 @@ def _covering(starts, es, other_starts, other_es) -> torch.Tensor:
         hit = torch.zeros(starts.shape, dtype=torch.bool)
         hit[inside] = mask[mine[inside]]
         return hit
-    mine = (starts.unsqueeze(1) + torch.arange(es)).reshape(-1)
-    theirs = (other_starts.unsqueeze(1) + torch.arange(other_es)).reshape(-1)
+    mine = _bytes(starts, es)
+    theirs = _bytes(other_starts, other_es)
     return torch.isin(mine, theirs).reshape(-1, es).any(1)
 
 
@@ -281,14 +286,14 @@ def _conflict(x, y, accs):
             return None  # same bits either way: the order is not observable
     starts = wb[hit]
     if o[3] == "read":
-        hit_bytes = (starts.unsqueeze(1) + torch.arange(w[7][2])).reshape(-1)
+        hit_bytes = _bytes(starts, w[7][2])
         for own in accs:
             if own[0] != o[0] or own[3] != "write" or not w[2] < own[2] < o[2] \
                     or own[8] is None:
                 continue
             ob_own = _byte_offsets(own[7])
             same = ob_own if own[8] is False else ob_own[~own[8].reshape(-1)]
-            same = (same.unsqueeze(1) + torch.arange(own[7][2])).reshape(-1)
+            same = _bytes(same, own[7][2])
             hit_bytes = hit_bytes[~torch.isin(hit_bytes, same)]
             if hit_bytes.numel() == 0:
                 return None
@@ -303,7 +308,7 @@ def _written_bytes(acc, lo, hi) -> torch.Tensor:
     es = acc[7][2]
     starts = _byte_offsets(acc[7])
     data = acc[9].contiguous().reshape(-1).view(torch.uint8).reshape(-1, es).to(torch.int16)
-    at = (starts.unsqueeze(1) + torch.arange(es)).reshape(-1) - lo
+    at = _bytes(starts, es) - lo
     inside = (at >= 0) & (at < hi - lo)
     values[at[inside]] = data.reshape(-1)[inside]
     return values
@@ -320,8 +325,7 @@ def _last_writes_differ(w, o, accs):
         values = _written_bytes(acc, lo, hi)
         for own in accs:  # the same core writing those bytes again later
             if own[0] == acc[0] and own[3] == "write" and own[2] > acc[2] and own[5] < hi and own[6] > lo:
-                starts = _byte_offsets(own[7])
-                at = (starts.unsqueeze(1) + torch.arange(own[7][2])).reshape(-1) - lo
+                at = _bytes(_byte_offsets(own[7]), own[7][2]) - lo
                 values[at[(at >= 0) & (at < hi - lo)]] = -1
         ends.append(values)
     differ = (ends[0] >= 0) & (ends[1] >= 0) & (ends[0] != ends[1])
