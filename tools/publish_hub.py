@@ -151,10 +151,10 @@ def stale_files(build_dir: Path, config, root: Path = ROOT) -> list[str]:
     when the build is current."""
     sources = build_hub.collect_sources(root, config)
     generated = {"_ops.py", "metadata.json", "nki_src/__init__.py"}
+    wanted = dict(sources.package)        # every variant holds the same copied files
+    wanted.update({f"nki_src/{rel}": data for rel, data in sources.nki.items()})
     stale = []
     for variant in sorted(p for p in build_dir.glob("torch-*") if p.is_dir()):
-        wanted = dict(sources.package)
-        wanted.update({f"nki_src/{rel}": data for rel, data in sources.nki.items()})
         built = {f.relative_to(variant).as_posix() for f in _files(variant)} - generated
         for rel in sorted(built | set(wanted)):
             path = variant / rel
