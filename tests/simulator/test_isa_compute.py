@@ -393,6 +393,10 @@ def test_select_reduce(sim, mk, v):
     assert torch.equal(v(res), ref.amax(1, keepdim=True))
     with pytest.raises(NkiValidationError, match="predicate dtype"):
         nisa.select_reduce(dst, mk(pred.float()), mk(x), 0.0)
+    int_res = nl.ndarray((64, 1), dtype=nl.int32, buffer=nl.sbuf)
+    with pytest.raises(NkiValidationError, match="reduce_res dtype int32 must be a float type"):
+        nisa.select_reduce(dst, mk(pred, "uint8"), mk(x), -5.0, reduce_res=int_res,
+                           reduce_cmd=nisa.reduce_cmd.reset_reduce)
 
 
 def test_bn_stats_and_bn_aggr(sim, mk, v):

@@ -94,6 +94,11 @@ def test_range_select(sim, mk, v):
     idx = torch.arange(64).float()
     ref = torch.where((idx >= lo) & (idx < hi), x, torch.tensor(-3.4028235e38))
     assert torch.equal(v(dst), ref) and torch.equal(v(res), ref.amax(1, keepdim=True))
+    # on_false_value "must be FP32_MIN" (docstring); FP32_MIN spelled as torch's finfo is it
+    nisa.range_select(dst, mk(x), nl.greater_equal, nl.less, mk(lo), mk(hi),
+                      on_false_value=float(torch.finfo(torch.float32).min))
+    with pytest.raises(NkiValidationError, match=r"on_false_value=0\.0 must be FP32_MIN"):
+        nisa.range_select(dst, mk(x), nl.greater_equal, nl.less, mk(lo), mk(hi), on_false_value=0.0)
 
 
 def test_gathers_and_max8(sim, mk, v):
@@ -143,6 +148,10 @@ def test_dropout_and_rng(sim, mk, v):
     x = torch.rand(64, 200) + 1
     dst = nl.ndarray((64, 200), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dropout(dst, mk(x), 0.25)
+    ints = nl.ndarray((64, 200), dtype=nl.int32, buffer=nl.sbuf)
+    with pytest.raises(NkiValidationError, match="prob tile must be float32, got bfloat16"):
+        # integer data: "prob data type must be float32"
+        nisa.dropout(ints, mk(torch.randint(1, 9, (64, 200)), "int32"), mk(torch.rand(64, 1), "bfloat16"))
     kept = v(dst) != 0
     assert torch.equal(v(dst)[kept], x[kept]) and 0.15 < 1 - kept.float().mean() < 0.35
     r = nl.ndarray((64, 8), dtype=nl.uint16, buffer=nl.sbuf)
@@ -204,3 +213,30 @@ def test_find_index8_takes_successive_occurrences_of_a_repeated_value(sim, mk):
         nisa.nc_find_index8(nl.ndarray((1, 8), dtype=nl.float32, buffer=nl.sbuf), mk(data), mk(vals))
     with pytest.raises(NkiValidationError, match="data has 4 elements per partition; between 8 and 16384"):
         nisa.nc_find_index8(found, mk(data[:, :4]), mk(vals))
+
+
+def test_dma_options_follow_their_documented_limits(sim, mk):
+    _, nl, nisa = sim
+    x = mk(torch.randn(8, 16))
+    out = nl.ndarray((8, 16), dtype=nl.float32, buffer=nl.hbm)
+    nisa.dma_copy(out, x, dge_mode=nisa.dge_mode.hwdge, engine=nisa.engine.sync)     # allowed
+    with pytest.raises(NkiValidationError, match="only valid with dge_mode=nisa.dge_mode.hwdge"):
+        nisa.dma_copy(out, x, engine=nisa.engine.sync)
+    with pytest.raises(NkiValidationError, match="must be nisa.engine.sync or nisa.engine.scalar"):
+        nisa.dma_copy(out, x, dge_mode=nisa.dge_mode.hwdge, engine=nisa.engine.gpsimd)
+    with pytest.raises(NkiValidationError, match=r"priority=2 needs NeuronCore-v4 \(trn3\); the target is trn2"):
+        nisa.dma_copy(out, x, priority=2)
+
+
+def test_dma_priority_on_trn3():
+    from nki_kernels import simulator
+
+    with simulator.activated("trn3") as nki:
+        nl, nisa = nki.language, nki.isa
+        src = nl.ndarray((8, 16), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(src, 1.5)
+        out = nl.ndarray((8, 16), dtype=nl.float32, buffer=nl.hbm)
+        nisa.dma_copy(out, src, priority=3)
+        assert torch.equal(out.values(), torch.full((8, 16), 1.5))
+        with pytest.raises(NkiValidationError, match="priority=4 must be an int in 0..3"):
+            nisa.dma_copy(out, src, priority=4)

@@ -28,11 +28,30 @@ def _direction(dst, src):
            f"{'hbm' if dst._alloc.kind == 'hbm' else 'sbuf'}"
 
 
+def _dma_options(instr, priority, dge_mode, engine) -> None:
+    """The options' documented limits (NKI 0.7 dma_copy / dma_transpose docstrings):
+    ``priority`` "0-3 ... (NeuronCore-v4+ only)"; ``engine`` "the engine to use for HWDGE
+    descriptor generation: nki.isa.engine.sync or nki.isa.engine.scalar. Only valid when
+    dge_mode=nisa.dge_mode.hwdge"."""
+    if priority is not None:
+        if target().generation < 4:
+            fail(f"{instr}: priority={priority!r} needs NeuronCore-v4 (trn3); the target is {target().name}")
+        if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 3:
+            fail(f"{instr}: priority={priority!r} must be an int in 0..3")
+    if engine is not None and engine is not enums.engine.unknown:
+        if dge_mode is not enums.dge_mode.hwdge:
+            fail(f"{instr}: engine={engine!r} is only valid with dge_mode=nisa.dge_mode.hwdge, "
+                 f"got {dge_mode!r}")
+        if engine not in (enums.engine.sync, enums.engine.scalar):
+            fail(f"{instr}: engine={engine!r} must be nisa.engine.sync or nisa.engine.scalar for HWDGE")
+
+
 def dma_copy(dst, src, priority=None, oob_mode=enums.oob_mode.error,
              dge_mode=enums.dge_mode.unknown, engine=enums.engine.unknown, name=None):
     """Copy ``src`` to ``dst`` with the DMA engines (HBM<->SBUF, SBUF<->SBUF, HBM<->HBM)."""
     _dma_check("dma_copy", "dst", dst)
     _dma_check("dma_copy", "src", src)
+    _dma_options("dma_copy", priority, dge_mode, engine)
     n_dst, n_src = dst.size, src.size
     if n_dst != n_src:
         fail(f"dma_copy: dst has {n_dst} elements {dst.shape} but src has {n_src} {src.shape}")
@@ -81,6 +100,7 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=enums.dge_mode.un
     """Transpose ``src`` (HBM or SBUF) into SBUF ``dst`` with the DMA engines."""
     _dma_check("dma_transpose", "dst", dst)
     _dma_check("dma_transpose", "src", src)
+    _dma_options("dma_transpose", priority, dge_mode, None)
     if dst._alloc.kind != "sbuf":
         fail("dma_transpose: dst must be in SBUF")
     nd = src.ndim

@@ -204,12 +204,18 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None,
     f = torch.tensor(f) if isinstance(f, float) else f.expand(shape)
     v = torch.where(pred, f32(on_true), f)
     store(I, dst, v)
+    if reduce_res is not None and not reduce_res.dtype.is_float:
+        # "reduce_res dtype must [be] of float type" (its docstring)
+        fail(f"{I}: reduce_res dtype {reduce_res.dtype.name} must be a float type")
     if cmd is not enums.reduce_cmd.idle or reduce_res is not None:
         r = reduce_free("maximum", v)
         _vector_reduce_regs(I, "maximum", cmd, r, on_true, reduce_res)
     return record(I, "vector", [("predicate", predicate), ("on_true", on_true),
                                 ("on_false", on_false)], [("dst", dst), ("reduce_res", reduce_res)],
                   dst.size, {"reduce": reduce_res is not None, "reduce_cmd": cmd.name})
+
+
+_FP32_MIN = float(torch.finfo(torch.float32).min)    # -3.4028234663852886e+38
 
 
 def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1,
@@ -226,6 +232,9 @@ def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1,
     same_free(I, "on_true_tile", on_true_tile, "dst", dst)
     if not on_true_tile.dtype.is_float:
         fail(f"{I}: on_true_tile must be a float dtype, got {on_true_tile.dtype.name}")
+    # "Due to hardware constraints, this must be FP32_MIN (-3.4028235e+38)" (its docstring)
+    if float(torch.tensor(float(on_false_value), dtype=torch.float32)) != _FP32_MIN:   # as fp32
+        fail(f"{I}: on_false_value={on_false_value!r} must be FP32_MIN ({_FP32_MIN!r})")
     c0 = _ops.resolve(comp_op0, "comp_op0")
     c1 = _ops.resolve(comp_op1, "comp_op1")
     for role, c in (("comp_op0", c0), ("comp_op1", c1)):
@@ -413,7 +422,8 @@ def dropout(dst, data, prob, name=None):
     same_free(I, "data", data, "dst", dst)
     if dst.dtype != data.dtype:
         fail(f"{I}: dst dtype {dst.dtype.name} must equal data dtype {data.dtype.name}")
-    p = operand_vec(I, "prob", prob, data)
+    # "If data type of data is any of the integer types ... prob data type must be float32"
+    p = operand_vec(I, "prob", prob, data, need_f32=data.dtype.is_int)
     x = f32(data)
     u = torch.rand(x.shape, generator=current().generator)
     store(I, dst, torch.where(u < p, torch.zeros_like(x), x))  # no rescaling, as documented
