@@ -197,6 +197,9 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None,
         fail(f"{I}: reduce_op {ro!r} is not supported; only nl.maximum")
     cmd = check_reduce_cmd(I, reduce_cmd)
     shape = on_true.shape
+    if reduce_res is not None and not reduce_res.dtype.is_float:
+        # "reduce_res dtype must [be] of float type" (its docstring)
+        fail(f"{I}: reduce_res dtype {reduce_res.dtype.name} must be a float type")
     pred = (ints(predicate) != 0).reshape(shape)
     if reverse_pred:
         pred = ~pred
@@ -204,9 +207,6 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None,
     f = torch.tensor(f) if isinstance(f, float) else f.expand(shape)
     v = torch.where(pred, f32(on_true), f)
     store(I, dst, v)
-    if reduce_res is not None and not reduce_res.dtype.is_float:
-        # "reduce_res dtype must [be] of float type" (its docstring)
-        fail(f"{I}: reduce_res dtype {reduce_res.dtype.name} must be a float type")
     if cmd is not enums.reduce_cmd.idle or reduce_res is not None:
         r = reduce_free("maximum", v)
         _vector_reduce_regs(I, "maximum", cmd, r, on_true, reduce_res)
