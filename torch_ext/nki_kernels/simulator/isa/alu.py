@@ -49,6 +49,13 @@ def memset(dst, value, engine=enums.engine.unknown, name=None):
     if not is_scalar(value):
         fail(f"memset: value must be a compile-time scalar, got {type(value).__name__}")
     dt = dst.dtype
+    if dt.is_packed:
+        # "For x4 packed types (float8_e4m3fn_x4, float8_e5m2_x4, float4_e2m1fn_x4), only
+        # value=0 is supported" (nki.isa.memset, NKI 0.7): zero bits are four zeros
+        if float(value) != 0.0:
+            fail(f"memset: value {value!r} on packed dtype {dt.name}; only value=0 is supported")
+        store("memset", dst, torch.zeros((), dtype=dst._data.dtype), raw=True)
+        return record("memset", eng, [], [("dst", dst)], dst.size, {"value": value})
     if dt.is_int and isinstance(value, float) and not float(value).is_integer():
         fail(f"memset: value {value} does not match integer dst dtype {dt.name}")
     v = torch.tensor(value, dtype=torch.float64 if isinstance(value, float) else torch.int64)

@@ -33,6 +33,9 @@ def _dma_options(instr, priority, dge_mode, engine) -> None:
     ``priority`` "0-3 ... (NeuronCore-v4+ only)"; ``engine`` "the engine to use for HWDGE
     descriptor generation: nki.isa.engine.sync or nki.isa.engine.scalar. Only valid when
     dge_mode=nisa.dge_mode.hwdge"."""
+    if dge_mode is enums.dge_mode.hwdge and target().generation < 3:
+        # dge_mode: "Hardware based DGE is only supported for NeuronCore-v3 or newer"
+        fail(f"{instr}: dge_mode=hwdge needs NeuronCore-v3 or newer; the target is {target().name}")
     if priority is not None:
         if target().generation < 4:
             fail(f"{instr}: priority={priority!r} needs NeuronCore-v4 (trn3); the target is {target().name}")
@@ -103,6 +106,7 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=enums.dge_mode.un
     _dma_options("dma_transpose", priority, dge_mode, None)
     if dst._alloc.kind != "sbuf":
         fail("dma_transpose: dst must be in SBUF")
+    _transpose_dge_rules(src, dge_mode)
     nd = src.ndim
     perm = next((p for p in target().dma_transpose_axes if len(p) == nd), None)
     if perm is None:
@@ -120,6 +124,44 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=enums.dge_mode.un
     return record("dma_transpose", "dma", [("src", src)], [("dst", dst)], 0,
                   {"bytes": n, "src_bytes": n, "direction": _direction(dst, src),
                    "transpose": True})
+
+
+def _transpose_dge_rules(src, dge_mode) -> None:
+    """The DGE constraints of nki.isa.dma_transpose (NKI 0.7 docstring, "DMA Direct Transpose
+    Constraints" / "DMA Indirect Transpose Constraints"). A direct transpose's only valid
+    dge_modes "are unknown and hwdge"; with hwdge: "For 2-d input tiles, src.shape[0] == 16.
+    For 3-d/4-d input tiles, src.shape[0] must be in {1, 2, 4, 8, 16} and (src.shape[0] *
+    src.shape[-2]) % 16 == 0", "src.shape[-1] <= 128", "src.dtype is 2 bytes". An indirect
+    one (src indexed by an SBUF vector) is lowered to a software DGE transpose: only unknown
+    and swdge, "src.shape[-1] <= 128", "src.dtype is 2 bytes", "src tensor must be on HBM",
+    "TRN2+ only". With dge_mode unknown the compiler picks the lowering, so a direct
+    transpose's hwdge rules are not checked then."""
+    I = "dma_transpose"
+    modes = enums.dge_mode
+    indirect = isinstance(src, IndirectView) and src._vector is not None
+    allowed = (modes.unknown, modes.swdge) if indirect else (modes.unknown, modes.hwdge)
+    if dge_mode not in allowed:
+        fail(f"{I}: dge_mode={dge_mode!r} is not valid for {'an indirect' if indirect else 'a direct'} "
+             f"transpose; use {' or '.join(f'nisa.dge_mode.{m.name}' for m in allowed)}")
+    shape, item = tuple(src.shape), src.dtype.itemsize
+    if indirect or dge_mode is modes.hwdge:
+        what = "an indirect transpose" if indirect else "a hwdge transpose"
+        if item != 2:
+            fail(f"{I}: {what} needs a 2-byte src dtype, got {src.dtype.name}")
+        if shape[-1] > 128:
+            fail(f"{I}: {what} needs src.shape[-1] <= 128, got src shape {shape}")
+    if indirect:
+        if src._alloc.kind != "hbm":
+            fail(f"{I}: an indirect transpose reads src from HBM, got {src._alloc.kind}")
+        if target().generation < 3:
+            fail(f"{I}: an indirect transpose needs NeuronCore-v3 or newer (TRN2+); the target "
+                 f"is {target().name}")
+    elif dge_mode is modes.hwdge:
+        if len(shape) == 2 and shape[0] != 16:
+            fail(f"{I}: a 2-D hwdge transpose needs src.shape[0] == 16, got src shape {shape}")
+        if len(shape) in (3, 4) and (shape[0] not in (1, 2, 4, 8, 16) or shape[0] * shape[-2] % 16):
+            fail(f"{I}: a {len(shape)}-D hwdge transpose needs src.shape[0] in (1, 2, 4, 8, 16) "
+                 f"and src.shape[0] * src.shape[-2] a multiple of 16, got src shape {shape}")
 
 
 def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True,

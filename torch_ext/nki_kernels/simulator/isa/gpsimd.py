@@ -7,6 +7,7 @@ per-partition gather ``nc_n_gather``, the cross-partition ``tensor_partition_red
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -61,8 +62,16 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
         fail(f"{I}: cmp_op {c!r} must be a comparison (nl.equal, nl.less, ...)")
     v = _pattern_values(I, dst, pattern, offset, channel_multiplier)
     pred = c.alu(v, torch.zeros((), dtype=torch.int64)) != 0
-    t = f32(on_true_tile).reshape(pred.shape)
-    store(I, dst, torch.where(pred, t, torch.tensor(float(on_false_value))))
+    if on_true_tile.dtype == dst.dtype:
+        # "If the data type of on_true_tile differs from that of dst, the input elements ...
+        # are first cast to FP32" (nki.isa.affine_select, NKI 0.7): equal dtypes select the
+        # bits themselves (an int32 above 2**24 keeps its low bits)
+        t = on_true_tile._data.reshape(pred.shape)
+        f = dst.dtype.to_bits(torch.tensor(float(on_false_value), dtype=torch.float32))
+        store(I, dst, torch.where(pred, t, f.to(t.dtype)), raw=True)
+    else:
+        t = f32(on_true_tile).reshape(pred.shape)
+        store(I, dst, torch.where(pred, t, torch.tensor(float(on_false_value))))
     return record(I, "gpsimd", [("on_true_tile", on_true_tile)], [("dst", dst)],
                   dst.size, {"cmp_op": c.name})
 
@@ -98,12 +107,24 @@ def tensor_partition_reduce(dst, op, data, name=None):
     onchip(I, "data", data, psum=False)
     o = _ops.resolve(op)
     name_ = "average" if o.name in ("average", "mean") else _ops.alu_of(o, I, "op").name
-    if name_ not in ("add", "average", "maximum", "bitwise_or", "bitwise_and"):
-        fail(f"{I}: op {o!r} is not supported (add, average, maximum, bitwise_or, bitwise_and)")
+    # "op - the reduction operator (add, mean, max, bitwise_or, bitwise_and, bitwise_xor)"
+    # (nki.isa.tensor_partition_reduce, NKI 0.7)
+    bitwise = ("bitwise_or", "bitwise_and", "bitwise_xor")
+    if name_ not in ("add", "average", "maximum") + bitwise:
+        fail(f"{I}: op {o!r} is not supported (add, mean, maximum, bitwise_or, bitwise_and, "
+             f"bitwise_xor)")
+    if name_ in bitwise and not (data.dtype.is_int and dst.dtype.is_int):
+        fail(f"{I}: op {name_} takes integer data and dst (bit patterns), got data "
+             f"{data.dtype.name} and dst {dst.dtype.name}")
+    # "The data and dst tiles can have at most four free dimensions (maximum rank 5)"
+    for role, t in (("data", data), ("dst", dst)):
+        if len(t.shape) > 5:
+            fail(f"{I}: {role} has rank {len(t.shape)} {tuple(t.shape)}; at most 5 "
+                 f"(a partition and four free dimensions)")
     if dst.shape[0] != 1 or free_elems(dst) != free_elems(data):
         fail(f"{I}: dst must be [1, {free_elems(data)}], got {dst.shape}")
     v = ints(data).reshape(data.shape[0], -1) if data.dtype.is_int else None
-    if name_ in ("bitwise_or", "bitwise_and"):
+    if name_ in bitwise:
         r = reduce_last(name_, v.t())
     else:
         v = f32(data).reshape(data.shape[0], -1)
@@ -188,7 +209,8 @@ def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
         fail(f"{I}: dst must have one more element per partition than src ({F + 1}), got "
              f"{free_elems(dst)}")
     for role, v in (("index_offset", index_offset), ("padding_val", padding_val)):
-        if not isinstance(v, int) or not -(1 << 31) <= v < (1 << 31):
+        integral = isinstance(v, numbers.Integral) and not isinstance(v, bool)  # numpy ints too
+        if not integral or not -(1 << 31) <= int(v) < (1 << 31):
             fail(f"{I}: {role}={v!r} must be an int32")
     P = src.shape[0]
     s0 = start_partition(src)

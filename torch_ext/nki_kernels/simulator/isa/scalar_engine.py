@@ -50,6 +50,10 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
         fail(f"{I}: op {f!r} is not an activation function (supported: "
              f"{', '.join(_ops.ACTIVATIONS)})")
     cmd = check_reduce_cmd(I, reduce_cmd)
+    # reduce_cmd: idle, reset, reduce or reset_reduce (NKI 0.7 nki.isa.activation); ScalarE's
+    # registers have no load_reduce (no initial-value operand)
+    if cmd is enums.reduce_cmd.load_reduce:
+        fail(f"{I}: reduce_cmd load_reduce is not supported (idle, reset, reduce, reset_reduce)")
     s, b = _bias_scale(I, data, bias, scale)
     x = f32(data)
     if not (isinstance(s, float) and s == 1.0):

@@ -56,6 +56,12 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         if r0 % row_size or c0 % col_size or r0 + row_size > rows or c0 + col_size > cols:
             fail(f"{I}: tile_position {tuple(tile_position)} must be multiples of tile_size "
                  f"{tuple(tile_size)} within the {rows}x{cols} array")
+        # "double_row performance mode cannot be combined with Tensor Engine column tiling
+        # mode" (nki.isa.nc_matmul, NKI 0.7)
+        if double and (col_size != cols or c0 != 0):
+            fail(f"{I}: perf_mode double_row cannot be combined with column tiling: tile_size "
+                 f"{tuple(tile_size)} / tile_position {tuple(tile_position)} must span all "
+                 f"{cols} columns from column 0")
     M, N = sv.shape[1], mv.shape[1]
     if K > row_size:
         fail(f"{I}: stationary partition dim {K} exceeds maximum {row_size}")
@@ -82,7 +88,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         if dn not in allowed and not (is_transpose and dn in tgt.matmul_transpose_dtypes):
             fail(f"{I}: {role} dtype {dn} is not supported; use one of {', '.join(allowed)}")
     f32ish = ("float32", "tfloat32")
-    if (names[0] in f32ish) != (names[1] in f32ish) and not is_transpose:
+    if (names[0] in f32ish) != (names[1] in f32ish):
         fail(f"{I}: stationary {names[0]} and moving {names[1]}: a float32/tfloat32 operand "
              "pairs only with float32/tfloat32")
     if "float8_e4m3" in names and "float8_e4m3fn" in names:

@@ -19,7 +19,7 @@ from . import enums
 from .alu import scalar_stage
 from .operands import (check_reduce_cmd, engine_of, f32, fail, free_elems, ints, lanes,
                        no_psum_on_gpsimd, not_both_psum, onchip, operand_vec, record, reduce_free,
-                       same_free, same_partitions, store, target, update_regs)
+                       same_free, same_partitions, start_partition, store, target, update_regs)
 
 
 def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
@@ -90,14 +90,28 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, r
     ro = _ops.alu_of(_ops.resolve(reduce_op, "reduce_op"), I, "reduce_op")
     if ro.name not in ("add", "multiply", "maximum", "minimum"):
         fail(f"{I}: reduce_op {ro!r} is not supported (add, multiply, max, min)")
+    # NKI 0.7 docstring: reverse0 "(not supported yet)"; reduce_cmd "Supported: reset_reduce
+    # (default), reduce, load_reduce"; reduce_init "should only be set when reduce_cmd is
+    # load_reduce", "Supported dtypes: float32"; v2.33 page: "at most three free dimensions"
+    if reverse0:
+        fail(f"{I}: reverse0=True is not supported (the NKI 0.7 docstring: 'not supported yet')")
+    for role, t in (("data", data), ("dst", dst)):
+        if len(t.shape) > 4:
+            fail(f"{I}: {role} has rank {len(t.shape)} {tuple(t.shape)}; at most 4 "
+                 f"(a partition and three free dimensions)")
     cmd = check_reduce_cmd(I, reduce_cmd)
+    ok_cmds = (enums.reduce_cmd.reset_reduce, enums.reduce_cmd.reduce, enums.reduce_cmd.load_reduce)
+    if cmd not in ok_cmds:
+        fail(f"{I}: reduce_cmd={cmd!r} is not supported (reset_reduce, reduce, load_reduce)")
     if cmd is enums.reduce_cmd.load_reduce and reduce_init is None:
         fail(f"{I}: reduce_cmd load_reduce needs reduce_init")
+    if cmd is not enums.reduce_cmd.load_reduce and reduce_init is not None:
+        fail(f"{I}: reduce_init is only for reduce_cmd=load_reduce, got {cmd!r}")
     v = scalar_stage(I, o0, operand0, reverse0, f32(data), data)
     store(I, dst, v)
     init = None
     if reduce_init is not None:
-        init = operand_vec(I, "reduce_init", reduce_init, data)
+        init = operand_vec(I, "reduce_init", reduce_init, data, need_f32=True)
         init = init.reshape(-1) if isinstance(init, torch.Tensor) else init
     _vector_reduce_regs(I, ro.name, cmd, reduce_free(ro.name, v), data, reduce_res, init,
                         reduce_res_negate)
@@ -115,23 +129,37 @@ def tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1=None,
     onchip(I, "src", src)
     same_partitions(I, "src", src, "dst", dst)
     same_free(I, "src", src, "dst", dst)
+    # NKI 0.7 docstring: "Scalar operation (op0) must be an arithmetic op", "Reduction
+    # operation (op1) is limited to add, subtract, mult, max, min", "INT32/UINT32 are not
+    # supported as input/output dtypes (ISA limitation)", imm0 and imm1 "Must be FP32 datatype"
     o0 = _ops.alu_of(_ops.resolve(op0, "op0"), I, "op0")
     o1 = _ops.alu_of(_ops.resolve(op1, "op1"), I, "op1")
-    if o1.name not in ("add", "multiply", "maximum", "minimum"):
-        fail(f"{I}: op1 {o1!r} is not supported by the simulator (add, multiply, maximum, minimum)")
+    if o0.bitvec or o0.compare:
+        fail(f"{I}: op0 {o0!r} must be an arithmetic operator (e.g. nl.add, nl.multiply)")
+    if o1.name not in ("add", "subtract", "multiply", "maximum", "minimum"):
+        fail(f"{I}: op1 {o1!r} must be add, subtract, multiply, maximum or minimum")
+    for role, t in (("src", src), ("dst", dst)):
+        if t.dtype.name in ("int32", "uint32"):
+            fail(f"{I}: {role} dtype {t.dtype.name} is not supported (INT32/UINT32 are an ISA "
+                 f"limitation of this instruction)")
     cmd = check_reduce_cmd(I, reduce_cmd)
     v = scalar_stage(I, o0, imm0, False, f32(src), src).reshape(src.shape[0], -1)
     ctx = current()
     sl = lanes(src)
     if cmd is enums.reduce_cmd.reset_reduce:
-        ctx.vector_regs[sl] = {"add": 0.0, "multiply": 1.0, "maximum": -math.inf,
-                               "minimum": math.inf}[o1.name]
+        ctx.vector_regs[sl] = {"add": 0.0, "subtract": 0.0, "multiply": 1.0,
+                               "maximum": -math.inf, "minimum": math.inf}[o1.name]
     elif cmd is enums.reduce_cmd.load_reduce:
-        init = operand_vec(I, "imm1", imm1, src)
+        init = operand_vec(I, "imm1", imm1, src, need_f32=True)
         ctx.vector_regs[sl] = init.reshape(-1) if isinstance(init, torch.Tensor) else init
     start = ctx.vector_regs[sl].unsqueeze(1)
     cat = torch.cat([start, v], dim=1)
-    if o1.name == "add":
+    if o1.name == "subtract":
+        # reg = op1(op0(x[i], imm0), reg) = x'[i] - reg: not associative, one step per element
+        out = cat.clone()
+        for i in range(1, cat.shape[1]):
+            out[:, i] = cat[:, i] - out[:, i - 1]
+    elif o1.name == "add":
         out = torch.cumsum(cat, 1)
     elif o1.name == "multiply":
         out = torch.cumprod(cat, 1)
@@ -159,6 +187,10 @@ def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, rev
     same_free(I, "data0", data0, "dst", dst)
     o0 = _ops.alu_of(_ops.resolve(op0, "op0"), I, "op0")
     o1 = _ops.alu_of(_ops.resolve(op1, "op1"), I, "op1")
+    # "Both op0 and op1 can be any binary arithmetic operator" (NKI 0.7 docstring)
+    for role, o in (("op0", o0), ("op1", o1)):
+        if o.bitvec or o.unary:
+            fail(f"{I}: {role} {o!r} must be a binary arithmetic operator (e.g. nl.add, nl.multiply)")
     P = data0.shape[0]
     a = f32(data0).reshape(P, -1)
     b = f32(data1).reshape(P, -1)
@@ -315,6 +347,12 @@ def max8(dst, src, name=None):
     onchip(I, "dst", dst)
     onchip(I, "src", src)
     same_partitions(I, "src", src, "dst", dst)
+    # "The source tile can be up to 3-dimensional, while the output tile is always
+    # 2-dimensional" (nki.isa.max8, NKI 0.7)
+    if len(src.shape) > 3:
+        fail(f"{I}: src has rank {len(src.shape)} {tuple(src.shape)}; at most 3")
+    if len(dst.shape) != 2:
+        fail(f"{I}: dst must be 2-D [partitions, 8], got shape {tuple(dst.shape)}")
     F = free_elems(src)
     lo, hi = target().max8_min_elems, target().max8_max_elems
     if not lo <= F <= hi:
@@ -397,7 +435,23 @@ def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
     q = target().partition_quadrant  # the shuffle moves data within each quadrant
     if len(mask) != q:
         fail(f"{I}: shuffle_mask must have {q} entries, got {len(mask)}")
+    # "shuffle_mask[i] indicates which input partition the output partition [i] copies from
+    # within each 32-partition quadrant. The special value shuffle_mask[i]=255 means the
+    # output tensor in partition [i] will be unmodified" (nki.isa.nc_stream_shuffle, NKI 0.7)
+    for i, m in enumerate(mask):
+        if not (0 <= m < q or m == 255):
+            fail(f"{I}: shuffle_mask[{i}]={m} must be a partition of the quadrant (0..{q - 1}) "
+                 f"or 255 (leave unchanged)")
     Ps, Pd = src.shape[0], dst.shape[0]
+    # "num_active_partitions = ceil(max(src_num_partitions, dst_num_partitions)/32) * 32 ...
+    # If num_active_partitions is 96/128, src_start_partition/dst_start_partition must be 0.
+    # If ... 64, ... must be 0/64. If ... 32, ... must be 0/32/64/96."
+    active = -(-max(Ps, Pd) // q) * q
+    starts = tuple(range(0, 128, active)) if active <= 64 else (0,)
+    for role, t in (("src", src), ("dst", dst)):
+        if start_partition(t) not in starts:
+            fail(f"{I}: {role} starts at partition {start_partition(t)}; with {active} active "
+                 f"partitions (src {Ps}, dst {Pd}) src and dst must start at one of {starts}")
     sv = src._data.reshape(Ps, -1)  # same dtype: the shuffle moves bits
     out = dst._data.reshape(Pd, -1).clone()
     for i in range(Pd):
@@ -518,6 +572,7 @@ _EXP_DST = ("float8_e4m3", "float8_e5m2", "float16", "bfloat16", "float32", "tfl
             "int16", "int32", "uint8", "uint16")
 _EXP_SRC = ("float8_e4m3", "float8_e5m2", "float16", "bfloat16", "float32", "int8", "int16",
             "int32", "uint8", "uint16", "uint32")
+_EXP_REDUCE_RES = ("float8_e4m3", "float8_e5m2", "float16", "bfloat16", "float32", "tfloat32")
 
 
 def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=enums.reduce_cmd.idle,
@@ -542,6 +597,9 @@ def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=enums.reduc
     if cmd is not enums.reduce_cmd.load_reduce and (
             isinstance(reduce_init, NkiTensor) or float(reduce_init) != 0.0):
         fail(f"{I}: reduce_init must be unset or 0.0 unless reduce_cmd is load_reduce")
+    if reduce_res is not None and reduce_res.dtype.name not in _EXP_REDUCE_RES:
+        fail(f"{I}: reduce_res dtype {reduce_res.dtype.name} is not supported "
+             f"({', '.join(_EXP_REDUCE_RES)})")
     m = operand_vec(I, "max_value", max_value, src, need_f32=True)
     y = torch.exp((f32(src) - m).to(torch.float64)).to(torch.float32)
     store(I, dst, y)
