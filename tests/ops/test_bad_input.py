@@ -33,7 +33,11 @@ CASES = [
     ("ln-weight-integer", lambda: nki_kernels.layer_norm(x768(3, 8), (8,), torch.ones(8, dtype=torch.int32)),
      TypeError, ["weight", "int32"]),
     ("ln-eps-negative", lambda: nki_kernels.layer_norm(x768(3, 8), (8,), eps=-1.0),
-     ValueError, ["eps=-1.0"]),
+     ValueError, ["eps=-1.0", ">= 0"]),
+    ("ln-eps-nan", lambda: nki_kernels.layer_norm(x768(3, 8), (8,), eps=float("nan")),
+     ValueError, ["eps=nan", "finite"]),
+    ("rms-eps-inf", lambda: nki_kernels.rms_norm(x768(3, 8), (8,), None, float("inf")),
+     ValueError, ["eps=inf", "finite"]),
     ("ln-shape-float", lambda: nki_kernels.layer_norm(x768(3, 4), 4.0),
      TypeError, ["normalized_shape", "4.0"]),
     # a float size is refused, never truncated to the int it would round to (4.7 -> 4)

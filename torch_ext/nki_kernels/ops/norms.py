@@ -16,6 +16,7 @@ one fp32 partial per work part (kernels/weight_grads.py), summed here in fp32
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import List, Optional, Sequence, Union
 
@@ -115,8 +116,9 @@ def _resolve_eps(eps: Optional[float], dtype: torch.dtype) -> float:
     if eps is None:
         return default_rms_eps(dtype)
     eps = _checks.check_real("eps", eps)
-    if eps < 0:
-        raise ValueError(f"eps={eps} is negative; it must be >= 0")
+    # a NaN or infinite eps turns every output into NaN or 0 (torch takes it silently)
+    if not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps={eps} must be finite and >= 0")
     return eps
 
 
