@@ -99,6 +99,23 @@ def test_what_kernelize_names_and_replaces(reference_backend):
     nkt.kernelize(model)
 
 
+def test_the_rotary_function_layer_is_shared_by_every_model_of_the_family(simulator_backend, kernel_calls):
+    """README: the rotary is one function layer per family for the whole process, so a model
+    that was never kernelized calls the rotary op once another model of its family was
+    kernelized (its norms and MLP keep their own forwards: they are per instance)."""
+    untouched = build(CAUSAL_LM["llama"], "sdpa")
+    other = build(CAUSAL_LM["llama"], "sdpa")
+    ids = torch.randint(1, untouched.config.vocab_size, (1, 5))
+    with torch.no_grad():
+        before = untouched(input_ids=ids).logits
+    assert not kernel_calls
+    nkt.kernelize(other)
+    with torch.no_grad():
+        after = untouched(input_ids=ids).logits
+    assert set(kernel_calls) == {"rotary_kernel"}, dict(kernel_calls)
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-4)   # fp32: rounding only
+
+
 def test_gemma_norms_keep_their_own_forward(reference_backend):
     """Gemma's RMSNorm computes x * (1 + weight): it is not on the allow-list, so kernelize
     leaves it alone (the package's RMSNorm layer would compute x * weight)."""

@@ -282,7 +282,9 @@ def make_kernelizable(model: nn.Module) -> list[str]:
     kernels >= 0.18.2) are left as they are. Process-wide, as transformers' own decorators
     are: the names sit on the classes (``nn.LayerNorm`` included), and the wrapped rotary
     function replaces ``modeling_<family>.apply_rotary_pos_emb``; a named layer that is never
-    kernelized, or has no mapping, keeps its own forward.
+    kernelized, or has no mapping, keeps its own forward. The rotary function layer is one
+    object per family: kernelizing one model of the family sets its forward for every model
+    of that family in the process (the attention modules call the module-level function).
     """
     from kernels import replace_kernel_forward_from_hub, use_kernel_forward_from_hub
     from transformers.activations import GELUActivation, GELUTanh, SiLUActivation
