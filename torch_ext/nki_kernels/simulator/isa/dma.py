@@ -28,6 +28,20 @@ def _direction(dst, src):
            f"{'hbm' if dst._alloc.kind == 'hbm' else 'sbuf'}"
 
 
+def _dge_mode(instr, dge_mode) -> enums.dge_mode:
+    """``dge_mode`` as a ``nisa.dge_mode`` member; AWS's nki-library passes the members' int
+    values (``_DGE_MODE_NONE = 3``, core/mlp/mlp_tkg/mlp_tkg_gate_up_projection.py)."""
+    if isinstance(dge_mode, enums.dge_mode):
+        return dge_mode
+    if isinstance(dge_mode, int) and not isinstance(dge_mode, bool):
+        try:
+            return enums.dge_mode(dge_mode)
+        except ValueError:
+            pass
+    fail(f"{instr}: dge_mode={dge_mode!r} is not a nisa.dge_mode member "
+         f"({', '.join(f'{m.name}={m.value}' for m in enums.dge_mode)})")
+
+
 def _dma_options(instr, priority, dge_mode, engine) -> None:
     """The options' documented limits (NKI 0.7 dma_copy / dma_transpose docstrings):
     ``priority`` "0-3 ... (NeuronCore-v4+ only)"; ``engine`` "the engine to use for HWDGE
@@ -54,6 +68,7 @@ def dma_copy(dst, src, priority=None, oob_mode=enums.oob_mode.error,
     """Copy ``src`` to ``dst`` with the DMA engines (HBM<->SBUF, SBUF<->SBUF, HBM<->HBM)."""
     _dma_check("dma_copy", "dst", dst)
     _dma_check("dma_copy", "src", src)
+    dge_mode = _dge_mode("dma_copy", dge_mode)
     _dma_options("dma_copy", priority, dge_mode, engine)
     n_dst, n_src = dst.size, src.size
     if n_dst != n_src:
@@ -103,6 +118,7 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=enums.dge_mode.un
     """Transpose ``src`` (HBM or SBUF) into SBUF ``dst`` with the DMA engines."""
     _dma_check("dma_transpose", "dst", dst)
     _dma_check("dma_transpose", "src", src)
+    dge_mode = _dge_mode("dma_transpose", dge_mode)
     _dma_options("dma_transpose", priority, dge_mode, None)
     if dst._alloc.kind != "sbuf":
         fail("dma_transpose: dst must be in SBUF")
@@ -135,11 +151,14 @@ def _transpose_dge_rules(src, dge_mode) -> None:
     one (src indexed by an SBUF vector) is lowered to a software DGE transpose: only unknown
     and swdge, "src.shape[-1] <= 128", "src.dtype is 2 bytes", "src tensor must be on HBM",
     "TRN2+ only". With dge_mode unknown the compiler picks the lowering, so a direct
-    transpose's hwdge rules are not checked then."""
+    transpose's hwdge rules are not checked then. AWS's own nki-library issues direct
+    transposes with dge_mode none (core/mlp/mlp_tkg/mlp_tkg_gate_up_projection.py @d2ad3a5,
+    "Use STATIC DMA mode", the bias and dequant-scale loads of mlp_tkg, which has hardware
+    QoR rows), so a direct transpose takes none too: only swdge is refused there."""
     I = "dma_transpose"
     modes = enums.dge_mode
     indirect = isinstance(src, IndirectView) and src._vector is not None
-    allowed = (modes.unknown, modes.swdge) if indirect else (modes.unknown, modes.hwdge)
+    allowed = (modes.unknown, modes.swdge) if indirect else (modes.unknown, modes.hwdge, modes.none)
     if dge_mode not in allowed:
         fail(f"{I}: dge_mode={dge_mode!r} is not valid for {'an indirect' if indirect else 'a direct'} "
              f"transpose; use {' or '.join(f'nisa.dge_mode.{m.name}' for m in allowed)}")
