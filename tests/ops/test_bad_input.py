@@ -43,6 +43,9 @@ CASES = [
     # a float size is refused, never truncated to the int it would round to (4.7 -> 4)
     ("ln-shape-float-element", lambda: nki_kernels.layer_norm(x768(3, 4), (4.7,)),
      TypeError, ["normalized_shape", "4.7"]),
+    # a bool size is refused too (torch refuses (True, 4) but reads (4, True) as [4, 1])
+    ("ln-shape-bool", lambda: nki_kernels.layer_norm(x768(3, 4), (4, True)),
+     TypeError, ["normalized_shape", "True"]),
     ("ln-eps-none", lambda: nki_kernels.layer_norm(x768(3, 8), (8,), eps=None),
      TypeError, ["eps=None", "float"]),
     ("ln-not-a-tensor", lambda: nki_kernels.layer_norm([1.0, 2.0], (2,)),

@@ -85,6 +85,19 @@ def test_rms_norm_without_weight_and_default_eps(simulator_backend, dtype):
     assert_matches(out, x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + eps), dtype)
 
 
+@pytest.mark.parametrize("rows, hidden", [(5, 64), (2, 1000)], ids=["decode-rows", "prefill-rows"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_layer_norm_large_eps_on_small_variance_rows(simulator_backend, rows, hidden, dtype):
+    # eps 0.1 against a variance of ~1e-4: the output is ~0.03 of the eps-free one, so a
+    # kernel that dropped or mis-scaled eps is far outside the tolerance (at eps 1e-5 and a
+    # variance of ~1, a wrong eps moves the output by ~1e-6 relative, under fp32's bound)
+    x = randn(rows, hidden, dtype=dtype, scale=0.01, shift=0.5)
+    weight, bias = randn(hidden, dtype=dtype, scale=0.5, shift=1.0), randn(hidden, dtype=dtype)
+    out = nki_kernels.layer_norm(x, (hidden,), weight, bias, eps=0.1)
+    x64, w64, b64 = _f64(x, weight, bias)
+    assert_matches(out, F.layer_norm(x64, (hidden,), w64, b64, eps=0.1), dtype)
+
+
 @pytest.mark.parametrize("rows, hidden, dtype", GRID)
 def test_fused_add_rms_norm(simulator_backend, rows, hidden, dtype):
     x = randn(rows, hidden, dtype=dtype)

@@ -218,3 +218,35 @@ def test_exponential_subtracts_the_max_and_accumulates(mk):
     with simulator.activated("trn2") as nki:
         with pytest.raises(NkiValidationError, match="needs NeuronCore-v4"):
             nki.isa.exponential(None, None)
+
+
+def _e2m1(code: torch.Tensor) -> torch.Tensor:
+    """OCP MX v1.0 FP4 E2M1, written from its definition (not the simulator's table): sign
+    bit 3, exponent bits 2-1 (bias 1), mantissa bit 0; exponent 0 is subnormal (m x 0.5)."""
+    s, e, m = (code >> 3) & 1, (code >> 1) & 3, code & 1
+    mag = torch.where(e == 0, 0.5 * m, 2.0 ** (e - 1) * (1 + 0.5 * m))
+    return torch.where(s == 1, -mag, mag).double()
+
+
+def test_nc_matmul_mx_decodes_hand_packed_float4():
+    # float4_e2m1fn_x4: four 4-bit codes per 16-bit word, lowest nibble first; scales of
+    # 127 (e8m0: 2^0) leave the decoded values as they are, so the product is exact
+    with simulator.activated("trn3") as nki:
+        nl, nisa = nki.language, nki.isa
+        K, M, N = 32, 4, 6
+        tiles = []
+        for free in (M, N):
+            codes = torch.randint(0, 16, (K, free, 4))
+            words = sum(codes[..., i] << (4 * i) for i in range(4))
+            t = nl.ndarray((K, free), dtype=nl.float4_e2m1fn_x4)
+            t._data.copy_(words.to(torch.int32).to(torch.int16).view(t._data.dtype))
+            scale = nl.ndarray((K, free), dtype=nl.uint8)
+            scale._data.fill_(127)
+            tiles.append((codes, t, scale))
+        (ca, a, sa), (cb, b, sb) = tiles
+        out = nl.ndarray((M, N), dtype=nl.float32, buffer=nl.psum)
+        out._data.fill_(float("nan"))
+        nisa.nc_matmul_mx(out, a, b, sa, sb)
+        A = _e2m1(ca).permute(0, 2, 1).reshape(4 * K, M)   # contraction index 4k + nibble
+        B = _e2m1(cb).permute(0, 2, 1).reshape(4 * K, N)
+        assert torch.equal(out.values().double(), A.t() @ B)
