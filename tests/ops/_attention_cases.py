@@ -64,8 +64,13 @@ def reference(q, k, v, mask=None, causal=False, scale=None, compute_dtype=torch.
 
 
 def check_close(out, q, k, v, mask=None, causal=False, scale=None):
-    """out (kernel dtype) against the float64 reference, elementwise and in norm."""
-    expected = reference(q, k, v, mask, causal, scale)
+    """out (kernel dtype) against the float64 reference, elementwise and in norm: the
+    reference takes float64 copies (and a float mask in float64), so it is never rounded to
+    the kernel's dtype."""
+    f64 = [t.double() for t in (q, k, v)]
+    m64 = mask.double() if mask is not None and mask.is_floating_point() else mask
+    expected = reference(*f64, m64, causal, scale)
+    assert expected.dtype == torch.float64
     assert out.dtype == q.dtype and out.shape == expected.shape
     assert not torch.isnan(out).any(), "NaN in the output (an element the kernel never wrote?)"
     atol, rtol = TOLERANCES[q.dtype]
