@@ -40,7 +40,8 @@ build: setup
 
 # `kernels benchmark` on the Hub tree: measured on this host (CPU-sized workloads on a CPU host)
 benchmark: build
-	$(VENV)/bin/kernels benchmark build $(ARGS)
+	mkdir -p out
+	$(VENV)/bin/kernels benchmark build --output out/kernels_benchmark.json $(ARGS)
 
 publish-dry-run: build
 	$(PY) tools/publish_hub.py $(ARGS)
