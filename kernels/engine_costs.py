@@ -21,7 +21,7 @@ class EngineCosts(nl.NKIObject):
     def __init__(self, vector_ghz, scalar_ghz, gpsimd_ghz, vector_psum_copy_16bit_rate, vector_instr_cycles,
                  scalar_instr_cycles, gpsimd_instr_cycles, vector_overlap_cycles, min_instruction_cycles,
                  vector_reduce_readout_cycles, dma_bytes_per_s, dma_transfer_gap_ns, dma_transfer_handoff_ns,
-                 dma_transpose_efficiency, sbuf_bytes_per_partition):
+                 dma_transpose_efficiency, sbuf_bytes_per_partition, gpsimd_pattern_cycles):
         # VectorE, ScalarE and GpSimd clocks (GHz): estimated cycles / clock = ns
         self.vector_ghz = vector_ghz
         self.scalar_ghz = scalar_ghz
@@ -34,6 +34,9 @@ class EngineCosts(nl.NKIObject):
         self.vector_instr_cycles = vector_instr_cycles
         self.scalar_instr_cycles = scalar_instr_cycles
         self.gpsimd_instr_cycles = gpsimd_instr_cycles
+        # GpSimd iota / affine_select: this many cycles plus one per element (their own
+        # pattern generator; on top of gpsimd_instr_cycles)
+        self.gpsimd_pattern_cycles = gpsimd_pattern_cycles
         # cycles of a VectorE instruction's fixed cost that overlap the next one when the
         # next does not depend on it (VectorE's pipeline), where measured (trn1; trn2 and
         # trn3 borrow trn1's in the model, the kernels do not plan with it:
@@ -95,6 +98,7 @@ MIRRORS = {
     "vector_instr_cycles": ("vector_static_cycles", 1),
     "scalar_instr_cycles": ("scalar_static_cycles", 1),
     "gpsimd_instr_cycles": ("gpsimd_static_cycles", 1),
+    "gpsimd_pattern_cycles": ("gpsimd_pattern_cycles", 1),
     "vector_overlap_cycles": ("vector_planning_overlap", 1),
     "min_instruction_cycles": ("min_instruction_cycles", 1),
     "vector_reduce_readout_cycles": ("vector_reduce_readout_cycles", 1),
@@ -115,21 +119,21 @@ _GEN2 = EngineCosts(vector_ghz=1.12, scalar_ghz=1.4, gpsimd_ghz=1.4, vector_psum
                     vector_reduce_readout_cycles=64, dma_bytes_per_s=272e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0,
                     dma_transpose_efficiency=0.5,
-                    sbuf_bytes_per_partition=192 * 1024)
+                    sbuf_bytes_per_partition=192 * 1024, gpsimd_pattern_cycles=150)
 _GEN3 = EngineCosts(vector_ghz=0.96, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_copy_16bit_rate=2,
                     vector_instr_cycles=100.0, scalar_instr_cycles=360.0,
                     gpsimd_instr_cycles=100.0, vector_overlap_cycles=0.0, min_instruction_cycles=64,
                     vector_reduce_readout_cycles=64, dma_bytes_per_s=368e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0,
                     dma_transpose_efficiency=0.5,
-                    sbuf_bytes_per_partition=224 * 1024)
+                    sbuf_bytes_per_partition=224 * 1024, gpsimd_pattern_cycles=150)
 _GEN4 = EngineCosts(vector_ghz=1.2, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_copy_16bit_rate=2,
                     vector_instr_cycles=100.0, scalar_instr_cycles=360.0,
                     gpsimd_instr_cycles=100.0, vector_overlap_cycles=0.0, min_instruction_cycles=64,
                     vector_reduce_readout_cycles=64, dma_bytes_per_s=528e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0,
                     dma_transpose_efficiency=0.5,
-                    sbuf_bytes_per_partition=256 * 1024)
+                    sbuf_bytes_per_partition=256 * 1024, gpsimd_pattern_cycles=150)
 
 
 def by_generation():
