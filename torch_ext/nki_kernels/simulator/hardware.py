@@ -47,8 +47,8 @@ SHARED_COST_RANGES: tuple[tuple[str, float, float], ...] = (
 VECTOR_ISSUE_CYCLES = 40.0
 # trn1's fixed costs per instruction (optimistic, pessimistic)
 TRN1_STATIC_RANGES: tuple[tuple[str, float, float], ...] = (
-    ("scalar_static_cycles", 60.0, 160.0),   # [S][A1] ~60 .. [M] fig16: 1-element ACTIVATE 223 = 64 + 159
-    ("vector_static_cycles", 100.0, 380.0),  # [P] ~100 .. [M] fig17: tensor_tensor 2N + ~380
+    ("scalar_static_cycles", 60.0, 160.0),   # [S][A1] ~60 .. perf guide fig16 (hw-measurements.md: 1-element ACTIVATE 159 ns = 223 cycles = 64 + 159)
+    ("vector_static_cycles", 100.0, 380.0),  # [P] ~100 .. perf guide fig17 (hw-measurements.md): tensor_tensor 2N + ~380
     ("gpsimd_static_cycles", 100.0, 380.0),  # as VectorE (no GpSimd measurement)
 )
 
@@ -127,9 +127,15 @@ class Target:
     # (Llama S=2048 causal 159.8 -> 170.4 us, four decode shapes behind attention_tkg at the
     # bar's low end; docs/cost-model.md "VectorE pipeline").
     vector_overlap_measured: bool = False
-    dependency_latency_cycles: int = 100    # [S][P] extra wait of a consumer of a Vector/Scalar/GpSimd result
+    # extra wait of a consumer of a Vector/Scalar/GpSimd result: [M] scalar.chain_1elem_fp32_trn1
+    # (a dependent 1-element ACTIVATE every 264 cycles = 64 + trn1's 100 fixed + 100); the [S]
+    # cost texts give no such latency and [P]'s "~100 cycles" is the static overhead
+    dependency_latency_cycles: int = 100
     matmul_min_cycles: int = 64             # [S] matmul max(min(64, M), N) cycles
     matmul_fp32_factor: int = 4             # [S] fp32 operands: 4 passes (79 vs 20 TFLOPS)
+    # nc_matmul_mx (v4): MX pairs each PE multiplies per cycle, [A3] "Quad-MXFP8/MXFP4 Matmul
+    # Performance" (4x the FLOPs of a bf16 matmul of the same tile sizes)
+    matmul_mx_pairs_per_pe: int = 4
     # TensorE pipeline latency: a matmul's PSUM result is readable this many TensorE cycles
     # after its initiation interval ends. [M] perf-guide fig18/fig20-21 (trn1): a 128-column
     # MultiplyMoving lasts 188-219 ns = 526-613 cycles at 2.8 GHz against its 128-cycle
@@ -388,7 +394,7 @@ TARGETS: dict[str, Target] = {
         partitions=128, sbuf_bytes_per_partition=256 * KIB,
         psum_banks=8, psum_bank_bytes=2 * KIB,
         tensor_hz=2.4e9, vector_hz=1.2e9, scalar_hz=1.2e9, gpsimd_hz=1.2e9,
-        # fp32 peak not documented for v4: trn2's reused.
+        # [A3] "79 BF16/FP16/TF32 and 20 FP32 TFLOPS" (the trn3 guide), as trn2's
         tensor_peak_bf16_flops=79e12, tensor_peak_fp32_flops=20e12,
         scalar_elems_per_cycle=256,
         dma_bytes_per_s=528e9, dma_queues=16,

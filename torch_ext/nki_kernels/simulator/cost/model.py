@@ -288,7 +288,7 @@ def tensor_utilization(ins, target: Target, cycles: float | None = None) -> floa
     else:
         st, _, m, n = _matmul_operands(ins)
         k = st.partitions if st is not None else target.matmul_rows
-    macs = k * m * n * (4 if ins.op == "nc_matmul_mx" else 1)
+    macs = k * m * n * (target.matmul_mx_pairs_per_pe if ins.op == "nc_matmul_mx" else 1)
     return min(1.0, macs / (target.matmul_rows * target.matmul_columns * cycles))
 
 
