@@ -103,7 +103,9 @@ def _exp_kernel(nl, nisa, x, out_dtype):
 
 
 @pytest.mark.parametrize("src,dst,per_lane", [(torch.bfloat16, "bfloat16", 4), (torch.float32, "float32", 2),
-                                              (torch.float32, "bfloat16", 2)])
+                                              (torch.float32, "bfloat16", 2),
+                                              # "512 BF16/FP16/FP8": fp8 is narrow too
+                                              (torch.bfloat16, "float8_e4m3", 4)])
 @pytest.mark.parametrize("free", [2048, 300])
 def test_exponential_runs_at_vectors_data_path_width(src, dst, per_lane, free):
     def body(nl, nisa, x):
@@ -128,3 +130,22 @@ def test_exponential_runs_at_vectors_data_path_width(src, dst, per_lane, free):
         variable = act.cycles - TRN3.scalar_static_cycles
         assert variable == max(TRN3.min_instruction_cycles, free / 2)
         assert cost.cycles - VECTOR_FIXED == max(TRN3.min_instruction_cycles, variable / 2)
+
+
+@pytest.mark.parametrize("dst, per_lane", [("bfloat16", 2), ("float8_e4m3", 2), ("float32", 1)])
+def test_scalar_engine_takes_fp8_at_its_wide_rate(dst, per_lane):
+    # [A3] ScalarE: "256 BF16/FP16/FP8 input/output" elements per cycle (2 per lane), 128 for
+    # 32-bit types: a bf16 -> fp8 exp runs at the wide rate, bf16 -> fp32 does not
+    free = 2048
+
+    def body(nl, nisa, x):
+        s = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(s, x)
+        e = nl.ndarray(x.shape, dtype=getattr(nl, dst), buffer=nl.sbuf)
+        nisa.activation(e, nl.exp, s)
+        hbm = nl.ndarray(x.shape, dtype=getattr(nl, dst), buffer=nl.shared_hbm)
+        nisa.dma_copy(hbm, e)
+        return hbm
+
+    act = compute_cost(_only(_traced(body, x=torch.randn(128, free).bfloat16()), "activation"), TRN3)
+    assert act.cycles - TRN3.scalar_static_cycles == max(TRN3.min_instruction_cycles, free / per_lane)

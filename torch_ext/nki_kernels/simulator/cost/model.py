@@ -181,6 +181,14 @@ def _all_16bit(operands) -> bool:
     return bool(operands) and all(o.dtype in _SIXTEEN_BIT_FLOATS for o in operands)
 
 
+def _all_narrow(operands) -> bool:
+    """16-bit or 8-bit floats: what trn3's wide ScalarE and VectorE data paths take, "256
+    BF16/FP16/FP8 input/output" (ScalarE) and "512 BF16/FP16/FP8" (VectorE) elements per
+    cycle [A3] "Compute Engine Specifications"."""
+    return bool(operands) and all(o.dtype in _SIXTEEN_BIT_FLOATS or o.dtype in _EIGHT_BIT_FLOATS
+                                  for o in operands)
+
+
 def _copy_perf_mode_operands(operands, target: Target) -> bool:
     """Whether a tensor_copy/tensor_scalar's data operands allow VectorE's performance mode:
     16-bit floats, or (``target.vector_perf_mode_8bit_dst``) an 8-bit float output from
@@ -358,15 +366,15 @@ def _exponential_cycles(ins, n: int, target: Target) -> tuple[float, str]:
     "Compute Engine Specifications". The guide's "4x the throughput compared to the
     nisa.activation (op=nl.exp) instruction" [A3] is this rate against ScalarE's 128-element
     fp32 path; against its 256-element bf16 path the data path allows 2x, not 4x."""
-    sixteen = _all_16bit(_data_operands(_full_inputs(ins, n), ins))
-    rate = target.vector_perf_mode_full if sixteen else target.vector_other_elems_per_lane
+    narrow = _all_narrow(_data_operands(_full_inputs(ins, n), ins))
+    rate = target.vector_perf_mode_full if narrow else target.vector_other_elems_per_lane
     return n / rate, f"exponential N/{rate} (data path)"
 
 
 def scalar_engine_cost(ins, target: Target) -> tuple[float, str]:
     n, _ = _main_free(ins)
-    sixteen = _all_16bit(_data_operands(_full_inputs(ins, n), ins))
-    per_cycle = target.scalar_elems_per_cycle if sixteen else target.scalar_elems_per_cycle_fp32
+    narrow = _all_narrow(_data_operands(_full_inputs(ins, n), ins))   # trn2: 128 either way
+    per_cycle = target.scalar_elems_per_cycle if narrow else target.scalar_elems_per_cycle_fp32
     rate = max(1.0, per_cycle / target.partitions)
     cycles = max(target.min_instruction_cycles, n / rate)
     rule = "activation max(64, N)" if rate == 1 else f"activation max(64, N/{rate:g})"
