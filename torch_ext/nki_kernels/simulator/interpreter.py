@@ -321,7 +321,36 @@ def _run_cores(run: Run, fn, wargs, wkwargs):
             pop(c)
 
     results = run.scheduler.run(body)
+    if run.grid > 1:
+        _check_lnc_outputs(results)
     return results[0]
+
+
+def _check_lnc_outputs(results) -> None:
+    """The cores of an LNC launch return one result: "the inputs and outputs of the kernel
+    should be stored in the Shared HBM" (NKI LNC guide); nl.private_hbm is "only visible to
+    each individual kernel instance". A private_hbm output, or cores that return different
+    tensors, would leave all but core 0's result unseen."""
+    from .memory import MemoryRegion
+    from .tensor import NkiTensor
+
+    def flat(r):
+        return list(r) if isinstance(r, (tuple, list)) else [r]
+
+    first = flat(results[0])
+    for pid, r in enumerate(results):
+        outs = flat(r)
+        for i, t in enumerate(outs):
+            if isinstance(t, NkiTensor) and t.buffer is MemoryRegion.private_hbm:
+                raise NkiValidationError(
+                    f"output {i} of core {pid} is in private_hbm; an LNC={len(results)} kernel's "
+                    "outputs must be in nl.shared_hbm (the LNC guide), where both cores write one tensor")
+        if len(outs) != len(first) or any(
+                isinstance(a, NkiTensor) and (not isinstance(b, NkiTensor) or a._alloc is not b._alloc)
+                for a, b in zip(first, outs)):
+            raise NkiValidationError(
+                f"core {pid} returns different outputs from core 0; the cores of an LNC launch "
+                "return the same shared_hbm tensors")
 
 
 def _check_dynamic_flow(run: Run) -> None:

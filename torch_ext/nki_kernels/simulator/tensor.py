@@ -286,9 +286,13 @@ class NkiTensor(ShapeViews):
           (mlp_tkg_gate_up_projection.py, bias at LNC=2), and AWS's CI ran those vectors on
           trn2 (test_mlp_tkg.py:240-243, with QoR figures), so the compiler accepts it.
         * ``scalar_offset`` ((1, 1) SBUF tensor or register) adds value *
-          prod(self.shape[indirect_dim+1:]); ``vector_offset`` ((P, 1) SBUF tensor) gives
-          partition w the offset vector_offset[w] * prod(self.shape[1:]), indirect_dim 0
-          only ("Currently, only indirect_dim=0 is supported"). Both are read when the
+          self.strides[indirect_dim] ("indirect_dim: dimension in self.shape whose stride
+          scales the indirect scalar/vector offset", NkiTensor.ap; the deep dive: the scale
+          "is read from the shape of the base tensor, not from the access pattern", so a
+          column slice of a [512, 512] tensor still steps 512 per row); ``vector_offset``
+          ((P, 1) SBUF tensor) gives partition w the offset vector_offset[w] *
+          self.strides[0], indirect_dim 0 only ("Currently, only indirect_dim=0 is
+          supported"). Both are read when the
           instruction runs; an access outside the tensor raises IndexError then (dma_copy
           with oob_mode=skip skips it).
         * an access outside the tensor is an IndexError when an instruction uses the view,
@@ -312,7 +316,7 @@ class NkiTensor(ShapeViews):
             if not 0 <= ind < max(1, self.ndim):
                 raise NkiValidationError(f"ap: indirect_dim {ind} out of range for {self.shape}")
             ratio = self.dtype.itemsize / dt.itemsize
-            stride = int(math.prod(self.shape[ind + 1:]) * ratio)
+            stride = int((self.strides[ind] if self.ndim else 1) * ratio)
             if vector_offset is not None:
                 if ind != 0:
                     raise NkiValidationError(

@@ -50,6 +50,19 @@ class ShapeViews:
             i = next(j for j, k in enumerate(key) if k is Ellipsis)
             key = key[:i] + (slice(None),) * (ndim - n_real) + key[i + 1:]
         on_chip = self._alloc.kind != "hbm"
+        from .isa.registers import VirtualRegister
+        regs = [d for d, k in enumerate(key) if isinstance(k, VirtualRegister)]
+        if regs:
+            # a register is read when the instruction runs: t[reg] is t.select(dim, reg) (the
+            # NKI 0.7 language guide: "Indirect views are produced by select with a tensor
+            # index ..."), with select's rules (not the partition dim on chip); operator.index
+            # would freeze the value the register holds now
+            others = [k for d, k in enumerate(key) if d != regs[0]]
+            if len(regs) > 1 or any(k != slice(None) for k in others):
+                raise UnsupportedError(
+                    f"index {key!r}: a register index takes whole slices (:) in every other "
+                    "dimension; use t.select(dim, register) or t.ap(..., scalar_offset=register)")
+            return self.select(regs[0], key[regs[0]])
         tkey = []
         int_dims = []
         for dim, k in enumerate(key):

@@ -1,0 +1,74 @@
+"""nki.language behaviour the NKI 0.7 docs state and a review of 2026-12-04 found the simulator
+getting wrong (each test quotes its rule)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from nki_kernels import simulator
+from nki_kernels.simulator import NkiValidationError
+
+
+def _rows(nl, nisa, view, n):
+    out = nl.ndarray((n, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=out, src=view)
+    return out.values()
+
+
+def test_indirect_offsets_step_by_the_base_tensors_stride(sim):
+    # NkiTensor.ap: "indirect_dim: dimension in self.shape whose stride scales the indirect
+    # scalar/vector offset"; the deep dive: it "is read from the shape of the base tensor,
+    # not from the access pattern": a column slice of a [64, 32] tensor steps 32 per row
+    _, nl, nisa = sim
+    a = nl.ndarray((64, 32), dtype=nl.float32, buffer=nl.shared_hbm)
+    vals = torch.randn(64, 32)
+    a.dtype.assign(a._data, vals)
+    cols = a[:, 0:16]
+    at = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    at._data.fill_(37)
+    got = _rows(nl, nisa, cols.ap([[16, 1], [1, 8]], scalar_offset=at, indirect_dim=0), 1)
+    assert torch.equal(got, vals[37:38, 0:8])
+    idx = torch.randperm(64)[:4]
+    vo = nl.ndarray((4, 1), dtype=nl.int32, buffer=nl.sbuf)
+    vo.dtype.assign(vo._data, idx.reshape(4, 1))
+    got = _rows(nl, nisa, cols.ap([[16, 4], [1, 8]], vector_offset=vo, indirect_dim=0), 4)
+    assert torch.equal(got, vals[idx, 0:8])
+
+
+def test_a_register_index_is_read_when_the_instruction_runs(sim):
+    # t[reg] is t.select(dim, reg) (language guide: "Indirect views are produced by select
+    # with a tensor index ..."); select: "Dynamic on-chip: dim must not be 0"
+    _, nl, nisa = sim
+    h = nl.ndarray((4, 16, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    vals = torch.randn(4, 16, 8)
+    h.dtype.assign(h._data, vals)
+    reg = nisa.register_alloc(3)
+    view = h[reg]
+    assert view.is_indirect()
+    nisa.register_move(reg, 1)
+    out = nl.ndarray((16, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=out, src=view)
+    assert torch.equal(out.values(), vals[1])
+    with pytest.raises(NkiValidationError, match="partition dim"):
+        nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.sbuf)[reg, :]
+
+
+def test_an_lnc2_kernel_cannot_return_a_private_hbm_tensor():
+    # nl.private_hbm is "only visible to each individual kernel instance"; the LNC guide:
+    # "the inputs and outputs of the kernel should be stored in the Shared HBM"
+    with simulator.activated("trn2") as nki:
+        nl = nki.language
+
+        @nki.jit
+        def per_core(a):
+            out = nl.ndarray(a.shape, a.dtype, buffer=nl.private_hbm)
+            nl.store(out, nl.add(nl.load(a), float(nl.program_id(0) + 1)))
+            return out
+
+        x = np.random.rand(4, 4).astype(np.float32)
+        with pytest.raises(NkiValidationError, match="private_hbm"):
+            nki.simulate(per_core[2])(x)
+        # one core alone may
+        np.testing.assert_allclose(nki.simulate(per_core)(x), x + 1.0)
