@@ -72,3 +72,26 @@ def test_an_lnc2_kernel_cannot_return_a_private_hbm_tensor():
             nki.simulate(per_core[2])(x)
         # one core alone may
         np.testing.assert_allclose(nki.simulate(per_core)(x), x + 1.0)
+
+
+def test_dynamic_loops_take_a_positive_static_step_and_stay_out_of_no_reorder(sim):
+    # nl.dynamic_range: "step: step size, must be a compile-time positive integer (not
+    # VirtualRegister)"; nl.no_reorder: "Register-based dynamic loops (nl.fori_loop,
+    # nl.while_loop) are not supported inside a no_reorder block"
+    _, nl, nisa = sim
+    reg = nisa.register_alloc(4)
+    assert list(nl.dynamic_range(0, reg, np.int64(2))) == [0, 2]
+    for bad in (0, -1, reg, True):
+        with pytest.raises(NkiValidationError, match="step=.* must be a compile-time positive int"):
+            nl.dynamic_range(0, 6, bad)
+        with pytest.raises(NkiValidationError, match="step=.* must be a compile-time positive int"):
+            nl.fori_loop(0, 6, lambda i: None, step=bad)
+    with nl.no_reorder():
+        assert list(nl.dynamic_range(0, 3)) == [0, 1, 2]       # a static range is fine
+        with pytest.raises(NkiValidationError, match="not supported inside an nl.no_reorder"):
+            nl.fori_loop(0, reg, lambda i: None)
+        with pytest.raises(NkiValidationError, match="not supported inside an nl.no_reorder"):
+            nl.dynamic_range(0, reg)
+    seen = []
+    nl.fori_loop(0, reg, lambda i: seen.append(int(i)))        # outside the block it runs
+    assert seen == [0, 1, 2, 3]

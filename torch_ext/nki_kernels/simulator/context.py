@@ -62,6 +62,7 @@ class Context:
         # the nl.sequential_range iterations the kernel is in, outermost first: (loop, iteration)
         self.sequential_iterations: list[tuple[int, int]] = []
         self.sequential_loops_seen = 0
+        self.no_reorder_depth = 0     # nested nl.no_reorder() blocks open on this core
         # each core's engines have their own random state; core 0 starts from the seed
         self.generator = torch.Generator().manual_seed(self.params.seed + program_id)
         run.cores.append(self)

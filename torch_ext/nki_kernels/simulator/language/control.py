@@ -14,6 +14,7 @@ is undefined", Using Logical NeuronCores). Control flow fixed when the kernel is
 from __future__ import annotations
 
 import contextlib
+import numbers
 import operator
 
 from .. import isa as _isa
@@ -69,14 +70,35 @@ def _dynamic(kind: str, count: int) -> None:
     current().dynamic_flow.append((kind, count))
 
 
+def _check_step(what: str, step) -> None:
+    # "step: step size, must be a compile-time positive integer (not VirtualRegister)"
+    # (nl.dynamic_range, NKI 0.7)
+    if (isinstance(step, (bool, _isa.VirtualRegister)) or not isinstance(step, numbers.Integral)
+            or step < 1):
+        raise NkiValidationError(f"{what}: step={step!r} must be a compile-time positive int "
+                                 "(not a register)")
+
+
+def _no_dynamic_loop_in_no_reorder(what: str) -> None:
+    # "Register-based dynamic loops (nl.fori_loop, nl.while_loop) are not supported inside a
+    # no_reorder block" (nl.no_reorder, NKI 0.7)
+    if current().no_reorder_depth:
+        raise NkiValidationError(f"{what}: a register-based dynamic loop is not supported inside "
+                                 "an nl.no_reorder() block")
+
+
 def dynamic_range(start, stop=None, step=1):
+    _check_step("dynamic_range", step)
     r = _range(start, stop, step)
-    if any(isinstance(b, _isa.VirtualRegister) for b in (start, stop, step)):
+    if any(isinstance(b, _isa.VirtualRegister) for b in (start, stop)):
+        _no_dynamic_loop_in_no_reorder("dynamic_range")
         _dynamic("dynamic_range", len(r))
     return r
 
 
 def fori_loop(lower, upper, body_fun, step=1):
+    _check_step("fori_loop", step)
+    _no_dynamic_loop_in_no_reorder("fori_loop")
     r = range(operator.index(lower), operator.index(upper), operator.index(step))
     _dynamic("fori_loop", len(r))
     for i in r:
@@ -84,6 +106,7 @@ def fori_loop(lower, upper, body_fun, step=1):
 
 
 def while_loop(init, body_fun):
+    _no_dynamic_loop_in_no_reorder("while_loop")
     r = init
     n = 0
     while int(r) != 0:
@@ -94,7 +117,13 @@ def while_loop(init, body_fun):
 
 @contextlib.contextmanager
 def no_reorder():
-    yield  # the simulator executes in program order anyway
+    # the simulator executes in program order anyway; the block only refuses dynamic loops
+    ctx = current()
+    ctx.no_reorder_depth += 1
+    try:
+        yield
+    finally:
+        ctx.no_reorder_depth -= 1
 
 
 def program_id(axis=0):
