@@ -95,3 +95,16 @@ def test_dynamic_loops_take_a_positive_static_step_and_stay_out_of_no_reorder(si
     seen = []
     nl.fori_loop(0, reg, lambda i: seen.append(int(i)))        # outside the block it runs
     assert seen == [0, 1, 2, 3]
+
+
+def test_static_select_on_a_2d_tile_keeps_the_dim_as_indexing_does(sim):
+    # NkiTensor.select: "performs static selection (equivalent to t[:, index, :] when
+    # dim=1)"; on-chip views are "always at least 2D"
+    _, nl, _ = sim
+    t = nl.ndarray((8, 6), dtype=nl.float32, buffer=nl.sbuf)
+    t.dtype.assign(t._data, torch.randn(8, 6))
+    picked = t.select(1, 3)
+    assert picked.shape == t[:, 3].shape == (8, 1)
+    assert torch.equal(picked.values(), t.values()[:, 3:4])
+    with pytest.raises(NkiValidationError, match="must keep its partition dim"):
+        t.select(0, 2)

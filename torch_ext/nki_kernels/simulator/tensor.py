@@ -175,9 +175,13 @@ class NkiTensor(ShapeViews):
         if not 0 <= i < n:
             raise IndexError(f"select: index {i} is out of bounds for dim {dim} with size {n} "
                              f"(shape {self.shape})")
-        if self.on_chip and (dim == 0 or self.ndim <= 2):
+        if self.on_chip and dim == 0:
             raise NkiValidationError(
-                f"select: on-chip tensor {self.shape} must keep its partition dim and 2 dims")
+                f"select: on-chip tensor {self.shape} must keep its partition dim (dim 0)")
+        if self.on_chip and self.ndim <= 2:
+            # "equivalent to t[:, index, :] when dim=1"; an on-chip view is "always at least
+            # 2D", so, as indexing does, the selected dim stays with size 1
+            return self._view(self._data.narrow(dim, i, 1))
         return self._view(self._data.select(dim, i))
 
     def vector_select(self, dim: int, vector_offset) -> "NkiTensor":
