@@ -108,3 +108,14 @@ def test_static_select_on_a_2d_tile_keeps_the_dim_as_indexing_does(sim):
     assert torch.equal(picked.values(), t.values()[:, 3:4])
     with pytest.raises(NkiValidationError, match="must keep its partition dim"):
         t.select(0, 2)
+
+
+def test_broadcast_to_takes_a_psum_source(sim):
+    # nl.broadcast_to: ":param x: the source tile in SBUF or PSUM"
+    _, nl, nisa = sim
+    row = torch.randn(1, 24)
+    src = nl.ndarray((1, 24), dtype=nl.float32, buffer=nl.psum)
+    src.dtype.assign(src._data, row)
+    out = nl.broadcast_to(src, (64, 24))
+    assert out.buffer.value == "sbuf"
+    assert torch.equal(out.values(), row.expand(64, 24))

@@ -86,6 +86,12 @@ def broadcast_to(x, shape, dtype=None):
     if shape[0] > parts:
         raise NkiValidationError(f"broadcast_to: partition dim {shape[0]} exceeds maximum {parts}")
     out = new_tile(shape, dt, "broadcast_to")
+    if x._alloc.kind == "psum":
+        # "x: the source tile in SBUF or PSUM" (nl.broadcast_to): the DMA engines never read
+        # PSUM, so a PSUM source is first copied to SBUF
+        staged = new_tile(tuple(x.shape), x.dtype, "broadcast_to")
+        _isa.tensor_copy(staged, x)
+        x = staged
     # A DMA access pattern may repeat a partition (stride 0); an engine operand may not, so
     # this source view exists only for the dma_copy.
     _isa.dma_copy(out, NkiTensor(x._alloc, x._data.expand(shape), x._dtype))
