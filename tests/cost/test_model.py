@@ -264,6 +264,18 @@ def test_alu_power_rsqrt_reciprocal_are_iterative_on_vector_and_gpsimd():
     assert _one(lambda b: ts(b, "gpsimd", "multiply")).cycles == 512 + SG
 
 
+def test_an_alu_power_with_one_psum_input_is_n_times_eight():
+    # the two rules compose: one input in PSUM is N ([S] tensor_tensor), and the ALU power
+    # op makes each element 8 cycles on VectorE: 8N, not 8 x 2N
+    def tt(b, first):
+        b._add("tensor_tensor", "vector", [first("data1", new_alloc(), (128, 512), "float32"),
+                                           sbuf("data2", new_alloc(), (128, 512), "float32")],
+               [sbuf("dst", new_alloc(), (128, 512), "float32")], op="power")
+
+    assert _one(lambda b: tt(b, psum)).cycles == 8 * 512 + S
+    assert _one(lambda b: tt(b, sbuf)).cycles == 8 * 2 * 512 + S
+
+
 def test_gpsimd_iota_is_150_plus_n():
     cost = _one(lambda b: b.iota(sbuf("dst", new_alloc(), (128, 300), "float32")))
     assert cost.cycles == 150 + 300 + SG

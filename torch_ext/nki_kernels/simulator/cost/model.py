@@ -335,10 +335,15 @@ def vector_engine_cost(ins, target: Target) -> tuple[float, str]:
     passes = max(1, len(full))
     cycles = passes * n
     rule = f"{passes} input pass{'es' if passes > 1 else ''} x N"
+    one_in_psum = (op in ("tensor_tensor", "scalar_tensor_tensor") and len(full) == 2
+                   and sorted(o.buffer for o in full) == ["psum", "sbuf"])
     alu = _alu_transcendental(ins)
     if alu:
+        # the ALU op's factor on the instruction's own pass count: one input in PSUM is N
+        # (the rule below), then x8
         f = target.alu_transcendental_factor_vector
-        return cycles * f, rule + f" x{f} ALU {alu}"
+        base, base_rule = (n, f"{op} N (one input in PSUM)") if one_in_psum else (cycles, rule)
+        return base * f, base_rule + f" x{f} ALU {alu}"
     on_chip = _data_operands(full, ins)   # what the performance-mode conditions are about
     if op in ("tensor_tensor", "scalar_tensor_tensor") and len(full) == 2:
         bufs = sorted(o.buffer for o in full)
