@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nki_kernels import simulator
-from nki_kernels.simulator import NkiValidationError
+from nki_kernels.simulator import NkiValidationError, UnsupportedError
 
 
 def _rows(nl, nisa, view, n):
@@ -53,6 +53,8 @@ def test_a_register_index_is_read_when_the_instruction_runs(sim):
     assert torch.equal(out.values(), vals[1])
     with pytest.raises(NkiValidationError, match="partition dim"):
         nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.sbuf)[reg, :]
+    with pytest.raises(UnsupportedError, match="a register index takes whole slices"):
+        h[reg, 0:4]
 
 
 def test_an_lnc2_kernel_cannot_return_a_private_hbm_tensor():
