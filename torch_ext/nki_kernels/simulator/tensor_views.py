@@ -50,8 +50,8 @@ class ShapeViews:
             i = next(j for j, k in enumerate(key) if k is Ellipsis)
             key = key[:i] + (slice(None),) * (ndim - n_real) + key[i + 1:]
         on_chip = self._alloc.kind != "hbm"
-        from .isa.registers import VirtualRegister
-        regs = [d for d, k in enumerate(key) if isinstance(k, VirtualRegister)]
+        # an engine register (isa/registers.py; by name, as tensor._is_dynamic: no import cycle)
+        regs = [d for d, k in enumerate(key) if type(k).__name__ == "VirtualRegister"]
         if regs:
             # a register is read when the instruction runs: t[reg] is t.select(dim, reg) (the
             # NKI 0.7 language guide: "Indirect views are produced by select with a tensor
