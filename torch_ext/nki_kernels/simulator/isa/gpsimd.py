@@ -13,8 +13,8 @@ import torch
 
 from .. import dtypes as _dt
 from .. import ops as _ops
-from .operands import (f32, fail, free_elems, ints, is_scalar, onchip, record, reduce_last, same_free,
-                       same_partitions, signed_bits, start_partition, store, target)
+from .operands import (f32, fail, free_elems, ints, is_scalar, max_rank, onchip, record, reduce_last,
+                       same_free, same_partitions, signed_bits, start_partition, store, target)
 
 
 def _pattern_values(I, dst, pattern, offset, channel_multiplier):
@@ -117,10 +117,7 @@ def tensor_partition_reduce(dst, op, data, name=None):
         fail(f"{I}: op {name_} takes integer data and dst (bit patterns), got data "
              f"{data.dtype.name} and dst {dst.dtype.name}")
     # "The data and dst tiles can have at most four free dimensions (maximum rank 5)"
-    for role, t in (("data", data), ("dst", dst)):
-        if len(t.shape) > 5:
-            fail(f"{I}: {role} has rank {len(t.shape)} {tuple(t.shape)}; at most 5 "
-                 f"(a partition and four free dimensions)")
+    max_rank(I, 5, ("data", data), ("dst", dst))
     if dst.shape[0] != 1 or free_elems(dst) != free_elems(data):
         fail(f"{I}: dst must be [1, {free_elems(data)}], got {dst.shape}")
     v = ints(data).reshape(data.shape[0], -1) if data.dtype.is_int else None

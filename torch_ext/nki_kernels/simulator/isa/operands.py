@@ -124,6 +124,15 @@ def _parts(t) -> int:
     return t._data.shape[0] if type(t) is NkiTensor else t.shape[0]
 
 
+def max_rank(instr, limit, *pairs):
+    """Each (role, tensor) has at most ``limit`` dimensions (a partition dim and ``limit - 1``
+    free dims), as an instruction's docstring states it."""
+    for role, t in pairs:
+        if len(t.shape) > limit:
+            fail(f"{instr}: {role} has rank {len(t.shape)} {tuple(t.shape)}; at most {limit} "
+                 f"(a partition and {limit - 1} free dimension{'s' if limit > 2 else ''})")
+
+
 def same_partitions(instr, ra, a, rb, b):
     pa, pb = _parts(a), _parts(b)
     if pa != pb:

@@ -17,7 +17,7 @@ from ..context import current
 from ..tensor import NkiTensor
 from . import enums
 from .alu import scalar_stage
-from .operands import (check_reduce_cmd, engine_of, f32, fail, free_elems, ints, lanes,
+from .operands import (check_reduce_cmd, engine_of, f32, fail, free_elems, ints, lanes, max_rank,
                        no_psum_on_gpsimd, not_both_psum, onchip, operand_vec, record, reduce_free,
                        same_free, same_partitions, start_partition, store, target, update_regs)
 
@@ -95,10 +95,7 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, r
     # load_reduce", "Supported dtypes: float32"; v2.33 page: "at most three free dimensions"
     if reverse0:
         fail(f"{I}: reverse0=True is not supported (the NKI 0.7 docstring: 'not supported yet')")
-    for role, t in (("data", data), ("dst", dst)):
-        if len(t.shape) > 4:
-            fail(f"{I}: {role} has rank {len(t.shape)} {tuple(t.shape)}; at most 4 "
-                 f"(a partition and three free dimensions)")
+    max_rank(I, 4, ("data", data), ("dst", dst))
     cmd = check_reduce_cmd(I, reduce_cmd)
     ok_cmds = (enums.reduce_cmd.reset_reduce, enums.reduce_cmd.reduce, enums.reduce_cmd.load_reduce)
     if cmd not in ok_cmds:
@@ -349,8 +346,7 @@ def max8(dst, src, name=None):
     same_partitions(I, "src", src, "dst", dst)
     # "The source tile can be up to 3-dimensional, while the output tile is always
     # 2-dimensional" (nki.isa.max8, NKI 0.7)
-    if len(src.shape) > 3:
-        fail(f"{I}: src has rank {len(src.shape)} {tuple(src.shape)}; at most 3")
+    max_rank(I, 3, ("src", src))
     if len(dst.shape) != 2:
         fail(f"{I}: dst must be 2-D [partitions, 8], got shape {tuple(dst.shape)}")
     F = free_elems(src)
