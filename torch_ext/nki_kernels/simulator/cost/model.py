@@ -335,28 +335,27 @@ def vector_engine_cost(ins, target: Target) -> tuple[float, str]:
     passes = max(1, len(full))
     cycles = passes * n
     rule = f"{passes} input pass{'es' if passes > 1 else ''} x N"
-    one_in_psum = (op in ("tensor_tensor", "scalar_tensor_tensor") and len(full) == 2
-                   and sorted(o.buffer for o in full) == ["psum", "sbuf"])
+    two_inputs = op in ("tensor_tensor", "scalar_tensor_tensor") and len(full) == 2
+    bufs = sorted(o.buffer for o in full) if two_inputs else []
+    one_in_psum = bufs == ["psum", "sbuf"]
+    if one_in_psum:
+        # tensor_tensor: "If one input tile is in PSUM and the other is in SBUF, N Vector
+        # Engine cycles" [S]; scalar_tensor_tensor has "approximately the same latency as a
+        # regular tensor_tensor instruction" (its NKI 0.7 docstring, nki/api/nki/isa)
+        cycles, rule = n, f"{op} N (one input in PSUM)"
     alu = _alu_transcendental(ins)
     if alu:
-        # the ALU op's factor on the instruction's own pass count: one input in PSUM is N
-        # (the rule below), then x8
+        # the ALU op's factor applies to the instruction's passes as priced above
         f = target.alu_transcendental_factor_vector
-        base, base_rule = (n, f"{op} N (one input in PSUM)") if one_in_psum else (cycles, rule)
-        return base * f, base_rule + f" x{f} ALU {alu}"
+        return cycles * f, rule + f" x{f} ALU {alu}"
+    if one_in_psum:
+        return cycles, rule
     on_chip = _data_operands(full, ins)   # what the performance-mode conditions are about
-    if op in ("tensor_tensor", "scalar_tensor_tensor") and len(full) == 2:
-        bufs = sorted(o.buffer for o in full)
-        if bufs == ["psum", "sbuf"]:
-            # tensor_tensor: "If one input tile is in PSUM and the other is in SBUF, N Vector
-            # Engine cycles" [S]; scalar_tensor_tensor has "approximately the same latency as a
-            # regular tensor_tensor instruction" (its NKI 0.7 docstring, nki/api/nki/isa)
-            return n, f"{op} N (one input in PSUM)"
-        # the 2x performance mode is listed for tensor_tensor only (trn2 architecture guide,
-        # "Vector Engine Performance Mode"), not for scalar_tensor_tensor
-        if (op == "tensor_tensor" and bufs == ["sbuf", "sbuf"] and _all_16bit(on_chip)
-                and target.vector_perf_mode_half > 1):
-            return cycles / target.vector_perf_mode_half, rule + f" /{target.vector_perf_mode_half} perf mode"
+    # the 2x performance mode is listed for tensor_tensor only (trn2 architecture guide,
+    # "Vector Engine Performance Mode"), not for scalar_tensor_tensor
+    if (op == "tensor_tensor" and bufs == ["sbuf", "sbuf"] and _all_16bit(on_chip)
+            and target.vector_perf_mode_half > 1):
+        return cycles / target.vector_perf_mode_half, rule + f" /{target.vector_perf_mode_half} perf mode"
     if op in ("tensor_copy", "tensor_scalar") and _copy_perf_mode_operands(on_chip, target):
         in_psum = sum(o.buffer == "psum" for o in on_chip)
         speed = target.vector_perf_mode_full if in_psum == 0 else target.vector_perf_mode_half
