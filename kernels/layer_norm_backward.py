@@ -53,9 +53,9 @@ TARGET_COLS = 1024
 PREFETCH_AHEAD = 2
 # Share of the columns of the two products (g, q) on VectorE, the rest on GpSimd. Per
 # element on trn2: VectorE 16-bit two-input pass 1.04 ns (perf mode), GpSimd 1.67 ns;
-# VectorE also runs xhat, a (0.26 each) and sum(q) (0.52): VectorE 1.04 + 2.08 s, GpSimd
-# (t = a + g) 1.67 + 3.33 (1 - s): s = 0.73 balances them at 2.6 ns; the per-instruction
-# overhead of the short ViT rows moves the modeled optimum to 0.6 (swept 0.6 / 0.75).
+# VectorE also runs xhat, a (0.26 each) and sum(q) (1.04: a reduce into fp32 sums has no
+# N/2): VectorE 1.56 + 2.08 s, GpSimd (t = a + g) 1.67 + 3.33 (1 - s): s = 0.64 balances
+# them at 2.9 ns; the modeled optimum of the short ViT rows is 0.6 (swept 0.6 / 0.75).
 PRODUCT_VECTOR_SHARE = 0.6
 
 
@@ -63,9 +63,10 @@ def _sum_g_on_vector(per, cols, sixteen, no_dw_product):
     """Whether sum(g) of a [P, per, cols] block goes to VectorE (one tensor_reduce) rather
     than ScalarE (one accumulating copy per row): the choice with the smaller of the two
     engines' estimated block times (cost-model rules with the active generation's figures,
-    engine_costs.py: 16-bit VectorE perf mode 2x for tensor_tensor / tensor_reduce, 4x for
-    tensor_scalar). ``no_dw_product``: dw is taken on TensorE's diagonal (or there is no
-    weight), so VectorE makes no p = dy * xhat."""
+    engine_costs.py: 16-bit VectorE perf mode 2x for tensor_tensor, 4x for tensor_scalar; a
+    tensor_reduce into the fp32 sums runs at one element per cycle, its N/2 needing a bf16
+    output too: [S] tensor_reduce). ``no_dw_product``: dw is taken on TensorE's diagonal
+    (or there is no weight), so VectorE makes no p = dy * xhat."""
     c = active_engine_costs()
     two, four = (2, 4) if sixteen else (1, 1)
     cut = split_count(cols, PRODUCT_VECTOR_SHARE)
@@ -75,9 +76,9 @@ def _sum_g_on_vector(per, cols, sixteen, no_dw_product):
     # VectorE: xhat and a per row, its share of the products, sum(q)
     vector = (2 * per * c.instruction_ns("vector", cols, four)
               + products * c.instruction_ns("vector", 2 * per * cut, two)
-              + c.instruction_ns("vector", per * cols, two))
+              + c.instruction_ns("vector", per * cols))
     on_scalar = max(scalar + per * c.instruction_ns("scalar", cols), vector)
-    on_vector = max(scalar, vector + c.instruction_ns("vector", per * cols, two))
+    on_vector = max(scalar, vector + c.instruction_ns("vector", per * cols))
     return on_vector < on_scalar
 
 

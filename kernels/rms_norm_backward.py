@@ -24,7 +24,7 @@ Engines, per block (16-bit input; fp32 the same in fp32):
     ScalarE  square(x / sqrt(H)) with add-reduction -> mean(x**2) per row; rsqrt -> r
     VectorE  p = dy * x (16-bit, perf mode): TensorE sums p * r over rows into dw
     VectorE / GpSimd  g = dy * w and q = p * w (16-bit; split by G_VECTOR_SHARE)
-    VectorE  c = sum(q) per row (tensor_reduce, fp32)
+    ScalarE  c = sum(q) per row (copy with add-accumulate, fp32)
     VectorE  a = x * (-r**2 c / H) (tensor_scalar, 16-bit perf mode)
     GpSimd / VectorE  t = a + g (fp32)
     ScalarE  dx = t * r (one rounding) -- fused: VectorE (t * r) + dtotal
@@ -58,10 +58,10 @@ PREFETCH_AHEAD = 2
 PREFETCH_MAX_COLS = 4096
 # Share of the columns of g = dy * w and q = p * w given to VectorE (the rest to GpSimd).
 # Per element on trn2: VectorE 16-bit two-input pass 1.04 ns (perf mode), GpSimd 1.67 ns;
-# VectorE also runs p (1.04), the reduction (0.52) and a (0.26): with share s of the two
-# products and t = a + g on GpSimd, VectorE 1.82 + 2.08 s, GpSimd 1.67 + 3.33 (1 - s):
-# s = 0.6 balances them at ~3.1 ns. That is where dw comes from column sums of p (rows past
-# the diagonal accumulator, diag_fits): modeled trn2 LNC=2, [2048, 8192] bf16, share 0.5 /
+# VectorE also runs p (1.04) and a (0.26; the row sum of q is ScalarE's): with share s of
+# the two products and t = a + g on GpSimd, VectorE 1.30 + 2.08 s, GpSimd 1.67 + 3.33
+# (1 - s): s = 0.68 balances them at ~2.7 ns; the sweep's optimum is 0.6 where dw comes
+# from column sums of p (rows past the diagonal accumulator, diag_fits): modeled trn2 LNC=2, [2048, 8192] bf16, share 0.5 /
 # 0.55 / 0.6 / 0.65 / 0.7 / 0.8: 339.1 / 329.5 / 326.4 / 331.2 / 337.6 / 349.4 us. With the
 # diagonal accumulator p is not formed (xhat instead, 0.26 ns) and the fixed costs move the
 # optimum up: [2048, 4096] share 0.6 / 0.7 / 0.8 / 0.9: 134.6 / 129.7 / 128.2 / 136.0 us.

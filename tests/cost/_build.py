@@ -13,7 +13,7 @@ from dataclasses import replace
 from nki_kernels.simulator.trace import Instruction, Operand
 
 ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4, "uint8": 1,
-            "float8_e4m3": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
+            "float8_e4m3": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "uint16": 2}
 _ids = itertools.count(10_000)
 
 

@@ -126,9 +126,11 @@ def test_known_misses_are_few_and_say_why(calibrate):
         # measured; trn1's small-transfer cost or the compiler's coalescing, no profile
         "autocomp.gemm.": 6,
         # Autocomp's fastest attention kernels: their sources' work on one engine models above
-        # the measured latency (self-attention: VectorE's own instructions; SD attention: the
-        # compiler-placed copies on either engine)
+        # the measured latency (self-attention: VectorE's own instructions; c8 since session
+        # 49 priced its bf16 -> fp32 row sums at N, as [S] tensor_reduce documents; SD
+        # attention: the compiler-placed copies on either engine)
         "autocomp.attention.c10": 1,
+        "autocomp.attention.c8": 1,
         "autocomp.sd_attention.best": 1,
         # trn1's per-transfer DMA cadence read off AWS's fig29: the model's gap is trn2's, and
         # a trn1 gap that long moves the trn1 kernels' rows away from their measurements
@@ -609,18 +611,19 @@ def test_the_model_error_band_is_the_quantiles_of_the_train_rows_outside_their_b
 
 # The error bars' promise on the public held-out latency rows (none of them trains the band:
 # it is fitted on nki-library's trn2 QoR train rows; these are trn1 kernels and, since session
-# 45, one trn2 device-side time): at least this many of the 28 that are not slow hold their
-# measurement (22 do, 13 with the parameter ranges alone; 21 of 27 before the device-side row,
+# 45, one trn2 device-side time): at least this many of the 27 that are not slow hold their
+# measurement (21 do, 12 with the parameter ranges alone; 22 of 28 until session 49, when
+# Autocomp's self-attention c8, inside its bar, became a known miss; 21 of 27 before the device-side row,
 # 20 of 26 while Autocomp's sixth Mamba kernel was a known miss, until session 41; before
 # Autocomp's attention and Mamba rows of 2026-12-03, 12 and 4 of 16).
-BAR_HELD_OUT_MIN = 22
+BAR_HELD_OUT_MIN = 21
 
 
 def test_the_error_bars_hold_the_held_out_latency_measurements(calibrate, public_modeled):
     rows, values = public_modeled
     bars = calibrate.bar_ends(rows)
     held = [r for r in calibrate.gated(rows) if r.split == "test" and r.id in bars]
-    assert len(held) >= 28
+    assert len(held) >= 27
     for r in held:
         low, high = bars[r.id]
         assert low <= values[r.id] * 1.001 and values[r.id] <= high * 1.001, r.id

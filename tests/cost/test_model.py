@@ -208,12 +208,91 @@ def test_scalar_tensor_tensor_prices_its_inputs_like_tensor_tensor():
     assert _one(lambda b: all_bf16(b, "scalar_tensor_tensor")).cycles == 2 * 512 + S
 
 
+def _reduce(data_dtype, dst_dtype, op="add"):
+    return _one(lambda b: b.tensor_reduce(sbuf("dst", new_alloc(), (128, 1), dst_dtype),
+                                          sbuf("data", new_alloc(), (128, 2048), data_dtype), op=op))
+
+
 def test_tensor_reduce_bf16_add_is_twice_as_fast():
-    bf16 = _one(lambda b: b.tensor_reduce(sbuf("dst", new_alloc(), (128, 1), "float32"),
-                                          sbuf("data", new_alloc(), (128, 2048), "bfloat16"), op="add"))
-    fp32 = _one(lambda b: b.tensor_reduce(sbuf("dst", new_alloc(), (128, 1), "float32"),
-                                          sbuf("data", new_alloc(), (128, 2048), "float32"), op="add"))
-    assert (bf16.cycles, fp32.cycles) == (1024 + S, 2048 + S)
+    # [S] tensor_reduce: "N/2: both input and output data types are bfloat16 *and* the
+    # reduction operator is add or maximum; N otherwise"
+    assert _reduce("bfloat16", "bfloat16").cycles == 1024 + S
+    assert _reduce("bfloat16", "bfloat16", op="maximum").cycles == 1024 + S
+    assert _reduce("float32", "float32").cycles == 2048 + S
+
+
+def test_tensor_reduce_into_fp32_from_bf16_is_not_the_fast_rate():
+    # the norms' row sums: bf16 data, fp32 statistics; and a bf16 multiply-reduce
+    assert _reduce("bfloat16", "float32").cycles == 2048 + S
+    assert _reduce("float32", "bfloat16").cycles == 2048 + S
+    assert _reduce("bfloat16", "bfloat16", op="multiply").cycles == 2048 + S
+
+
+def _copy_cost(src_buffer, dst_buffer, src_strides=None, dst_strides=None, op="tensor_copy",
+               shape=(128, 1024)):
+    """A bf16 tensor_copy (or tensor_scalar) of 1024 elements per partition from
+    ``src_buffer`` to ``dst_buffer``; strides lay one side out in a larger tile."""
+    def build(b):
+        src = src_buffer("src" if op == "tensor_copy" else "data", new_alloc(), shape, "bfloat16",
+                         strides=src_strides)
+        dst = dst_buffer("dst", new_alloc(), shape, "bfloat16", strides=dst_strides)
+        b._add(op, "vector", [src], [dst])
+    return _one(build).cycles
+
+
+@pytest.mark.parametrize("op", ["tensor_copy", "tensor_scalar"])
+def test_perf_mode_needs_a_contiguous_innermost_dimension_for_4x(op):
+    # trn2 architecture guide, "Vector Engine Performance Mode": 4x needs (1a) SBUF, (1b)
+    # 16-bit, (1c) "physically contiguous elements in the inner-most free dimension"; 2x
+    # when 1a and 1b hold but not 1c
+    strided = (2048, 2)   # every other element of a [128, 2048] tile
+    assert _copy_cost(sbuf, sbuf, op=op) == 1024 / 4 + S
+    assert _copy_cost(sbuf, sbuf, src_strides=strided, op=op) == 1024 / 2 + S
+    assert _copy_cost(sbuf, sbuf, dst_strides=strided, op=op) == 1024 / 2 + S
+    # a strided outer free dimension (4 rows of 256 out of rows of 512) with a contiguous
+    # innermost one keeps 4x; size-1 dimensions do not count as the innermost
+    assert _copy_cost(sbuf, sbuf, src_strides=(2048, 512, 1), op=op, shape=(128, 4, 256)) == 1024 / 4 + S
+    assert _copy_cost(sbuf, sbuf, src_strides=(2048, 1, 7), op=op, shape=(128, 1024, 1)) == 1024 / 4 + S
+    assert _copy_cost(sbuf, sbuf, src_strides=(4096, 4, 1), op=op, shape=(128, 1024, 1)) == 1024 / 2 + S
+
+
+def test_perf_mode_from_psum_needs_contiguity_and_one_side_in_psum():
+    # (2b) 2x "when both input/output tensors satisfy 1b and 1c, but one of input and
+    # output tensors is in PSUM": strided with one side in PSUM, or both sides in PSUM,
+    # match no listed condition
+    psum16 = lambda role, alloc, shape, dtype="bfloat16", strides=None: psum(role, alloc, shape, dtype,
+                                                                              strides=strides)
+    assert _copy_cost(psum16, sbuf) == 1024 / 2 + S
+    assert _copy_cost(psum16, sbuf, src_strides=(2048, 2)) == 1024 + S
+    assert _copy_cost(sbuf, psum16, dst_strides=(2048, 2)) == 1024 + S
+    assert _copy_cost(psum16, psum16) == 1024 + S
+
+
+def _gather(n_valid, n_elem, dtype):
+    """local_gather on GpSimd: ``n_valid`` indices per core, ``n_elem`` elements each."""
+    return _one(lambda b: b._add("local_gather", "gpsimd",
+                                 [sbuf("src_buffer", new_alloc(), (128, 4096), dtype),
+                                  sbuf("index", new_alloc(), (128, 8), "uint16")],
+                                 [sbuf("dst", new_alloc(), (128, n_valid * n_elem), dtype)],
+                                 num_elem_per_idx=n_elem, num_valid_indices=n_valid))
+
+
+def test_local_gather_pays_its_start_and_loop_cycles():
+    # [S] local_gather: 150 + V x E x C, C = ((28 + 4E) / (4E)) / min(4 / dtype_size, E)
+    # cycles per element: one element per index costs (28 + 4) / 4 = 8 cycles per index
+    assert _gather(128, 1, "float32").cycles == 150 + 128 * 8 + SG
+    assert _gather(128, 1, "bfloat16").cycles == 150 + 128 * 8 + SG
+    # 4 bf16 elements per index: a 4-byte word takes 2 of them, so C = (44 / 16) / 2
+    assert _gather(16, 4, "bfloat16").cycles == pytest.approx(150 + 16 * 4 * (44 / 16) / 2 + SG)
+    # 32 fp32 elements: one per word, C = 156 / 128
+    assert _gather(8, 32, "float32").cycles == pytest.approx(150 + 8 * 32 * 156 / 128 + SG)
+
+
+def test_local_gather_without_its_index_count_is_refused():
+    with pytest.raises(CostModelError, match="num_valid_indices"):
+        _one(lambda b: b._add("local_gather", "gpsimd",
+                              [sbuf("src_buffer", new_alloc(), (128, 64), "float32")],
+                              [sbuf("dst", new_alloc(), (128, 8), "float32")], num_elem_per_idx=1))
 
 
 def test_memset_of_zero_into_16_bit_data_is_twice_as_fast():

@@ -61,6 +61,19 @@ def test_local_gather_matches_the_docstrings_numpy_semantics(sim, mk):
         nisa.local_gather(dst, mk(torch.zeros(128, 8)), mk(torch.zeros(128, 4), "int32"))
 
 
+def test_local_gather_records_what_its_cost_needs(sim, mk, last):
+    # the cost model prices local_gather from num_elem_per_idx and num_valid_indices, whose
+    # default is every index of one GpSimd core: index.size / (index.shape[0] / 16)
+    _, nl, nisa = sim
+    index = mk(torch.randint(0, 100, (128, 3)), "uint16")
+    dst = nl.ndarray((128, 48 * 2), dtype=nl.bfloat16)
+    nisa.local_gather(dst, mk(torch.randn(128, 256), "bfloat16"), index, 2)
+    assert last().attrs == {"num_elem_per_idx": 2, "num_valid_indices": 48}
+    dst = nl.ndarray((128, 10 * 2), dtype=nl.bfloat16)
+    nisa.local_gather(dst, mk(torch.randn(128, 256), "bfloat16"), index, 2, 10)
+    assert last().attrs["num_valid_indices"] == 10
+
+
 def _quantize(nl, nisa, x, dtype="float8_e4m3fn_x4"):
     """quantize_mx of x (bf16) under the caller's trn3 context (the mk fixture is trn2's)."""
     P, F = x.shape

@@ -153,10 +153,16 @@ class Target:
     memset_zero_16bit_speedup: int = 2      # [S] memset: "N/2" for a zero into bf16/fp16, else N
     bn_aggr_cycles_per_3_elems: int = 13    # [S] bn_aggr: "max(MIN_II, 13*(N/3))" VectorE cycles
     gpsimd_pattern_cycles: int = 150        # [S] GpSimd iota/affine_select: 150 + N
+    # [S] local_gather: "150 + (num_valid_indices * num_elem_per_idx)/C" with
+    # C = ((28 + t * num_elem_per_idx)/(t * num_elem_per_idx)) / min(4/dtype_size,
+    # num_elem_per_idx), "t is a constant 4" (cost/model.py: C read as cycles per element)
+    local_gather_start_cycles: int = 150
+    local_gather_loop_cycles: int = 28
+    local_gather_indices_per_loop: int = 4
     vector_reciprocal_factor: int = 8       # [S] VectorE reciprocal ~8N
-    reduce_bf16_speedup: int = 2            # [S] tensor_reduce N/2 for bf16 add/max
-    vector_perf_mode_full: int = 4          # [A2] 4x: tensor_copy/tensor_scalar, 16-bit, all SBUF
-    vector_perf_mode_half: int = 2          # [A2] 2x: same with one side in PSUM; tensor_tensor 16-bit SBUF
+    reduce_bf16_speedup: int = 2            # [S] tensor_reduce N/2: add/max, bf16 input and output
+    vector_perf_mode_full: int = 4          # [A2] 4x: tensor_copy/tensor_scalar, 16-bit, all SBUF, contiguous
+    vector_perf_mode_half: int = 2          # [A2] 2x: same strided, or with one side in PSUM; tensor_tensor 16-bit SBUF
     # tensor_copy/tensor_scalar writing an 8-bit float (fp8) from 16-bit inputs take the mode
     # too. [A2] names BF16/FP16 ("input and output data types do not need to match"); an fp8
     # output is narrower than either, and AWS's fp8 quantization kernel measures it: nki-library's

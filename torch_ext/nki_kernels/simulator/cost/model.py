@@ -23,7 +23,7 @@ VectorE (``vector_hz``)
     one input pass ``N`` cycles, two full-size inputs (``tensor_tensor``,
     ``scalar_tensor_tensor``, ``select_reduce``...) ``2N``; ``tensor_tensor`` and
     ``scalar_tensor_tensor`` with one input in PSUM and the other in SBUF ``N``;
-    ``tensor_reduce`` ``N`` (``N/2`` for bf16 add/max);
+    ``tensor_reduce`` ``N`` (``N/2`` for add/max with bf16 input and output);
     ``reciprocal`` ``8N``; ``nc_transpose`` (32x32) ``N``; ``bn_aggr`` ``13N/3``; ``memset`` of
     zero into bf16/fp16 ``N/2``; ``tensor_scalar_reduce`` ``max(64, N) + 64``; v4's
     ``quantize_mx`` ``N/4`` and ``exponential`` at the data path's width (``N/4`` 16-bit,
@@ -32,7 +32,8 @@ VectorE (``vector_hz``)
     performance mode:
     ``tensor_copy``/``tensor_scalar`` with every operand bf16/fp16 (or an fp8 output from
     16-bit inputs: ``vector_perf_mode_8bit_dst``) run 4x faster when all operands are in
-    SBUF, 2x when one is in PSUM; ``tensor_tensor`` with both inputs in SBUF
+    SBUF with a contiguous innermost free dimension, 2x when strided or when one side is in
+    PSUM (contiguous; strided in PSUM: no mode); ``tensor_tensor`` with both inputs in SBUF
     and every operand bf16/fp16 runs 2x faster. Then ``max(MIN_II=64, cycles)`` plus the
     engine's static overhead ``vector_static_cycles`` (calibrated per generation, see
     hardware.py).
@@ -43,9 +44,11 @@ ScalarE (``scalar_hz``)
     instruction reads its accumulator out (``reduce_res``); plus ``scalar_static_cycles``.
 
 GpSimd (``gpsimd_hz``)
-    ``iota``/``affine_select``: ``150 + N``; other instructions as VectorE without its
-    performance mode, x4 with an ALU ``power``/``rsqrt``/``reciprocal`` op (~4x slower than
-    ScalarE's rsqrt); plus ``gpsimd_static_cycles``.
+    ``iota``/``affine_select``: ``150 + N``; ``local_gather`` ``150 + V x E x C`` (V indices
+    per core, E elements each, C cycles per element from the docstring's formula); other
+    instructions as VectorE without its performance mode, x4 with an ALU
+    ``power``/``rsqrt``/``reciprocal`` op (~4x slower than ScalarE's rsqrt); plus
+    ``gpsimd_static_cycles``.
 
 DMA (16 engines per core, called queues here, ``dma_bytes_per_s / 16`` each)
     A transfer is spread over ``ceil(P / 8)`` queues (each DMA engine serves 8 SBUF
@@ -200,6 +203,19 @@ def _copy_perf_mode_operands(operands, target: Target) -> bool:
                                   for o in operands)
 
 
+def _innermost_contiguous(operand) -> bool:
+    """Whether ``operand``'s innermost (most minor) free dimension is physically contiguous:
+    stride 1 element, size-1 dimensions skipped. A tile without a free dimension of more
+    than one element is contiguous; so is an operand recorded without strides (a view read
+    at run time or reinterpreted as another element size: nothing says otherwise)."""
+    strides = getattr(operand, "strides", ())
+    shape = tuple(operand.shape)
+    if not strides or len(strides) != len(shape):
+        return True
+    free = [(size, st) for size, st in list(zip(shape, strides))[1:] if size != 1]
+    return not free or free[-1][1] == 1
+
+
 def _attr(ins, *names, default=None):
     for name in names:
         if name in ins.attrs:
@@ -306,9 +322,14 @@ def vector_engine_cost(ins, target: Target) -> tuple[float, str]:
     if op == "reciprocal":
         return target.vector_reciprocal_factor * n, f"reciprocal {target.vector_reciprocal_factor}N"
     if op == "tensor_reduce":
+        # "N/2: both input and output data types are bfloat16 *and* the reduction operator
+        # is add or maximum; N otherwise" [S] tensor_reduce: a bf16 row sum into an fp32
+        # result (the norms' statistics) runs at N
         data = _inputs(ins)
+        out = [o for o in ins.writes if o.role == "dst"]
         rop = _op_name(_attr(ins, "op", "reduce_op"))
-        if data and data[0].dtype == "bfloat16" and rop in _REDUCE_FAST_OPS:
+        if (data and out and all(o.dtype == "bfloat16" for o in data[:1] + out)
+                and rop in _REDUCE_FAST_OPS):
             return n / target.reduce_bf16_speedup, f"tensor_reduce N/{target.reduce_bf16_speedup} bf16 {rop}"
         return n, "tensor_reduce N"
     if op == "nc_transpose":
@@ -357,10 +378,20 @@ def vector_engine_cost(ins, target: Target) -> tuple[float, str]:
             and target.vector_perf_mode_half > 1):
         return cycles / target.vector_perf_mode_half, rule + f" /{target.vector_perf_mode_half} perf mode"
     if op in ("tensor_copy", "tensor_scalar") and _copy_perf_mode_operands(on_chip, target):
+        # trn2 architecture guide, "Vector Engine Performance Mode": 4x when input and
+        # output are in SBUF, 16-bit and "have physically contiguous elements in the
+        # inner-most (most minor) free dimension"; 2x when they are in SBUF but not
+        # contiguous, or contiguous "but one of input and output tensors is in PSUM"
         in_psum = sum(o.buffer == "psum" for o in on_chip)
-        speed = target.vector_perf_mode_full if in_psum == 0 else target.vector_perf_mode_half
+        contiguous = all(_innermost_contiguous(o) for o in on_chip)
+        if in_psum == 0:
+            speed = target.vector_perf_mode_full if contiguous else target.vector_perf_mode_half
+        elif in_psum == 1 and contiguous:
+            speed = target.vector_perf_mode_half
+        else:
+            speed = 1
         if speed > 1:
-            return cycles / speed, rule + f" /{speed} perf mode"
+            return cycles / speed, rule + f" /{speed} perf mode" + ("" if contiguous else " (strided)")
     return cycles, rule
 
 
@@ -389,7 +420,30 @@ def scalar_engine_cost(ins, target: Target) -> tuple[float, str]:
     return cycles, rule
 
 
+def _local_gather_cycles(ins, target: Target) -> tuple[float, str]:
+    """[S] local_gather: "150 + (num_valid_indices * num_elem_per_idx)/C GpSimd Engine
+    cycles, where C = ((28 + t * num_elem_per_idx)/(t * num_elem_per_idx)) /
+    min(4/dtype_size, num_elem_per_idx)", t = 4. C as written is cycles per gathered
+    element (a 28-cycle loop per t indices, plus one cycle per element, over as many
+    elements as fit a 4-byte word), so the elements are multiplied by it: dividing, as the
+    text's "/C" reads, would gather 8 one-element indices per cycle on a software loop.
+    Each GpSimd core (16 partitions) gathers its own ``num_valid_indices`` in parallel."""
+    e = int(_attr(ins, "num_elem_per_idx", default=1))
+    src = next((o for o in ins.reads if o.role == "src_buffer"), None)
+    if src is None or "num_valid_indices" not in ins.attrs:
+        raise CostModelError(f"instruction {ins.index} (local_gather): needs a src_buffer "
+                             "operand and attr num_valid_indices")
+    v = int(ins.attrs["num_valid_indices"])
+    t = target.local_gather_indices_per_loop
+    per_word = min(4 / (src.nbytes / max(1, math.prod(src.shape))), e)
+    c = (target.local_gather_loop_cycles + t * e) / (t * e) / per_word
+    start = target.local_gather_start_cycles
+    return start + v * e * c, f"local_gather {start} + V x E x {c:.3g}"
+
+
 def gpsimd_engine_cost(ins, target: Target) -> tuple[float, str]:
+    if ins.op == "local_gather":
+        return _local_gather_cycles(ins, target)
     n, _ = _main_free(ins)
     if ins.op in _PATTERN_OPS:
         return target.gpsimd_pattern_cycles + n, f"{ins.op} {target.gpsimd_pattern_cycles} + N"

@@ -184,7 +184,7 @@ def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=N
         out[rows] = src[rows][:, offs]
     store(I, dst, out.reshape(dst.shape).view(src_buffer._data.dtype), raw=True)
     return record(I, "gpsimd", [("src_buffer", src_buffer), ("index", index)], [("dst", dst)],
-                  out.numel(), {"num_elem_per_idx": num_elem_per_idx})
+                  out.numel(), {"num_elem_per_idx": num_elem_per_idx, "num_valid_indices": n})
 
 
 def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
