@@ -14,7 +14,8 @@ Engines:
     one pass (C <= max_cols), per block, in one of two forms (whichever the cost model's
     numbers for the active generation make faster: _block_exp_time / _row_exp_time):
     per-row form:
-      VectorE  row max over all J rows at once (tensor_reduce, negated -> exp bias)
+      VectorE  row max over all J rows at once (tensor_reduce, negated -> exp bias; in
+               bf16 for a bf16 input, where it is exact and runs at N/2)
       ScalarE  e = exp(x - max) in fp32 with add-reduction -> row sum, one instruction per row
       VectorE  1 / sum on [P, J] (tiny)
       e * (1/sum), rounded once to the output dtype: ScalarE (copy with per-partition scale)
@@ -45,7 +46,7 @@ Engines:
       loads run ahead of the exps; resident pass-2 outputs go through a ring of OUT_BUFS
       tiles per row tile where the active generation's SBUF holds it (_output_ring_fits).
 Expected error:
-    fp32 statistics and exponentials, one rounding to the output dtype (bf16: <= 2**-8
+    fp32 statistics (a bf16 input's max is exact in bf16) and exponentials, one rounding to the output dtype (bf16: <= 2**-8
     relative; fp32: ~1e-6 relative; the block form rounds x - max to fp32 before the exp,
     as ScalarE's bias add does in the per-row form; the online form adds two fp32
     roundings, from the rescaling exp(m_c - m) and the product with 1 / l).
@@ -101,11 +102,14 @@ FP32_LOWEST = -3.4028234663852886e38
 def _softmax_rows(x, out, n_rows, cols):
     for start, parts, per in program_row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS, MAX_COLS)):
         x_tile = load_block(x, start, parts, per)
-        # -max per row, all J rows in one VectorE instruction: [parts, per] fp32
-        neg_max = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
+        # -max per row, all J rows in one VectorE instruction: [parts, per]. bf16 for a bf16
+        # input: the max of bf16 values and its negation are exact in bf16, and a bf16 ->
+        # bf16 max runs at N/2 where a bf16 -> fp32 one runs at N ([S] tensor_reduce: "both
+        # input and output data types are bfloat16"); fp32 otherwise
+        bf16_max = x.dtype == nl.bfloat16
+        neg_max = nl.ndarray((parts, per), dtype=nl.bfloat16 if bf16_max else nl.float32, buffer=nl.sbuf)
         nisa.tensor_reduce(dst=neg_max, op=nl.maximum, data=x_tile, axis=2, negate=True)
-        sixteen = itemsize(x.dtype) == 2
-        if _block_exp_time(per, cols, sixteen) < _row_exp_time(per, cols, sixteen):
+        if _block_exp_time(per, cols, bf16_max) < _row_exp_time(per, cols, bf16_max):
             _block_exp(x, out, x_tile, neg_max, start, parts, per, cols)
             continue
         # e = exp(x - max) in fp32 with the row sum from ScalarE's accumulator
@@ -119,7 +123,7 @@ def _softmax_rows(x, out, n_rows, cols):
         inv_sum = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
         nisa.reciprocal(dst=inv_sum, data=row_sum)
         out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-        share = _scaling_vector_share(per, cols, sixteen)
+        share = _scaling_vector_share(per, cols, bf16_max)
         for j, lo, hi, on_vector in engine_segments(per, cols, share):
             if on_vector:
                 nisa.tensor_scalar(dst=out_tile[:, j, lo:hi], data=exp_tile[:, j, lo:hi],
@@ -134,7 +138,12 @@ def _block_exp(x, out, x_tile, neg_max, start, parts, per, cols):
     """The rest of a block of short rows with one exp for all its rows (the block form):
     x - max per row on GpSimd, then a single ScalarE exp over [parts, per * cols], so that
     ScalarE pays its fixed cost once per block rather than once per row."""
-    # x - max in fp32, one GpSimd tensor_scalar per row (its max is a (P, 1) operand)
+    # x - max in fp32, one GpSimd tensor_scalar per row (its max is a (P, 1) operand, which
+    # tensor_scalar takes in fp32 only: a bf16 max is widened first, exactly, on GpSimd)
+    if neg_max.dtype != nl.float32:
+        neg_max32 = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=neg_max32, src=neg_max, engine=nisa.engine.gpsimd)
+        neg_max = neg_max32
     shifted = nl.ndarray((parts, per, cols), dtype=nl.float32, buffer=nl.sbuf)
     for j in range(per):
         nisa.tensor_scalar(dst=shifted[:, j, :], data=x_tile[:, j, :], op0=nl.add,
@@ -151,7 +160,7 @@ def _block_exp(x, out, x_tile, neg_max, start, parts, per, cols):
     nisa.reciprocal(dst=inv_sum, data=row_sum)
     # e * (1/sum) per row, rounded once to the output dtype, on the engine _block_scaling picks
     out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-    for j, engine in enumerate(_block_scaling(per, cols, itemsize(x.dtype) == 2)[0]):
+    for j, engine in enumerate(_block_scaling(per, cols, x.dtype == nl.bfloat16)[0]):
         if engine == SCALAR:
             nisa.activation(dst=out_tile[:, j, :], op=nl.copy, data=exp_tile[:, j, :],
                             scale=inv_sum[:, j:j + 1])
@@ -178,10 +187,11 @@ def _exp_groups(per):
     return [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
 
 
-def _block_base_ns(per, cols, sixteen):
-    """[VectorE, ScalarE, GpSimd] estimated ns of the block form before the scaling."""
+def _block_base_ns(per, cols, bf16_max):
+    """[VectorE, ScalarE, GpSimd] estimated ns of the block form before the scaling
+    (``bf16_max``: the row max is a bf16 -> bf16 tensor_reduce, 2 elements per cycle)."""
     c = active_engine_costs()
-    vector = (c.instruction_ns("vector", per * cols, 2 if sixteen else 1)    # max
+    vector = (c.instruction_ns("vector", per * cols, 2 if bf16_max else 1)   # max
               + c.instruction_ns("vector", 8 * per))                         # 1/sum
     scalar = 0.0
     for lo, hi in _exp_groups(per):
@@ -197,12 +207,12 @@ def _row_scaling_ns(cols):
     return [c.instruction_ns(engine, cols) for engine in ("vector", "scalar", "gpsimd")]
 
 
-def _block_scaling(per, cols, sixteen):
+def _block_scaling(per, cols, bf16_max):
     """(the engine of each row's scaling, [VectorE, ScalarE, GpSimd] estimated ns of the
     whole block) in the block form: rows go one by one to the engine that finishes it
     soonest after the work it already has (a list schedule of the estimates), so the three
     engines end the block together."""
-    load = _block_base_ns(per, cols, sixteen)
+    load = _block_base_ns(per, cols, bf16_max)
     cost = _row_scaling_ns(cols)
     engines = []
     for _ in range(per):
@@ -212,39 +222,39 @@ def _block_scaling(per, cols, sixteen):
     return engines, load
 
 
-def _block_exp_time(per, cols, sixteen):
+def _block_exp_time(per, cols, bf16_max):
     """Estimated ns of the busiest engine on one block in the block form (one row per
     partition gains nothing from it: inf)."""
     if per == 1:
         return float("inf")
-    return max(_block_scaling(per, cols, sixteen)[1])
+    return max(_block_scaling(per, cols, bf16_max)[1])
 
 
-def _row_form_ns(per, cols, sixteen):
+def _row_form_ns(per, cols, bf16_max):
     """Estimated ns of a [P, per, cols] block's parts in the per-row form (cost-model rules
     with the active generation's numbers, engine_costs.py): (ScalarE's one pass over every
     row: the exps, or the scaling if ScalarE takes it all; VectorE's max over the block,
-    16-bit at 2 elements per cycle, and 1 / sum at 8 cycles per element; all the scaling on
+    bf16 -> bf16 at 2 elements per cycle, and 1 / sum at 8 cycles per element; all the scaling on
     VectorE, fp32 input at 1 element per cycle)."""
     c = active_engine_costs()
     on_scalar = per * c.instruction_ns("scalar", cols)
-    vector = c.instruction_ns("vector", per * cols, 2 if sixteen else 1) + c.instruction_ns("vector", 8 * per)
+    vector = c.instruction_ns("vector", per * cols, 2 if bf16_max else 1) + c.instruction_ns("vector", 8 * per)
     on_vector = per * c.instruction_ns("vector", cols)
     return on_scalar, vector, on_vector
 
 
-def _row_exp_time(per, cols, sixteen):
+def _row_exp_time(per, cols, bf16_max):
     """Estimated ns of the busiest engine on one block in the per-row form (one exp per row
     with its max as the bias, the scaling split by _scaling_vector_share)."""
-    on_scalar, vector, on_vector = _row_form_ns(per, cols, sixteen)
-    f = _scaling_vector_share(per, cols, sixteen)
+    on_scalar, vector, on_vector = _row_form_ns(per, cols, bf16_max)
+    f = _scaling_vector_share(per, cols, bf16_max)
     return max(on_scalar + (1 - f) * on_scalar, vector + f * on_vector)
 
 
-def _scaling_vector_share(per, cols, sixteen):
+def _scaling_vector_share(per, cols, bf16_max):
     """Share of a [P, per, cols] block's e * (1/sum) done on VectorE (rows when per > 1, else
     columns): the one that evens out the block's estimated VectorE and ScalarE time, in [0, 1]."""
-    on_scalar, vector, on_vector = _row_form_ns(per, cols, sixteen)
+    on_scalar, vector, on_vector = _row_form_ns(per, cols, bf16_max)
     # ScalarE's exps + (1 - f) of the scaling = VectorE's own work + f of it
     return min(1.0, max(0.0, (2 * on_scalar - vector) / (on_scalar + on_vector)))
 
@@ -300,7 +310,10 @@ def _softmax_online(x, out, n_rows, cols, chunk, resident):
                 x_tile = staging[n_staged % STAGING_BUFS][:parts, 0:width]
                 n_staged += 1
             nisa.dma_copy(dst=x_tile, src=x[r0:r0 + parts, c0:c0 + width])
-            chunk_max = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+            # the chunk's max in the input's dtype when that is bf16: exact, and N/2 (as the
+            # one-pass form's row max)
+            chunk_max = nl.ndarray((parts, 1), dtype=nl.bfloat16 if x.dtype == nl.bfloat16 else nl.float32,
+                                   buffer=nl.sbuf)
             nisa.tensor_reduce(dst=chunk_max, op=nl.maximum, data=x_tile, axis=1)
             new_max = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=new_max, data1=run_max, data2=chunk_max, op=nl.maximum)
