@@ -61,8 +61,9 @@ PREFETCH_MAX_COLS = 4096
 # VectorE also runs p (1.04) and a (0.26; the row sum of q is ScalarE's): with share s of
 # the two products and t = a + g on GpSimd, VectorE 1.30 + 2.08 s, GpSimd 1.67 + 3.33
 # (1 - s): s = 0.68 balances them at ~2.7 ns; the sweep's optimum is 0.6 where dw comes
-# from column sums of p (rows past the diagonal accumulator, diag_fits): modeled trn2 LNC=2, [2048, 8192] bf16, share 0.5 /
-# 0.55 / 0.6 / 0.65 / 0.7 / 0.8: 339.1 / 329.5 / 326.4 / 331.2 / 337.6 / 349.4 us. With the
+# from column sums of p (rows past the diagonal accumulator, diag_fits): modeled trn2
+# LNC=2, [2048, 8192] bf16, share 0.5 / 0.55 / 0.6 / 0.65 / 0.7 / 0.8: 339.1 / 329.5 /
+# 326.4 / 331.2 / 337.6 / 349.4 us. With the
 # diagonal accumulator p is not formed (xhat instead, 0.26 ns) and the fixed costs move the
 # optimum up: [2048, 4096] share 0.6 / 0.7 / 0.8 / 0.9: 134.6 / 129.7 / 128.2 / 136.0 us.
 G_VECTOR_SHARE = 0.8

@@ -46,10 +46,11 @@ Engines:
       loads run ahead of the exps; resident pass-2 outputs go through a ring of OUT_BUFS
       tiles per row tile where the active generation's SBUF holds it (_output_ring_fits).
 Expected error:
-    fp32 statistics (a bf16 input's max is exact in bf16) and exponentials, one rounding to the output dtype (bf16: <= 2**-8
-    relative; fp32: ~1e-6 relative; the block form rounds x - max to fp32 before the exp,
-    as ScalarE's bias add does in the per-row form; the online form adds two fp32
-    roundings, from the rescaling exp(m_c - m) and the product with 1 / l).
+    fp32 statistics (a bf16 input's max is exact in bf16) and exponentials, one rounding
+    to the output dtype (bf16: <= 2**-8 relative; fp32: ~1e-6 relative; the block form
+    rounds x - max to fp32 before the exp, as ScalarE's bias add does in the per-row form;
+    the online form adds two fp32 roundings, from the rescaling exp(m_c - m) and the
+    product with 1 / l).
 """
 
 import nki
