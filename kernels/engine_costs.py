@@ -27,7 +27,7 @@ class EngineCosts(nl.NKIObject):
         self.scalar_ghz = scalar_ghz
         self.gpsimd_ghz = gpsimd_ghz
         # VectorE performance mode: elements per lane and cycle of a 16-bit copy with one
-        # side in PSUM (ScalarE: 1)
+        # side in PSUM, both sides' innermost free dimension contiguous (ScalarE: 1)
         self.vector_psum_copy_16bit_rate = vector_psum_copy_16bit_rate
         # fixed cost of one VectorE / ScalarE / GpSimd instruction (in that engine's cycles),
         # and the shortest instruction (MIN_II)
