@@ -55,7 +55,8 @@ PREFETCH_AHEAD = 2
 # element on trn2: VectorE 16-bit two-input pass 1.04 ns (perf mode), GpSimd 1.67 ns;
 # VectorE also runs xhat, a (0.26 each) and sum(q) (1.04: a reduce into fp32 sums has no
 # N/2): VectorE 1.56 + 2.08 s, GpSimd (t = a + g) 1.67 + 3.33 (1 - s): s = 0.64 balances
-# them at 2.9 ns; the modeled optimum of the short ViT rows is 0.6 (swept 0.6 / 0.75).
+# them at 2.9 ns; the modeled optimum of the short ViT rows was 0.6 (swept 0.6 / 0.75
+# before session 49 priced the fp32 sums at N; not re-swept since).
 PRODUCT_VECTOR_SHARE = 0.6
 
 

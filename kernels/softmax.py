@@ -24,6 +24,7 @@ Engines:
     block form (J > 1 short rows, where ScalarE's fixed cost per instruction dominates the
     per-row exps, e.g. trn2's 360 cycles on ViT's 197-column rows):
       VectorE  row max over all J rows at once (as above)
+      GpSimd   a bf16 max widened to fp32 (tensor_scalar's operand is fp32 only)
       GpSimd   x - max in fp32, one tensor_scalar per row (the max as a (P, 1) operand)
       ScalarE  e = exp(x - max) in fp32, one instruction per EXP_GROUPS group of rows
       VectorE  row sums of each group (tensor_reduce) and 1 / sum
@@ -199,6 +200,8 @@ def _block_base_ns(per, cols, bf16_max):
         vector += c.instruction_ns("vector", (hi - lo) * cols)              # sums
         scalar += c.instruction_ns("scalar", (hi - lo) * cols)              # exp
     gpsimd = per * c.instruction_ns("gpsimd", cols)                          # x - max
+    if bf16_max:
+        gpsimd += c.instruction_ns("gpsimd", per)                            # max -> fp32
     return [vector, scalar, gpsimd]
 
 

@@ -33,7 +33,7 @@ VectorE (``vector_hz``)
     ``tensor_copy``/``tensor_scalar`` with every operand bf16/fp16 (or an fp8 output from
     16-bit inputs: ``vector_perf_mode_8bit_dst``) run 4x faster when all operands are in
     SBUF with a contiguous innermost free dimension, 2x when strided or when one side is in
-    PSUM (contiguous; strided in PSUM: no mode); ``tensor_tensor`` with both inputs in SBUF
+    PSUM (contiguous; strided with PSUM, or both sides in PSUM: no mode); ``tensor_tensor`` with both inputs in SBUF
     and every operand bf16/fp16 runs 2x faster. Then ``max(MIN_II=64, cycles)`` plus the
     engine's static overhead ``vector_static_cycles`` (calibrated per generation, see
     hardware.py).
