@@ -142,7 +142,8 @@ def _block_exp(x, out, x_tile, neg_max, start, parts, per, cols):
     ScalarE pays its fixed cost once per block rather than once per row."""
     # x - max in fp32, one GpSimd tensor_scalar per row (its max is a (P, 1) operand, which
     # tensor_scalar takes in fp32 only: a bf16 max is widened first, exactly, on GpSimd)
-    if neg_max.dtype != nl.float32:
+    bf16_max = neg_max.dtype == nl.bfloat16   # as _softmax_rows chose it
+    if bf16_max:
         neg_max32 = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_copy(dst=neg_max32, src=neg_max, engine=nisa.engine.gpsimd)
         neg_max = neg_max32
@@ -162,7 +163,7 @@ def _block_exp(x, out, x_tile, neg_max, start, parts, per, cols):
     nisa.reciprocal(dst=inv_sum, data=row_sum)
     # e * (1/sum) per row, rounded once to the output dtype, on the engine _block_scaling picks
     out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-    for j, engine in enumerate(_block_scaling(per, cols, x.dtype == nl.bfloat16)[0]):
+    for j, engine in enumerate(_block_scaling(per, cols, bf16_max)[0]):
         if engine == SCALAR:
             nisa.activation(dst=out_tile[:, j, :], op=nl.copy, data=exp_tile[:, j, :],
                             scale=inv_sum[:, j:j + 1])
