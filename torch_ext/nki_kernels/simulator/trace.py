@@ -6,6 +6,7 @@ change their fields without changing ``cost/``. ``Recorder`` collects them for o
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -25,6 +26,11 @@ class Operand:
     # spans but disjoint footprints; the cost model uses these to avoid false dependencies.
     offset: int = 0
     strides: tuple[int, ...] = ()
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element of this operand's dtype (at least 1)."""
+        return max(1, self.nbytes // max(1, math.prod(self.shape)))
 
 
 @dataclass(frozen=True)

@@ -435,7 +435,7 @@ def _local_gather_cycles(ins, target: Target) -> tuple[float, str]:
                              "operand and attr num_valid_indices")
     v = int(ins.attrs["num_valid_indices"])
     t = target.local_gather_indices_per_loop
-    per_word = min(4 / (src.nbytes / max(1, math.prod(src.shape))), e)
+    per_word = min(4 / src.itemsize, e)
     c = (target.local_gather_loop_cycles + t * e) / (t * e) / per_word
     start = target.local_gather_start_cycles
     return start + v * e * c, f"local_gather {start} + V x E x {c:.3g}"

@@ -180,7 +180,7 @@ class _Placement:
 
     def region(self, operand, reg: Region) -> Region:
         _, _, p0, p1, b0, b1 = self.rect[operand.alloc_id]
-        elems = max(1, operand.nbytes // max(1, math.prod(operand.shape)))   # bytes per element
+        elems = operand.itemsize   # bytes per element
         per_part = (b1 - b0) // elems
         if per_part <= 0 or reg.hi <= reg.lo:
             return _rectangle(p0, p1, b0, b1)
