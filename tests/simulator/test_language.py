@@ -97,6 +97,42 @@ def test_var_softmax_rms_norm_where(sim, mk, v):
     assert torch.equal(v(out), torch.where(cond > 0, x, torch.tensor(-1.0)))
 
 
+@pytest.mark.parametrize("shape, axis", [((96, 5, 37), 2), ((64, 3, 4, 29), (2, 3)), ((64, 3, 4, 29), 3),
+                                         ((96, 5, 37), (1, 2))])
+def test_var_softmax_rms_norm_over_trailing_axes(sim, mk, v, shape, axis):
+    # "can only be the last contiguous dim(s) of the tile" (v2.33 nl.softmax / nl.var): the
+    # last axis of a 3-D tile alone is one of them, as for nisa.tensor_reduce
+    _, nl, _ = sim
+    axes = (axis,) if isinstance(axis, int) else axis
+    x = torch.randn(shape, dtype=torch.float64) * 3 + 1
+    xt = mk(x.float())
+    x = x.float().double()   # the tile's values, referenced in float64
+    sm = nl.softmax(xt, axis=axis)
+    assert sm.shape == shape
+    torch.testing.assert_close(v(sm).double(), torch.softmax(x.flatten(axes[0]), -1).reshape(shape),
+                               atol=1e-7, rtol=1e-5)
+    var = nl.var(xt, axis=axis)
+    kept = shape[:axes[0]]
+    assert var.shape == (kept if len(kept) > 1 else kept + (1,))   # "with the specified axes removed"
+    torch.testing.assert_close(v(var).double().reshape(-1), x.flatten(axes[0]).var(-1, unbiased=False).reshape(-1),
+                               atol=1e-5, rtol=1e-5)
+    assert nl.var(xt, axis=axis, keepdims=True).shape == tuple(1 if d in axes else s for d, s in enumerate(shape))
+    n = math.prod(shape[a] for a in axes)
+    w = torch.randn(shape)
+    rn = nl.rms_norm(xt, mk(w), axis=axis, n=n, epsilon=1e-6)
+    ref = x * torch.rsqrt((x * x).flatten(axes[0]).mean(-1).reshape(kept + (1,) * len(axes)) + 1e-6) * w.double()
+    torch.testing.assert_close(v(rn).double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_reductions_refuse_non_trailing_axes(sim, mk):
+    _, nl, _ = sim
+    x = mk(torch.randn(32, 4, 9))
+    for fn in (lambda t: nl.softmax(t, axis=1), lambda t: nl.var(t, axis=1),
+               lambda t: nl.rms_norm(t, t, axis=1, n=4), lambda t: nl.softmax(t, axis=0)):
+        with pytest.raises(NkiValidationError, match="axis"):
+            fn(x)
+
+
 def test_matmul_and_transpose(sim, mk, v):
     _, nl, _ = sim
     a, b = torch.randn(64, 100), torch.randn(64, 300)

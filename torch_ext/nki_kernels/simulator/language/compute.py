@@ -18,7 +18,7 @@ from .. import dtypes as _dt
 from .. import isa as _isa
 from .. import ops as _ops
 from ..context import current
-from ..errors import NkiValidationError, UnsupportedError
+from ..errors import NkiValidationError
 from ..isa.alu import reduce_axes
 from ..isa.operands import free_elems
 from ..memory import MemoryRegion
@@ -175,20 +175,33 @@ def _mean(x, axis, dtype=None, keepdims=False):
 _ops.mean._impl = _mean
 
 
-def _all_free(fn, x, axis):
-    axes = reduce_axes(f"nl.{fn}", [axis] if isinstance(axis, int) else list(axis), x.ndim)
-    if axes != list(range(1, x.ndim)):
-        raise UnsupportedError(
-            f"nl.{fn}: the simulator supports reducing all free axes only (axis "
-            f"{tuple(range(1, x.ndim))} for shape {x.shape}), got {tuple(axes)}")
-    return axes
+def _suffix_axes(fn, x, axis):
+    """The reduced axes: "can only be the last contiguous dim(s) of the tile" (the v2.33
+    docstrings of nl.softmax / nl.var / nl.sum, as nisa.tensor_reduce), so [2] of a 3-D tile
+    as well as [1, 2]; reduce_axes refuses anything else."""
+    return reduce_axes(f"nl.{fn}", [axis] if isinstance(axis, int) else list(axis), x.ndim)
+
+
+def _spread(t, shape):
+    """A [P, *kept] tile viewed as ``shape`` = [P, *kept, *reduced]: one value per kept
+    index, broadcast (stride 0) over the reduced axes."""
+    for d in range(t.ndim, len(shape)):
+        t = t.expand_dim(d)
+    return t.broadcast_to(tuple(shape))
 
 
 def _var(x, axis, dtype=None, keepdims=False):
-    """Population variance over the free axes (bn_stats per bn_stats_fmax elements, then
-    bn_aggr)."""
+    """Population variance over trailing free axes. All of them: bn_stats per bn_stats_fmax
+    elements, then bn_aggr (both per partition). Only the last ones: two passes of
+    tensor_reduce (mean, then the centred squares), since bn_stats/bn_aggr give one
+    statistic per partition. The result has the reduced axes removed ("a shape of the input
+    tile's shape with the specified axes removed", nl.var), or kept as 1 with keepdims."""
     check_tile("var", x)
-    axes = _all_free("var", x, axis)
+    axes, shape = _reduced_shape("var", x, axis, keepdims)
+    out = new_tile(shape, dtype or x.dtype, "var")
+    if axes[0] > 1:
+        _suffix_var(x, axes, out)
+        return out
     P, F = x.shape[0], free_elems(x)
     flat = x.reshape((P, F)) if x.ndim != 2 else x
     chunk = current().target.bn_stats_fmax
@@ -199,19 +212,36 @@ def _var(x, axis, dtype=None, keepdims=False):
         _isa.bn_stats(stats[:, 6 * c:6 * c + 6], flat[:, lo:hi])
     mv = new_tile((P, 2), float32, "var_aggr")
     _isa.bn_aggr(mv, stats)
-    shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
-    out = new_tile(shape, dtype or x.dtype, "var")
     _isa.tensor_copy(out, mv[:, 1:2])
     return out
+
+
+def _suffix_var(x, axes, out):
+    kept = x.shape[:axes[0]]
+    n = math.prod(x.shape[a] for a in axes)
+    neg_mean = new_tile(kept, float32, "var_negmean")
+    _isa.tensor_reduce(neg_mean, _ops.add, x, axes)
+    _isa.tensor_scalar(neg_mean, neg_mean, _ops.multiply, -1.0 / n)
+    centred = new_tile(x.shape, float32, "var_centred")
+    _isa.tensor_tensor(centred, x, _spread(neg_mean, x.shape), _ops.add)
+    squares = new_tile(x.shape, float32, "var_squares")
+    _isa.tensor_tensor(squares, centred, centred, _ops.multiply)
+    total = new_tile(kept, float32, "var_sum")
+    _isa.tensor_reduce(total, _ops.add, squares, axes)
+    _isa.tensor_scalar(out.reshape(kept), total, _ops.multiply, 1.0 / n)
 
 
 _ops.var._impl = _var
 
 
 def softmax(x, axis=-1, dtype=None):
-    """exp(x - max) / sum(exp(x - max)) over the free axes (4 instructions)."""
+    """exp(x - max) / sum(exp(x - max)) over trailing free axes: over all of them, 4
+    instructions (ScalarE's exp sums each partition as it goes); over the last ones only,
+    6 (the exp's per-partition sum cannot split a partition's rows, so VectorE sums)."""
     check_tile("softmax", x)
-    _all_free("softmax", x, axis)
+    axes = _suffix_axes("softmax", x, axis)
+    if axes[0] > 1:
+        return _suffix_softmax(x, axes, dtype)
     P = x.shape[0]
     neg_max = new_tile((P, 1), float32, "softmax_negmax")
     _isa.tensor_reduce(neg_max, _ops.maximum, x, list(range(1, x.ndim)), negate=True)
@@ -226,21 +256,47 @@ def softmax(x, axis=-1, dtype=None):
     return out
 
 
+def _suffix_softmax(x, axes, dtype):
+    kept = x.shape[:axes[0]]
+    neg_max = new_tile(kept, float32, "softmax_negmax")
+    _isa.tensor_reduce(neg_max, _ops.maximum, x, axes, negate=True)
+    shifted = new_tile(x.shape, float32, "softmax_shifted")
+    _isa.tensor_tensor(shifted, x, _spread(neg_max, x.shape), _ops.add)
+    e = new_tile(x.shape, float32, "softmax_exp")
+    _isa.activation(e, _ops.exp, shifted)
+    s = new_tile(kept, float32, "softmax_sum")
+    _isa.tensor_reduce(s, _ops.add, e, axes)
+    r = new_tile(kept, float32, "softmax_rsum")
+    _isa.reciprocal(r, s)
+    out = new_tile(x.shape, dtype or x.dtype, "softmax")
+    _isa.tensor_tensor(out, e, _spread(r, x.shape), _ops.multiply)
+    return out
+
+
 def rms_norm(x, w, axis, n, epsilon=1e-06, dtype=None, compute_dtype=None):
-    """x / sqrt(mean(x^2) + eps) * w (5 instructions)."""
+    """x / sqrt(sum(x^2) / n + eps) * w over trailing free axes (5 instructions over all of
+    them; over the last ones only the sum of squares is a VectorE tensor_reduce and the
+    scaling a tensor_tensor against the broadcast rstd: 6)."""
     check_tile("rms_norm", x)
     check_tile("rms_norm", w, "w")
-    _all_free("rms_norm", x, axis)
-    P = x.shape[0]
+    axes = _suffix_axes("rms_norm", x, axis)
+    kept = x.shape[:axes[0]] if axes[0] > 1 else (x.shape[0], 1)
     sq = new_tile(x.shape, float32, "rms_sq")
-    ss = new_tile((P, 1), float32, "rms_ss")
-    _isa.activation(sq, _ops.square, x, reduce_op=_ops.add, reduce_res=ss,
-                    reduce_cmd=_isa.reduce_cmd.reset_reduce)
-    rstd = new_tile((P, 1), float32, "rms_rstd")
+    ss = new_tile(kept, float32, "rms_ss")
+    if axes[0] > 1:
+        _isa.activation(sq, _ops.square, x)
+        _isa.tensor_reduce(ss, _ops.add, sq, axes)
+    else:
+        _isa.activation(sq, _ops.square, x, reduce_op=_ops.add, reduce_res=ss,
+                        reduce_cmd=_isa.reduce_cmd.reset_reduce)
+    rstd = new_tile(kept, float32, "rms_rstd")
     _isa.tensor_scalar(rstd, ss, _ops.multiply, 1.0 / n, op1=_ops.add, operand1=float(epsilon))
     _isa.activation(rstd, _ops.rsqrt, rstd)
     normed = new_tile(x.shape, float32, "rms_normed")
-    _isa.tensor_scalar(normed, x, _ops.multiply, rstd)
+    if axes[0] > 1:
+        _isa.tensor_tensor(normed, x, _spread(rstd, x.shape), _ops.multiply)
+    else:
+        _isa.tensor_scalar(normed, x, _ops.multiply, rstd)
     out = new_tile(x.shape, dtype or x.dtype, "rms_norm")
     _isa.tensor_tensor(out, normed, w, _ops.multiply)
     return out
