@@ -55,8 +55,10 @@ PREFETCH_AHEAD = 2
 # element on trn2: VectorE 16-bit two-input pass 1.04 ns (perf mode), GpSimd 1.67 ns;
 # VectorE also runs xhat, a (0.26 each) and sum(q) (1.04: a reduce into fp32 sums has no
 # N/2): VectorE 1.56 + 2.08 s, GpSimd (t = a + g) 1.67 + 3.33 (1 - s): s = 0.64 balances
-# them at 2.9 ns; the modeled optimum of the short ViT rows was 0.6 (swept 0.6 / 0.75
-# before session 49 priced the fp32 sums at N; not re-swept since).
+# them at 2.9 ns. Re-swept under that pricing (session 50; modeled trn2 LNC=2, ViT-B / ViT-L
+# backward, us): 0.4 36.1/45.6, 0.5 36.4/44.9, 0.55 36.1/44.6, 0.6 36.5/45.7, 0.65 36.8/45.2,
+# 0.7 37.3/45.1, 0.8 35.7/47.2: within 1.1 us of each other and not monotone (the list
+# schedule's order, not the balance), so the balance's neighbour stays.
 PRODUCT_VECTOR_SHARE = 0.6
 
 
