@@ -224,3 +224,37 @@ def test_empty_ds_is_a_view_an_instruction_refuses(sim):
         nisa.memset(e, 0.0)
     with pytest.raises(IndexError):
         t[:, nl.ds(17, 0)]
+
+
+def test_engine_access_patterns_have_at_most_four_free_dimensions(sim, mk):
+    # deep dive, Hardware Capability: "Within each SBUF/PSUM partition, the tensor read/write
+    # logic ... supports accessing elements from up to four-dimensional arrays"
+    _, nl, nisa = sim
+    from nki_kernels.simulator.isa.operands import free_pattern_rank
+    x = torch.randn(8, 256)
+    t = mk(x)
+
+    def view(pattern):
+        v = t.ap(pattern=pattern, offset=0)
+        ref = x.as_strided([n for _, n in pattern], [st for st, _ in pattern])
+        return v, ref
+
+    # five dimensions that each step over the next exactly: one free dimension
+    flat, ref = view([[256, 8], [128, 2], [64, 2], [32, 2], [16, 2], [1, 16]])
+    assert free_pattern_rank(flat.shape, flat._data.stride()) == 1
+    _reads(nl, nisa, flat, ref)
+    # four that do not merge: the limit, allowed
+    four, ref = view([[256, 8], [128, 2], [32, 2], [8, 2], [2, 2]])
+    assert free_pattern_rank(four.shape, four._data.stride()) == 4
+    _reads(nl, nisa, four, ref)
+    # five that do not merge: refused by every engine instruction
+    five, _ = view([[256, 8], [128, 2], [48, 2], [16, 2], [4, 2], [1, 2]])
+    assert free_pattern_rank(five.shape, five._data.stride()) == 5
+    out = nl.ndarray((8, 2, 2, 2, 2, 2), dtype=nl.float32)
+    with pytest.raises(NkiValidationError, match="src .* reads 5 free dimensions .* at most 4"):
+        nisa.tensor_copy(out, five)
+    with pytest.raises(NkiValidationError, match="reads 5 free dimensions"):
+        nisa.activation(dst=out, op=nl.exp, data=five)
+    dst5, _ = view([[256, 8], [128, 2], [48, 2], [16, 2], [4, 2], [1, 2]])
+    with pytest.raises(NkiValidationError, match="dst .* reads 5 free dimensions"):
+        nisa.memset(dst=dst5, value=1.0)

@@ -69,6 +69,35 @@ def start_partition(t: NkiTensor) -> int:
     return t._start_partition()
 
 
+# "Within each SBUF/PSUM partition, the tensor read/write logic on the NeuronCore supports
+# accessing elements from up to four-dimensional arrays" (AWS, "NKI Access Patterns" deep
+# dive, Hardware Capability). Which instructions take fewer ("most instructions only support
+# 1D/2D/3D in the free dimension due to instruction length limitations") it does not list,
+# so only the 4 is enforced; instructions whose docstrings give a lower limit check it
+# themselves (max_rank).
+MAX_FREE_PATTERN_DIMS = 4
+
+
+def free_pattern_rank(shape, strides) -> int:
+    """Dimensions of a view's free access pattern, as the hardware counts them: size-1
+    dimensions dropped and a dimension merged into the one outside it when that one steps
+    over it exactly (stride == inner stride * inner count), so a contiguous [P, 2, 3, 4, 5]
+    tile is one free dimension."""
+    merged: list[list[int]] = []
+    for stride, count in zip(strides[1:], shape[1:]):
+        if count == 1:
+            continue
+        if merged and merged[-1][0] == stride * count:
+            merged[-1] = [stride, merged[-1][1] * count]
+        else:
+            merged.append([stride, count])
+    return len(merged)
+
+
+def _view_desc(t) -> str:
+    return f"(shape {tuple(t.shape)}, strides {tuple(t._data.stride())})"
+
+
 def onchip(instr, role, t, *, psum=True, sbuf=True, why="", quadrant_offsets=()) -> NkiTensor:
     """Check an engine operand: an SBUF/PSUM tensor, <= 128 partitions, legal start partition.
 
@@ -87,6 +116,12 @@ def onchip(instr, role, t, *, psum=True, sbuf=True, why="", quadrant_offsets=())
         fail(f"{instr}: {role} must be in SBUF, got PSUM{why}")
     if kind == "sbuf" and not sbuf:
         fail(f"{instr}: {role} must be in PSUM, got SBUF{why}")
+    if type(t) is NkiTensor:
+        rank = free_pattern_rank(shape, t._data.stride())
+        if rank > MAX_FREE_PATTERN_DIMS:
+            fail(f"{instr}: {role} {_view_desc(t)} reads {rank} free dimensions of its partitions "
+                 f"(after merging contiguous ones); the engines' access patterns have at most "
+                 f"{MAX_FREE_PATTERN_DIMS}")
     p = shape[0]
     tgt = current().target
     if p > tgt.partitions:
