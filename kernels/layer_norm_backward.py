@@ -57,8 +57,9 @@ PREFETCH_AHEAD = 2
 # N/2): VectorE 1.56 + 2.08 s, GpSimd (t = a + g) 1.67 + 3.33 (1 - s): s = 0.64 balances
 # them at 2.9 ns. Re-swept under that pricing (session 50; modeled trn2 LNC=2, ViT-B / ViT-L
 # backward, us): 0.4 36.1/45.6, 0.5 36.4/44.9, 0.55 36.1/44.6, 0.6 36.5/45.7, 0.65 36.8/45.2,
-# 0.7 37.3/45.1, 0.8 35.7/47.2: within 1.1 us of each other and not monotone (the list
-# schedule's order, not the balance), so the balance's neighbour stays.
+# 0.7 37.3/45.1, 0.8 35.7/47.2: 0.6 is within 0.8 / 1.1 us of each row's best (0.8 / 0.55;
+# 0.55 beats it on both by 0.4 / 1.1), and the sweep is not monotone (the list schedule's
+# order, not the balance), so the balance's neighbour stays rather than a schedule accident.
 PRODUCT_VECTOR_SHARE = 0.6
 
 

@@ -234,27 +234,41 @@ def test_engine_access_patterns_have_at_most_four_free_dimensions(sim, mk):
     x = torch.randn(8, 256)
     t = mk(x)
 
-    def view(pattern):
-        v = t.ap(pattern=pattern, offset=0)
+    def view(pattern, **kw):
+        v = t.ap(pattern=pattern, offset=0, **kw)
         ref = x.as_strided([n for _, n in pattern], [st for st, _ in pattern])
         return v, ref
 
     # five dimensions that each step over the next exactly: one free dimension
     flat, ref = view([[256, 8], [128, 2], [64, 2], [32, 2], [16, 2], [1, 16]])
-    assert free_pattern_rank(flat.shape, flat._data.stride()) == 1
+    assert free_pattern_rank(flat.shape, flat.strides) == 1
     _reads(nl, nisa, flat, ref)
     # four that do not merge: the limit, allowed
     four, ref = view([[256, 8], [128, 2], [32, 2], [8, 2], [2, 2]])
-    assert free_pattern_rank(four.shape, four._data.stride()) == 4
+    assert free_pattern_rank(four.shape, four.strides) == 4
     _reads(nl, nisa, four, ref)
-    # five that do not merge: refused by every engine instruction
-    five, _ = view([[256, 8], [128, 2], [48, 2], [16, 2], [4, 2], [1, 2]])
-    assert free_pattern_rank(five.shape, five._data.stride()) == 5
+    # stride-0 (broadcast) dimensions merge with each other, not with a stepping one
+    bcast, ref = view([[256, 8], [0, 3], [0, 5], [1, 4]])
+    assert free_pattern_rank(bcast.shape, bcast.strides) == 2
+    _reads(nl, nisa, bcast, ref)
+    # five that do not merge: refused by every engine instruction, source or destination
+    five_pattern = [[256, 8], [128, 2], [48, 2], [16, 2], [4, 2], [1, 2]]
+    five, ref = view(five_pattern)
+    assert free_pattern_rank(five.shape, five.strides) == 5
     out = nl.ndarray((8, 2, 2, 2, 2, 2), dtype=nl.float32)
-    with pytest.raises(NkiValidationError, match="src .* reads 5 free dimensions .* at most 4"):
+    with pytest.raises(NkiValidationError, match=r"tensor_copy: src .* accesses 5 free dimensions .* at most 4"):
         nisa.tensor_copy(out, five)
-    with pytest.raises(NkiValidationError, match="reads 5 free dimensions"):
+    with pytest.raises(NkiValidationError, match="activation: data .* accesses 5 free dimensions"):
         nisa.activation(dst=out, op=nl.exp, data=five)
-    dst5, _ = view([[256, 8], [128, 2], [48, 2], [16, 2], [4, 2], [1, 2]])
-    with pytest.raises(NkiValidationError, match="dst .* reads 5 free dimensions"):
-        nisa.memset(dst=dst5, value=1.0)
+    with pytest.raises(NkiValidationError, match="memset: dst .* accesses 5 free dimensions"):
+        nisa.memset(dst=view(five_pattern)[0], value=1.0)
+    # an indirect view (run-time scalar offset) is held to it too
+    reg = nisa.register_alloc(0)
+    indirect, _ = view(five_pattern, scalar_offset=reg, indirect_dim=0)
+    assert indirect.is_indirect()
+    with pytest.raises(NkiValidationError, match="accesses 5 free dimensions"):
+        nisa.tensor_copy(out, indirect)
+    # DMA is not an engine access: the same five-dimension view moves to HBM
+    h = nl.ndarray((8, 2, 2, 2, 2, 2), dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=h, src=five)
+    assert torch.equal(h.values(), ref)

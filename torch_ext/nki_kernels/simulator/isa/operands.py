@@ -17,7 +17,7 @@ from ..context import current
 from ..errors import NkiValidationError
 from ..hardware import Target
 from ..memory import STATE_DTYPE
-from ..tensor import NkiTensor, _signed
+from ..tensor import NkiTensor, OutOfBoundsView, _signed
 from ..trace import capture
 from . import enums
 
@@ -94,10 +94,6 @@ def free_pattern_rank(shape, strides) -> int:
     return len(merged)
 
 
-def _view_desc(t) -> str:
-    return f"(shape {tuple(t.shape)}, strides {tuple(t._data.stride())})"
-
-
 def onchip(instr, role, t, *, psum=True, sbuf=True, why="", quadrant_offsets=()) -> NkiTensor:
     """Check an engine operand: an SBUF/PSUM tensor, <= 128 partitions, legal start partition.
 
@@ -116,12 +112,12 @@ def onchip(instr, role, t, *, psum=True, sbuf=True, why="", quadrant_offsets=())
         fail(f"{instr}: {role} must be in SBUF, got PSUM{why}")
     if kind == "sbuf" and not sbuf:
         fail(f"{instr}: {role} must be in PSUM, got SBUF{why}")
-    if type(t) is NkiTensor:
-        rank = free_pattern_rank(shape, t._data.stride())
+    if not isinstance(t, OutOfBoundsView):   # that one raises IndexError when used
+        rank = free_pattern_rank(t.shape, t.strides)
         if rank > MAX_FREE_PATTERN_DIMS:
-            fail(f"{instr}: {role} {_view_desc(t)} reads {rank} free dimensions of its partitions "
-                 f"(after merging contiguous ones); the engines' access patterns have at most "
-                 f"{MAX_FREE_PATTERN_DIMS}")
+            fail(f"{instr}: {role} (shape {tuple(t.shape)}, strides {tuple(t.strides)}) accesses {rank} "
+                 f"free dimensions of its partitions (after merging contiguous ones); the engines' "
+                 f"access patterns have at most {MAX_FREE_PATTERN_DIMS}")
     p = shape[0]
     tgt = current().target
     if p > tgt.partitions:

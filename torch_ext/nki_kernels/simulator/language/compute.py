@@ -224,10 +224,9 @@ def _suffix_var(x, axes, out):
     _isa.tensor_scalar(neg_mean, neg_mean, _ops.multiply, -1.0 / n)
     centred = new_tile(x.shape, float32, "var_centred")
     _isa.tensor_tensor(centred, x, _spread(neg_mean, x.shape), _ops.add)
-    squares = new_tile(x.shape, float32, "var_squares")
-    _isa.tensor_tensor(squares, centred, centred, _ops.multiply)
+    _isa.tensor_tensor(centred, centred, centred, _ops.multiply)   # squared in place
     total = new_tile(kept, float32, "var_sum")
-    _isa.tensor_reduce(total, _ops.add, squares, axes)
+    _isa.tensor_reduce(total, _ops.add, centred, axes)
     _isa.tensor_scalar(out.reshape(kept), total, _ops.multiply, 1.0 / n)
 
 
@@ -260,10 +259,9 @@ def _suffix_softmax(x, axes, dtype):
     kept = x.shape[:axes[0]]
     neg_max = new_tile(kept, float32, "softmax_negmax")
     _isa.tensor_reduce(neg_max, _ops.maximum, x, axes, negate=True)
-    shifted = new_tile(x.shape, float32, "softmax_shifted")
-    _isa.tensor_tensor(shifted, x, _spread(neg_max, x.shape), _ops.add)
     e = new_tile(x.shape, float32, "softmax_exp")
-    _isa.activation(e, _ops.exp, shifted)
+    _isa.tensor_tensor(e, x, _spread(neg_max, x.shape), _ops.add)
+    _isa.activation(e, _ops.exp, e)   # in place: one fp32 temporary of x's size
     s = new_tile(kept, float32, "softmax_sum")
     _isa.tensor_reduce(s, _ops.add, e, axes)
     r = new_tile(kept, float32, "softmax_rsum")
