@@ -82,7 +82,7 @@ def test_dynamic_loops_take_a_positive_static_step_and_stay_out_of_no_reorder(si
     # nl.while_loop) are not supported inside a no_reorder block"
     _, nl, nisa = sim
     reg = nisa.register_alloc(4)
-    assert list(nl.dynamic_range(0, reg, np.int64(2))) == [0, 2]
+    assert [int(i) for i in nl.dynamic_range(0, reg, np.int64(2))] == [0, 2]
     for bad in (0, -1, reg, True):
         with pytest.raises(NkiValidationError, match="step=.* must be a compile-time positive int"):
             nl.dynamic_range(0, 6, bad)
@@ -97,6 +97,29 @@ def test_dynamic_loops_take_a_positive_static_step_and_stay_out_of_no_reorder(si
     seen = []
     nl.fori_loop(0, reg, lambda i: seen.append(int(i)))        # outside the block it runs
     assert seen == [0, 1, 2, 3]
+
+
+def test_a_register_bound_dynamic_range_yields_registers(sim, mk):
+    # dynamic-loops deep dive: "The loop variable is a device register, not a Python int. You
+    # cannot use it in host-side Python expressions (e.g., if i == 0:)"; the v2.33
+    # nl.dynamic_range page: compile-time bounds yield "integer values"
+    _, nl, nisa = sim
+    reg = nisa.register_alloc(3)
+    x = torch.randn(3, 8)
+    h = mk(x, buffer="hbm")
+    out = nl.ndarray((3, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    for i in nl.dynamic_range(reg):
+        assert isinstance(i, nisa.VirtualRegister)
+        with pytest.raises(NkiValidationError, match="known only on the device"):
+            if i == 0:
+                pass
+        with pytest.raises(NkiValidationError, match="known only on the device"):
+            i < 2
+        nisa.dma_copy(dst=out[i], src=h[i])   # t[register]: read when the instruction runs
+    assert torch.equal(out.values(), x)
+    assert all(type(i) is int for i in nl.dynamic_range(0, 3))
+    with pytest.raises(NkiValidationError, match="known only on the device"):
+        nl.fori_loop(0, reg, lambda i: i == 1)   # "i ... will be a VirtualRegister" (v2.33 fori_loop)
 
 
 def test_static_select_on_a_2d_tile_keeps_the_dim_as_indexing_does(sim):

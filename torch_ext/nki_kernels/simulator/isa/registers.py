@@ -27,7 +27,20 @@ class VirtualRegister:
     __index__ = __int__
 
     def __bool__(self):
+        # `while reg:` is the documented register-bound loop (nki.isa.VirtualRegister)
         return int(self) != 0
+
+    def _host_compare(self, other):
+        # "The loop variable is a device register, not a Python int. You cannot use it in
+        # host-side Python expressions (e.g., if i == 0:)" (NKI dynamic-loops deep dive): a
+        # comparison would be decided while the kernel is built, not on the device. Without
+        # this, == fell back to identity and was silently False.
+        raise NkiValidationError(
+            f"{self!r} compared with {other!r} in Python: a register's value is known only on the "
+            "device; use device-side instructions for conditions on it")
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _host_compare
+    __hash__ = object.__hash__
 
     def __repr__(self):
         return f"VirtualRegister({self.value})"

@@ -88,11 +88,17 @@ def _no_dynamic_loop_in_no_reorder(what: str) -> None:
 
 
 def dynamic_range(start, stop=None, step=1):
+    """Python ints for compile-time bounds (the v2.33 page: "an iterator yielding integer
+    values"); with a register bound, the run-time loop's variable is a register ("The loop
+    variable is a device register, not a Python int", the dynamic-loops deep dive; as
+    fori_loop's ``i`` "will be a VirtualRegister" when a bound is one), so host-side uses of
+    it (``if i == 0:``) are refused and ``t[i]`` reads it when the instruction runs."""
     _check_step("dynamic_range", step)
     r = _range(start, stop, step)
     if any(isinstance(b, _isa.VirtualRegister) for b in (start, stop)):
         _no_dynamic_loop_in_no_reorder("dynamic_range")
         _dynamic("dynamic_range", len(r))
+        return (_isa.VirtualRegister(i) for i in r)
     return r
 
 
