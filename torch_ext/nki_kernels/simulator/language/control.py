@@ -1,7 +1,8 @@
 """``nki.language`` indexing, loops, launch grid and ``device_print``.
 
 Beta-2 loops are ordinary Python loops at specialisation time, so the simulator runs them as
-``range``; ``fori_loop``/``while_loop`` pass a ``VirtualRegister`` like the hardware loops.
+``range``; ``fori_loop``/``while_loop`` (and ``dynamic_range`` with a register bound) pass a
+``VirtualRegister`` like the hardware loops.
 
 Loops whose trip count is only known at run time (``fori_loop``, ``while_loop``, and the
 deprecated ``dynamic_range`` with a register bound) are dynamic control flow: each core of an
