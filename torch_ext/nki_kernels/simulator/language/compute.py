@@ -125,9 +125,15 @@ _ops.copy._impl = _copy
 # ------------------------------------------------------------------ reductions
 
 
+def _suffix_axes(fn, x, axis):
+    """The reduced axes: "can only be the last contiguous dim(s) of the tile" (the v2.33
+    docstrings of nl.softmax / nl.var / nl.sum, as nisa.tensor_reduce), so [2] of a 3-D tile
+    as well as [1, 2]; reduce_axes refuses anything else."""
+    return reduce_axes(f"nl.{fn}", [axis] if isinstance(axis, int) else list(axis), x.ndim)
+
+
 def _reduced_shape(fn, x, axis, keepdims):
-    nd = x.ndim
-    axes = reduce_axes(f"nl.{fn}", [axis] if isinstance(axis, int) else list(axis), nd)
+    axes = _suffix_axes(fn, x, axis)
     if keepdims:
         shape = tuple(1 if d in axes else s for d, s in enumerate(x.shape))
     else:
@@ -173,13 +179,6 @@ def _mean(x, axis, dtype=None, keepdims=False):
 
 
 _ops.mean._impl = _mean
-
-
-def _suffix_axes(fn, x, axis):
-    """The reduced axes: "can only be the last contiguous dim(s) of the tile" (the v2.33
-    docstrings of nl.softmax / nl.var / nl.sum, as nisa.tensor_reduce), so [2] of a 3-D tile
-    as well as [1, 2]; reduce_axes refuses anything else."""
-    return reduce_axes(f"nl.{fn}", [axis] if isinstance(axis, int) else list(axis), x.ndim)
 
 
 def _spread(t, shape):
