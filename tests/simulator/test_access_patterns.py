@@ -82,6 +82,25 @@ def test_out_of_range_pattern_is_built_but_fails_when_used(sim):
         bad[0:2]
 
 
+@pytest.mark.parametrize("direction", ["write", "read"])
+def test_out_of_range_hbm_pattern_fails_in_dma_either_way(sim, direction):
+    # a DMA into an out-of-range HBM pattern stores through the view, not through its data:
+    # it raised AttributeError until session 51
+    _, nl, nisa = sim
+    hbm = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    before = torch.randn(4, 8)
+    hbm.dtype.assign(hbm._data, before)
+    bad = hbm.ap([[8, 2], [1, 8]], offset=24)   # elements 24..39 of 32
+    tile = nl.ndarray((2, 8), dtype=nl.float32)
+    tile.dtype.assign(tile._data, torch.randn(2, 8))
+    with pytest.raises(IndexError, match="reaches elements 24..39 of a tensor of 32"):
+        if direction == "write":
+            nisa.dma_copy(dst=bad, src=tile)
+        else:
+            nisa.dma_copy(dst=tile, src=bad)
+    assert torch.equal(hbm.values(), before)   # nothing written
+
+
 def test_ap_on_a_placed_tensor_addresses_its_own_storage(sim):
     _, nl, nisa = sim
     x = torch.randn(8, 16)

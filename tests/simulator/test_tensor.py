@@ -139,3 +139,107 @@ def test_rearrange_splits_reorders_and_merges(sim):
         t.rearrange(("b", "f"), ("f", "b"))
     with pytest.raises(NkiValidationError, match="cannot split"):
         t.rearrange(("b", ("h", "w")), ("b", "h", "w"), {"h": 5})
+
+
+# ------------------------------------------------------- nl.NkiTensor(shape, dtype, storage, ...)
+# NKI 0.7's documented constructor (aws-neuron-sdk 81ce03ae nki/api/nki/language/__init__.py):
+# a tensor "bound to an existing storage handle"; storage "May be None when the tensor is used
+# as a signature placeholder and never materialized".
+
+@pytest.mark.parametrize("buffer", ["sbuf", "psum", "shared_hbm"])
+def test_constructor_placeholder_reads_as_given_and_every_use_is_refused(sim, buffer):
+    _, nl, nisa = sim
+    region = getattr(nl, buffer)
+    p = nl.NkiTensor((32, 4, 16), nl.bfloat16, None, buffer=region, name="sig")
+    assert isinstance(p, nl.NkiTensor)
+    assert (p.shape, p.dtype, p.buffer, p.name, p.ndim, p.size) == ((32, 4, 16), nl.bfloat16, region, "sig", 3, 2048)
+    assert (p.strides, p.offset) == ((64, 16, 1), 0)
+    real = nl.ndarray((32, 4, 16), dtype=nl.bfloat16, buffer=nl.sbuf)
+    real[...] = 1.0
+    uses = [lambda: p[0:4], lambda: p.reshape((32, 64)), lambda: p.select(1, 0),
+            lambda: p.__setitem__(slice(None), 1.0), lambda: p.values()]
+    if buffer == "shared_hbm":
+        uses += [lambda: nisa.dma_copy(dst=p, src=real), lambda: nisa.dma_copy(dst=real, src=p)]
+    else:
+        uses += [lambda: nisa.tensor_copy(dst=p, src=real), lambda: nisa.tensor_copy(dst=real, src=p)]
+    for use in uses:
+        with pytest.raises(NkiValidationError, match="storage=None, a signature placeholder"):
+            use()
+    assert torch.equal(real.values(), torch.ones(32, 4, 16))   # the refused copies wrote nothing
+
+
+@pytest.mark.parametrize("dtype, storage_dtype", [("float32", torch.float32), ("bfloat16", torch.bfloat16)])
+def test_constructor_binds_host_storage_and_the_kernel_reads_and_writes_it(sim, dtype, storage_dtype):
+    nki, nl, nisa = sim
+    fixture_in = torch.randn(64, 24).to(storage_dtype)
+    fixture_out = torch.full((64, 24), float("nan")).to(storage_dtype)   # poisoned: the kernel must write it
+
+    @nki.jit
+    def kernel(x):
+        src = nl.NkiTensor((64, 24), getattr(nl, dtype), fixture_in, buffer=nl.shared_hbm, name="fixture_in")
+        dst = nl.NkiTensor((64, 24), getattr(nl, dtype), fixture_out, buffer=nl.shared_hbm, name="fixture_out")
+        a = nl.ndarray((64, 24), dtype=x.dtype, buffer=nl.sbuf)
+        b = nl.ndarray((64, 24), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=a, src=x)
+        nisa.dma_copy(dst=b, src=src)
+        nisa.tensor_tensor(dst=a, data1=a, data2=b, op=nl.add)
+        nisa.dma_copy(dst=dst, src=a)
+        out = nl.ndarray((64, 24), dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=a)
+        return out
+
+    x = torch.randn(64, 24).to(storage_dtype)
+    out = nki.simulate(kernel)(x)
+    expected = (x.double() + fixture_in.double()).to(storage_dtype)   # one rounding of the fp32 sum
+    assert torch.equal(out, expected)
+    assert torch.equal(fixture_out, expected)   # the writes landed in the bound storage
+
+
+def test_constructor_binds_a_numpy_array(sim):
+    np = pytest.importorskip("numpy")
+    nki, nl, nisa = sim
+    host = np.random.default_rng(7).standard_normal((8, 16)).astype(np.float32)
+    expected = host.copy()
+    sink = np.full((8, 16), np.nan, dtype=np.float32)
+
+    @nki.jit
+    def kernel(x):
+        src = nl.NkiTensor((8, 16), nl.float32, host, buffer=nl.shared_hbm)
+        dst = nl.NkiTensor((8, 16), nl.float32, sink, buffer=nl.shared_hbm)
+        t = nl.ndarray((8, 16), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=src)
+        nisa.dma_copy(dst=dst, src=t)
+        out = nl.ndarray((8, 16), dtype=nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=x)
+        return out
+
+    nki.simulate(kernel)(torch.randn(8, 16))
+    assert np.array_equal(sink, expected)
+
+
+@pytest.mark.parametrize("args, kwargs, error, words", [
+    (((0, 4), "float32", None), {}, NkiValidationError, ["shape", "(0, 4)"]),
+    (((4, -1), "float32", None), {}, NkiValidationError, ["shape", "(4, -1)"]),
+    (((4, 2.0), "float32", None), {}, NkiValidationError, ["shape"]),
+    (((True, 4), "float32", None), {}, NkiValidationError, ["shape"]),
+    ((4, "float32", None), {}, NkiValidationError, ["shape", "4"]),
+    (((), "float32", None), {}, NkiValidationError, ["shape", "()"]),
+    (((4, 8), "float32", "storage-handle"), {"buffer": "shared_hbm"}, UnsupportedError, ["str"]),
+    (((4, 8), "float32", [1.0] * 32), {"buffer": "shared_hbm"}, UnsupportedError, ["list"]),
+    (((4, 8), "float32", "torch"), {"buffer": "sbuf"}, UnsupportedError, ["buffer=sbuf", "nl.ndarray"]),
+    (((4, 8), "float32", "torch"), {"buffer": "psum"}, UnsupportedError, ["buffer=psum", "nl.ndarray"]),
+    (((4, 8), "float32", "torch (4, 9)"), {"buffer": "shared_hbm"}, NkiValidationError, ["(4, 9)", "(4, 8)"]),
+    (((4, 8), "bfloat16", "torch"), {"buffer": "shared_hbm"}, NkiValidationError, ["torch.float32", "bfloat16", "torch.bfloat16"]),
+    (((4, 8), "float32", "torch transposed"), {"buffer": "shared_hbm"}, NkiValidationError, ["contiguous"]),
+])
+def test_constructor_refuses_bad_arguments_naming_them(sim, args, kwargs, error, words):
+    _, nl, _ = sim
+    shape, dtype, storage = args
+    if isinstance(storage, str) and storage.startswith("torch"):
+        storage = {"torch": torch.randn(4, 8), "torch (4, 9)": torch.randn(4, 9),
+                   "torch transposed": torch.randn(8, 4).t()}[storage]
+    kwargs = {k: getattr(nl, v) for k, v in kwargs.items()}
+    with pytest.raises(error) as err:
+        nl.NkiTensor(shape, getattr(nl, dtype), storage, **kwargs)
+    for w in words:
+        assert w in str(err.value)

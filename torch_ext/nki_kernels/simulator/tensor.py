@@ -41,6 +41,22 @@ def install_assignment(fn) -> None:
     _assign = fn
 
 
+def _no_constructor(*args, **kwargs):
+    raise RuntimeError("nki_kernels.simulator.tensor_alloc is not imported: nl.NkiTensor(shape, "
+                       "dtype, storage) has no constructor to call")
+
+
+# nl.NkiTensor(shape, dtype, storage, ...) builds through tensor_alloc.bind_storage, which
+# installs itself (tensor_alloc imports this module).
+_construct = _no_constructor
+
+
+def install_constructor(fn) -> None:
+    """Called once by tensor_alloc: ``fn(*args, **kwargs)`` is ``nl.NkiTensor(...)``."""
+    global _construct
+    _construct = fn
+
+
 _NO_ARITH = ("beta-2 NKI removed arithmetic operators on tiles ({op}); use nl.{fn}(x, y) "
              "or the nisa instruction (e.g. nisa.tensor_tensor(dst, x, y, op=nl.{fn}))")
 
@@ -61,10 +77,25 @@ class NkiTensor(ShapeViews):
 
     __slots__ = ("_alloc", "_data", "_dtype", "__weakref__")
 
-    def __init__(self, alloc: Allocation, data: torch.Tensor, dtype=None):
-        self._alloc = alloc
-        self._data = data
-        self._dtype = dtype
+    def __new__(cls, *args, **kwargs):
+        if cls is not NkiTensor:
+            return object.__new__(cls)   # the simulator's own view classes build themselves
+        # nl.NkiTensor(shape, dtype, storage, buffer=nl.sbuf, name=''): the documented
+        # constructor (tensor_alloc.bind_storage)
+        return _construct(*args, **kwargs)
+
+    def __init__(self, *args, **kwargs):
+        pass   # __new__ built the tensor
+
+    @classmethod
+    def of_view(cls, alloc: Allocation, data: torch.Tensor, dtype=None) -> "NkiTensor":
+        """The view ``data`` (a torch view of the allocation's bits) of ``alloc``, read as
+        ``dtype`` where that differs from the allocation's (the simulator's own constructor)."""
+        t = object.__new__(NkiTensor)
+        t._alloc = alloc
+        t._data = data
+        t._dtype = dtype
+        return t
 
     # ------------------------------------------------------------------ attributes
     @property
@@ -156,7 +187,7 @@ class NkiTensor(ShapeViews):
 
     # ------------------------------------------------------------------ view methods
     def _view(self, data) -> "NkiTensor":
-        return NkiTensor(self._alloc, data, self._dtype)
+        return NkiTensor.of_view(self._alloc, data, self._dtype)
 
     def select(self, dim: int, index) -> "NkiTensor":
         """Select one index of ``dim`` (removing it); a tensor or register ``index`` selects
@@ -267,7 +298,7 @@ class NkiTensor(ShapeViews):
             raise NkiValidationError(
                 f"view({dt.name}): the layout of {self.shape} {self.dtype.name} (strides "
                 f"{self.strides}, offset {self.offset}) cannot be reinterpreted: {err}") from None
-        return NkiTensor(self._alloc, data, None if dt == self._alloc.dtype else dt)
+        return NkiTensor.of_view(self._alloc, data, None if dt == self._alloc.dtype else dt)
 
     reinterpret_cast = view
 
@@ -437,7 +468,7 @@ def _static_view(t: NkiTensor, pat, start, dt) -> NkiTensor:
         strides = steps
         where = root.storage_offset() + start
     data = torch.as_strided(root, shape, strides, where)
-    return NkiTensor(t._alloc, data, None if dt == t._alloc.dtype else dt)
+    return NkiTensor.of_view(t._alloc, data, None if dt == t._alloc.dtype else dt)
 
 
 _VIEW_METHODS = ("reshape", "permute", "broadcast", "broadcast_to", "expand_dim", "squeeze_dim",
@@ -500,6 +531,10 @@ class OutOfBoundsView(_PatternOnly):
     def _start_partition(self):
         raise IndexError(self._what)
 
+    def _store_bits(self, bits, keep=None):
+        # a write through the pattern (dma_copy into HBM stores through here, not _data)
+        raise IndexError(self._what)
+
     @property
     def strides(self):
         raise IndexError(self._what)
@@ -507,6 +542,36 @@ class OutOfBoundsView(_PatternOnly):
     @property
     def offset(self):
         raise IndexError(self._what)
+
+
+class UnmaterializedTensor(_PatternOnly):
+    """``nl.NkiTensor(shape, dtype, None, ...)``: "a signature placeholder and never
+    materialized" (the constructor's docstring). Its shape, dtype, buffer and name read as
+    given; an instruction or a view that uses it raises ``NkiValidationError``."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args, **kwargs):
+        raise NkiValidationError(
+            f"{self._what}: created with storage=None, a signature placeholder that is never "
+            "materialized; allocate a tensor an instruction can use with nl.ndarray")
+
+    _data = property(_refuse)
+    _start_partition = _refuse
+    _store_bits = _refuse
+    resolve = _refuse
+
+    @property
+    def strides(self):
+        return tuple(self._alloc.base.stride())   # row-major, as a fresh tensor's
+
+    @property
+    def offset(self):
+        return 0
+
+
+for _m in _VIEW_METHODS:
+    setattr(UnmaterializedTensor, _m, UnmaterializedTensor._refuse)
 
 
 class IndirectView(_PatternOnly):

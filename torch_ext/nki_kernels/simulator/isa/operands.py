@@ -239,7 +239,7 @@ def store(instr, dst: NkiTensor, value: torch.Tensor, matmul=False, raw=False) -
         key = tuple(slice(s - 1, s) if (st == 0 and s > 1) else slice(None)
                     for s, st in zip(d.shape, d.stride()))
         v = (v if tuple(v.shape) == tuple(d.shape) else v.expand(d.shape))[key]
-        dst = NkiTensor(dst._alloc, d[key], dst._dtype)
+        dst = NkiTensor.of_view(dst._alloc, d[key], dst._dtype)
         d = dst._data
     a = dst._alloc
     races = current().run.races if a.kind == "hbm" else None

@@ -94,7 +94,7 @@ def broadcast_to(x, shape, dtype=None):
         x = staged
     # A DMA access pattern may repeat a partition (stride 0); an engine operand may not, so
     # this source view exists only for the dma_copy.
-    _isa.dma_copy(out, NkiTensor(x._alloc, x._data.expand(shape), x._dtype))
+    _isa.dma_copy(out, NkiTensor.of_view(x._alloc, x._data.expand(shape), x._dtype))
     return out
 
 
