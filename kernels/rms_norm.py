@@ -82,9 +82,13 @@ PREFETCH_MAX_ROW_BYTES = 16 * 1024
 # (g = 0; a swept 0.45 .. 0.65, best 0.5) ScalarE took 1.25 ns, more than the DMA's share
 # of a block once its fixed costs are added: modeled trn2 LNC=2, [2048, 4096] bf16 62.9 ->
 # 58.5 us with three paths, [2048, 8192] 113.5 -> 111.3, [4096, 1024] (rows split) 39.1 ->
-# 32.8 (a, g swept 0.45 .. 0.55 and 0.25 .. 0.35: within 1 us of these). Storing the last
-# block one path's columns at a time would save ~1 us more of the drain, with transfers
-# under the DMA guide's 4 KiB per partition: not done.
+# 32.8 (a, g swept 0.45 .. 0.55 and 0.25 .. 0.35: within 1 us of these). The drain, tried
+# in session 51 and not taken: normalising and storing the last block in K column chunks
+# (each over the three paths, each chunk stored as soon as it is made) gives [2048, 4096]
+# 58.4 -> 57.0 us at K = 2 or 3 (57.4 at 4, 60.4 at 8: transfers under the DMA guide's
+# 4 KiB per partition) and [2048, 8192] 111.2 -> 108.4; the DMA queues then end busy with
+# the previous block's store and the two chunks' (no idle left to remove), and 45.6 / 57.0
+# is still just under the 0.8 target: ~2.5 % for a second normalisation path.
 VECTOR_SHARE = 0.5
 GPSIMD_SHARE = 0.3
 
