@@ -243,3 +243,133 @@ def test_constructor_refuses_bad_arguments_naming_them(sim, args, kwargs, error,
         nl.NkiTensor(shape, getattr(nl, dtype), storage, **kwargs)
     for w in words:
         assert w in str(err.value)
+
+
+@pytest.mark.parametrize("use", ["ap", "ap_scalar_offset", "core_barrier"])
+def test_constructor_placeholder_is_refused_by_access_patterns_and_barriers(sim, use):
+    _, nl, nisa = sim
+    p = nl.NkiTensor((8, 4), nl.float32, None, buffer=nl.shared_hbm, name="sig")
+    with pytest.raises(NkiValidationError, match="storage=None, a signature placeholder"):
+        if use == "ap":
+            p.ap([[4, 8], [1, 4]])
+        elif use == "ap_scalar_offset":
+            reg = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+            p.ap([[4, 2], [1, 4]], scalar_offset=reg, indirect_dim=0)
+        else:
+            nisa.core_barrier(data=p, cores=(0, 1))
+
+
+def test_constructor_placeholder_follows_ndarray_shape_rules(sim):
+    np = pytest.importorskip("numpy")
+    _, nl, _ = sim
+    p = nl.NkiTensor((np.int64(128), np.int64(4)), nl.float32, None, name=None)
+    assert (p.shape, p.name) == ((128, 4), "")
+    for shape, words in [((4,), "at least 2-D"), ((256, 4), "exceeds maximum 128"),
+                         ((128, 10 ** 9), "bytes per partition")]:
+        with pytest.raises(Exception, match=words):
+            nl.NkiTensor(shape, nl.float32, None, buffer=nl.sbuf)
+
+
+def test_constructor_binds_a_tensor_that_requires_grad_by_aliasing(sim):
+    nki, nl, nisa = sim
+    sink = torch.full((4, 8), float("nan"), requires_grad=True)
+
+    @nki.jit
+    def kernel(x):
+        dst = nl.NkiTensor((4, 8), nl.float32, sink, buffer=nl.shared_hbm)
+        t = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x)
+        nisa.dma_copy(dst=dst, src=t)
+        out = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    x = torch.randn(4, 8)
+    nki.simulate(kernel)(x)
+    assert torch.equal(sink.detach(), x)
+
+
+def _numpy_storages():
+    np = pytest.importorskip("numpy")
+    read_only = np.zeros((4, 8), np.float32)
+    read_only.setflags(write=False)
+    return [(read_only, "read-only"),
+            (np.zeros((8, 4), np.float32).T, "not C-contiguous"),
+            (np.zeros((4, 8), np.float32)[::-1], "not C-contiguous"),
+            (np.zeros((4, 8), ">f4" if np.little_endian else "<f4"), "byte order"),
+            (np.float32(1.0), "got float32")]
+
+
+def test_constructor_refuses_host_storages_it_cannot_alias_safely(sim):
+    _, nl, _ = sim
+    for storage, words in _numpy_storages():
+        with pytest.raises((NkiValidationError, UnsupportedError), match=words):
+            nl.NkiTensor((4, 8), nl.float32, storage, buffer=nl.shared_hbm)
+    with torch.inference_mode():
+        inference = torch.randn(4, 8)
+    with pytest.raises(NkiValidationError, match="inference_mode"):
+        nl.NkiTensor((4, 8), nl.float32, inference, buffer=nl.shared_hbm)
+    tf32 = torch.randn(4, 8)   # random fp32: low mantissa bits set
+    with pytest.raises(NkiValidationError, match="not tfloat32 values"):
+        nl.NkiTensor((4, 8), nl.tfloat32, tf32, buffer=nl.shared_hbm)
+    nl.NkiTensor((4, 8), nl.tfloat32, (tf32.view(torch.int32) & ~0x1FFF).view(torch.float32),
+                 buffer=nl.shared_hbm)   # tf32 bit patterns bind
+    codes = torch.randint(0, 2, (4, 8), dtype=torch.uint8)
+    nl.NkiTensor((4, 8), nl.bool_, codes, buffer=nl.shared_hbm)
+    codes[1, 2] = 7
+    with pytest.raises(NkiValidationError, match="not bool_ values"):
+        nl.NkiTensor((4, 8), nl.bool_, codes, buffer=nl.shared_hbm)
+
+
+def _bound_writers(fixture, race):
+    """An LNC=2 kernel whose cores bind the host tensor ``fixture`` and write it: each its half
+    of the rows, or (``race``) both every row, with different values."""
+
+    def kernel(x):
+        import nki.isa as nisa
+        import nki.language as nl
+
+        me = nl.program_id(0)
+        rows = x.shape[0] // 2
+        bound = nl.NkiTensor(tuple(fixture.shape), nl.float32, fixture, buffer=nl.shared_hbm, name="fixture")
+        t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x)
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=float(me))   # core 1's values differ
+        if race:
+            nisa.dma_copy(dst=bound, src=t)
+        else:
+            nisa.dma_copy(dst=bound[me * rows:(me + 1) * rows], src=t[me * rows:(me + 1) * rows])
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out[me * rows:(me + 1) * rows], src=t[me * rows:(me + 1) * rows])
+        return out
+
+    return kernel
+
+
+def test_constructor_storage_bound_by_both_lnc2_cores_is_one_tensor(sim):
+    from nki_kernels import simulator
+    from nki_kernels.simulator.errors import RaceError
+
+    lnc2 = simulator.SimParams(logical_cores=2)
+    x = torch.randn(8, 16)
+    fixture = torch.full((8, 16), float("nan"))
+    simulator.run(_bound_writers(fixture, False), x, params=lnc2)
+    want = x.clone()
+    want[4:] += 1.0
+    assert torch.equal(fixture, want)   # each core's half landed
+    with pytest.raises(RaceError, match=r"fixture \(8, 16\) float32.*both cores write different values"):
+        simulator.run(_bound_writers(torch.zeros(8, 16), True), x, params=lnc2)
+
+
+def test_plain_tensors_still_copy_and_pickle(sim):
+    import copy
+    import pickle
+    import inspect
+
+    _, nl, _ = sim
+    t = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.sbuf)
+    x = torch.randn(4, 8)
+    t.dtype.assign(t._data, x)
+    for clone in (copy.copy(t), copy.deepcopy(t), pickle.loads(pickle.dumps(t))):
+        assert type(clone) is type(t) and clone.shape == (4, 8) and torch.equal(clone.values(), x)
+    assert list(inspect.signature(nl.NkiTensor).parameters) == ["shape", "dtype", "storage", "buffer", "name"]

@@ -33,6 +33,7 @@ class Run:
         self.grid = grid              # logical-core degree of the run (1 or 2)
         self.bracketed = bracketed    # launched as kernel[n] (nl.program_ndim() == 1)
         self.shared_hbm: list = []    # the shared_hbm tensors the kernel allocated, in order
+        self.bound: dict = {}         # host storages bound by nl.NkiTensor: one allocation each
         self.cores: list[Context] = []
         self.scheduler = None         # interpreter.Lockstep for a concurrent LNC=2 run
         self.races = None             # races.RaceTracker for an LNC=2 run

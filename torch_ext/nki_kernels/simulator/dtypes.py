@@ -137,6 +137,19 @@ def _via(torch_dtype):
     return rounder
 
 
+def invalid_bits(dt, bits: torch.Tensor) -> str:
+    """What in ``bits`` (a ``dt.storage`` tensor) is not a bit pattern of ``dt``, or "". Only
+    dtypes stored in a wider code than they use have such patterns: tfloat32 (fp32 with the
+    low 13 mantissa bits zero) and bool_ (uint8 codes 0 and 1)."""
+    if dt.name == "tfloat32":
+        n = int(((bits.view(torch.int32) & 0x1FFF) != 0).sum())
+        return f"{n} float32 values with low mantissa bits set: not tfloat32 values" if n else ""
+    if dt.name == "bool_":
+        n = int((bits > 1).sum())
+        return f"{n} uint8 codes other than 0 and 1: not bool_ values" if n else ""
+    return ""
+
+
 def _round_tf32(t):
     # RNE on the bit pattern: keep 10 of fp32's 23 mantissa bits. Carries propagate into
     # the exponent, so the largest values round to inf exactly as IEEE RNE does.

@@ -154,28 +154,37 @@ class Memory:
         self._checked = 0  # lives already swept
 
     # ------------------------------------------------------------------ allocation
-    def allocate(self, shape, dtype, region, name="", fill=None, address=None) -> Allocation:
+    def check_shape(self, shape, dtype, region, name="", what="ndarray") -> tuple[int, ...]:
+        """``shape`` as a tuple of ints, checked against the rules every tensor of ``region``
+        obeys: positive sizes; on chip at least 2-D, dim 0 (the partitions) <= the target's
+        partitions, and one partition's bytes within the memory."""
         shape = tuple(int(s) for s in shape)
         if any(s <= 0 for s in shape):
-            raise NkiValidationError(f"ndarray: shape {shape} must have positive sizes")
+            raise NkiValidationError(f"{what}: shape {shape} must have positive sizes")
         kind = _KIND[region]
-        t = self.target
+        if kind == "hbm":
+            return shape
+        if len(shape) < 2:
+            raise NkiValidationError(
+                f"{what}: {kind} tensor {name or ''} shape {shape} must be at least 2-D "
+                "(dim 0 is the partition dim)")
+        if shape[0] > self.target.partitions:
+            raise NkiValidationError(
+                f"{what}: {kind} tensor partition dim {shape[0]} exceeds maximum "
+                f"{self.target.partitions}")
+        self._fits_alone(kind, name, shape, dtype, math.prod(shape[1:]) * dtype.itemsize)
+        return shape
+
+    def allocate(self, shape, dtype, region, name="", fill=None, address=None) -> Allocation:
+        shape = self.check_shape(shape, dtype, region, name)
+        kind = _KIND[region]
         if kind == "hbm":
             if address is not None:
                 raise NkiValidationError(
                     f"ndarray: address={address!r} given for HBM tensor {name or ''}; explicit "
                     "placement applies to SBUF and PSUM tensors")
             return Allocation(region, dtype, name, self._fresh(shape, dtype, fill), core=self.core)
-        if len(shape) < 2:
-            raise NkiValidationError(
-                f"ndarray: {kind} tensor {name or ''} shape {shape} must be at least 2-D "
-                "(dim 0 is the partition dim)")
-        if shape[0] > t.partitions:
-            raise NkiValidationError(
-                f"ndarray: {kind} tensor partition dim {shape[0]} exceeds maximum "
-                f"{t.partitions}")
         per_part = math.prod(shape[1:]) * dtype.itemsize
-        self._fits_alone(kind, name, shape, dtype, per_part)
         if address is None:
             alloc = Allocation(region, dtype, name, self._fresh(shape, dtype, fill), core=self.core)
             placed = None

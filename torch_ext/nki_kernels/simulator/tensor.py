@@ -14,6 +14,7 @@ Indexing rules (beta-2 docstrings):
 
 from __future__ import annotations
 
+import inspect
 import math
 import operator
 
@@ -55,6 +56,7 @@ def install_constructor(fn) -> None:
     """Called once by tensor_alloc: ``fn(*args, **kwargs)`` is ``nl.NkiTensor(...)``."""
     global _construct
     _construct = fn
+    NkiTensor.__signature__ = inspect.signature(fn)   # help(nl.NkiTensor) shows the documented form
 
 
 _NO_ARITH = ("beta-2 NKI removed arithmetic operators on tiles ({op}); use nl.{fn}(x, y) "
@@ -78,8 +80,10 @@ class NkiTensor(ShapeViews):
     __slots__ = ("_alloc", "_data", "_dtype", "__weakref__")
 
     def __new__(cls, *args, **kwargs):
-        if cls is not NkiTensor:
-            return object.__new__(cls)   # the simulator's own view classes build themselves
+        if cls is not NkiTensor or not (args or kwargs):
+            # the simulator's own view classes build themselves; copy and pickle call
+            # NkiTensor.__new__(NkiTensor) and then set the slots
+            return object.__new__(cls)
         # nl.NkiTensor(shape, dtype, storage, buffer=nl.sbuf, name=''): the documented
         # constructor (tensor_alloc.bind_storage)
         return _construct(*args, **kwargs)
@@ -570,7 +574,7 @@ class UnmaterializedTensor(_PatternOnly):
         return 0
 
 
-for _m in _VIEW_METHODS:
+for _m in _VIEW_METHODS + ("ap", "_root"):
     setattr(UnmaterializedTensor, _m, UnmaterializedTensor._refuse)
 
 

@@ -5,6 +5,7 @@ documented ``nl.NkiTensor(shape, dtype, storage, buffer, name)`` constructor).""
 
 from __future__ import annotations
 
+import numbers
 import sys
 
 import torch
@@ -87,38 +88,70 @@ def bind_storage(shape, dtype, storage, buffer=MemoryRegion.sbuf, name="") -> Nk
     simulator it is
 
     * ``None``: "the tensor is used as a signature placeholder and never materialized" (the
-      docstring): an ``UnmaterializedTensor``, refused by every instruction and view;
-    * a host torch tensor (or numpy array) of an HBM tensor's bits, the "test fixture" case:
-      the tensor aliases it (kernel writes land in it), so its torch dtype must be the NKI
-      dtype's storage dtype (bfloat16 for nl.bfloat16, uint8 for fp8, ...), its shape
-      ``shape``, and it must be contiguous; nothing is converted.
+      docstring): an ``UnmaterializedTensor`` with the shape rules of ``nl.ndarray``,
+      refused by every instruction and view;
+    * a writable host torch tensor (or numpy array) of an HBM tensor's bits, the "test
+      fixture" case: the tensor aliases it (kernel writes land in it), so its torch dtype
+      must be the NKI dtype's storage dtype (bfloat16 for nl.bfloat16, uint8 for fp8 codes,
+      ...), its shape ``shape``, and it must be contiguous; nothing is converted. A host
+      storage bound more than once in a launch (e.g. by both cores of an LNC=2 launch) is
+      one tensor, so the race check sees both cores' accesses to it.
 
     The simulator has no on-chip storage handle a kernel can hold, so an SBUF/PSUM tensor
     with a storage is refused (allocate it with ``nl.ndarray``)."""
-    if isinstance(shape, int) or not isinstance(shape, (tuple, list)) or not shape or any(
-            isinstance(n, bool) or not isinstance(n, int) or n <= 0 for n in shape):
+    if not isinstance(shape, (tuple, list)) or not shape or any(
+            isinstance(n, bool) or not isinstance(n, numbers.Integral) for n in shape):
         raise NkiValidationError(f"NkiTensor: shape must be a tuple of positive integers, got {shape!r}")
-    shape = tuple(shape)
     dt = _dt.to_nki(dtype)
     region = to_region(buffer)
-    label = name or "NkiTensor"
+    name = name or ""
+    ctx = current()
+    shape = ctx.memory.check_shape(shape, dt, region, name, what="NkiTensor")
     if storage is None:
         base = torch.empty(shape, dtype=dt.storage, device="meta")
-        alloc = Allocation(region, dt, name, base, core=current().memory.core)
         t = UnmaterializedTensor()
-        t._alloc, t._dtype, t._shape = alloc, None, list(shape)
-        t._what = f"{label} {shape} {dt.name} in {region.value}"
+        t._alloc, t._dtype, t._shape = Allocation(region, dt, name, base, core=ctx.memory.core), None, list(shape)
+        t._what = f"{name or 'NkiTensor'} {shape} {dt.name} in {region.value}"
         return t
     if kind_of(region) != "hbm":
         raise UnsupportedError(
             f"NkiTensor: storage for buffer={region.value}: the simulator has no on-chip storage "
             "handle a kernel can hold; allocate SBUF/PSUM tensors with nl.ndarray")
+    storage = _host_bits(storage, dt, shape)
+    run = ctx.run
+    key = (storage.data_ptr(), shape, dt.name, region)
+    alloc = run.bound.get(key) if run is not None else None
+    if alloc is None:
+        alloc = ctx.memory.wrap_hbm(storage, dt, region, name)
+        if run is not None:
+            run.bound[key] = alloc
+    return NkiTensor.of_view(alloc, alloc.base)
+
+
+def _host_bits(storage, dt, shape) -> torch.Tensor:
+    """``storage`` as a torch tensor sharing its memory, checked to hold ``shape`` elements of
+    ``dt``'s bits that a kernel may read and write in place."""
     if not isinstance(storage, torch.Tensor):
-        if not hasattr(storage, "__array_interface__"):
+        if getattr(storage, "ndim", 0) < 1 or not hasattr(storage, "flags") or not hasattr(storage, "dtype"):
             raise UnsupportedError(
                 f"NkiTensor: storage must be None (a signature placeholder) or a host torch "
                 f"tensor / numpy array of the tensor's bits, got {type(storage).__name__}")
-        storage = torch.from_numpy(storage)   # shares the array's memory
+        if not storage.flags.writeable:
+            raise NkiValidationError("NkiTensor: the numpy storage is read-only; the kernel may write "
+                                     "the tensor in place, so bind a writable array")
+        if not storage.flags.c_contiguous:
+            raise NkiValidationError("NkiTensor: the numpy storage is not C-contiguous (strides "
+                                     f"{storage.strides}); bind a contiguous array")
+        if not storage.dtype.isnative:
+            raise NkiValidationError(f"NkiTensor: the numpy storage's dtype {storage.dtype} is not in "
+                                     "this machine's byte order")
+        try:
+            storage = torch.from_numpy(storage)   # shares the array's memory
+        except TypeError as err:
+            raise NkiValidationError(
+                f"NkiTensor: numpy dtype {storage.dtype} has no torch counterpart to alias ({err}); "
+                f"bind a torch tensor of dtype {dt.storage}, e.g. torch.from_numpy(a.view(<an "
+                f"unsigned integer of the same size>)).view({dt.storage})") from None
     if tuple(storage.shape) != shape:
         raise NkiValidationError(f"NkiTensor: storage has shape {tuple(storage.shape)}, "
                                  f"the tensor's shape is {shape}")
@@ -129,8 +162,13 @@ def bind_storage(shape, dtype, storage, buffer=MemoryRegion.sbuf, name="") -> Nk
     if storage.device.type != "cpu" or not storage.is_contiguous():
         raise NkiValidationError(f"NkiTensor: storage must be a contiguous CPU tensor "
                                  f"(device {storage.device}, contiguous {storage.is_contiguous()})")
-    alloc = current().memory.wrap_hbm(storage, dt, region, name)
-    return NkiTensor.of_view(alloc, alloc.base)
+    if storage.is_inference():
+        raise NkiValidationError("NkiTensor: the storage was made in torch.inference_mode and cannot "
+                                 "be written in place outside it; bind a normal tensor")
+    bad = _dt.invalid_bits(dt, storage)
+    if bad:
+        raise NkiValidationError(f"NkiTensor: the storage holds {bad}")
+    return storage.detach()   # the same memory; a kernel's in-place writes bypass autograd
 
 
 install_constructor(bind_storage)

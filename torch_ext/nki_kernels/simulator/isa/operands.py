@@ -17,7 +17,7 @@ from ..context import current
 from ..errors import NkiValidationError
 from ..hardware import Target
 from ..memory import STATE_DTYPE
-from ..tensor import NkiTensor, OutOfBoundsView, _signed
+from ..tensor import NkiTensor, OutOfBoundsView, UnmaterializedTensor, _signed
 from ..trace import capture
 from . import enums
 
@@ -62,6 +62,8 @@ def is_scalar(x) -> bool:
 def tensor_arg(instr, role, t) -> NkiTensor:
     if not isinstance(t, NkiTensor):
         fail(f"{instr}: {role} must be an NKI tensor, got {type(t).__name__}")
+    if isinstance(t, UnmaterializedTensor):
+        t._refuse()   # nl.NkiTensor(..., storage=None): never materialized
     return t
 
 
