@@ -34,6 +34,7 @@ TRAINIUM_WORKLOADS = {
     "vit_b16_scores_bf16": (8 * 12 * 197, 197, torch.bfloat16),
     "rows4096_bf16": (4096, 4096, torch.bfloat16),
     "long_rows32768_fp32": (256, 32768, torch.float32),
+    "llama3_sampling_decode8_bf16": (8, 128256, torch.bfloat16),   # a few long rows: the split form
 }
 
 # CPU (the reference path against eager torch): 2x fewer of the long rows; 4096-wide rows 4x fewer.

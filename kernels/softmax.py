@@ -10,6 +10,14 @@ Layout:
     transfer holds TARGET_COLS elements); the last < 128 rows form one block with J = 1.
     Long rows: tiles of up to 128 rows, the row read in column chunks of
     min(max_cols, ONLINE_CHUNK).
+    Few long rows (split form: at most SPLIT_MAX_ROWS rows in each of the WORK_PARTS even
+    parts of the rows, and C >= SPLIT_MIN_COLS): each row is cut into S segments of W
+    consecutive columns, one per partition (a part of G rows fills G * S <= 128
+    partitions), so the engines see about C / S elements per lane instead of C. S is a
+    divisor of C in (64 // G, 128 // G] when there is one (the part is then one contiguous
+    [G * S, W] DMA), else W = ceil(C / (128 // G)) with a shorter last segment, loaded
+    and stored row by row. (One row per partition left 127 lanes idle: [1, 32000] bf16
+    modeled 69.7 us on trn2, 7.4 us split.)
 Engines:
     one pass (C <= max_cols), per block, in one of two forms (whichever the cost model's
     numbers for the active generation make faster: _block_exp_time / _row_exp_time):
@@ -46,12 +54,24 @@ Engines:
       Buffers: the chunks pass 1 reads once go through a staging ring (STAGING_BUFS) so the
       loads run ahead of the exps; resident pass-2 outputs go through a ring of OUT_BUFS
       tiles per row tile where the active generation's SBUF holds it (_output_ring_fits).
+    split form, per part of G rows (one [G * S, W] tile):
+      VectorE  each segment's max (bf16 for a bf16 input), then clamped at the lowest
+               finite fp32 (a segment of -inf or of padding then still has a finite shift)
+               and negated, in fp32 -> exp bias
+      ScalarE  e = exp(x - segment max) in fp32 with add-reduction -> segment sum
+      TensorE  the [G * S, 1] -max and sums transposed to [1, G * S] (fp32, bit-exact on
+               NeuronCore-v3)
+      VectorE / ScalarE on that one row: the row max M over each row's S segments,
+               f = exp(segment max - M), the row sum of f * segment sum, its reciprocal,
+               and each segment's factor f / sum; TensorE transposes the factors back
+      e * factor, rounded once to the output dtype, split between VectorE and ScalarE
 Expected error:
     fp32 statistics (a bf16 input's max is exact in bf16) and exponentials, one rounding
     to the output dtype (bf16: <= 2**-8 relative; fp32: ~1e-6 relative; the block form
     rounds x - max to fp32 before the exp, as ScalarE's bias add does in the per-row form;
     the online form adds two fp32 roundings, from the rescaling exp(m_c - m) and the
-    product with 1 / l).
+    product with 1 / l; the split form adds the same two, from exp(segment max - M) and the
+    product f * (1 / sum)).
 """
 
 import nki
@@ -62,7 +82,8 @@ from .engine_costs import active as active_engine_costs
 from .limits import SOFTMAX_MAX_COLS as MAX_COLS
 from .limits import SOFTMAX_RESIDENT_BYTES as RESIDENT_BYTES
 from .tiling import (PARTITIONS, block_rows, cdiv, engine_segments, itemsize, load_block,
-                     program_row_blocks, program_rows, rows_per_partition, spread)
+                     even_parts, program_parts, program_row_blocks, program_rows, rows_per_partition,
+                     spread)
 
 # Row packing target: 2048 elements per partition per DMA = 4 KiB bf16 / 8 KiB fp32.
 TARGET_COLS = 2048
@@ -381,17 +402,163 @@ def _softmax_online(x, out, n_rows, cols, chunk, resident):
             nisa.dma_copy(dst=out[r0:r0 + parts, c0:c0 + width], src=out_tile)
 
 
+# The split form (rows cut into segments over the partitions) is taken when every part of
+# the rows has at most this many rows, so each row gets S = 128 // G >= 2 partitions ...
+SPLIT_MAX_ROWS = PARTITIONS // 2
+# ... and rows of at least this many elements: the segments' statistics meet in a chain of
+# ~10 small instructions (three TensorE transposes, PSUM reads) of a few us, which a row
+# spread over S lanes saves back only when it is long. Modeled trn2 LNC=2, bf16, split
+# against one row per partition, us (session 51):
+#            C = 1024      1536       2048       4096       8192       32000
+#   [1, C]   7.0 / 6.0   7.0 / 7.1   7.0 / 8.2  7.0 / 12.6  7.1 / 21.5  7.4 / 69.7
+#   [8, C]   7.0 / 7.2   7.0 / 9.0   7.1 / 10.7 7.2 / 17.6  7.5 / 31.5  9.4 / 77.2
+#   [64, C]  7.7 / 7.2   8.0 / 9.0   8.3 / 10.7 9.7 / 17.6 13.0 / 31.5 32.6 / 77.2
+# The split wins everywhere from 2048 (from 1536 too, by less).
+SPLIT_MIN_COLS = 2048
+# Share of the split form's e * factor done on VectorE (fp32 in, 1.04 ns per element on
+# trn2) against ScalarE (0.83 ns; it also ran the exps, 0.83): with VectorE's max (0.52 ns
+# bf16 at N/2, 1.04 otherwise) the two engines end level near an even split.
+# (swept 0.3 .. 0.6 on [8, 128256] and [64, 32000] bf16: 0.5 best, 19.3 and 32.6 us).
+SPLIT_VECTOR_SHARE = 0.5
+
+
+def _split_segments(rows, cols, max_cols):
+    """(S, W, exact) of the split form for a part of ``rows`` rows: S segments per row of W
+    columns each (the last one shorter unless ``exact``: S * W == cols, the part then one
+    contiguous [rows * S, W] view of HBM), or None when the form does not apply."""
+    if not 1 <= rows <= SPLIT_MAX_ROWS or cols < SPLIT_MIN_COLS:
+        return None
+    most = PARTITIONS // rows
+    for seg in range(most, max(1, most // 2), -1):      # a divisor of C near the most
+        if cols % seg == 0 and cols // seg <= max_cols:
+            return seg, cols // seg, True
+    width = cdiv(cols, most)
+    if width > max_cols:
+        return None
+    return cdiv(cols, width), width, False
+
+
+def _split_view(hbm, r0, rows, seg, width):
+    """[rows * seg, width] view of the rows r0.. of an HBM [N, C] tensor (C == seg * width)."""
+    return hbm[r0:r0 + rows, :].reshape((rows * seg, width))
+
+
+def _softmax_split(x, out, r0, rows, seg, width, exact):
+    """softmax of rows r0 .. r0 + rows - 1, each cut into ``seg`` segments of ``width``
+    columns, segment s of row g on partition g * seg + s (module docstring, split form)."""
+    cols = x.shape[1]
+    parts = rows * seg
+    tail = cols - (seg - 1) * width            # the last segment's columns (== width if exact)
+    x_tile = nl.ndarray((parts, width), dtype=x.dtype, buffer=nl.sbuf)
+    if exact:
+        nisa.dma_copy(dst=x_tile, src=_split_view(x, r0, rows, seg, width))
+    else:
+        # the last segment's missing columns: -inf, which the max ignores and exp sends to 0
+        # (memset on every partition from 0: an engine access starts on a quadrant; the
+        # full segments' loads then overwrite their own partitions)
+        if tail < width:
+            nisa.memset(dst=x_tile[:, tail:width], value=-float("inf"))
+        for g in range(rows):
+            p0 = g * seg
+            if seg > 1:
+                nisa.dma_copy(dst=x_tile[p0:p0 + seg - 1, :],
+                              src=x[r0 + g, 0:(seg - 1) * width].reshape((seg - 1, width)))
+            nisa.dma_copy(dst=x_tile[p0 + seg - 1:p0 + seg, 0:tail],
+                          src=x[r0 + g:r0 + g + 1, (seg - 1) * width:cols])
+    # -max of each segment, clamped: max(max, lowest finite) so that a segment of -inf (or
+    # of padding alone) gets a finite shift and exp(-inf - shift) = 0, not exp(nan). The max
+    # in bf16 for a bf16 input (exact, and N/2: as the other forms' row max), widened to
+    # fp32 by the clamp
+    seg_max = nl.ndarray((parts, 1), dtype=nl.bfloat16 if x.dtype == nl.bfloat16 else nl.float32,
+                         buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=seg_max, op=nl.maximum, data=x_tile, axis=1)
+    # stats[:, 0] = -segment max, stats[:, 1] = segment sum of exp(x - segment max)
+    stats = nl.ndarray((parts, 2), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=stats[:, 0:1], data=seg_max, op0=nl.maximum, operand0=FP32_LOWEST,
+                       op1=nl.multiply, operand1=-1.0)
+    exp_tile = nl.ndarray((parts, width), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=exp_tile, op=nl.exp, data=x_tile, bias=stats[:, 0:1],
+                    reduce_op=nl.add, reduce_res=stats[:, 1:2], reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    # both statistics onto one partition, [1, parts] each (TensorE transposes into PSUM)
+    neg_max_row = nl.ndarray((1, parts), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=neg_max_row, data=stats[:, 0:1], engine=nisa.engine.tensor)
+    sum_row = nl.ndarray((1, parts), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=sum_row, data=stats[:, 1:2], engine=nisa.engine.tensor)
+    # -M per row: the least -max of its segments, [1, rows]
+    neg_row_max = nl.ndarray((1, rows), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=neg_row_max, op=nl.minimum, data=neg_max_row.reshape((1, rows, seg)), axis=2)
+    # M - segment max = (-segment max) - (-M) >= 0, then f = exp(segment max - M) in (0, 1]
+    gap = nl.ndarray((1, rows, seg), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=gap, data1=neg_max_row.reshape((1, rows, seg)), op=nl.subtract,
+                       data2=neg_row_max.expand_dim(2).broadcast_to((1, rows, seg)))
+    scale_row = nl.ndarray((1, rows, seg), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=scale_row, op=nl.exp, data=gap, scale=-1.0)
+    # the row sums: sum over segments of f * segment sum; their reciprocals
+    weighted = nl.ndarray((1, rows, seg), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=weighted, data1=scale_row, data2=sum_row.reshape((1, rows, seg)), op=nl.multiply)
+    row_sum = nl.ndarray((1, rows), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=row_sum, op=nl.add, data=weighted, axis=2)
+    inv_sum = nl.ndarray((1, rows), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.reciprocal(dst=inv_sum, data=row_sum)
+    # each segment's factor f / row sum, back onto its partition
+    factor_row = nl.ndarray((1, rows, seg), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=factor_row, data1=scale_row, op=nl.multiply,
+                       data2=inv_sum.expand_dim(2).broadcast_to((1, rows, seg)))
+    factor_psum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=factor_psum, data=factor_row.reshape((1, parts)), engine=nisa.engine.tensor)
+    factor = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=factor, src=factor_psum)
+    # e * factor, rounded once to the output dtype
+    out_tile = nl.ndarray((parts, width), dtype=x.dtype, buffer=nl.sbuf)
+    for _, lo, hi, on_vector in engine_segments(1, width, SPLIT_VECTOR_SHARE):
+        if on_vector:
+            nisa.tensor_scalar(dst=out_tile[:, lo:hi], data=exp_tile[:, lo:hi], op0=nl.multiply,
+                               operand0=factor)
+        else:
+            nisa.activation(dst=out_tile[:, lo:hi], op=nl.copy, data=exp_tile[:, lo:hi], scale=factor)
+    if exact:
+        nisa.dma_copy(dst=_split_view(out, r0, rows, seg, width), src=out_tile)
+        return
+    for g in range(rows):
+        p0 = g * seg
+        if seg > 1:
+            nisa.dma_copy(dst=out[r0 + g, 0:(seg - 1) * width].reshape((seg - 1, width)),
+                          src=out_tile[p0:p0 + seg - 1, :])
+        nisa.dma_copy(dst=out[r0 + g:r0 + g + 1, (seg - 1) * width:cols],
+                      src=out_tile[p0 + seg - 1:p0 + seg, 0:tail])
+
+
+def _split_plan(n_rows, cols, max_cols):
+    """[(first row, rows, S, W, exact)] of each of the WORK_PARTS even parts of the rows in
+    the split form (empty parts left out), or None when a part does not take it. The plan
+    covers every part, whichever program runs: the form is chosen for the whole launch and
+    is the same at LNC=1 and LNC=2."""
+    plan = []
+    for lo, hi in even_parts(n_rows):
+        if hi == lo:
+            plan.append(None)
+            continue
+        segments = _split_segments(hi - lo, cols, max_cols)
+        if segments is None:
+            return None
+        plan.append((lo, hi - lo) + segments)
+    return plan
+
+
 @nki.jit
-def softmax_kernel(x, max_cols=MAX_COLS, resident_bytes=RESIDENT_BYTES):
+def softmax_kernel(x, max_cols=MAX_COLS, resident_bytes=RESIDENT_BYTES, split_rows=True):
     """Return ``softmax(x, dim=-1)``.
 
     Args:
         x: HBM [N, C], float32/bfloat16/float16.
         max_cols: longest row done in one on-chip pass (and the chunk width of the online
-            form, at most ONLINE_CHUNK); 1 <= max_cols <= MAX_COLS.
+            form, at most ONLINE_CHUNK; and the longest segment of the split form);
+            1 <= max_cols <= MAX_COLS.
         resident_bytes: the online form keeps a row tile in SBUF when it needs at most this
             many bytes per partition (0: always stream). Tests lower both to exercise every
             form.
+        split_rows: take the split form where it applies (_split_plan); False: never (tests
+            of the other forms on few long rows).
     Returns:
         HBM [N, C] (shared_hbm), dtype of ``x``.
     """
@@ -399,7 +566,12 @@ def softmax_kernel(x, max_cols=MAX_COLS, resident_bytes=RESIDENT_BYTES):
     assert 0 <= resident_bytes <= RESIDENT_BYTES, f"resident_bytes={resident_bytes} outside [0, {RESIDENT_BYTES}]"
     n_rows, cols = x.shape
     out = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
-    if cols <= max_cols:
+    plan = _split_plan(n_rows, cols, max_cols) if split_rows else None
+    if plan is not None:
+        for part in program_parts(plan):
+            if part is not None:
+                _softmax_split(x, out, *part)
+    elif cols <= max_cols:
         _softmax_rows(x, out, n_rows, cols)
     else:
         chunk = min(max_cols, ONLINE_CHUNK)

@@ -93,6 +93,18 @@ def program_rows(n_rows):
     return row_part(n_rows, nl.program_id(0), nl.num_programs())
 
 
+def even_parts(n):
+    """[lo, hi) of each of the WORK_PARTS parts of range(n), in order; their sizes differ by
+    at most one (the later parts are the larger)."""
+    return [share(n, part, WORK_PARTS) for part in range(WORK_PARTS)]
+
+
+def program_parts(parts):
+    """The items of a WORK_PARTS-long list of parts that this program takes, in order."""
+    lo, hi = share(WORK_PARTS, nl.program_id(0), nl.num_programs())
+    return parts[lo:hi]
+
+
 def program_row_parts(n_rows):
     """The [lo, hi) row ranges of the WORK_PARTS parts this program takes, in order."""
     pid, count = nl.program_id(0), nl.num_programs()

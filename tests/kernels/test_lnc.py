@@ -87,6 +87,12 @@ CASES = [
      lambda c: references.softmax(c.tensors[0].double(), compute_dtype=torch.float64)),
     ("softmax-online-3tiles", lambda: softmax.softmax_kernel_call(_x(300, 700, scale=3.0), max_cols=256),
      lambda c: references.softmax(c.tensors[0].double(), compute_dtype=torch.float64)),
+    ("softmax-split-exact-8x4096", lambda: softmax.softmax_kernel_call(_x(8, 4096, scale=3.0)),
+     lambda c: references.softmax(c.tensors[0].double(), compute_dtype=torch.float64)),
+    ("softmax-split-ragged-5x5001", lambda: softmax.softmax_kernel_call(_x(5, 5001, scale=3.0)),
+     lambda c: references.softmax(c.tensors[0].double(), compute_dtype=torch.float64)),
+    ("softmax-split-1row", lambda: softmax.softmax_kernel_call(_x(1, 3000, scale=3.0)),
+     lambda c: references.softmax(c.tensors[0].double(), compute_dtype=torch.float64)),
     ("rotary-1tile", lambda: rotary.apply_rotary_pos_emb_kernel_call(*_rope(1, 3, 1, 5, 16)),
      lambda c: references.apply_rotary_pos_emb(*[t.double() for t in c.tensors], compute_dtype=torch.float64)),
     ("rotary-3units", lambda: rotary.apply_rotary_pos_emb_kernel_call(*_rope(3, 2, 2, 100, 32)),
@@ -125,7 +131,7 @@ CASES += [
 ONE_STORING_CORE = {
     "elementwise-5": 1, "rms_norm-1row": 1, "rms_norm-narrow-1row": 1, "layer_norm-narrow-5": 1,
     "rms_norm-decode-1x4096": 1, "fused_add-streamed-1row": 1, "silu_and_mul-3": 1,
-    "softmax-one-pass-5": 1, "rotary-1tile": 1, "attention-one-tile": 0,
+    "softmax-one-pass-5": 1, "softmax-split-1row": 1, "rotary-1tile": 1, "attention-one-tile": 0,
 }
 
 

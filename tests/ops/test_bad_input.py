@@ -95,6 +95,8 @@ CASES = [
      TypeError, ["dim", "float"]),
     ("softmax-max-cols", lambda: softmax_kernel_call(x768(3, 4), max_cols=10000),
      ValueError, ["max_cols=10000", "8192"]),
+    ("softmax-split-rows", lambda: softmax_kernel_call(x768(3, 4), split_rows=1),
+     TypeError, ["split_rows", "bool", "int"]),
     ("softmax-resident-bytes", lambda: softmax_kernel_call(x768(3, 4), resident_bytes=-1),
      ValueError, ["resident_bytes=-1", "98304"]),
     # ---- rotary

@@ -25,10 +25,77 @@ def test_softmax(simulator_backend, rows, cols, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("rows, cols", [(3, 20000), pytest.param(130, 70001, marks=pytest.mark.sweep)])
-def test_softmax_long_rows_online(simulator_backend, rows, cols, dtype):
-    # rows longer than 8192: the online (streaming) form, 3 chunks for 20000
+def test_softmax_long_rows_online(rows, cols, dtype):
+    # rows longer than 8192: the online (streaming) form, 3 chunks for 20000 (three rows
+    # would take the split form: turned off here)
     x = randn(rows, cols, dtype=dtype, scale=4.0)
-    assert_matches(nki_kernels.softmax(x), _expected(x), dtype)
+    call = softmax_kernel_call(x, split_rows=False)
+    assert_matches(_dispatch.run_simulated(call), _expected(x), dtype)
+
+
+def _run_traced(call, lnc=2):
+    with simulator.activated():
+        kernel = _dispatch.simulator_kernel(call)
+    result = simulator.run(kernel[lnc], *call.tensors, **call.static, target="trn2")
+    return torch.as_tensor(result.outputs), result.trace
+
+
+def _split_taken(trace):
+    return any(i.op == "nc_transpose" for i in trace)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("rows, cols", [
+    (1, 32000),      # one row over all 128 partitions, 250 columns each (LNC=2: one core idle)
+    (8, 4096),       # exact: 16 segments of 256
+    (5, 50257),      # ragged: no divisor of C near 128 // 3; the last segment shorter
+    (7, 2049),       # ragged: 18 segments of 114, the last of 111
+    (128, 2048),     # 64 rows per part: two segments per row, the most rows the form takes
+])
+def test_softmax_few_long_rows_split_over_partitions(rows, cols, dtype):
+    # few long rows: each row cut into segments over the partitions, the segments' maxima
+    # and sums combined on one partition (split form)
+    x = randn(rows, cols, dtype=dtype, scale=4.0)
+    out, trace = _run_traced(softmax_kernel_call(x))
+    assert _split_taken(trace), "the split form was not taken"
+    assert_matches(out, _expected(x), dtype)
+
+
+def test_softmax_split_form_rows_and_segments_keep_their_own_maxima():
+    # a tile holds several rows' segments: row maxima ~1e4 apart, each row's max in a
+    # different segment (first, middle, the ragged last one), a row of -inf (NaN, as torch),
+    # a row of the lowest finite float (uniform), a +inf (NaN row, as torch), a one-hot row
+    x = randn(9, 5001, scale=4.0)
+    x[0::2] += 1e4
+    x[1, 0] = 60.0
+    x[2, 2500] = 1e4 + 60.0
+    x[3, 5000] = 60.0
+    x[4] = -float("inf")
+    x[5] = torch.finfo(torch.float32).min
+    x[6, 17] = float("inf")
+    x[7, 4321] = 1e6
+    out, trace = _run_traced(softmax_kernel_call(x))
+    assert _split_taken(trace)
+    ref = _expected(x)
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.isnan(out[4]).all() and torch.isnan(out[6]).all()
+    finite = ~torch.isnan(ref).any(dim=1)
+    assert_matches(out[finite], ref[finite], torch.float32)
+    assert out[7, 4321] == 1.0 and torch.equal(out[5], torch.full((5001,), 1 / 5001))
+
+
+@pytest.mark.parametrize("rows, cols, split", [
+    (129, 4096, False),   # 65 rows in a part: one row per partition
+    (128, 2047, False),   # rows shorter than SPLIT_MIN_COLS
+    (128, 2048, True),
+    (2, 8193, True),
+])
+def test_softmax_split_form_is_taken_only_for_few_long_rows(rows, cols, split):
+    x = randn(rows, cols, scale=4.0)
+    out, trace = _run_traced(softmax_kernel_call(x))
+    assert _split_taken(trace) == split
+    assert_matches(out, _expected(x), torch.float32)
+    _, off = _run_traced(softmax_kernel_call(x, split_rows=False))
+    assert not _split_taken(off)
 
 
 @pytest.mark.parametrize("resident", [True, False], ids=["resident", "streaming"])
@@ -112,11 +179,13 @@ def test_softmax_online_keeps_ln_sum_when_the_max_is_large(resident):
     tie[:, :2] = 1e10
     tie[1, -2:] = 1e10                                  # the tie in the last chunk too
     shifted = randn(3, 8193) + 3000.0
-    for x in (tie, shifted):
-        call = softmax_kernel_call(x, resident_bytes=None if resident else 0)
-        assert_matches(_dispatch.run_simulated(call), _expected(x), torch.float32)
-    out = _dispatch.run_simulated(softmax_kernel_call(tie, resident_bytes=None if resident else 0))
-    assert out[0, :2].tolist() == [0.5, 0.5]
+    for split in (False, True):   # the online form, and the split form these few rows take
+        for x in (tie, shifted):
+            call = softmax_kernel_call(x, resident_bytes=None if resident else 0, split_rows=split)
+            assert_matches(_dispatch.run_simulated(call), _expected(x), torch.float32)
+        out = _dispatch.run_simulated(softmax_kernel_call(tie, resident_bytes=None if resident else 0,
+                                                          split_rows=split))
+        assert out[0, :2].tolist() == [0.5, 0.5]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

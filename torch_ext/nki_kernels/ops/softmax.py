@@ -29,14 +29,19 @@ def _normalize_dim(input: torch.Tensor, dim: int) -> int:
 
 
 def softmax_kernel_call(input: torch.Tensor, dim: int = -1, max_cols: Optional[int] = None,
-                        resident_bytes: Optional[int] = None) -> _dispatch.KernelCall:
+                        resident_bytes: Optional[int] = None, split_rows: bool = True) -> _dispatch.KernelCall:
     """The NKI launch: kernels/softmax.py on ``input`` with ``dim`` moved last, viewed as [N, C].
 
     ``max_cols`` (default 8192) is the longest row done in one on-chip pass; longer rows use
     the online form in chunks of ``min(max_cols, 4096)``, keeping the row tile in SBUF when
     it takes at most ``resident_bytes`` (default 96 KiB) per partition, else streaming it
-    twice from HBM. Tests lower both to exercise every form.
+    twice from HBM. A few long rows (at most 64 in each half of the rows, 2048 or more
+    columns) are cut into segments over the partitions instead (the split form), unless
+    ``split_rows`` is False. Tests lower the limits and turn the split off to exercise
+    every form.
     """
+    if not isinstance(split_rows, bool):
+        raise TypeError(f"split_rows must be a bool, got {type(split_rows).__name__}")
     if max_cols is None:
         max_cols = MAX_COLS
     if not 1 <= max_cols <= MAX_COLS:
@@ -56,7 +61,8 @@ def softmax_kernel_call(input: torch.Tensor, dim: int = -1, max_cols: Optional[i
         return out.reshape(moved_shape).movedim(-1, dim).reshape(shape).contiguous()
 
     return _dispatch.KernelCall("softmax", "softmax_kernel", (moved.reshape(-1, cols),),
-                                {"max_cols": int(max_cols), "resident_bytes": int(resident_bytes)},
+                                {"max_cols": int(max_cols), "resident_bytes": int(resident_bytes),
+                                 "split_rows": split_rows},
                                 finish=finish)
 
 
@@ -113,7 +119,10 @@ def softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
     Any shape and row length: rows up to 8192 elements are done on chip in one pass, longer
     rows with an online pass (kept in SBUF up to 32K bf16 / 24K fp32 elements, streamed
-    from HBM twice beyond). ``dim`` other than the last costs a transposing
+    from HBM twice beyond); a few long rows (at most 64 in each half of the rows, at least
+    2048 elements, in segments of at most 8192: up to 1M elements for one row; e.g.
+    sampling over a vocabulary at decode) are cut into segments over the partitions
+    instead of one row per partition. ``dim`` other than the last costs a transposing
     copy (the kernel works on the last dimension). dtypes: float32, bfloat16, float16; the
     result has ``input``'s dtype. Numerics of the kernel: statistics and exponentials in
     fp32, one rounding to the dtype (as the reference). Backward: NKI kernel
@@ -144,5 +153,6 @@ SOFTMAX_BACKWARD = registry.Backward(_softmax_backward_op, _softmax_backward_inp
 registry.register(registry.OpSpec(
     "softmax", softmax, _softmax_op, softmax_kernel_call, references.softmax, roofline.softmax,
     workloads=(_workload("ViT-B/16 scores B=8 H=12", 8 * 12 * 197, 197, quick=True),
-               _workload("LM vocab 256 rows", 256, 32000, large=True)),
+               _workload("LM vocab 256 rows", 256, 32000, large=True),
+               _workload("Llama-3 sampling, decode batch 8", 8, 128256, inference_only=True)),
     backward=SOFTMAX_BACKWARD))
