@@ -10,13 +10,14 @@ Layout:
     transfer holds TARGET_COLS elements); the last < 128 rows form one block with J = 1.
     Long rows: tiles of up to 128 rows, the row read in column chunks of
     min(max_cols, ONLINE_CHUNK).
-    Few long rows (split form: at most SPLIT_MAX_ROWS rows in each of the WORK_PARTS even
-    parts of the rows, and C >= SPLIT_MIN_COLS): each row is cut into S segments of W
+    Few long rows (split form, NeuronCore-v3 and later: at most SPLIT_MAX_ROWS rows in each
+    of the WORK_PARTS even parts of the rows, and rows long enough to pay, _split_pays):
+    each row is cut into S segments of W
     consecutive columns, one per partition (a part of G rows fills G * S <= 128
     partitions), so the engines see about C / S elements per lane instead of C. S is a
     divisor of C in (64 // G, 128 // G] when there is one (the part is then one contiguous
-    [G * S, W] DMA), else W = ceil(C / (128 // G)) with a shorter last segment, loaded
-    and stored row by row. (One row per partition left 127 lanes idle: [1, 32000] bf16
+    [G * S, W] DMA), else (parts of at most SPLIT_RAGGED_MAX_ROWS rows) W = ceil(C / (128
+    // G)) with a shorter last segment, loaded and stored row by row. (One row per partition left 127 lanes idle: [1, 32000] bf16
     modeled 69.7 us on trn2, 7.4 us split.)
 Engines:
     one pass (C <= max_cols), per block, in one of two forms (whichever the cost model's
@@ -403,39 +404,73 @@ def _softmax_online(x, out, n_rows, cols, chunk, resident):
 
 
 # The split form (rows cut into segments over the partitions) is taken when every part of
-# the rows has at most this many rows, so each row gets S = 128 // G >= 2 partitions ...
-SPLIT_MAX_ROWS = PARTITIONS // 2
-# ... and rows of at least this many elements: the segments' statistics meet in a chain of
-# ~10 small instructions (three TensorE transposes, PSUM reads) of a few us, which a row
-# spread over S lanes saves back only when it is long. Modeled trn2 LNC=2, bf16, split
-# against one row per partition, us (session 51):
-#            C = 1024      1536       2048       4096       8192       32000
-#   [1, C]   7.0 / 6.0   7.0 / 7.1   7.0 / 8.2  7.0 / 12.6  7.1 / 21.5  7.4 / 69.7
-#   [8, C]   7.0 / 7.2   7.0 / 9.0   7.1 / 10.7 7.2 / 17.6  7.5 / 31.5  9.4 / 77.2
-#   [64, C]  7.7 / 7.2   8.0 / 9.0   8.3 / 10.7 9.7 / 17.6 13.0 / 31.5 32.6 / 77.2
-# The split wins everywhere from 2048 (from 1536 too, by less).
-SPLIT_MIN_COLS = 2048
+# the rows has at most this many rows, so each row gets S >= 4 partitions. Not 64 (S = 2):
+# the form must be the same at LNC=1 and LNC=2 (bit-identical outputs), and at LNC=1 the one
+# program runs both parts in turn, so S = 2 only halves each part's lanes' work to add it
+# back (modeled trn2 LNC=1, bf16 [128, 2048]: 12.1 us split against 10.7; [128, 8193] 37.3
+# against 31.0; session 51's review).
+SPLIT_MAX_ROWS = PARTITIONS // 4
+# A part whose row length has no divisor near its S is cut into segments of ceil(C / S)
+# columns, the last one shorter, loaded and stored row by row: two DMAs per row each way.
+# Only parts of at most this many rows take that (16 DMAs, one per queue); more rows made it
+# DMA-bound (modeled trn2 LNC=2 bf16 [128, 2049] 20.6 us split against 10.7; [64, 2051]
+# 12.8 against 10.7, review of session 51).
+SPLIT_RAGGED_MAX_ROWS = 4
 # Share of the split form's e * factor done on VectorE (fp32 in, 1.04 ns per element on
 # trn2) against ScalarE (0.83 ns; it also ran the exps, 0.83): with VectorE's max (0.52 ns
-# bf16 at N/2, 1.04 otherwise) the two engines end level near an even split.
-# (swept 0.3 .. 0.6 on [8, 128256] and [64, 32000] bf16: 0.5 best, 19.3 and 32.6 us).
+# bf16 at N/2, 1.04 otherwise) the two engines end level near an even split (swept 0.3 ..
+# 0.6 in steps of 0.1 on [8, 128256] and [64, 32000] bf16: 0.5 best, 19.3 and 32.6 us; 0.45
+# models 0.1-0.3 us faster, within the schedule's noise).
 SPLIT_VECTOR_SHARE = 0.5
+# Instructions on the split form's chain that one row per partition does not have: the
+# clamp, the row max, the gap, f * sum, the row sum, 1 / sum, f / sum and the factor's copy
+# on VectorE (each after the previous: its whole fixed cost) and f on ScalarE. Its three
+# TensorE transposes (1 and 128 columns) are not counted: engine_costs has no TensorE
+# figures, and the model charges them ~0.1 us each.
+SPLIT_CHAIN_VECTOR = 8
+SPLIT_CHAIN_SCALAR = 1
 
 
-def _split_segments(rows, cols, max_cols):
+def _split_pays(cols, width, elements, bf16_max):
+    """Whether cutting rows of ``cols`` into segments of ``width`` saves more engine time per
+    lane (the max on VectorE and the exp on ScalarE over cols - width fewer elements) than
+    the combining chain costs (SPLIT_CHAIN_*, ``elements`` per instruction: the part's
+    partitions), by the active generation's figures (engine_costs.py). Modeled trn2 LNC=2,
+    bf16, split against one row per partition, us (session 51):
+               C = 1024      1536       2048       4096       8192       32000
+      [1, C]   7.0 / 6.0   7.0 / 7.1   7.0 / 8.2  7.0 / 12.6  7.1 / 21.5  7.4 / 69.7
+      [8, C]   7.0 / 7.2   7.0 / 9.0   7.1 / 10.7 7.2 / 17.6  7.5 / 31.5  9.4 / 77.2
+    The rule splits bf16 rows from ~1900 columns on trn2 at 1-8 rows per part (~2300 at
+    32), ~1650 on trn3: later than the modeled crossover (~1300), so it never takes the
+    split where it models slower."""
+    c = active_engine_costs()
+    saved = (c.instruction_ns("vector", cols, 2 if bf16_max else 1) - c.instruction_ns("vector", width, 2 if bf16_max else 1)
+             + c.instruction_ns("scalar", cols) - c.instruction_ns("scalar", width))
+    chain = (SPLIT_CHAIN_VECTOR * c.instruction_ns("vector", elements, reads_previous=True)
+             + SPLIT_CHAIN_SCALAR * c.instruction_ns("scalar", elements))
+    return saved > chain
+
+
+def _split_segments(rows, cols, max_cols, bf16_max):
     """(S, W, exact) of the split form for a part of ``rows`` rows: S segments per row of W
     columns each (the last one shorter unless ``exact``: S * W == cols, the part then one
-    contiguous [rows * S, W] view of HBM), or None when the form does not apply."""
-    if not 1 <= rows <= SPLIT_MAX_ROWS or cols < SPLIT_MIN_COLS:
+    contiguous [rows * S, W] view of HBM), or None when the form does not apply or does not
+    pay (_split_pays)."""
+    if not 1 <= rows <= SPLIT_MAX_ROWS:
         return None
     most = PARTITIONS // rows
+    segments = None
     for seg in range(most, max(1, most // 2), -1):      # a divisor of C near the most
         if cols % seg == 0 and cols // seg <= max_cols:
-            return seg, cols // seg, True
-    width = cdiv(cols, most)
-    if width > max_cols:
+            segments = (seg, cols // seg, True)
+            break
+    if segments is None and rows <= SPLIT_RAGGED_MAX_ROWS:
+        width = cdiv(cols, most)
+        if width <= max_cols:
+            segments = (cdiv(cols, width), width, False)
+    if segments is None or not _split_pays(cols, segments[1], rows * segments[0], bf16_max):
         return None
-    return cdiv(cols, width), width, False
+    return segments
 
 
 def _split_view(hbm, r0, rows, seg, width):
@@ -528,17 +563,22 @@ def _softmax_split(x, out, r0, rows, seg, width, exact):
                       src=out_tile[p0 + seg - 1:p0 + seg, 0:tail])
 
 
-def _split_plan(n_rows, cols, max_cols):
+def _split_plan(n_rows, cols, max_cols, bf16_max):
     """[(first row, rows, S, W, exact)] of each of the WORK_PARTS even parts of the rows in
     the split form (empty parts left out), or None when a part does not take it. The plan
     covers every part, whichever program runs: the form is chosen for the whole launch and
-    is the same at LNC=1 and LNC=2."""
+    is the same at LNC=1 and LNC=2. NeuronCore-v2 (trn1) never takes it: its TensorE
+    transposes are "not bit-accurate if the input data contains NaN/Inf" (NKI 0.7
+    nki.isa.nc_transpose), and a row's inf or NaN statistic would then reach the other rows
+    of its part."""
+    if nisa.get_nc_version() == nisa.nc_version.gen2:
+        return None
     plan = []
     for lo, hi in even_parts(n_rows):
         if hi == lo:
             plan.append(None)
             continue
-        segments = _split_segments(hi - lo, cols, max_cols)
+        segments = _split_segments(hi - lo, cols, max_cols, bf16_max)
         if segments is None:
             return None
         plan.append((lo, hi - lo) + segments)
@@ -566,7 +606,7 @@ def softmax_kernel(x, max_cols=MAX_COLS, resident_bytes=RESIDENT_BYTES, split_ro
     assert 0 <= resident_bytes <= RESIDENT_BYTES, f"resident_bytes={resident_bytes} outside [0, {RESIDENT_BYTES}]"
     n_rows, cols = x.shape
     out = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
-    plan = _split_plan(n_rows, cols, max_cols) if split_rows else None
+    plan = _split_plan(n_rows, cols, max_cols, x.dtype == nl.bfloat16) if split_rows else None
     if plan is not None:
         for part in program_parts(plan):
             if part is not None:

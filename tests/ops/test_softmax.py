@@ -49,8 +49,8 @@ def _split_taken(trace):
     (1, 32000),      # one row over all 128 partitions, 250 columns each (LNC=2: one core idle)
     (8, 4096),       # exact: 16 segments of 256
     (5, 50257),      # ragged: no divisor of C near 128 // 3; the last segment shorter
-    (7, 2049),       # ragged: 18 segments of 114, the last of 111
-    (128, 2048),     # 64 rows per part: two segments per row, the most rows the form takes
+    (7, 2049),       # ragged: parts of 3 and 4 rows, segments of 49 and 65 columns
+    (64, 4096),      # 32 rows per part: four segments per row, the most rows the form takes
 ])
 def test_softmax_few_long_rows_split_over_partitions(rows, cols, dtype):
     # few long rows: each row cut into segments over the partitions, the segments' maxima
@@ -63,17 +63,20 @@ def test_softmax_few_long_rows_split_over_partitions(rows, cols, dtype):
 
 def test_softmax_split_form_rows_and_segments_keep_their_own_maxima():
     # a tile holds several rows' segments: row maxima ~1e4 apart, each row's max in a
-    # different segment (first, middle, the ragged last one), a row of -inf (NaN, as torch),
-    # a row of the lowest finite float (uniform), a +inf (NaN row, as torch), a one-hot row
-    x = randn(9, 5001, scale=4.0)
+    # different segment (first, middle, the ragged last one), whole segments of -inf in a
+    # finite row (a top-k / top-p masked vocabulary), a row of -inf (NaN, as torch), a row of
+    # the lowest finite float (uniform), a +inf (NaN row, as torch), a one-hot row
+    x = randn(8, 5001, scale=4.0)
     x[0::2] += 1e4
     x[1, 0] = 60.0
     x[2, 2500] = 1e4 + 60.0
     x[3, 5000] = 60.0
+    x[3, 100:4000] = -float("inf")
     x[4] = -float("inf")
     x[5] = torch.finfo(torch.float32).min
     x[6, 17] = float("inf")
     x[7, 4321] = 1e6
+    x[7, :3000] = -float("inf")
     out, trace = _run_traced(softmax_kernel_call(x))
     assert _split_taken(trace)
     ref = _expected(x)
@@ -81,13 +84,16 @@ def test_softmax_split_form_rows_and_segments_keep_their_own_maxima():
     finite = ~torch.isnan(ref).any(dim=1)
     assert_matches(out[finite], ref[finite], torch.float32)
     assert out[7, 4321] == 1.0 and torch.equal(out[5], torch.full((5001,), 1 / 5001))
+    assert (out[3, 100:4000] == 0).all() and (out[7, :3000] == 0).all()
 
 
 @pytest.mark.parametrize("rows, cols, split", [
-    (129, 4096, False),   # 65 rows in a part: one row per partition
-    (128, 2047, False),   # rows shorter than SPLIT_MIN_COLS
-    (128, 2048, True),
-    (2, 8193, True),
+    (65, 8192, False),    # 33 rows in a part: S = 3 would not pay back at LNC=1
+    (64, 8192, True),
+    (64, 2051, False),    # no divisor of C near S = 4, and 32 rows too many for ragged loads
+    (8, 1024, False),     # too short for the segments to pay for the combining chain
+    (8, 4096, True),
+    (2, 8193, True),      # ragged, one row per part
 ])
 def test_softmax_split_form_is_taken_only_for_few_long_rows(rows, cols, split):
     x = randn(rows, cols, scale=4.0)
@@ -193,8 +199,24 @@ def test_softmax_online_rows_of_finfo_min(simulator_backend, dtype):
     # Issue 13, defect 2: rows longer than 8192 whose every value is below -3e38 (masked
     # with finfo(float32).min, as transformers builds masks) returned inf: the running max
     # started at -3e38 instead of at or below the true row max.
+    # Three rows take the split form by default: the online form is forced, then the split
+    # form (whose segment maxima are clamped the same way) checked too.
     lowest = torch.finfo(dtype).min                     # bf16: -3.39e38
     x = torch.full((3, 8193), lowest, dtype=dtype)
     x[1, 5000] = -3.2e38                                # one value above the others
     x[2, :8000] = float("-inf")                         # -inf, then the masked value
-    assert_matches(nki_kernels.softmax(x), _expected(x), dtype)
+    for split in (False, True):
+        out = _dispatch.run_simulated(softmax_kernel_call(x, split_rows=split))
+        assert_matches(out, _expected(x), dtype)
+
+
+def test_softmax_split_form_is_not_taken_on_neuroncore_v2():
+    # trn1's TensorE transposes are not bit-accurate with NaN / inf (nki.isa.nc_transpose),
+    # which the split form's statistics can hold: one row per partition there
+    x = randn(8, 4096, scale=4.0)
+    call = softmax_kernel_call(x)
+    with simulator.activated("trn1"):
+        kernel = _dispatch.simulator_kernel(call)
+    result = simulator.run(kernel[1], *call.tensors, **call.static, target="trn1")
+    assert not _split_taken(result.trace)
+    assert_matches(torch.as_tensor(result.outputs), _expected(x), torch.float32)

@@ -35,9 +35,9 @@ def softmax_kernel_call(input: torch.Tensor, dim: int = -1, max_cols: Optional[i
     ``max_cols`` (default 8192) is the longest row done in one on-chip pass; longer rows use
     the online form in chunks of ``min(max_cols, 4096)``, keeping the row tile in SBUF when
     it takes at most ``resident_bytes`` (default 96 KiB) per partition, else streaming it
-    twice from HBM. A few long rows (at most 64 in each half of the rows, 2048 or more
-    columns) are cut into segments over the partitions instead (the split form), unless
-    ``split_rows`` is False. Tests lower the limits and turn the split off to exercise
+    twice from HBM. A few long rows (at most 32 in each half of the rows, long enough for
+    it to pay) are cut into segments over the partitions instead (the split form, trn2 and
+    trn3), unless ``split_rows`` is False. Tests lower the limits and turn the split off to exercise
     every form.
     """
     if not isinstance(split_rows, bool):
@@ -119,10 +119,10 @@ def softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
     Any shape and row length: rows up to 8192 elements are done on chip in one pass, longer
     rows with an online pass (kept in SBUF up to 32K bf16 / 24K fp32 elements, streamed
-    from HBM twice beyond); a few long rows (at most 64 in each half of the rows, at least
-    2048 elements, in segments of at most 8192: up to 1M elements for one row; e.g.
-    sampling over a vocabulary at decode) are cut into segments over the partitions
-    instead of one row per partition. ``dim`` other than the last costs a transposing
+    from HBM twice beyond); on trn2/trn3 a few long rows (at most 32 in each half of the
+    rows, about 2000 elements or more, in segments of at most 8192: up to 1M elements for
+    one row; e.g. sampling over a vocabulary at decode) are cut into segments over the
+    partitions instead of one row per partition. ``dim`` other than the last costs a transposing
     copy (the kernel works on the last dimension). dtypes: float32, bfloat16, float16; the
     result has ``input``'s dtype. Numerics of the kernel: statistics and exponentials in
     fp32, one rounding to the dtype (as the reference). Backward: NKI kernel
