@@ -414,7 +414,10 @@ SPLIT_MAX_ROWS = PARTITIONS // 4
 # columns, the last one shorter, loaded and stored row by row: two DMAs per row each way.
 # Only parts of at most this many rows take that (16 DMAs, one per queue); more rows made it
 # DMA-bound (modeled trn2 LNC=2 bf16 [128, 2049] 20.6 us split against 10.7; [64, 2051]
-# 12.8 against 10.7, review of session 51).
+# 12.8 against 10.7, review of session 51). A scan of 1-64 bf16 rows x 1900-50257 columns
+# (trn2 at LNC=2 and 1, trn3 at LNC=2; 256 shapes take the split) finds it slower on 4, all
+# ragged at 2049 columns at LNC=1 on trn2, by 0.3-0.9 us (2-5 rows: 8.9 against 8.6 .. 10.0
+# against 9.6).
 SPLIT_RAGGED_MAX_ROWS = 4
 # Share of the split form's e * factor done on VectorE (fp32 in, 1.04 ns per element on
 # trn2) against ScalarE (0.83 ns; it also ran the exps, 0.83): with VectorE's max (0.52 ns
