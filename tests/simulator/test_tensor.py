@@ -195,6 +195,25 @@ def test_constructor_binds_host_storage_and_the_kernel_reads_and_writes_it(sim, 
     assert torch.equal(fixture_out, expected)   # the writes landed in the bound storage
 
 
+def _copy_into_bound(nki, nl, nisa, sink, source=None):
+    """A kernel that binds the host fp32 array ``sink`` with nl.NkiTensor and copies into it
+    the bound host array ``source`` (or, without one, the kernel's input); it returns a copy
+    of its input."""
+
+    @nki.jit
+    def kernel(x):
+        dst = nl.NkiTensor(tuple(sink.shape), nl.float32, sink, buffer=nl.shared_hbm)
+        src = x if source is None else nl.NkiTensor(tuple(source.shape), nl.float32, source, buffer=nl.shared_hbm)
+        t = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=src)
+        nisa.dma_copy(dst=dst, src=t)
+        out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=x)
+        return out
+
+    return kernel
+
+
 def test_constructor_binds_a_numpy_array(sim):
     np = pytest.importorskip("numpy")
     nki, nl, nisa = sim
@@ -202,18 +221,7 @@ def test_constructor_binds_a_numpy_array(sim):
     expected = host.copy()
     sink = np.full((8, 16), np.nan, dtype=np.float32)
 
-    @nki.jit
-    def kernel(x):
-        src = nl.NkiTensor((8, 16), nl.float32, host, buffer=nl.shared_hbm)
-        dst = nl.NkiTensor((8, 16), nl.float32, sink, buffer=nl.shared_hbm)
-        t = nl.ndarray((8, 16), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=t, src=src)
-        nisa.dma_copy(dst=dst, src=t)
-        out = nl.ndarray((8, 16), dtype=nl.float32, buffer=nl.shared_hbm)
-        nisa.dma_copy(dst=out, src=x)
-        return out
-
-    nki.simulate(kernel)(torch.randn(8, 16))
+    nki.simulate(_copy_into_bound(nki, nl, nisa, sink, source=host))(torch.randn(8, 16))
     assert np.array_equal(sink, expected)
 
 
@@ -274,18 +282,8 @@ def test_constructor_binds_a_tensor_that_requires_grad_by_aliasing(sim):
     nki, nl, nisa = sim
     sink = torch.full((4, 8), float("nan"), requires_grad=True)
 
-    @nki.jit
-    def kernel(x):
-        dst = nl.NkiTensor((4, 8), nl.float32, sink, buffer=nl.shared_hbm)
-        t = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=t, src=x)
-        nisa.dma_copy(dst=dst, src=t)
-        out = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.shared_hbm)
-        nisa.dma_copy(dst=out, src=t)
-        return out
-
     x = torch.randn(4, 8)
-    nki.simulate(kernel)(x)
+    nki.simulate(_copy_into_bound(nki, nl, nisa, sink))(x)
     assert torch.equal(sink.detach(), x)
 
 
