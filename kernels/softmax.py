@@ -12,13 +12,13 @@ Layout:
     min(max_cols, ONLINE_CHUNK).
     Few long rows (split form, NeuronCore-v3 and later: at most SPLIT_MAX_ROWS rows in each
     of the WORK_PARTS even parts of the rows, and rows long enough to pay, _split_pays):
-    each row is cut into S segments of W
-    consecutive columns, one per partition (a part of G rows fills G * S <= 128
-    partitions), so the engines see about C / S elements per lane instead of C. S is a
-    divisor of C in (64 // G, 128 // G] when there is one (the part is then one contiguous
-    [G * S, W] DMA), else (parts of at most SPLIT_RAGGED_MAX_ROWS rows) W = ceil(C / (128
-    // G)) with a shorter last segment, loaded and stored row by row. (One row per partition left 127 lanes idle: [1, 32000] bf16
-    modeled 69.7 us on trn2, 7.4 us split.)
+    each row is cut into S segments of W consecutive columns, one per partition (a part of
+    G rows fills G * S <= 128 partitions), so the engines see about C / S elements per
+    lane instead of C. S is a divisor of C in (64 // G, 128 // G] when there is one (the
+    part is then one contiguous [G * S, W] DMA), else (parts of at most
+    SPLIT_RAGGED_MAX_ROWS rows) W = ceil(C / (128 // G)) with a shorter last segment,
+    loaded and stored row by row. (One row per partition left 127 lanes idle: [1, 32000]
+    bf16 modeled 69.7 us on trn2, 7.4 us split.)
 Engines:
     one pass (C <= max_cols), per block, in one of two forms (whichever the cost model's
     numbers for the active generation make faster: _block_exp_time / _row_exp_time):
