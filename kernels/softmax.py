@@ -476,9 +476,23 @@ def _split_segments(rows, cols, max_cols, bf16_max):
     return segments
 
 
-def _split_view(hbm, r0, rows, seg, width):
-    """[rows * seg, width] view of the rows r0.. of an HBM [N, C] tensor (C == seg * width)."""
-    return hbm[r0:r0 + rows, :].reshape((rows * seg, width))
+def _split_pairs(hbm, tile, r0, rows, seg, width, exact):
+    """[(HBM view, tile view)] that together move rows r0 .. r0 + rows - 1 of an HBM [N, C]
+    tensor to or from their [rows * seg, width] split-form tile: the whole part in one pair
+    when ``exact`` (C == seg * width), else per row its full segments and its last, shorter
+    one."""
+    cols = hbm.shape[1]
+    if exact:
+        return [(hbm[r0:r0 + rows, :].reshape((rows * seg, width)), tile)]
+    tail = cols - (seg - 1) * width
+    pairs = []
+    for g in range(rows):
+        p0 = g * seg
+        if seg > 1:
+            pairs.append((hbm[r0 + g, 0:(seg - 1) * width].reshape((seg - 1, width)),
+                          tile[p0:p0 + seg - 1, :]))
+        pairs.append((hbm[r0 + g:r0 + g + 1, (seg - 1) * width:cols], tile[p0 + seg - 1:p0 + seg, 0:tail]))
+    return pairs
 
 
 def _softmax_split(x, out, r0, rows, seg, width, exact):
@@ -488,21 +502,13 @@ def _softmax_split(x, out, r0, rows, seg, width, exact):
     parts = rows * seg
     tail = cols - (seg - 1) * width            # the last segment's columns (== width if exact)
     x_tile = nl.ndarray((parts, width), dtype=x.dtype, buffer=nl.sbuf)
-    if exact:
-        nisa.dma_copy(dst=x_tile, src=_split_view(x, r0, rows, seg, width))
-    else:
+    if tail < width:
         # the last segment's missing columns: -inf, which the max ignores and exp sends to 0
         # (memset on every partition from 0: an engine access starts on a quadrant; the
         # full segments' loads then overwrite their own partitions)
-        if tail < width:
-            nisa.memset(dst=x_tile[:, tail:width], value=-float("inf"))
-        for g in range(rows):
-            p0 = g * seg
-            if seg > 1:
-                nisa.dma_copy(dst=x_tile[p0:p0 + seg - 1, :],
-                              src=x[r0 + g, 0:(seg - 1) * width].reshape((seg - 1, width)))
-            nisa.dma_copy(dst=x_tile[p0 + seg - 1:p0 + seg, 0:tail],
-                          src=x[r0 + g:r0 + g + 1, (seg - 1) * width:cols])
+        nisa.memset(dst=x_tile[:, tail:width], value=-float("inf"))
+    for hbm_view, tile_view in _split_pairs(x, x_tile, r0, rows, seg, width, exact):
+        nisa.dma_copy(dst=tile_view, src=hbm_view)
     # -max of each segment, clamped: max(max, lowest finite) so that a segment of -inf (or
     # of padding alone) gets a finite shift and exp(-inf - shift) = 0, not exp(nan). The max
     # in bf16 for a bf16 input (exact, and N/2: as the other forms' row max), widened to
@@ -554,21 +560,13 @@ def _softmax_split(x, out, r0, rows, seg, width, exact):
                                operand0=factor)
         else:
             nisa.activation(dst=out_tile[:, lo:hi], op=nl.copy, data=exp_tile[:, lo:hi], scale=factor)
-    if exact:
-        nisa.dma_copy(dst=_split_view(out, r0, rows, seg, width), src=out_tile)
-        return
-    for g in range(rows):
-        p0 = g * seg
-        if seg > 1:
-            nisa.dma_copy(dst=out[r0 + g, 0:(seg - 1) * width].reshape((seg - 1, width)),
-                          src=out_tile[p0:p0 + seg - 1, :])
-        nisa.dma_copy(dst=out[r0 + g:r0 + g + 1, (seg - 1) * width:cols],
-                      src=out_tile[p0 + seg - 1:p0 + seg, 0:tail])
+    for hbm_view, tile_view in _split_pairs(out, out_tile, r0, rows, seg, width, exact):
+        nisa.dma_copy(dst=hbm_view, src=tile_view)
 
 
 def _split_plan(n_rows, cols, max_cols, bf16_max):
     """[(first row, rows, S, W, exact)] of each of the WORK_PARTS even parts of the rows in
-    the split form (empty parts left out), or None when a part does not take it. The plan
+    the split form (None for an empty part), or None when a part does not take it. The plan
     covers every part, whichever program runs: the form is chosen for the whole launch and
     is the same at LNC=1 and LNC=2. NeuronCore-v2 (trn1) never takes it: its TensorE
     transposes are "not bit-accurate if the input data contains NaN/Inf" (NKI 0.7
