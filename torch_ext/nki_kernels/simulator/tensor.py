@@ -555,6 +555,14 @@ class UnmaterializedTensor(_PatternOnly):
 
     __slots__ = ()
 
+    @classmethod
+    def of(cls, alloc: Allocation, shape, what: str) -> "UnmaterializedTensor":
+        """A placeholder of ``shape`` over ``alloc`` (its buffer, dtype and name; storage on
+        torch's meta device), described in errors as ``what``."""
+        t = object.__new__(cls)
+        t._alloc, t._dtype, t._shape, t._what = alloc, None, list(shape), what
+        return t
+
     def _refuse(self, *args, **kwargs):
         raise NkiValidationError(
             f"{self._what}: created with storage=None, a signature placeholder that is never "

@@ -109,10 +109,8 @@ def bind_storage(shape, dtype, storage, buffer=MemoryRegion.sbuf, name="") -> Nk
     shape = ctx.memory.check_shape(shape, dt, region, name, what="NkiTensor")
     if storage is None:
         base = torch.empty(shape, dtype=dt.storage, device="meta")
-        t = UnmaterializedTensor()
-        t._alloc, t._dtype, t._shape = Allocation(region, dt, name, base, core=ctx.memory.core), None, list(shape)
-        t._what = f"{name or 'NkiTensor'} {shape} {dt.name} in {region.value}"
-        return t
+        return UnmaterializedTensor.of(Allocation(region, dt, name, base, core=ctx.memory.core), shape,
+                                       f"{name or 'NkiTensor'} {shape} {dt.name} in {region.value}")
     if kind_of(region) != "hbm":
         raise UnsupportedError(
             f"NkiTensor: storage for buffer={region.value}: the simulator has no on-chip storage "
