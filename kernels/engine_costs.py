@@ -21,7 +21,8 @@ class EngineCosts(nl.NKIObject):
     def __init__(self, vector_ghz, scalar_ghz, gpsimd_ghz, vector_psum_copy_16bit_rate, vector_instr_cycles,
                  scalar_instr_cycles, gpsimd_instr_cycles, vector_overlap_cycles, min_instruction_cycles,
                  vector_reduce_readout_cycles, dma_bytes_per_s, dma_transfer_gap_ns, dma_transfer_handoff_ns,
-                 dma_transpose_efficiency, sbuf_bytes_per_partition, gpsimd_pattern_cycles):
+                 dma_transpose_efficiency, sbuf_bytes_per_partition, gpsimd_pattern_cycles, tensor_ghz,
+                 matmul_min_cycles, transpose_fp32_factor, matmul_latency_cycles, dependency_latency_cycles):
         # VectorE, ScalarE and GpSimd clocks (GHz): estimated cycles / clock = ns
         self.vector_ghz = vector_ghz
         self.scalar_ghz = scalar_ghz
@@ -57,6 +58,16 @@ class EngineCosts(nl.NKIObject):
         self.dma_transpose_efficiency = dma_transpose_efficiency
         # SBUF bytes per partition (what a kernel may keep on chip at once)
         self.sbuf_bytes_per_partition = sbuf_bytes_per_partition
+        # TensorE: clock (GHz), the shortest matmul (cycles), what fp32 data multiplies a
+        # transpose's cycles by, and how long after a matmul or transpose its PSUM result
+        # can be read (cycles)
+        self.tensor_ghz = tensor_ghz
+        self.matmul_min_cycles = matmul_min_cycles
+        self.transpose_fp32_factor = transpose_fp32_factor
+        self.matmul_latency_cycles = matmul_latency_cycles
+        # how long after a VectorE / ScalarE / GpSimd instruction ends its result can be
+        # read (cycles of the producer's clock)
+        self.dependency_latency_cycles = dependency_latency_cycles
 
     def instruction_ns(self, engine, elements, rate=1, reads_previous=False):
         """Estimated ns one ``engine`` ("vector", "scalar" or "gpsimd") instruction over
@@ -71,6 +82,21 @@ class EngineCosts(nl.NKIObject):
                       "scalar": (self.scalar_ghz, self.scalar_instr_cycles),
                       "gpsimd": (self.gpsimd_ghz, self.gpsimd_instr_cycles)}[engine]
         return (max(self.min_instruction_cycles, elements / rate) + fixed) / ghz
+
+    def dependency_ns(self, engine):
+        """How long a consumer waits after an ``engine`` ("tensor", "vector", "scalar" or
+        "gpsimd") instruction ends before it can read the result (the cost model's rule)."""
+        if engine == "tensor":
+            return self.matmul_latency_cycles / self.tensor_ghz
+        ghz = {"vector": self.vector_ghz, "scalar": self.scalar_ghz, "gpsimd": self.gpsimd_ghz}[engine]
+        return self.dependency_latency_cycles / ghz
+
+    def fp32_transpose_ns(self, partitions, columns):
+        """Estimated ns of a TensorE transpose of a [``partitions``, ``columns``] fp32 tile
+        (the cost model's rule: max(P, min(64, F)) cycles, times the fp32 factor; a read of
+        the result waits dependency_ns("tensor") more)."""
+        cycles = max(partitions, min(self.matmul_min_cycles, columns))
+        return cycles * self.transpose_fp32_factor / self.tensor_ghz
 
     def vector_gpsimd_share(self):
         """Share of a stream of two-input elementwise passes to give VectorE so that it and
@@ -107,6 +133,11 @@ MIRRORS = {
     "dma_transfer_handoff_ns": ("dma_transfer_handoff_s", 1e9),
     "dma_transpose_efficiency": ("dma_transpose_sbuf_efficiency", 1),
     "sbuf_bytes_per_partition": ("sbuf_bytes_per_partition", 1),
+    "tensor_ghz": ("tensor_hz", 1e-9),
+    "matmul_min_cycles": ("matmul_min_cycles", 1),
+    "transpose_fp32_factor": ("transpose_fp32_factor", 1),
+    "matmul_latency_cycles": ("matmul_latency_cycles", 1),
+    "dependency_latency_cycles": ("dependency_latency_cycles", 1),
 }
 
 # attributes computed from the mirrored ones (not Target fields)
@@ -119,21 +150,27 @@ _GEN2 = EngineCosts(vector_ghz=1.12, scalar_ghz=1.4, gpsimd_ghz=1.4, vector_psum
                     vector_reduce_readout_cycles=64, dma_bytes_per_s=272e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0,
                     dma_transpose_efficiency=0.5,
-                    sbuf_bytes_per_partition=192 * 1024, gpsimd_pattern_cycles=150)
+                    sbuf_bytes_per_partition=192 * 1024, gpsimd_pattern_cycles=150, tensor_ghz=2.8,
+                    matmul_min_cycles=64, transpose_fp32_factor=4, matmul_latency_cycles=400,
+                    dependency_latency_cycles=100)
 _GEN3 = EngineCosts(vector_ghz=0.96, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_copy_16bit_rate=2,
                     vector_instr_cycles=100.0, scalar_instr_cycles=360.0,
                     gpsimd_instr_cycles=100.0, vector_overlap_cycles=0.0, min_instruction_cycles=64,
                     vector_reduce_readout_cycles=64, dma_bytes_per_s=368e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0,
                     dma_transpose_efficiency=0.5,
-                    sbuf_bytes_per_partition=224 * 1024, gpsimd_pattern_cycles=150)
+                    sbuf_bytes_per_partition=224 * 1024, gpsimd_pattern_cycles=150, tensor_ghz=2.4,
+                    matmul_min_cycles=64, transpose_fp32_factor=2, matmul_latency_cycles=400,
+                    dependency_latency_cycles=100)
 _GEN4 = EngineCosts(vector_ghz=1.2, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_copy_16bit_rate=2,
                     vector_instr_cycles=100.0, scalar_instr_cycles=360.0,
                     gpsimd_instr_cycles=100.0, vector_overlap_cycles=0.0, min_instruction_cycles=64,
                     vector_reduce_readout_cycles=64, dma_bytes_per_s=528e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0,
                     dma_transpose_efficiency=0.5,
-                    sbuf_bytes_per_partition=256 * 1024, gpsimd_pattern_cycles=150)
+                    sbuf_bytes_per_partition=256 * 1024, gpsimd_pattern_cycles=150, tensor_ghz=2.4,
+                    matmul_min_cycles=64, transpose_fp32_factor=2, matmul_latency_cycles=400,
+                    dependency_latency_cycles=100)
 
 
 def by_generation():

@@ -55,24 +55,34 @@ Engines:
       Buffers: the chunks pass 1 reads once go through a staging ring (STAGING_BUFS) so the
       loads run ahead of the exps; resident pass-2 outputs go through a ring of OUT_BUFS
       tiles per row tile where the active generation's SBUF holds it (_output_ring_fits).
-    split form, per part of G rows (one [G * S, W] tile):
-      VectorE  each segment's max (bf16 for a bf16 input), then clamped at the lowest
-               finite fp32 (a segment of -inf or of padding then still has a finite shift)
-               and negated, in fp32 -> exp bias
-      ScalarE  e = exp(x - segment max) in fp32 with add-reduction -> segment sum
-      TensorE  the [G * S, 1] -max and sums transposed to [1, G * S] (fp32, bit-exact on
-               NeuronCore-v3)
-      VectorE / ScalarE on that one row: the row max M over each row's S segments,
-               f = exp(segment max - M), the row sum of f * segment sum, its reciprocal,
-               and each segment's factor f / sum; TensorE transposes the factors back
-      e * factor, rounded once to the output dtype, split between VectorE and ScalarE
+    split form, per part of G rows (one [G * S, W] tile, taken in K column chunks of every
+    segment at once, K from _split_chunk_count: more chunks let the loads, maxima and exps
+    overlap, and the scaling and stores, at more fixed costs):
+      VectorE  each chunk's max (bf16 for a bf16 input); GpSimd clamps it at the lowest
+               finite fp32 (a chunk of -inf or of padding then still has a finite shift)
+               and negates it, in fp32 -> exp bias
+      ScalarE  e = exp(x - chunk max) in fp32 with add-reduction -> chunk sum
+      the row max, under the exps: VectorE takes each segment's least -max, TensorE
+               transposes them onto one partition [1, G * S], VectorE takes each row's least
+               (-M) and broadcasts it over its segments, TensorE transposes that back, and
+               ScalarE makes every chunk's g = exp(chunk max - M) in (0, 1] (before the last
+               chunk's exp when K > 1)
+      the row sum: VectorE each segment's share (sum over its chunks of g * chunk sum),
+               TensorE transposes the shares onto one partition, VectorE sums each row's and
+               broadcasts the sum over its segments, TensorE transposes it back; VectorE the
+               factors g / sum (one division, the sum read from PSUM)
+      e * factor, rounded once to the output dtype, split between VectorE and ScalarE,
+               chunk by chunk, each chunk stored when scaled
+      (TensorE transposes, not a matmul by a same-row 0/1 matrix, move the statistics
+      between partitions: a transpose moves each value alone, where a matmul's zeros times
+      one row's NaN, from a +inf or NaN input, would spread it to every row)
 Expected error:
     fp32 statistics (a bf16 input's max is exact in bf16) and exponentials, one rounding
     to the output dtype (bf16: <= 2**-8 relative; fp32: ~1e-6 relative; the block form
     rounds x - max to fp32 before the exp, as ScalarE's bias add does in the per-row form;
     the online form adds two fp32 roundings, from the rescaling exp(m_c - m) and the
-    product with 1 / l; the split form adds the same two, from exp(segment max - M) and the
-    product f * (1 / sum)).
+    product with 1 / l; the split form adds two, from g = exp(chunk max - M) and the division
+    g / sum).
 """
 
 import nki
@@ -82,7 +92,7 @@ import nki.language as nl
 from .engine_costs import active as active_engine_costs
 from .limits import SOFTMAX_MAX_COLS as MAX_COLS
 from .limits import SOFTMAX_RESIDENT_BYTES as RESIDENT_BYTES
-from .tiling import (PARTITIONS, block_rows, cdiv, engine_segments, itemsize, load_block,
+from .tiling import (PARTITIONS, block_rows, cdiv, column_chunks, engine_segments, itemsize, load_block,
                      even_parts, program_parts, program_row_blocks, program_rows, rows_per_partition,
                      spread)
 
@@ -414,44 +424,98 @@ SPLIT_MAX_ROWS = PARTITIONS // 4
 # columns, the last one shorter, loaded and stored row by row: two DMAs per row each way.
 # Only parts of at most this many rows take that (16 DMAs, one per queue); more rows made it
 # DMA-bound (modeled trn2 LNC=2 bf16 [128, 2049] 20.6 us split against 10.7; [64, 2051]
-# 12.8 against 10.7, review of session 51). A scan of 1-64 bf16 rows x 1900-50257 columns
-# (trn2 at LNC=2 and 1, trn3 at LNC=2; 256 shapes take the split) finds it slower on 4, all
-# ragged at 2049 columns at LNC=1 on trn2, by 0.3-0.9 us (2-5 rows: 8.9 against 8.6 .. 10.0
-# against 9.6).
+# 12.8 against 10.7, review of session 51). A scan of 1-64 rows x 1300-128256 columns
+# (trn2 at LNC=2 and 1, trn3 at LNC=2; 378 bf16 and 345 fp32 shapes take the split, session
+# 52) finds it slower on 4, all bf16 and ragged at 2049 columns at LNC=1 on trn2, by
+# 0.1-0.7 us (2-5 rows: 8.7 against 8.6 .. 9.7 against 9.3).
 SPLIT_RAGGED_MAX_ROWS = 4
 # Share of the split form's e * factor done on VectorE (fp32 in, 1.04 ns per element on
 # trn2) against ScalarE (0.83 ns; it also ran the exps, 0.83): with VectorE's max (0.52 ns
 # bf16 at N/2, 1.04 otherwise) the two engines end level near an even split (swept 0.3 ..
-# 0.6 in steps of 0.1 on [8, 128256] and [64, 32000] bf16: 0.5 best, 19.3 and 32.6 us; 0.45
-# models 0.1-0.3 us faster, within the schedule's noise).
+# 0.6 in steps of 0.05 on [8, 128256] and [64, 32000] bf16, session 52: 0.5 best, 15.3 and
+# 22.5 us; 0.4 and 0.6 are 0.1-0.2 us slower).
 SPLIT_VECTOR_SHARE = 0.5
-# Instructions on the split form's chain that one row per partition does not have: the
-# clamp, the row max, the gap, f * sum, the row sum, 1 / sum, f / sum and the factor's copy
-# on VectorE (each after the previous: its whole fixed cost) and f on ScalarE. Its three
-# TensorE transposes (1 and 128 columns) are not counted: engine_costs has no TensorE
-# figures, and the model charges them ~0.1 us each.
-SPLIT_CHAIN_VECTOR = 8
+# What the split form's chain adds to one row per partition's, each step after the previous
+# (its whole fixed cost, then the dependency wait before the next reads its result): before
+# the exp, the clamp of the segment max (GpSimd); after it, the shifts' exp (ScalarE), each
+# segment's share of the row sum, the row sum and its broadcast over the row's segments
+# (VectorE; the division by the sum replaces the row form's reciprocal), and the two
+# TensorE transposes of the shares and of the sums. The row max's own two transposes, reduce
+# and broadcast run on VectorE and TensorE under the exp and are not counted.
+SPLIT_CHAIN_VECTOR = 3
 SPLIT_CHAIN_SCALAR = 1
+SPLIT_CHAIN_GPSIMD = 1
+SPLIT_CHAIN_TRANSPOSES = 2
+# Most column chunks a split-form segment is taken in (_split_chunk_count), a bound on the
+# trace's length: past it a chunk's fixed costs outweigh what finer pipelining saves (modeled
+# trn2 LNC=2 [64, 32000], segments of 8000 columns, session 52: bf16 4 chunks 22.9 us, 6 (the
+# count picked) 22.5, 8 23.7, 12 27.7; fp32 8 (picked) 31.5, 12 31.0: the bound costs fp32
+# 0.4 us there).
+SPLIT_MAX_CHUNKS = 8
+# What more than one chunk adds to the chain after the last exp: the sum over a segment's
+# chunks of g * chunk sum (one VectorE reduce; the chunks' maxima are combined under the
+# exps)
+SPLIT_CHUNK_CHAIN_VECTOR = 1
 
 
 def _split_pays(cols, width, elements, bf16_max):
     """Whether cutting rows of ``cols`` into segments of ``width`` saves more engine time per
     lane (the max on VectorE and the exp on ScalarE over cols - width fewer elements) than
     the combining chain costs (SPLIT_CHAIN_*, ``elements`` per instruction: the part's
-    partitions), by the active generation's figures (engine_costs.py). Modeled trn2 LNC=2,
-    bf16, split against one row per partition, us (session 51):
-               C = 1024      1536       2048       4096       8192       32000
-      [1, C]   7.0 / 6.0   7.0 / 7.1   7.0 / 8.2  7.0 / 12.6  7.1 / 21.5  7.4 / 69.7
-      [8, C]   7.0 / 7.2   7.0 / 9.0   7.1 / 10.7 7.2 / 17.6  7.5 / 31.5  9.4 / 77.2
-    The rule splits bf16 rows from ~1900 columns on trn2 at 1-8 rows per part (~2300 at
-    32), ~1650 on trn3: later than the modeled crossover (~1300), so it never takes the
-    split where it models slower."""
+    partitions; each step also waits for its predecessor's result), by the active
+    generation's figures (engine_costs.py). Modeled trn2 LNC=2, bf16, split against one row
+    per partition, us (session 52; "-": not taken):
+               C = 1536       2048       4096       8192       32000
+      [1, C]   -  / 7.1   6.9 / 8.2  6.9 / 12.6  7.0 / 21.5  7.3 / 69.7
+      [8, C]   -  / 9.0   7.0 / 10.7 7.1 / 17.6  7.4 / 31.5  9.1 / 77.2
+    The rule splits bf16 rows from ~1820 columns on trn2 and trn3 at 1-8 rows per part
+    (~2300 at 32), fp32 rows from ~1310 (~1660 at 32): later than the modeled crossover
+    (bf16 ~1300; session 51's review), so it seldom takes the split where it models slower
+    (SPLIT_RAGGED_MAX_ROWS)."""
     c = active_engine_costs()
     saved = (c.instruction_ns("vector", cols, 2 if bf16_max else 1) - c.instruction_ns("vector", width, 2 if bf16_max else 1)
              + c.instruction_ns("scalar", cols) - c.instruction_ns("scalar", width))
-    chain = (SPLIT_CHAIN_VECTOR * c.instruction_ns("vector", elements, reads_previous=True)
-             + SPLIT_CHAIN_SCALAR * c.instruction_ns("scalar", elements))
+    chain = (SPLIT_CHAIN_VECTOR * (c.instruction_ns("vector", elements, reads_previous=True) + c.dependency_ns("vector"))
+             + SPLIT_CHAIN_SCALAR * (c.instruction_ns("scalar", elements) + c.dependency_ns("scalar"))
+             + SPLIT_CHAIN_GPSIMD * (c.instruction_ns("gpsimd", elements) + c.dependency_ns("gpsimd"))
+             + SPLIT_CHAIN_TRANSPOSES * (c.fp32_transpose_ns(elements, 1) + c.dependency_ns("tensor")))
     return saved > chain
+
+
+def _split_chunk_count(width, dtype_bytes, bf16_max):
+    """How many column chunks the split form takes a [P, ``width``] segment tile in: the
+    count (1 .. SPLIT_MAX_CHUNKS) whose estimated time is least, by the active generation's
+    figures (engine_costs.py). Each half of the form is a pipeline over the chunks: the
+    loads (one transfer per chunk, each DMA queue moving 8 partitions' share), VectorE's
+    maxima and ScalarE's exps, then the scaling (split between VectorE and ScalarE) and the
+    stores; a pipeline of K items through stages of a, b, c takes a + b + c + (K - 1) *
+    max(a, b, c). More chunks start each stage sooner and pay more fixed costs (the DMA
+    transfer gap, each instruction's fixed cost) and the chunks' combining chain. Modeled
+    trn2 LNC=2 (us; chunks 1 / 2 / 3 / 4, * the count picked; session 52):
+      bf16 [8, 128256] (segments of 4008)   18.9 / 16.1 / 15.3* / 15.5
+      fp32 [8, 128256] (4008)               26.7 / 22.2 / 20.6 / 20.1   (6: 19.7*)
+      bf16 [32, 16384] (2048)               12.5 / 11.5* / 12.3 / 13.6
+      fp32 [32, 16384] (2048)               16.5 / 14.6 / 14.1* / 14.6
+      bf16 [8, 32000]  (1000)                9.1* / 10.2 / 11.5 / 13.0
+      fp32 [8, 32000]  (1000)               11.1 / 11.2* / 12.1 / 13.5"""
+    c = active_engine_costs()
+    queue_bytes_per_ns = c.dma_bytes_per_s / 16 / 1e9   # a core's 16 DMA queues, 8 partitions each
+    best_time, best_count = None, 1
+    for count in range(1, SPLIT_MAX_CHUNKS + 1):
+        cols = cdiv(width, count)
+        transfer = c.dma_occupancy_ns(8 * cols * dtype_bytes / queue_bytes_per_ns)
+        maximum = c.instruction_ns("vector", cols, 2 if bf16_max else 1)
+        exp = c.instruction_ns("scalar", cols)
+        scaling = max(c.instruction_ns("vector", cols * SPLIT_VECTOR_SHARE),
+                      c.instruction_ns("scalar", cols * (1 - SPLIT_VECTOR_SHARE)))
+        first_half = transfer + maximum + exp + (count - 1) * max(transfer, maximum, exp)
+        second_half = scaling + transfer + (count - 1) * max(scaling, transfer)
+        chain = 0.0 if count == 1 else SPLIT_CHUNK_CHAIN_VECTOR * (
+            c.instruction_ns("vector", count, reads_previous=True) + c.dependency_ns("vector"))
+        time = first_half + chain + second_half
+        if best_time is None or time < best_time:
+            best_time, best_count = time, count
+    return best_count
 
 
 def _split_segments(rows, cols, max_cols, bf16_max):
@@ -476,97 +540,141 @@ def _split_segments(rows, cols, max_cols, bf16_max):
     return segments
 
 
-def _split_pairs(hbm, tile, r0, rows, seg, width, exact):
-    """[(HBM view, tile view)] that together move rows r0 .. r0 + rows - 1 of an HBM [N, C]
-    tensor to or from their [rows * seg, width] split-form tile: the whole part in one pair
-    when ``exact`` (C == seg * width), else per row its full segments and its last, shorter
-    one."""
+def _split_pairs(hbm, tile, r0, rows, seg, width, exact, lo, hi):
+    """[(HBM view, tile view)] that together move columns lo .. hi - 1 of every segment of
+    rows r0 .. r0 + rows - 1 of an HBM [N, C] tensor to or from their [rows * seg, width]
+    split-form tile: the whole part in one pair when ``exact`` (C == seg * width), else per
+    row its full segments and (where the columns reach it) its last, shorter one."""
     cols = hbm.shape[1]
     if exact:
-        return [(hbm[r0:r0 + rows, :].reshape((rows * seg, width)), tile)]
+        return [(hbm[r0:r0 + rows, :].reshape((rows * seg, width))[:, lo:hi], tile[:, lo:hi])]
     tail = cols - (seg - 1) * width
     pairs = []
     for g in range(rows):
         p0 = g * seg
         if seg > 1:
-            pairs.append((hbm[r0 + g, 0:(seg - 1) * width].reshape((seg - 1, width)),
-                          tile[p0:p0 + seg - 1, :]))
-        pairs.append((hbm[r0 + g:r0 + g + 1, (seg - 1) * width:cols], tile[p0 + seg - 1:p0 + seg, 0:tail]))
+            pairs.append((hbm[r0 + g, 0:(seg - 1) * width].reshape((seg - 1, width))[:, lo:hi],
+                          tile[p0:p0 + seg - 1, lo:hi]))
+        if lo < tail:
+            end = min(hi, tail)
+            pairs.append((hbm[r0 + g:r0 + g + 1, (seg - 1) * width + lo:(seg - 1) * width + end],
+                          tile[p0 + seg - 1:p0 + seg, lo:end]))
     return pairs
 
 
-def _softmax_split(x, out, r0, rows, seg, width, exact):
+def _split_max_shifts(chunk_neg_max, rows, seg):
+    """[P, K] fp32 g = exp(chunk max - row max) in (0, 1] of every chunk of every segment,
+    from its -max (``chunk_neg_max``, [P, K]): each segment's least -max, TensorE transposes
+    them onto one partition, each row's least one (-M) is broadcast over its segments and
+    transposed back, and ScalarE takes exp(-(-chunk max) + (-M))."""
+    parts, n_chunks = chunk_neg_max.shape
+    if n_chunks == 1:
+        seg_neg_max = chunk_neg_max
+    else:
+        seg_neg_max = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=seg_neg_max, op=nl.minimum, data=chunk_neg_max, axis=1)
+    neg_max_row = nl.ndarray((1, parts), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=neg_max_row, data=seg_neg_max, engine=nisa.engine.tensor)
+    neg_row_max = nl.ndarray((1, rows), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=neg_row_max, op=nl.minimum, data=neg_max_row.reshape((1, rows, seg)), axis=2)
+    neg_row_max_each = nl.ndarray((1, rows, seg), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=neg_row_max_each, src=neg_row_max.expand_dim(2).broadcast_to((1, rows, seg)))
+    neg_row_max_psum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=neg_row_max_psum, data=neg_row_max_each.reshape((1, parts)), engine=nisa.engine.tensor)
+    # ScalarE's bias is "a [N, 1] vector from SBUF/PSUM" (NKI 0.7 nki.isa.activation)
+    shifts = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=shifts, op=nl.exp, data=chunk_neg_max, bias=neg_row_max_psum, scale=-1.0)
+    return shifts
+
+
+def _softmax_split(x, out, r0, rows, seg, width, exact, chunk):
     """softmax of rows r0 .. r0 + rows - 1, each cut into ``seg`` segments of ``width``
-    columns, segment s of row g on partition g * seg + s (module docstring, split form)."""
+    columns, segment s of row g on partition g * seg + s, each segment's columns taken in
+    chunks of ``chunk`` (module docstring, split form)."""
     cols = x.shape[1]
     parts = rows * seg
     tail = cols - (seg - 1) * width            # the last segment's columns (== width if exact)
+    chunks = column_chunks(width, chunk)
+    n_chunks = len(chunks)
+    # the part's [parts, width] tiles, each chunk a column range of them (one allocation
+    # each: every chunk's load, exp and scaling has its own columns, so nothing waits for a
+    # buffer to come free)
     x_tile = nl.ndarray((parts, width), dtype=x.dtype, buffer=nl.sbuf)
+    exp_tile = nl.ndarray((parts, width), dtype=nl.float32, buffer=nl.sbuf)
+    out_tile = nl.ndarray((parts, width), dtype=x.dtype, buffer=nl.sbuf)
     if tail < width:
         # the last segment's missing columns: -inf, which the max ignores and exp sends to 0
         # (memset on every partition from 0: an engine access starts on a quadrant; the
         # full segments' loads then overwrite their own partitions)
         nisa.memset(dst=x_tile[:, tail:width], value=-float("inf"))
-    for hbm_view, tile_view in _split_pairs(x, x_tile, r0, rows, seg, width, exact):
-        nisa.dma_copy(dst=tile_view, src=hbm_view)
-    # -max of each segment, clamped: max(max, lowest finite) so that a segment of -inf (or
-    # of padding alone) gets a finite shift and exp(-inf - shift) = 0, not exp(nan). The max
-    # in bf16 for a bf16 input (exact, and N/2: as the other forms' row max), widened to
-    # fp32 by the clamp
-    seg_max = nl.ndarray((parts, 1), dtype=nl.bfloat16 if x.dtype == nl.bfloat16 else nl.float32,
-                         buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=seg_max, op=nl.maximum, data=x_tile, axis=1)
-    # stats[:, 0] = -segment max, stats[:, 1] = segment sum of exp(x - segment max)
-    stats = nl.ndarray((parts, 2), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=stats[:, 0:1], data=seg_max, op0=nl.maximum, operand0=FP32_LOWEST,
-                       op1=nl.multiply, operand1=-1.0)
-    exp_tile = nl.ndarray((parts, width), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=exp_tile, op=nl.exp, data=x_tile, bias=stats[:, 0:1],
-                    reduce_op=nl.add, reduce_res=stats[:, 1:2], reduce_cmd=nisa.reduce_cmd.reset_reduce)
-    # both statistics onto one partition, [1, parts] each (TensorE transposes into PSUM)
-    neg_max_row = nl.ndarray((1, parts), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_transpose(dst=neg_max_row, data=stats[:, 0:1], engine=nisa.engine.tensor)
-    sum_row = nl.ndarray((1, parts), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_transpose(dst=sum_row, data=stats[:, 1:2], engine=nisa.engine.tensor)
-    # -M per row: the least -max of its segments, [1, rows]
-    neg_row_max = nl.ndarray((1, rows), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=neg_row_max, op=nl.minimum, data=neg_max_row.reshape((1, rows, seg)), axis=2)
-    # M - segment max = (-segment max) - (-M) >= 0, then f = exp(segment max - M) in (0, 1]
-    gap = nl.ndarray((1, rows, seg), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=gap, data1=neg_max_row.reshape((1, rows, seg)), op=nl.subtract,
-                       data2=neg_row_max.expand_dim(2).broadcast_to((1, rows, seg)))
-    scale_row = nl.ndarray((1, rows, seg), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=scale_row, op=nl.exp, data=gap, scale=-1.0)
-    # the row sums: sum over segments of f * segment sum; their reciprocals
-    weighted = nl.ndarray((1, rows, seg), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=weighted, data1=scale_row, data2=sum_row.reshape((1, rows, seg)), op=nl.multiply)
+    # per chunk: -max of the chunk's columns of each segment, clamped (max(max, lowest
+    # finite): a chunk of -inf or of padding alone gets a finite shift and exp(-inf - shift)
+    # = 0, not exp(nan)), and the sum of exp(x - chunk max). The max in bf16 for a bf16
+    # input (exact, and N/2: as the other forms' row max), widened to fp32 by the clamp
+    chunk_max = nl.ndarray((parts, n_chunks), dtype=nl.bfloat16 if x.dtype == nl.bfloat16 else nl.float32,
+                           buffer=nl.sbuf)
+    chunk_neg_max = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
+    chunk_sum = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
+    shifts = None
+    for k, (lo, hi) in enumerate(chunks):
+        for hbm_view, tile_view in _split_pairs(x, x_tile, r0, rows, seg, width, exact, lo, hi):
+            nisa.dma_copy(dst=tile_view, src=hbm_view)
+        nisa.tensor_reduce(dst=chunk_max[:, k:k + 1], op=nl.maximum, data=x_tile[:, lo:hi], axis=1)
+        # the clamp on GpSimd (idle in this form), so that VectorE goes on to the next
+        # chunk's max ([8, 128256] bf16 modeled 15.0 -> 14.7 us when it was measured)
+        nisa.tensor_scalar(dst=chunk_neg_max[:, k:k + 1], data=chunk_max[:, k:k + 1], op0=nl.maximum,
+                           operand0=FP32_LOWEST, op1=nl.multiply, operand1=-1.0, engine=nisa.engine.gpsimd)
+        if k == n_chunks - 1 and n_chunks > 1:
+            # every chunk's max is known before the last chunk's exp: ScalarE takes the
+            # shifts' exp there, so that after the exps only the sums remain
+            shifts = _split_max_shifts(chunk_neg_max, rows, seg)
+        nisa.activation(dst=exp_tile[:, lo:hi], op=nl.exp, data=x_tile[:, lo:hi], bias=chunk_neg_max[:, k:k + 1],
+                        reduce_op=nl.add, reduce_res=chunk_sum[:, k:k + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    if shifts is None:
+        shifts = _split_max_shifts(chunk_neg_max, rows, seg)
+    # each partition's share of its row's sum: sum over its chunks of g * chunk sum
+    share = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+    if n_chunks == 1:
+        nisa.tensor_tensor(dst=share, data1=shifts, data2=chunk_sum, op=nl.multiply)
+    else:
+        weighted = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=weighted, data1=shifts, data2=chunk_sum, op=nl.multiply)
+        nisa.tensor_reduce(dst=share, op=nl.add, data=weighted, axis=1)
+    # the row's sum on each of its partitions: the shares transposed onto one partition,
+    # summed per row, broadcast over the row's segments and transposed back. (Not one matmul
+    # by a same-row 0/1 matrix: its zeros times another row's NaN share, from a +inf or NaN
+    # input, would make every row NaN; a TensorE transpose moves each value alone,
+    # bit-exact on NeuronCore-v3 and later, nki.isa.nc_transpose)
+    share_row = nl.ndarray((1, parts), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=share_row, data=share, engine=nisa.engine.tensor)
     row_sum = nl.ndarray((1, rows), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=row_sum, op=nl.add, data=weighted, axis=2)
-    inv_sum = nl.ndarray((1, rows), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.reciprocal(dst=inv_sum, data=row_sum)
-    # each segment's factor f / row sum, back onto its partition
-    factor_row = nl.ndarray((1, rows, seg), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=factor_row, data1=scale_row, op=nl.multiply,
-                       data2=inv_sum.expand_dim(2).broadcast_to((1, rows, seg)))
-    factor_psum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_transpose(dst=factor_psum, data=factor_row.reshape((1, parts)), engine=nisa.engine.tensor)
-    factor = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=factor, src=factor_psum)
-    # e * factor, rounded once to the output dtype
-    out_tile = nl.ndarray((parts, width), dtype=x.dtype, buffer=nl.sbuf)
-    for _, lo, hi, on_vector in engine_segments(1, width, SPLIT_VECTOR_SHARE):
-        if on_vector:
-            nisa.tensor_scalar(dst=out_tile[:, lo:hi], data=exp_tile[:, lo:hi], op0=nl.multiply,
-                               operand0=factor)
-        else:
-            nisa.activation(dst=out_tile[:, lo:hi], op=nl.copy, data=exp_tile[:, lo:hi], scale=factor)
-    for hbm_view, tile_view in _split_pairs(out, out_tile, r0, rows, seg, width, exact):
-        nisa.dma_copy(dst=hbm_view, src=tile_view)
+    nisa.tensor_reduce(dst=row_sum, op=nl.add, data=share_row.reshape((1, rows, seg)), axis=2)
+    row_sum_each = nl.ndarray((1, rows, seg), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=row_sum_each, src=row_sum.expand_dim(2).broadcast_to((1, rows, seg)))
+    row_sum_col = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=row_sum_col, data=row_sum_each.reshape((1, parts)), engine=nisa.engine.tensor)
+    # each chunk's factor g / row sum (one division, the sum read from PSUM: "Both operand0
+    # and operand1 can be SBUF or PSUM tiles", NKI 0.7 nki.isa.tensor_scalar)
+    factor = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=factor, data=shifts, op0=nl.divide, operand0=row_sum_col)
+    # e * factor, rounded once to the output dtype, chunk by chunk (each chunk's store
+    # starts when its columns are scaled)
+    for k, (lo, hi) in enumerate(chunks):
+        for _, a, b, on_vector in engine_segments(1, hi - lo, SPLIT_VECTOR_SHARE):
+            if on_vector:
+                nisa.tensor_scalar(dst=out_tile[:, lo + a:lo + b], data=exp_tile[:, lo + a:lo + b], op0=nl.multiply,
+                                   operand0=factor[:, k:k + 1])
+            else:
+                nisa.activation(dst=out_tile[:, lo + a:lo + b], op=nl.copy, data=exp_tile[:, lo + a:lo + b],
+                                scale=factor[:, k:k + 1])
+        for hbm_view, tile_view in _split_pairs(out, out_tile, r0, rows, seg, width, exact, lo, hi):
+            nisa.dma_copy(dst=hbm_view, src=tile_view)
 
 
-def _split_plan(n_rows, cols, max_cols, bf16_max):
-    """[(first row, rows, S, W, exact)] of each of the WORK_PARTS even parts of the rows in
-    the split form (None for an empty part), or None when a part does not take it. The plan
+def _split_plan(n_rows, cols, max_cols, dtype):
+    """[(first row, rows, S, W, exact, chunk)] of each of the WORK_PARTS even parts of the
+    rows in the split form (None for an empty part; ``chunk``: the columns of each segment's
+    column chunks, _split_chunk_count), or None when a part does not take it. The plan
     covers every part, whichever program runs: the form is chosen for the whole launch and
     is the same at LNC=1 and LNC=2. NeuronCore-v2 (trn1) never takes it: its TensorE
     transposes are "not bit-accurate if the input data contains NaN/Inf" (NKI 0.7
@@ -574,6 +682,7 @@ def _split_plan(n_rows, cols, max_cols, bf16_max):
     of its part."""
     if nisa.get_nc_version() == nisa.nc_version.gen2:
         return None
+    bf16_max = dtype == nl.bfloat16
     plan = []
     for lo, hi in even_parts(n_rows):
         if hi == lo:
@@ -582,7 +691,9 @@ def _split_plan(n_rows, cols, max_cols, bf16_max):
         segments = _split_segments(hi - lo, cols, max_cols, bf16_max)
         if segments is None:
             return None
-        plan.append((lo, hi - lo) + segments)
+        width = segments[1]
+        chunk = cdiv(width, _split_chunk_count(width, itemsize(dtype), bf16_max))
+        plan.append((lo, hi - lo) + segments + (chunk,))
     return plan
 
 
@@ -607,7 +718,7 @@ def softmax_kernel(x, max_cols=MAX_COLS, resident_bytes=RESIDENT_BYTES, split_ro
     assert 0 <= resident_bytes <= RESIDENT_BYTES, f"resident_bytes={resident_bytes} outside [0, {RESIDENT_BYTES}]"
     n_rows, cols = x.shape
     out = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
-    plan = _split_plan(n_rows, cols, max_cols, x.dtype == nl.bfloat16) if split_rows else None
+    plan = _split_plan(n_rows, cols, max_cols, x.dtype) if split_rows else None
     if plan is not None:
         for part in program_parts(plan):
             if part is not None:

@@ -128,3 +128,25 @@ def test_the_vector_gpsimd_share_evens_out_the_models_two_input_passes(engine_co
     # within the two instructions' different fixed costs
     fixed_us = abs(target.vector_static_cycles / target.vector_hz - target.gpsimd_static_cycles / target.gpsimd_hz) * 1e6
     assert abs(busy["vector"] - busy["gpsimd"]) <= fixed_us + 0.01 * busy["vector"], busy
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_dependency_waits_and_fp32_transposes_follow_the_cost_model(engine_costs, name):
+    # what kernels estimate for a chain of dependent steps (kernels/softmax.py's split form)
+    # must be what the model charges: its dependency wait per producer engine, and its
+    # transpose rule on a hand-built fp32 transpose of either orientation
+    from nki_kernels.simulator.cost import compute_cost
+    from nki_kernels.simulator.cost.model import dependency_latency_seconds
+    from tests.cost._build import TraceBuilder, new_alloc, psum, sbuf
+
+    target = TARGETS[name]
+    with simulator.activated(target=name):
+        c = engine_costs.active()
+    for engine in ("tensor", "vector", "scalar", "gpsimd"):
+        assert c.dependency_ns(engine) == pytest.approx(dependency_latency_seconds(engine, target) * 1e9)
+    b = TraceBuilder()
+    for p, f in ((128, 1), (1, 128), (32, 200)):
+        b._add("nc_transpose", "tensor", [sbuf("data", new_alloc(), (p, f), "float32")],
+               [psum("dst", new_alloc(), (f, p), "float32")])
+    for ins, (p, f) in zip(b.trace, ((128, 1), (1, 128), (32, 200))):
+        assert c.fp32_transpose_ns(p, f) == pytest.approx(compute_cost(ins, target).cycles / target.tensor_hz * 1e9)

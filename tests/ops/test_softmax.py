@@ -87,6 +87,55 @@ def test_softmax_split_form_rows_and_segments_keep_their_own_maxima():
     assert (out[3, 100:4000] == 0).all() and (out[7, :3000] == 0).all()
 
 
+def _exp_chunks(trace, core=0):
+    """Column chunks the split form took on ``core``: its exps that also sum (one per chunk)."""
+    return sum(1 for i in trace if i.op == "activation" and i.attrs.get("reduce") and i.attrs.get("core") == core)
+
+
+@pytest.mark.parametrize("rows, cols, dtype", [
+    (8, 128256, torch.bfloat16),    # Llama-3 vocabulary at decode: exact segments of 4008
+    (32, 16384, torch.bfloat16),    # 16 rows per part: segments of 2048
+    (8, 32000, torch.float32),      # fp32 segments of 1000 (4000 bytes)
+    (8, 128201, torch.bfloat16),    # ragged (no divisor of C in (16, 32]): the last segment shorter
+    (2, 262144, torch.float16),     # one row per part, fp16 segments of 2048
+])
+def test_softmax_split_form_takes_long_segments_in_column_chunks(rows, cols, dtype):
+    # segments long enough that their load, max, exp, scaling and store pipeline over
+    # column chunks, each chunk with its own max; the chunks meet in each segment's share
+    x = randn(rows, cols, dtype=dtype, scale=4.0)
+    out, trace = _run_traced(softmax_kernel_call(x))
+    assert _split_taken(trace) and _exp_chunks(trace) > 1
+    assert_matches(out, _expected(x), dtype)
+
+
+def test_softmax_split_form_chunks_keep_their_own_maxima():
+    # fp32 [8, 128256]: 32 segments of 4008 per row, in chunks of 668 (6 per segment). Chunk
+    # maxima 1e4 apart within a segment, a chunk and a whole segment of -inf in a finite row,
+    # a +inf (NaN row, as torch) in the tile of three finite rows, a row of -inf (NaN), a row
+    # of the lowest finite float (uniform), a one-hot row, a row 1e4 above the others
+    x = randn(8, 128256, scale=4.0)
+    x[0] -= 1e4
+    x[0, 5 * 4008 + 3500] = 50.0                 # the max, in the last chunk of segment 5
+    x[1, 0:668] = -float("inf")                  # the first chunk of segment 0
+    x[1, 3 * 4008:4 * 4008] = -float("inf")      # all of segment 3
+    x[2, 7 * 4008 + 1000] = float("inf")
+    x[3] = -float("inf")
+    x[4] = torch.finfo(torch.float32).min
+    x[5, :50000] = -float("inf")
+    x[5, 100000] = 1e6
+    x[7] += 1e4
+    out, trace = _run_traced(softmax_kernel_call(x))
+    assert _split_taken(trace) and _exp_chunks(trace) == 6
+    ref = _expected(x)
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.isnan(out[2]).all() and torch.isnan(out[3]).all()
+    finite = ~torch.isnan(ref).any(dim=1)
+    assert_matches(out[finite], ref[finite], torch.float32)
+    assert out[0, 5 * 4008 + 3500] > 0.5
+    assert (out[1, 0:668] == 0).all() and (out[1, 3 * 4008:4 * 4008] == 0).all()
+    assert torch.equal(out[4], torch.full((128256,), 1 / 128256))
+    assert out[5, 100000] == 1.0 and (out[5, :100000] == 0).all() and (out[5, 100001:] == 0).all()
+
+
 @pytest.mark.parametrize("rows, cols, split", [
     (65, 8192, False),    # 33 rows in a part: S = 3 would not pay back at LNC=1
     (64, 8192, True),
