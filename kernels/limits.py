@@ -34,11 +34,13 @@ NORM_RESIDENT_PARAM_BYTES = 64 * 1024
 # softmax: longest row done in one on-chip pass. A [128, 8192] fp32 exp tile is 32 KiB per
 # partition; with the input and output tiles of two blocks in flight it fits 224 KiB.
 SOFTMAX_MAX_COLS = 8192
-# softmax: largest row tile the online form keeps resident in SBUF (per partition): 96 KiB,
-# beside the staging ring of its once-read chunks (softmax.STAGING_BUFS x 4096 elements:
-# 32 KiB bf16, 64 KiB fp32) and pass 2's scratch (fp32 exp and output tiles), under 224 KiB
-# (the simulator's capacity check passes at the limits: fp32 [300, 24576], bf16 [300, 32768]).
-SOFTMAX_RESIDENT_BYTES = 96 * 1024
+# softmax: largest row tile the online form keeps resident in SBUF (per partition): 128 KiB,
+# every chunk's exponentials in fp32 for rows of up to 32768 elements, beside the staging
+# ring of its chunks (softmax.STAGING_BUFS x 4096 elements: 32 KiB bf16, 64 KiB fp32) and
+# its output tiles, under trn2's 224 KiB. The kernel also checks the active generation's
+# SBUF (softmax._resident_fits): on trn1 (192 KiB) fp32 rows past ~28600 elements stream.
+# (The simulator's capacity check passes at the limits: fp32 and bf16 [300, 32768].)
+SOFTMAX_RESIDENT_BYTES = 128 * 1024
 
 # attention: q/k and v head dims D, Dv. Q·Kᵀ contracts over D on TensorE's partition dim
 # (<= 128 per matmul): D <= 256 takes two accumulating matmuls. P·[V | 1] writes Dv + 1

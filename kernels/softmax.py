@@ -40,21 +40,26 @@ Engines:
       e * (1/sum) per row on VectorE, ScalarE or GpSimd (_block_scaling: a list schedule of
                the estimated engine times)
     online (C > max_cols), per row tile of up to 128 rows, in column chunks:
-      pass 1 per chunk: VectorE chunk max; running max m_c = max(m, chunk max) (m starts
-              at the lowest finite fp32); ScalarE e = exp(x - m_c) with add-reduction;
-              running sum l = l * exp(m - m_c) + sum(e)  (tiny [P, 1] ops)
-      pass 2 per chunk: ScalarE exp(x - m) in fp32, GpSimd * (1 / l) rounded to the output;
-              or, for a share of the chunks (VECTOR_SHARE_ONLINE) whose e pass 1 kept in
-              fp32, VectorE e * exp(m_c - m) * (1 / l). (Not exp(x - m - ln l): m + ln l
-              rounded to fp32 loses ln l when |m| is large.)
-      resident (the row tile fits RESIDENT_BYTES per partition: bf16 rows up to 32K, fp32
-      up to 24K elements): pass 1 keeps x (ScalarE chunks) or e (VectorE chunks) in SBUF and
-      pass 2 reads them back, so HBM sees one read and one write.
+      pass 1 per chunk: VectorE the chunk's max; GpSimd clamps it at the lowest finite fp32
+              and negates it; ScalarE e = exp(x - chunk max) with add-reduction -> chunk
+              sum. Each chunk has its own max: no chunk waits for the previous one's
+              statistics, and ScalarE takes one exp per chunk, no running rescale.
+      then per row: VectorE -M (the least -chunk max), ScalarE every chunk's g = exp(chunk
+              max - M) in one instruction, VectorE l = sum of g * chunk sum.
+      pass 2 per chunk, resident: e * (g / l) (one division makes the factors), rounded
+              once to the output, on VectorE, GpSimd or ScalarE as a list schedule of the
+              engines' estimated times gives each chunk (_online_scaling_engines).
+              streaming: x reloaded, ScalarE exp(x - M) in fp32, GpSimd / l.
+              (Not exp(x - M - ln l): M + ln l rounded to fp32 loses ln l when |M| is
+              large.)
+      resident (every chunk's e in fp32 fits RESIDENT_BYTES per partition, rows up to 32K
+      elements, beside the staging ring and one output tile in the active generation's
+      SBUF, _resident_fits): HBM sees one read and one write.
       streaming (longer rows): pass 2 reloads every chunk from HBM and recomputes it on
       ScalarE (3 HBM passes: read, read, write).
-      Buffers: the chunks pass 1 reads once go through a staging ring (STAGING_BUFS) so the
-      loads run ahead of the exps; resident pass-2 outputs go through a ring of OUT_BUFS
-      tiles per row tile where the active generation's SBUF holds it (_output_ring_fits).
+      Buffers: pass 1's chunks go through a staging ring (STAGING_BUFS) so the loads run
+      ahead of the exps; resident pass-2 outputs go through a ring of OUT_BUFS tiles per
+      row tile where the active generation's SBUF holds it (_output_ring_fits).
     split form, per part of G rows (one [G * S, W] tile, taken in K column chunks of every
     segment at once, K from _split_chunk_count: more chunks let the loads, maxima and exps
     overlap, and the scaling and stores, at more fixed costs):
@@ -80,9 +85,8 @@ Expected error:
     fp32 statistics (a bf16 input's max is exact in bf16) and exponentials, one rounding
     to the output dtype (bf16: <= 2**-8 relative; fp32: ~1e-6 relative; the block form
     rounds x - max to fp32 before the exp, as ScalarE's bias add does in the per-row form;
-    the online form adds two fp32 roundings, from the rescaling exp(m_c - m) and the
-    product with 1 / l; the split form adds two, from g = exp(chunk max - M) and the division
-    g / sum).
+    the online and split forms add two fp32 roundings, from g = exp(chunk max - M) and the
+    division g / sum).
 """
 
 import nki
@@ -93,8 +97,7 @@ from .engine_costs import active as active_engine_costs
 from .limits import SOFTMAX_MAX_COLS as MAX_COLS
 from .limits import SOFTMAX_RESIDENT_BYTES as RESIDENT_BYTES
 from .tiling import (PARTITIONS, block_rows, cdiv, column_chunks, engine_segments, itemsize, load_block,
-                     even_parts, program_parts, program_row_blocks, program_rows, rows_per_partition,
-                     spread)
+                     even_parts, program_parts, program_row_blocks, program_rows, rows_per_partition)
 
 # Row packing target: 2048 elements per partition per DMA = 4 KiB bf16 / 8 KiB fp32.
 TARGET_COLS = 2048
@@ -107,29 +110,22 @@ TARGET_COLS = 2048
 # Column chunk of the online form: 4096 elements = 8 KiB bf16 per partition per DMA; small
 # enough that ScalarE starts on a row tile after 1/8 of a 32K-wide row has arrived.
 ONLINE_CHUNK = 4096
-# Share of the online form's chunks finished on VectorE. Per element on trn2: ScalarE's
-# pass-1 exp 0.83 ns plus pass-2 exp 0.83 ns on its share; VectorE max 0.52 ns (bf16) plus
-# 1.04 ns on its share (fp32 e): f = 0.5 gives ScalarE 1.25 and VectorE 1.04 ns, under the
-# 1.39 ns of bf16 HBM traffic (ScalarE alone would need 1.67). Resident bytes per element:
-# 0.5 * 4 (e) + 0.5 * itemsize (x), so bf16 rows up to 32K and fp32 rows up to 24K fit.
-VECTOR_SHARE_ONLINE = 0.5
-# Staging tiles of the online form's pass 1 (the chunks it reads once), one ring for the
-# launch: a load runs up to this many such chunks ahead of the exps that read them. Before
-# the ring those chunks shared the kept chunks' allocation site, and each load waited for the
-# previous chunk's exp (modeled trn2 LNC=2, bf16 [256, 32000] 98.8 -> 80.4 us, [1024, 32000]
+# Staging tiles of the online form's pass 1, one ring for the launch: a load runs up to this
+# many chunks ahead of the exps that read them. Before the ring the chunks pass 1 read once
+# shared the kept chunks' allocation site, and each load waited for the previous chunk's exp
+# (modeled, when half of the chunks kept x and pass 2 recomputed their exps trn2 LNC=2, bf16 [256, 32000] 98.8 -> 80.4 us, [1024, 32000]
 # 278.1 -> 246.8, [1000, 9000] 112.2 -> 98.6, fp32 [512, 24000] 186.2 -> 161.9, streaming
 # [300, 50000] 255.5 -> 221.0; with 2 buffers the streaming row stays at 255.5, with 3
 # [256, 32000] models 84.2).
 STAGING_BUFS = 4
 # Pass 2's output tiles: a ring of OUT_BUFS per row tile where it fits SBUF beside what the
-# row tile keeps (_output_ring_fits), else fresh tiles per chunk (4 per row tile models the
-# same at [256, 32000], 72.6 us, and slower at [1024, 32000], 256.2).
+# row tile keeps (_output_ring_fits), else fresh tiles per chunk (4 per row tile modeled the
+# same at [256, 32000], 72.6 us, and slower at [1024, 32000], 256.2, in the form with half
+# the chunks recomputed).
 OUT_BUFS = 3
-# pass 2's fp32 exp tiles (one allocation site: the compiler's two rotating buffers)
-PASS2_EXP_BUFS = 2
-# Start of the running max: the most negative finite fp32 (finite, so exp(m - m') never
-# sees inf - inf; the lowest value a row can hold other than -inf, so a row of
-# finfo(float32).min, as transformers' masks build them, still finds its true max).
+# The clamp of a max (online and split forms): the most negative finite fp32 (finite, so
+# exp(max - M) never sees inf - inf; the lowest value a row can hold other than -inf, so a
+# row of finfo(float32).min, as transformers' masks build them, still finds its true max).
 FP32_LOWEST = -3.4028234663852886e38
 
 
@@ -296,121 +292,138 @@ def _scaling_vector_share(per, cols, bf16_max):
     return min(1.0, max(0.0, (2 * on_scalar - vector) / (on_scalar + on_vector)))
 
 
-def _resident_bytes(cols, chunk, itemsize):
-    """SBUF bytes per partition the resident online form keeps for one row tile."""
-    total = 0
-    for c in range(cdiv(cols, chunk)):
-        width = min(chunk, cols - c * chunk)
-        total += width * (4 if spread(c, VECTOR_SHARE_ONLINE) else itemsize)
-    return total
+def _resident_bytes(cols):
+    """SBUF bytes per partition the resident online form keeps for one row tile: every
+    chunk's e in fp32."""
+    return cols * 4
+
+
+def _online_sbuf_bytes(cols, chunk, itemsize, out_tiles):
+    """SBUF bytes per partition the resident online form holds at once for a row tile:
+    what it keeps, the staging ring, the per-chunk statistics (chunk max, -max, sum, shift,
+    weighted sum and factor: at most 24 bytes a chunk, 8 more a row) and ``out_tiles``
+    pass-2 output tiles."""
+    stats = 24 * cdiv(cols, chunk) + 8
+    return _resident_bytes(cols) + (STAGING_BUFS + out_tiles) * chunk * itemsize + stats
+
+
+def _resident_fits(cols, chunk, itemsize):
+    """Whether the resident online form fits the active generation's SBUF with one output
+    tile at a time (trn1's 192 KiB does not hold fp32 rows of 32000 beside their staging
+    ring: they stream there)."""
+    return _online_sbuf_bytes(cols, chunk, itemsize, 1) <= active_engine_costs().sbuf_bytes_per_partition
 
 
 def _output_ring_fits(cols, chunk, itemsize):
-    """Whether a row tile's pass-2 output ring fits the active generation's SBUF beside the
-    row tile's kept chunks, the staging ring and pass 2's fp32 exp tiles (bytes per
-    partition)."""
-    need = (_resident_bytes(cols, chunk, itemsize) + (STAGING_BUFS + OUT_BUFS) * chunk * itemsize
-            + PASS2_EXP_BUFS * chunk * 4)
-    return need <= active_engine_costs().sbuf_bytes_per_partition
+    """Whether a row tile's pass-2 output ring (OUT_BUFS tiles) fits the active generation's
+    SBUF beside the row tile's kept chunks and the staging ring."""
+    return _online_sbuf_bytes(cols, chunk, itemsize, OUT_BUFS) <= active_engine_costs().sbuf_bytes_per_partition
 
 
+def _online_scaling_engines(widths):
+    """The engine ("vector", "gpsimd" or "scalar") that scales each kept chunk of
+    ``widths`` columns in pass 2: a list schedule of the active generation's estimated
+    instruction times (engine_costs.py; fp32 e in, so VectorE at one element per cycle),
+    each chunk to the engine that would finish it first."""
+    c = active_engine_costs()
+    done = {"vector": 0.0, "gpsimd": 0.0, "scalar": 0.0}
+    engines = []
+    for width in widths:
+        ends = {e: done[e] + c.instruction_ns(e, width) for e in done}
+        engine = min(ends, key=lambda e: (ends[e], e))
+        done[engine] = ends[engine]
+        engines.append(engine)
+    return engines
+
+
+# The online form before session 52 kept a running max (each chunk's exp waited for the
+# previous chunk's statistics, and ScalarE took a rescaling exp per chunk in each pass) and
+# kept half the chunks as x, recomputed on ScalarE in pass 2. Modeled trn2 LNC=2 (us), then
+# -> now: bf16 [256, 32000] 74.5 -> 65.1, [1024, 32000] 235.0 -> 208.5, [1000, 9000] 104.3
+# -> 69.9, streaming [300, 50000] 245.0 -> 204.7; fp32 [256, 32768] (streamed before, kept
+# now) 145.8 -> 108.6, [512, 24000] 161.6 -> 150.6, [300, 24576] 139.6 -> 140.4.
 def _softmax_online(x, out, n_rows, cols, chunk, resident):
-    n_chunks = cdiv(cols, chunk)
+    chunks = column_chunks(cols, chunk)
+    n_chunks = len(chunks)
     row_lo, row_hi = program_rows(n_rows)    # this program's row tiles (LNC=2: half each)
-    # Chunks pass 1 reads once (a VectorE chunk's x; every chunk when streaming) go through
-    # a ring of STAGING_BUFS tiles shared by the row tiles: a load waits only for the
-    # instruction that last read its slot, STAGING_BUFS such chunks back, also across row
-    # tiles. A kept x gets a tile of its own (allocated where it is loaded: it lives until
-    # pass 2).
+    # Chunks pass 1 reads go through a ring of STAGING_BUFS tiles shared by the row tiles: a
+    # load waits only for the instruction that last read its slot, STAGING_BUFS chunks back,
+    # also across row tiles.
     staging = [nl.ndarray((PARTITIONS, chunk), dtype=x.dtype, buffer=nl.sbuf) for _ in range(STAGING_BUFS)]
     n_staged = 0
     out_ring = resident and _output_ring_fits(cols, chunk, itemsize(x.dtype))
+    scaling_engines = _online_scaling_engines([hi - lo for lo, hi in chunks]) if resident else None
     for r0 in range(row_lo, row_hi, PARTITIONS):
         parts = min(PARTITIONS, n_rows - r0)
         outs = None
         if out_ring:
             outs = [nl.ndarray((PARTITIONS, chunk), dtype=x.dtype, buffer=nl.sbuf) for _ in range(OUT_BUFS)]
-        kept = []   # per chunk: (x tile, None) for ScalarE chunks, (None, e tile) for VectorE
-        maxes = []  # running max after each chunk, m_c
-        run_max = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.memset(dst=run_max, value=FP32_LOWEST)
-        run_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.memset(dst=run_sum, value=0.0)
-        # pass 1: running max and rescaled running sum
-        for c in range(n_chunks):
-            c0 = c * chunk
-            width = min(chunk, cols - c0)
-            on_vector = resident and spread(c, VECTOR_SHARE_ONLINE)
-            if resident and not on_vector:
-                x_tile = nl.ndarray((parts, width), dtype=x.dtype, buffer=nl.sbuf)
-            else:
-                x_tile = staging[n_staged % STAGING_BUFS][:parts, 0:width]
-                n_staged += 1
-            nisa.dma_copy(dst=x_tile, src=x[r0:r0 + parts, c0:c0 + width])
-            # the chunk's max in the input's dtype when that is bf16: exact, and N/2 (as the
-            # one-pass form's row max)
-            chunk_max = nl.ndarray((parts, 1), dtype=nl.bfloat16 if x.dtype == nl.bfloat16 else nl.float32,
-                                   buffer=nl.sbuf)
-            nisa.tensor_reduce(dst=chunk_max, op=nl.maximum, data=x_tile, axis=1)
-            new_max = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=new_max, data1=run_max, data2=chunk_max, op=nl.maximum)
-            neg_new_max = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=neg_new_max, data=new_max, op0=nl.multiply, operand0=-1.0)
-            # e = exp(x - m_c) and its sum; kept in fp32 for VectorE chunks, else discarded
-            exp_tile = nl.ndarray((parts, width), dtype=nl.float32 if on_vector else nl.bfloat16,
-                                  buffer=nl.sbuf)
-            chunk_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=exp_tile, op=nl.exp, data=x_tile, bias=neg_new_max,
-                            reduce_op=nl.add, reduce_res=chunk_sum,
+        # per chunk: its max (in bf16 for a bf16 input: exact, and N/2, as the one-pass
+        # form's row max), -max clamped at the lowest finite fp32 (a chunk of -inf still has
+        # a finite shift), and the sum of exp(x - chunk max); no running max, so no chunk
+        # waits for the previous one's statistics
+        chunk_max = nl.ndarray((parts, n_chunks), dtype=nl.bfloat16 if x.dtype == nl.bfloat16 else nl.float32,
+                               buffer=nl.sbuf)
+        chunk_neg_max = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
+        chunk_sum = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
+        kept = []   # resident: each chunk's e in fp32
+        # pass 1
+        for c, (c0, c1) in enumerate(chunks):
+            width = c1 - c0
+            x_tile = staging[n_staged % STAGING_BUFS][:parts, 0:width]
+            n_staged += 1
+            nisa.dma_copy(dst=x_tile, src=x[r0:r0 + parts, c0:c1])
+            nisa.tensor_reduce(dst=chunk_max[:, c:c + 1], op=nl.maximum, data=x_tile, axis=1)
+            # the clamp on GpSimd (idle in pass 1), so that VectorE goes on to the next max
+            nisa.tensor_scalar(dst=chunk_neg_max[:, c:c + 1], data=chunk_max[:, c:c + 1], op0=nl.maximum,
+                               operand0=FP32_LOWEST, op1=nl.multiply, operand1=-1.0, engine=nisa.engine.gpsimd)
+            # e = exp(x - chunk max) and its sum; kept in fp32 when resident, else discarded
+            exp_tile = nl.ndarray((parts, width), dtype=nl.float32 if resident else nl.bfloat16, buffer=nl.sbuf)
+            nisa.activation(dst=exp_tile, op=nl.exp, data=x_tile, bias=chunk_neg_max[:, c:c + 1],
+                            reduce_op=nl.add, reduce_res=chunk_sum[:, c:c + 1],
                             reduce_cmd=nisa.reduce_cmd.reset_reduce)
             if resident:
-                kept.append((None, exp_tile) if on_vector else (x_tile, None))
-            # l = l * exp(m - m_c) + chunk sum
-            rescale = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=rescale, op=nl.exp, data=run_max, bias=neg_new_max)
-            new_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.scalar_tensor_tensor(dst=new_sum, data=run_sum, op0=nl.multiply, operand0=rescale,
-                                      op1=nl.add, operand1=chunk_sum)
-            run_max = new_max
-            run_sum = new_sum
-            maxes.append(new_max)
-        # 1 / l, and -m for the exponentials of pass 2. The normalisation multiplies by 1 / l
-        # after the exp rather than folding ln l into the exp's bias: -(m + ln l) rounded to
-        # fp32 loses ln l when |m| is large (at |m| = 1e10 a two-way tie came out [1, 1]).
-        inv_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.reciprocal(dst=inv_sum, data=run_sum)
-        neg_max = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=neg_max, data=run_max, op0=nl.multiply, operand0=-1.0)
-        # pass 2: normalised exponentials, into the output ring where it fits SBUF (modeled
-        # trn2 LNC=2: [256, 32000] bf16 80.4 -> 72.6 us, [1024, 32000] 246.8 -> 233.3,
-        # [300, 32768] 137.8 -> 127.5; where it does not fit, as fp32 [300, 24576], fresh
-        # tiles per chunk: the ring there models 152.9 against 140.4, as the capacity rule
-        # takes buffers from the other sites). Writing a kept x's output over it was
-        # slower ([1000, 9000] 127.7 against 98.6).
-        for c in range(n_chunks):
-            c0 = c * chunk
-            width = min(chunk, cols - c0)
-            x_tile, exp_tile = kept[c] if resident else (None, None)
+                kept.append(exp_tile)
+        # the row max M (-M: the least -chunk max), each chunk's g = exp(chunk max - M) in
+        # (0, 1], the row sum l = sum of g * chunk sum, and each chunk's factor g / l (one
+        # division). The normalisation multiplies after the exp rather than folding ln l
+        # into the exp's bias: -(M + ln l) rounded to fp32 loses ln l when |M| is large (at
+        # |M| = 1e10 a two-way tie came out [1, 1]).
+        neg_row_max = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=neg_row_max, op=nl.minimum, data=chunk_neg_max, axis=1)
+        shifts = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=shifts, op=nl.exp, data=chunk_neg_max, bias=neg_row_max, scale=-1.0)
+        weighted = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=weighted, data1=shifts, data2=chunk_sum, op=nl.multiply)
+        row_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=row_sum, op=nl.add, data=weighted, axis=1)
+        if resident:
+            factor = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=factor, data=shifts, op0=nl.divide, operand0=row_sum)
+        # pass 2: normalised exponentials, into the output ring where it fits SBUF, else
+        # fresh tiles per chunk
+        for c, (c0, c1) in enumerate(chunks):
+            width = c1 - c0
             if outs is not None:
                 out_tile = outs[c % OUT_BUFS][:parts, 0:width]
             else:
                 out_tile = nl.ndarray((parts, width), dtype=x.dtype, buffer=nl.sbuf)
-            if exp_tile is not None:
-                # e * exp(m_c - m) * (1 / l): two [P, 1] scalars, one VectorE pass
-                rescale = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.activation(dst=rescale, op=nl.exp, data=maxes[c], bias=neg_max)
-                nisa.tensor_scalar(dst=out_tile, data=exp_tile, op0=nl.multiply, operand0=rescale,
-                                   op1=nl.multiply, operand1=inv_sum)
+            if resident:
+                # e * (g / l), rounded once, on the engine the list schedule gives the chunk
+                if scaling_engines[c] == "scalar":
+                    nisa.activation(dst=out_tile, op=nl.copy, data=kept[c], scale=factor[:, c:c + 1])
+                else:
+                    nisa.tensor_scalar(dst=out_tile, data=kept[c], op0=nl.multiply, operand0=factor[:, c:c + 1],
+                                       engine=nisa.engine.gpsimd if scaling_engines[c] == "gpsimd" else nisa.engine.vector)
             else:
-                if x_tile is None:
-                    x_tile = nl.ndarray((parts, width), dtype=x.dtype, buffer=nl.sbuf)
-                    nisa.dma_copy(dst=x_tile, src=x[r0:r0 + parts, c0:c0 + width])
-                # exp(x - m) in fp32 on ScalarE, times 1 / l on GpSimd (otherwise idle here)
+                # streaming: reload x, exp(x - M) in fp32 on ScalarE, / l on GpSimd
+                x_tile = nl.ndarray((parts, width), dtype=x.dtype, buffer=nl.sbuf)
+                nisa.dma_copy(dst=x_tile, src=x[r0:r0 + parts, c0:c1])
                 exp_full = nl.ndarray((parts, width), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.activation(dst=exp_full, op=nl.exp, data=x_tile, bias=neg_max)
-                nisa.tensor_scalar(dst=out_tile, data=exp_full, op0=nl.multiply, operand0=inv_sum,
+                nisa.activation(dst=exp_full, op=nl.exp, data=x_tile, bias=neg_row_max)
+                nisa.tensor_scalar(dst=out_tile, data=exp_full, op0=nl.divide, operand0=row_sum,
                                    engine=nisa.engine.gpsimd)
-            nisa.dma_copy(dst=out[r0:r0 + parts, c0:c0 + width], src=out_tile)
+            nisa.dma_copy(dst=out[r0:r0 + parts, c0:c1], src=out_tile)
 
 
 # The split form (rows cut into segments over the partitions) is taken when every part of
@@ -727,6 +740,6 @@ def softmax_kernel(x, max_cols=MAX_COLS, resident_bytes=RESIDENT_BYTES, split_ro
         _softmax_rows(x, out, n_rows, cols)
     else:
         chunk = min(max_cols, ONLINE_CHUNK)
-        resident = _resident_bytes(cols, chunk, itemsize(x.dtype)) <= resident_bytes
+        resident = _resident_bytes(cols) <= resident_bytes and _resident_fits(cols, chunk, itemsize(x.dtype))
         _softmax_online(x, out, n_rows, cols, chunk, resident)
     return out

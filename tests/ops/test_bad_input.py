@@ -98,7 +98,7 @@ CASES = [
     ("softmax-split-rows", lambda: softmax_kernel_call(x768(3, 4), split_rows=1),
      TypeError, ["split_rows", "bool", "int"]),
     ("softmax-resident-bytes", lambda: softmax_kernel_call(x768(3, 4), resident_bytes=-1),
-     ValueError, ["resident_bytes=-1", "98304"]),
+     ValueError, ["resident_bytes=-1", "131072"]),
     # ---- rotary
     ("rope-q-3d", lambda: nki_kernels.apply_rotary_pos_emb(_q(2, 5, 8), _q(2, 1, 5, 8), _q(5, 8), _q(5, 8)),
      ValueError, ["q", "[2, 5, 8]", "4 dimensions"]),

@@ -158,8 +158,9 @@ def test_softmax_split_form_is_taken_only_for_few_long_rows(rows, cols, split):
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_softmax_online_forced_small_chunks(max_cols, dtype, resident):
     # the online form with chunks far shorter than the row (7: 143 chunks; 300 and
-    # 999: ragged last chunk), row maxima in every chunk position; resident (x / fp32 e kept
-    # in SBUF, half the chunks finished on VectorE) and streaming (x reloaded from HBM)
+    # 999: ragged last chunk), row maxima in every chunk position; resident (every chunk's
+    # fp32 e kept in SBUF, the scaling spread over VectorE, GpSimd and ScalarE) and
+    # streaming (x reloaded from HBM)
     x = randn(131, 1000, dtype=dtype, scale=4.0)
     x[5, -1] = 40.0      # the max in the last chunk
     x[6, 0] = 40.0       # the max in the first chunk
@@ -241,6 +242,29 @@ def test_softmax_online_keeps_ln_sum_when_the_max_is_large(resident):
         out = _dispatch.run_simulated(softmax_kernel_call(tie, resident_bytes=None if resident else 0,
                                                           split_rows=split))
         assert out[0, :2].tolist() == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("resident", [True, False], ids=["resident", "streaming"])
+def test_softmax_online_chunks_keep_their_own_maxima(resident):
+    # the online form's chunks (4096 columns: three per 9000-column row) each have their own
+    # max, met per row only after pass 1: chunk maxima 1e4 apart in a row, a chunk of -inf
+    # in a finite row, a +inf (NaN row, as torch) and a row of -inf (NaN) in the tile of
+    # finite rows, a one-hot row, a row 1e4 above the others
+    x = randn(7, 9000, scale=4.0)
+    x[0, :8192] -= 1e4                   # the max in the last (short) chunk
+    x[1, 4096:8192] = -float("inf")      # all of the middle chunk
+    x[2, 5000] = float("inf")
+    x[3] = -float("inf")
+    x[4, :4096] = -float("inf")
+    x[4, 100] = 0.0                      # one finite value in the first chunk ...
+    x[4, 4096:] = -1e6                   # ... far above the other chunks: one-hot
+    x[6] += 1e4
+    out = _dispatch.run_simulated(softmax_kernel_call(x, split_rows=False, resident_bytes=None if resident else 0))
+    ref = _expected(x)
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.isnan(out[2]).all() and torch.isnan(out[3]).all()
+    finite = ~torch.isnan(ref).any(dim=1)
+    assert_matches(out[finite], ref[finite], torch.float32)
+    assert (out[1, 4096:8192] == 0).all() and out[4, 100] == 1.0 and (out[4, 101:] == 0).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
