@@ -575,25 +575,37 @@ def _split_pairs(hbm, tile, r0, rows, seg, width, exact, lo, hi):
     return pairs
 
 
+def _combine_row_segments(column, op, rows, seg):
+    """[P, 1] fp32 PSUM: ``op`` (nl.minimum or nl.add) over each row's ``seg`` segments of
+    the [P, 1] fp32 SBUF ``column`` (segment s of row g on partition g * seg + s), on every
+    partition of the row. TensorE transposes the column onto one partition [1, P], VectorE
+    reduces each row's segments and broadcasts the result over them, and TensorE transposes
+    it back. (Not one matmul by a same-row 0/1 matrix: its zeros times another row's NaN,
+    from a +inf or NaN input, would make every row NaN; a TensorE transpose moves each value
+    alone, bit-exact on NeuronCore-v3 and later, nki.isa.nc_transpose.)"""
+    parts = rows * seg
+    row = nl.ndarray((1, parts), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=row, data=column, engine=nisa.engine.tensor)
+    per_row = nl.ndarray((1, rows), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=per_row, op=op, data=row.reshape((1, rows, seg)), axis=2)
+    per_segment = nl.ndarray((1, rows, seg), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=per_segment, src=per_row.expand_dim(2).broadcast_to((1, rows, seg)))
+    back = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=back, data=per_segment.reshape((1, parts)), engine=nisa.engine.tensor)
+    return back
+
+
 def _split_max_shifts(chunk_neg_max, rows, seg):
     """[P, K] fp32 g = exp(chunk max - row max) in (0, 1] of every chunk of every segment,
-    from its -max (``chunk_neg_max``, [P, K]): each segment's least -max, TensorE transposes
-    them onto one partition, each row's least one (-M) is broadcast over its segments and
-    transposed back, and ScalarE takes exp(-(-chunk max) + (-M))."""
+    from its -max (``chunk_neg_max``, [P, K]): each segment's least -max, each row's least
+    (-M) on its partitions (_combine_row_segments), and ScalarE's exp(-(-chunk max) + (-M))."""
     parts, n_chunks = chunk_neg_max.shape
     if n_chunks == 1:
         seg_neg_max = chunk_neg_max
     else:
         seg_neg_max = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_reduce(dst=seg_neg_max, op=nl.minimum, data=chunk_neg_max, axis=1)
-    neg_max_row = nl.ndarray((1, parts), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_transpose(dst=neg_max_row, data=seg_neg_max, engine=nisa.engine.tensor)
-    neg_row_max = nl.ndarray((1, rows), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=neg_row_max, op=nl.minimum, data=neg_max_row.reshape((1, rows, seg)), axis=2)
-    neg_row_max_each = nl.ndarray((1, rows, seg), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=neg_row_max_each, src=neg_row_max.expand_dim(2).broadcast_to((1, rows, seg)))
-    neg_row_max_psum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_transpose(dst=neg_row_max_psum, data=neg_row_max_each.reshape((1, parts)), engine=nisa.engine.tensor)
+    neg_row_max_psum = _combine_row_segments(seg_neg_max, nl.minimum, rows, seg)
     # ScalarE's bias is "a [N, 1] vector from SBUF/PSUM" (NKI 0.7 nki.isa.activation)
     shifts = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=shifts, op=nl.exp, data=chunk_neg_max, bias=neg_row_max_psum, scale=-1.0)
@@ -653,19 +665,8 @@ def _softmax_split(x, out, r0, rows, seg, width, exact, chunk):
         weighted = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=weighted, data1=shifts, data2=chunk_sum, op=nl.multiply)
         nisa.tensor_reduce(dst=share, op=nl.add, data=weighted, axis=1)
-    # the row's sum on each of its partitions: the shares transposed onto one partition,
-    # summed per row, broadcast over the row's segments and transposed back. (Not one matmul
-    # by a same-row 0/1 matrix: its zeros times another row's NaN share, from a +inf or NaN
-    # input, would make every row NaN; a TensorE transpose moves each value alone,
-    # bit-exact on NeuronCore-v3 and later, nki.isa.nc_transpose)
-    share_row = nl.ndarray((1, parts), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_transpose(dst=share_row, data=share, engine=nisa.engine.tensor)
-    row_sum = nl.ndarray((1, rows), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=row_sum, op=nl.add, data=share_row.reshape((1, rows, seg)), axis=2)
-    row_sum_each = nl.ndarray((1, rows, seg), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=row_sum_each, src=row_sum.expand_dim(2).broadcast_to((1, rows, seg)))
-    row_sum_col = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_transpose(dst=row_sum_col, data=row_sum_each.reshape((1, parts)), engine=nisa.engine.tensor)
+    # the row's sum on each of its partitions
+    row_sum_col = _combine_row_segments(share, nl.add, rows, seg)
     # each chunk's factor g / row sum (one division, the sum read from PSUM: "Both operand0
     # and operand1 can be SBUF or PSUM tiles", NKI 0.7 nki.isa.tensor_scalar)
     factor = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
