@@ -46,7 +46,7 @@ Engines:
               statistics, and ScalarE takes one exp per chunk, no running rescale.
       then per row: VectorE -M (the least -chunk max), ScalarE every chunk's g = exp(chunk
               max - M) in one instruction, VectorE l = sum of g * chunk sum.
-      pass 2 per chunk, resident: e * (g / l) (one division makes the factors), rounded
+      pass 2 per chunk, resident: e * (g * (1 / l)) (one product makes the factors), rounded
               once to the output, on VectorE, GpSimd or ScalarE as a list schedule of the
               engines' estimated times gives each chunk (_online_scaling_engines).
               streaming: x reloaded, ScalarE exp(x - M) in fp32, GpSimd / l.
@@ -75,7 +75,7 @@ Engines:
       the row sum: VectorE each segment's share (sum over its chunks of g * chunk sum),
                TensorE transposes the shares onto one partition, VectorE sums each row's and
                broadcasts the sum over its segments, TensorE transposes it back; VectorE the
-               factors g / sum (one division, the sum read from PSUM)
+               factors g * (1 / sum) (the reciprocal reads the sum from PSUM)
       e * factor, rounded once to the output dtype, split between VectorE and ScalarE,
                chunk by chunk, each chunk stored when scaled
       (TensorE transposes, not a matmul by a same-row 0/1 matrix, move the statistics
@@ -85,8 +85,8 @@ Expected error:
     fp32 statistics (a bf16 input's max is exact in bf16) and exponentials, one rounding
     to the output dtype (bf16: <= 2**-8 relative; fp32: ~1e-6 relative; the block form
     rounds x - max to fp32 before the exp, as ScalarE's bias add does in the per-row form;
-    the online and split forms add two fp32 roundings, from g = exp(chunk max - M) and the
-    division g / sum).
+    the online and split forms add three fp32 roundings, from g = exp(chunk max - M), 1 / sum
+    and the product g * (1 / sum)).
 """
 
 import nki
@@ -339,9 +339,10 @@ def _online_scaling_engines(widths):
 # The online form before session 52 kept a running max (each chunk's exp waited for the
 # previous chunk's statistics, and ScalarE took a rescaling exp per chunk in each pass) and
 # kept half the chunks as x, recomputed on ScalarE in pass 2. Modeled trn2 LNC=2 (us), then
-# -> now: bf16 [256, 32000] 74.5 -> 65.1, [1024, 32000] 235.0 -> 208.5, [1000, 9000] 104.3
-# -> 69.9, streaming [300, 50000] 245.0 -> 204.7; fp32 [256, 32768] (streamed before, kept
-# now) 145.8 -> 108.6, [512, 24000] 161.6 -> 150.6, [300, 24576] 139.6 -> 140.4.
+# -> now: bf16 [256, 32000] 74.5 -> 65.3, [1024, 32000] 235.0 -> 215.7, [1000, 9000] 104.3
+# -> 70.8, [128, 18433] 49.7 -> 43.1, streaming [300, 50000] 245.0 -> 204.7; fp32 [256,
+# 32768] (streamed before, kept now) 145.8 -> 108.9, [512, 24000] 161.6 -> 150.9, [128,
+# 16385] 66.1 -> 62.2; slower: fp32 [300, 24576] 139.6 -> 145.1 (two row tiles per core).
 def _softmax_online(x, out, n_rows, cols, chunk, resident):
     chunks = column_chunks(cols, chunk)
     n_chunks = len(chunks)
@@ -349,7 +350,11 @@ def _softmax_online(x, out, n_rows, cols, chunk, resident):
     # Chunks pass 1 reads go through a ring of STAGING_BUFS tiles shared by the row tiles: a
     # load waits only for the instruction that last read its slot, STAGING_BUFS chunks back,
     # also across row tiles.
-    staging = [nl.ndarray((PARTITIONS, chunk), dtype=x.dtype, buffer=nl.sbuf) for _ in range(STAGING_BUFS)]
+    # (one allocation of STAGING_BUFS slots: tiles from one allocation line are one family of
+    # rotating buffers, where a slot a later chunk reuses held a buffer for the whole pass;
+    # modeled trn2 LNC=2 fp32 [128, 16385] 81.1 -> 62.0 us, session 52's review)
+    ring = nl.ndarray((PARTITIONS, STAGING_BUFS, chunk), dtype=x.dtype, buffer=nl.sbuf)
+    staging = [ring[:, k, :] for k in range(STAGING_BUFS)]
     n_staged = 0
     out_ring = resident and _output_ring_fits(cols, chunk, itemsize(x.dtype))
     scaling_engines = _online_scaling_engines([hi - lo for lo, hi in chunks]) if resident else None
@@ -385,8 +390,8 @@ def _softmax_online(x, out, n_rows, cols, chunk, resident):
             if resident:
                 kept.append(exp_tile)
         # the row max M (-M: the least -chunk max), each chunk's g = exp(chunk max - M) in
-        # (0, 1], the row sum l = sum of g * chunk sum, and each chunk's factor g / l (one
-        # division). The normalisation multiplies after the exp rather than folding ln l
+        # (0, 1], the row sum l = sum of g * chunk sum, and each chunk's factor g * (1 / l).
+        # The normalisation multiplies after the exp rather than folding ln l
         # into the exp's bias: -(M + ln l) rounded to fp32 loses ln l when |M| is large (at
         # |M| = 1e10 a two-way tie came out [1, 1]).
         neg_row_max = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -397,9 +402,11 @@ def _softmax_online(x, out, n_rows, cols, chunk, resident):
         nisa.tensor_tensor(dst=weighted, data1=shifts, data2=chunk_sum, op=nl.multiply)
         row_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_reduce(dst=row_sum, op=nl.add, data=weighted, axis=1)
+        inv_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.reciprocal(dst=inv_sum, data=row_sum)
         if resident:
             factor = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=factor, data=shifts, op0=nl.divide, operand0=row_sum)
+            nisa.tensor_scalar(dst=factor, data=shifts, op0=nl.multiply, operand0=inv_sum)
         # pass 2: normalised exponentials, into the output ring where it fits SBUF, else
         # fresh tiles per chunk
         for c, (c0, c1) in enumerate(chunks):
@@ -409,7 +416,7 @@ def _softmax_online(x, out, n_rows, cols, chunk, resident):
             else:
                 out_tile = nl.ndarray((parts, width), dtype=x.dtype, buffer=nl.sbuf)
             if resident:
-                # e * (g / l), rounded once, on the engine the list schedule gives the chunk
+                # e * g * (1 / l), rounded once, on the engine the list schedule gives the chunk
                 if scaling_engines[c] == "scalar":
                     nisa.activation(dst=out_tile, op=nl.copy, data=kept[c], scale=factor[:, c:c + 1])
                 else:
@@ -421,7 +428,7 @@ def _softmax_online(x, out, n_rows, cols, chunk, resident):
                 nisa.dma_copy(dst=x_tile, src=x[r0:r0 + parts, c0:c1])
                 exp_full = nl.ndarray((parts, width), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.activation(dst=exp_full, op=nl.exp, data=x_tile, bias=neg_row_max)
-                nisa.tensor_scalar(dst=out_tile, data=exp_full, op0=nl.divide, operand0=row_sum,
+                nisa.tensor_scalar(dst=out_tile, data=exp_full, op0=nl.multiply, operand0=inv_sum,
                                    engine=nisa.engine.gpsimd)
             nisa.dma_copy(dst=out[r0:r0 + parts, c0:c1], src=out_tile)
 
@@ -440,13 +447,13 @@ SPLIT_MAX_ROWS = PARTITIONS // 4
 # 12.8 against 10.7, review of session 51). A scan of 1-64 rows x 1300-128256 columns
 # (trn2 at LNC=2 and 1, trn3 at LNC=2; 378 bf16 and 345 fp32 shapes take the split, session
 # 52) finds it slower on 4, all bf16 and ragged at 2049 columns at LNC=1 on trn2, by
-# 0.1-0.7 us (2-5 rows: 8.7 against 8.6 .. 9.7 against 9.3).
+# 0.4-1.1 us (2-5 rows: 9.0 against 8.6 .. 10.1 against 9.6).
 SPLIT_RAGGED_MAX_ROWS = 4
 # Share of the split form's e * factor done on VectorE (fp32 in, 1.04 ns per element on
 # trn2) against ScalarE (0.83 ns; it also ran the exps, 0.83): with VectorE's max (0.52 ns
 # bf16 at N/2, 1.04 otherwise) the two engines end level near an even split (swept 0.3 ..
-# 0.6 in steps of 0.05 on [8, 128256] and [64, 32000] bf16, session 52: 0.5 best, 15.3 and
-# 22.5 us; 0.4 and 0.6 are 0.1-0.2 us slower).
+# 0.6 in steps of 0.05 on [8, 128256] and [64, 32000] bf16, session 52: 0.5 best, then 15.3
+# and 22.5 us; 0.4 and 0.6 are 0.1-0.2 us slower).
 SPLIT_VECTOR_SHARE = 0.5
 # What the split form's chain adds to one row per partition's, each step after the previous
 # (its whole fixed cost, then the dependency wait before the next reads its result): before
@@ -505,12 +512,12 @@ def _split_chunk_count(width, dtype_bytes, bf16_max):
     max(a, b, c). More chunks start each stage sooner and pay more fixed costs (the DMA
     transfer gap, each instruction's fixed cost) and the chunks' combining chain. Modeled
     trn2 LNC=2 (us; chunks 1 / 2 / 3 / 4, * the count picked; session 52):
-      bf16 [8, 128256] (segments of 4008)   18.9 / 16.1 / 15.3* / 15.5
-      fp32 [8, 128256] (4008)               26.7 / 22.2 / 20.6 / 20.1   (6: 19.7*)
-      bf16 [32, 16384] (2048)               12.5 / 11.5* / 12.3 / 13.6
-      fp32 [32, 16384] (2048)               16.5 / 14.6 / 14.1* / 14.6
-      bf16 [8, 32000]  (1000)                9.1* / 10.2 / 11.5 / 13.0
-      fp32 [8, 32000]  (1000)               11.1 / 11.2* / 12.1 / 13.5"""
+      bf16 [8, 128256] (segments of 4008)   19.2 / 16.4 / 15.6* / 15.8
+      fp32 [8, 128256] (4008)               27.0 / 22.5 / 20.9 / 20.4   (6: 20.0*)
+      bf16 [32, 16384] (2048)               12.8 / 11.8* / 12.6 / 13.9
+      fp32 [32, 16384] (2048)               16.7 / 14.9 / 14.4* / 14.9
+      bf16 [8, 32000]  (1000)                9.4* / 10.5 / 11.8 / 13.3
+      fp32 [8, 32000]  (1000)               11.3 / 11.4* / 12.4 / 13.8"""
     c = active_engine_costs()
     queue_bytes_per_ns = c.dma_bytes_per_s / 16 / 1e9   # a core's 16 DMA queues, 8 partitions each
     best_time, best_count = None, 1
@@ -606,7 +613,9 @@ def _split_max_shifts(chunk_neg_max, rows, seg):
         seg_neg_max = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_reduce(dst=seg_neg_max, op=nl.minimum, data=chunk_neg_max, axis=1)
     neg_row_max_psum = _combine_row_segments(seg_neg_max, nl.minimum, rows, seg)
-    # ScalarE's bias is "a [N, 1] vector from SBUF/PSUM" (NKI 0.7 nki.isa.activation)
+    # the bias read from PSUM: "starting NeuronCore-v3, bias can either be a compile-time
+    # constant scalar or a [N, 1] vector similar to scale", and scale may be "a [N, 1] vector
+    # from SBUF/PSUM" (NKI 0.7 nki.isa.activation); the split form runs on v3 and later only
     shifts = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=shifts, op=nl.exp, data=chunk_neg_max, bias=neg_row_max_psum, scale=-1.0)
     return shifts
@@ -646,7 +655,7 @@ def _softmax_split(x, out, r0, rows, seg, width, exact, chunk):
             nisa.dma_copy(dst=tile_view, src=hbm_view)
         nisa.tensor_reduce(dst=chunk_max[:, k:k + 1], op=nl.maximum, data=x_tile[:, lo:hi], axis=1)
         # the clamp on GpSimd (idle in this form), so that VectorE goes on to the next
-        # chunk's max ([8, 128256] bf16 modeled 15.0 -> 14.7 us when it was measured)
+        # chunk's max ([8, 128256] bf16 modeled 0.3 us faster when it was measured)
         nisa.tensor_scalar(dst=chunk_neg_max[:, k:k + 1], data=chunk_max[:, k:k + 1], op0=nl.maximum,
                            operand0=FP32_LOWEST, op1=nl.multiply, operand1=-1.0, engine=nisa.engine.gpsimd)
         if k == n_chunks - 1 and n_chunks > 1:
@@ -667,10 +676,12 @@ def _softmax_split(x, out, r0, rows, seg, width, exact, chunk):
         nisa.tensor_reduce(dst=share, op=nl.add, data=weighted, axis=1)
     # the row's sum on each of its partitions
     row_sum_col = _combine_row_segments(share, nl.add, rows, seg)
-    # each chunk's factor g / row sum (one division, the sum read from PSUM: "Both operand0
-    # and operand1 can be SBUF or PSUM tiles", NKI 0.7 nki.isa.tensor_scalar)
+    # each chunk's factor g / row sum: the reciprocal (VectorE reads the sum from PSUM), then
+    # the product (not one division: nl.divide is not in NKI 0.7's table of ISA operators)
+    inv_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.reciprocal(dst=inv_sum, data=row_sum_col)
     factor = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=factor, data=shifts, op0=nl.divide, operand0=row_sum_col)
+    nisa.tensor_scalar(dst=factor, data=shifts, op0=nl.multiply, operand0=inv_sum)
     # e * factor, rounded once to the output dtype, chunk by chunk (each chunk's store
     # starts when its columns are scaled)
     for k, (lo, hi) in enumerate(chunks):

@@ -111,7 +111,7 @@ def test_softmax_split_form_takes_long_segments_in_column_chunks(rows, cols, dty
 def test_softmax_split_form_chunks_keep_their_own_maxima():
     # fp32 [8, 128256]: 32 segments of 4008 per row, in chunks of 668 (6 per segment). Chunk
     # maxima 1e4 apart within a segment, a chunk and a whole segment of -inf in a finite row,
-    # a +inf (NaN row, as torch) in the tile of three finite rows, a row of -inf (NaN), a row
+    # a +inf (NaN row, as torch) in the tile of two finite rows, a row of -inf (NaN), a row
     # of the lowest finite float (uniform), a one-hot row, a row 1e4 above the others
     x = randn(8, 128256, scale=4.0)
     x[0] -= 1e4
