@@ -445,9 +445,10 @@ SPLIT_MAX_ROWS = PARTITIONS // 4
 # Only parts of at most this many rows take that (16 DMAs, one per queue); more rows made it
 # DMA-bound (modeled trn2 LNC=2 bf16 [128, 2049] 20.6 us split against 10.7; [64, 2051]
 # 12.8 against 10.7, review of session 51). A scan of 1-64 rows x 1300-128256 columns
-# (trn2 at LNC=2 and 1, trn3 at LNC=2; 378 bf16 and 345 fp32 shapes take the split, session
-# 52) finds it slower on 4, all bf16 and ragged at 2049 columns at LNC=1 on trn2, by
-# 0.4-1.1 us (2-5 rows: 9.0 against 8.6 .. 10.1 against 9.6).
+# (trn2 at LNC=2 and 1, trn3 at LNC=2; 408 bf16 and 360 fp32 shapes take the split, session
+# 52) finds it slower on 7: on trn2 at LNC=1, bf16 ragged at 2049 columns with 2-5 rows by
+# 0.4-1.1 us (9.0 against 8.6 .. 10.1 against 9.6), bf16 [4, 1537] by 0.3 and fp32 [2, 1312]
+# by 0.06; on trn3 at LNC=2 bf16 [1, 1537] by 0.07.
 SPLIT_RAGGED_MAX_ROWS = 4
 # Share of the split form's e * factor done on VectorE (fp32 in, 1.04 ns per element on
 # trn2) against ScalarE (0.83 ns; it also ran the exps, 0.83): with VectorE's max (0.52 ns
@@ -458,11 +459,11 @@ SPLIT_VECTOR_SHARE = 0.5
 # What the split form's chain adds to one row per partition's, each step after the previous
 # (its whole fixed cost, then the dependency wait before the next reads its result): before
 # the exp, the clamp of the segment max (GpSimd); after it, the shifts' exp (ScalarE), each
-# segment's share of the row sum, the row sum and its broadcast over the row's segments
-# (VectorE; the division by the sum replaces the row form's reciprocal), and the two
-# TensorE transposes of the shares and of the sums. The row max's own two transposes, reduce
-# and broadcast run on VectorE and TensorE under the exp and are not counted.
-SPLIT_CHAIN_VECTOR = 3
+# segment's share of the row sum, the row sum, its broadcast over the row's segments and the
+# factors g * (1 / sum) (VectorE; the reciprocal the row form has too), and the two TensorE
+# transposes of the shares and of the sums. The row max's own two transposes, reduce and
+# broadcast run on VectorE and TensorE under the exp and are not counted.
+SPLIT_CHAIN_VECTOR = 4
 SPLIT_CHAIN_SCALAR = 1
 SPLIT_CHAIN_GPSIMD = 1
 SPLIT_CHAIN_TRANSPOSES = 2
@@ -480,21 +481,27 @@ SPLIT_CHUNK_CHAIN_VECTOR = 1
 
 def _split_pays(cols, width, elements, bf16_max):
     """Whether cutting rows of ``cols`` into segments of ``width`` saves more engine time per
-    lane (the max on VectorE and the exp on ScalarE over cols - width fewer elements) than
-    the combining chain costs (SPLIT_CHAIN_*, ``elements`` per instruction: the part's
-    partitions; each step also waits for its predecessor's result), by the active
-    generation's figures (engine_costs.py). Modeled trn2 LNC=2, bf16, split against one row
-    per partition, us (session 52; "-": not taken):
+    lane (the max on VectorE, the exp on ScalarE and the scaling on both, over cols - width
+    fewer elements) than the combining chain costs (SPLIT_CHAIN_*, ``elements`` per
+    instruction: the part's partitions; each step also waits for its predecessor's result),
+    by the active generation's figures (engine_costs.py). Modeled trn2 LNC=2, bf16, split
+    against one row per partition, us (session 52; "-": not taken):
                C = 1536       2048       4096       8192       32000
-      [1, C]   -  / 7.1   6.9 / 8.2  6.9 / 12.6  7.0 / 21.5  7.3 / 69.7
-      [8, C]   -  / 9.0   7.0 / 10.7 7.1 / 17.6  7.4 / 31.5  9.1 / 77.2
-    The rule splits bf16 rows from ~1820 columns on trn2 and trn3 at 1-8 rows per part
-    (~2300 at 32), fp32 rows from ~1310 (~1660 at 32): later than the modeled crossover
-    (bf16 ~1300; session 51's review), so it seldom takes the split where it models slower
-    (SPLIT_RAGGED_MAX_ROWS)."""
+      [1, C]   -  / 7.1   7.2 / 8.2  7.2 / 12.6  7.2 / 21.5  7.6 / 51.0
+      [8, C]   -  / 9.0   7.3 / 10.7 7.3 / 17.6  7.6 / 31.5  9.4 / 61.0
+    The rule splits bf16 rows from ~1620 columns on trn2 (~1550 on trn3) at 1-8 rows per
+    part (~2000 at 32), fp32 rows from ~1250 (~1550 at 32): later than the modeled
+    crossover (bf16 ~1300; session 51's review), so it seldom takes the split where it
+    models slower (SPLIT_RAGGED_MAX_ROWS)."""
     c = active_engine_costs()
+
+    def scaling(n):   # e * factor over n elements per lane, VectorE and ScalarE side by side
+        return max(c.instruction_ns("vector", n * SPLIT_VECTOR_SHARE),
+                   c.instruction_ns("scalar", n * (1 - SPLIT_VECTOR_SHARE)))
+
     saved = (c.instruction_ns("vector", cols, 2 if bf16_max else 1) - c.instruction_ns("vector", width, 2 if bf16_max else 1)
-             + c.instruction_ns("scalar", cols) - c.instruction_ns("scalar", width))
+             + c.instruction_ns("scalar", cols) - c.instruction_ns("scalar", width)
+             + scaling(cols) - scaling(width))
     chain = (SPLIT_CHAIN_VECTOR * (c.instruction_ns("vector", elements, reads_previous=True) + c.dependency_ns("vector"))
              + SPLIT_CHAIN_SCALAR * (c.instruction_ns("scalar", elements) + c.dependency_ns("scalar"))
              + SPLIT_CHAIN_GPSIMD * (c.instruction_ns("gpsimd", elements) + c.dependency_ns("gpsimd"))

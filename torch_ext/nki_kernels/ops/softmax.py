@@ -120,7 +120,7 @@ def softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     Any shape and row length: rows up to 8192 elements are done on chip in one pass, longer
     rows with an online pass (kept in SBUF up to 32K elements, fp32 on trn1 up to ~28K, streamed
     from HBM twice beyond); on trn2/trn3 a few long rows (at most 32 in each half of the
-    rows, about 1800 elements or more (1300 in fp32), in segments of at most 8192: up to 1M elements for
+    rows, about 1600 elements or more (1250 in fp32), in segments of at most 8192: up to 1M elements for
     one row; e.g. sampling over a vocabulary at decode) are cut into segments over the
     partitions instead of one row per partition. ``dim`` other than the last costs a transposing
     copy (the kernel works on the last dimension). dtypes: float32, bfloat16, float16; the
