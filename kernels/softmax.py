@@ -336,6 +336,48 @@ def _online_scaling_engines(widths):
     return engines
 
 
+def _chunk_stat_tiles(parts, n_chunks, dtype):
+    """[parts, n_chunks] tiles of the online and split forms' per-chunk statistics: the
+    chunk's max (in bf16 for a bf16 input: exact, and N/2, as the one-pass form's row max),
+    its -max clamped in fp32 (the exp's bias), and the sum of exp(x - chunk max)."""
+    chunk_max = nl.ndarray((parts, n_chunks), dtype=nl.bfloat16 if dtype == nl.bfloat16 else nl.float32,
+                           buffer=nl.sbuf)
+    chunk_neg_max = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
+    chunk_sum = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
+    return chunk_max, chunk_neg_max, chunk_sum
+
+
+def _chunk_max(x_cols, chunk_max, chunk_neg_max, k):
+    """Column k of the chunk statistics: VectorE's max of ``x_cols``, then GpSimd's -max
+    clamped at the lowest finite fp32 (a chunk of -inf, or of padding alone, gets a finite
+    shift: exp(-inf - shift) = 0, not exp(nan)). The clamp is on GpSimd, idle in both forms,
+    so that VectorE goes on to the next chunk's max ([8, 128256] bf16 modeled 0.3 us faster
+    when it was measured)."""
+    nisa.tensor_reduce(dst=chunk_max[:, k:k + 1], op=nl.maximum, data=x_cols, axis=1)
+    nisa.tensor_scalar(dst=chunk_neg_max[:, k:k + 1], data=chunk_max[:, k:k + 1], op0=nl.maximum,
+                       operand0=FP32_LOWEST, op1=nl.multiply, operand1=-1.0, engine=nisa.engine.gpsimd)
+
+
+def _chunk_exp(dst, x_cols, chunk_neg_max, chunk_sum, k):
+    """ScalarE: ``dst`` = exp(x - chunk max) and its sum into column k of ``chunk_sum``."""
+    nisa.activation(dst=dst, op=nl.exp, data=x_cols, bias=chunk_neg_max[:, k:k + 1],
+                    reduce_op=nl.add, reduce_res=chunk_sum[:, k:k + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
+
+
+def _weighted_chunk_sum(shifts, chunk_sum):
+    """[P, 1] fp32: the sum over the chunks of g * chunk sum (one product when there is one
+    chunk)."""
+    parts, n_chunks = shifts.shape
+    total = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+    if n_chunks == 1:
+        nisa.tensor_tensor(dst=total, data1=shifts, data2=chunk_sum, op=nl.multiply)
+    else:
+        weighted = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=weighted, data1=shifts, data2=chunk_sum, op=nl.multiply)
+        nisa.tensor_reduce(dst=total, op=nl.add, data=weighted, axis=1)
+    return total
+
+
 # The online form before session 52 kept a running max (each chunk's exp waited for the
 # previous chunk's statistics, and ScalarE took a rescaling exp per chunk in each pass) and
 # kept half the chunks as x, recomputed on ScalarE in pass 2. Modeled trn2 LNC=2 (us), then
@@ -363,14 +405,9 @@ def _softmax_online(x, out, n_rows, cols, chunk, resident):
         outs = None
         if out_ring:
             outs = [nl.ndarray((PARTITIONS, chunk), dtype=x.dtype, buffer=nl.sbuf) for _ in range(OUT_BUFS)]
-        # per chunk: its max (in bf16 for a bf16 input: exact, and N/2, as the one-pass
-        # form's row max), -max clamped at the lowest finite fp32 (a chunk of -inf still has
-        # a finite shift), and the sum of exp(x - chunk max); no running max, so no chunk
-        # waits for the previous one's statistics
-        chunk_max = nl.ndarray((parts, n_chunks), dtype=nl.bfloat16 if x.dtype == nl.bfloat16 else nl.float32,
-                               buffer=nl.sbuf)
-        chunk_neg_max = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
-        chunk_sum = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
+        # per chunk its own max and sum (no running max, so no chunk waits for the previous
+        # one's statistics)
+        chunk_max, chunk_neg_max, chunk_sum = _chunk_stat_tiles(parts, n_chunks, x.dtype)
         kept = []   # resident: each chunk's e in fp32
         # pass 1
         for c, (c0, c1) in enumerate(chunks):
@@ -378,15 +415,10 @@ def _softmax_online(x, out, n_rows, cols, chunk, resident):
             x_tile = staging[n_staged % STAGING_BUFS][:parts, 0:width]
             n_staged += 1
             nisa.dma_copy(dst=x_tile, src=x[r0:r0 + parts, c0:c1])
-            nisa.tensor_reduce(dst=chunk_max[:, c:c + 1], op=nl.maximum, data=x_tile, axis=1)
-            # the clamp on GpSimd (idle in pass 1), so that VectorE goes on to the next max
-            nisa.tensor_scalar(dst=chunk_neg_max[:, c:c + 1], data=chunk_max[:, c:c + 1], op0=nl.maximum,
-                               operand0=FP32_LOWEST, op1=nl.multiply, operand1=-1.0, engine=nisa.engine.gpsimd)
+            _chunk_max(x_tile, chunk_max, chunk_neg_max, c)
             # e = exp(x - chunk max) and its sum; kept in fp32 when resident, else discarded
             exp_tile = nl.ndarray((parts, width), dtype=nl.float32 if resident else nl.bfloat16, buffer=nl.sbuf)
-            nisa.activation(dst=exp_tile, op=nl.exp, data=x_tile, bias=chunk_neg_max[:, c:c + 1],
-                            reduce_op=nl.add, reduce_res=chunk_sum[:, c:c + 1],
-                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
+            _chunk_exp(exp_tile, x_tile, chunk_neg_max, chunk_sum, c)
             if resident:
                 kept.append(exp_tile)
         # the row max M (-M: the least -chunk max), each chunk's g = exp(chunk max - M) in
@@ -398,10 +430,7 @@ def _softmax_online(x, out, n_rows, cols, chunk, resident):
         nisa.tensor_reduce(dst=neg_row_max, op=nl.minimum, data=chunk_neg_max, axis=1)
         shifts = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=shifts, op=nl.exp, data=chunk_neg_max, bias=neg_row_max, scale=-1.0)
-        weighted = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=weighted, data1=shifts, data2=chunk_sum, op=nl.multiply)
-        row_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_reduce(dst=row_sum, op=nl.add, data=weighted, axis=1)
+        row_sum = _weighted_chunk_sum(shifts, chunk_sum)
         inv_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.reciprocal(dst=inv_sum, data=row_sum)
         if resident:
@@ -648,39 +677,22 @@ def _softmax_split(x, out, r0, rows, seg, width, exact, chunk):
         # (memset on every partition from 0: an engine access starts on a quadrant; the
         # full segments' loads then overwrite their own partitions)
         nisa.memset(dst=x_tile[:, tail:width], value=-float("inf"))
-    # per chunk: -max of the chunk's columns of each segment, clamped (max(max, lowest
-    # finite): a chunk of -inf or of padding alone gets a finite shift and exp(-inf - shift)
-    # = 0, not exp(nan)), and the sum of exp(x - chunk max). The max in bf16 for a bf16
-    # input (exact, and N/2: as the other forms' row max), widened to fp32 by the clamp
-    chunk_max = nl.ndarray((parts, n_chunks), dtype=nl.bfloat16 if x.dtype == nl.bfloat16 else nl.float32,
-                           buffer=nl.sbuf)
-    chunk_neg_max = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
-    chunk_sum = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
+    # per chunk of each segment its own max and sum
+    chunk_max, chunk_neg_max, chunk_sum = _chunk_stat_tiles(parts, n_chunks, x.dtype)
     shifts = None
     for k, (lo, hi) in enumerate(chunks):
         for hbm_view, tile_view in _split_pairs(x, x_tile, r0, rows, seg, width, exact, lo, hi):
             nisa.dma_copy(dst=tile_view, src=hbm_view)
-        nisa.tensor_reduce(dst=chunk_max[:, k:k + 1], op=nl.maximum, data=x_tile[:, lo:hi], axis=1)
-        # the clamp on GpSimd (idle in this form), so that VectorE goes on to the next
-        # chunk's max ([8, 128256] bf16 modeled 0.3 us faster when it was measured)
-        nisa.tensor_scalar(dst=chunk_neg_max[:, k:k + 1], data=chunk_max[:, k:k + 1], op0=nl.maximum,
-                           operand0=FP32_LOWEST, op1=nl.multiply, operand1=-1.0, engine=nisa.engine.gpsimd)
+        _chunk_max(x_tile[:, lo:hi], chunk_max, chunk_neg_max, k)
         if k == n_chunks - 1 and n_chunks > 1:
             # every chunk's max is known before the last chunk's exp: ScalarE takes the
             # shifts' exp there, so that after the exps only the sums remain
             shifts = _split_max_shifts(chunk_neg_max, rows, seg)
-        nisa.activation(dst=exp_tile[:, lo:hi], op=nl.exp, data=x_tile[:, lo:hi], bias=chunk_neg_max[:, k:k + 1],
-                        reduce_op=nl.add, reduce_res=chunk_sum[:, k:k + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        _chunk_exp(exp_tile[:, lo:hi], x_tile[:, lo:hi], chunk_neg_max, chunk_sum, k)
     if shifts is None:
         shifts = _split_max_shifts(chunk_neg_max, rows, seg)
     # each partition's share of its row's sum: sum over its chunks of g * chunk sum
-    share = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-    if n_chunks == 1:
-        nisa.tensor_tensor(dst=share, data1=shifts, data2=chunk_sum, op=nl.multiply)
-    else:
-        weighted = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=weighted, data1=shifts, data2=chunk_sum, op=nl.multiply)
-        nisa.tensor_reduce(dst=share, op=nl.add, data=weighted, axis=1)
+    share = _weighted_chunk_sum(shifts, chunk_sum)
     # the row's sum on each of its partitions
     row_sum_col = _combine_row_segments(share, nl.add, rows, seg)
     # each chunk's factor g / row sum: the reciprocal (VectorE reads the sum from PSUM), then
