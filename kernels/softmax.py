@@ -10,15 +10,19 @@ Layout:
     transfer holds TARGET_COLS elements); the last < 128 rows form one block with J = 1.
     Long rows: tiles of up to 128 rows, the row read in column chunks of
     min(max_cols, ONLINE_CHUNK).
-    Few long rows (split form, NeuronCore-v3 and later: at most SPLIT_MAX_ROWS rows in each
-    of the WORK_PARTS even parts of the rows, and rows long enough to pay, _split_pays):
-    each row is cut into S segments of W consecutive columns, one per partition (a part of
-    G rows fills G * S <= 128 partitions), so the engines see about C / S elements per
-    lane instead of C. S is a divisor of C in (64 // G, 128 // G] when there is one (the
-    part is then one contiguous [G * S, W] DMA), else (parts of at most
+    Long rows in few row tiles (split form, NeuronCore-v3 and later, where it pays:
+    _split_pays, _split_groups_pay): each of the WORK_PARTS even parts of the rows is taken
+    in groups of G <= SPLIT_MAX_ROWS rows, in turn (_split_groups: one group for a part of
+    at most 32 rows whose segments fit max_cols). Each row of a group is cut into S
+    segments of W consecutive columns, one per partition (G * S <= 128 partitions), so the
+    engines see about C / S elements per lane instead of C, and one group's scaling and
+    stores overlap the next group's loads and exps, where a row tile's max, exp and scaling
+    each span the whole row. S is a divisor of C in (64 // G, 128 // G] when there is one
+    (the group is then one contiguous [G * S, W] DMA), else (groups of at most
     SPLIT_RAGGED_MAX_ROWS rows) W = ceil(C / (128 // G)) with a shorter last segment,
     loaded and stored row by row. (One row per partition left 127 lanes idle: [1, 32000]
-    bf16 modeled 69.7 us on trn2, 7.4 us split.)
+    bf16 modeled 69.7 us on trn2, 7.4 us split; one 128-row tile per core left the exps
+    and the stores end to end: [256, 32000] bf16 65.3 us online, 51.2 us in four groups.)
 Engines:
     one pass (C <= max_cols), per block, in one of two forms (whichever the cost model's
     numbers for the active generation make faster: _block_exp_time / _row_exp_time):
@@ -60,7 +64,7 @@ Engines:
       Buffers: pass 1's chunks go through a staging ring (STAGING_BUFS) so the loads run
       ahead of the exps; resident pass-2 outputs go through a ring of OUT_BUFS tiles per
       row tile where the active generation's SBUF holds it (_output_ring_fits).
-    split form, per part of G rows (one [G * S, W] tile, taken in K column chunks of every
+    split form, per group of G rows (one [G * S, W] tile, taken in K column chunks of every
     segment at once, K from _split_chunk_count: more chunks let the loads, maxima and exps
     overlap, and the scaling and stores, at more fixed costs):
       VectorE  each chunk's max (bf16 for a bf16 input); GpSimd clamps it at the lowest
@@ -76,8 +80,11 @@ Engines:
                TensorE transposes the shares onto one partition, VectorE sums each row's and
                broadcasts the sum over its segments, TensorE transposes it back; VectorE the
                factors g * (1 / sum) (the reciprocal reads the sum from PSUM)
-      e * factor, rounded once to the output dtype, split between VectorE and ScalarE,
-               chunk by chunk, each chunk stored when scaled
+      e * factor, rounded once to the output dtype, chunk by chunk, each chunk stored when
+               scaled, split between the engines in proportion to their rates
+               (_split_scaling_shares): VectorE, GpSimd and ScalarE for a part in one
+               group, VectorE and GpSimd for a part in several (ScalarE runs the next
+               group's exps meanwhile)
       (TensorE transposes, not a matmul by a same-row 0/1 matrix, move the statistics
       between partitions: a transpose moves each value alone, where a matmul's zeros times
       one row's NaN, from a +inf or NaN input, would spread it to every row)
@@ -96,8 +103,8 @@ import nki.language as nl
 from .engine_costs import active as active_engine_costs
 from .limits import SOFTMAX_MAX_COLS as MAX_COLS
 from .limits import SOFTMAX_RESIDENT_BYTES as RESIDENT_BYTES
-from .tiling import (PARTITIONS, block_rows, cdiv, column_chunks, engine_segments, itemsize, load_block,
-                     even_parts, program_parts, program_row_blocks, program_rows, rows_per_partition)
+from .tiling import (PARTITIONS, block_rows, cdiv, column_chunks, engine_segments, itemsize, load_block, even_parts,
+                     path_segments, program_parts, program_row_blocks, program_rows, rows_per_partition)
 
 # Row packing target: 2048 elements per partition per DMA = 4 KiB bf16 / 8 KiB fp32.
 TARGET_COLS = 2048
@@ -462,16 +469,16 @@ def _softmax_online(x, out, n_rows, cols, chunk, resident):
             nisa.dma_copy(dst=out[r0:r0 + parts, c0:c1], src=out_tile)
 
 
-# The split form (rows cut into segments over the partitions) is taken when every part of
-# the rows has at most this many rows, so each row gets S >= 4 partitions. Not 64 (S = 2):
-# the form must be the same at LNC=1 and LNC=2 (bit-identical outputs), and at LNC=1 the one
-# program runs both parts in turn, so S = 2 only halves each part's lanes' work to add it
-# back (modeled trn2 LNC=1, bf16 [128, 2048]: 12.1 us split against 10.7; [128, 8193] 37.3
-# against 31.0; session 51's review).
+# Most rows in one group of the split form (rows cut into segments over the partitions), so
+# each row gets S >= 4 partitions; a part of more rows is taken in several groups in turn
+# (_split_groups). Not 64 (S = 2): the form must be the same at LNC=1 and LNC=2
+# (bit-identical outputs), and at LNC=1 the one program runs both parts in turn, so S = 2
+# only halves each part's lanes' work to add it back (modeled trn2 LNC=1, bf16 [128, 2048]:
+# 12.1 us split against 10.7; [128, 8193] 37.3 against 31.0; session 51's review).
 SPLIT_MAX_ROWS = PARTITIONS // 4
-# A part whose row length has no divisor near its S is cut into segments of ceil(C / S)
+# A group whose row length has no divisor near its S is cut into segments of ceil(C / S)
 # columns, the last one shorter, loaded and stored row by row: two DMAs per row each way.
-# Only parts of at most this many rows take that (16 DMAs, one per queue); more rows made it
+# Only groups of at most this many rows take that (16 DMAs, one per queue); more rows made it
 # DMA-bound (modeled trn2 LNC=2 bf16 [128, 2049] 20.6 us split against 10.7; [64, 2051]
 # 12.8 against 10.7, review of session 51). A scan of 1-64 rows x 1300-128256 columns
 # (trn2 at LNC=2 and 1, trn3 at LNC=2; 408 bf16 and 360 fp32 shapes take the split, session
@@ -479,12 +486,6 @@ SPLIT_MAX_ROWS = PARTITIONS // 4
 # 0.4-1.1 us (9.0 against 8.6 .. 10.1 against 9.6), bf16 [4, 1537] by 0.3 and fp32 [2, 1312]
 # by 0.06; on trn3 at LNC=2 bf16 [1, 1537] by 0.07.
 SPLIT_RAGGED_MAX_ROWS = 4
-# Share of the split form's e * factor done on VectorE (fp32 in, 1.04 ns per element on
-# trn2) against ScalarE (0.83 ns; it also ran the exps, 0.83): with VectorE's max (0.52 ns
-# bf16 at N/2, 1.04 otherwise) the two engines end level near an even split (swept 0.3 ..
-# 0.6 in steps of 0.05 on [8, 128256] and [64, 32000] bf16, session 52: 0.5 best, then 15.3
-# and 22.5 us; 0.4 and 0.6 are 0.1-0.2 us slower).
-SPLIT_VECTOR_SHARE = 0.5
 # What the split form's chain adds to one row per partition's, each step after the previous
 # (its whole fixed cost, then the dependency wait before the next reads its result): before
 # the exp, the clamp of the segment max (GpSimd); after it, the shifts' exp (ScalarE), each
@@ -508,45 +509,104 @@ SPLIT_MAX_CHUNKS = 8
 SPLIT_CHUNK_CHAIN_VECTOR = 1
 
 
+def _split_scaling_shares(n_groups):
+    """(VectorE, GpSimd) shares of the split form's e * factor (ScalarE takes the rest), in
+    proportion to each engine's rate on fp32 elements by the active generation's figures:
+    over VectorE, GpSimd and ScalarE for a part taken as one group (its scaling follows
+    its exps), over VectorE and GpSimd alone for a part of several groups (ScalarE then
+    runs the next group's exps)."""
+    c = active_engine_costs()
+    # rates from one 1000-element instruction each, fixed costs included
+    engines = ("vector", "gpsimd", "scalar") if n_groups == 1 else ("vector", "gpsimd")
+    rates = [1.0 / c.instruction_ns(e, 1000) for e in engines]
+    shares = [r / sum(rates) for r in rates]
+    return (shares[0], shares[1] if len(shares) == 3 else 1.0 - shares[0])
+
+
+def _split_scaling_ns(n, n_groups):
+    """Estimated ns of the split form's e * factor over ``n`` elements per lane, on the
+    engines _split_scaling_shares gives a part of ``n_groups`` groups, side by side."""
+    c = active_engine_costs()
+    vector, gpsimd = _split_scaling_shares(n_groups)
+    return max(c.instruction_ns("vector", n * vector), c.instruction_ns("gpsimd", n * gpsimd),
+               c.instruction_ns("scalar", n * (1 - vector - gpsimd)) if vector + gpsimd < 1 else 0.0)
+
+
+def _row_lane_ns(cols, bf16_max):
+    """Estimated ns one lane spends on a row of ``cols`` elements in one row per partition:
+    VectorE's max, ScalarE's exp and the scaling split evenly between VectorE and ScalarE."""
+    c = active_engine_costs()
+    return (c.instruction_ns("vector", cols, 2 if bf16_max else 1) + c.instruction_ns("scalar", cols)
+            + max(c.instruction_ns("vector", cols / 2), c.instruction_ns("scalar", cols / 2)))
+
+
+def _split_lane_ns(width, bf16_max, n_groups):
+    """Estimated ns one lane spends on a split-form segment of ``width`` elements: VectorE's
+    max, ScalarE's exp and the scaling (_split_scaling_ns)."""
+    c = active_engine_costs()
+    return (c.instruction_ns("vector", width, 2 if bf16_max else 1) + c.instruction_ns("scalar", width)
+            + _split_scaling_ns(width, n_groups))
+
+
+def _split_chain_ns(elements):
+    """Estimated ns of the split form's combining chain (SPLIT_CHAIN_*) over a group of
+    ``elements`` partitions, each step waiting for its predecessor's result."""
+    c = active_engine_costs()
+    return (SPLIT_CHAIN_VECTOR * (c.instruction_ns("vector", elements, reads_previous=True) + c.dependency_ns("vector"))
+            + SPLIT_CHAIN_SCALAR * (c.instruction_ns("scalar", elements) + c.dependency_ns("scalar"))
+            + SPLIT_CHAIN_GPSIMD * (c.instruction_ns("gpsimd", elements) + c.dependency_ns("gpsimd"))
+            + SPLIT_CHAIN_TRANSPOSES * (c.fp32_transpose_ns(elements, 1) + c.dependency_ns("tensor")))
+
+
 def _split_pays(cols, width, elements, bf16_max):
     """Whether cutting rows of ``cols`` into segments of ``width`` saves more engine time per
-    lane (the max on VectorE, the exp on ScalarE and the scaling on both, over cols - width
-    fewer elements) than the combining chain costs (SPLIT_CHAIN_*, ``elements`` per
-    instruction: the part's partitions; each step also waits for its predecessor's result),
-    by the active generation's figures (engine_costs.py). Modeled trn2 LNC=2, bf16, split
-    against one row per partition, us (session 52; "-": not taken):
+    lane (_row_lane_ns over the row against _split_lane_ns over a segment) than the combining
+    chain costs (``elements`` per instruction: the group's partitions), by the active
+    generation's figures (engine_costs.py). Modeled trn2 LNC=2, bf16, split against one row
+    per partition, us (session 52; "-": not taken):
                C = 1536       2048       4096       8192       32000
       [1, C]   -  / 7.1   7.2 / 8.2  7.2 / 12.6  7.2 / 21.5  7.6 / 51.0
       [8, C]   -  / 9.0   7.3 / 10.7 7.3 / 17.6  7.6 / 31.5  9.4 / 61.0
-    The rule splits bf16 rows from ~1620 columns on trn2 (~1550 on trn3) at 1-8 rows per
-    part (~2000 at 32), fp32 rows from ~1250 (~1550 at 32): later than the modeled
-    crossover (bf16 ~1300; session 51's review), so it seldom takes the split where it
-    models slower (SPLIT_RAGGED_MAX_ROWS)."""
-    c = active_engine_costs()
-
-    def scaling(n):   # e * factor over n elements per lane, VectorE and ScalarE side by side
-        return max(c.instruction_ns("vector", n * SPLIT_VECTOR_SHARE),
-                   c.instruction_ns("scalar", n * (1 - SPLIT_VECTOR_SHARE)))
-
-    saved = (c.instruction_ns("vector", cols, 2 if bf16_max else 1) - c.instruction_ns("vector", width, 2 if bf16_max else 1)
-             + c.instruction_ns("scalar", cols) - c.instruction_ns("scalar", width)
-             + scaling(cols) - scaling(width))
-    chain = (SPLIT_CHAIN_VECTOR * (c.instruction_ns("vector", elements, reads_previous=True) + c.dependency_ns("vector"))
-             + SPLIT_CHAIN_SCALAR * (c.instruction_ns("scalar", elements) + c.dependency_ns("scalar"))
-             + SPLIT_CHAIN_GPSIMD * (c.instruction_ns("gpsimd", elements) + c.dependency_ns("gpsimd"))
-             + SPLIT_CHAIN_TRANSPOSES * (c.fp32_transpose_ns(elements, 1) + c.dependency_ns("tensor")))
-    return saved > chain
+    The rule splits bf16 rows from ~1590 columns on trn2 (~1540 on trn3) at 1 row per part
+    (~1950 at 32), fp32 rows from ~1220 (~1520 at 32; session 53, the scaling over three
+    engines): later than the modeled crossover (bf16 ~1300; session 51's review), so it
+    seldom takes the split where it models slower (SPLIT_RAGGED_MAX_ROWS)."""
+    saved = _row_lane_ns(cols, bf16_max) - _split_lane_ns(width, bf16_max, 1)
+    return saved > _split_chain_ns(elements)
 
 
-def _split_chunk_count(width, dtype_bytes, bf16_max):
+def _split_groups_pay(n_groups, cols, bf16_max):
+    """Whether a part of more than SPLIT_MAX_ROWS rows (or of rows too long for one group's
+    segments) is faster in ``n_groups`` split-form groups, taken in turn, than in row tiles
+    of one row per partition. Both are pipelined (the groups through their tiles' buffers,
+    the row tiles likewise), but a row tile's max, exp and scaling each span the whole row,
+    so one tile's lane time (_row_lane_ns over ``cols``) is exposed at the start and end of
+    the part, where a group's is a fraction of it; each group pays its combining chain
+    (_split_chain_ns over 128 partitions, 2.7 us on trn2). The rule takes groups on trn2
+    from 2592 bf16 / 2032 fp32 columns for 2 groups a part (33-64 rows), 5440 / 4272 for 4
+    (a 128-row tile per core), 11152 / 8736 for 8. Modeled trn2 LNC=2, us, row tiles ->
+    groups (session 53): bf16 [128, 4096] 17.6 -> 11.5, [256, 32000] 65.3 -> 51.2, [1024,
+    32000] 215.7 -> 189.6, [64, 128256] 254.8 -> 51.2; fp32 [300, 24576] 145.1 -> 91.5.
+    A scan of 96-512 rows x 2048-32000 columns (trn2 at LNC=2 and 1, trn3 at LNC=2; 188 of
+    288 shapes faster) finds 5 slower, all at LNC=1 near the crossover, where the one
+    program runs both parts' groups against two row tiles: bf16 [128, 3000] 13.9 -> 15.5,
+    [96, 3000] +3 %, [192, 4096] +2 %, fp32 [96, 2048] +5 %, [128, 2048] +3 %. (Counting
+    both parts' groups, as LNC=1 runs them, would give up 27 of the LNC=2 gains, most of
+    them 30-45 %.) The rule is conservative at LNC=2: groups also model faster at e.g.
+    bf16 [192, 4096] (17.7 -> 15.0), [384, 8192] and [512, 12288]."""
+    return n_groups * _split_chain_ns(PARTITIONS) < _row_lane_ns(cols, bf16_max)
+
+
+def _split_chunk_count(width, dtype_bytes, bf16_max, n_groups):
     """How many column chunks the split form takes a [P, ``width``] segment tile in: the
     count (1 .. SPLIT_MAX_CHUNKS) whose estimated time is least, by the active generation's
     figures (engine_costs.py). Each half of the form is a pipeline over the chunks: the
     loads (one transfer per chunk, each DMA queue moving 8 partitions' share), VectorE's
-    maxima and ScalarE's exps, then the scaling (split between VectorE and ScalarE) and the
-    stores; a pipeline of K items through stages of a, b, c takes a + b + c + (K - 1) *
-    max(a, b, c). More chunks start each stage sooner and pay more fixed costs (the DMA
-    transfer gap, each instruction's fixed cost) and the chunks' combining chain. Modeled
+    maxima and ScalarE's exps, then the scaling (_split_scaling_ns, on the engines a part of
+    ``n_groups`` groups uses) and the stores; a pipeline of K items through stages of a, b,
+    c takes a + b + c + (K - 1) * max(a, b, c). More chunks start each stage sooner and pay
+    more fixed costs (the DMA transfer gap, each instruction's fixed cost) and the chunks'
+    combining chain. Modeled
     trn2 LNC=2 (us; chunks 1 / 2 / 3 / 4, * the count picked; session 52):
       bf16 [8, 128256] (segments of 4008)   19.2 / 16.4 / 15.6* / 15.8
       fp32 [8, 128256] (4008)               27.0 / 22.5 / 20.9 / 20.4   (6: 20.0*)
@@ -562,8 +622,7 @@ def _split_chunk_count(width, dtype_bytes, bf16_max):
         transfer = c.dma_occupancy_ns(8 * cols * dtype_bytes / queue_bytes_per_ns)
         maximum = c.instruction_ns("vector", cols, 2 if bf16_max else 1)
         exp = c.instruction_ns("scalar", cols)
-        scaling = max(c.instruction_ns("vector", cols * SPLIT_VECTOR_SHARE),
-                      c.instruction_ns("scalar", cols * (1 - SPLIT_VECTOR_SHARE)))
+        scaling = _split_scaling_ns(cols, n_groups)
         first_half = transfer + maximum + exp + (count - 1) * max(transfer, maximum, exp)
         second_half = scaling + transfer + (count - 1) * max(scaling, transfer)
         chain = 0.0 if count == 1 else SPLIT_CHUNK_CHAIN_VECTOR * (
@@ -575,8 +634,8 @@ def _split_chunk_count(width, dtype_bytes, bf16_max):
 
 
 def _split_segments(rows, cols, max_cols, bf16_max):
-    """(S, W, exact) of the split form for a part of ``rows`` rows: S segments per row of W
-    columns each (the last one shorter unless ``exact``: S * W == cols, the part then one
+    """(S, W, exact) of the split form for a group of ``rows`` rows: S segments per row of W
+    columns each (the last one shorter unless ``exact``: S * W == cols, the group then one
     contiguous [rows * S, W] view of HBM), or None when the form does not apply or does not
     pay (_split_pays)."""
     if not 1 <= rows <= SPLIT_MAX_ROWS:
@@ -657,10 +716,11 @@ def _split_max_shifts(chunk_neg_max, rows, seg):
     return shifts
 
 
-def _softmax_split(x, out, r0, rows, seg, width, exact, chunk):
-    """softmax of rows r0 .. r0 + rows - 1, each cut into ``seg`` segments of ``width``
-    columns, segment s of row g on partition g * seg + s, each segment's columns taken in
-    chunks of ``chunk`` (module docstring, split form)."""
+def _softmax_split(x, out, r0, rows, seg, width, exact, chunk, shares):
+    """softmax of rows r0 .. r0 + rows - 1 (one group), each cut into ``seg`` segments of
+    ``width`` columns, segment s of row g on partition g * seg + s, each segment's columns
+    taken in chunks of ``chunk``, the scaling split between VectorE, GpSimd and ScalarE by
+    ``shares`` (_split_scaling_shares; module docstring, split form)."""
     cols = x.shape[1]
     parts = rows * seg
     tail = cols - (seg - 1) * width            # the last segment's columns (== width if exact)
@@ -704,40 +764,55 @@ def _softmax_split(x, out, r0, rows, seg, width, exact, chunk):
     # e * factor, rounded once to the output dtype, chunk by chunk (each chunk's store
     # starts when its columns are scaled)
     for k, (lo, hi) in enumerate(chunks):
-        for _, a, b, on_vector in engine_segments(1, hi - lo, SPLIT_VECTOR_SHARE):
-            if on_vector:
-                nisa.tensor_scalar(dst=out_tile[:, lo + a:lo + b], data=exp_tile[:, lo + a:lo + b], op0=nl.multiply,
-                                   operand0=factor[:, k:k + 1])
-            else:
+        for _, a, b, path in path_segments(1, hi - lo, shares):
+            if path == 2:
                 nisa.activation(dst=out_tile[:, lo + a:lo + b], op=nl.copy, data=exp_tile[:, lo + a:lo + b],
                                 scale=factor[:, k:k + 1])
+            else:
+                nisa.tensor_scalar(dst=out_tile[:, lo + a:lo + b], data=exp_tile[:, lo + a:lo + b], op0=nl.multiply,
+                                   operand0=factor[:, k:k + 1],
+                                   engine=nisa.engine.vector if path == 0 else nisa.engine.gpsimd)
         for hbm_view, tile_view in _split_pairs(out, out_tile, r0, rows, seg, width, exact, lo, hi):
             nisa.dma_copy(dst=hbm_view, src=tile_view)
 
 
+def _split_groups(rows, cols, max_cols):
+    """[(first row offset, rows)] of the groups a part of ``rows`` rows of ``cols`` is taken
+    in by the split form, in turn: the fewest groups of even size (the later ones the
+    larger) with at most SPLIT_MAX_ROWS rows each (so each row gets S >= 4 partitions) and
+    few enough that a row's segments are at most ``max_cols`` long."""
+    most = max(1, min(SPLIT_MAX_ROWS, PARTITIONS // cdiv(cols, max_cols)))
+    n = cdiv(rows, most)
+    bounds = [g * rows // n for g in range(n + 1)]
+    return [(lo, hi - lo) for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
 def _split_plan(n_rows, cols, max_cols, dtype):
-    """[(first row, rows, S, W, exact, chunk)] of each of the WORK_PARTS even parts of the
-    rows in the split form (None for an empty part; ``chunk``: the columns of each segment's
-    column chunks, _split_chunk_count), or None when a part does not take it. The plan
-    covers every part, whichever program runs: the form is chosen for the whole launch and
-    is the same at LNC=1 and LNC=2. NeuronCore-v2 (trn1) never takes it: its TensorE
-    transposes are "not bit-accurate if the input data contains NaN/Inf" (NKI 0.7
-    nki.isa.nc_transpose), and a row's inf or NaN statistic would then reach the other rows
-    of its part."""
+    """Per each of the WORK_PARTS even parts of the rows, the [(first row, rows, S, W, exact,
+    chunk)] of the groups it is taken in by the split form (_split_groups; an empty part
+    has none; ``chunk``: the columns of each segment's column chunks, _split_chunk_count),
+    or None when a part does not take it. The plan covers every part, whichever program
+    runs: the form is chosen for the whole launch and is the same at LNC=1 and LNC=2.
+    NeuronCore-v2 (trn1) never takes it: its TensorE transposes are "not bit-accurate if the
+    input data contains NaN/Inf" (NKI 0.7 nki.isa.nc_transpose), and a row's inf or NaN
+    statistic would then reach the other rows of its part."""
     if nisa.get_nc_version() == nisa.nc_version.gen2:
         return None
     bf16_max = dtype == nl.bfloat16
     plan = []
     for lo, hi in even_parts(n_rows):
-        if hi == lo:
-            plan.append(None)
-            continue
-        segments = _split_segments(hi - lo, cols, max_cols, bf16_max)
-        if segments is None:
+        bounds = _split_groups(hi - lo, cols, max_cols) if hi > lo else []
+        if len(bounds) > 1 and not _split_groups_pay(len(bounds), cols, bf16_max):
             return None
-        width = segments[1]
-        chunk = cdiv(width, _split_chunk_count(width, itemsize(dtype), bf16_max))
-        plan.append((lo, hi - lo) + segments + (chunk,))
+        groups = []
+        for offset, rows in bounds:
+            segments = _split_segments(rows, cols, max_cols, bf16_max)
+            if segments is None:
+                return None
+            width = segments[1]
+            chunk = cdiv(width, _split_chunk_count(width, itemsize(dtype), bf16_max, len(bounds)))
+            groups.append((lo + offset, rows) + segments + (chunk,))
+        plan.append(groups)
     return plan
 
 
@@ -764,9 +839,10 @@ def softmax_kernel(x, max_cols=MAX_COLS, resident_bytes=RESIDENT_BYTES, split_ro
     out = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
     plan = _split_plan(n_rows, cols, max_cols, x.dtype) if split_rows else None
     if plan is not None:
-        for part in program_parts(plan):
-            if part is not None:
-                _softmax_split(x, out, *part)
+        for groups in program_parts(plan):
+            shares = _split_scaling_shares(len(groups))
+            for group in groups:
+                _softmax_split(x, out, *group, shares)
     elif cols <= max_cols:
         _softmax_rows(x, out, n_rows, cols)
     else:

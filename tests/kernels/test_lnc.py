@@ -93,6 +93,8 @@ CASES = [
      lambda c: references.softmax(c.tensors[0].double(), compute_dtype=torch.float64)),
     ("softmax-split-1row", lambda: softmax.softmax_kernel_call(_x(1, 3000, scale=3.0)),
      lambda c: references.softmax(c.tensors[0].double(), compute_dtype=torch.float64)),
+    ("softmax-split-groups-97x4096", lambda: softmax.softmax_kernel_call(_x(97, 4096, scale=3.0)),
+     lambda c: references.softmax(c.tensors[0].double(), compute_dtype=torch.float64)),
     ("softmax-split-chunks-ragged-8x128201", lambda: softmax.softmax_kernel_call(_x(8, 128201, scale=3.0)),
      lambda c: references.softmax(c.tensors[0].double(), compute_dtype=torch.float64)),
     ("rotary-1tile", lambda: rotary.apply_rotary_pos_emb_kernel_call(*_rope(1, 3, 1, 5, 16)),

@@ -87,6 +87,52 @@ def test_softmax_split_form_rows_and_segments_keep_their_own_maxima():
     assert (out[3, 100:4000] == 0).all() and (out[7, :3000] == 0).all()
 
 
+def _split_groups(trace, core=0):
+    """Split-form groups ``core`` took: each combines its rows' maxima with one transpose
+    onto a partition and one back, and its sums with two more."""
+    return sum(1 for i in trace if i.op == "nc_transpose" and i.attrs.get("core") == core) // 4
+
+
+@pytest.mark.parametrize("rows, cols, dtype, groups", [
+    (96, 4096, torch.bfloat16, 2),     # 48 rows a part: groups of 24 rows x 4 segments of 1024
+    (130, 6000, torch.float32, 3),     # 65 rows a part: groups of 21-22 rows x 6 segments of 1000
+    (100, 12288, torch.float16, 2),    # 50 rows a part: groups of 25 x 4 segments of 3072
+    (40, 70000, torch.bfloat16, 2),    # rows too long for 20 rows' segments: groups of 10 rows
+                                       # x 10 segments of 7000 (one group would need 14000)
+])
+def test_softmax_split_form_takes_more_rows_in_groups(rows, cols, dtype, groups):
+    # more rows than one split-form tile holds: each part's rows in groups taken in turn, so
+    # one group's scaling and stores overlap the next group's loads and exps
+    x = randn(rows, cols, dtype=dtype, scale=4.0)
+    out, trace = _run_traced(softmax_kernel_call(x))
+    assert _split_groups(trace) == groups
+    assert_matches(out, _expected(x), dtype)
+
+
+def test_softmax_split_groups_keep_their_rows_apart():
+    # fp32 [96, 4096]: two groups of 24 rows per part. Rows ~1e4 apart, and in the second
+    # group of the first part (rows 24..47) and of the second part (rows 72..95): a +inf
+    # (NaN row, as torch), a row of -inf (NaN), a row of the lowest finite float (uniform),
+    # a one-hot row, whole segments of -inf in a finite row
+    x = randn(96, 4096, scale=4.0)
+    x[0::3] += 1e4
+    x[30, 17] = float("inf")
+    x[31] = -float("inf")
+    x[32] = torch.finfo(torch.float32).min
+    x[33, :] = -float("inf")
+    x[33, 4000] = 5.0
+    x[80, 1024:3072] = -float("inf")
+    x[81, 100] = 1e6
+    out, trace = _run_traced(softmax_kernel_call(x))
+    assert _split_groups(trace) == 2
+    ref = _expected(x)
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.isnan(out[30]).all() and torch.isnan(out[31]).all()
+    finite = ~torch.isnan(ref).any(dim=1)
+    assert_matches(out[finite], ref[finite], torch.float32)
+    assert torch.equal(out[32], torch.full((4096,), 1 / 4096)) and out[33, 4000] == 1.0 and out[81, 100] == 1.0
+    assert (out[80, 1024:3072] == 0).all()
+
+
 def _exp_chunks(trace, core=0):
     """Column chunks the split form took on ``core``: its exps that also sum (one per chunk)."""
     return sum(1 for i in trace if i.op == "activation" and i.attrs.get("reduce") and i.attrs.get("core") == core)
@@ -137,8 +183,10 @@ def test_softmax_split_form_chunks_keep_their_own_maxima():
 
 
 @pytest.mark.parametrize("rows, cols, split", [
-    (65, 8192, False),    # 33 rows in a part: S = 3 would not pay back at LNC=1
+    (65, 8192, True),     # 33 rows in a part: two groups of 16 and 17 rows
     (64, 8192, True),
+    (256, 2048, False),   # 128 rows in a part: four groups' combining chains would cost more
+                          # than the row tile's unpipelined max, exp and scaling
     (64, 2051, False),    # no divisor of C near S = 4, and 32 rows too many for ragged loads
     (8, 1024, False),     # too short for the segments to pay for the combining chain
     (8, 4096, True),

@@ -35,10 +35,10 @@ def softmax_kernel_call(input: torch.Tensor, dim: int = -1, max_cols: Optional[i
     ``max_cols`` (default 8192) is the longest row done in one on-chip pass; longer rows use
     the online form in chunks of ``min(max_cols, 4096)``, keeping the row tile in SBUF when
     its fp32 exponentials take at most ``resident_bytes`` (default 128 KiB) per partition and
-    fit the target's SBUF, else streaming it twice from HBM. A few long rows (at most 32 in each half of the rows, long enough for
-    it to pay) are cut into segments over the partitions instead (the split form, trn2 and
-    trn3), unless ``split_rows`` is False. Tests lower the limits and turn the split off to exercise
-    every form.
+    fit the target's SBUF, else streaming it twice from HBM. Long rows in few row tiles (long
+    enough for it to pay) are cut into segments over the partitions instead, in groups of at
+    most 32 rows taken in turn (the split form, trn2 and trn3), unless ``split_rows`` is
+    False. Tests lower the limits and turn the split off to exercise every form.
     """
     if not isinstance(split_rows, bool):
         raise TypeError(f"split_rows must be a bool, got {type(split_rows).__name__}")
@@ -119,10 +119,12 @@ def softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
     Any shape and row length: rows up to 8192 elements are done on chip in one pass, longer
     rows with an online pass (kept in SBUF up to 32K elements, fp32 on trn1 up to ~28K, streamed
-    from HBM twice beyond); on trn2/trn3 a few long rows (at most 32 in each half of the
-    rows, about 1600 elements or more (1250 in fp32), in segments of at most 8192: up to 1M elements for
-    one row; e.g. sampling over a vocabulary at decode) are cut into segments over the
-    partitions instead of one row per partition. ``dim`` other than the last costs a transposing
+    from HBM twice beyond); on trn2/trn3 long rows in few row tiles are cut into segments
+    over the partitions instead of one row per partition, in groups of at most 32 rows
+    taken in turn: up to 32 rows in each half of the rows from about 1600 elements (1250 in
+    fp32), 128 rows a half from about 5400 (4300 in fp32), in segments of at most 8192 (up
+    to 1M elements for one row; e.g. sampling over a vocabulary at decode, or softmax over
+    a vocabulary's logits at prefill). ``dim`` other than the last costs a transposing
     copy (the kernel works on the last dimension). dtypes: float32, bfloat16, float16; the
     result has ``input``'s dtype. Numerics of the kernel: statistics and exponentials in
     fp32, one rounding to the dtype (as the reference). Backward: NKI kernel
