@@ -8,6 +8,8 @@ Layout:
     Rows on partitions. Short rows are packed J to a partition in blocks of 128 * J
     consecutive rows (one contiguous DMA of J*C elements per partition, J grown until a
     transfer holds TARGET_COLS elements); the last < 128 rows form one block with J = 1.
+    The blocks' loads go through a ring of X_RING_DEPTH input tiles where the active
+    generation's SBUF holds it (_x_ring_depth), so they run two blocks ahead of the compute.
     Long rows: tiles of up to 128 rows, the row read in column chunks of
     min(max_cols, ONLINE_CHUNK).
     Long rows in few row tiles (split form, NeuronCore-v3 and later, where it pays:
@@ -130,15 +132,44 @@ STAGING_BUFS = 4
 # same at [256, 32000], 72.6 us, and slower at [1024, 32000], 256.2, in the form with half
 # the chunks recomputed).
 OUT_BUFS = 3
+# Input tiles of the one-pass form loaded ahead, as a ring (_x_ring_depth; 2 where it does not
+# fit). Modeled trn2 LNC=2, us, 2 -> 3 (session 53): ViT-B scores [18912, 197] bf16 42.7 ->
+# 39.9, fp32 50.5 -> 46.6; bf16 [4096, 4096] 113.3 -> 103.0; fp32 [4096, 1000] 54.6 -> 46.6;
+# 4 models no faster than 3 (ViT-B bf16 40.5). Every tile of the block at 3 buffers gave the
+# same 39.9: the loads were what waited.
+X_RING_DEPTH = 3
 # The clamp of a max (online and split forms): the most negative finite fp32 (finite, so
 # exp(max - M) never sees inf - inf; the lowest value a row can hold other than -inf, so a
 # row of finfo(float32).min, as transformers' masks build them, still finds its true max).
 FP32_LOWEST = -3.4028234663852886e38
 
 
+def _x_ring_depth(per, cols, itemsize):
+    """Input tiles of the one-pass form held at once: X_RING_DEPTH where that ring fits the
+    active generation's SBUF beside two buffers each of a block's other tiles (the fp32
+    x - max of the block form, the fp32 exponentials and the output; statistics aside), else
+    2 (the rotation of a tile allocated per block)."""
+    x_bytes = per * cols * itemsize
+    fp32_bytes = per * cols * 4
+    need = X_RING_DEPTH * x_bytes + 2 * (2 * fp32_bytes + x_bytes)
+    return X_RING_DEPTH if need <= active_engine_costs().sbuf_bytes_per_partition else 2
+
+
 def _softmax_rows(x, out, n_rows, cols):
-    for start, parts, per in program_row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS, MAX_COLS)):
-        x_tile = load_block(x, start, parts, per)
+    per_max = rows_per_partition(cols, TARGET_COLS, MAX_COLS)
+    depth = _x_ring_depth(per_max, cols, itemsize(x.dtype))
+    ring = None
+    if depth > 2:
+        # one allocation of `depth` input tiles: a block's load waits only for the block
+        # `depth` back, so the loads run further ahead of the compute than a tile allocated
+        # per block allows (its rotation gives 2 buffers)
+        ring = nl.ndarray((PARTITIONS, depth, per_max, cols), dtype=x.dtype, buffer=nl.sbuf)
+    for b, (start, parts, per) in enumerate(program_row_blocks(n_rows, per_max)):
+        if ring is None:
+            x_tile = load_block(x, start, parts, per)
+        else:
+            x_tile = ring[:parts, b % depth, 0:per, :]
+            nisa.dma_copy(dst=x_tile, src=block_rows(x, start, parts, per))
         # -max per row, all J rows in one VectorE instruction: [parts, per]. bf16 for a bf16
         # input: the max of bf16 values and its negation are exact in bf16, and a bf16 ->
         # bf16 max runs at N/2 where a bf16 -> fp32 one runs at N ([S] tensor_reduce: "both
@@ -592,8 +623,10 @@ def _split_groups_pay(n_groups, cols, bf16_max):
     program runs both parts' groups against two row tiles: bf16 [128, 3000] 13.9 -> 15.5,
     [96, 3000] +3 %, [192, 4096] +2 %, fp32 [96, 2048] +5 %, [128, 2048] +3 %. (Counting
     both parts' groups, as LNC=1 runs them, would give up 27 of the LNC=2 gains, most of
-    them 30-45 %.) The rule is conservative at LNC=2: groups also model faster at e.g.
-    bf16 [192, 4096] (17.7 -> 15.0), [384, 8192] and [512, 12288]."""
+    them 30-45 %.) Near its bf16 thresholds the rule sits near LNC=1's crossover; at LNC=2,
+    and in fp32, it is conservative: groups also model faster at bf16 [192, 4096] (17.7 ->
+    15.0), [384, 8192] (41.8 -> 32.0) and fp32 [384, 6144] (53.1 -> 31.9; at LNC=1 61.2 ->
+    56.0), which it leaves as row tiles."""
     return n_groups * _split_chain_ns(PARTITIONS) < _row_lane_ns(cols, bf16_max)
 
 
