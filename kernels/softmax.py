@@ -136,7 +136,10 @@ OUT_BUFS = 3
 # fit). Modeled trn2 LNC=2, us, 2 -> 3 (session 53): ViT-B scores [18912, 197] bf16 42.7 ->
 # 39.9, fp32 50.5 -> 46.6; bf16 [4096, 4096] 113.3 -> 103.0; fp32 [4096, 1000] 54.6 -> 46.6;
 # 4 models no faster than 3 (ViT-B bf16 40.5). Every tile of the block at 3 buffers gave the
-# same 39.9: the loads were what waited.
+# same 39.9: the loads were what waited. A scan of 324 shapes (128-18912 rows x 64-8192
+# columns, bf16 and fp32; trn2 and trn3 at LNC=2, trn1) finds 19 slower, by at most 4 % on
+# trn2 (fp32 [4096, 4096] 190.9 -> 199.1: loads running ahead of DMA-bound stores) and 7 %
+# on trn1 (fp32 [300, 3000] 34.4 -> 36.9).
 X_RING_DEPTH = 3
 # The clamp of a max (online and split forms): the most negative finite fp32 (finite, so
 # exp(max - M) never sees inf - inf; the lowest value a row can hold other than -inf, so a
