@@ -27,7 +27,9 @@ Engines, per row:
     Without weight: VectorE x * rstd (tensor_scalar) / ScalarE copy with scale.
     fused:   VectorE x + residual rounded to the input dtype (stored as the second output and
              normalised from that rounded value, matching an eager add followed by rms_norm).
-    Every block gets fresh SBUF tiles, so block i+1's load overlaps block i's compute.
+    Every block gets fresh SBUF tiles, so block i+1's load overlaps block i's compute; the
+    loads run PREFETCH_AHEAD blocks ahead and the outputs go through a ring of
+    OUT_RING_DEPTH tiles where SBUF holds it (_out_ring_depth).
 Streamed rows (H > ONE_PASS_MAX_HIDDEN): tiles of 128 rows, in column chunks of
     STREAM_CHUNK, two passes:
       pass 1 per chunk: (fused: VectorE s = x + residual, stored) ScalarE
@@ -50,6 +52,7 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from .engine_costs import active as active_engine_costs
 from .limits import NORM_MAX_HIDDEN as MAX_HIDDEN
 from .limits import NORM_ONE_PASS_MAX_HIDDEN as ONE_PASS_MAX_HIDDEN
 from .limits import NORM_RESIDENT_PARAM_BYTES as RESIDENT_PARAM_BYTES
@@ -71,6 +74,13 @@ PREFETCH_AHEAD = 2
 # and output take more than trn2's 224 KiB per partition at H = 8192 (the simulator's
 # capacity check, live ranges: 206 KiB in use before a third 32 KiB tile).
 PREFETCH_MAX_ROW_BYTES = 16 * 1024
+# Output tiles of the one-pass form, as a ring (_out_ring_depth; 2 where it does not fit):
+# a block's output waits for the store OUT_RING_DEPTH blocks back, where a tile allocated
+# per block rotates 2 buffers and so waited for the store of the block before last, issued
+# only after the previous block's compute (tiling.pipelined) and 1.3 us in flight. Modeled
+# trn2 LNC=2, us, 2 -> 3 (session 53): bf16 [2048, 4096] 58.4 -> 55.9, [2048, 8192] 111.1
+# -> 104.9, [4096, 2048] 59.1 -> 57.8; 4 models the same as 3.
+OUT_RING_DEPTH = 3
 # Shares of the normalisation (with a weight) given to the VectorE path and to the GpSimd
 # path; the ScalarE + GpSimd path takes the rest. Per element, on trn2 (cost-model rules):
 # VectorE scalar_tensor_tensor reads 2 inputs at 0.96 GHz = 2.08 ns; GpSimd tensor_scalar
@@ -125,6 +135,17 @@ def _scale_rows(dst, src, rstd_col, weight_cols, path):
         nisa.activation(dst=scaled, op=nl.copy, data=src, scale=rstd_col)          # ScalarE
         nisa.tensor_tensor(dst=dst, data1=scaled, data2=weight_cols, op=nl.multiply,
                            engine=nisa.engine.gpsimd)                               # GpSimd
+
+
+def _out_ring_depth(per, cols, itemsize, ahead, weight_bytes):
+    """Output tiles of the one-pass form held at once: OUT_RING_DEPTH where that ring fits
+    the active generation's SBUF beside the ``ahead`` + 1 input blocks in flight, two
+    buffers each of a block's scratch (the discarded squares and the fp32 products) and
+    the broadcast weight (``weight_bytes`` per partition), else 2 (the rotation of a tile
+    allocated per block)."""
+    block = per * cols * itemsize
+    need = (ahead + 1) * block + OUT_RING_DEPTH * block + 2 * (cols * itemsize + per * cols * 4) + weight_bytes
+    return OUT_RING_DEPTH if need <= active_engine_costs().sbuf_bytes_per_partition else 2
 
 
 def _normalize_block(out_tile, x_tile, parts, per, cols, weight_tile, eps_tile):
@@ -238,9 +259,24 @@ def rms_norm_kernel(x, weight=None, eps=1e-6):
             params["weight"] = broadcast_rows(weight, cols)
         return x_tile
 
+    ahead = PREFETCH_AHEAD if cols * itemsize(x.dtype) <= PREFETCH_MAX_ROW_BYTES else 1
+    per_max = max((per for _, _, per in blocks), default=1)
+    weight_bytes = 0 if weight is None else cols * itemsize(weight.dtype)
+    depth = _out_ring_depth(per_max, cols, itemsize(x.dtype), ahead, weight_bytes)
+    # output tiles: one allocation of `depth` where it fits (a block's output then waits only
+    # for the store `depth` blocks back), else a tile per block (rotating 2 buffers)
+    out_ring = None
+    if depth > 2:
+        out_ring = nl.ndarray((PARTITIONS, depth, per_max, cols), dtype=x.dtype, buffer=nl.sbuf)
+    computed = []
+
     def compute(block, x_tile):
         start, parts, per = block
-        out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
+        if out_ring is None:
+            out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
+        else:
+            out_tile = out_ring[:parts, len(computed) % depth, 0:per, :]
+        computed.append(block)
         _normalize_block(out_tile, x_tile, parts, per, cols, params.get("weight"), eps_tile)
         return out_tile
 
@@ -248,7 +284,6 @@ def rms_norm_kernel(x, weight=None, eps=1e-6):
         start, parts, per = block
         nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
 
-    ahead = PREFETCH_AHEAD if cols * itemsize(x.dtype) <= PREFETCH_MAX_ROW_BYTES else 1
     pipelined(blocks, load, compute, store, ahead)
     return out
 
