@@ -544,26 +544,29 @@ SPLIT_CHUNK_CHAIN_VECTOR = 1
 
 
 def _split_scaling_shares(n_groups):
-    """(VectorE, GpSimd) shares of the split form's e * factor (ScalarE takes the rest), in
-    proportion to each engine's rate on fp32 elements by the active generation's figures:
+    """(VectorE, GpSimd, ScalarE) shares of the split form's e * factor, in proportion to
+    each engine's rate on fp32 elements by the active generation's figures:
     over VectorE, GpSimd and ScalarE for a part taken as one group (its scaling follows
     its exps), over VectorE and GpSimd alone for a part of several groups (ScalarE then
-    runs the next group's exps)."""
+    runs the next group's exps). Against session 52's even VectorE / ScalarE split, the
+    one-group shares model faster on 462 of 630 runs of 1-64 rows x 1600-128256 columns
+    (to -4.7 %; [8, 128256] bf16 15.6 -> 15.4 us) and slower on 6, all bf16 on trn2 with
+    rows of 50257-100003 columns (to +2.2 %: [5, 50257] 11.07 -> 11.31; session 53's
+    review)."""
     c = active_engine_costs()
     # rates from one 1000-element instruction each, fixed costs included
     engines = ("vector", "gpsimd", "scalar") if n_groups == 1 else ("vector", "gpsimd")
     rates = [1.0 / c.instruction_ns(e, 1000) for e in engines]
-    shares = [r / sum(rates) for r in rates]
-    return (shares[0], shares[1] if len(shares) == 3 else 1.0 - shares[0])
+    shares = [r / sum(rates) for r in rates] + [0.0] * (3 - len(engines))
+    return tuple(shares)
 
 
 def _split_scaling_ns(n, n_groups):
     """Estimated ns of the split form's e * factor over ``n`` elements per lane, on the
     engines _split_scaling_shares gives a part of ``n_groups`` groups, side by side."""
     c = active_engine_costs()
-    vector, gpsimd = _split_scaling_shares(n_groups)
-    return max(c.instruction_ns("vector", n * vector), c.instruction_ns("gpsimd", n * gpsimd),
-               c.instruction_ns("scalar", n * (1 - vector - gpsimd)) if vector + gpsimd < 1 else 0.0)
+    return max(c.instruction_ns(engine, n * share) if share > 0 else 0.0
+               for engine, share in zip(("vector", "gpsimd", "scalar"), _split_scaling_shares(n_groups)))
 
 
 def _row_lane_ns(cols, bf16_max):
@@ -622,14 +625,19 @@ def _split_groups_pay(n_groups, cols, bf16_max):
     groups (session 53): bf16 [128, 4096] 17.6 -> 11.5, [256, 32000] 65.3 -> 51.2, [1024,
     32000] 215.7 -> 189.6, [64, 128256] 254.8 -> 51.2; fp32 [300, 24576] 145.1 -> 91.5.
     A scan of 96-512 rows x 2048-32000 columns (trn2 at LNC=2 and 1, trn3 at LNC=2; 188 of
-    288 shapes faster) finds 5 slower, all at LNC=1 near the crossover, where the one
-    program runs both parts' groups against two row tiles: bf16 [128, 3000] 13.9 -> 15.5,
-    [96, 3000] +3 %, [192, 4096] +2 %, fp32 [96, 2048] +5 %, [128, 2048] +3 %. (Counting
-    both parts' groups, as LNC=1 runs them, would give up 27 of the LNC=2 gains, most of
-    them 30-45 %.) Near its bf16 thresholds the rule sits near LNC=1's crossover; at LNC=2,
-    and in fp32, it is conservative: groups also model faster at bf16 [192, 4096] (17.7 ->
-    15.0), [384, 8192] (41.8 -> 32.0) and fp32 [384, 6144] (53.1 -> 31.9; at LNC=1 61.2 ->
-    56.0), which it leaves as row tiles."""
+    288 shapes faster) and the review's of 15 x 13 shapes to 35M elements (211 taking
+    groups: all faster at LNC=2 on trn2 and trn3) find groups slower only at LNC=1, where
+    the one program runs both parts' groups against two row tiles: 13 shapes, 12 of them
+    parts of two groups just past the threshold, bf16 [128, 2600] 12.6 -> 14.8 us (+18 %),
+    [128, 3000] 13.9 -> 15.5 (+12 %), [96|100, 2600] +9 %, fp32 [96|100, 2048] +5-6 %, the
+    rest under +5 % ([256, 5500] +4 %, fp32 [500, 11000] +1 %). The same shapes gain 20-30 %
+    at LNC=2, the default launch on trn2 and trn3, and the form must be the same at both
+    degrees; counting both parts' groups, as LNC=1 runs them, would give up 27 of the LNC=2
+    gains, most of them 30-45 %. At LNC=2, and in fp32, the rule is conservative: groups
+    also model faster at bf16 [192, 4096] (17.7 -> 15.0), [384, 8192] (41.8 -> 32.0) and
+    fp32 [384, 6144] (53.1 -> 31.9; at LNC=1 61.2 -> 56.0), which it leaves as row tiles. (_row_lane_ns prices a row tile's scaling on
+    VectorE and ScalarE; past 8192 columns the online form spreads it over three engines, so
+    the rule leans a little towards groups there.)"""
     return n_groups * _split_chain_ns(PARTITIONS) < _row_lane_ns(cols, bf16_max)
 
 
@@ -762,7 +770,7 @@ def _softmax_split(x, out, r0, rows, seg, width, exact, chunk, shares):
     tail = cols - (seg - 1) * width            # the last segment's columns (== width if exact)
     chunks = column_chunks(width, chunk)
     n_chunks = len(chunks)
-    # the part's [parts, width] tiles, each chunk a column range of them (one allocation
+    # the group's [parts, width] tiles, each chunk a column range of them (one allocation
     # each: every chunk's load, exp and scaling has its own columns, so nothing waits for a
     # buffer to come free)
     x_tile = nl.ndarray((parts, width), dtype=x.dtype, buffer=nl.sbuf)
@@ -814,8 +822,8 @@ def _softmax_split(x, out, r0, rows, seg, width, exact, chunk, shares):
 
 def _split_groups(rows, cols, max_cols):
     """[(first row offset, rows)] of the groups a part of ``rows`` rows of ``cols`` is taken
-    in by the split form, in turn: the fewest groups of even size (the later ones the
-    larger) with at most SPLIT_MAX_ROWS rows each (so each row gets S >= 4 partitions) and
+    in by the split form, in turn: the fewest groups of even size (sizes differ by at most
+    one) with at most SPLIT_MAX_ROWS rows each (so each row gets S >= 4 partitions) and
     few enough that a row's segments are at most ``max_cols`` long."""
     most = max(1, min(SPLIT_MAX_ROWS, PARTITIONS // cdiv(cols, max_cols)))
     n = cdiv(rows, most)
@@ -831,7 +839,7 @@ def _split_plan(n_rows, cols, max_cols, dtype):
     runs: the form is chosen for the whole launch and is the same at LNC=1 and LNC=2.
     NeuronCore-v2 (trn1) never takes it: its TensorE transposes are "not bit-accurate if the
     input data contains NaN/Inf" (NKI 0.7 nki.isa.nc_transpose), and a row's inf or NaN
-    statistic would then reach the other rows of its part."""
+    statistic would then reach the other rows of its group."""
     if nisa.get_nc_version() == nisa.nc_version.gen2:
         return None
     bf16_max = dtype == nl.bfloat16
@@ -876,7 +884,7 @@ def softmax_kernel(x, max_cols=MAX_COLS, resident_bytes=RESIDENT_BYTES, split_ro
     plan = _split_plan(n_rows, cols, max_cols, x.dtype) if split_rows else None
     if plan is not None:
         for groups in program_parts(plan):
-            shares = _split_scaling_shares(len(groups))
+            shares = _split_scaling_shares(len(groups))[:2]   # path_segments: ScalarE takes the rest
             for group in groups:
                 _softmax_split(x, out, *group, shares)
     elif cols <= max_cols:
