@@ -27,9 +27,9 @@ Engines, per row:
     Without weight: VectorE x * rstd (tensor_scalar) / ScalarE copy with scale.
     fused:   VectorE x + residual rounded to the input dtype (stored as the second output and
              normalised from that rounded value, matching an eager add followed by rms_norm).
-    Every block gets fresh SBUF tiles, so block i+1's load overlaps block i's compute; the
-    loads run PREFETCH_AHEAD blocks ahead and the outputs go through a ring of
-    OUT_RING_DEPTH tiles where SBUF holds it (_out_ring_depth).
+    Block i+1's load overlaps block i's compute: the loads run PREFETCH_AHEAD blocks ahead
+    into fresh tiles, and the outputs go through a ring of OUT_RING_DEPTH tiles where SBUF
+    holds it (_out_ring_depth; else fresh tiles per block).
 Streamed rows (H > ONE_PASS_MAX_HIDDEN): tiles of 128 rows, in column chunks of
     STREAM_CHUNK, two passes:
       pass 1 per chunk: (fused: VectorE s = x + residual, stored) ScalarE
