@@ -14,8 +14,9 @@ Layout:
     min(max_cols, ONLINE_CHUNK).
     Long rows in few row tiles (split form, NeuronCore-v3 and later, where it pays:
     _split_pays, _split_groups_pay): each of the WORK_PARTS even parts of the rows is taken
-    in groups of G <= SPLIT_MAX_ROWS rows, in turn (_split_groups: one group for a part of
-    at most 32 rows whose segments fit max_cols). Each row of a group is cut into S
+    in groups of G <= SPLIT_MAX_ROWS rows, in turn (_part_groups: one group for a part of
+    at most 32 rows whose segments fit max_cols and divide its rows; else smaller groups,
+    halving G until the segments do). Each row of a group is cut into S
     segments of W consecutive columns, one per partition (G * S <= 128 partitions), so the
     engines see about C / S elements per lane instead of C, and one group's scaling and
     stores overlap the next group's loads and exps, where a row tile's max, exp and scaling
@@ -105,8 +106,8 @@ import nki.language as nl
 from .engine_costs import active as active_engine_costs
 from .limits import SOFTMAX_MAX_COLS as MAX_COLS
 from .limits import SOFTMAX_RESIDENT_BYTES as RESIDENT_BYTES
-from .tiling import (PARTITIONS, block_rows, cdiv, column_chunks, engine_segments, itemsize, load_block, even_parts,
-                     path_segments, program_parts, program_row_blocks, program_rows, rows_per_partition)
+from .tiling import (PARTITIONS, WORK_PARTS, block_rows, cdiv, column_chunks, engine_segments, itemsize, load_block,
+                     even_parts, path_segments, program_parts, program_row_blocks, program_rows, rows_per_partition)
 
 # Row packing target: 2048 elements per partition per DMA = 4 KiB bf16 / 8 KiB fp32.
 TARGET_COLS = 2048
@@ -505,7 +506,7 @@ def _softmax_online(x, out, n_rows, cols, chunk, resident):
 
 # Most rows in one group of the split form (rows cut into segments over the partitions), so
 # each row gets S >= 4 partitions; a part of more rows is taken in several groups in turn
-# (_split_groups). Not 64 (S = 2): the form must be the same at LNC=1 and LNC=2
+# (_part_groups). Not 64 (S = 2): the form must be the same at LNC=1 and LNC=2
 # (bit-identical outputs), and at LNC=1 the one program runs both parts in turn, so S = 2
 # only halves each part's lanes' work to add it back (modeled trn2 LNC=1, bf16 [128, 2048]:
 # 12.1 us split against 10.7; [128, 8193] 37.3 against 31.0; session 51's review).
@@ -820,42 +821,69 @@ def _softmax_split(x, out, r0, rows, seg, width, exact, chunk, shares):
             nisa.dma_copy(dst=hbm_view, src=tile_view)
 
 
-def _split_groups(rows, cols, max_cols):
-    """[(first row offset, rows)] of the groups a part of ``rows`` rows of ``cols`` is taken
-    in by the split form, in turn: the fewest groups of even size (sizes differ by at most
-    one) with at most SPLIT_MAX_ROWS rows each (so each row gets S >= 4 partitions) and
-    few enough that a row's segments are at most ``max_cols`` long."""
-    most = max(1, min(SPLIT_MAX_ROWS, PARTITIONS // cdiv(cols, max_cols)))
+def _split_groups(rows, most):
+    """[(first row offset, rows)] of the fewest groups of at most ``most`` rows a part of
+    ``rows`` rows is cut into, of even size (sizes differ by at most one)."""
     n = cdiv(rows, most)
     bounds = [g * rows // n for g in range(n + 1)]
     return [(lo, hi - lo) for lo, hi in zip(bounds[:-1], bounds[1:])]
 
 
+def _part_groups(r0, rows, cols, max_cols, dtype):
+    """[(first row, rows, S, W, exact, chunk)] of the groups the split form takes the part of
+    ``rows`` rows from row ``r0`` in, in turn, or None when it does not take the part. The
+    group size is the largest of SPLIT_MAX_ROWS (each row gets S >= 4 partitions; fewer
+    when a row's segments would exceed ``max_cols``) and its halvings at which every group
+    finds its segments (_split_segments: a divisor of the row length near its S, or ragged
+    segments for groups of at most SPLIT_RAGGED_MAX_ROWS rows): rows of 50257 columns
+    (GPT-2's vocabulary, 29 x 1733) have no divisor in (4, 8] or (8, 16] but 29 in (16, 32],
+    so they go in groups of 4 rows (modeled trn2 LNC=2 bf16 [32, 50257]: 108.1 us as 16-row
+    tiles of the online form). More than one group must also pay (_split_groups_pay), ragged
+    groups priced as LNC=1 runs them, both parts' groups in turn: their rows load and store
+    one by one, and priced per part they modeled up to 64 % slower at LNC=1 (bf16 [128,
+    32001], 16 groups of 4 rows a part: 65.0 -> 106.7 us; 56.7 at LNC=2). A scan of 1-256
+    rows x 30522-151936 columns (7 vocabulary-like lengths; bf16 and fp32; trn2 at LNC=2 and
+    1, trn3) against session 53's first grouped form: 209 of 420 runs faster, 137 of them
+    more than 2x ([32, 151936] bf16 300.3 -> 44.1 us, [64, 100003] 201.4 -> 55.6), 9 slower:
+    bf16 [256, 50257] on trn3 +12 % (32 groups), fp32 [100, 32001] at LNC=1 +15 %, bf16
+    [256, 30522] +3 % (trn2 LNC=2) to +12 % (LNC=1), [256, 151936] on trn3 +7 %, and four
+    LNC=1 runs +3-4 %."""
+    bf16_max = dtype == nl.bfloat16
+    most = max(1, min(SPLIT_MAX_ROWS, PARTITIONS // cdiv(cols, max_cols)))
+    while most >= 1:
+        bounds = _split_groups(rows, most)
+        segments = [_split_segments(group_rows, cols, max_cols, bf16_max) for _, group_rows in bounds]
+        if all(seg is not None for seg in segments):
+            # ragged groups (their rows loaded and stored one by one) are priced as LNC=1
+            # runs them: both parts' groups in turn
+            priced = len(bounds) * (1 if all(seg[2] for seg in segments) else WORK_PARTS)
+            if len(bounds) > 1 and not _split_groups_pay(priced, cols, bf16_max):
+                return None
+            groups = []
+            for (offset, group_rows), seg in zip(bounds, segments):
+                chunk = cdiv(seg[1], _split_chunk_count(seg[1], itemsize(dtype), bf16_max, len(bounds)))
+                groups.append((r0 + offset, group_rows) + seg + (chunk,))
+            return groups
+        most //= 2
+    return None
+
+
 def _split_plan(n_rows, cols, max_cols, dtype):
     """Per each of the WORK_PARTS even parts of the rows, the [(first row, rows, S, W, exact,
-    chunk)] of the groups it is taken in by the split form (_split_groups; an empty part
-    has none; ``chunk``: the columns of each segment's column chunks, _split_chunk_count),
-    or None when a part does not take it. The plan covers every part, whichever program
-    runs: the form is chosen for the whole launch and is the same at LNC=1 and LNC=2.
+    chunk)] of the groups it is taken in by the split form (_part_groups; an empty part has
+    none; ``chunk``: the columns of each segment's column chunks, _split_chunk_count), or
+    None when a part does not take it. The plan covers every part, whichever program runs:
+    the form is chosen for the whole launch and is the same at LNC=1 and LNC=2.
     NeuronCore-v2 (trn1) never takes it: its TensorE transposes are "not bit-accurate if the
     input data contains NaN/Inf" (NKI 0.7 nki.isa.nc_transpose), and a row's inf or NaN
     statistic would then reach the other rows of its group."""
     if nisa.get_nc_version() == nisa.nc_version.gen2:
         return None
-    bf16_max = dtype == nl.bfloat16
     plan = []
     for lo, hi in even_parts(n_rows):
-        bounds = _split_groups(hi - lo, cols, max_cols) if hi > lo else []
-        if len(bounds) > 1 and not _split_groups_pay(len(bounds), cols, bf16_max):
+        groups = _part_groups(lo, hi - lo, cols, max_cols, dtype) if hi > lo else []
+        if groups is None:
             return None
-        groups = []
-        for offset, rows in bounds:
-            segments = _split_segments(rows, cols, max_cols, bf16_max)
-            if segments is None:
-                return None
-            width = segments[1]
-            chunk = cdiv(width, _split_chunk_count(width, itemsize(dtype), bf16_max, len(bounds)))
-            groups.append((lo + offset, rows) + segments + (chunk,))
         plan.append(groups)
     return plan
 

@@ -99,6 +99,10 @@ def _split_groups(trace, core=0):
     (100, 12288, torch.float16, 2),    # 50 rows a part: groups of 25 x 4 segments of 3072
     (40, 70000, torch.bfloat16, 2),    # rows too long for 20 rows' segments: groups of 10 rows
                                        # x 10 segments of 7000 (one group would need 14000)
+    (32, 50257, torch.bfloat16, 4),    # GPT-2's vocabulary, 29 x 1733: no divisor in (4, 8] or
+                                       # (8, 16], so groups of 4 rows x 29 segments of 1733
+    (16, 32001, torch.float32, 2),     # 3 x 10667: no divisor near any S, so ragged groups of 4
+                                       # rows x 32 segments (the last of 31 columns)
 ])
 def test_softmax_split_form_takes_more_rows_in_groups(rows, cols, dtype, groups):
     # more rows than one split-form tile holds: each part's rows in groups taken in turn, so
@@ -187,7 +191,9 @@ def test_softmax_split_form_chunks_keep_their_own_maxima():
     (64, 8192, True),
     (256, 2048, False),   # 128 rows in a part: four groups' combining chains would cost more
                           # than the row tile's unpipelined max, exp and scaling
-    (64, 2051, False),    # no divisor of C near S = 4, and 32 rows too many for ragged loads
+    (256, 32001, False),  # ragged groups of 4 rows, priced as LNC=1 runs them (64 groups)
+    (64, 2051, True),     # 7 x 293: no divisor near S = 4, so two groups of 16 rows x 7 segments
+    (64, 2053, False),    # prime: only ragged groups of 4 rows, whose chains do not pay
     (8, 1024, False),     # too short for the segments to pay for the combining chain
     (8, 4096, True),
     (2, 8193, True),      # ragged, one row per part

@@ -121,7 +121,7 @@ def softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     rows with an online pass (kept in SBUF up to 32K elements, fp32 on trn1 up to ~28K, streamed
     from HBM twice beyond); on trn2/trn3 long rows in few row tiles are cut into segments
     over the partitions instead of one row per partition, in groups of at most 32 rows
-    taken in turn: up to 32 rows in each half of the rows from about 1600 elements (1250 in
+    taken in turn (smaller where a row length has no divisor near 4 segments): up to 32 rows in each half of the rows from about 1600 elements (1250 in
     fp32), 128 rows a half from about 5400 (4300 in fp32), in segments of at most 8192 (up
     to 1M elements for one row; e.g. sampling over a vocabulary at decode, or softmax over
     a vocabulary's logits at prefill). ``dim`` other than the last costs a transposing
