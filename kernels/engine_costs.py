@@ -22,7 +22,8 @@ class EngineCosts(nl.NKIObject):
                  scalar_instr_cycles, gpsimd_instr_cycles, vector_overlap_cycles, min_instruction_cycles,
                  vector_reduce_readout_cycles, dma_bytes_per_s, dma_transfer_gap_ns, dma_transfer_handoff_ns,
                  dma_transpose_efficiency, sbuf_bytes_per_partition, gpsimd_pattern_cycles, tensor_ghz,
-                 matmul_min_cycles, transpose_fp32_factor, matmul_latency_cycles, dependency_latency_cycles):
+                 matmul_min_cycles, transpose_fp32_factor, matmul_latency_cycles, dependency_latency_cycles,
+                 vector_16bit_rate, scalar_16bit_rate):
         # VectorE, ScalarE and GpSimd clocks (GHz): estimated cycles / clock = ns
         self.vector_ghz = vector_ghz
         self.scalar_ghz = scalar_ghz
@@ -30,6 +31,12 @@ class EngineCosts(nl.NKIObject):
         # VectorE performance mode: elements per lane and cycle of a 16-bit copy with one
         # side in PSUM, both sides' innermost free dimension contiguous (ScalarE: 1)
         self.vector_psum_copy_16bit_rate = vector_psum_copy_16bit_rate
+        # VectorE performance mode: elements per lane and cycle of a tensor_scalar /
+        # tensor_copy with 16-bit input and output, all in SBUF, contiguous
+        self.vector_16bit_rate = vector_16bit_rate
+        # ScalarE: elements per lane and cycle of an activation whose data is 16-bit (trn3:
+        # 256 bf16 elements per cycle over 128 lanes; 32-bit data: 1 on every generation)
+        self.scalar_16bit_rate = scalar_16bit_rate
         # fixed cost of one VectorE / ScalarE / GpSimd instruction (in that engine's cycles),
         # and the shortest instruction (MIN_II)
         self.vector_instr_cycles = vector_instr_cycles
@@ -121,6 +128,8 @@ MIRRORS = {
     "scalar_ghz": ("scalar_hz", 1e-9),
     "gpsimd_ghz": ("gpsimd_hz", 1e-9),
     "vector_psum_copy_16bit_rate": ("vector_perf_mode_half", 1),
+    "vector_16bit_rate": ("vector_perf_mode_full", 1),
+    "scalar_16bit_rate": ("scalar_elems_per_cycle", 1 / 128),
     "vector_instr_cycles": ("vector_static_cycles", 1),
     "scalar_instr_cycles": ("scalar_static_cycles", 1),
     "gpsimd_instr_cycles": ("gpsimd_static_cycles", 1),
@@ -152,7 +161,8 @@ _GEN2 = EngineCosts(vector_ghz=1.12, scalar_ghz=1.4, gpsimd_ghz=1.4, vector_psum
                     dma_transpose_efficiency=0.5,
                     sbuf_bytes_per_partition=192 * 1024, gpsimd_pattern_cycles=150, tensor_ghz=2.8,
                     matmul_min_cycles=64, transpose_fp32_factor=4, matmul_latency_cycles=400,
-                    dependency_latency_cycles=100)
+                    dependency_latency_cycles=100,
+                    vector_16bit_rate=1, scalar_16bit_rate=1)
 _GEN3 = EngineCosts(vector_ghz=0.96, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_copy_16bit_rate=2,
                     vector_instr_cycles=100.0, scalar_instr_cycles=360.0,
                     gpsimd_instr_cycles=100.0, vector_overlap_cycles=0.0, min_instruction_cycles=64,
@@ -161,7 +171,8 @@ _GEN3 = EngineCosts(vector_ghz=0.96, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum
                     dma_transpose_efficiency=0.5,
                     sbuf_bytes_per_partition=224 * 1024, gpsimd_pattern_cycles=150, tensor_ghz=2.4,
                     matmul_min_cycles=64, transpose_fp32_factor=2, matmul_latency_cycles=400,
-                    dependency_latency_cycles=100)
+                    dependency_latency_cycles=100,
+                    vector_16bit_rate=4, scalar_16bit_rate=1)
 _GEN4 = EngineCosts(vector_ghz=1.2, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_copy_16bit_rate=2,
                     vector_instr_cycles=100.0, scalar_instr_cycles=360.0,
                     gpsimd_instr_cycles=100.0, vector_overlap_cycles=0.0, min_instruction_cycles=64,
@@ -170,7 +181,8 @@ _GEN4 = EngineCosts(vector_ghz=1.2, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_
                     dma_transpose_efficiency=0.5,
                     sbuf_bytes_per_partition=256 * 1024, gpsimd_pattern_cycles=150, tensor_ghz=2.4,
                     matmul_min_cycles=64, transpose_fp32_factor=2, matmul_latency_cycles=400,
-                    dependency_latency_cycles=100)
+                    dependency_latency_cycles=100,
+                    vector_16bit_rate=4, scalar_16bit_rate=2)
 
 
 def by_generation():

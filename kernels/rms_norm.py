@@ -24,7 +24,9 @@ Engines, per row:
       ScalarE  x * rstd into fp32 scratch, then GpSimd scratch * weight
     Every path rounds once, to the output dtype. The split is by rows when a partition
     holds J > 1 rows, else by columns.
-    Without weight: VectorE x * rstd (tensor_scalar) / ScalarE copy with scale.
+    Without weight: VectorE x * rstd (tensor_scalar) / ScalarE copy with scale: all on
+    VectorE where its pass takes at most half of ScalarE's squares (_unweighted_vector_share:
+    16-bit data on trn2 and trn3, VectorE's performance mode), else VECTOR_SHARE of it.
     fused:   VectorE x + residual rounded to the input dtype (stored as the second output and
              normalised from that rounded value, matching an eager add followed by rms_norm).
     Block i+1's load overlaps block i's compute: the loads run PREFETCH_AHEAD blocks ahead
@@ -103,14 +105,38 @@ VECTOR_SHARE = 0.5
 GPSIMD_SHARE = 0.3
 
 
-def _path_segments(per, cols, with_weight):
+def _path_segments(per, cols, with_weight, sixteen):
     """[(row j, first column, end column, path)] splitting a [P, per, cols] block's
     normalisation between the paths "vector", "gpsimd" and "scalar" (VECTOR_SHARE,
-    GPSIMD_SHARE, the rest; no GpSimd path without a weight): whole rows when a partition
-    holds several rows, else the columns of its single row."""
+    GPSIMD_SHARE, the rest; without a weight _unweighted_vector_share and no GpSimd path;
+    ``sixteen``: 16-bit data in and out): whole rows when a partition holds several rows,
+    else the columns of its single row."""
     paths = ("vector", "gpsimd", "scalar")
-    shares = (VECTOR_SHARE, GPSIMD_SHARE if with_weight else 0.0)
+    shares = (VECTOR_SHARE, GPSIMD_SHARE) if with_weight else (_unweighted_vector_share(cols, sixteen), 0.0)
     return [(j, lo, hi, paths[k]) for j, lo, hi, k in path_segments(per, cols, shares)]
+
+
+def _unweighted_vector_share(cols, sixteen):
+    """Share of the normalisation without a weight (y = x * rstd) on VectorE (tensor_scalar),
+    the rest on ScalarE (copy with scale): all of it where VectorE's pass over a row of
+    ``cols`` takes at most half as long as the squares ScalarE makes of the same row for the
+    statistics, else VECTOR_SHARE. By the active generation's figures (engine_costs.py):
+    16-bit data in and out runs VectorE's tensor_scalar in its performance mode (4 elements
+    per cycle on trn2 and trn3; a 4096-column bf16 row 1.2 us on trn2 against ScalarE's
+    square 3.7 us, 0.9 against 2.0 on trn3), so 16-bit rows go to VectorE there; fp32 rows
+    and trn1 (no such mode) keep the split. The margin of half: where the two passes cost
+    about the same (fp32 on trn3, short fp32 rows on trn2), all on VectorE modeled up to
+    11 % slower (trn3 LNC=2, fp32 [130, 8192] 30.0 -> 33.2 us): each block's normalisation
+    then starts only when ScalarE's squares end, where in the split ScalarE makes its share
+    right after them. Modeled LNC=2, no weight, us, split -> VectorE (session 54): trn2
+    bf16 [2048, 2048] 34.4 -> 27.4, [2048, 4096] 58.4 -> 49.0, [4096, 256] 19.6 -> 16.5;
+    trn3 bf16 [4096, 256] 16.2 -> 13.7; of 56 shapes (1-4096 rows x 256-16384 columns) 39
+    faster on each of trn2 and trn3 and none slower (trn2 at LNC=1: 38 faster, none more
+    than 0.1 % slower)."""
+    c = active_engine_costs()
+    vector = c.instruction_ns("vector", cols, rate=c.vector_16bit_rate if sixteen else 1)
+    square = c.instruction_ns("scalar", cols, rate=c.scalar_16bit_rate if sixteen else 1)
+    return 1.0 if 2 * vector <= square else VECTOR_SHARE
 
 
 def _scale_rows(dst, src, rstd_col, weight_cols, path):
@@ -165,7 +191,7 @@ def _normalize_block(out_tile, x_tile, parts, per, cols, weight_tile, eps_tile):
     rstd = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=rstd, op=nl.rsqrt, data=mean_sq, bias=eps_tile[0:parts, :])
     weight = None if weight_tile is None else weight_tile[0:parts, :]
-    for j, lo, hi, path in _path_segments(per, cols, weight is not None):
+    for j, lo, hi, path in _path_segments(per, cols, weight is not None, itemsize(x_tile.dtype) == 2):
         _scale_rows(out_tile[:, j, lo:hi], x_tile[:, j, lo:hi], rstd[:, j:j + 1],
                     None if weight is None else weight[:, lo:hi], path)
 
@@ -224,7 +250,7 @@ def _rms_norm_streamed(x, out, weight, eps_tile, residual=None, total=None):
             s_tile = kept[c] if resident else _load_rows(x, residual, total, start, parts, c0, c1, store=False)
             w_cols = param_columns(weight, weight_res, c0, c1)
             out_tile = nl.ndarray((parts, c1 - c0), dtype=x.dtype, buffer=nl.sbuf)
-            for _, lo, hi, path in _path_segments(1, c1 - c0, w_cols is not None):
+            for _, lo, hi, path in _path_segments(1, c1 - c0, w_cols is not None, itemsize(x.dtype) == 2):
                 _scale_rows(out_tile[:, lo:hi], s_tile[:, lo:hi], rstd,
                             None if w_cols is None else w_cols[0:parts, lo:hi], path)
             nisa.dma_copy(dst=out[start:start + parts, c0:c1], src=out_tile)

@@ -85,6 +85,36 @@ def test_rms_norm_without_weight_and_default_eps(simulator_backend, dtype):
     assert_matches(out, x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + eps), dtype)
 
 
+@pytest.mark.parametrize("target, dtype, hidden, on_vector_only", [
+    ("trn2", torch.bfloat16, 4096, True),    # VectorE's 16-bit mode: 1.2 us a row, ScalarE's squares 3.7
+    ("trn2", torch.bfloat16, 256, True),     # 0.17 against 0.51
+    ("trn3", torch.float16, 2048, True),     # 0.51 against 1.15 (ScalarE's 16-bit rate is 2 there)
+    ("trn2", torch.float32, 4096, False),    # fp32: VectorE's pass (4.4 us) outlasts the squares (3.7)
+    ("trn2", torch.float32, 256, False),     # 0.37 against 0.51: more than half
+    ("trn3", torch.float32, 8192, False),    # about equal (6.9 against 7.1)
+    ("trn1", torch.bfloat16, 4096, False),   # no 16-bit mode on NeuronCore-v2
+])
+def test_rms_norm_without_weight_places_the_normalisation_by_the_engines_figures(target, dtype, hidden,
+                                                                                  on_vector_only):
+    # kernels/rms_norm.py _unweighted_vector_share: y = x * rstd all on VectorE where its pass
+    # over a row takes at most half of ScalarE's squares of it, else split with ScalarE's copy
+    from nki_kernels import _dispatch, simulator
+    from nki_kernels.ops import norms
+
+    x = randn(300, hidden, dtype=dtype, scale=2.0, shift=0.5)
+    call = norms.rms_norm_kernel_call(x, (hidden,), None, 1e-6)
+    with simulator.activated():
+        kernel = _dispatch.simulator_kernel(call)
+    result = simulator.run(kernel[1], *call.tensors, **call.static, target=target)
+    scalar_copies = [i for i in result.trace if i.engine == "scalar" and i.op == "activation"
+                     and i.attrs.get("func") == "copy"]
+    vector_scalings = [i for i in result.trace if i.engine == "vector" and i.op == "tensor_scalar"]
+    assert vector_scalings and (not scalar_copies) == on_vector_only
+    x64 = x.double()
+    expected = x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + 1e-6)
+    assert_matches(torch.as_tensor(result.outputs), expected, dtype)
+
+
 @pytest.mark.parametrize("rows, hidden", [(5, 64), (2, 1000)], ids=["decode-rows", "prefill-rows"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_layer_norm_large_eps_on_small_variance_rows(simulator_backend, rows, hidden, dtype):
