@@ -69,3 +69,14 @@ def assert_matches(out: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype
     err = rel_error(out, expected)
     assert err < bound, f"relative error {err:.3e} exceeds {bound:.1e}"
     return err
+
+
+def run_traced(call, lnc=2, target="trn2"):
+    """Run a kernel call in the simulator at launch degree ``lnc`` on ``target``: (its output
+    as a tensor, its instruction trace), for tests of which engines or forms a kernel takes."""
+    from nki_kernels import _dispatch, simulator
+
+    with simulator.activated(target):
+        kernel = _dispatch.simulator_kernel(call)
+    result = simulator.run(kernel[lnc], *[t.contiguous() for t in call.tensors], **call.static, target=target)
+    return torch.as_tensor(result.outputs), result.trace

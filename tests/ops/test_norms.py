@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import nki_kernels
 from nki_kernels import references
 
-from ._cases import DTYPE_IDS, DTYPES, GRID, assert_matches, randn
+from ._cases import DTYPE_IDS, DTYPES, GRID, assert_matches, randn, run_traced
 
 
 def _f64(*tensors):
@@ -98,21 +98,16 @@ def test_rms_norm_without_weight_places_the_normalisation_by_the_engines_figures
                                                                                   on_vector_only):
     # kernels/rms_norm.py _unweighted_vector_share: y = x * rstd all on VectorE where its pass
     # over a row takes at most half of ScalarE's squares of it, else split with ScalarE's copy
-    from nki_kernels import _dispatch, simulator
     from nki_kernels.ops import norms
 
     x = randn(300, hidden, dtype=dtype, scale=2.0, shift=0.5)
-    call = norms.rms_norm_kernel_call(x, (hidden,), None, 1e-6)
-    with simulator.activated():
-        kernel = _dispatch.simulator_kernel(call)
-    result = simulator.run(kernel[1], *call.tensors, **call.static, target=target)
-    scalar_copies = [i for i in result.trace if i.engine == "scalar" and i.op == "activation"
+    out, trace = run_traced(norms.rms_norm_kernel_call(x, (hidden,), None, 1e-6), lnc=1, target=target)
+    scalar_copies = [i for i in trace if i.engine == "scalar" and i.op == "activation"
                      and i.attrs.get("func") == "copy"]
-    vector_scalings = [i for i in result.trace if i.engine == "vector" and i.op == "tensor_scalar"]
+    vector_scalings = [i for i in trace if i.engine == "vector" and i.op == "tensor_scalar"]
     assert vector_scalings and (not scalar_copies) == on_vector_only
     x64 = x.double()
-    expected = x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + 1e-6)
-    assert_matches(torch.as_tensor(result.outputs), expected, dtype)
+    assert_matches(out, x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + 1e-6), dtype)
 
 
 @pytest.mark.parametrize("rows, hidden", [(5, 64), (2, 1000)], ids=["decode-rows", "prefill-rows"])

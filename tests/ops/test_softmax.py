@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import nki_kernels
-from nki_kernels import _dispatch, references, simulator
+from nki_kernels import _dispatch, references
 from nki_kernels.ops.softmax import softmax_kernel_call
 
-from ._cases import DTYPE_IDS, DTYPES, GRID, assert_matches, randn
+from ._cases import DTYPE_IDS, DTYPES, GRID, assert_matches, randn, run_traced
 
 
 def _expected(x, dim=-1):
@@ -33,13 +33,6 @@ def test_softmax_long_rows_online(rows, cols, dtype):
     assert_matches(_dispatch.run_simulated(call), _expected(x), dtype)
 
 
-def _run_traced(call, lnc=2):
-    with simulator.activated():
-        kernel = _dispatch.simulator_kernel(call)
-    result = simulator.run(kernel[lnc], *call.tensors, **call.static, target="trn2")
-    return torch.as_tensor(result.outputs), result.trace
-
-
 def _split_taken(trace):
     return any(i.op == "nc_transpose" for i in trace)
 
@@ -56,7 +49,7 @@ def test_softmax_few_long_rows_split_over_partitions(rows, cols, dtype):
     # few long rows: each row cut into segments over the partitions, the segments' maxima
     # and sums combined on one partition (split form)
     x = randn(rows, cols, dtype=dtype, scale=4.0)
-    out, trace = _run_traced(softmax_kernel_call(x))
+    out, trace = run_traced(softmax_kernel_call(x))
     assert _split_taken(trace), "the split form was not taken"
     assert_matches(out, _expected(x), dtype)
 
@@ -77,7 +70,7 @@ def test_softmax_split_form_rows_and_segments_keep_their_own_maxima():
     x[6, 17] = float("inf")
     x[7, 4321] = 1e6
     x[7, :3000] = -float("inf")
-    out, trace = _run_traced(softmax_kernel_call(x))
+    out, trace = run_traced(softmax_kernel_call(x))
     assert _split_taken(trace)
     ref = _expected(x)
     assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.isnan(out[4]).all() and torch.isnan(out[6]).all()
@@ -108,7 +101,7 @@ def test_softmax_split_form_takes_more_rows_in_groups(rows, cols, dtype, groups)
     # more rows than one split-form tile holds: each part's rows in groups taken in turn, so
     # one group's scaling and stores overlap the next group's loads and exps
     x = randn(rows, cols, dtype=dtype, scale=4.0)
-    out, trace = _run_traced(softmax_kernel_call(x))
+    out, trace = run_traced(softmax_kernel_call(x))
     assert _split_groups(trace) == groups
     assert_matches(out, _expected(x), dtype)
 
@@ -127,7 +120,7 @@ def test_softmax_split_groups_keep_their_rows_apart():
     x[33, 4000] = 5.0
     x[80, 1024:3072] = -float("inf")
     x[81, 100] = 1e6
-    out, trace = _run_traced(softmax_kernel_call(x))
+    out, trace = run_traced(softmax_kernel_call(x))
     assert _split_groups(trace) == 2
     ref = _expected(x)
     assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.isnan(out[30]).all() and torch.isnan(out[31]).all()
@@ -153,7 +146,7 @@ def test_softmax_split_form_takes_long_segments_in_column_chunks(rows, cols, dty
     # segments long enough that their load, max, exp, scaling and store pipeline over
     # column chunks, each chunk with its own max; the chunks meet in each segment's share
     x = randn(rows, cols, dtype=dtype, scale=4.0)
-    out, trace = _run_traced(softmax_kernel_call(x))
+    out, trace = run_traced(softmax_kernel_call(x))
     assert _split_taken(trace) and _exp_chunks(trace) > 1
     assert_matches(out, _expected(x), dtype)
 
@@ -174,7 +167,7 @@ def test_softmax_split_form_chunks_keep_their_own_maxima():
     x[5, :50000] = -float("inf")
     x[5, 100000] = 1e6
     x[7] += 1e4
-    out, trace = _run_traced(softmax_kernel_call(x))
+    out, trace = run_traced(softmax_kernel_call(x))
     assert _split_taken(trace) and _exp_chunks(trace) == 6
     ref = _expected(x)
     assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.isnan(out[2]).all() and torch.isnan(out[3]).all()
@@ -200,10 +193,10 @@ def test_softmax_split_form_chunks_keep_their_own_maxima():
 ])
 def test_softmax_split_form_is_taken_only_for_few_long_rows(rows, cols, split):
     x = randn(rows, cols, scale=4.0)
-    out, trace = _run_traced(softmax_kernel_call(x))
+    out, trace = run_traced(softmax_kernel_call(x))
     assert _split_taken(trace) == split
     assert_matches(out, _expected(x), torch.float32)
-    _, off = _run_traced(softmax_kernel_call(x, split_rows=False))
+    _, off = run_traced(softmax_kernel_call(x, split_rows=False))
     assert not _split_taken(off)
 
 
@@ -244,16 +237,13 @@ def test_softmax_short_rows_block_form_with_far_apart_row_maxima(dtype, rows, co
     x[0::7] += 1e4
     x[3] = -1e30
     x[4, 5] = 1e4
-    call = softmax_kernel_call(x)
-    with simulator.activated():
-        kernel = _dispatch.simulator_kernel(call)
-    result = simulator.run(kernel[2], x.contiguous(), target="trn2")
-    subtracts = [i for i in result.trace if i.engine == "gpsimd" and i.op == "tensor_scalar"]
-    exps = [i for i in result.trace if i.engine == "scalar" and i.op == "activation"
+    out, trace = run_traced(softmax_kernel_call(x))
+    subtracts = [i for i in trace if i.engine == "gpsimd" and i.op == "tensor_scalar"]
+    exps = [i for i in trace if i.engine == "scalar" and i.op == "activation"
             and i.writes[0].dtype == "float32"]
     assert subtracts and exps, "the block form was not taken"
     assert max(i.writes[0].shape[1] for i in exps) > 1      # one exp covers several rows
-    assert_matches(torch.as_tensor(result.outputs), _expected(x), dtype)
+    assert_matches(out, _expected(x), dtype)
 
 
 @pytest.mark.parametrize("dim", [0, 1, -2])
@@ -341,9 +331,6 @@ def test_softmax_split_form_is_not_taken_on_neuroncore_v2():
     # trn1's TensorE transposes are not bit-accurate with NaN / inf (nki.isa.nc_transpose),
     # which the split form's statistics can hold: one row per partition there
     x = randn(8, 4096, scale=4.0)
-    call = softmax_kernel_call(x)
-    with simulator.activated("trn1"):
-        kernel = _dispatch.simulator_kernel(call)
-    result = simulator.run(kernel[1], *call.tensors, **call.static, target="trn1")
-    assert not _split_taken(result.trace)
-    assert_matches(torch.as_tensor(result.outputs), _expected(x), torch.float32)
+    out, trace = run_traced(softmax_kernel_call(x), lnc=1, target="trn1")
+    assert not _split_taken(trace)
+    assert_matches(out, _expected(x), torch.float32)

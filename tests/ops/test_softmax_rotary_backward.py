@@ -10,7 +10,7 @@ import torch
 import nki_kernels
 from nki_kernels.ops import rotary, softmax
 
-from ._cases import rel_error
+from ._cases import rel_error, run_traced
 
 # Bounds per dtype (max |error| / max |expected|, ||error|| / ||expected||). softmax: the
 # gradient starts from the forward's output y rounded to the dtype (as eager's does), then
@@ -53,19 +53,16 @@ def test_softmax_backward_rows_take_all_three_ways(dtype):
     # scalar_tensor_tensor each; every way must give the float64 gradient (2700 rows: two
     # full blocks and an odd tail). 16-bit inputs use all three ways; fp32's p and c leave
     # VectorE the busiest, so its rows go to GpSimd
-    from nki_kernels import _dispatch, backward_references, simulator
+    from nki_kernels import backward_references
 
     y = torch.softmax(torch.randn(2700, 197) * 3, -1).to(dtype)
     dy = torch.randn(2700, 197).to(dtype)
-    call = softmax.softmax_backward_kernel_call(dy, y, -1)
-    with simulator.activated():
-        kernel = _dispatch.simulator_kernel(call)
-    result = simulator.run(kernel[2], *[t.contiguous() for t in call.tensors], target="trn2")
-    ops = {(i.engine, i.op) for i in result.trace}
+    out, trace = run_traced(softmax.softmax_backward_kernel_call(dy, y, -1))
+    ops = {(i.engine, i.op) for i in trace}
     ways = {("scalar", "activation"), ("gpsimd", "tensor_scalar"), ("vector", "scalar_tensor_tensor")}
     assert ways <= ops if dtype != torch.float32 else ("gpsimd", "tensor_scalar") in ops
     want = backward_references.softmax_backward(dy.double(), y.double(), -1, compute_dtype=torch.float64)
-    _close(torch.as_tensor(result.outputs), want, dtype, "dx")
+    _close(out, want, dtype, "dx")
 
 
 def test_softmax_long_rows_recompute(simulator_backend, monkeypatch):
