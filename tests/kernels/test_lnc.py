@@ -33,6 +33,10 @@ def _fused_add_reference(call, eps):
     return normed, total
 
 
+def _softmax_reference(call):
+    return references.softmax(call.tensors[0].double(), compute_dtype=torch.float64)
+
+
 # (name, kernel call, float64 reference of the op's outputs)
 CASES = [
     ("elementwise-5", lambda: activations.gelu_kernel_call(_x(5)),
@@ -85,25 +89,25 @@ CASES = [
     ("gelu_and_mul-wide-300", lambda: activations.gelu_and_mul_kernel_call(_x(300, 2 * 4100)),
      lambda c: references.gelu_and_mul(c.tensors[0].double(), compute_dtype=torch.float64)),
     ("softmax-one-pass-5", lambda: softmax.softmax_kernel_call(_x(5, 33, scale=3.0)),
-     lambda c: references.softmax(c.tensors[0].double(), compute_dtype=torch.float64)),
+     _softmax_reference),
     ("softmax-block-form-1500x77", lambda: softmax.softmax_kernel_call(_x(1500, 77, scale=3.0)),
-     lambda c: references.softmax(c.tensors[0].double(), compute_dtype=torch.float64)),
+     _softmax_reference),
     ("softmax-online-3tiles", lambda: softmax.softmax_kernel_call(_x(300, 700, scale=3.0), max_cols=256),
-     lambda c: references.softmax(c.tensors[0].double(), compute_dtype=torch.float64)),
+     _softmax_reference),
     ("softmax-split-exact-8x4096", lambda: softmax.softmax_kernel_call(_x(8, 4096, scale=3.0)),
-     lambda c: references.softmax(c.tensors[0].double(), compute_dtype=torch.float64)),
+     _softmax_reference),
     ("softmax-split-ragged-5x5001", lambda: softmax.softmax_kernel_call(_x(5, 5001, scale=3.0)),
-     lambda c: references.softmax(c.tensors[0].double(), compute_dtype=torch.float64)),
+     _softmax_reference),
     ("softmax-split-1row", lambda: softmax.softmax_kernel_call(_x(1, 3000, scale=3.0)),
-     lambda c: references.softmax(c.tensors[0].double(), compute_dtype=torch.float64)),
+     _softmax_reference),
     ("softmax-input-ring-1576x1024", lambda: softmax.softmax_kernel_call(_x(1576, 1024, scale=3.0)),
-     lambda c: references.softmax(c.tensors[0].double(), compute_dtype=torch.float64)),
+     _softmax_reference),
     ("softmax-split-ragged-groups-13x32001", lambda: softmax.softmax_kernel_call(_x(13, 32001, scale=3.0)),
-     lambda c: references.softmax(c.tensors[0].double(), compute_dtype=torch.float64)),
+     _softmax_reference),
     ("softmax-split-groups-97x4096", lambda: softmax.softmax_kernel_call(_x(97, 4096, scale=3.0)),
-     lambda c: references.softmax(c.tensors[0].double(), compute_dtype=torch.float64)),
+     _softmax_reference),
     ("softmax-split-chunks-ragged-8x128201", lambda: softmax.softmax_kernel_call(_x(8, 128201, scale=3.0)),
-     lambda c: references.softmax(c.tensors[0].double(), compute_dtype=torch.float64)),
+     _softmax_reference),
     ("rotary-1tile", lambda: rotary.apply_rotary_pos_emb_kernel_call(*_rope(1, 3, 1, 5, 16)),
      lambda c: references.apply_rotary_pos_emb(*[t.double() for t in c.tensors], compute_dtype=torch.float64)),
     ("rotary-3units", lambda: rotary.apply_rotary_pos_emb_kernel_call(*_rope(3, 2, 2, 100, 32)),
