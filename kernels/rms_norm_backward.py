@@ -206,10 +206,16 @@ def _backward(dy, x, weight, eps, dtotal):
 
         # Software pipelining across blocks: each engine runs its instructions in program
         # order, so a block's chain stats -> g, q -> c -> a -> t -> dx would leave engines
-        # waiting. Program order per block i is instead: stats(i) (ScalarE), the second
-        # half of block i - 1 (a, t, dx: its inputs are ready), then the first half of
-        # block i (g, q, c, dw sums); tiling.pipelined's store of block i - 1 then only
-        # stores its dx.
+        # waiting. Program order per block i is instead: stats(i) (ScalarE), the first half
+        # of block i (g, q, c, dw sums), then the second half of block i - 1 (a, t, dx: its
+        # inputs are ready); tiling.pipelined's store of block i - 1 then only stores its dx.
+        # The first half of block i goes before the second half of block i - 1 because the
+        # other order closes a loop from block to block: c(i - 1) -> a(i - 1) -> t(i - 1)
+        # -> GpSimd's g(i), q(i) -> c(i), each waiting on the one before on its engine, so
+        # a block took that chain's length rather than its busiest engine's time (modeled
+        # trn2 LNC=2 [2048, 8192] bf16: 36 us per block against GpSimd's 25; 325.7 -> 267.4
+        # us for the launch, docs/history.md). The last block keeps the other order: no
+        # block follows it to fill the engines, and block i - 1's dx leaves sooner.
         pending = []
         finished = {}
 
@@ -224,9 +230,13 @@ def _backward(dy, x, weight, eps, dtotal):
             start, parts, per = block
             dy_tile, x_tile, dt_tile = tiles
             rstd = _stats(x_tile, parts, per, cols, eps_tile)
-            finish_pending()
+            last = block == blocks[-1]
+            if last:
+                finish_pending()
             front = _front(dy_tile, x_tile, rstd, parts, per, cols, params.get("weight"), acc, not done,
                            dtotal is not None)
+            if not last:
+                finish_pending()
             done.append(block)
             pending.append((block, tiles, front))
             return start
