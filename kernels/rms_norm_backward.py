@@ -23,11 +23,11 @@ Layout:
 Engines, per block (16-bit input; fp32 the same in fp32):
     ScalarE  square(x / sqrt(H)) with add-reduction -> mean(x**2) per row; rsqrt -> r
     VectorE  p = dy * x (16-bit, perf mode): TensorE sums p * r over rows into dw
-    VectorE / GpSimd  g = dy * w and q = p * w (16-bit; split by G_VECTOR_SHARE)
+    VectorE / GpSimd  g = dy * w and q = g * x (16-bit; split by G_VECTOR_SHARE)
     ScalarE  c = sum(q) per row (copy with add-accumulate, fp32)
     VectorE  a = x * (-r**2 c / H) (tensor_scalar, 16-bit perf mode)
-    GpSimd / VectorE  t = a + g (fp32)
-    ScalarE  dx = t * r (one rounding) -- fused: VectorE (t * r) + dtotal
+    GpSimd   t = a + g (fp32)
+    ScalarE  dx = t * r (one rounding) -- fused: ScalarE t * r (fp32), GpSimd + dtotal (one rounding)
 Expected error (16-bit): g, p, q and a are rounded to the input dtype (<= 2**-9 relative
     each, bf16), c and dw accumulate in fp32, dx rounds once more: |err| <= ~3 * 2**-9 *
     (|r g| + |a r|) elementwise; dw within ~2**-8 relative of its terms' norm. fp32: ~1e-6.
@@ -39,6 +39,7 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from .engine_costs import active as active_engine_costs
 from .limits import NORM_BACKWARD_MAX_HIDDEN as BACKWARD_MAX_HIDDEN
 from .limits import NORM_BACKWARD_MAX_ROW_BYTES as BACKWARD_MAX_ROW_BYTES
 from .tiling import (PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, load_block, pipelined, row_blocks,
@@ -50,12 +51,12 @@ from .weight_grads import (accumulate_columns, accumulate_diag, diag_fits, ident
 # (4 KiB bf16), as the forward.
 TARGET_COLS = 2048
 # Blocks loaded ahead of their compute (tiling.pipelined), as the forward: the DMA
-# latency (~1.3 us) must be covered two blocks early.
+# latency (~1.3 us) must be covered two blocks early. Fewer where the tiles of two blocks
+# ahead would not fit the active generation's SBUF (_prefetch_ahead).
 PREFETCH_AHEAD = 2
-# Rows longer than this load one block ahead only: at H = 8192 a block's inputs and
-# scratch take ~150 KiB per partition, and a second block in flight would not fit trn2's
-# 224 KiB.
-PREFETCH_MAX_COLS = 4096
+# [P, J] fp32 tiles (a block's statistics and factors: six per block, over the blocks in
+# flight) that _prefetch_ahead's bound adds to its row-sized tiles.
+SMALL_TILES = 16
 # Share of the columns of g = dy * w and q = p * w given to VectorE (the rest to GpSimd).
 # Per element on trn2: VectorE 16-bit two-input pass 1.04 ns (perf mode), GpSimd 1.67 ns;
 # VectorE also runs p (1.04) and a (0.26; the row sum of q is ScalarE's): with share s of
@@ -71,6 +72,27 @@ G_VECTOR_SHARE_COLUMN_SUMS = 0.6
 # fused_add_rms_norm: GpSimd also adds dtotal (1.67 ns per element), so VectorE takes all
 # of g and q: VectorE 1.04 + 2.08 = 3.1 ns, GpSimd 3.3 ns.
 FUSED_G_VECTOR_SHARE = 1.0
+
+
+def _prefetch_ahead(per, cols, itemsize, inputs):
+    """Blocks loaded ahead of their compute: the most of PREFETCH_AHEAD, 1 and 0 whose tiles
+    fit the active generation's SBUF.
+
+    What is live per partition is at most the inputs of ahead + 2 blocks (block i - 1's
+    second half is issued after block i's first half), three more block-sized tiles (g
+    of two blocks, or one and the broadcast weight row, and a row temporary) and a few
+    [P, J] fp32 statistics (SMALL_TILES). The simulator's liveness sweep meets this
+    bound exactly at J = 1 with a weight, bf16 (block = one row): rms_norm 2 (ahead + 2)
+    + 3 blocks, fused_add_rms_norm 3 (ahead + 2) + 3; so at the widest rows (16 KiB per
+    partition) fused_add_rms_norm with a weight loads no block ahead on trn1 (192 KiB)
+    and one on trn2 (224 KiB). tests/kernels/test_norm_backward_memory.py runs the
+    widest launches on every generation and checks the bound against the sweep."""
+    block = per * cols * itemsize
+    for ahead in (PREFETCH_AHEAD, 1):
+        need = (inputs * (ahead + 2) + 3) * block + SMALL_TILES * 4 * per
+        if need <= active_engine_costs().sbuf_bytes_per_partition:
+            return ahead
+    return 0
 
 
 def _products(dst, a, b, cut):
@@ -100,7 +122,6 @@ def _front(dy_tile, x_tile, rstd, parts, per, cols, weight_tile, acc, first, fus
     without weight). Returns what ``_back`` needs: (rstd, neg_k, g)."""
     f32 = nl.float32
     shape = (parts, per, cols)
-    squares = nl.ndarray((parts, cols), dtype=x_tile.dtype, buffer=nl.sbuf)      # discarded
     column_sums = weight_tile is not None and len(acc.shape) != 3     # dw from p = dy * x (VectorE)
     share = FUSED_G_VECTOR_SHARE if fused else G_VECTOR_SHARE_COLUMN_SUMS if column_sums else G_VECTOR_SHARE
     cut = split_count(cols, share)
@@ -119,7 +140,9 @@ def _front(dy_tile, x_tile, rstd, parts, per, cols, weight_tile, acc, first, fus
     _products(q, lambda lo, hi: g[:, :, lo:hi], x_cols, cut)
     c = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
     for j in range(per):
-        nisa.activation(dst=squares, op=nl.copy, data=q[:, j, :], reduce_op=nl.add, reduce_res=c[:, j:j + 1],
+        # the copy's output is discarded: written over q itself, so that no row-wide
+        # scratch tile is live beside the block's (16 KiB per partition at the widest rows)
+        nisa.activation(dst=q[:, j, :], op=nl.copy, data=q[:, j, :], reduce_op=nl.add, reduce_res=c[:, j:j + 1],
                         reduce_cmd=nisa.reduce_cmd.reset_reduce)
     r2 = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=r2, data1=rstd, data2=rstd, op=nl.multiply)
@@ -142,10 +165,10 @@ def _back(x_tile, dt_tile, dx_tile, parts, per, cols, front):
         if dt_tile is None:
             nisa.activation(dst=dx_tile[:, j, :], op=nl.copy, data=t, scale=rstd[:, j:j + 1])
         else:
-            # fused: t * r on ScalarE (fp32), + dtotal on GpSimd (one rounding)
-            tr = nl.ndarray((parts, cols), dtype=f32, buffer=nl.sbuf)
-            nisa.activation(dst=tr, op=nl.copy, data=t, scale=rstd[:, j:j + 1])
-            nisa.tensor_tensor(dst=dx_tile[:, j, :], data1=tr, data2=dt_tile[:, j, :], op=nl.add,
+            # fused: t * r on ScalarE (fp32, in place: no second fp32 row beside t), +
+            # dtotal on GpSimd (one rounding)
+            nisa.activation(dst=t, op=nl.copy, data=t, scale=rstd[:, j:j + 1])
+            nisa.tensor_tensor(dst=dx_tile[:, j, :], data1=t, data2=dt_tile[:, j, :], op=nl.add,
                                engine=nisa.engine.gpsimd)
 
 
@@ -184,6 +207,7 @@ def _backward(dy, x, weight, eps, dtotal):
     partials = None if weight is None else new_partials(cols, WORK_PARTS)
     eps_tile = _eps_tile(eps)
     per_max = rows_per_partition(cols, TARGET_COLS, BACKWARD_MAX_HIDDEN)
+    ahead = _prefetch_ahead(per_max, cols, itemsize(x.dtype), 2 if dtotal is None else 3)
     params = {}
     # one accumulator per program, restarted by each part's first matmul (at LNC=1 the two
     # parts take it in turn; two diagonal accumulators would not fit PSUM)
@@ -246,7 +270,7 @@ def _backward(dy, x, weight, eps, dtotal):
             _, parts, per = block
             nisa.dma_copy(dst=block_rows(dx, start, parts, per), src=finished.pop(start))
 
-        pipelined(blocks, load, compute, store, PREFETCH_AHEAD if cols <= PREFETCH_MAX_COLS else 1)
+        pipelined(blocks, load, compute, store, ahead)
         if partials is not None and diag:
             store_diag_partial(partials, part, acc, cols, bool(done), identity())
         elif partials is not None:
