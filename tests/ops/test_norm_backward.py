@@ -233,17 +233,23 @@ def test_backward_twins_match_float64_autograd():
         torch.testing.assert_close(g, e, atol=1e-12, rtol=1e-10)
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["rms_norm", "fused_add_rms_norm"])
-def test_rms_norm_backward_issues_each_blocks_first_half_before_the_previous_blocks_second_half(fused):
+@pytest.mark.parametrize("fused, hidden, copies_per_part", [
+    (False, 4096, "c c d d c d"),
+    (True, 2048, "c c d d c d"),
+    (True, 4096, "c c dd dd c dd"),       # fused rows wider than 2048: t * r in two halves
+], ids=["rms_norm", "fused_add_rms_norm", "fused_add_rms_norm-halves"])
+def test_rms_norm_backward_issues_each_blocks_first_half_before_the_previous_blocks_second_half(
+        fused, hidden, copies_per_part):
     # kernels/rms_norm_backward.py: per block, ScalarE's row sums c = sum(g * x) (a copy that
-    # reduces) belong to its first half and its dx = t * r (a copy that does not) to its
-    # second half. Block i's first half is issued before block i - 1's second half, except
-    # for each part's last block: at LNC=1, 768 rows of 4096 are two parts of three 128-row
-    # blocks, so each part's ScalarE copies run c0 c1 dx0 dx1 c2 dx2 (the old order, which
-    # closed a block-to-block loop through GpSimd, ran c0 dx0 c1 dx1 c2 dx2)
+    # reduces) belong to its first half and its t * r (copies that do not) to its second
+    # half. Block i's first half is issued before block i - 1's second half, except for
+    # each part's last block: at LNC=1, 768 rows are two parts of three 128-row blocks, so
+    # each part's ScalarE copies run c0 c1 dx0 dx1 c2 dx2 (the old order, which closed a
+    # block-to-block loop through GpSimd, ran c0 dx0 c1 dx1 c2 dx2); fused rows wider than
+    # 2048 columns make each dx in two column halves
     from nki_kernels import _dispatch, simulator
 
-    rows, hidden, dtype = 768, 4096, torch.bfloat16
+    rows, dtype = 768, torch.bfloat16
     x, dy, dtotal = (_randn(rows, hidden, dtype=dtype) for _ in range(3))
     weight = _randn(hidden, dtype=dtype, scale=0.5, shift=1.0)
     call = (norms.fused_add_rms_norm_backward_kernel_call(dy, dtotal, x, weight, 1e-6) if fused
@@ -253,7 +259,7 @@ def test_rms_norm_backward_issues_each_blocks_first_half_before_the_previous_blo
     result = simulator.run(kernel[1], *[t.contiguous() for t in call.tensors], **call.static, target="trn2")
     copies = "".join("c" if i.attrs["reduce"] else "d" for i in result.trace
                      if i.engine == "scalar" and i.op == "activation" and i.attrs["func"] == "copy")
-    assert copies == "ccddcd" * 2
+    assert copies == copies_per_part.replace(" ", "") * 2
     dx, dw = call.finish_outputs(result.outputs)
     x64, w64 = x.double().requires_grad_(), weight.double().requires_grad_()
     ref_dx, ref_dw = _grads(lambda t, w: F.rms_norm(t, (hidden,), w, 1e-6), (x64, w64), (dy.double(),))
