@@ -57,6 +57,7 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from .engine_costs import active as active_engine_costs
 from .limits import NORM_MAX_HIDDEN as MAX_HIDDEN
 from .limits import NORM_ONE_PASS_MAX_HIDDEN as ONE_PASS_MAX_HIDDEN
 from .limits import NORM_RESIDENT_PARAM_BYTES as RESIDENT_PARAM_BYTES
@@ -72,13 +73,10 @@ TARGET_BYTES_16 = 4096
 TARGET_BYTES_32 = 8192
 # Where the < 128-row tail block goes in the block order.
 TAIL_POSITION = 1
-# Row blocks loaded this many blocks ahead of their compute (tiling.pipelined; see rms_norm.py).
+# Row blocks loaded this many blocks ahead of their compute (tiling.pipelined; see
+# rms_norm.py); fewer where their tiles would not fit the active generation's SBUF
+# (_prefetch_ahead).
 PREFETCH_AHEAD = 2
-# ... for rows of at most this many bytes; longer rows (fp32 past 4096) load one block ahead:
-# two [128, J, H] fp32 blocks in flight besides the block being computed, its fp32 scratch
-# and output take more than trn2's 224 KiB per partition at H = 8192 (the simulator's
-# capacity check, live ranges: 206 KiB in use before a third 32 KiB tile).
-PREFETCH_MAX_ROW_BYTES = 16 * 1024
 # bn_stats reads at most this many elements per partition (512 on trn2).
 BN_CHUNK = nl.tile_size.bn_stats_fmax
 BN_STATS_WIDTH = 6   # (count, mean, var*count) for even and odd elements
@@ -106,6 +104,22 @@ VECTOR_SHARE_WEIGHT = 0.2
 SCALAR_STATS_SHARE = 0.6
 VECTOR_SHARE_AFFINE_16 = 0.55
 VECTOR_SHARE_WEIGHT_16 = 0.3
+
+
+def _prefetch_ahead(per, cols, itemsize, param_bytes):
+    """Row blocks loaded ahead: the most of PREFETCH_AHEAD, 1 and 0 whose tiles fit the
+    active generation's SBUF. Live per partition: at most the input blocks in flight (ahead
+    + 1), the output block and one more block of scratch, the broadcast weight and bias
+    rows (``param_bytes``) and one fp32 row of the affine step's scratch. The simulator's
+    liveness sweep stays within that (fp32 rows of 8192 with weight and bias: ahead + 5.7
+    rows against the bound's ahead + 6); those rows (32 KiB per partition) load two blocks
+    ahead on trn3, one on trn2 and none on trn1, where one ahead needed 214 KiB of its 192
+    (tests/kernels/test_widest_rows_fit_sbuf.py runs them)."""
+    block = per * cols * itemsize
+    for ahead in (PREFETCH_AHEAD, 1):
+        if (ahead + 3) * block + param_bytes + cols * 4 <= active_engine_costs().sbuf_bytes_per_partition:
+            return ahead
+    return 0
 
 
 def _affine_segment(dst, src, stats, weight, bias, on_vector):
@@ -346,6 +360,6 @@ def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5):
         start, parts, per, _ = block
         nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
 
-    ahead = PREFETCH_AHEAD if cols * itemsize(x.dtype) <= PREFETCH_MAX_ROW_BYTES else 1
-    pipelined(blocks, load, compute, store, ahead)
+    param_bytes = sum(cols * itemsize(p.dtype) for p in (weight, bias) if p is not None)
+    pipelined(blocks, load, compute, store, _prefetch_ahead(per_max, cols, itemsize(x.dtype), param_bytes))
     return out

@@ -85,7 +85,7 @@ def _prefetch_ahead(per, cols, itemsize, inputs):
     bound exactly at J = 1 with a weight, bf16 (block = one row): rms_norm 2 (ahead + 2)
     + 3 blocks, fused_add_rms_norm 3 (ahead + 2) + 3; so at the widest rows (16 KiB per
     partition) fused_add_rms_norm with a weight loads no block ahead on trn1 (192 KiB)
-    and one on trn2 (224 KiB). tests/kernels/test_norm_backward_memory.py runs the
+    and one on trn2 (224 KiB). tests/kernels/test_widest_rows_fit_sbuf.py runs the
     widest launches on every generation and checks the bound against the sweep."""
     block = per * cols * itemsize
     for ahead in (PREFETCH_AHEAD, 1):

@@ -12,7 +12,8 @@ Layout:
     As the forward's one-pass form (kernels/softmax.py): rows on partitions, packed J to a
     partition in blocks of 128 * J rows (one DMA of J * C elements per partition per
     tensor), the last < 128 rows with J = 1; each program takes its WORK_PARTS part(s) of
-    the rows (tiling.program_row_blocks), blocks pipelined PREFETCH_AHEAD ahead.
+    the rows (tiling.program_row_blocks), blocks pipelined up to PREFETCH_AHEAD ahead
+    (_prefetch_ahead: fewer where SBUF does not hold them).
 Engines, per block:
     VectorE  p = dy * y over the whole block (16-bit: perf mode, rounded to the input dtype)
     VectorE  c = sum(p) per row (tensor_reduce over the block, fp32)
@@ -38,8 +39,24 @@ from .tiling import (block_rows, itemsize, load_block, pipelined, program_row_bl
 
 # Rows packed per partition until a transfer holds 2048 elements (4 KiB bf16), as the forward.
 TARGET_COLS = 2048
-# Blocks loaded this many ahead of their compute (tiling.pipelined), as the norms.
+# Blocks loaded this many ahead of their compute (tiling.pipelined), as the norms; fewer
+# where their tiles would not fit the active generation's SBUF (_prefetch_ahead).
 PREFETCH_AHEAD = 2
+
+
+def _prefetch_ahead(per, cols, itemsize):
+    """Blocks loaded ahead: the most of PREFETCH_AHEAD, 1 and 0 whose tiles fit the active
+    generation's SBUF. Live per partition: at most dy and y of ahead + 1 blocks, p and dx
+    of one and m in fp32. The simulator's liveness sweep stays within that (bf16 rows of
+    8192: 2 (ahead + 1) + 3 blocks against the bound's 2 (ahead + 1) + 4; fp32 one block
+    less); fp32 rows of 8192 (32 KiB per partition) load one block ahead on trn2 and trn3
+    and none on trn1, where two ahead needed 256 KiB (tests/kernels/
+    test_widest_rows_fit_sbuf.py)."""
+    block = per * cols * itemsize
+    for ahead in (PREFETCH_AHEAD, 1):
+        if (2 * (ahead + 1) + 2) * block + per * cols * 4 <= active_engine_costs().sbuf_bytes_per_partition:
+            return ahead
+    return 0
 
 
 def _row_split(per, cols, sixteen):
@@ -86,7 +103,8 @@ def softmax_backward_kernel(dy, y):
     n_rows, cols = y.shape
     assert cols <= BACKWARD_MAX_COLS, f"C={cols} exceeds BACKWARD_MAX_COLS={BACKWARD_MAX_COLS}"
     dx = nl.ndarray((n_rows, cols), dtype=y.dtype, buffer=nl.shared_hbm)
-    blocks = program_row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS, BACKWARD_MAX_COLS))
+    per_max = rows_per_partition(cols, TARGET_COLS, BACKWARD_MAX_COLS)
+    blocks = program_row_blocks(n_rows, per_max)
 
     def load(block):
         start, parts, per = block
@@ -123,5 +141,5 @@ def softmax_backward_kernel(dy, y):
         start, parts, per = block
         nisa.dma_copy(dst=block_rows(dx, start, parts, per), src=dx_tile)
 
-    pipelined(blocks, load, compute, store, PREFETCH_AHEAD)
+    pipelined(blocks, load, compute, store, _prefetch_ahead(per_max, cols, itemsize(y.dtype)))
     return dx
