@@ -32,7 +32,7 @@ import nki.isa as nisa
 import nki.language as nl
 
 from .engine_costs import active as active_engine_costs
-from .tiling import (PARTITIONS, block_rows, load_block, pipelined, program_row_blocks, program_share,
+from .tiling import (PARTITIONS, block_rows, itemsize, load_block, pipelined, program_row_blocks, program_share,
                      rows_per_partition, split_count)
 
 # Elementwise: 2048 elements per partition per transfer (4 KiB bf16), as the forward.
@@ -40,7 +40,8 @@ COLS = 2048
 # Gated: row packing and column chunks as the forward (kernels/activation_and_mul.py).
 TARGET_COLS = 2048
 COL_CHUNK = 4096
-# Gated: chunks loaded this many ahead of their compute (tiling.pipelined), as the norms.
+# Gated: chunks loaded this many ahead of their compute (tiling.pipelined), as the norms;
+# fewer where their tiles would not fit the active generation's SBUF (_prefetch_ahead).
 PREFETCH_AHEAD = 2
 # (f, f') per op name on ScalarE
 FUNCTIONS = {"gelu": (nl.gelu, nl.gelu_dx), "silu": (nl.silu, nl.silu_dx)}
@@ -120,6 +121,21 @@ def _gated_tile(dg_tile, du_tile, dy_tile, gate, up, f, f_dx):
     _split_product(dg_tile, dy_up, slope)
 
 
+def _prefetch_ahead(per, width, itemsize):
+    """Chunks loaded ahead in the gated backward: the most of PREFETCH_AHEAD, 1 and 0 whose
+    tiles fit the active generation's SBUF. Live per partition: at most dy, g and u of
+    ahead + 2 chunks (``per`` rows of ``width`` columns each) and the three fp32
+    temporaries of one. The simulator's liveness sweep meets this bound at fp32 rows of
+    d = 4096 (15 chunks' worth at two ahead: 240 KiB, over trn2's 224, where two chunks
+    ahead made silu_and_mul's backward fail until 2026-12-05; tests/kernels/
+    test_widest_rows_fit_sbuf.py)."""
+    chunk = per * width * itemsize
+    for ahead in (PREFETCH_AHEAD, 1):
+        if 3 * (ahead + 2) * chunk + 3 * per * width * 4 <= active_engine_costs().sbuf_bytes_per_partition:
+            return ahead
+    return 0
+
+
 @nki.jit
 def act_and_mul_backward_kernel(dy, x, act="silu"):
     """Return ``dx = [dy * u * act'(g) | dy * act(g)]`` for ``x = [g | u]``.
@@ -171,5 +187,5 @@ def act_and_mul_backward_kernel(dy, x, act="silu"):
         nisa.dma_copy(dst=dx[start:start + parts, c0:c0 + w].expand_dim(1), src=dx_tile[:, :, 0:w])
         nisa.dma_copy(dst=dx[start:start + parts, d + c0:d + c0 + w].expand_dim(1), src=dx_tile[:, :, w:2 * w])
 
-    pipelined(items, load, compute, store, PREFETCH_AHEAD)
+    pipelined(items, load, compute, store, _prefetch_ahead(per_max, min(d, COL_CHUNK), itemsize(x.dtype)))
     return dx

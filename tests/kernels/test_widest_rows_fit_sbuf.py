@@ -7,7 +7,9 @@ Until 2026-12-05 these picked their depth by a row length fit to trn2, and overf
 (a CapacityError in the simulator, a failed build on hardware) on:
   * fused_add_rms_norm's backward: fp32 H = 4096 on trn1 and trn2, bf16 H = 8192 on trn1;
   * softmax's backward: fp32 rows of 8192 on every generation;
-  * layer_norm: fp32 H = 8192 on trn1."""
+  * layer_norm: fp32 H = 8192 on trn1;
+  * silu_and_mul's and gelu_and_mul's backward: fp32 rows of d = 4096 outputs on every
+    generation (their widest chunk, kernels/activation_backward.py COL_CHUNK)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from nki_kernels import _dispatch, backward_references, simulator
-from nki_kernels.ops import norms, softmax
+from nki_kernels.ops import activations, norms, softmax
 from nki_kernels.simulator import hardware
 from tests._helpers import rel_error
 
@@ -67,15 +69,26 @@ def _layer_norm(dtype, hidden, rows):
     return norms.layer_norm_kernel_call(x, (hidden,), w, b, 1e-5), ref
 
 
+def _silu_and_mul_backward(dtype, hidden, rows):
+    # hidden = d, the output width: x = [g | u] is [rows, 2d]
+    x, dy = (torch.randn(rows, 2 * hidden) * 2).to(dtype), _rows(rows, hidden, dtype)
+    g, u = x.double()[:, :hidden], x.double()[:, hidden:]
+    sig = torch.sigmoid(g)
+    ref = torch.cat([dy.double() * u * sig * (1 + g * (1 - sig)), dy.double() * g * sig], dim=-1)
+    return activations.silu_and_mul_backward_kernel_call(dy, x), ref
+
+
 # (id, make(dtype, hidden, rows) -> (kernel call, float64 expected first output), the
 # widest rows as (dtype, hidden)): rows of 16 KiB per partition for the RMSNorm backward
-# (kernels/limits.py NORM_BACKWARD_MAX_ROW_BYTES), 8192 columns for the others
+# (kernels/limits.py NORM_BACKWARD_MAX_ROW_BYTES), 8192 columns for softmax and layer_norm,
+# one whole chunk of 4096 outputs for the gated backward
 KERNELS = [
     ("rms_norm_backward", _rms_backward(False, True), [(torch.bfloat16, 8192), (torch.float32, 4096)]),
     ("fused_add_backward", _rms_backward(True, True), [(torch.bfloat16, 8192), (torch.float32, 4096)]),
     ("fused_add_backward-noweight", _rms_backward(True, False), [(torch.bfloat16, 8192), (torch.float32, 4096)]),
     ("softmax_backward", _softmax_backward, [(torch.bfloat16, 8192), (torch.float32, 8192)]),
     ("layer_norm", _layer_norm, [(torch.bfloat16, 8192), (torch.float32, 8192)]),
+    ("silu_and_mul_backward", _silu_and_mul_backward, [(torch.bfloat16, 4096), (torch.float32, 4096)]),
 ]
 WIDEST = [(name, make, dtype, hidden) for name, make, widths in KERNELS for dtype, hidden in widths]
 
@@ -115,6 +128,8 @@ BOUNDS = [
      lambda m, a, block, row: (2 * (a + 1) + 2) * block + row // 2 * 4),
     ("layer_norm", _layer_norm, torch.float32, 8192, ".layer_norm",
      lambda m, a, block, row: (a + 3) * block + 2 * row + row),
+    ("silu_and_mul_backward", _silu_and_mul_backward, torch.float32, 4096, ".activation_backward",
+     lambda m, a, block, row: 3 * (a + 2) * block + 3 * row),
 ]
 
 
