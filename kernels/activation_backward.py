@@ -32,8 +32,8 @@ import nki.isa as nisa
 import nki.language as nl
 
 from .engine_costs import active as active_engine_costs
-from .tiling import (PARTITIONS, block_rows, itemsize, load_block, pipelined, program_row_blocks, program_share,
-                     rows_per_partition, split_count)
+from .tiling import (PARTITIONS, block_rows, fitting_ahead, itemsize, load_block, pipelined, program_row_blocks,
+                     program_share, rows_per_partition, split_count)
 
 # Elementwise: 2048 elements per partition per transfer (4 KiB bf16), as the forward.
 COLS = 2048
@@ -130,10 +130,7 @@ def _prefetch_ahead(per, width, itemsize):
     ahead made silu_and_mul's backward fail until 2026-12-05; tests/kernels/
     test_widest_rows_fit_sbuf.py)."""
     chunk = per * width * itemsize
-    for ahead in (PREFETCH_AHEAD, 1):
-        if 3 * (ahead + 2) * chunk + 3 * per * width * 4 <= active_engine_costs().sbuf_bytes_per_partition:
-            return ahead
-    return 0
+    return fitting_ahead(PREFETCH_AHEAD, lambda ahead: 3 * (ahead + 2) * chunk + 3 * per * width * 4)
 
 
 @nki.jit

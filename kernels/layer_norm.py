@@ -57,15 +57,14 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-from .engine_costs import active as active_engine_costs
 from .limits import NORM_MAX_HIDDEN as MAX_HIDDEN
 from .limits import NORM_ONE_PASS_MAX_HIDDEN as ONE_PASS_MAX_HIDDEN
 from .limits import NORM_RESIDENT_PARAM_BYTES as RESIDENT_PARAM_BYTES
 from .limits import NORM_RESIDENT_ROW_BYTES as RESIDENT_ROW_BYTES
 from .limits import NORM_STREAM_CHUNK as STREAM_CHUNK
-from .tiling import (PARTITIONS, block_rows, broadcast_rows, cdiv, column_chunks, engine_segments, itemsize,
-                     load_block, param_columns, pipelined, program_row_blocks, program_row_parts, resident_params,
-                     row_blocks, rows_per_partition, split_count, spread)
+from .tiling import (PARTITIONS, block_rows, broadcast_rows, cdiv, column_chunks, engine_segments, fitting_ahead,
+                     itemsize, load_block, param_columns, pipelined, program_row_blocks, program_row_parts,
+                     resident_params, row_blocks, rows_per_partition, split_count, spread)
 
 # Row packing: the least J that makes a transfer this long per partition (the DMA guide's
 # >= 4 KiB for bandwidth; more rows per block would only lengthen the pipeline fill/drain).
@@ -116,10 +115,7 @@ def _prefetch_ahead(per, cols, itemsize, param_bytes):
     ahead on trn3, one on trn2 and none on trn1, where one ahead needed 214 KiB of its 192
     (tests/kernels/test_widest_rows_fit_sbuf.py runs them)."""
     block = per * cols * itemsize
-    for ahead in (PREFETCH_AHEAD, 1):
-        if (ahead + 3) * block + param_bytes + cols * 4 <= active_engine_costs().sbuf_bytes_per_partition:
-            return ahead
-    return 0
+    return fitting_ahead(PREFETCH_AHEAD, lambda ahead: (ahead + 3) * block + param_bytes + cols * 4)
 
 
 def _affine_segment(dst, src, stats, weight, bias, on_vector):

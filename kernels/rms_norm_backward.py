@@ -39,11 +39,10 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-from .engine_costs import active as active_engine_costs
 from .limits import NORM_BACKWARD_MAX_HIDDEN as BACKWARD_MAX_HIDDEN
 from .limits import NORM_BACKWARD_MAX_ROW_BYTES as BACKWARD_MAX_ROW_BYTES
-from .tiling import (PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, load_block, pipelined, row_blocks,
-                     row_part, rows_per_partition, share, split_count)
+from .tiling import (PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, fitting_ahead, load_block, pipelined,
+                     row_blocks, row_part, rows_per_partition, share, split_count)
 from .weight_grads import (accumulate_columns, accumulate_diag, diag_fits, identity, new_accumulator,
                            new_diag_accumulator, new_partials, store_diag_partial, store_partial)
 
@@ -88,11 +87,7 @@ def _prefetch_ahead(per, cols, itemsize, inputs):
     and one on trn2 (224 KiB). tests/kernels/test_widest_rows_fit_sbuf.py runs the
     widest launches on every generation and checks the bound against the sweep."""
     block = per * cols * itemsize
-    for ahead in (PREFETCH_AHEAD, 1):
-        need = (inputs * (ahead + 2) + 3) * block + SMALL_TILES * 4 * per
-        if need <= active_engine_costs().sbuf_bytes_per_partition:
-            return ahead
-    return 0
+    return fitting_ahead(PREFETCH_AHEAD, lambda ahead: (inputs * (ahead + 2) + 3) * block + SMALL_TILES * 4 * per)
 
 
 def _products(dst, a, b, cut):

@@ -34,7 +34,7 @@ import nki.language as nl
 
 from .engine_costs import active as active_engine_costs
 from .limits import SOFTMAX_MAX_COLS as BACKWARD_MAX_COLS
-from .tiling import (block_rows, itemsize, load_block, pipelined, program_row_blocks,
+from .tiling import (block_rows, fitting_ahead, itemsize, load_block, pipelined, program_row_blocks,
                      rows_per_partition)
 
 # Rows packed per partition until a transfer holds 2048 elements (4 KiB bf16), as the forward.
@@ -53,10 +53,7 @@ def _prefetch_ahead(per, cols, itemsize):
     and none on trn1, where two ahead needed 256 KiB (tests/kernels/
     test_widest_rows_fit_sbuf.py)."""
     block = per * cols * itemsize
-    for ahead in (PREFETCH_AHEAD, 1):
-        if (2 * (ahead + 1) + 2) * block + per * cols * 4 <= active_engine_costs().sbuf_bytes_per_partition:
-            return ahead
-    return 0
+    return fitting_ahead(PREFETCH_AHEAD, lambda ahead: (2 * (ahead + 1) + 2) * block + per * cols * 4)
 
 
 def _row_split(per, cols, sixteen):

@@ -25,6 +25,8 @@ budget (``resident_params``), else loaded per chunk (``param_columns``).
 import nki.isa as nisa
 import nki.language as nl
 
+from .engine_costs import active as active_engine_costs
+
 # SBUF/PSUM partitions (lanes) of a NeuronCore, also TensorE's contraction limit.
 PARTITIONS = nl.tile_size.pmax
 # Parts the rows of a row kernel are cut into: the largest logical-core degree (LNC=2 on
@@ -132,6 +134,17 @@ def program_row_blocks(n_rows, per_max, tail_position=None):
     for lo, hi in program_row_parts(n_rows):
         blocks += row_blocks(hi, per_max, tail_position, first_row=lo)
     return blocks
+
+
+def fitting_ahead(most, need):
+    """The most items to load ahead for ``pipelined``, of ``most``, ``most`` - 1, ..., 0,
+    whose on-chip tiles fit the active generation's SBUF: ``need(ahead)`` is the kernel's
+    bound on the bytes per partition live at that depth."""
+    sbuf = active_engine_costs().sbuf_bytes_per_partition
+    for ahead in range(most, 0, -1):
+        if need(ahead) <= sbuf:
+            return ahead
+    return 0
 
 
 def pipelined(items, load, compute, store, ahead):
