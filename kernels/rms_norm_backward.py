@@ -56,7 +56,7 @@ PREFETCH_AHEAD = 2
 # [P, J] fp32 tiles (a block's statistics and factors: six per block, over the blocks in
 # flight) that _prefetch_ahead's bound adds to its row-sized tiles.
 SMALL_TILES = 16
-# Share of the columns of g = dy * w and q = p * w given to VectorE (the rest to GpSimd).
+# Share of the columns of g = dy * w and q = g * x given to VectorE (the rest to GpSimd).
 # Per element on trn2: VectorE 16-bit two-input pass 1.04 ns (perf mode), GpSimd 1.67 ns;
 # VectorE also runs p (1.04) and a (0.26; the row sum of q is ScalarE's): with share s of
 # the two products and t = a + g on GpSimd, VectorE 1.30 + 2.08 s, GpSimd 1.67 + 3.33
