@@ -73,21 +73,24 @@ G_VECTOR_SHARE_COLUMN_SUMS = 0.6
 FUSED_G_VECTOR_SHARE = 1.0
 
 
-def _prefetch_ahead(per, cols, itemsize, inputs):
+def _prefetch_ahead(per, cols, itemsize, inputs, weight_bytes):
     """Blocks loaded ahead of their compute: the most of PREFETCH_AHEAD, 1 and 0 whose tiles
     fit the active generation's SBUF.
 
     What is live per partition is at most the inputs of ahead + 2 blocks (block i - 1's
-    second half is issued after block i's first half), three more block-sized tiles (g
-    of two blocks, or one and the broadcast weight row, and a row temporary) and a few
-    [P, J] fp32 statistics (SMALL_TILES). The simulator's liveness sweep meets this
-    bound exactly at J = 1 with a weight, bf16 (block = one row): rms_norm 2 (ahead + 2)
-    + 3 blocks, fused_add_rms_norm 3 (ahead + 2) + 3; so at the widest rows (16 KiB per
-    partition) fused_add_rms_norm with a weight loads no block ahead on trn1 (192 KiB)
-    and one on trn2 (224 KiB). tests/kernels/test_widest_rows_fit_sbuf.py runs the
-    widest launches on every generation and checks the bound against the sweep."""
+    second half is issued after block i's first half), two more block-sized tiles (g of
+    two blocks, or one and a row temporary), the broadcast weight row (``weight_bytes``,
+    in the weight's dtype) and a few [P, J] fp32 statistics (SMALL_TILES). The
+    simulator's liveness sweep meets this bound exactly at J = 1, bf16 (block = one row):
+    rms_norm 2 (ahead + 2) + 2 blocks and the weight row, fused_add_rms_norm 3 (ahead + 2)
+    + 2 and the weight row; so at the widest rows (16 KiB per partition) fused_add_rms_norm
+    with a weight loads no block ahead on trn1 (192 KiB) and one on trn2 (224 KiB), and on
+    trn3 (256 KiB) two with a 16-bit weight but one with an fp32 weight (32 KiB).
+    tests/kernels/test_widest_rows_fit_sbuf.py runs the widest launches on every
+    generation and checks the bound against the sweep."""
     block = per * cols * itemsize
-    return fitting_ahead(PREFETCH_AHEAD, lambda ahead: (inputs * (ahead + 2) + 3) * block + SMALL_TILES * 4 * per)
+    return fitting_ahead(PREFETCH_AHEAD, lambda ahead: (inputs * (ahead + 2) + 2) * block + weight_bytes
+                         + SMALL_TILES * 4 * per)
 
 
 def _products(dst, a, b, cut):
@@ -218,7 +221,8 @@ def _backward(dy, x, weight, eps, dtotal):
     partials = None if weight is None else new_partials(cols, WORK_PARTS)
     eps_tile = _eps_tile(eps)
     per_max = rows_per_partition(cols, TARGET_COLS, BACKWARD_MAX_HIDDEN)
-    ahead = _prefetch_ahead(per_max, cols, itemsize(x.dtype), 2 if dtotal is None else 3)
+    ahead = _prefetch_ahead(per_max, cols, itemsize(x.dtype), 2 if dtotal is None else 3,
+                            0 if weight is None else cols * itemsize(weight.dtype))
     params = {}
     # one accumulator per program, restarted by each part's first matmul (at LNC=1 the two
     # parts take it in turn; two diagonal accumulators would not fit PSUM)

@@ -5,7 +5,8 @@ ahead (``_prefetch_ahead``), holds against the simulator's liveness sweep.
 
 Until 2026-12-05 these picked their depth by a row length fit to trn2, and overflowed SBUF
 (a CapacityError in the simulator, a failed build on hardware) on:
-  * fused_add_rms_norm's backward: fp32 H = 4096 on trn1 and trn2, bf16 H = 8192 on trn1;
+  * fused_add_rms_norm's backward: fp32 H = 4096 on trn1 and trn2, bf16 H = 8192 on trn1,
+    and with an fp32 weight on bf16 / fp16 rows of 8192 on trn3;
   * softmax's backward: fp32 rows of 8192 on every generation;
   * layer_norm: fp32 H = 8192 on trn1;
   * silu_and_mul's and gelu_and_mul's backward: fp32 rows of d = 4096 outputs on every
@@ -37,10 +38,10 @@ def _rows(n, hidden, dtype):
     return torch.randn(n, hidden).to(dtype)
 
 
-def _rms_backward(fused, weight):
+def _rms_backward(fused, weight, weight_dtype=None):
     def make(dtype, hidden, rows):
         x, dy, dtotal = (_rows(rows, hidden, dtype) for _ in range(3))
-        w = (1 + 0.1 * torch.randn(hidden)).to(dtype) if weight else None
+        w = (1 + 0.1 * torch.randn(hidden)).to(weight_dtype or dtype) if weight else None
         w64 = None if w is None else w.double()
         if fused:
             call = norms.fused_add_rms_norm_backward_kernel_call(dy, dtotal, x, w, 1e-6)
@@ -86,6 +87,8 @@ KERNELS = [
     ("rms_norm_backward", _rms_backward(False, True), [(torch.bfloat16, 8192), (torch.float32, 4096)]),
     ("fused_add_backward", _rms_backward(True, True), [(torch.bfloat16, 8192), (torch.float32, 4096)]),
     ("fused_add_backward-noweight", _rms_backward(True, False), [(torch.bfloat16, 8192), (torch.float32, 4096)]),
+    # an fp32 weight on 16-bit rows: its broadcast row is twice a block (trn3 overflowed)
+    ("fused_add_backward-fp32weight", _rms_backward(True, True, torch.float32), [(torch.bfloat16, 8192)]),
     ("softmax_backward", _softmax_backward, [(torch.bfloat16, 8192), (torch.float32, 8192)]),
     ("layer_norm", _layer_norm, [(torch.bfloat16, 8192), (torch.float32, 8192)]),
     ("silu_and_mul_backward", _silu_and_mul_backward, [(torch.bfloat16, 4096), (torch.float32, 4096)]),
@@ -121,9 +124,13 @@ def _kernel_module(suffix):
 # bytes)), each at J = 1 (one row per partition: a block is a row)
 BOUNDS = [
     ("rms_norm_backward", _rms_backward(False, True), torch.bfloat16, 8192, ".rms_norm_backward",
-     lambda m, a, block, row: (2 * (a + 2) + 3) * block + m.SMALL_TILES * 4),
+     lambda m, a, block, row: (2 * (a + 2) + 2) * block + row + m.SMALL_TILES * 4),
     ("fused_add_backward", _rms_backward(True, True), torch.bfloat16, 8192, ".rms_norm_backward",
-     lambda m, a, block, row: (3 * (a + 2) + 3) * block + m.SMALL_TILES * 4),
+     lambda m, a, block, row: (3 * (a + 2) + 2) * block + row + m.SMALL_TILES * 4),
+    ("fused_add_backward-fp32weight", _rms_backward(True, True, torch.float32), torch.bfloat16, 8192,
+     ".rms_norm_backward", lambda m, a, block, row: (3 * (a + 2) + 2) * block + 2 * row + m.SMALL_TILES * 4),
+    ("fused_add_backward-noweight", _rms_backward(True, False), torch.bfloat16, 8192, ".rms_norm_backward",
+     lambda m, a, block, row: (3 * (a + 2) + 2) * block + m.SMALL_TILES * 4),
     ("softmax_backward", _softmax_backward, torch.bfloat16, 8192, ".softmax_backward",
      lambda m, a, block, row: (2 * (a + 1) + 2) * block + row // 2 * 4),
     ("layer_norm", _layer_norm, torch.float32, 8192, ".layer_norm",
