@@ -41,8 +41,8 @@ import nki.language as nl
 
 from .limits import NORM_BACKWARD_MAX_HIDDEN as BACKWARD_MAX_HIDDEN
 from .limits import NORM_BACKWARD_MAX_ROW_BYTES as BACKWARD_MAX_ROW_BYTES
-from .tiling import (PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, fitting_ahead, load_block, pipelined,
-                     row_blocks, row_part, rows_per_partition, share, split_count)
+from .tiling import (PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, cdiv, column_chunks, fitting_ahead,
+                     load_block, pipelined, row_blocks, row_part, rows_per_partition, share, split_count)
 from .weight_grads import (accumulate_columns, accumulate_diag, diag_fits, identity, new_accumulator,
                            new_diag_accumulator, new_partials, store_diag_partial, store_partial)
 
@@ -165,7 +165,8 @@ def _back(x_tile, dt_tile, dx_tile, parts, per, cols, front):
         # second (modeled trn2 LNC=2 bf16 [2048, 4096] 174.9 -> 156.9 us, [4096, 8192]
         # 624.4 -> 540.7; at 2048 columns the extra fixed costs outweigh it in a pipeline
         # already balanced: [2048, 2048] 78.8 -> 83.0)
-        halves = _column_halves(cols) if dt_tile is not None and per == 1 and cols > TARGET_COLS else [(0, cols)]
+        halves = column_chunks(cols, cdiv(cols, 2)) if dt_tile is not None and per == 1 and cols > TARGET_COLS \
+            else [(0, cols)]
         for lo, hi in halves:
             nisa.tensor_tensor(dst=t[:, lo:hi], data1=a[:, lo:hi], data2=g[:, j, lo:hi], op=nl.add,
                                engine=nisa.engine.gpsimd)
@@ -179,11 +180,6 @@ def _back(x_tile, dt_tile, dx_tile, parts, per, cols, front):
         for lo, hi in halves:
             nisa.tensor_tensor(dst=dx_tile[:, j, lo:hi], data1=t[:, lo:hi], data2=dt_tile[:, j, lo:hi], op=nl.add,
                                engine=nisa.engine.gpsimd)
-
-
-def _column_halves(cols):
-    """[(0, cols // 2), (cols // 2, cols)]: a row's two column halves."""
-    return [(0, cols // 2), (cols // 2, cols)]
 
 
 def _weight_grad(acc, dy_tile, x_tile, rstd, parts, per, cols, first):
