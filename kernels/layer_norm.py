@@ -13,6 +13,11 @@ Layout:
     small store does not queue behind the last full block's. weight and bias are broadcast
     once to all 128 partitions (stride-0 DMA) right after the first block's load.
     Fresh SBUF tiles per block let block i+1's load overlap block i's compute.
+    The program's last block, when it holds J > 1 rows per partition and the work after
+    its statistics outlasts the extra transfers (_drains_by_slot), is finished and stored
+    row slot by row slot (DRAIN_BY_SLOT): each slot's store (one row of H elements per
+    partition) starts when that slot's output is made, so the pipeline's drain is the last
+    slot's affine step and store, not the whole block's.
 16-bit input (bf16/fp16), per row slot (the j-th row of a partition in a block):
     statistics in fp32, on one of two engines (SCALAR_STATS_SHARE of the slots on ScalarE):
       ScalarE  sum(x) (copy with add-accumulate); GpSimd -mean = sum / -H (a division,
@@ -57,6 +62,7 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from .engine_costs import active as active_engine_costs
 from .limits import NORM_MAX_HIDDEN as MAX_HIDDEN
 from .limits import NORM_ONE_PASS_MAX_HIDDEN as ONE_PASS_MAX_HIDDEN
 from .limits import NORM_RESIDENT_PARAM_BYTES as RESIDENT_PARAM_BYTES
@@ -76,6 +82,21 @@ TAIL_POSITION = 1
 # rms_norm.py); fewer where their tiles would not fit the active generation's SBUF
 # (_prefetch_ahead).
 PREFETCH_AHEAD = 2
+# The program's last block (J > 1 rows per partition) finished and stored one row slot at a
+# time where that pays (_drains_by_slot): the affine step per slot (J instructions per engine
+# instead of one), each slot's store issued when it is made. Modeled (trn2 LNC=2, us): bf16
+# with weight and bias ViT-B [1576, 768] 21.46 -> 20.11, ViT-L [1576, 1024] 23.60 -> 23.03,
+# [512, 384] 7.92 -> 7.08; weight only [1576, 1024] 23.29 -> 21.55; fp32 without weight
+# [1576, 768] 24.14 -> 21.05. A scan of 29 shapes (64-8192 rows x 64-8192 columns) on trn2
+# (LNC=2 and 1), trn3 and trn1, bf16 / fp16 / fp32, with weight and bias, weight only and
+# none (493 runs): 173 faster, 311 unchanged (among them every shape whose last block holds
+# one row per partition), 9 slower, by at most 2.3 % (trn1 bf16 [2048, 256], 23.83 ->
+# 24.39). Without the check (every such block with a weight, or in fp32) rows of 128
+# columns modeled up to 27 % slower (trn3 fp32 [4096, 128] without weight). Only the
+# program's last block: a part's last block mid-launch (LNC=1 runs both parts in turn)
+# modeled up to 8 % slower, its per-slot instructions competing with the next block's work.
+# Storing the slots instead of the block changes no value.
+DRAIN_BY_SLOT = True
 # bn_stats reads at most this many elements per partition (512 on trn2).
 BN_CHUNK = nl.tile_size.bn_stats_fmax
 BN_STATS_WIDTH = 6   # (count, mean, var*count) for even and odd elements
@@ -118,6 +139,47 @@ def _prefetch_ahead(per, cols, itemsize, param_bytes):
     return fitting_ahead(PREFETCH_AHEAD, lambda ahead: (ahead + 3) * block + param_bytes + cols * 4)
 
 
+def _slot_after_stats_ns(cols, sixteen, n_params):
+    """Estimated ns of one row slot's work after its statistics, on its busiest engine (the
+    cost model's rules with the active generation's figures, engine_costs.py), as the
+    module docstring lays it out: 16-bit, y on VectorE (performance mode) and the
+    ``n_params`` (weight, bias) passes of the affine step split between VectorE and GpSimd;
+    fp32, the row's path (VectorE's scalar_tensor_tensor per parameter for a share of the
+    rows, else ScalarE's y and GpSimd's passes)."""
+    c = active_engine_costs()
+    if sixteen:
+        cut = split_count(cols, VECTOR_SHARE_AFFINE_16 if n_params == 2 else VECTOR_SHARE_WEIGHT_16)
+        vector = c.instruction_ns("vector", cols, rate=c.vector_16bit_rate)
+        if n_params:
+            vector += n_params * c.instruction_ns("vector", cut)
+        gpsimd = n_params * c.instruction_ns("gpsimd", cols - cut, rate=0.5) if n_params else 0.0
+        return max(vector, gpsimd)
+    a = VECTOR_SHARE_AFFINE if n_params == 2 else VECTOR_SHARE_WEIGHT if n_params else 0.0
+    vector = a * n_params * c.instruction_ns("vector", cols, rate=0.5)
+    scalar = (1 - a) * c.instruction_ns("scalar", cols)
+    gpsimd = (1 - a) * n_params * c.instruction_ns("gpsimd", cols, rate=0.5)
+    return max(vector, scalar, gpsimd)
+
+
+def _drains_by_slot(per, cols, itemsize, n_params, sixteen):
+    """Whether the program's last block, of ``per`` rows per partition, is finished and
+    stored row slot by row slot (DRAIN_BY_SLOT), by the active generation's figures
+    (engine_costs.py). Its ``per`` stores instead of one cost the DMA queues
+    per x occ(d) - occ(per x d) more (d: one slot's data per queue; each transfer holds a
+    queue at least dma_transfer_gap_ns); they overlap the work after the statistics of all
+    slots but the first (_slot_after_stats_ns each). By slot when that work is the longer:
+    ViT-B [1576, 768] bf16 with weight and bias on trn2 (2.8 us against 0.9); not rows of
+    128 columns (16 slots of 256 B, a transfer gap apiece), nor 16-bit rows without a
+    weight shorter than 1024 columns (y alone follows the statistics)."""
+    if not DRAIN_BY_SLOT or per < 2:
+        return False
+    c = active_engine_costs()
+    # one slot's transfer per queue: a core's 16 queues, 8 partitions each
+    slot_data_ns = 8 * cols * itemsize / (c.dma_bytes_per_s / 16) * 1e9
+    extra_queue_ns = per * c.dma_occupancy_ns(slot_data_ns) - c.dma_occupancy_ns(per * slot_data_ns)
+    return (per - 1) * _slot_after_stats_ns(cols, sixteen, n_params) > extra_queue_ns
+
+
 def _affine_segment(dst, src, stats, weight, bias, on_vector):
     """dst = (src - mean) * rstd (* weight) (+ bias) for one [P, w] segment."""
     mean, rstd, neg_mean_rstd = stats
@@ -148,10 +210,12 @@ def _affine_segment(dst, src, stats, weight, bias, on_vector):
     nisa.tensor_tensor(dst=dst, data1=scaled, data2=bias, op=nl.add, engine=nisa.engine.gpsimd)
 
 
-def _block_16bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps_tile, slot0):
+def _block_16bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps_tile, slot0, store_slot=None):
     """One block of a 16-bit input: statistics in fp32, y rounded once to the input dtype,
     then y * weight and + bias in the input dtype, in place in ``out_tile``. Row slot
-    ``slot0 + j`` takes its statistics on ScalarE or VectorE (SCALAR_STATS_SHARE)."""
+    ``slot0 + j`` takes its statistics on ScalarE or VectorE (SCALAR_STATS_SHARE).
+    ``store_slot(j)``, when given, is called as soon as slot j's output is made (the affine
+    step then runs per slot; without a weight, right after the slot's y; DRAIN_BY_SLOT)."""
     n_chunks = cdiv(cols, BN_CHUNK)
     rstd = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
     on_scalar = [j for j in range(per) if spread(slot0 + j, SCALAR_STATS_SHARE)]
@@ -197,21 +261,28 @@ def _block_16bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps
     for j in range(per):
         nisa.tensor_scalar(dst=out_tile[:, j, :], data=x_tile[:, j, :], op0=centre[j][0],
                            operand0=centre[j][1], op1=nl.multiply, operand1=rstd[:, j:j + 1])
+        if weight_tile is None and store_slot is not None:
+            store_slot(j)
     if weight_tile is None:
         return
     share = VECTOR_SHARE_AFFINE_16 if bias_tile is not None else VECTOR_SHARE_WEIGHT_16
     cut = split_count(cols, share)
-    # all J rows of a partition at once: weight / bias viewed with a stride-0 row axis
-    for lo, hi, engine in ((0, cut, nisa.engine.vector), (cut, cols, nisa.engine.gpsimd)):
-        if hi <= lo:
-            continue
-        seg = out_tile[:, :, lo:hi]
-        shape = (parts, per, hi - lo)
-        nisa.tensor_tensor(dst=seg, data1=seg, op=nl.multiply, engine=engine,
-                           data2=weight_tile[0:parts, lo:hi].expand_dim(1).broadcast_to(shape))
-        if bias_tile is not None:
-            nisa.tensor_tensor(dst=seg, data1=seg, op=nl.add, engine=engine,
-                               data2=bias_tile[0:parts, lo:hi].expand_dim(1).broadcast_to(shape))
+    # all J rows of a partition at once, or row slot by row slot, each stored when made
+    for j in ([None] if store_slot is None else range(per)):
+        for lo, hi, engine in ((0, cut, nisa.engine.vector), (cut, cols, nisa.engine.gpsimd)):
+            if hi <= lo:
+                continue
+            operands = [(t[0:parts, lo:hi], op) for t, op in ((weight_tile, nl.multiply), (bias_tile, nl.add))
+                        if t is not None]
+            if j is None:       # [P, J, w], weight / bias viewed with a stride-0 row axis
+                seg = out_tile[:, :, lo:hi]
+                operands = [(t.expand_dim(1).broadcast_to((parts, per, hi - lo)), op) for t, op in operands]
+            else:               # one slot: [P, w]
+                seg = out_tile[:, j, lo:hi]
+            for operand, op in operands:
+                nisa.tensor_tensor(dst=seg, data1=seg, data2=operand, op=op, engine=engine)
+        if j is not None:
+            store_slot(j)
 
 
 def _affine_share(weight, bias):
@@ -270,9 +341,11 @@ def _layer_norm_streamed(x, out, weight, bias, eps_tile):
             nisa.dma_copy(dst=out[start:start + parts, c0:c1], src=out_tile)
 
 
-def _block_32bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps_tile):
+def _block_32bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps_tile, store_slot=None):
     """One block of an fp32 input: bn_stats / bn_aggr statistics, then the affine step split
-    between the VectorE path and the ScalarE + GpSimd path (module docstring)."""
+    between the VectorE path and the ScalarE + GpSimd path (module docstring).
+    ``store_slot(j)``, when given, is called as soon as row slot j's output is made (with
+    J > 1 rows per partition each row takes one path; DRAIN_BY_SLOT)."""
     n_chunks = cdiv(cols, BN_CHUNK)
     # mean / variance per row: bn_stats per <= 512-element chunk, bn_aggr per row (VectorE).
     stats = nl.ndarray((parts, per, n_chunks * BN_STATS_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
@@ -299,6 +372,8 @@ def _block_32bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps
         _affine_segment(out_tile[:, j, lo:hi], x_tile[:, j, lo:hi], stats,
                         None if weight_tile is None else weight_tile[0:parts, lo:hi],
                         None if bias_tile is None else bias_tile[0:parts, lo:hi], on_vector)
+        if store_slot is not None and per > 1:      # per > 1: the segment is the whole row j
+            store_slot(j)
 
 
 @nki.jit
@@ -343,18 +418,30 @@ def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5):
             params["bias"] = None if bias is None else broadcast_rows(bias, cols)
         return x_tile
 
+    # the program's last block, stored row slot by row slot where that pays (DRAIN_BY_SLOT)
+    n_params = sum(p is not None for p in (weight, bias))
+    drain = blocks[-1] if blocks and _drains_by_slot(blocks[-1][2], cols, itemsize(x.dtype), n_params, sixteen) \
+        else None
+
     def compute(block, x_tile):
         start, parts, per, slot = block
         out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
+        store_slot = None
+        if block == drain:
+            def store_slot(j):
+                nisa.dma_copy(dst=block_rows(out, start, parts, per)[:, j, :], src=out_tile[:, j, :])
         if sixteen:
-            _block_16bit(x_tile, out_tile, parts, per, cols, params["weight"], params["bias"], eps_tile, slot)
+            _block_16bit(x_tile, out_tile, parts, per, cols, params["weight"], params["bias"], eps_tile, slot,
+                         store_slot)
         else:
-            _block_32bit(x_tile, out_tile, parts, per, cols, params["weight"], params["bias"], eps_tile)
-        return out_tile
+            _block_32bit(x_tile, out_tile, parts, per, cols, params["weight"], params["bias"], eps_tile,
+                         store_slot)
+        return None if block == drain else out_tile      # None: already stored
 
     def store(block, out_tile):
         start, parts, per, _ = block
-        nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
+        if out_tile is not None:
+            nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
 
     param_bytes = sum(cols * itemsize(p.dtype) for p in (weight, bias) if p is not None)
     pipelined(blocks, load, compute, store, _prefetch_ahead(per_max, cols, itemsize(x.dtype), param_bytes))

@@ -110,6 +110,37 @@ def test_rms_norm_without_weight_places_the_normalisation_by_the_engines_figures
     assert_matches(out, x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + 1e-6), dtype)
 
 
+@pytest.mark.parametrize("target, rows, hidden, dtype, affine, slot_stores", [
+    # ViT-B at LNC=2: each program's last block holds 3 rows per partition (the second
+    # program's follows its 40-row tail block); the affine step after each slot's y outlasts
+    # the two extra transfers: stored slot by slot
+    ("trn2", 1576, 768, torch.bfloat16, "weight+bias", 3),
+    ("trn2", 1576, 768, torch.float32, "none", 3),      # fp32 y is a ScalarE pass per row
+    ("trn3", 512, 1000, torch.float16, "weight", 2),
+    # 16-bit without a weight: y alone follows the statistics, shorter than the extra transfer
+    ("trn2", 1576, 768, torch.bfloat16, "none", 0),
+    # 16 rows of 128 columns per partition: 16 transfers of 256 B, each a transfer gap
+    ("trn2", 4096, 128, torch.bfloat16, "weight+bias", 0),
+], ids=["vit-b-bf16", "fp32-no-weight", "trn3-fp16-weight", "bf16-no-weight", "rows-of-128"])
+def test_layer_norm_stores_the_last_block_slot_by_slot_where_it_pays(target, rows, hidden, dtype, affine,
+                                                                       slot_stores):
+    # kernels/layer_norm.py DRAIN_BY_SLOT / _drains_by_slot: each program's last block, when
+    # it holds several rows per partition, is stored row slot by row slot ([parts, H] stores
+    # of one row per partition) where the work after the statistics outlasts the extra
+    # transfers; every other block is one [parts, J, H] store
+    from nki_kernels.ops import norms
+
+    x = randn(rows, hidden, dtype=dtype, scale=2.0, shift=3.0)
+    weight, bias = _affine(hidden, affine, dtype)
+    out, trace = run_traced(norms.layer_norm_kernel_call(x, (hidden,), weight, bias, 1e-5), lnc=2, target=target)
+    stores = [i for i in trace if i.op == "dma_copy" and i.writes[0].buffer == "hbm"]
+    for core in (0, 1):
+        slots = [i for i in stores if i.attrs.get("core") == core and len(i.writes[0].shape) == 2]
+        assert len(slots) == slot_stores, f"core {core}"
+    x64, w64, b64 = _f64(x, weight, bias)
+    assert_matches(out, F.layer_norm(x64, (hidden,), w64, b64, 1e-5), dtype)
+
+
 @pytest.mark.parametrize("rows, hidden", [(5, 64), (2, 1000)], ids=["decode-rows", "prefill-rows"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_layer_norm_large_eps_on_small_variance_rows(simulator_backend, rows, hidden, dtype):
