@@ -70,7 +70,7 @@ from .limits import NORM_RESIDENT_ROW_BYTES as RESIDENT_ROW_BYTES
 from .limits import NORM_STREAM_CHUNK as STREAM_CHUNK
 from .tiling import (PARTITIONS, block_rows, broadcast_rows, cdiv, column_chunks, engine_segments, fitting_ahead,
                      itemsize, load_block, param_columns, pipelined, program_row_blocks, program_row_parts,
-                     resident_params, row_blocks, rows_per_partition, split_count, spread)
+                     resident_params, row_blocks, rows_per_partition, slot_stores_pay, split_count, spread)
 
 # Row packing: the least J that makes a transfer this long per partition (the DMA guide's
 # >= 4 KiB for bandwidth; more rows per block would only lengthen the pipeline fill/drain).
@@ -163,21 +163,12 @@ def _slot_after_stats_ns(cols, sixteen, n_params):
 
 def _drains_by_slot(per, cols, itemsize, n_params, sixteen):
     """Whether the program's last block, of ``per`` rows per partition, is finished and
-    stored row slot by row slot (DRAIN_BY_SLOT), by the active generation's figures
-    (engine_costs.py). Its ``per`` stores instead of one cost the DMA queues
-    per x occ(d) - occ(per x d) more (d: one slot's data per queue; each transfer holds a
-    queue at least dma_transfer_gap_ns); they overlap the work after the statistics of all
-    slots but the first (_slot_after_stats_ns each). By slot when that work is the longer:
-    ViT-B [1576, 768] bf16 with weight and bias on trn2 (2.8 us against 0.9); not rows of
-    128 columns (16 slots of 256 B, a transfer gap apiece), nor 16-bit rows without a
-    weight shorter than 1024 columns (y alone follows the statistics)."""
-    if not DRAIN_BY_SLOT or per < 2:
-        return False
-    c = active_engine_costs()
-    # one slot's transfer per queue: a core's 16 queues, 8 partitions each
-    slot_data_ns = 8 * cols * itemsize / (c.dma_bytes_per_s / 16) * 1e9
-    extra_queue_ns = per * c.dma_occupancy_ns(slot_data_ns) - c.dma_occupancy_ns(per * slot_data_ns)
-    return (per - 1) * _slot_after_stats_ns(cols, sixteen, n_params) > extra_queue_ns
+    stored row slot by row slot (DRAIN_BY_SLOT): where the slots' work after the
+    statistics (_slot_after_stats_ns) outlasts the queue time the extra transfers cost
+    (tiling.slot_stores_pay). ViT-B [1576, 768] bf16 with weight and bias on trn2: 2.8 us
+    against 0.9; not rows of 128 columns (16 slots of 256 B, a transfer gap apiece), nor
+    16-bit rows without a weight shorter than 1024 columns (y alone follows the statistics)."""
+    return DRAIN_BY_SLOT and slot_stores_pay(per, cols, itemsize, _slot_after_stats_ns(cols, sixteen, n_params))
 
 
 def _affine_segment(dst, src, stats, weight, bias, on_vector):
