@@ -50,11 +50,16 @@ def test_row_kernels_use_full_partitions_and_large_dmas(op, rows, hidden):
     # 1576 = 12 * 128 + 40 rows: only the 40-row tail is partial (its loads and stores)
     assert all(o.partitions == 40 for o in partial), [o.shape for o in partial]
     # every full-partition transfer moves >= 4 KiB per partition (the DMA guide's figure),
-    # except the elementwise kernel's one remainder chunk (its load and its store)
+    # except the elementwise kernel's one remainder chunk (its load and its store) and
+    # layer_norm's last block at 768 columns: 3 rows per partition, stored one row slot at
+    # a time (kernels/layer_norm.py DRAIN_BY_SLOT, where the cost model says the shorter
+    # drain outweighs the extra transfers), 1536 B each
     full = [o for o in sbuf_sides if o.partitions == 128]
     small = [o.nbytes // 128 for o in full if o.nbytes // 128 < 4096]
-    allowed_small = 2 if op == "silu" else 0
+    allowed_small = {"silu": 2, "layer_norm": 3 if hidden == 768 else 0}.get(op, 0)
     assert full and len(small) <= allowed_small, sorted({o.nbytes // 128 for o in full})
+    if op == "layer_norm":
+        assert small == [hidden * 2] * allowed_small       # one bf16 row per partition each
     assert result.peak_sbuf_bytes_per_partition <= TRN2_SBUF
 
 
