@@ -84,18 +84,19 @@ TAIL_POSITION = 1
 PREFETCH_AHEAD = 2
 # The program's last block (J > 1 rows per partition) finished and stored one row slot at a
 # time where that pays (_drains_by_slot): the affine step per slot (J instructions per engine
-# instead of one), each slot's store issued when it is made. Modeled (trn2 LNC=2, us): bf16
-# with weight and bias ViT-B [1576, 768] 21.46 -> 20.11, ViT-L [1576, 1024] 23.60 -> 23.03,
-# [512, 384] 7.92 -> 7.08; weight only [1576, 1024] 23.29 -> 21.55; fp32 without weight
-# [1576, 768] 24.14 -> 21.05. A scan of 29 shapes (64-8192 rows x 64-8192 columns) on trn2
-# (LNC=2 and 1), trn3 and trn1, bf16 / fp16 / fp32, with weight and bias, weight only and
-# none (493 runs): 173 faster, 311 unchanged (among them every shape whose last block holds
-# one row per partition), 9 slower, by at most 2.3 % (trn1 bf16 [2048, 256], 23.83 ->
-# 24.39). Without the check (every such block with a weight, or in fp32) rows of 128
-# columns modeled up to 27 % slower (trn3 fp32 [4096, 128] without weight). Only the
-# program's last block: a part's last block mid-launch (LNC=1 runs both parts in turn)
-# modeled up to 8 % slower, its per-slot instructions competing with the next block's work.
-# Storing the slots instead of the block changes no value.
+# instead of one, 16-bit columns split by _drain_vector_share), each slot's store issued
+# when it is made. Modeled (trn2 LNC=2, us): bf16 with weight and bias ViT-B [1576, 768]
+# 21.46 -> 19.99, ViT-L [1576, 1024] 23.60 -> 22.58, [512, 384] 7.92 -> 7.07; weight only
+# [1576, 1024] 23.29 -> 21.55; fp32 without weight [1576, 768] 24.14 -> 21.05. A scan of 28
+# shapes (64-8192 rows x 64-8192 columns) on trn2 (LNC=2 and 1), trn3 and trn1, bf16 / fp16
+# / fp32, with weight and bias, weight only and none (476 runs): 175 faster, 296 unchanged
+# (among them every shape whose last block holds one row per partition), 5 slower, by at
+# most 1.6 % (trn1 bf16 [2048, 256], 23.83 -> 24.20; on trn2 and trn3 at most 0.2 %).
+# Without the check (every such block with a weight, or in fp32) rows of 128 columns
+# modeled up to 27 % slower (trn3 fp32 [4096, 128] without weight). Only the program's last
+# block: a part's last block mid-launch (LNC=1 runs both parts in turn) modeled up to 8 %
+# slower, its per-slot instructions competing with the next block's work. Storing the slots
+# instead of the block changes no value.
 DRAIN_BY_SLOT = True
 # bn_stats reads at most this many elements per partition (512 on trn2).
 BN_CHUNK = nl.tile_size.bn_stats_fmax
@@ -139,6 +140,27 @@ def _prefetch_ahead(per, cols, itemsize, param_bytes):
     return fitting_ahead(PREFETCH_AHEAD, lambda ahead: (ahead + 3) * block + param_bytes + cols * 4)
 
 
+def _vector_16bit_pair_rate():
+    """Elements per cycle of a VectorE tensor_tensor over 16-bit tiles in SBUF: two input
+    passes, halved by the 2x performance mode where the generation has one (the cost
+    model's rule; Target.vector_perf_mode_half, which EngineCosts mirrors as
+    vector_psum_copy_16bit_rate): 1 on trn2 and trn3, 0.5 on trn1."""
+    return active_engine_costs().vector_psum_copy_16bit_rate / 2
+
+
+def _drain_vector_share():
+    """VectorE's share of the affine step's columns in the drain's row slots (16-bit): the
+    share at which VectorE and GpSimd (a two-input pass at half an element per cycle) end a
+    slot together, by their clocks and rates (trn2 0.62, trn3 0.67, trn1 0.44). The block
+    shares (VECTOR_SHARE_AFFINE_16, VECTOR_SHARE_WEIGHT_16) leave VectorE room for the next
+    block's statistics and y; after the last block there is none (modeled trn2 LNC=2 bf16
+    ViT-L [1576, 1024] 23.03 -> 22.58 us)."""
+    c = active_engine_costs()
+    vector = c.vector_ghz * _vector_16bit_pair_rate()
+    gpsimd = c.gpsimd_ghz * 0.5
+    return vector / (vector + gpsimd)
+
+
 def _slot_after_stats_ns(cols, sixteen, n_params):
     """Estimated ns of one row slot's work after its statistics, on its busiest engine (the
     cost model's rules with the active generation's figures, engine_costs.py), as the
@@ -148,10 +170,10 @@ def _slot_after_stats_ns(cols, sixteen, n_params):
     rows, else ScalarE's y and GpSimd's passes)."""
     c = active_engine_costs()
     if sixteen:
-        cut = split_count(cols, VECTOR_SHARE_AFFINE_16 if n_params == 2 else VECTOR_SHARE_WEIGHT_16)
+        cut = split_count(cols, _drain_vector_share())
         vector = c.instruction_ns("vector", cols, rate=c.vector_16bit_rate)
         if n_params:
-            vector += n_params * c.instruction_ns("vector", cut)
+            vector += n_params * c.instruction_ns("vector", cut, rate=_vector_16bit_pair_rate())
         gpsimd = n_params * c.instruction_ns("gpsimd", cols - cut, rate=0.5) if n_params else 0.0
         return max(vector, gpsimd)
     a = VECTOR_SHARE_AFFINE if n_params == 2 else VECTOR_SHARE_WEIGHT if n_params else 0.0
@@ -165,9 +187,10 @@ def _drains_by_slot(per, cols, itemsize, n_params, sixteen):
     """Whether the program's last block, of ``per`` rows per partition, is finished and
     stored row slot by row slot (DRAIN_BY_SLOT): where the slots' work after the
     statistics (_slot_after_stats_ns) outlasts the queue time the extra transfers cost
-    (tiling.slot_stores_pay). ViT-B [1576, 768] bf16 with weight and bias on trn2: 2.8 us
-    against 0.9; not rows of 128 columns (16 slots of 256 B, a transfer gap apiece), nor
-    16-bit rows without a weight shorter than 1024 columns (y alone follows the statistics)."""
+    (tiling.slot_stores_pay). ViT-B [1576, 768] bf16 with weight and bias on trn2: 3.0 us
+    (two slots of y and the affine step on VectorE, 1.5 us each) against 0.9; not rows of
+    128 columns (16 slots of 256 B, a transfer gap apiece), nor 16-bit rows without a
+    weight shorter than 1024 columns (y alone follows the statistics)."""
     return DRAIN_BY_SLOT and slot_stores_pay(per, cols, itemsize, _slot_after_stats_ns(cols, sixteen, n_params))
 
 
@@ -256,7 +279,10 @@ def _block_16bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps
             store_slot(j)
     if weight_tile is None:
         return
-    share = VECTOR_SHARE_AFFINE_16 if bias_tile is not None else VECTOR_SHARE_WEIGHT_16
+    if store_slot is None:
+        share = VECTOR_SHARE_AFFINE_16 if bias_tile is not None else VECTOR_SHARE_WEIGHT_16
+    else:
+        share = _drain_vector_share()
     cut = split_count(cols, share)
     # all J rows of a partition at once, or row slot by row slot, each stored when made
     for j in ([None] if store_slot is None else range(per)):
