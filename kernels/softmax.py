@@ -258,10 +258,10 @@ def _block_exp(x, out, x_tile, neg_max, start, parts, per, cols):
 EXP_GROUPS = 2
 # Since session 56 each group is also finished (1 / sum, scaling) and stored on its own as
 # soon as its sums are known, instead of the whole block after both: the first group's
-# scaling and store overlap the second group's exp. Modeled (LNC=2, us), one store per block -> per
-# group: trn2 bf16 ViT-B scores [18912, 197] 39.93 -> 38.58, [4096, 197] 15.68 -> 14.52,
-# CLIP text [16384, 77] 24.24 -> 23.02, [8192, 128] 20.02 -> 18.05; fp32 [18912, 197]
-# 46.57 -> 44.72, [4096, 64] 12.80 -> 11.06. A scan of 19 shapes (128-50000 rows x 32-1000
+# scaling and store overlap the second group's exp. Modeled (LNC=2, us), one store per
+# block -> one per group: trn2 bf16 ViT-B scores [18912, 197] 39.93 -> 38.58, [4096, 197]
+# 15.68 -> 14.52, CLIP text [16384, 77] 24.24 -> 23.02, [8192, 128] 20.02 -> 18.05; fp32
+# [18912, 197] 46.57 -> 44.72, [4096, 64] 12.80 -> 11.06. A scan of 19 shapes (128-50000 rows x 32-1000
 # columns; trn2 at LNC=2 and 1, trn3, trn1; bf16, fp16, fp32; 171 runs): 75 faster, 93
 # unchanged (the shapes that take the per-row, online or split form), 3 slower: trn2 LNC=1
 # fp32 [12288, 257] 74.60 -> 76.91 (+3.1 %), trn3 bf16 [8192, 100] +2.1 %, ViT-B scores on
