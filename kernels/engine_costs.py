@@ -105,17 +105,27 @@ class EngineCosts(nl.NKIObject):
         cycles = max(partitions, min(self.matmul_min_cycles, columns))
         return cycles * self.transpose_fp32_factor / self.tensor_ghz
 
-    def vector_gpsimd_share(self):
+    def vector_gpsimd_share(self, vector_rate=0.5):
         """Share of a stream of two-input elementwise passes to give VectorE so that it and
-        GpSimd finish together (the rest to GpSimd): both read two inputs per element
-        (2 cycles; an fp32 operand leaves VectorE without its 16-bit mode), so the share is
-        VectorE's clock over the sum of the two (trn2: 0.96 / (0.96 + 1.2) = 0.44)."""
-        return self.vector_ghz / (self.vector_ghz + self.gpsimd_ghz)
+        GpSimd finish together (the rest to GpSimd): GpSimd reads two inputs per element
+        (half an element per cycle), VectorE ``vector_rate`` elements per cycle. The
+        default, 0.5, is VectorE without its 16-bit mode (an fp32 operand): the share is
+        then VectorE's clock over the sum of the two (trn2: 0.96 / (0.96 + 1.2) = 0.44);
+        16-bit tiles in SBUF pass at twice that where the generation has the mode (trn2:
+        0.62)."""
+        vector = self.vector_ghz * vector_rate
+        gpsimd = self.gpsimd_ghz * 0.5
+        return vector / (vector + gpsimd)
 
     def dma_transpose_ns(self, nbytes):
         """Data time (ns) of an SBUF->SBUF dma_transpose of ``nbytes`` over a core's 16
         queues (the copy bandwidth at dma_transpose_efficiency)."""
         return nbytes / (self.dma_bytes_per_s * self.dma_transpose_efficiency) * 1e9
+
+    def queue_data_ns(self, bytes_per_partition):
+        """Data time (ns) of one DMA queue's share of a transfer over all 128 partitions
+        moving ``bytes_per_partition`` each: a core's 16 queues, 8 partitions apiece."""
+        return 8 * bytes_per_partition / (self.dma_bytes_per_s / 16 / 1e9)
 
     def dma_occupancy_ns(self, data_ns):
         """How long a queue is held by a transfer share whose data takes ``data_ns``."""

@@ -154,11 +154,9 @@ def _drain_vector_share():
     slot together, by their clocks and rates (trn2 0.62, trn3 0.67, trn1 0.44). The block
     shares (VECTOR_SHARE_AFFINE_16, VECTOR_SHARE_WEIGHT_16) leave VectorE room for the next
     block's statistics and y; after the last block there is none (modeled trn2 LNC=2 bf16
-    ViT-L [1576, 1024] 23.03 -> 22.58 us)."""
-    c = active_engine_costs()
-    vector = c.vector_ghz * _vector_16bit_pair_rate()
-    gpsimd = c.gpsimd_ghz * 0.5
-    return vector / (vector + gpsimd)
+    ViT-L [1576, 1024] 23.03 -> 22.58 us; EngineCosts.vector_gpsimd_share at VectorE's
+    16-bit rate)."""
+    return active_engine_costs().vector_gpsimd_share(_vector_16bit_pair_rate())
 
 
 def _slot_after_stats_ns(cols, sixteen, n_params):

@@ -261,11 +261,11 @@ EXP_GROUPS = 2
 # scaling and store overlap the second group's exp. Modeled (LNC=2, us), one store per
 # block -> one per group: trn2 bf16 ViT-B scores [18912, 197] 39.93 -> 38.58, [4096, 197]
 # 15.68 -> 14.52, CLIP text [16384, 77] 24.24 -> 23.02, [8192, 128] 20.02 -> 18.05; fp32
-# [18912, 197] 46.57 -> 44.72, [4096, 64] 12.80 -> 11.06. A scan of 19 shapes (128-50000 rows x 32-1000
-# columns; trn2 at LNC=2 and 1, trn3, trn1; bf16, fp16, fp32; 171 runs): 75 faster, 93
-# unchanged (the shapes that take the per-row, online or split form), 3 slower: trn2 LNC=1
-# fp32 [12288, 257] 74.60 -> 76.91 (+3.1 %), trn3 bf16 [8192, 100] +2.1 %, ViT-B scores on
-# trn3 +0.7 %. Three groups with the same finish model slower ([12288, 257] fp32 +22 %).
+# [18912, 197] 46.57 -> 44.72, [4096, 64] 12.80 -> 11.06. A scan of 19 shapes (128-50000
+# rows x 32-1000 columns; trn2 at LNC=2 and 1, trn3, trn1; bf16, fp16, fp32; 171 runs): 75
+# faster, 93 unchanged (the shapes that take the per-row, online or split form), 3 slower:
+# trn2 LNC=1 fp32 [12288, 257] 74.60 -> 76.91 (+3.1 %), trn3 bf16 [8192, 100] +2.1 %, ViT-B
+# scores on trn3 +0.7 %. Three groups with the same finish model slower ([12288, 257] fp32 +22 %).
 # Engines of the block form's per-row scaling (_block_scaling).
 VECTOR, SCALAR, GPSIMD = 0, 1, 2
 
@@ -676,11 +676,10 @@ def _split_chunk_count(width, dtype_bytes, bf16_max, n_groups):
       bf16 [8, 32000]  (1000)                9.4* / 10.5 / 11.8 / 13.3
       fp32 [8, 32000]  (1000)               11.3 / 11.4* / 12.4 / 13.8"""
     c = active_engine_costs()
-    queue_bytes_per_ns = c.dma_bytes_per_s / 16 / 1e9   # a core's 16 DMA queues, 8 partitions each
     best_time, best_count = None, 1
     for count in range(1, SPLIT_MAX_CHUNKS + 1):
         cols = cdiv(width, count)
-        transfer = c.dma_occupancy_ns(8 * cols * dtype_bytes / queue_bytes_per_ns)
+        transfer = c.dma_occupancy_ns(c.queue_data_ns(cols * dtype_bytes))
         maximum = c.instruction_ns("vector", cols, 2 if bf16_max else 1)
         exp = c.instruction_ns("scalar", cols)
         scaling = _split_scaling_ns(cols, n_groups)

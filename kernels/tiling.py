@@ -152,14 +152,14 @@ def slot_stores_pay(per, cols, itemsize, slot_ns):
     ``itemsize`` bytes) pays to be stored row slot by row slot, each slot's [P, cols] store
     issued as soon as the slot is made, rather than in one store after its last slot:
     ``per`` transfers instead of one cost a core's 16 DMA queues per x occ(d) - occ(per x d)
-    more (d: one slot's data per queue, 8 partitions of it; each transfer holds a queue at
-    least the transfer gap, EngineCosts.dma_occupancy_ns), and they overlap the work of
-    every slot but the first (``slot_ns`` each, the estimated work after the last point
-    all slots wait for). By the active generation's figures (engine_costs.py)."""
+    more (d: one slot's data per queue, EngineCosts.queue_data_ns; each transfer holds a
+    queue at least the transfer gap, EngineCosts.dma_occupancy_ns), and they overlap the
+    work of every slot but the first (``slot_ns`` each, the estimated work after the last
+    point all slots wait for). By the active generation's figures (engine_costs.py)."""
     if per < 2:
         return False
     c = active_engine_costs()
-    slot_data_ns = 8 * cols * itemsize / (c.dma_bytes_per_s / 16) * 1e9
+    slot_data_ns = c.queue_data_ns(cols * itemsize)
     extra_queue_ns = per * c.dma_occupancy_ns(slot_data_ns) - c.dma_occupancy_ns(per * slot_data_ns)
     return (per - 1) * slot_ns > extra_queue_ns
 

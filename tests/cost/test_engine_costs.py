@@ -122,6 +122,11 @@ def test_the_vector_gpsimd_share_evens_out_the_models_two_input_passes(engine_co
     with simulator.activated(target=name):
         share = engine_costs.active().vector_gpsimd_share()
     assert share == pytest.approx(target.vector_hz / (target.vector_hz + target.gpsimd_hz))
+    with simulator.activated(target=name):
+        # 16-bit tiles on VectorE: twice the rate where the generation has the 2x mode
+        rate = target.vector_perf_mode_half / 2
+        share_16 = engine_costs.active().vector_gpsimd_share(rate)
+    assert share_16 == pytest.approx(target.vector_hz * rate / (target.vector_hz * rate + target.gpsimd_hz / 2))
     a, b = torch.randn(128, 8192), torch.randn(128, 8192)
     est = simulator.estimate(kernel, name)(a, b)
     busy = est.engine_busy_us
