@@ -222,36 +222,38 @@ def _affine_segment(dst, src, stats, weight, bias, on_vector):
     nisa.tensor_tensor(dst=dst, data1=scaled, data2=bias, op=nl.add, engine=nisa.engine.gpsimd)
 
 
-def _block_16bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps_tile, slot0, store_slot=None):
-    """One block of a 16-bit input: statistics in fp32, y rounded once to the input dtype,
-    then y * weight and + bias in the input dtype, in place in ``out_tile``. Row slot
-    ``slot0 + j`` takes its statistics on ScalarE or VectorE (SCALAR_STATS_SHARE).
+def _block_16bit(x_tile, out_tile, stats_tile, parts, per, cols, weight_tile, bias_tile, eps_tile, slot0,
+                 store_slot=None):
+    """One block of a 16-bit input: statistics in fp32 into ``stats_tile`` [parts, per, 2]
+    (mean, rstd per row), y rounded once to the input dtype, then y * weight and + bias in
+    the input dtype, in place in ``out_tile``. Row slot ``slot0 + j`` takes its statistics
+    on ScalarE or VectorE (SCALAR_STATS_SHARE).
     ``store_slot(j)``, when given, is called as soon as slot j's output is made (the affine
     step then runs per slot; without a weight, right after the slot's y; DRAIN_BY_SLOT)."""
     n_chunks = cdiv(cols, BN_CHUNK)
-    rstd = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
+    mean, rstd = stats_tile[:, :, 0], stats_tile[:, :, 1]
     on_scalar = [j for j in range(per) if spread(slot0 + j, SCALAR_STATS_SHARE)]
     centre = {}   # per row j: (op, [P, 1] operand) with y = (x op operand) * rstd
     # Two-pass statistics of the ScalarE rows (discarded activation outputs go to a scratch
     # tile of their own: in out_tile they would make the statistics wait for the buffer the
-    # output shares with an earlier block's, i.e. for that block's store). First every row's sum(x) on ScalarE and -mean = sum / -H on GpSimd
-    # (each division runs while ScalarE sums the next row). A division, not sum * (-1/H):
-    # 1/H is inexact in fp32 for most H, so rows of 1000.0 would get the mean 999.99994 and
-    # y = 0.019 where torch gives exactly 0.
+    # output shares with an earlier block's, i.e. for that block's store). First every row's
+    # sum(x) on ScalarE and mean = sum / H on GpSimd (each division runs while ScalarE sums
+    # the next row). A division, not sum * (1/H): 1/H is inexact in fp32 for most H, so rows
+    # of 1000.0 would get the mean 999.99994 and y = 0.019 where torch gives exactly 0.
     discard = nl.ndarray((parts, cols), dtype=x_tile.dtype, buffer=nl.sbuf)
     for j in on_scalar:
         row_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=discard, op=nl.copy, data=x_tile[:, j, :],
                         reduce_op=nl.add, reduce_res=row_sum, reduce_cmd=nisa.reduce_cmd.reset_reduce)
-        neg_mean = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=neg_mean, data=row_sum, op0=nl.divide, operand0=-float(cols),
+        nisa.tensor_scalar(dst=mean[:, j:j + 1], data=row_sum, op0=nl.divide, operand0=float(cols),
                            engine=nisa.engine.gpsimd)
-        centre[j] = (nl.add, neg_mean)
-    # ... then sum((x - mean)^2) (square with bias -mean, accumulate) -> rsqrt(. / H + eps)
+        centre[j] = (nl.subtract, mean[:, j:j + 1])
+    # ... then sum((mean - x)^2) (square of -x + mean: ScalarE's scale and bias; the same
+    # square as (x - mean)^2 bit for bit), accumulated -> rsqrt(. / H + eps)
     for j in on_scalar:
         sq_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=discard, op=nl.square, data=x_tile[:, j, :],
-                        bias=centre[j][1], reduce_op=nl.add, reduce_res=sq_sum,
+        nisa.activation(dst=discard, op=nl.square, data=x_tile[:, j, :], scale=-1.0,
+                        bias=mean[:, j:j + 1], reduce_op=nl.add, reduce_res=sq_sum,
                         reduce_cmd=nisa.reduce_cmd.reset_reduce)
         nisa.activation(dst=rstd[:, j:j + 1], op=nl.rsqrt, data=sq_sum, scale=1.0 / cols,
                         bias=eps_tile[0:parts, :])
@@ -260,15 +262,15 @@ def _block_16bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps
         if j in centre:
             continue
         stats = nl.ndarray((parts, n_chunks * BN_STATS_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
-        mean_var = nl.ndarray((parts, BN_AGGR_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
         for c in range(n_chunks):
             c0 = c * BN_CHUNK
             nisa.bn_stats(dst=stats[:, c * BN_STATS_WIDTH:(c + 1) * BN_STATS_WIDTH],
                           data=x_tile[:, j, c0:min(cols, c0 + BN_CHUNK)])
-        nisa.bn_aggr(dst=mean_var, data=stats)
-        nisa.activation(dst=rstd[:, j:j + 1], op=nl.rsqrt, data=mean_var[:, 1:2],
+        # (mean, var) into the row's stats slot; rsqrt turns var into rstd in place
+        nisa.bn_aggr(dst=stats_tile[:, j, :], data=stats)
+        nisa.activation(dst=rstd[:, j:j + 1], op=nl.rsqrt, data=rstd[:, j:j + 1],
                         bias=eps_tile[0:parts, :])
-        centre[j] = (nl.subtract, mean_var[:, 0:1])
+        centre[j] = (nl.subtract, mean[:, j:j + 1])
     # y = (x - mean) * rstd, rounded once to the input dtype: VectorE, all 16-bit (perf mode)
     for j in range(per):
         nisa.tensor_scalar(dst=out_tile[:, j, :], data=x_tile[:, j, :], op0=centre[j][0],
@@ -356,15 +358,16 @@ def _layer_norm_streamed(x, out, weight, bias, eps_tile):
             nisa.dma_copy(dst=out[start:start + parts, c0:c1], src=out_tile)
 
 
-def _block_32bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps_tile, store_slot=None):
-    """One block of an fp32 input: bn_stats / bn_aggr statistics, then the affine step split
-    between the VectorE path and the ScalarE + GpSimd path (module docstring).
+def _block_32bit(x_tile, out_tile, stats_tile, parts, per, cols, weight_tile, bias_tile, eps_tile, store_slot=None):
+    """One block of an fp32 input: bn_stats / bn_aggr statistics into ``stats_tile``
+    [parts, per, 2] (mean, rstd per row), then the affine step split between the VectorE
+    path and the ScalarE + GpSimd path (module docstring).
     ``store_slot(j)``, when given, is called as soon as row slot j's output is made (with
     J > 1 rows per partition each row takes one path; DRAIN_BY_SLOT)."""
     n_chunks = cdiv(cols, BN_CHUNK)
     # mean / variance per row: bn_stats per <= 512-element chunk, bn_aggr per row (VectorE).
     stats = nl.ndarray((parts, per, n_chunks * BN_STATS_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
-    mean_var = nl.ndarray((parts, per, BN_AGGR_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
+    mean_var = stats_tile    # (mean, var) per row; rsqrt turns var into rstd in place
     for j in range(per):
         for c in range(n_chunks):
             c0 = c * BN_CHUNK
@@ -373,8 +376,8 @@ def _block_32bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps
                           data=x_tile[:, j, c0:c1])
         nisa.bn_aggr(dst=mean_var[:, j, :], data=stats[:, j, :])
     # rstd = rsqrt(var + eps) for all J rows at once: [parts, per] fp32 on ScalarE.
-    rstd = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=rstd, op=nl.rsqrt, data=mean_var[:, :, 1], bias=eps_tile[0:parts, :])
+    rstd = stats_tile[:, :, 1]
+    nisa.activation(dst=rstd, op=nl.rsqrt, data=rstd, bias=eps_tile[0:parts, :])
 
     # -mean * rstd, the ScalarE bias that centres and scales in one pass
     neg_mean_rstd = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
@@ -392,7 +395,7 @@ def _block_32bit(x_tile, out_tile, parts, per, cols, weight_tile, bias_tile, eps
 
 
 @nki.jit
-def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5):
+def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5, save_stats=False):
     """Return ``layer_norm(x, (H,), weight, bias, eps)``.
 
     Args:
@@ -400,13 +403,20 @@ def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5):
         weight: HBM [H] (any float dtype) or None.
         bias: HBM [H] (any float dtype) or None; needs ``weight`` (the op passes ones).
         eps: float added to the variance.
+        save_stats: also return each row's statistics for the backward
+            (kernels/layer_norm_backward.py), as PyTorch's native_layer_norm saves its mean
+            and rstd; rows of at most ONE_PASS_MAX_HIDDEN.
     Returns:
-        HBM [N, H] (shared_hbm), dtype of ``x``.
+        HBM [N, H] (shared_hbm), dtype of ``x``; with ``save_stats`` also HBM [N, 2] fp32
+        (mean, rstd = rsqrt(var + eps)) per row: (out, stats).
     """
     n_rows, cols = x.shape
     assert cols <= MAX_HIDDEN, f"H={cols} exceeds MAX_HIDDEN={MAX_HIDDEN}"
     assert bias is None or weight is not None, "bias without weight: pass weight=ones"
+    assert not save_stats or cols <= ONE_PASS_MAX_HIDDEN, \
+        f"save_stats: H={cols} exceeds ONE_PASS_MAX_HIDDEN={ONE_PASS_MAX_HIDDEN} (streamed rows save none)"
     out = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
+    stats = nl.ndarray((n_rows, BN_AGGR_WIDTH), dtype=nl.float32, buffer=nl.shared_hbm) if save_stats else None
     eps_tile = nl.ndarray((PARTITIONS, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=eps_tile, value=eps)
     if cols > ONE_PASS_MAX_HIDDEN:
@@ -441,16 +451,20 @@ def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5):
     def compute(block, x_tile):
         start, parts, per, slot = block
         out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
+        stats_tile = nl.ndarray((parts, per, BN_AGGR_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
         store_slot = None
         if block == drain:
             def store_slot(j):
                 nisa.dma_copy(dst=block_rows(out, start, parts, per)[:, j, :], src=out_tile[:, j, :])
         if sixteen:
-            _block_16bit(x_tile, out_tile, parts, per, cols, params["weight"], params["bias"], eps_tile, slot,
-                         store_slot)
+            _block_16bit(x_tile, out_tile, stats_tile, parts, per, cols, params["weight"], params["bias"],
+                         eps_tile, slot, store_slot)
         else:
-            _block_32bit(x_tile, out_tile, parts, per, cols, params["weight"], params["bias"], eps_tile,
-                         store_slot)
+            _block_32bit(x_tile, out_tile, stats_tile, parts, per, cols, params["weight"], params["bias"],
+                         eps_tile, store_slot)
+        if stats is not None:
+            # [parts, per, 2] fp32: 8 * per bytes per partition, one transfer per block
+            nisa.dma_copy(dst=block_rows(stats, start, parts, per), src=stats_tile)
         return None if block == drain else out_tile      # None: already stored
 
     def store(block, out_tile):
@@ -460,4 +474,4 @@ def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5):
 
     param_bytes = sum(cols * itemsize(p.dtype) for p in (weight, bias) if p is not None)
     pipelined(blocks, load, compute, store, _prefetch_ahead(per_max, cols, itemsize(x.dtype), param_bytes))
-    return out
+    return out if stats is None else (out, stats)

@@ -10,19 +10,23 @@ Dimensions:
     N: rows (any N >= 1).
     H: normalised size, 1 <= H <= BACKWARD_MAX_HIDDEN (8192; fp32: 4096, BACKWARD_MAX_ROW_BYTES; the op wrapper runs the
        recompute backward beyond).
+Statistics:
+    mean and r per row come from the forward (kernels/layer_norm.py with save_stats: HBM
+    [N, 2] fp32), as PyTorch's native_layer_norm_backward takes the forward's saved mean
+    and rstd: one [P, J, 2] load per block instead of two ScalarE passes per row, a
+    division and an rsqrt on the block's critical path (modeled trn2 LNC=2 bf16, ViT-B/16
+    [1576, 768]: 36.5 -> 29.6 us; ViT-L/16 [1576, 1024]: 45.7 -> 35.0).
 Layout:
     As the forward (kernels/layer_norm.py) and kernels/rms_norm_backward.py: rows on
     partitions in blocks of 128 * J rows, each program its WORK_PARTS part(s); dx stored
     per block, dw and db as one fp32 partial per part (weight_grads.py: TensorE sums the
     rows of dy * xhat and of dy against a ones column).
 Engines, per block (16-bit input; fp32 the same in fp32):
-    ScalarE  sum(x) (copy with add-accumulate); GpSimd -mean = sum / -H (a division, exact
-             for constant rows, as the forward); ScalarE sum((x - mean)^2) -> r
     VectorE  xhat = (x - mean) * r (tensor_scalar, 16-bit perf mode)
     VectorE / GpSimd  g = dy * w, q = g * xhat (16-bit; PRODUCT_VECTOR_SHARE)
-    ScalarE / VectorE  sum(g) per row (ScalarE: copy with add-accumulate per row; VectorE:
-             one tensor_reduce over the block; _sum_g_on_vector picks), fp32; VectorE
-             sum(q) (tensor_reduce)
+    ScalarE / VectorE  sum(g) and sum(q) per row, fp32, each on ScalarE (a copy with
+             add-accumulate per row) or VectorE (one tensor_reduce over the block):
+             _row_sums_on_vector picks
     VectorE  a = xhat * (-m2) - m1 (tensor_scalar, perf mode)
     GpSimd   t = a + g (fp32);  ScalarE dx = t * r (one rounding)
     TensorE  dw += diagonal of dy^T xhat (weight_grads.py; rows of p = dy * xhat where the
@@ -63,27 +67,42 @@ PREFETCH_AHEAD = 2
 PRODUCT_VECTOR_SHARE = 0.6
 
 
-def _sum_g_on_vector(per, cols, sixteen, no_dw_product):
-    """Whether sum(g) of a [P, per, cols] block goes to VectorE (one tensor_reduce) rather
-    than ScalarE (one accumulating copy per row): the choice with the smaller of the two
-    engines' estimated block times (cost-model rules with the active generation's figures,
-    engine_costs.py: 16-bit VectorE perf mode 2x for tensor_tensor, 4x for tensor_scalar; a
-    tensor_reduce into the fp32 sums runs at one element per cycle, its N/2 needing a bf16
-    output too: [S] tensor_reduce). ``no_dw_product``: dw is taken on TensorE's diagonal
-    (or there is no weight), so VectorE makes no p = dy * xhat."""
+def _row_sums_on_vector(per, cols, sixteen, no_dw_product):
+    """(sum(g) on VectorE, sum(q) on VectorE) for a [P, per, cols] block: each row sum on
+    VectorE (one tensor_reduce over the block) or ScalarE (one accumulating copy per row).
+    Estimated block time of a placement (cost-model rules with the active generation's
+    figures, engine_costs.py): the busier of ScalarE and VectorE, plus what the sums add to
+    the block's chain q -> sums -> a -> t -> dx: a VectorE reduce the whole block's (no
+    row's a starts before it), ScalarE's one row's. Rates: VectorE 16-bit perf mode 2x for
+    tensor_tensor, 4x for tensor_scalar, one element per cycle for a tensor_reduce into the
+    fp32 sums (its N/2 needs a bf16 output too: [S] tensor_reduce); ScalarE reads 16-bit g
+    and q at the generation's 16-bit rate (2x on trn3). The least estimate wins (ties: more
+    sums on VectorE). ``no_dw_product``: dw is taken on TensorE's diagonal (or there is no
+    weight), so VectorE makes no p = dy * xhat.
+    Modeled (us, bf16 with weight and bias): the rule is within 0.9 % of the best of
+    (both on VectorE, g on ScalarE, both on ScalarE) on 11 of 13 shapes of 128-8192 columns
+    on trn2 LNC=2 (ViT-B [1576, 768] 29.6, ViT-L [1576, 1024] 35.0: both on ScalarE), the
+    others [512, 384] +8.0 % and [3000, 512] +5.7 %; on trn3 within 3.7 %, on trn1 (LNC=1)
+    0.5 %. Without the chain term (the busier engine alone) ViT-L models 39.9."""
     c = active_engine_costs()
     two, four = (2, 4) if sixteen else (1, 1)
     cut = split_count(cols, PRODUCT_VECTOR_SHARE)
     products = 2 if no_dw_product else 3
-    # ScalarE: sum(x), sum((x - mean)^2) and dx per row, and r
-    scalar = 3 * per * c.instruction_ns("scalar", cols) + c.instruction_ns("scalar", per)
-    # VectorE: xhat and a per row, its share of the products, sum(q)
+    # ScalarE: dx per row (t is fp32)
+    scalar = per * c.instruction_ns("scalar", cols)
+    # VectorE: xhat and a per row, its share of the products
     vector = (2 * per * c.instruction_ns("vector", cols, four)
-              + products * c.instruction_ns("vector", 2 * per * cut, two)
-              + c.instruction_ns("vector", per * cols))
-    on_scalar = max(scalar + per * c.instruction_ns("scalar", cols), vector)
-    on_vector = max(scalar, vector + c.instruction_ns("vector", per * cols))
-    return on_vector < on_scalar
+              + products * c.instruction_ns("vector", 2 * per * cut, two))
+    on_scalar = per * c.instruction_ns("scalar", cols, c.scalar_16bit_rate if sixteen else 1)
+    on_vector = c.instruction_ns("vector", per * cols)
+    best = None
+    for placement in ((True, True), (False, True), (True, False), (False, False)):
+        n_vector = sum(placement)
+        busiest = max(scalar + (2 - n_vector) * on_scalar, vector + n_vector * on_vector)
+        chain = (on_vector if n_vector else 0.0) + (on_scalar / per if n_vector < 2 else 0.0)
+        if best is None or busiest + chain < best[0]:
+            best = (busiest + chain, placement)
+    return best[1]
 
 
 def _products(dst, a, b, cut):
@@ -95,29 +114,20 @@ def _products(dst, a, b, cut):
             nisa.tensor_tensor(dst=dst[:, :, lo:hi], data1=a(lo, hi), data2=b(lo, hi), op=nl.multiply, engine=engine)
 
 
-def _block(dy_tile, x_tile, dx_tile, parts, per, cols, weight_tile, eps_tile, ones, acc_w, acc_b, first):
-    """dx of one [parts, per, cols] block into ``dx_tile``; dw / db partial sums into the
-    accumulators (None when there is no weight / bias)."""
+def _block(dy_tile, x_tile, stats_tile, dx_tile, parts, per, cols, weight_tile, ones, acc_w, acc_b, first):
+    """dx of one [parts, per, cols] block into ``dx_tile`` from its rows' saved statistics
+    ``stats_tile`` [parts, per, 2] (mean, r); dw / db partial sums into the accumulators
+    (None when there is no weight / bias)."""
     f32 = nl.float32
     shape = (parts, per, cols)
-    # statistics per row on ScalarE (two passes, as the forward's 16-bit ScalarE path)
-    neg_mean = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
-    rstd = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
+    # the forward's statistics: stats_tile [parts, per, 2] fp32 (mean, r) per row
+    mean, rstd = stats_tile[:, :, 0], stats_tile[:, :, 1]
+    # scratch for the ScalarE row sums' discarded copies
     discard = nl.ndarray((parts, cols), dtype=x_tile.dtype, buffer=nl.sbuf)
-    row_sum = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
-    for j in range(per):
-        nisa.activation(dst=discard, op=nl.copy, data=x_tile[:, j, :], reduce_op=nl.add,
-                        reduce_res=row_sum[:, j:j + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
-    nisa.tensor_scalar(dst=neg_mean, data=row_sum, op0=nl.divide, operand0=-float(cols), engine=nisa.engine.gpsimd)
-    sq_sum = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
-    for j in range(per):
-        nisa.activation(dst=discard, op=nl.square, data=x_tile[:, j, :], bias=neg_mean[:, j:j + 1],
-                        reduce_op=nl.add, reduce_res=sq_sum[:, j:j + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
-    nisa.activation(dst=rstd, op=nl.rsqrt, data=sq_sum, scale=1.0 / cols, bias=eps_tile[0:parts, :])
     # xhat = (x - mean) * r, in the input dtype
     xhat = nl.ndarray(shape, dtype=x_tile.dtype, buffer=nl.sbuf)
     for j in range(per):
-        nisa.tensor_scalar(dst=xhat[:, j, :], data=x_tile[:, j, :], op0=nl.add, operand0=neg_mean[:, j:j + 1],
+        nisa.tensor_scalar(dst=xhat[:, j, :], data=x_tile[:, j, :], op0=nl.subtract, operand0=mean[:, j:j + 1],
                            op1=nl.multiply, operand1=rstd[:, j:j + 1])
     cut = split_count(cols, PRODUCT_VECTOR_SHARE)
     dy_cols = lambda lo, hi: dy_tile[:, :, lo:hi]  # noqa: E731
@@ -142,18 +152,19 @@ def _block(dy_tile, x_tile, dx_tile, parts, per, cols, weight_tile, eps_tile, on
     if acc_b is not None:
         for j in range(per):
             accumulate_columns(acc_b, dy_tile[:, j, :], ones[0:parts, :], first and j == 0)
-    # m1 = sum(g) / H, m2 = sum(q) / H per row, in fp32: sum(q) on VectorE (tensor_reduce),
-    # sum(g) on whichever of ScalarE (copy with add-accumulate, per row) and VectorE (one
-    # tensor_reduce over the block) _sum_g_on_vector estimates leaves the busier one less busy
+    # m1 = sum(g) / H, m2 = sum(q) / H per row, in fp32, each on ScalarE (copy with
+    # add-accumulate, per row) or VectorE (one tensor_reduce over the block):
+    # _row_sums_on_vector estimates which placement leaves the busier engine least busy
     sums = nl.ndarray((parts, 2 * per), dtype=f32, buffer=nl.sbuf)
     no_dw_product = acc_w is None or len(acc_w.shape) == 3
-    if _sum_g_on_vector(per, cols, itemsize(x_tile.dtype) == 2, no_dw_product):
-        nisa.tensor_reduce(dst=sums[:, 0:per], op=nl.add, data=g, axis=2)
-    else:
+    placement = _row_sums_on_vector(per, cols, itemsize(x_tile.dtype) == 2, no_dw_product)
+    for k, (data, on_vector) in enumerate(zip((g, q), placement)):
+        if on_vector:
+            nisa.tensor_reduce(dst=sums[:, k * per:(k + 1) * per], op=nl.add, data=data, axis=2)
+            continue
         for j in range(per):
-            nisa.activation(dst=discard, op=nl.copy, data=g[:, j, :], reduce_op=nl.add,
-                            reduce_res=sums[:, j:j + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
-    nisa.tensor_reduce(dst=sums[:, per:2 * per], op=nl.add, data=q, axis=2)
+            nisa.activation(dst=discard, op=nl.copy, data=data[:, j, :], reduce_op=nl.add,
+                            reduce_res=sums[:, k * per + j:k * per + j + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
     neg_m = nl.ndarray((parts, 2 * per), dtype=f32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=neg_m, data=sums, op0=nl.multiply, operand0=-1.0 / cols)
     neg_m1, neg_m2 = neg_m[:, 0:per], neg_m[:, per:2 * per]
@@ -167,14 +178,15 @@ def _block(dy_tile, x_tile, dx_tile, parts, per, cols, weight_tile, eps_tile, on
 
 
 @nki.jit
-def layer_norm_backward_kernel(dy, x, weight=None, eps=1e-5, with_bias=False):
+def layer_norm_backward_kernel(dy, x, stats, weight=None, with_bias=False):
     """Gradients of ``layer_norm(x) * weight + bias`` given the output gradient ``dy``.
 
     Args:
         dy: HBM [N, H], dtype of ``x``.
         x: HBM [N, H], float32/bfloat16/float16, H <= BACKWARD_MAX_HIDDEN.
+        stats: HBM [N, 2] fp32, each row's (mean, rsqrt(var + eps)) as the forward saved
+            them (kernels/layer_norm.py, save_stats).
         weight: HBM [H] of any float dtype, or None (the op passes ones for a bias alone).
-        eps: float, the forward's.
         with_bias: whether to return the bias gradient.
     Returns:
         (dx, dw_partials, db_partials): dx HBM [N, H] in x's dtype; the partials HBM
@@ -188,8 +200,8 @@ def layer_norm_backward_kernel(dy, x, weight=None, eps=1e-5, with_bias=False):
     dx = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
     dw_parts = None if weight is None else new_partials(cols, WORK_PARTS)
     db_parts = new_partials(cols, WORK_PARTS) if with_bias else None
-    eps_tile = nl.ndarray((PARTITIONS, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=eps_tile, value=eps)
+    assert tuple(stats.shape) == (n_rows, 2) and stats.dtype == nl.float32, \
+        f"stats: shape {tuple(stats.shape)} {stats.dtype}; expected ({n_rows}, 2) float32 (mean, rstd per row)"
     ones = nl.ndarray((PARTITIONS, 1), dtype=x.dtype, buffer=nl.sbuf)    # moving column of the row sums
     nisa.memset(dst=ones, value=1.0)
     per_max = rows_per_partition(cols, TARGET_COLS, BACKWARD_MAX_HIDDEN)
@@ -208,7 +220,8 @@ def layer_norm_backward_kernel(dy, x, weight=None, eps=1e-5, with_bias=False):
 
         def load(block):
             start, parts, per = block
-            tiles = (load_block(dy, start, parts, per), load_block(x, start, parts, per))
+            tiles = (load_block(dy, start, parts, per), load_block(x, start, parts, per),
+                     load_block(stats, start, parts, per))
             if weight is not None and "weight" not in params:
                 params["weight"] = broadcast_rows(weight, cols)
             return tiles
@@ -216,7 +229,7 @@ def layer_norm_backward_kernel(dy, x, weight=None, eps=1e-5, with_bias=False):
         def compute(block, tiles):
             start, parts, per = block
             dx_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-            _block(*tiles, dx_tile, parts, per, cols, params.get("weight"), eps_tile, ones, acc_w, acc_b, not done)
+            _block(*tiles, dx_tile, parts, per, cols, params.get("weight"), ones, acc_w, acc_b, not done)
             done.append(block)
             return dx_tile
 

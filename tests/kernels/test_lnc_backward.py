@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nki_kernels import _dispatch, backward_references, simulator
+from nki_kernels import _dispatch, backward_references, references, simulator
 from nki_kernels.ops import activations, norms, rotary, softmax
 from tests._helpers import TOLERANCES, hbm_races
 
@@ -32,9 +32,16 @@ def _fused(rows, hidden, dtype=BF16):
 
 
 def _ln(rows, hidden, weight=True, bias=True, dtype=BF16):
-    return lambda: norms.layer_norm_backward_kernel_call(
-        _x(rows, hidden, dtype=dtype), _x(rows, hidden, dtype=dtype), (hidden,),
-        _x(hidden, dtype=dtype) if weight else None, _x(hidden, dtype=dtype) if bias else None, 1e-5)
+    def make():
+        x = _x(rows, hidden, dtype=dtype)
+        return norms.layer_norm_backward_kernel_call(
+            _x(rows, hidden, dtype=dtype), x, references.layer_norm_stats(x, (hidden,), LN_EPS), (hidden,),
+            _x(hidden, dtype=dtype) if weight else None, _x(hidden, dtype=dtype) if bias else None, LN_EPS)
+    return make
+
+
+# the eps of the layer_norm cases (in the saved statistics; the float64 twin recomputes them)
+LN_EPS = 1e-5
 
 
 # (name, kernel call, float64 twin of the op's outputs); work counts of one 128-row tile
@@ -119,13 +126,13 @@ def _twin_of(name, call, twin):
     if name.startswith("rotary"):
         return twin(*t, compute_dtype=torch.float64)
     hidden = t[0].shape[-1]
+    if name.startswith("ln"):      # [dy, x, stats (read by the kernel only), weight]
+        weight = t[3] if len(t) > 3 else None
+        bias = torch.zeros(hidden, dtype=torch.float64) if call.static["with_bias"] else None
+        return twin(t[0], t[1], [hidden], weight, bias, LN_EPS, compute_dtype=torch.float64)
     eps = call.static["eps"]
     if name.startswith("fused"):
         return twin(t[0], t[1], t[2], t[3] if len(t) > 3 else None, eps, compute_dtype=torch.float64)
-    if name.startswith("ln"):
-        weight = t[2] if len(t) > 2 else None
-        bias = torch.zeros(hidden, dtype=torch.float64) if call.static["with_bias"] else None
-        return twin(t[0], t[1], [hidden], weight, bias, eps, compute_dtype=torch.float64)
     return twin(t[0], t[1], [hidden], t[2] if len(t) > 2 else None, eps, compute_dtype=torch.float64)
 
 

@@ -151,18 +151,24 @@ def test_softmax_takes_the_block_form_where_scalare_fixed_costs_dominate():
     assert len(engines) == 10 and set(engines) == {mod.VECTOR, mod.SCALAR, mod.GPSIMD}
 
 
-def test_layer_norm_backward_puts_sum_g_where_it_evens_the_engines():
-    # 16-bit rows: VectorE's perf mode makes one tensor_reduce over the block cheaper than
-    # ScalarE's per-row accumulating copies (ViT's 768-wide rows, 2 per partition); fp32
-    # rows have no perf mode and VectorE is then the busier engine, so ScalarE keeps them
-    # (the gradient tests run both: tests/ops/test_norm_backward.py, fp32 7x1000 and bf16)
+def test_layer_norm_backward_places_its_row_sums_by_engine_time_and_chain():
+    # where sum(g) and sum(q) go (VectorE: one tensor_reduce per block; ScalarE: one
+    # accumulating copy per row), _row_sums_on_vector's estimate: (g, q) on VectorE. Rows of
+    # 768 and 1024 (ViT; 2 and 1 per partition): both on ScalarE, whose per-row sums keep
+    # the block's chain short and VectorE free; 256 columns (4 rows): q on VectorE; 128 (8
+    # rows, ScalarE's fixed cost per row): both on VectorE; fp32 1000: both on ScalarE. trn1
+    # (ScalarE's fixed cost 100 cycles against trn2's 360): ScalarE at 128 columns too.
     from nki_kernels import _kernel_sources
 
     mod = _kernel_sources.load("layer_norm_backward", "simulator")
     with simulator.activated(target="trn2"):
-        assert mod._sum_g_on_vector(2, 768, True, True)
-        assert not mod._sum_g_on_vector(2, 768, False, True)
-        assert not mod._sum_g_on_vector(1, 1000, False, True)
+        assert mod._row_sums_on_vector(2, 768, True, True) == (False, False)
+        assert mod._row_sums_on_vector(1, 1024, True, True) == (False, False)
+        assert mod._row_sums_on_vector(4, 256, True, True) == (False, True)
+        assert mod._row_sums_on_vector(8, 128, True, True) == (True, True)
+        assert mod._row_sums_on_vector(1, 1000, False, True) == (False, False)
+    with simulator.activated(target="trn1"):
+        assert mod._row_sums_on_vector(8, 128, True, True) == (False, False)
 
 
 def test_path_segments_split_rows_or_columns_at_the_rounded_cumulative_shares():

@@ -194,10 +194,12 @@ def test_the_package_registers_every_op_with_nki_op_on_a_neuron_host(tmp_path):
             "unannotated": [c.name for c in calls if any(p.annotation is p.empty for p in c.signature.parameters.values())
                             or c.signature.return_annotation is c.signature.empty],
             "registered_with": sorted(set(_custom_op.registered_with.values())),
-            # every op of the registry, its backward op, and attention's forward-with-lse op
+            # every op of the registry, its backward op, and the training forwards that save
+            # what the backward reads (attention's lse, layer_norm's statistics)
             "ops": [s.custom_op._qualname for s in registry.ops()]
                    + [s.backward.custom_op._qualname for s in registry.ops() if s.backward is not None]
-                   + [nki_kernels.ops.attention._sdpa_lse_op._qualname],
+                   + [nki_kernels.ops.attention._sdpa_lse_op._qualname,
+                      nki_kernels.ops.norms._layer_norm_train_op._qualname],
             "ok": [ok_ref, ok_grad, tuple(fake.shape) == (3, 8), ok_compile],
         }))
     """)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import nki_kernels
-from nki_kernels import backward_references
+from nki_kernels import backward_references, references
 from nki_kernels.ops import norms
 
 from ._cases import rel_error
@@ -164,7 +164,14 @@ def test_backward_kernel_rejects_rows_beyond_its_limits():
         norms.rms_norm_backward_kernel_call(x, x, (hidden,), None, 1e-6)
     x = torch.randn(2, 5000)
     with pytest.raises(ValueError, match=r"normalized size 5000 in torch.float32 takes 20000 bytes, more than 16384"):
-        norms.layer_norm_backward_kernel_call(x, x, (5000,), None, None, 1e-5)
+        norms.layer_norm_backward_kernel_call(x, x, torch.randn(2, 2), (5000,), None, None, 1e-5)
+
+
+def _ln_backward_args(g, weight):
+    """(dy, x, x's saved statistics, shape, weight, bias, eps) of layer_norm's backward op."""
+    x = g(6, 40)
+    stats = references.layer_norm_stats(x.detach(), [40], 1e-5)
+    return g(6, 40), x, stats, [40], g(40) if weight else None, g(40), 1e-5
 
 
 def _backward_op_cases():
@@ -172,8 +179,8 @@ def _backward_op_cases():
     return [
         ("rms_norm", norms._rms_norm_backward_op, lambda: (g(3, 7, 40), g(3, 7, 40), [40], g(40), 1e-6)),
         ("rms_norm_noweight", norms._rms_norm_backward_op, lambda: (g(5, 40), g(5, 40), [40], None, 1e-6)),
-        ("layer_norm", norms._layer_norm_backward_op, lambda: (g(6, 40), g(6, 40), [40], g(40), g(40), 1e-5)),
-        ("layer_norm_bias", norms._layer_norm_backward_op, lambda: (g(6, 40), g(6, 40), [40], None, g(40), 1e-5)),
+        ("layer_norm", norms._layer_norm_backward_op, lambda: _ln_backward_args(g, weight=True)),
+        ("layer_norm_bias", norms._layer_norm_backward_op, lambda: _ln_backward_args(g, weight=False)),
         ("fused_add_rms_norm", norms._fused_add_rms_norm_backward_op,
          lambda: (g(6, 40), g(6, 40), g(6, 40), g(40), 1e-6)),
     ]
@@ -189,6 +196,18 @@ def test_opcheck_backward_ops(monkeypatch, backend, name, op, make):
     # backward, the recompute of backward_references in fp32
     monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", backend)
     torch.library.opcheck(op, make())
+
+
+@pytest.mark.parametrize("backend", ["simulator", "reference"])
+@pytest.mark.parametrize("affine", ["weight+bias", "none"])
+def test_opcheck_layer_norm_training_forward(monkeypatch, backend, affine):
+    # layer_norm's training forward (output and saved statistics) is a custom op too:
+    # schema, fake (the [N, 2] fp32 statistics), dispatch and its kernel backward
+    monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", backend)
+    x = torch.randn(3, 7, 40, requires_grad=True)
+    w, b = (torch.randn(40, requires_grad=True), torch.randn(40, requires_grad=True)) if affine != "none" \
+        else (None, None)
+    torch.library.opcheck(norms._layer_norm_train_op, (x, [40], w, b, 1e-5))
 
 
 def test_compile_fullgraph_forward_and_backward(simulator_backend):

@@ -220,6 +220,100 @@ def test_norms_reference_path(reference_backend, dtype):
                                F.rms_norm(x.double(), (33,), w.double(), 1e-6), atol=atol, rtol=rtol)
 
 
+# ---------------------------------------------------------------------------- training forward
+
+# (rows, hidden): a tail block only, hidden not a multiple of 128; ViT-B (2-3 rows per
+# partition per block: row slots on both statistics engines, the slot-by-slot drain, a
+# 40-row tail); one row (the decode shape the inference op sends to norm_decode.py).
+TRAIN_SHAPES = [(7, 1000), (1576, 768), (1, 2048)]
+
+
+@pytest.mark.parametrize("rows, hidden", TRAIN_SHAPES, ids=[f"{r}x{h}" for r, h in TRAIN_SHAPES])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_training_forward_saves_each_rows_mean_and_rstd(simulator_backend, rows, hidden, dtype):
+    # norms._layer_norm_train_op: the row kernel with save_stats. Its output matches float64
+    # and is the inference op's bit for bit where that runs the row kernel too (not the
+    # decode kernel); its statistics are the float64 mean and rsqrt(var + eps) to fp32
+    # accuracy (two-pass sums or bn_stats in fp32: bound 2e-6, ~16 fp32 ulps). Every row's
+    # statistics are written (outputs start as NaN).
+    from nki_kernels.ops import norms
+
+    x = randn(rows, hidden, dtype=dtype, scale=3.0, shift=2.0)
+    weight, bias = _affine(hidden, "weight+bias", dtype)
+    out, stats = norms._layer_norm_train_op(x, [hidden], weight, bias, 1e-5)
+    x64, w64, b64 = _f64(x, weight, bias)
+    assert_matches(out, references.layer_norm(x64, (hidden,), w64, b64, 1e-5, compute_dtype=torch.float64), dtype)
+    if not norms._decode_shape(rows, hidden):
+        assert torch.equal(out, norms._layer_norm_op(x, [hidden], weight, bias, 1e-5))
+    assert stats.shape == (rows, 2) and stats.dtype == torch.float32
+    assert not torch.isnan(stats).any()
+    x64 = x.double()
+    mean = x64.mean(dim=1)
+    rstd = torch.rsqrt(x64.var(dim=1, unbiased=False) + 1e-5)
+    assert float(((stats[:, 0].double() - mean).abs() / x64.abs().amax(dim=1)).max()) < 2e-6
+    assert float(((stats[:, 1].double() - rstd) / rstd).abs().max()) < 2e-6
+
+
+def test_layer_norm_saves_statistics_only_when_a_gradient_is_wanted(simulator_backend, monkeypatch):
+    # the public op runs the training forward (and then the backward kernel on its saved
+    # statistics) only when autograd will ask for a gradient the backward kernel takes
+    from nki_kernels.ops import norms
+
+    calls = []
+    for name in ("_layer_norm_op", "_layer_norm_train_op"):
+        real = getattr(norms, name)
+        monkeypatch.setattr(norms, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    x = randn(5, 64, dtype=torch.bfloat16)
+    w = randn(64, dtype=torch.bfloat16).requires_grad_(True)
+    nki_kernels.layer_norm(x, (64,), w)
+    with torch.no_grad():
+        nki_kernels.layer_norm(x, (64,), w)
+    nki_kernels.layer_norm(x, (64,), w.detach())
+    wide = norms.BACKWARD_MAX_HIDDEN + 64          # past the backward kernel: recompute
+    nki_kernels.layer_norm(randn(2, wide, dtype=torch.bfloat16).requires_grad_(True), (wide,))
+    assert calls == ["_layer_norm_train_op", "_layer_norm_op", "_layer_norm_op", "_layer_norm_op"]
+
+
+def test_layer_norm_backward_kernel_reads_the_saved_statistics():
+    # the backward kernel takes mean and rstd from the forward instead of recomputing them:
+    # no ScalarE statistics pass (square) or rsqrt in its trace; dx right with the true
+    # statistics (bf16 bound as tests/ops/test_norm_backward.py) and far off with a doubled
+    # rstd, so the kernel follows the statistics it is given
+    from nki_kernels import _dispatch, simulator
+    from nki_kernels.ops import norms
+
+    x, dy = randn(300, 256, dtype=torch.bfloat16, shift=1.0), randn(300, 256, dtype=torch.bfloat16)
+    w = randn(256, dtype=torch.bfloat16, scale=0.5, shift=1.0)
+    stats = references.layer_norm_stats(x, (256,), 1e-5)
+    dxs = []
+    for s in (stats, stats * torch.tensor([1.0, 2.0])):
+        call = norms.layer_norm_backward_kernel_call(dy, x, s, (256,), w, None, 1e-5)
+        result = simulator.run(_dispatch.simulator_kernel(call)[2], *call.tensors, **call.static)
+        dxs.append(call.finish_outputs(result.outputs)[0])
+        funcs = {ins.attrs.get("func") for ins in result.trace if ins.op == "activation"}
+        assert not funcs & {"rsqrt", "square"}, funcs
+    x64 = x.double().requires_grad_(True)
+    want, = torch.autograd.grad(F.layer_norm(x64, (256,), w.double(), None, 1e-5), [x64], dy.double())
+    scale = float(want.abs().max())
+    assert float((dxs[0].double() - want).abs().max()) < 1.2e-2 * scale
+    assert float((dxs[1].double() - want).abs().max()) > 0.5 * scale
+
+
+@pytest.mark.parametrize("stats, match", [
+    (torch.zeros(7, 2, dtype=torch.float64), r"stats: shape \(7, 2\) torch.float64; expected \(7, 2\) torch.float32"),
+    (torch.zeros(6, 2), r"stats: shape \(6, 2\) torch.float32; expected \(7, 2\) torch.float32"),
+    (torch.zeros(7), r"stats: shape \(7,\) torch.float32; expected \(7, 2\) torch.float32"),
+], ids=["fp64", "rows", "1-d"])
+def test_layer_norm_backward_rejects_statistics_of_another_shape_or_dtype(stats, match):
+    from nki_kernels.ops import norms
+
+    x = randn(7, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=match):
+        norms.layer_norm_backward_kernel_call(x, x, stats, (64,), None, None, 1e-5)
+    with pytest.raises(ValueError, match=match):
+        norms._layer_norm_backward_reference(x, x, stats, [64], None, None, 1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_layer_norm_constant_rows_with_large_mean_are_exactly_zero(simulator_backend, dtype):
     # Issue 13, defect 7: the 16-bit statistics on ScalarE formed the mean as sum * (-1/H);

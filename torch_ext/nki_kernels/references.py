@@ -64,6 +64,22 @@ def layer_norm(input: torch.Tensor, normalized_shape, weight=None, bias=None, ep
     return out.to(input.dtype)
 
 
+def layer_norm_stats(input: torch.Tensor, normalized_shape, eps: float = 1e-5,
+                     compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Per row of ``input`` viewed as [N, prod(normalized_shape)]: ``(mean, rsqrt(var + eps))``
+    (population variance) as an [N, 2] float32 tensor, computed in the compute dtype: the
+    statistics ``native_layer_norm`` saves for its backward, and what the NKI kernel's
+    ``save_stats`` returns."""
+    cd = _resolve(compute_dtype, input)
+    hidden = 1
+    for d in normalized_shape:
+        hidden *= d
+    x = input.to(cd).reshape(-1, hidden)
+    mean = x.mean(dim=1)
+    rstd = torch.rsqrt(((x - mean[:, None]) ** 2).mean(dim=1) + eps)
+    return torch.stack([mean, rstd], dim=1).to(torch.float32)
+
+
 def rms_norm(input: torch.Tensor, normalized_shape, weight=None, eps=None,
              compute_dtype: torch.dtype | None = None) -> torch.Tensor:
     """``F.rms_norm``; ``eps=None`` means the machine epsilon of the input's opmath type

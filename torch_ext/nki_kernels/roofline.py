@@ -519,13 +519,12 @@ def _eager_layer_norm(x, normalized_shape, weight, bias, eps):
     return F.layer_norm(x, tuple(normalized_shape), weight, bias, eps)
 
 
-def layer_norm_backward(grad_output, input, normalized_shape, weight=None, bias=None, eps: float = 1e-5,
+def layer_norm_backward(grad_output, input, stats, normalized_shape, weight=None, bias=None, eps: float = 1e-5,
                         lnc: int = 1, target: str | Target = DEFAULT_TARGET) -> Roofline:
-    """layer_norm's backward: reads dy, x (weight), writes dx (dweight, dbias); one rsqrt
-    per row. Eager autograd: ``native_layer_norm_backward`` (one fused ATen op reading the
-    forward's saved fp32 mean and rstd)."""
-    rows = math.prod(input.shape) // math.prod(normalized_shape)
-    work = _grad_io("layer_norm backward", (grad_output, input, weight), (input, weight, bias), rows)
+    """layer_norm's backward: reads dy, x, the forward's saved stats (fp32 mean and rstd per
+    row) (weight), writes dx (dweight, dbias). Eager autograd: ``native_layer_norm_backward``
+    (one fused ATen op reading the same saved statistics)."""
+    work = _grad_io("layer_norm backward", (grad_output, input, stats, weight), (input, weight, bias))
     return backward_roofline("layer_norm backward", work, _eager_layer_norm,
                              (input, list(normalized_shape), weight, bias, eps), (0, 2, 3), target, lnc)
 

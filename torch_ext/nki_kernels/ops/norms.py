@@ -9,7 +9,10 @@ Backward: each op's backward is its backward custom op (``<op>_backward``: the N
 of kernels/rms_norm_backward.py and kernels/layer_norm_backward.py on ``neuron`` and the
 simulator backend, ``backward_references.py`` on the reference backend) for normalised
 sizes up to BACKWARD_MAX_HIDDEN; longer rows (and empty inputs) take the recompute
-backward (PyTorch ops in fp32). The weight (and bias) gradients come from the kernel as
+backward (PyTorch ops in fp32). layer_norm, when autograd will want its gradients, runs
+the training forward (``layer_norm_train``: the kernel also returns each row's mean and
+rstd, as native_layer_norm saves them), and its backward kernel reads those statistics
+instead of recomputing them. The weight (and bias) gradients come from the kernel as
 one fp32 partial per work part (kernels/weight_grads.py), summed here in fp32
 (``_sum_partials``).
 """
@@ -199,13 +202,50 @@ def _layer_norm(input: torch.Tensor, normalized_shape: List[int], weight: Option
                 bias: Optional[torch.Tensor], eps: float) -> torch.Tensor: ...
 
 
-def layer_norm_backward_kernel_call(grad_output: torch.Tensor, input: torch.Tensor, normalized_shape: Sequence[int],
-                                    weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
-                                    eps: float = 1e-5) -> _dispatch.KernelCall:
-    """The NKI launch of layer_norm's backward: kernels/layer_norm_backward.py on [N, H] views."""
+def layer_norm_train_kernel_call(input: torch.Tensor, normalized_shape: Sequence[int],
+                                 weight: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                                 eps: float = 1e-5) -> _dispatch.KernelCall:
+    """The NKI launch of the training forward: kernels/layer_norm.py with ``save_stats``
+    (the row kernel at every row count: the decode kernel saves no statistics), returning
+    (output, stats [N, 2] fp32: mean and rstd per row)."""
+    hidden = _hidden(normalized_shape)
+    _check_backward_hidden(hidden, input.dtype)
+    call = layer_norm_kernel_call(input, normalized_shape, weight, bias, eps)
+    shape = input.shape
+    return _dispatch.KernelCall("layer_norm", "layer_norm_kernel", call.tensors, {**call.static, "save_stats": True},
+                                finish=lambda outs: (outs[0].reshape(shape), outs[1]))
+
+
+def _layer_norm_stats_fake(input: torch.Tensor, normalized_shape: Sequence[int]) -> torch.Tensor:
+    rows = input.numel() // max(1, _hidden(normalized_shape))
+    return input.new_empty((rows, 2), dtype=torch.float32)
+
+
+def _layer_norm_train_reference(input, normalized_shape, weight, bias, eps, compute_dtype=None):
+    return (references.layer_norm(input, normalized_shape, weight, bias, eps, compute_dtype=compute_dtype),
+            references.layer_norm_stats(input, normalized_shape, eps, compute_dtype=compute_dtype))
+
+
+def _layer_norm_train(input: torch.Tensor, normalized_shape: List[int], weight: Optional[torch.Tensor],
+                      bias: Optional[torch.Tensor], eps: float) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def _check_stats(stats: torch.Tensor, rows: int) -> None:
+    if tuple(stats.shape) != (rows, 2) or stats.dtype != torch.float32:
+        raise ValueError(f"stats: shape {tuple(stats.shape)} {stats.dtype}; expected ({rows}, 2) torch.float32, "
+                         "the (mean, rstd) per row the training forward (layer_norm_train) saves")
+
+
+def layer_norm_backward_kernel_call(grad_output: torch.Tensor, input: torch.Tensor, stats: torch.Tensor,
+                                    normalized_shape: Sequence[int], weight: Optional[torch.Tensor] = None,
+                                    bias: Optional[torch.Tensor] = None, eps: float = 1e-5) -> _dispatch.KernelCall:
+    """The NKI launch of layer_norm's backward: kernels/layer_norm_backward.py on [N, H] views,
+    with the forward's saved statistics (``eps`` is in them; the reference uses it)."""
     hidden = _hidden(normalized_shape)
     _check_backward_hidden(hidden, input.dtype)
     tensors = [_rows_view(grad_output, hidden), _rows_view(input, hidden)]
+    _check_stats(stats, tensors[1].shape[0])
+    tensors.append(stats.contiguous())
     if weight is not None:
         tensors.append(weight.reshape(hidden))
     shape = input.shape
@@ -218,35 +258,61 @@ def layer_norm_backward_kernel_call(grad_output: torch.Tensor, input: torch.Tens
         return dx, dw, db
 
     return _dispatch.KernelCall("layer_norm_backward", "layer_norm_backward_kernel", tuple(tensors),
-                                {"eps": float(eps), "with_bias": bias is not None}, finish=finish)
+                                {"with_bias": bias is not None}, finish=finish)
 
 
-def _layer_norm_backward(grad_output: torch.Tensor, input: torch.Tensor, normalized_shape: List[int],
-                         weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+def _layer_norm_backward(grad_output: torch.Tensor, input: torch.Tensor, stats: torch.Tensor,
+                         normalized_shape: List[int], weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
                          eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+
+def _layer_norm_backward_reference(grad_output, input, stats, normalized_shape, weight, bias, eps,
+                                   compute_dtype=None):
+    """The reference backend's backward: the statistics recomputed from ``input`` (PyTorch
+    math; ``stats`` is checked, not read), so it is also differentiable (double backward)."""
+    _check_stats(stats, input.numel() // max(1, _hidden(normalized_shape)))
+    return backward_references.layer_norm_backward(grad_output, input, normalized_shape, weight, bias, eps,
+                                                   compute_dtype=compute_dtype)
 
 
 _layer_norm_backward_op = define_op(
     _layer_norm_backward, kernel_call=layer_norm_backward_kernel_call,
-    reference=backward_references.layer_norm_backward,
-    fake=lambda dy, input, shape, weight, bias, eps: (torch.empty_like(input), _param_grad_fake(input, weight),
-                                                      _param_grad_fake(input, bias)),
-    grad_reference=lambda *a: backward_references.layer_norm_backward(*a, compute_dtype=torch.float32))
+    reference=_layer_norm_backward_reference,
+    fake=lambda dy, input, stats, shape, weight, bias, eps: (
+        torch.empty_like(input), _param_grad_fake(input, weight), _param_grad_fake(input, bias)),
+    grad_reference=lambda *a: _layer_norm_backward_reference(*a, compute_dtype=torch.float32))
 
 
 def _layer_norm_grads(inputs, outputs, grad_outputs):
+    """Autograd formula of the training forward: the backward op on (dy, input, the saved
+    stats); no gradient for the statistics output (they are not differentiated through)."""
     input, normalized_shape, weight, bias, eps = inputs
-    dx, dw, db = _layer_norm_backward_op(grad_outputs[0], input, normalized_shape, weight, bias, eps)
+    grad_output = grad_outputs[0] if grad_outputs[0] is not None else torch.zeros_like(input)
+    dx, dw, db = _layer_norm_backward_op(grad_output, input, outputs[1], normalized_shape, weight, bias, eps)
     return dx, None, dw if weight is not None else None, db if bias is not None else None, None
 
 
+# Inference (no gradient wanted, or rows past the backward kernel's limits): no statistics
+# saved; a gradient asked of this op directly takes the recompute backward.
 _layer_norm_op = define_op(
     _layer_norm, kernel_call=layer_norm_kernel_call, reference=references.layer_norm,
     fake=lambda input, *_: torch.empty_like(input, memory_format=torch.contiguous_format),  # as F.*_norm
-    grad_reference=lambda *a: references.layer_norm(*a, compute_dtype=torch.float32),
+    grad_reference=lambda *a: references.layer_norm(*a, compute_dtype=torch.float32))
+
+# Training: the output and each row's (mean, rstd), which the backward kernel reads.
+_layer_norm_train_op = define_op(
+    _layer_norm_train, kernel_call=layer_norm_train_kernel_call, reference=_layer_norm_train_reference,
+    fake=lambda input, shape, *_: (torch.empty_like(input, memory_format=torch.contiguous_format),
+                                   _layer_norm_stats_fake(input, shape)),
+    grad_reference=lambda *a: _layer_norm_train_reference(*a, compute_dtype=torch.float32),
     backward=KernelBackward(
-        _layer_norm_grads,
+        _layer_norm_grads, save_outputs=(1,),
         applies=lambda input, shape, weight, bias, eps: _kernel_backward_applies(input, _hidden(shape))))
+
+
+def _wants_grads(*tensors: Optional[torch.Tensor]) -> bool:
+    """Autograd will ask for a gradient of one of ``tensors``."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def layer_norm(input: torch.Tensor, normalized_shape: ShapeLike, weight: Optional[torch.Tensor] = None,
@@ -273,7 +339,10 @@ def layer_norm(input: torch.Tensor, normalized_shape: ShapeLike, weight: Optiona
     _check_param("bias", bias, shape, input)
     if eps is None:   # F.layer_norm has no default for None either (rms_norm's None is torch's)
         raise TypeError("eps=None: layer_norm needs a float eps, as F.layer_norm does")
-    return _layer_norm_op(input, list(shape), weight, bias, _resolve_eps(eps, input.dtype))
+    eps = _resolve_eps(eps, input.dtype)
+    if _wants_grads(input, weight, bias) and _kernel_backward_applies(input, _hidden(shape)):
+        return _layer_norm_train_op(input, list(shape), weight, bias, eps)[0]
+    return _layer_norm_op(input, list(shape), weight, bias, eps)
 
 
 # ---------------------------------------------------------------------------- rms_norm
@@ -484,8 +553,16 @@ def _grad_like(gen, t):
 
 
 def _norm_backward_inputs(gen, args, kwargs):
-    """Backward op arguments of layer_norm / rms_norm: (dy, *forward args)."""
+    """Backward op arguments of rms_norm: (dy, *forward args)."""
     return (_grad_like(gen, args[0]), *args), dict(kwargs)
+
+
+def _layer_norm_backward_inputs(gen, args, kwargs):
+    """Backward op arguments of layer_norm: (dy, input, the training forward's saved stats,
+    *the other forward args)."""
+    input, shape, *rest = args
+    stats = references.layer_norm_stats(input, shape, kwargs["eps"])
+    return (_grad_like(gen, input), input, stats, shape, *rest), dict(kwargs)
 
 
 def _fused_add_backward_inputs(gen, args, kwargs):
@@ -499,7 +576,7 @@ def _fused_add_backward_inputs(gen, args, kwargs):
 # this efficiency (modeled, trn2, LNC=2)
 NORM_BACKWARD_EFFICIENCY_TARGET = 0.7
 LAYER_NORM_BACKWARD = registry.Backward(
-    _layer_norm_backward_op, _norm_backward_inputs, layer_norm_backward_kernel_call,
+    _layer_norm_backward_op, _layer_norm_backward_inputs, layer_norm_backward_kernel_call,
     backward_references.layer_norm_backward, roofline.layer_norm_backward,
     efficiency_target=NORM_BACKWARD_EFFICIENCY_TARGET)
 RMS_NORM_BACKWARD = registry.Backward(
