@@ -254,6 +254,31 @@ def test_training_forward_saves_each_rows_mean_and_rstd(simulator_backend, rows,
     assert float(((stats[:, 1].double() - rstd) / rstd).abs().max()) < 2e-6
 
 
+@pytest.mark.parametrize("rows, hidden, stores_per_core", [
+    (2048, 4096, [1, 1]),       # 8 blocks of one row per partition per core: one run each
+    (1576, 768, [1, 2]),        # 2 blocks of 3 rows per partition; core 1 also the 40-row tail
+    (300, 1000, [1, 2]),        # 128 rows on core 0; 128 + a 44-row tail on core 1
+], ids=["2048x4096", "1576x768", "300x1000"])
+def test_training_forward_stores_statistics_once_per_run_of_blocks(rows, hidden, stores_per_core):
+    # kernels/layer_norm.py _stats_plan: a part's statistics are gathered on chip and
+    # stored once per run of blocks of the same shape, not once per block (each transfer
+    # holds the DMA queues at least the transfer gap); every row's statistics still land
+    from nki_kernels import _dispatch, simulator
+    from nki_kernels.ops import norms
+
+    x = randn(rows, hidden, dtype=torch.bfloat16, scale=2.0, shift=1.0)
+    call = norms.layer_norm_train_kernel_call(x, (hidden,), None, None, 1e-5)
+    result = simulator.run(_dispatch.simulator_kernel(call)[2], *call.tensors, **call.static)
+    per_core = [0, 0]
+    for ins in result.trace:
+        if ins.op == "dma_copy" and ins.writes[0].buffer == "hbm" and ins.writes[0].shape[-1] == 2:
+            per_core[ins.attrs["core"]] += 1
+    assert per_core == stores_per_core
+    _, stats = call.finish_outputs(result.outputs)
+    torch.testing.assert_close(stats, references.layer_norm_stats(x, (hidden,), 1e-5, compute_dtype=torch.float64),
+                               atol=0, rtol=2e-6)
+
+
 def test_layer_norm_saves_statistics_only_when_a_gradient_is_wanted(simulator_backend, monkeypatch):
     # the public op runs the training forward (and then the backward kernel on its saved
     # statistics) only when autograd will ask for a gradient the backward kernel takes
