@@ -69,8 +69,9 @@ from .limits import NORM_RESIDENT_PARAM_BYTES as RESIDENT_PARAM_BYTES
 from .limits import NORM_RESIDENT_ROW_BYTES as RESIDENT_ROW_BYTES
 from .limits import NORM_STREAM_CHUNK as STREAM_CHUNK
 from .tiling import (PARTITIONS, block_rows, broadcast_rows, cdiv, column_chunks, engine_segments, fitting_ahead,
-                     itemsize, load_block, param_columns, pipelined, program_row_blocks, program_row_parts,
-                     resident_params, row_blocks, rows_per_partition, slot_stores_pay, split_count, spread)
+                     itemsize, load_block, param_columns, part_row_stats, pipelined, program_row_blocks,
+                     program_row_parts, resident_params, row_blocks, rows_per_partition, slot_stores_pay,
+                     split_count, spread)
 
 # Row packing: the least J that makes a transfer this long per partition (the DMA guide's
 # >= 4 KiB for bandwidth; more rows per block would only lengthen the pipeline fill/drain).
@@ -129,41 +130,20 @@ VECTOR_SHARE_WEIGHT_16 = 0.3
 
 def _stats_plan(stats, n_rows, per_max):
     """Where the blocks of this program write their statistics and, with ``stats`` (HBM
-    [N, 2], save_stats), when they are stored. Each part's (mean, rstd) go to one
-    [128, slots, 2] fp32 tile allocated once (8 bytes per row slot per partition), a
-    block's rows at the slots (first row - part's first row) / 128 onwards: a tile per block
-    would rotate through two buffers, and block i + 2's first statistic wait for block i's
-    last read of its own (modeled trn2 LNC=2 bf16 [2048, 4096] without weight, 51.4 ->
-    55.0 us). Each run of consecutive blocks with the same partitions and rows per
-    partition is stored by one transfer, issued after the run's last block: at most three
-    per part (full blocks, a shorter last full block, the tail) instead of one per block,
-    each a 128-partition transfer holding the DMA queues at least dma_transfer_gap_ns
-    (training forward [2048, 4096] with weight and bias: 85.6 us with a store per block,
-    80.2 as inference). Returns ({block's first row: its [parts, per, 2] view}, {run's
-    last block's first row: (HBM view, SBUF view)}; empty without ``stats``)."""
+    [N, 2], save_stats), when they are stored: each part's (mean, rstd) in one on-chip
+    tile (tiling.part_row_stats; with a tile per block, rotated through two buffers, block
+    i + 2's first statistic waited for block i's last read: modeled trn2 LNC=2 bf16
+    [2048, 4096] without weight 51.4 -> 55.0 us), each run of same-shaped blocks stored by
+    one transfer after its last block, instead of one per block, each a 128-partition
+    transfer holding the DMA queues at least dma_transfer_gap_ns (training forward [2048,
+    4096] with weight and bias: 85.6 us with a store per block, 80.2 as inference).
+    Returns ({block's first row: its [parts, per, 2] view}, {run's last block's first row:
+    (HBM view, SBUF view)}; the latter empty without ``stats``)."""
     views, stores = {}, {}
     for lo, hi in program_row_parts(n_rows):
-        part_blocks = row_blocks(hi, per_max, first_row=lo)      # in row order
-        if not part_blocks:
-            continue
-        tile = nl.ndarray((PARTITIONS, cdiv(hi - lo, PARTITIONS), BN_AGGR_WIDTH), dtype=nl.float32,
-                          buffer=nl.sbuf)
-        i = 0
-        while i < len(part_blocks):
-            first, parts, per = part_blocks[i]
-            count = 1
-            while i + count < len(part_blocks) and part_blocks[i + count][1:] == (parts, per):
-                count += 1
-            for start, _, _ in part_blocks[i:i + count]:
-                slot = (start - lo) // PARTITIONS
-                views[start] = tile[0:parts, slot:slot + per, :]
-            if stats is not None:
-                slot = (first - lo) // PARTITIONS
-                # HBM rows first + k * parts * per + p * per + j -> [p, k, j, 2]
-                hbm = stats[first:first + count * parts * per, :].reshape((count, parts, per, BN_AGGR_WIDTH))
-                sbuf = tile[0:parts, slot:slot + count * per, :].reshape((parts, count, per, BN_AGGR_WIDTH))
-                stores[part_blocks[i + count - 1][0]] = (hbm.permute((1, 0, 2, 3)), sbuf)
-            i += count
+        part_views, runs = part_row_stats(stats, lo, hi, per_max, BN_AGGR_WIDTH)
+        views.update(part_views)
+        stores.update({last: (hbm, sbuf) for last, hbm, sbuf in runs})
     return views, stores
 
 

@@ -70,6 +70,42 @@ def row_blocks(n_rows, per_max, tail_position=None, first_row=0):
     return blocks
 
 
+def part_row_stats(hbm, lo, hi, per_max, width):
+    """Per-row values of a part's rows [lo, hi) (e.g. LayerNorm's (mean, rstd)) kept in one
+    [128, slots, width] fp32 SBUF tile allocated once, laid out as ``row_blocks(hi,
+    per_max, first_row=lo)`` lays out the rows: block (start, parts, per) at slots
+    (start - lo) / 128 onwards. A tile per block would rotate through the compiler's few
+    buffers, and a later block's first write wait for an earlier block's last read.
+
+    Returns (views, runs): views {block start: its [parts, per, width] view}; runs, one per
+    run of consecutive blocks with the same (parts, per) (at most three: the full blocks, a
+    shorter last full block, the tail): (last block's start, HBM view, SBUF view) of the
+    run's rows of ``hbm`` [N, width], [parts, count, per, width] both (one transfer moves
+    a run; empty when ``hbm`` is None)."""
+    blocks = row_blocks(hi, per_max, first_row=lo)      # in row order
+    views, runs = {}, []
+    if not blocks:
+        return views, runs
+    tile = nl.ndarray((PARTITIONS, cdiv(hi - lo, PARTITIONS), width), dtype=nl.float32, buffer=nl.sbuf)
+    i = 0
+    while i < len(blocks):
+        first, parts, per = blocks[i]
+        count = 1
+        while i + count < len(blocks) and blocks[i + count][1:] == (parts, per):
+            count += 1
+        for start, _, _ in blocks[i:i + count]:
+            slot = (start - lo) // PARTITIONS
+            views[start] = tile[0:parts, slot:slot + per, :]
+        if hbm is not None:
+            slot = (first - lo) // PARTITIONS
+            # HBM rows first + k * parts * per + p * per + j -> [p, k, j, width]
+            rows = hbm[first:first + count * parts * per, :].reshape((count, parts, per, width))
+            runs.append((blocks[i + count - 1][0], rows.permute((1, 0, 2, 3)),
+                         tile[0:parts, slot:slot + count * per, :].reshape((parts, count, per, width))))
+        i += count
+    return views, runs
+
+
 def share(n, part, parts):
     """[lo, hi) of range(n) for ``part`` of ``parts`` contiguous parts whose sizes differ by
     at most one (the later parts are the larger)."""
