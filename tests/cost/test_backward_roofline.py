@@ -37,6 +37,10 @@ def test_backward_workloads_launch_a_kernel_and_model_eager_autograd(spec, workl
     assert roof.eager_us >= roof.limit_us * (1 - 1e-9)
     one = spec.backward.roofline(*args, **kwargs, lnc=1)
     assert one.limit_us == pytest.approx(2 * roof.limit_us) and one.eager_us == pytest.approx(2 * roof.eager_us)
+    # the main job checks the kernel against the declared reference on the same arguments
+    grads = spec.backward.reference(*args, **kwargs, compute_dtype=torch.float32)
+    grads = grads if isinstance(grads, tuple) else (grads,)
+    assert grads and all(isinstance(g, torch.Tensor) and not g.isnan().any() for g in grads)
 
 
 def test_rms_norm_backward_limit_is_its_compulsory_traffic():

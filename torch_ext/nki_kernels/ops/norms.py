@@ -577,7 +577,7 @@ def _fused_add_backward_inputs(gen, args, kwargs):
 NORM_BACKWARD_EFFICIENCY_TARGET = 0.7
 LAYER_NORM_BACKWARD = registry.Backward(
     _layer_norm_backward_op, _layer_norm_backward_inputs, layer_norm_backward_kernel_call,
-    backward_references.layer_norm_backward, roofline.layer_norm_backward,
+    _layer_norm_backward_reference, roofline.layer_norm_backward,
     efficiency_target=NORM_BACKWARD_EFFICIENCY_TARGET)
 RMS_NORM_BACKWARD = registry.Backward(
     _rms_norm_backward_op, _norm_backward_inputs, rms_norm_backward_kernel_call,
