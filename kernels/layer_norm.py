@@ -103,14 +103,6 @@ DRAIN_BY_SLOT = True
 BN_CHUNK = nl.tile_size.bn_stats_fmax
 BN_STATS_WIDTH = 6   # (count, mean, var*count) for even and odd elements
 BN_AGGR_WIDTH = 2    # (mean, var)
-# fp32 input: shares of the affine step given to the VectorE path. Per element on trn2
-# (cost-model rules): VectorE one input pass 1.04 ns (0.96 GHz), two-input pass 2.08 ns;
-# ScalarE pass 0.83 ns; GpSimd two-input pass 1.67 ns (1.2 GHz). VectorE runs bn_stats (1.04).
-#   weight + bias: VectorE 1.04 + 4.17a, GpSimd 3.33(1 - a)  -> a = 0.3, both 2.31 ns
-#   weight only:   VectorE 1.04 + 2.08a, GpSimd 1.67(1 - a)  -> a = 0.2, both 1.46 ns
-# Both under fp32's 2.78 ns of HBM traffic per element: DMA-bound.
-VECTOR_SHARE_AFFINE = 0.3
-VECTOR_SHARE_WEIGHT = 0.2
 # 16-bit input. Per element: statistics on ScalarE 1.66 ns (two passes) or VectorE 1.04
 # (bn_stats); y on VectorE 0.26 (tensor_scalar, 16-bit perf mode); y * w and + b 1.04 ns
 # each on VectorE (tensor_tensor perf mode) or 1.67 each on GpSimd. With a share s of the
@@ -145,6 +137,25 @@ def _stats_plan(stats, n_rows, per_max):
         views.update(part_views)
         stores.update({last: (hbm, sbuf) for last, hbm, sbuf in runs})
     return views, stores
+
+
+def _fp32_vector_share(n_params):
+    """Share of the fp32 affine step (``n_params`` of weight and bias) on the VectorE path
+    (_affine_segment), where VectorE and GpSimd end together by the active generation's
+    clocks (engine_costs.py; the cost model's rates). Per element: VectorE makes the
+    statistics (bn_stats, one pass) and, on its path, one two-input scalar_tensor_tensor
+    per parameter (two cycles); the other path is ScalarE's y, the lighter load, and one
+    two-input GpSimd tensor_tensor per parameter (two of its cycles):
+        1/v + a 2n/v = (1 - a) 2n/g  ->  a = (2n/g - 1/v) / (2n/v + 2n/g)
+    trn2 (v 0.96, g 1.2 GHz) and trn1 (1.12, 1.4): weight and bias 0.31, weight only 0.17;
+    trn3 (1.2, 1.2): 0.38, 0.25. Both paths stay under fp32's HBM traffic per element
+    (trn2: 2.3 and 1.4 ns against 2.78): DMA-bound. Until session 57 the trn2 figures,
+    rounded (0.3, 0.2), were constants for every generation."""
+    if not n_params:
+        return 0.0
+    c = active_engine_costs()
+    v, g = 1.0 / c.vector_ghz, 1.0 / c.gpsimd_ghz
+    return (2 * n_params * g - v) / (2 * n_params * v + 2 * n_params * g)
 
 
 def _prefetch_ahead(per, cols, itemsize, param_bytes):
@@ -194,7 +205,7 @@ def _slot_after_stats_ns(cols, sixteen, n_params):
             vector += n_params * c.instruction_ns("vector", cut, rate=_vector_16bit_pair_rate())
         gpsimd = n_params * c.instruction_ns("gpsimd", cols - cut, rate=0.5) if n_params else 0.0
         return max(vector, gpsimd)
-    a = VECTOR_SHARE_AFFINE if n_params == 2 else VECTOR_SHARE_WEIGHT if n_params else 0.0
+    a = _fp32_vector_share(n_params)
     vector = a * n_params * c.instruction_ns("vector", cols, rate=0.5)
     scalar = (1 - a) * c.instruction_ns("scalar", cols)
     gpsimd = (1 - a) * n_params * c.instruction_ns("gpsimd", cols, rate=0.5)
@@ -324,9 +335,7 @@ def _block_16bit(x_tile, out_tile, stats_tile, parts, per, cols, weight_tile, bi
 
 def _affine_share(weight, bias):
     """Share of the affine step on the VectorE path (fp32 arithmetic, _affine_segment)."""
-    if weight is None:
-        return 0.0
-    return VECTOR_SHARE_WEIGHT if bias is None else VECTOR_SHARE_AFFINE
+    return _fp32_vector_share(sum(p is not None for p in (weight, bias)))
 
 
 def _layer_norm_streamed(x, out, weight, bias, eps_tile):

@@ -171,6 +171,22 @@ def test_layer_norm_backward_places_its_row_sums_by_engine_time_and_chain():
         assert mod._row_sums_on_vector(8, 128, True, True) == (False, False)
 
 
+def test_layer_norm_fp32_affine_split_follows_the_generations_clocks():
+    # kernels/layer_norm.py _fp32_vector_share: VectorE (statistics pass + a two-input
+    # pass per parameter) and GpSimd (a two-input pass per parameter) end together by the
+    # active generation's clocks: trn2 (0.96 / 1.2 GHz) and trn1 (1.12 / 1.4) share the
+    # ratio, trn3 (1.2 / 1.2) gives VectorE more
+    from nki_kernels import _kernel_sources
+
+    mod = _kernel_sources.load("layer_norm", "simulator")
+    expected = {"trn2": (0.3056, 0.1667), "trn1": (0.3056, 0.1667), "trn3": (0.375, 0.25)}
+    for target, (both, weight_only) in expected.items():
+        with simulator.activated(target=target):
+            assert mod._fp32_vector_share(2) == pytest.approx(both, abs=1e-4), target
+            assert mod._fp32_vector_share(1) == pytest.approx(weight_only, abs=1e-4), target
+            assert mod._fp32_vector_share(0) == 0.0
+
+
 def test_path_segments_split_rows_or_columns_at_the_rounded_cumulative_shares():
     # the engine split of the row kernels (kernels/tiling.py): whole rows when a partition
     # holds several, else columns; cut points at round(n * (a)), round(n * (a + g)); empty
