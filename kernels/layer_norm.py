@@ -166,7 +166,9 @@ def _prefetch_ahead(per, cols, itemsize, param_bytes):
     liveness sweep stays within that (fp32 rows of 8192 with weight and bias: ahead + 5.7
     rows against the bound's ahead + 6); those rows (32 KiB per partition) load two blocks
     ahead on trn3, one on trn2 and none on trn1, where one ahead needed 214 KiB of its 192
-    (tests/kernels/test_widest_rows_fit_sbuf.py runs them)."""
+    (tests/kernels/test_widest_rows_fit_sbuf.py runs them). The statistics tile
+    (tiling.part_row_stats: 8 bytes per row slot, at most 4 KiB) fits the bound's slack of
+    0.3 rows (10 KiB at those rows)."""
     block = per * cols * itemsize
     return fitting_ahead(PREFETCH_AHEAD, lambda ahead: (ahead + 3) * block + param_bytes + cols * 4)
 

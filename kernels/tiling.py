@@ -70,38 +70,48 @@ def row_blocks(n_rows, per_max, tail_position=None, first_row=0):
     return blocks
 
 
+# Most row slots one part_row_stats tile holds (8 bytes each for LayerNorm's (mean, rstd):
+# 4 KiB per partition). A part with more row slots (more than 65536 rows in 128-row tiles)
+# takes several tiles, so SBUF use stays bounded whatever the row count.
+ROW_STATS_TILE_SLOTS = 512
+
+
 def part_row_stats(hbm, lo, hi, per_max, width):
-    """Per-row values of a part's rows [lo, hi) (e.g. LayerNorm's (mean, rstd)) kept in one
-    [128, slots, width] fp32 SBUF tile allocated once, laid out as ``row_blocks(hi,
-    per_max, first_row=lo)`` lays out the rows: block (start, parts, per) at slots
-    (start - lo) / 128 onwards. A tile per block would rotate through the compiler's few
-    buffers, and a later block's first write wait for an earlier block's last read.
+    """Per-row values of a part's rows [lo, hi) (e.g. LayerNorm's (mean, rstd)) kept in
+    [128, slots, width] fp32 SBUF tiles allocated once each, laid out as ``row_blocks(hi,
+    per_max, first_row=lo)`` lays out the rows: a block (start, parts, per) at ``per``
+    consecutive slots of one tile, blocks in row order, a new tile when the next block
+    would pass ROW_STATS_TILE_SLOTS. A tile per block would rotate through the compiler's
+    few buffers, and a later block's first write wait for an earlier block's last read.
 
     Returns (views, runs): views {block start: its [parts, per, width] view}; runs, one per
-    run of consecutive blocks with the same (parts, per) (at most three: the full blocks, a
-    shorter last full block, the tail): (last block's start, HBM view, SBUF view) of the
-    run's rows of ``hbm`` [N, width], [parts, count, per, width] both (one transfer moves
-    a run; empty when ``hbm`` is None)."""
+    run of consecutive blocks with the same (parts, per) in one tile (a part of at most
+    ROW_STATS_TILE_SLOTS slots has at most three: the full blocks, a shorter last full
+    block, the tail): (last block's start, HBM view, SBUF view) of the run's rows of
+    ``hbm`` [N, width], [parts, count, per, width] both (one transfer moves a run; empty
+    when ``hbm`` is None)."""
     blocks = row_blocks(hi, per_max, first_row=lo)      # in row order
     views, runs = {}, []
-    if not blocks:
-        return views, runs
-    tile = nl.ndarray((PARTITIONS, cdiv(hi - lo, PARTITIONS), width), dtype=nl.float32, buffer=nl.sbuf)
-    i = 0
+    tile, used, i = None, 0, 0
     while i < len(blocks):
         first, parts, per = blocks[i]
+        if tile is None or used + per > ROW_STATS_TILE_SLOTS:
+            remaining = sum(b[2] for b in blocks[i:])
+            tile = nl.ndarray((PARTITIONS, min(remaining, max(per, ROW_STATS_TILE_SLOTS)), width),
+                              dtype=nl.float32, buffer=nl.sbuf)
+            used = 0
         count = 1
-        while i + count < len(blocks) and blocks[i + count][1:] == (parts, per):
+        while (i + count < len(blocks) and blocks[i + count][1:] == (parts, per)
+               and used + (count + 1) * per <= tile.shape[1]):
             count += 1
-        for start, _, _ in blocks[i:i + count]:
-            slot = (start - lo) // PARTITIONS
-            views[start] = tile[0:parts, slot:slot + per, :]
+        for k in range(count):
+            views[blocks[i + k][0]] = tile[0:parts, used + k * per:used + (k + 1) * per, :]
         if hbm is not None:
-            slot = (first - lo) // PARTITIONS
             # HBM rows first + k * parts * per + p * per + j -> [p, k, j, width]
             rows = hbm[first:first + count * parts * per, :].reshape((count, parts, per, width))
             runs.append((blocks[i + count - 1][0], rows.permute((1, 0, 2, 3)),
-                         tile[0:parts, slot:slot + count * per, :].reshape((parts, count, per, width))))
+                         tile[0:parts, used:used + count * per, :].reshape((parts, count, per, width))))
+        used += count * per
         i += count
     return views, runs
 

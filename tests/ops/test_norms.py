@@ -279,6 +279,24 @@ def test_training_forward_stores_statistics_once_per_run_of_blocks(rows, hidden,
                                atol=0, rtol=2e-6)
 
 
+@pytest.mark.parametrize("rows, hidden", [(128 * 600, 8), (128 * 1100 + 5, 2)], ids=["300-slots", "550-slots+tail"])
+def test_training_forward_statistics_of_many_rows(rows, hidden):
+    # narrow rows pack hundreds of rows per partition into one block; a part's statistics
+    # tile holds at most tiling.ROW_STATS_TILE_SLOTS (512) row slots, more take another
+    # tile (bounded SBUF whatever the row count): every row's statistics still land
+    from nki_kernels import _dispatch, simulator
+    from nki_kernels.ops import norms
+
+    x = randn(rows, hidden, dtype=torch.bfloat16, scale=2.0, shift=1.0)
+    call = norms.layer_norm_train_kernel_call(x, (hidden,), None, None, 1e-5)
+    result = simulator.run(_dispatch.simulator_kernel(call)[2], *call.tensors, **call.static)
+    out, stats = call.finish_outputs(result.outputs)
+    torch.testing.assert_close(stats, references.layer_norm_stats(x, (hidden,), 1e-5, compute_dtype=torch.float64),
+                               atol=0, rtol=2e-6)
+    assert_matches(out, references.layer_norm(x.double(), (hidden,), None, None, 1e-5, compute_dtype=torch.float64),
+                   torch.bfloat16)
+
+
 def test_layer_norm_saves_statistics_only_when_a_gradient_is_wanted(simulator_backend, monkeypatch):
     # the public op runs the training forward (and then the backward kernel on its saved
     # statistics) only when autograd will ask for a gradient the backward kernel takes
