@@ -252,6 +252,37 @@ def test_backward_twins_match_float64_autograd():
         torch.testing.assert_close(g, e, atol=1e-12, rtol=1e-10)
 
 
+@pytest.mark.parametrize("hidden, copies_per_part", [
+    (4096, "cc cc d d cc d"),        # one row per partition: software-pipelined
+    (768, "cccc dd cc d"),            # two rows per partition, then one: in order
+], ids=["one-row-blocks", "two-row-blocks"])
+def test_layer_norm_backward_pipelines_blocks_of_one_row_per_partition(hidden, copies_per_part):
+    # kernels/layer_norm_backward.py: ScalarE's row sums (copies that reduce: c) belong to a
+    # block's first half, its dx (copies that scale: d) to the second. With one row per
+    # partition block i's first half is issued before block i - 1's second half, but for
+    # each part's last block (at LNC=1 768 rows are two parts of three 128-row blocks);
+    # with more rows per partition each block is issued whole (768 columns: blocks of 256
+    # rows and one of 128 per part)
+    from nki_kernels import _dispatch, simulator
+
+    rows, dtype = 768, torch.bfloat16
+    x, dy = _randn(rows, hidden, dtype=dtype, shift=1.0), _randn(rows, hidden, dtype=dtype)
+    weight, bias = _randn(hidden, dtype=dtype, scale=0.5, shift=1.0), _randn(hidden, dtype=dtype)
+    stats = references.layer_norm_stats(x, (hidden,), 1e-5)
+    call = norms.layer_norm_backward_kernel_call(dy, x, stats, (hidden,), weight, bias, 1e-5)
+    with simulator.activated("trn2"):
+        kernel = _dispatch.simulator_kernel(call)
+    result = simulator.run(kernel[1], *[t.contiguous() for t in call.tensors], **call.static, target="trn2")
+    copies = "".join("c" if i.attrs["reduce"] else "d" for i in result.trace
+                     if i.engine == "scalar" and i.op == "activation" and i.attrs["func"] == "copy")
+    assert copies == copies_per_part.replace(" ", "") * 2
+    dx, dw, db = call.finish_outputs(result.outputs)
+    leaves = [t.double().requires_grad_() for t in (x, weight, bias)]
+    want = _grads(lambda t, w, b: F.layer_norm(t, (hidden,), w, b, 1e-5), leaves, (dy.double(),))
+    for got, ref, name in zip((dx, dw, db), want, ("dx", "dweight", "dbias")):
+        _check(got, ref, dtype, name)
+
+
 @pytest.mark.parametrize("fused, hidden, copies_per_part", [
     (False, 4096, "c c d d c d"),
     (True, 2048, "c c d d c d"),
