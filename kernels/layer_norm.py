@@ -12,7 +12,10 @@ Layout:
     The last < 128 rows form one block with J = 1, issued second (TAIL_POSITION) so its
     small store does not queue behind the last full block's. weight and bias are broadcast
     once to all 128 partitions (stride-0 DMA) right after the first block's load.
-    Fresh SBUF tiles per block let block i+1's load overlap block i's compute.
+    Fresh SBUF tiles per block let block i+1's load overlap block i's compute. Each row's
+    fp32 (mean, rstd) goes to its part's statistics tile (_stats_plan); with save_stats (the
+    training forward) they are also stored, once per run of same-shaped blocks, for
+    kernels/layer_norm_backward.py.
     The program's last block, when it holds J > 1 rows per partition and the work after
     its statistics outlasts the extra transfers (_drains_by_slot), is finished and stored
     row slot by row slot (DRAIN_BY_SLOT): each slot's store (one row of H elements per
