@@ -252,6 +252,19 @@ def test_backward_twins_match_float64_autograd():
         torch.testing.assert_close(g, e, atol=1e-12, rtol=1e-10)
 
 
+def _scalar_copies_at_lnc1(call):
+    """(result, ScalarE's copies in issue order) of a norm backward launch at LNC=1 on trn2:
+    "c" for a copy that reduces (a row sum), "d" for one that does not (dx)."""
+    from nki_kernels import _dispatch, simulator
+
+    with simulator.activated("trn2"):
+        kernel = _dispatch.simulator_kernel(call)
+    result = simulator.run(kernel[1], *[t.contiguous() for t in call.tensors], **call.static, target="trn2")
+    copies = "".join("c" if i.attrs["reduce"] else "d" for i in result.trace
+                     if i.engine == "scalar" and i.op == "activation" and i.attrs["func"] == "copy")
+    return result, copies
+
+
 @pytest.mark.parametrize("hidden, copies_per_part", [
     (4096, "cc cc d d cc d"),        # one row per partition: software-pipelined
     (768, "cccc dd cc d"),            # two rows per partition, then one: in order
@@ -261,20 +274,14 @@ def test_layer_norm_backward_pipelines_blocks_of_one_row_per_partition(hidden, c
     # block's first half, its dx (copies that scale: d) to the second. With one row per
     # partition block i's first half is issued before block i - 1's second half, but for
     # each part's last block (at LNC=1 768 rows are two parts of three 128-row blocks);
-    # with more rows per partition each block is issued whole (768 columns: blocks of 256
+    # with more rows per partition each block is issued whole (768 columns: a block of 256
     # rows and one of 128 per part)
-    from nki_kernels import _dispatch, simulator
-
     rows, dtype = 768, torch.bfloat16
     x, dy = _randn(rows, hidden, dtype=dtype, shift=1.0), _randn(rows, hidden, dtype=dtype)
     weight, bias = _randn(hidden, dtype=dtype, scale=0.5, shift=1.0), _randn(hidden, dtype=dtype)
     stats = references.layer_norm_stats(x, (hidden,), 1e-5)
     call = norms.layer_norm_backward_kernel_call(dy, x, stats, (hidden,), weight, bias, 1e-5)
-    with simulator.activated("trn2"):
-        kernel = _dispatch.simulator_kernel(call)
-    result = simulator.run(kernel[1], *[t.contiguous() for t in call.tensors], **call.static, target="trn2")
-    copies = "".join("c" if i.attrs["reduce"] else "d" for i in result.trace
-                     if i.engine == "scalar" and i.op == "activation" and i.attrs["func"] == "copy")
+    result, copies = _scalar_copies_at_lnc1(call)
     assert copies == copies_per_part.replace(" ", "") * 2
     dx, dw, db = call.finish_outputs(result.outputs)
     leaves = [t.double().requires_grad_() for t in (x, weight, bias)]
@@ -297,18 +304,12 @@ def test_rms_norm_backward_issues_each_blocks_first_half_before_the_previous_blo
     # each part's ScalarE copies run c0 c1 dx0 dx1 c2 dx2 (the old order, which closed a
     # block-to-block loop through GpSimd, ran c0 dx0 c1 dx1 c2 dx2); fused rows wider than
     # 2048 columns make each dx in two column halves
-    from nki_kernels import _dispatch, simulator
-
     rows, dtype = 768, torch.bfloat16
     x, dy, dtotal = (_randn(rows, hidden, dtype=dtype) for _ in range(3))
     weight = _randn(hidden, dtype=dtype, scale=0.5, shift=1.0)
     call = (norms.fused_add_rms_norm_backward_kernel_call(dy, dtotal, x, weight, 1e-6) if fused
             else norms.rms_norm_backward_kernel_call(dy, x, (hidden,), weight, 1e-6))
-    with simulator.activated("trn2"):
-        kernel = _dispatch.simulator_kernel(call)
-    result = simulator.run(kernel[1], *[t.contiguous() for t in call.tensors], **call.static, target="trn2")
-    copies = "".join("c" if i.attrs["reduce"] else "d" for i in result.trace
-                     if i.engine == "scalar" and i.op == "activation" and i.attrs["func"] == "copy")
+    result, copies = _scalar_copies_at_lnc1(call)
     assert copies == copies_per_part.replace(" ", "") * 2
     dx, dw = call.finish_outputs(result.outputs)
     x64, w64 = x.double().requires_grad_(), weight.double().requires_grad_()
