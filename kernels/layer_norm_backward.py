@@ -22,7 +22,8 @@ Layout:
     per block, dw and db as one fp32 partial per part (weight_grads.py: TensorE sums the
     rows of dy * xhat and of dy against a ones column). Blocks of one row per partition
     are software-pipelined: each block's first half (_front) before the previous block's
-    second half (_back), as kernels/rms_norm_backward.py does (comment at ``interleave``).
+    second half (_back), as kernels/rms_norm_backward.py does (tiling.pipelined_halves;
+    the comment above its call).
 Engines, per block (16-bit input; fp32 the same in fp32):
     VectorE  xhat = (x - mean) * r (tensor_scalar, 16-bit perf mode)
     VectorE / GpSimd  g = dy * w, q = g * xhat (16-bit; PRODUCT_VECTOR_SHARE)
@@ -45,8 +46,8 @@ import nki.language as nl
 from .engine_costs import active as active_engine_costs
 from .limits import NORM_BACKWARD_MAX_HIDDEN as BACKWARD_MAX_HIDDEN
 from .limits import NORM_BACKWARD_MAX_ROW_BYTES as BACKWARD_MAX_ROW_BYTES
-from .tiling import (PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, load_block, pipelined, row_blocks,
-                     row_part, rows_per_partition, share, split_count)
+from .tiling import (PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, load_block, pipelined_halves,
+                     row_blocks, row_part, rows_per_partition, share, split_count)
 from .weight_grads import (accumulate_columns, accumulate_diag, diag_fits, identity, new_accumulator,
                            new_diag_accumulator, new_partials, store_diag_partial, store_partial)
 
@@ -237,47 +238,33 @@ def layer_norm_backward_kernel(dy, x, stats, weight=None, with_bias=False):
             return tiles
 
         # Blocks of one row per partition (rows of >= TARGET_COLS elements) are software-
-        # pipelined as in kernels/rms_norm_backward.py: block i's first half (_front: xhat,
-        # the products, the row sums, the weight-gradient sums) is issued before block
-        # i - 1's second half (_back: a, t, dx), but for the part's last block. A block then
-        # does not wait, engine by engine, for its predecessor's chain sums -> a -> t -> dx.
-        # Modeled (us; 123 runs over 20 shapes, trn1/trn2/trn3, bf16/fp32): 8 faster, e.g.
-        # trn2 LNC=2 bf16 [1024, 8192] 192.6 -> 162.3, fp32 [2048, 4096] 261.3 -> 229.4,
-        # trn2 LNC=1 bf16 [1024, 8192] 353.7 -> 283.5; 112 unchanged (ViT-L's [1576, 1024]
-        # among them); 3 slower: fp32 [512, 4096] +3.1 %, trn2 LNC=1 bf16 [2048, 4096] +1.1 %,
-        # trn1 +0.2 %. With two or more rows per partition it is not taken: trn3 bf16
-        # [8192, 768] +10.8 %, ViT-B +3.6 %.
-        interleave = per_max == 1
-        pending = []
-        finished = {}
-
-        def finish_pending():
-            if pending:
-                (start, parts, per), front = pending.pop()
-                dx_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-                _back(dx_tile, parts, per, cols, front)
-                finished[start] = dx_tile
-
-        def compute(block, tiles):
-            start, parts, per = block
-            early = not interleave or block == blocks[-1]
-            if early:
-                finish_pending()
-            front = _front(*tiles, parts, per, cols, params.get("weight"), ones, acc_w, acc_b, not done)
-            if not early:
-                finish_pending()
-            done.append(block)
-            pending.append((block, front))
-            if not interleave:
-                finish_pending()
-            return start
-
-        def store(block, start):
-            finish_pending()            # the last block's second half
+        # pipelined as in kernels/rms_norm_backward.py (tiling.pipelined_halves): block i's
+        # first half (_front: xhat, the products, the row sums, the weight-gradient sums) is
+        # issued before block i - 1's second half (_back: a, t, dx), but for the part's last
+        # block. A block then does not wait, engine by engine, for its predecessor's chain
+        # sums -> a -> t -> dx. Modeled (us; 123 runs over 20 shapes, trn1/trn2/trn3,
+        # bf16/fp32): 8 faster, e.g. trn2 LNC=2 bf16 [1024, 8192] 192.6 -> 162.3, fp32
+        # [2048, 4096] 261.3 -> 229.4, trn2 LNC=1 bf16 [1024, 8192] 353.7 -> 283.5; 112
+        # unchanged (ViT-L's [1576, 1024] among them); 3 slower: fp32 [512, 4096] +3.1 %,
+        # trn2 LNC=1 bf16 [2048, 4096] +1.1 %, trn1 +0.2 %. With two or more rows per
+        # partition it is not taken: trn3 bf16 [8192, 768] +10.8 %, ViT-B +3.6 %.
+        def front(block, tiles):
             _, parts, per = block
-            nisa.dma_copy(dst=block_rows(dx, start, parts, per), src=finished.pop(start))
+            state = _front(*tiles, parts, per, cols, params.get("weight"), ones, acc_w, acc_b, not done)
+            done.append(block)
+            return state
 
-        pipelined(blocks, load, compute, store, PREFETCH_AHEAD)
+        def back(block, tiles, state):
+            _, parts, per = block
+            dx_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
+            _back(dx_tile, parts, per, cols, state)
+            return dx_tile
+
+        def store(block, dx_tile):
+            start, parts, per = block
+            nisa.dma_copy(dst=block_rows(dx, start, parts, per), src=dx_tile)
+
+        pipelined_halves(blocks, load, front, back, store, PREFETCH_AHEAD, interleave=per_max == 1)
         if dw_parts is not None and diag:
             store_diag_partial(dw_parts, part, acc_w, cols, bool(done), identity())
         elif dw_parts is not None:

@@ -42,7 +42,7 @@ import nki.language as nl
 from .limits import NORM_BACKWARD_MAX_HIDDEN as BACKWARD_MAX_HIDDEN
 from .limits import NORM_BACKWARD_MAX_ROW_BYTES as BACKWARD_MAX_ROW_BYTES
 from .tiling import (PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, cdiv, column_chunks, fitting_ahead,
-                     load_block, pipelined, row_blocks, row_part, rows_per_partition, share, split_count)
+                     load_block, pipelined_halves, row_blocks, row_part, rows_per_partition, share, split_count)
 from .weight_grads import (accumulate_columns, accumulate_diag, diag_fits, identity, new_accumulator,
                            new_diag_accumulator, new_partials, store_diag_partial, store_partial)
 
@@ -243,7 +243,7 @@ def _backward(dy, x, weight, eps, dtotal):
         # order, so a block's chain stats -> g, q -> c -> a -> t -> dx would leave engines
         # waiting. Program order per block i is instead: stats(i) (ScalarE), the first half
         # of block i (g, q, c, dw sums), then the second half of block i - 1 (a, t, dx: its
-        # inputs are ready); tiling.pipelined's store of block i - 1 then only stores its dx.
+        # inputs are ready), then block i - 1's store (tiling.pipelined_halves).
         # The first half of block i goes before the second half of block i - 1 because the
         # other order closes a loop from block to block: c(i - 1) -> a(i - 1) -> t(i - 1)
         # -> GpSimd's g(i), q(i) -> c(i), each waiting on the one before on its engine, so
@@ -251,37 +251,26 @@ def _backward(dy, x, weight, eps, dtotal):
         # trn2 LNC=2 [2048, 8192] bf16: 36 us per block against GpSimd's 25; 325.7 -> 267.4
         # us for the launch, docs/history.md). The last block keeps the other order: no
         # block follows it to fill the engines, and block i - 1's dx leaves sooner.
-        pending = []
-        finished = {}
-
-        def finish_pending():
-            if pending:
-                (start, parts, per), tiles, front = pending.pop()
-                dx_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-                _back(tiles[1], tiles[2], dx_tile, parts, per, cols, front)
-                finished[start] = dx_tile
-
-        def compute(block, tiles):
-            start, parts, per = block
-            dy_tile, x_tile, dt_tile = tiles
-            rstd = _stats(x_tile, parts, per, cols, eps_tile)
-            last = block == blocks[-1]
-            if last:
-                finish_pending()
-            front = _front(dy_tile, x_tile, rstd, parts, per, cols, params.get("weight"), acc, not done,
-                           dtotal is not None)
-            if not last:
-                finish_pending()
-            done.append(block)
-            pending.append((block, tiles, front))
-            return start
-
-        def store(block, start):
-            finish_pending()            # the last block's second half
+        def front(block, tiles):
             _, parts, per = block
-            nisa.dma_copy(dst=block_rows(dx, start, parts, per), src=finished.pop(start))
+            dy_tile, x_tile, _ = tiles
+            rstd = _stats(x_tile, parts, per, cols, eps_tile)
+            state = _front(dy_tile, x_tile, rstd, parts, per, cols, params.get("weight"), acc, not done,
+                           dtotal is not None)
+            done.append(block)
+            return state
 
-        pipelined(blocks, load, compute, store, ahead)
+        def back(block, tiles, state):
+            _, parts, per = block
+            dx_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
+            _back(tiles[1], tiles[2], dx_tile, parts, per, cols, state)
+            return dx_tile
+
+        def store(block, dx_tile):
+            start, parts, per = block
+            nisa.dma_copy(dst=block_rows(dx, start, parts, per), src=dx_tile)
+
+        pipelined_halves(blocks, load, front, back, store, ahead)
         if partials is not None and diag:
             store_diag_partial(partials, part, acc, cols, bool(done), identity())
         elif partials is not None:

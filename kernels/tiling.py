@@ -233,6 +233,43 @@ def pipelined(items, load, compute, store, ahead):
         store(*pending)
 
 
+def pipelined_halves(items, load, front, back, store, ahead, interleave=True):
+    """``pipelined`` with each item's compute in two halves, software-pipelined: item i's
+    first half is issued before item i - 1's second half (but for the last item, after it:
+    no item follows to fill the engines), so an item does not wait, engine by engine, for
+    its predecessor's whole chain. ``interleave=False`` issues each item's halves in turn.
+    ``load(item) -> loaded``, ``front(item, loaded) -> state``, ``back(item, loaded, state)
+    -> result``, ``store(item, result)``; each store is issued after its item's second half.
+    Used by the norm backwards (kernels/rms_norm_backward.py, kernels/layer_norm_backward.py)."""
+    items = list(items)
+    pending = []
+    results = {}
+
+    def finish_pending():
+        if pending:
+            i, loaded, state = pending.pop()
+            results[i] = back(items[i], loaded, state)
+
+    def compute(entry, loaded):
+        i, item = entry
+        early = not interleave or i == len(items) - 1
+        if early:
+            finish_pending()
+        state = front(item, loaded)
+        if not early:
+            finish_pending()
+        pending.append((i, loaded, state))
+        if not interleave:
+            finish_pending()
+        return i
+
+    def store_result(entry, i):
+        finish_pending()            # the last item's second half
+        store(entry[1], results.pop(i))
+
+    pipelined(list(enumerate(items)), lambda entry: load(entry[1]), compute, store_result, ahead)
+
+
 def split_count(n, share):
     """How many of ``n`` items go to the first of two engines given its ``share`` (0..1):
     the split point of range(n) into [0, cut) and [cut, n)."""
