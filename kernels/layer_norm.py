@@ -22,7 +22,7 @@ Layout:
     partition) starts when that slot's output is made, so the pipeline's drain is the last
     slot's affine step and store, not the whole block's.
 16-bit input (bf16/fp16), per row slot (the j-th row of a partition in a block):
-    statistics in fp32, on one of two engines (SCALAR_STATS_SHARE of the slots on ScalarE):
+    statistics in fp32, on one of two engines (_scalar_stats_share of the slots on ScalarE):
       ScalarE  sum(x) (copy with add-accumulate); GpSimd -mean = sum / -H (a division,
                correctly rounded: a constant row centres to exactly 0, as in torch);
                ScalarE sum((x - mean)^2) (square with bias -mean, accumulate) ->
@@ -32,7 +32,7 @@ Layout:
              in and out: perf mode)
     then y * weight and + bias as 16-bit tensor_tensor, in place, all J rows of the block
     per instruction (weight/bias viewed with a stride-0 row axis), columns split between
-    VectorE (VECTOR_SHARE_AFFINE_16) and GpSimd.
+    VectorE and GpSimd so the two end together (_vector_share_16).
 fp32 input, per row:
     VectorE  bn_stats / bn_aggr -> mean, variance; ScalarE rsqrt(var + eps); -mean * rstd
     then two paths, split by rows when a partition holds J > 1 rows, else by columns:
@@ -88,7 +88,7 @@ TAIL_POSITION = 1
 PREFETCH_AHEAD = 2
 # The program's last block (J > 1 rows per partition) finished and stored one row slot at a
 # time where that pays (_drains_by_slot): the affine step per slot (J instructions per engine
-# instead of one, 16-bit columns split by _drain_vector_share), each slot's store issued
+# instead of one, 16-bit columns split by _vector_share_16), each slot's store issued
 # when it is made. Modeled (trn2 LNC=2, us): bf16 with weight and bias ViT-B [1576, 768]
 # 21.46 -> 19.99, ViT-L [1576, 1024] 23.60 -> 22.58, [512, 384] 7.92 -> 7.07; weight only
 # [1576, 1024] 23.29 -> 21.55; fp32 without weight [1576, 768] 24.14 -> 21.05. A scan of 28
@@ -106,21 +106,11 @@ DRAIN_BY_SLOT = True
 BN_CHUNK = nl.tile_size.bn_stats_fmax
 BN_STATS_WIDTH = 6   # (count, mean, var*count) for even and odd elements
 BN_AGGR_WIDTH = 2    # (mean, var)
-# 16-bit input. Per element: statistics on ScalarE 1.66 ns (two passes) or VectorE 1.04
-# (bn_stats); y on VectorE 0.26 (tensor_scalar, 16-bit perf mode); y * w and + b 1.04 ns
-# each on VectorE (tensor_tensor perf mode) or 1.67 each on GpSimd. With a share s of the
-# statistics on ScalarE and a of the affine columns on VectorE:
-#   ScalarE 1.66 s,  VectorE 1.04 (1 - s) + 0.26 + 2.08 a,  GpSimd 3.33 (1 - a)
-# balance at s = 0.9, a = 0.55, 1.50 ns per element (bf16 HBM traffic: 1.39 ns). The
-# per-instruction overheads (~0.1 us [P, 1] ops per row on ScalarE) move the modeled
-# optimum lower: s = 0.6 since the fixed costs are per engine (trn2 ScalarE 360 cycles,
-# VectorE 100; swept 0.4 .. 0.9 on the ViT-B/L shapes, modeled trn2 LNC=2, us: 0.4 22.0 /
-# 26.3, 0.5 21.3 / 24.9, 0.6 21.5 / 24.3, 0.7 23.9 / 24.5, 0.8 23.4 / 26.9, 0.9 25.1 / 27.1;
-# it was 0.8 at one shared 160-cycle fixed cost).
-#   weight only: ScalarE 1.66 s, VectorE 1.04 (1 - s) + 0.26 + 1.04 a, GpSimd 1.67 (1 - a)
-SCALAR_STATS_SHARE = 0.6
-VECTOR_SHARE_AFFINE_16 = 0.55
-VECTOR_SHARE_WEIGHT_16 = 0.3
+# 16-bit input: which row slots take their statistics on ScalarE (_scalar_stats_share) and
+# VectorE's share of the affine step's columns (_vector_share_16) come from the active
+# generation's engine figures (engine_costs.py). Until session 58 they were constants swept
+# under the model on trn2's ViT shapes and used on every generation: 0.6 of the slots on
+# ScalarE, 0.55 of the columns on VectorE with weight and bias, 0.3 with a weight only.
 
 
 def _stats_plan(stats, n_rows, per_max):
@@ -184,15 +174,62 @@ def _vector_16bit_pair_rate():
     return active_engine_costs().vector_psum_copy_16bit_rate / 2
 
 
-def _drain_vector_share():
-    """VectorE's share of the affine step's columns in the drain's row slots (16-bit): the
-    share at which VectorE and GpSimd (a two-input pass at half an element per cycle) end a
-    slot together, by their clocks and rates (trn2 0.62, trn3 0.67, trn1 0.44). The block
-    shares (VECTOR_SHARE_AFFINE_16, VECTOR_SHARE_WEIGHT_16) leave VectorE room for the next
-    block's statistics and y; after the last block there is none (modeled trn2 LNC=2 bf16
-    ViT-L [1576, 1024] 23.03 -> 22.58 us; EngineCosts.vector_gpsimd_share at VectorE's
-    16-bit rate)."""
+def _vector_share_16():
+    """VectorE's share of the 16-bit affine step's columns (y * weight, + bias), the rest on
+    GpSimd: the share at which the two engines end the step together, by their clocks and
+    rates (a two-input pass: VectorE at its 16-bit tensor_tensor rate, GpSimd at half an
+    element per cycle; EngineCosts.vector_gpsimd_share): trn2 0.62, trn3 0.67, trn1 0.44.
+    The step is a block's last before its store, so it is split to finish soonest, for
+    every block and for the drain's row slots alike.
+    Before session 58 a block's split was a constant that left VectorE room for the next
+    block's statistics and y: 0.55 with weight and bias, 0.3 with a weight only, on every
+    generation (figures of the change: _scalar_stats_share)."""
     return active_engine_costs().vector_gpsimd_share(_vector_16bit_pair_rate())
+
+
+def _scalar_stats_share(per, cols, n_params):
+    """Share of the 16-bit row slots whose statistics ScalarE takes (two passes and an
+    rsqrt; the other slots VectorE's bn_stats / bn_aggr and ScalarE's rsqrt), for blocks of
+    ``per`` rows per partition of ``cols`` elements with ``n_params`` of weight and bias.
+    Estimated per slot by the cost model's rules with the active generation's figures
+    (engine_costs.py): ScalarE S (its two passes at its 16-bit rate and the rsqrt), VectorE
+    V (bn_stats per <= 512 columns, bn_aggr), ScalarE r (the rsqrt after VectorE's), VectorE
+    y (the normalisation, 16-bit performance mode), and VectorE's affine share of a block.
+    Two balances bracket the best split:
+      latency: one block's statistics end soonest, ScalarE's and VectorE's together:
+               s S + (1 - s) r = (1 - s) V;
+      throughput: ScalarE's work per block equals VectorE's, which also makes the y's
+               and its affine share: per (s S + (1 - s) r) = per ((1 - s) V + y) + affine.
+    A launch holds a few blocks per core (ViT at LNC=2: 2-3), so its time is part one
+    block's latency (the pipeline's fill and drain) and part the steady state's throughput;
+    the split is the mean of the two. Short rows go mostly to VectorE (ScalarE's fixed
+    cost per pass, 360 cycles on trn2, is most of a 256-column pass), long rows about
+    half-half. Modeled with _vector_share_16 against the constants they replaced (0.6 of
+    the slots; session 58; bf16 and fp16, 22 shapes of 64-8192 rows x 64-8192 columns;
+    docs/cost-model.md "What the kernels plan with"), geomean and worst run with weight and
+    bias / weight only / none: trn2 LNC=2 -4.9 % (+10.0 % at [8192, 1024]; ViT-B [1576,
+    768] 19.99 -> 19.45 us, ViT-L [1576, 1024] 22.58 -> 23.13) / -16.3 % (none slower) /
+    -13.2 % ([4096, 256] 21.7 -> 14.1 us); trn3 -10.0 % / -21.8 % / -12.3 %; trn1 (LNC=1)
+    -7.0 % / +2.4 % (+7.8 %) / +0.7 % (+9.8 % at [512, 384]). Either balance alone was
+    worse: latency up to +19.9 % (trn2 LNC=2 with weight and bias), throughput up to +20.7 %
+    (session 54 tried the throughput side with the affine split in it)."""
+    c = active_engine_costs()
+    scalar_pass = c.instruction_ns("scalar", cols, rate=c.scalar_16bit_rate)
+    rsqrt = c.instruction_ns("scalar", 1)
+    scalar_slot = 2 * scalar_pass + rsqrt
+    n_chunks = cdiv(cols, BN_CHUNK)
+    vector_slot = (sum(c.instruction_ns("vector", min(BN_CHUNK, cols - k * BN_CHUNK)) for k in range(n_chunks))
+                   + c.instruction_ns("vector", n_chunks * BN_STATS_WIDTH))
+    y = c.instruction_ns("vector", cols, rate=c.vector_16bit_rate)
+    affine = 0.0
+    if n_params:
+        affine = n_params * c.instruction_ns("vector", per * split_count(cols, _vector_share_16()),
+                                             rate=_vector_16bit_pair_rate())
+    # both balances solved for s: (... - r) / (S - r + V)
+    per_share = scalar_slot - rsqrt + vector_slot
+    latency = (vector_slot - rsqrt) / per_share
+    throughput = (per * (vector_slot + y - rsqrt) + affine) / (per * per_share)
+    return (min(1.0, max(0.0, latency)) + min(1.0, max(0.0, throughput))) / 2
 
 
 def _slot_after_stats_ns(cols, sixteen, n_params):
@@ -204,7 +241,7 @@ def _slot_after_stats_ns(cols, sixteen, n_params):
     rows, else ScalarE's y and GpSimd's passes)."""
     c = active_engine_costs()
     if sixteen:
-        cut = split_count(cols, _drain_vector_share())
+        cut = split_count(cols, _vector_share_16())
         vector = c.instruction_ns("vector", cols, rate=c.vector_16bit_rate)
         if n_params:
             vector += n_params * c.instruction_ns("vector", cut, rate=_vector_16bit_pair_rate())
@@ -259,16 +296,17 @@ def _affine_segment(dst, src, stats, weight, bias, on_vector):
 
 
 def _block_16bit(x_tile, out_tile, stats_tile, parts, per, cols, weight_tile, bias_tile, eps_tile, slot0,
-                 store_slot=None):
+                 stats_share, store_slot=None):
     """One block of a 16-bit input: statistics in fp32 into ``stats_tile`` [parts, per, 2]
     (mean, rstd per row), y rounded once to the input dtype, then y * weight and + bias in
     the input dtype, in place in ``out_tile``. Row slot ``slot0 + j`` takes its statistics
-    on ScalarE or VectorE (SCALAR_STATS_SHARE).
+    on ScalarE or VectorE (``stats_share`` of the slots on ScalarE, spread evenly:
+    _scalar_stats_share).
     ``store_slot(j)``, when given, is called as soon as slot j's output is made (the affine
     step then runs per slot; without a weight, right after the slot's y; DRAIN_BY_SLOT)."""
     n_chunks = cdiv(cols, BN_CHUNK)
     mean, rstd = stats_tile[:, :, 0], stats_tile[:, :, 1]
-    on_scalar = [j for j in range(per) if spread(slot0 + j, SCALAR_STATS_SHARE)]
+    on_scalar = [j for j in range(per) if spread(slot0 + j, stats_share)]
     centre = {}   # per row j: (op, [P, 1] operand) with y = (x op operand) * rstd
     # Two-pass statistics of the ScalarE rows (discarded activation outputs go to a scratch
     # tile of their own: in out_tile they would make the statistics wait for the buffer the
@@ -315,11 +353,7 @@ def _block_16bit(x_tile, out_tile, stats_tile, parts, per, cols, weight_tile, bi
             store_slot(j)
     if weight_tile is None:
         return
-    if store_slot is None:
-        share = VECTOR_SHARE_AFFINE_16 if bias_tile is not None else VECTOR_SHARE_WEIGHT_16
-    else:
-        share = _drain_vector_share()
-    cut = split_count(cols, share)
+    cut = split_count(cols, _vector_share_16())
     # all J rows of a partition at once, or row slot by row slot, each stored when made
     for j in ([None] if store_slot is None else range(per)):
         for lo, hi, engine in ((0, cut, nisa.engine.vector), (cut, cols, nisa.engine.gpsimd)):
@@ -480,6 +514,7 @@ def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5, save_stats=False):
 
     # the program's last block, stored row slot by row slot where that pays (DRAIN_BY_SLOT)
     n_params = sum(p is not None for p in (weight, bias))
+    stats_share = _scalar_stats_share(per_max, cols, n_params) if sixteen else None
     drain = blocks[-1] if blocks and _drains_by_slot(blocks[-1][2], cols, itemsize(x.dtype), n_params, sixteen) \
         else None
 
@@ -493,7 +528,7 @@ def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5, save_stats=False):
                 nisa.dma_copy(dst=block_rows(out, start, parts, per)[:, j, :], src=out_tile[:, j, :])
         if sixteen:
             _block_16bit(x_tile, out_tile, stats_tile, parts, per, cols, params["weight"], params["bias"],
-                         eps_tile, slot, store_slot)
+                         eps_tile, slot, stats_share, store_slot)
         else:
             _block_32bit(x_tile, out_tile, stats_tile, parts, per, cols, params["weight"], params["bias"],
                          eps_tile, store_slot)

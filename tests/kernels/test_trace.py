@@ -187,6 +187,72 @@ def test_layer_norm_fp32_affine_split_follows_the_generations_clocks():
             assert mod._fp32_vector_share(0) == 0.0
 
 
+def _layer_norm_bf16_trace(rows, hidden, target, n_params):
+    """The instruction trace of a bf16 layer_norm launch at LNC=1 on ``target`` with
+    ``n_params`` of (weight, bias), fresh random inputs."""
+    x = torch.randn(rows, hidden).to(torch.bfloat16)
+    params = [torch.randn(hidden).to(torch.bfloat16) for _ in range(n_params)] + [None] * (2 - n_params)
+    call = norms.layer_norm_kernel_call(x, (hidden,), *params)
+    assert call.kernel == "layer_norm_kernel"
+    with simulator.activated(target=target):
+        kernel = _dispatch.simulator_kernel(call)
+    return simulator.run(kernel[1], *[t.contiguous() for t in call.tensors], target=target, **call.static).trace
+
+
+@pytest.mark.parametrize("target, gpsimd_cols", [("trn2", 385), ("trn3", 333), ("trn1", 556)])
+def test_layer_norm_16bit_affine_split_follows_the_generations_clocks(target, gpsimd_cols):
+    # kernels/layer_norm.py _vector_share_16: VectorE and GpSimd end the 16-bit affine step
+    # together. A two-input 16-bit pass: VectorE one element per cycle with its 2x mode
+    # (trn2 0.96 GHz, trn3 1.2), half without (trn1: 1.12 GHz -> 0.56), GpSimd half (1.2,
+    # 1.2, 1.4 GHz -> 0.6, 0.6, 0.7): VectorE's share 0.96 / 1.56, 1.2 / 1.8, 0.56 / 1.26, so
+    # of 1000 columns GpSimd takes 385, 333 and 556 (the constants before session 58: 450
+    # with weight and bias, 700 with a weight only, on every generation)
+    from nki_kernels import _kernel_sources
+
+    mod = _kernel_sources.load("layer_norm", "simulator")
+    with simulator.activated(target=target):
+        assert 1000 - round(1000 * mod._vector_share_16()) == gpsimd_cols
+    for n_params in (1, 2):
+        trace = _layer_norm_bf16_trace(1000, 1000, target, n_params)
+        widths = {e: {i.writes[0].shape[-1] for i in trace if i.op == "tensor_tensor" and i.engine == e}
+                  for e in ("vector", "gpsimd")}
+        assert widths == {"vector": {1000 - gpsimd_cols}, "gpsimd": {gpsimd_cols}}, n_params
+
+
+def test_layer_norm_16bit_statistics_split_follows_the_engines_costs():
+    # kernels/layer_norm.py _scalar_stats_share: the mean of two balances of a slot's
+    # statistics between ScalarE (two passes and an rsqrt) and VectorE (bn_stats, bn_aggr;
+    # then ScalarE's rsqrt). Worked by hand for trn2, 256 columns, 8 rows per partition, no
+    # weight (ns; ScalarE 1.2 GHz and 360 cycles per instruction, VectorE 0.96 GHz and 100):
+    # ScalarE pass (256 + 360) / 1.2 = 513.3, rsqrt (64 + 360) / 1.2 = 353.3, S = 1380.0;
+    # VectorE bn_stats (256 + 100) / 0.96 = 370.8, bn_aggr (64 + 100) / 0.96 = 170.8, V =
+    # 541.7; y (256 / 4 + 100) / 0.96 = 170.8. Latency (V - r) / (S - r + V) = 0.1201,
+    # throughput (V + y - r) / (S - r + V) = 0.2290: 0.1746.
+    from nki_kernels import _kernel_sources
+
+    mod = _kernel_sources.load("layer_norm", "simulator")
+    with simulator.activated(target="trn2"):
+        assert mod._scalar_stats_share(8, 256, 0) == pytest.approx(0.1746, abs=1e-3)
+        short, long_rows = mod._scalar_stats_share(8, 256, 2), mod._scalar_stats_share(1, 4096, 2)
+        # ScalarE's 360-cycle fixed cost is most of a short row's pass: short rows mostly on VectorE
+        assert short < 0.35 < long_rows
+        # VectorE's affine share adds to its work per block: more slots to ScalarE with one
+        assert mod._scalar_stats_share(8, 256, 2) > mod._scalar_stats_share(8, 256, 1) > \
+            mod._scalar_stats_share(8, 256, 0)
+    with simulator.activated(target="trn1"):
+        # trn1: ScalarE's fixed cost is 100 cycles and VectorE has no 16-bit mode
+        assert mod._scalar_stats_share(8, 256, 2) > 0.5 > short
+    # the kernel follows it: slots whose statistics ScalarE takes square on ScalarE (one
+    # square pass each), spread evenly over each part's row slots (4096 rows of 256: two
+    # parts of 2048 rows = 16 row slots of 128 each per part)
+    for target in ("trn2", "trn1"):
+        with simulator.activated(target=target):
+            share = mod._scalar_stats_share(8, 256, 2)
+        trace = _layer_norm_bf16_trace(4096, 256, target, 2)
+        squares = [i for i in trace if i.engine == "scalar" and i.op == "activation" and i.attrs["func"] == "square"]
+        assert len(squares) == 2 * int(16 * share), (target, share)
+
+
 def test_path_segments_split_rows_or_columns_at_the_rounded_cumulative_shares():
     # the engine split of the row kernels (kernels/tiling.py): whole rows when a partition
     # holds several, else columns; cut points at round(n * (a)), round(n * (a + g)); empty
