@@ -19,14 +19,18 @@ Layout:
     group is the HBM view x[b, h0:h0+G, s0:s0+P, :] permuted to [P, G, D] (one DMA of G*D
     elements per partition; G*D <= HEAD_COLS, HEAD_COLS_WIDE for D > 512). cos/sin are
     broadcast over the G heads by a stride-0 view, never copied.
-Engines, per head group (started one group ahead: load and the VectorE heads' b, then the
-previous group's GpSimd b, both paths and store):
-    GpSimd   b = swap_halves(x) * (-sin_lo | sin_hi)      (two half-width ops per path, fp32)
-    a share of the heads (_vector_share):
-      VectorE  a = x * cos into PSUM (fp32, one PSUM bank of heads at a time), then
-               out = a + b (one input in PSUM: one pass)
+Engines, per head group (started one group ahead: the load and GpSimd's first products,
+then the previous group's paths and store). Heads of at most a PSUM bank (D <= 512):
+    ScalarE  cos and the signed sin copied to fp32 PSUM tables once per position tile
+    heads [0, cut) (_vector_heads: the cut that evens out the two engines' estimated time):
+      VectorE  a = x * cos into PSUM, b = swap_halves(x) * (-sin_lo | sin_hi) into SBUF
+               (each with the table in PSUM: one pass, where two SBUF inputs take two),
+               out = a + b (a in PSUM: one pass), one PSUM bank of heads at a time
     the other heads:
-      GpSimd   a = x * cos (fp32 SBUF), out = a + b
+      GpSimd   b (two half-width ops), a = x * cos, out = a + b (fp32 SBUF; GpSimd cannot
+               read PSUM)
+Wider heads (D > 512): GpSimd makes b for every head (the VectorE heads' first); VectorE's
+heads a = x * cos in SBUF and out = a + b, two SBUF inputs each (_vector_share).
     The signed sin (-sin[:D/2], sin[D/2:]) is built once per position tile.
     Intermediates a and b are fp32 for every input dtype, and the sum is rounded once to
     the output dtype: the reference's rounding (fp32 math, one rounding). 16-bit
@@ -46,51 +50,57 @@ from .tiling import PARTITIONS, cdiv, program_share
 
 # Elements per partition of one head group: 2048 = 16 heads x 128 (4 KiB bf16, 8 KiB fp32
 # per transfer: at the 4 KiB per partition where the DMA overview's curve saturates, 96.6 %).
-# Groups are started one ahead (``_rope``: the next group's load and its VectorE heads' b
+# Groups are started one ahead (``_rope``: the next group's load and GpSimd's first products
 # are issued before this group's paths), so three groups' tiles can be live; input, two fp32
 # scratch tiles and the output of a group are 24 KiB in fp32. Smaller groups pipeline
 # finer: 32-head groups (4096 columns) modeled 134 us on the Llama-7B workload at their best
-# share (0.65), 16-head groups 121 us (trn2, LNC=2).
+# share (0.65), 16-head groups 121 us (trn2, LNC=2; before the PSUM tables).
 HEAD_COLS = 2048
 # Heads wider than a PSUM bank take the SBUF path (below) in groups of up to 4096 columns:
 # at 2048 a group holds 2 heads of 768 and the VectorE share rounds to one of them.
 HEAD_COLS_WIDE = 4096
-# fp32 per PSUM bank (512): the products a = x * cos of the VectorE heads go to PSUM one
-# bank at a time.
+# fp32 per PSUM bank (512): heads of at most this many columns take the PSUM tables, and
+# the products a = x * cos of the VectorE heads go to PSUM one bank at a time.
 PSUM_BANK_FP32 = nl.tile_size.psum_bank_fmax
-# Share of a group's heads on the VectorE path (the rest on GpSimd): ``_vector_share``,
-# from the active generation's engine figures (kernels/engine_costs.py). On trn2, per
-# element (every pass has an fp32 operand, so no 16-bit performance mode): GpSimd makes
-# b = rotate_half(x) * sin for every head, 2 inputs at 1.2 GHz = 1.67 ns.
-#   VectorE path: VectorE a = x * cos into PSUM (2 inputs at 0.96 GHz, 2.08 ns), then
-#     a + b with one input in PSUM (1.04 ns): VectorE 3.13 ns.
-#   GpSimd path: GpSimd a (1.67) and a + b (1.67).
-# Share f: VectorE 3.13 f = GpSimd 1.67 + 3.33 (1 - f) -> f = 0.77 (with the fixed costs
-# 0.80: 12 of a group's 16 heads rounded down, 6 of 8 key heads), 2.42 ns per element. Swept on the
-# Llama-7B workload (trn2, LNC=2): 121.2 us (118.6-153.4) at 12 of 16, against 128.9 at
-# 11 and 128.5 at 13. On trn3 the rule gives 13 of 16 heads, 114.0 us, within 1 % of the
-# best whole-head count there (14: 112.8; 12: 121.1). Until 2026-12-02 the share was a
-# constant 0.56 (144.7 us): the kernel issued each group's b for all its heads before
-# either path, so VectorE's first a + b waited for GpSimd's whole b and the balance point
-# was not the optimum; with the group started one ahead and the VectorE heads' b made
-# first, it is. Heads wider than a PSUM
-# bank (D > 512): a in SBUF, a + b on VectorE reads two SBUF inputs (2.08 ns): VectorE
-# 4.17 f = GpSimd 1.67 + 3.33 (1 - f) -> f = 0.67. Above fp32's 2.78 ns of HBM traffic per
-# element nothing is lost; 16-bit data (1.39 ns) is engine-bound.
+# The VectorE path with PSUM tables (since session 58): "If one input tile is in PSUM and
+# the other is in SBUF, N Vector Engine cycles" (nki.isa.tensor_tensor, NKI 0.7 docs; the
+# cost model's rule), against 2N for two SBUF inputs. With cos and the signed sin as fp32
+# PSUM tables, VectorE makes a, b and a + b at one pass each: per element on trn2 3 x 1.04
+# = 3.13 ns for all three, where before VectorE's a (2.08) and a + b (1.04) left b to
+# GpSimd (1.67). GpSimd's path is three two-input passes (5.0 ns). The cut (whole heads per
+# group) evens out the two engines' estimated times, fixed costs per instruction included
+# (_group_path_ns): 9 of 16 heads and 5 of 8 on trn2. Modeled (trn2 LNC=2, us), Llama-7B
+# [1, 32/8, 2048, 128] bf16 121.2 -> 103.9 (forward and backward); 120 runs (12 shapes of
+# head size 32-768, bf16 / fp16 / fp32, forward and backward, trn2 LNC=2 and 1, trn3 LNC=2
+# and 1, trn1): 110 faster (trn2 geomean -9.7 %, trn3 -15.6 %, trn1 -15.7 %), the rest (D
+# = 768: no tables) unchanged; outputs identical bit for bit (the same fp32 products, the
+# tables exact copies). The model itself prefers 10 of 16 heads (99.8 us): it hides
+# VectorE's fixed cost behind an independent next instruction, which the planning figures
+# do not count (EngineCosts.vector_overlap_cycles).
+# Wider heads (D > 512): ``_vector_share``, from the active generation's engine figures
+# (kernels/engine_costs.py). On trn2, per element (every pass has an fp32 operand, so no
+# 16-bit performance mode): GpSimd makes b = rotate_half(x) * sin for every head, 2 inputs
+# at 1.2 GHz = 1.67 ns; VectorE a = x * cos (2 SBUF inputs at 0.96 GHz, 2.08 ns) and a + b
+# (2.08 ns): VectorE 4.17 f = GpSimd 1.67 + 3.33 (1 - f) -> f = 0.67. Before the tables
+# every head size took this form with a in PSUM (a + b 1.04 ns; f = 0.80: 12 of 16 heads
+# rounded down, 121.2 us on the Llama-7B workload; a constant 0.56 until 2026-12-02, 144.7).
+# Above fp32's 2.78 ns of HBM traffic per element nothing is lost; 16-bit data (1.39 ns) is
+# engine-bound.
 
 
-def _vector_share(dim, step, a_in_psum):
-    """Fraction of a group's heads for the VectorE path that evens out VectorE and GpSimd
-    (per head of ``dim`` columns, instructions of ``step`` heads; see above)."""
+def _vector_share(dim, group):
+    """Fraction of a group's heads for the VectorE path of wide heads (no PSUM tables) that
+    evens out VectorE and GpSimd (per head of ``dim`` columns, one instruction per pass for
+    the group's ``group`` heads; see above)."""
     costs = active_engine_costs()
-    cols = step * dim
-    # VectorE: a = x * cos (two SBUF inputs), a + b (one input in PSUM, else two in SBUF),
-    # which reads a: VectorE's pipeline drains between the two
-    vector = (costs.instruction_ns("vector", cols, rate=0.5)
-              + costs.instruction_ns("vector", cols, rate=1 if a_in_psum else 0.5, reads_previous=True)) / step
+    cols = group * dim
     # GpSimd: b (two half-width products) for every head; its path's a and a + b
-    swap = 2 * costs.instruction_ns("gpsimd", cols // 2, rate=0.5) / step
-    own = 2 * costs.instruction_ns("gpsimd", cols, rate=0.5) / step
+    swap = 2 * costs.instruction_ns("gpsimd", cols // 2, rate=0.5) / group
+    own = 2 * costs.instruction_ns("gpsimd", cols, rate=0.5) / group
+    # VectorE: a = x * cos (two SBUF inputs), a + b (two in SBUF), which reads a: VectorE's
+    # pipeline drains between the two
+    vector = (costs.instruction_ns("vector", cols, rate=0.5)
+              + costs.instruction_ns("vector", cols, rate=0.5, reads_previous=True)) / group
     return (swap + own) / (vector + own)
 
 
@@ -99,31 +109,66 @@ def _vector_heads(group, dim):
     heads per instruction, with a = x * cos in ``a_buffer`` (PSUM one bank of heads at a
     time when a head fits a bank, else SBUF)."""
     per_bank = PSUM_BANK_FP32 // dim
-    step, a_buffer = (per_bank, nl.psum) if per_bank else (group, nl.sbuf)
-    share = _vector_share(dim, min(step, group), bool(per_bank))
-    # whole heads. PSUM path: rounded down, as VectorE's a and a + b of each bank depend on
-    # each other, a wait per bank the balance does not count (12 of 16 heads on trn2, not
-    # 13: 121.2 against 128.5 us on the Llama-7B workload); SBUF path: one pair of
-    # instructions per group, rounded to nearest (3 of 4 heads of 768: 28.4 against 30.3 us)
-    heads = int(group * share) if per_bank else int(round(group * share))
-    return min(group, heads), step, a_buffer
+    if per_bank:
+        # PSUM tables (_psum_tables): the whole-head cut whose estimated VectorE and GpSimd
+        # times for the group are closest to even (the least of the two's maximum; ties:
+        # more heads on VectorE). VectorE's instructions go one bank of heads at a time, a
+        # last partial bank paying the same fixed costs; GpSimd's path is one instruction
+        # per pass for all its heads.
+        return min(range(group + 1), key=lambda cut: (_group_path_ns(cut, group, dim, per_bank), -cut)), \
+            per_bank, nl.psum
+    share = _vector_share(dim, group)
+    # SBUF path: one pair of instructions per group, rounded to nearest (3 of 4 heads of
+    # 768: 28.4 against 30.3 us)
+    return min(group, int(round(group * share))), group, nl.sbuf
 
 
-def _swap_times_sin(prod_sin, x_tile, sin_b, g0, g1, half, dim):
-    """prod_sin[:, g0:g1] = swap(x) * signed sin on GpSimd, fp32: first half
-    x_hi * (-sin_lo), second x_lo * sin_hi."""
+def _group_path_ns(cut, group, dim, per_bank):
+    """Estimated ns of the busier of VectorE and GpSimd on one head group with PSUM tables
+    and heads [0, cut) on VectorE (engine_costs.py: the cost model's rules)."""
+    costs = active_engine_costs()
+    vector = 0.0
+    for g0 in range(0, cut, per_bank):
+        cols = (min(cut, g0 + per_bank) - g0) * dim
+        vector += (costs.instruction_ns("vector", cols) + 2 * costs.instruction_ns("vector", cols // 2)
+                   + costs.instruction_ns("vector", cols, reads_previous=True))
+    cols = (group - cut) * dim
+    gpsimd = 0.0
+    if cols:
+        gpsimd = (2 * costs.instruction_ns("gpsimd", cols // 2, rate=0.5)
+                  + 2 * costs.instruction_ns("gpsimd", cols, rate=0.5))
+    return max(vector, gpsimd)
+
+
+def _swap_times_sin(prod_sin, x_tile, sin_b, g0, g1, half, dim, engine=nisa.engine.gpsimd, p0=None):
+    """prod_sin[:, g0:g1] (or [:, p0:p0 + g1 - g0]) = swap(x[:, g0:g1]) * signed sin, fp32:
+    first half x_hi * (-sin_lo), second x_lo * sin_hi."""
     if g0 >= g1:
         return
-    nisa.tensor_tensor(dst=prod_sin[:, g0:g1, 0:half], data1=x_tile[:, g0:g1, half:dim],
-                       data2=sin_b[:, g0:g1, 0:half], op=nl.multiply, engine=nisa.engine.gpsimd)
-    nisa.tensor_tensor(dst=prod_sin[:, g0:g1, half:dim], data1=x_tile[:, g0:g1, 0:half],
-                       data2=sin_b[:, g0:g1, half:dim], op=nl.multiply, engine=nisa.engine.gpsimd)
+    p0 = g0 if p0 is None else p0
+    p1 = p0 + g1 - g0
+    nisa.tensor_tensor(dst=prod_sin[:, p0:p1, 0:half], data1=x_tile[:, g0:g1, half:dim],
+                       data2=sin_b[:, p0:p1, 0:half], op=nl.multiply, engine=engine)
+    nisa.tensor_tensor(dst=prod_sin[:, p0:p1, half:dim], data1=x_tile[:, g0:g1, 0:half],
+                       data2=sin_b[:, p0:p1, half:dim], op=nl.multiply, engine=engine)
 
 
-def _start_group(dst_hbm, src_hbm, b, h0, group, s0, parts, dim, cos_tile, signed_sin):
+def _psum_tables(cos_tile, signed_sin, parts, dim):
+    """(cos, signed sin) as fp32 [parts, dim] PSUM tiles (ScalarE copies, exact), for the
+    VectorE path: a VectorE tensor_tensor with one input in PSUM and the other in SBUF
+    makes one pass, with both in SBUF two."""
+    tables = []
+    for src in (cos_tile, signed_sin):
+        table = nl.ndarray((parts, dim), dtype=nl.float32, buffer=nl.psum)
+        nisa.activation(dst=table, op=nl.copy, data=src)
+        tables.append(table)
+    return tuple(tables)
+
+
+def _start_group(dst_hbm, src_hbm, b, h0, group, s0, parts, dim, cos_tile, signed_sin, tables):
     """First half of one head group, dst[b, h0:h0+group, s0:s0+parts, :] = rope(src[...]):
-    load x and make b = swap(x) * sin for the VectorE path's heads (GpSimd), so that
-    VectorE can start on this group while GpSimd finishes the previous one (the caller
+    load x and, on GpSimd, make b = swap(x) * sin for the heads whose path needs GpSimd's b
+    first: the VectorE path's without PSUM tables, else the GpSimd path's own (the caller
     issues it one group ahead of ``_finish_group``)."""
     src_view = src_hbm[b, h0:h0 + group, s0:s0 + parts, :].permute((1, 0, 2))   # [P, G, D]
     x_tile = nl.ndarray((parts, group, dim), dtype=src_hbm.dtype, buffer=nl.sbuf)
@@ -132,25 +177,37 @@ def _start_group(dst_hbm, src_hbm, b, h0, group, s0, parts, dim, cos_tile, signe
     sin_b = signed_sin.expand_dim(1).broadcast(1, group)
     prod_sin = nl.ndarray((parts, group, dim), dtype=nl.float32, buffer=nl.sbuf)
     split = _vector_heads(group, dim)
-    _swap_times_sin(prod_sin, x_tile, sin_b, 0, split[0], dim // 2, dim)
-    return (dst_hbm, b, h0, group, s0, parts, dim, x_tile, cos_b, sin_b, prod_sin, split)
+    if tables is None:
+        _swap_times_sin(prod_sin, x_tile, sin_b, 0, split[0], dim // 2, dim)
+    else:
+        _swap_times_sin(prod_sin, x_tile, sin_b, split[0], group, dim // 2, dim)
+    return (dst_hbm, b, h0, group, s0, parts, dim, x_tile, cos_b, sin_b, prod_sin, split, tables)
 
 
 def _finish_group(state):
-    """Second half of a head group: the GpSimd path's b, both paths' a = x * cos and
-    out = a + b (fp32, rounded once to the output dtype, as the reference), the store."""
-    dst_hbm, b, h0, group, s0, parts, dim, x_tile, cos_b, sin_b, prod_sin, (cut, step, a_buffer) = state
-    _swap_times_sin(prod_sin, x_tile, sin_b, cut, group, dim // 2, dim)
+    """Second half of a head group: the rest of b, both paths' a = x * cos and out = a + b
+    (fp32, rounded once to the output dtype, as the reference), the store."""
+    dst_hbm, b, h0, group, s0, parts, dim, x_tile, cos_b, sin_b, prod_sin, (cut, step, a_buffer), tables = state
+    if tables is None:
+        _swap_times_sin(prod_sin, x_tile, sin_b, cut, group, dim // 2, dim)
     out_tile = nl.ndarray((parts, group, dim), dtype=dst_hbm.dtype, buffer=nl.sbuf)
     # VectorE path, heads [0, cut): a = x * cos (fp32; PSUM one bank of heads at a time),
     # then out = a + b rounded to the output dtype
     for g0 in range(0, cut, step):
         g1 = min(cut, g0 + step)
         a = nl.ndarray((parts, step, dim), dtype=nl.float32, buffer=a_buffer)
-        nisa.tensor_tensor(dst=a[:, 0:g1 - g0, :], data1=x_tile[:, g0:g1, :], data2=cos_b[:, g0:g1, :],
-                           op=nl.multiply)
-        nisa.tensor_tensor(dst=out_tile[:, g0:g1, :], data1=a[:, 0:g1 - g0, :],
-                           data2=prod_sin[:, g0:g1, :], op=nl.add)
+        if tables is None:
+            nisa.tensor_tensor(dst=a[:, 0:g1 - g0, :], data1=x_tile[:, g0:g1, :], data2=cos_b[:, g0:g1, :],
+                               op=nl.multiply)
+            nisa.tensor_tensor(dst=out_tile[:, g0:g1, :], data1=a[:, 0:g1 - g0, :],
+                               data2=prod_sin[:, g0:g1, :], op=nl.add)
+            continue
+        cos_p, sin_p = (t.expand_dim(1).broadcast(1, g1 - g0) for t in tables)
+        nisa.tensor_tensor(dst=a[:, 0:g1 - g0, :], data1=x_tile[:, g0:g1, :], data2=cos_p, op=nl.multiply)
+        b_vec = nl.ndarray((parts, step, dim), dtype=nl.float32, buffer=nl.sbuf)
+        _swap_times_sin(b_vec, x_tile, sin_p, g0, g1, dim // 2, dim, engine=nisa.engine.vector, p0=0)
+        nisa.tensor_tensor(dst=out_tile[:, g0:g1, :], data1=a[:, 0:g1 - g0, :], data2=b_vec[:, 0:g1 - g0, :],
+                           op=nl.add)
     # GpSimd path, heads [cut, group): a = x * cos (fp32 SBUF), out = a + b
     if cut < group:
         a = nl.ndarray((parts, group - cut, dim), dtype=nl.float32, buffer=nl.sbuf)
@@ -191,11 +248,12 @@ def _rope(pairs, cos, sin, transpose=False):
         nisa.tensor_scalar(dst=signed_sin[:, neg_dst[0]:neg_dst[1]], data=sin_tile[:, neg_src[0]:neg_src[1]],
                            op0=nl.multiply, operand0=-1.0)
         nisa.tensor_copy(dst=signed_sin[:, copy_dst[0]:copy_dst[1]], src=sin_tile[:, copy_src[0]:copy_src[1]])
+        tables = _psum_tables(cos_tile, signed_sin, parts, dim) if dim <= PSUM_BANK_FP32 else None
         for src, dst in pairs:
             heads = src.shape[1]
             for h0 in range(0, heads, group_max):
                 group = min(group_max, heads - h0)
-                started = _start_group(dst, src, b, h0, group, s0, parts, dim, cos_tile, signed_sin)
+                started = _start_group(dst, src, b, h0, group, s0, parts, dim, cos_tile, signed_sin, tables)
                 if pending is not None:
                     _finish_group(pending)
                 pending = started

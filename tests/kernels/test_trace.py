@@ -80,7 +80,7 @@ def test_work_is_spread_over_engines(op, engines):
 def test_rotary_loads_heads_in_groups_and_starts_each_group_before_the_last_one_finishes():
     # kernels/rotary.py: 16 heads of 128 per group (HEAD_COLS = 2048 columns, 4 KiB bf16 per
     # partition), q and k of one 128-position tile sharing its cos/sin; each group's load
-    # and the VectorE heads' b are issued before the previous group's paths and store
+    # and GpSimd's first products are issued before the previous group's paths and store
     q, k = torch.randn(1, 32, 256, 128).bfloat16(), torch.randn(1, 8, 256, 128).bfloat16()
     cos, sin = torch.randn(256, 128).bfloat16(), torch.randn(256, 128).bfloat16()
     result = _run(rotary.apply_rotary_pos_emb_kernel_call(q, k, cos, sin))
@@ -95,9 +95,15 @@ def test_rotary_loads_heads_in_groups_and_starts_each_group_before_the_last_one_
 
 
 def test_rotary_vector_share_follows_the_active_generations_costs():
-    # the VectorE path's share of a head group evens out VectorE and GpSimd with the active
-    # generation's engine figures (kernels/engine_costs.py), rounded down to whole heads on
-    # the PSUM path and to the nearest head on the SBUF path (D > 512)
+    # heads of at most a PSUM bank: the whole-head cut that evens out VectorE's and GpSimd's
+    # estimated times for the group (kernels/engine_costs.py). Worked by hand for trn2, 16
+    # heads of 128 (ns; VectorE 0.96 GHz and 100 cycles per instruction, GpSimd 1.2 and 100):
+    # VectorE per bank of 4 heads: a (512 + 100) / 0.96 = 637.5, b's halves 2 x 370.8, a + b
+    # 637.5: 2016.7; a last bank of 1 head 237.5 + 2 x 170.8 + 237.5 = 816.7. GpSimd for n
+    # heads: 2 x (64n / 0.5 + 100) / 1.2 + 2 x (128n / 0.5 + 100) / 1.2. Cut 8: 4033 / 5453,
+    # cut 9: 4850 / 4813, cut 10: 5250 / 4173: 9. For 8 key heads: 2834 / 2253 at 5, 2017 /
+    # 2893 at 4: 5. Wider heads (D > 512) keep the per-element share, rounded to the nearest
+    # head (SBUF path, one instruction per pass for the group).
     from nki_kernels import _kernel_sources
 
     mod = _kernel_sources.load("rotary", "simulator")
@@ -105,14 +111,36 @@ def test_rotary_vector_share_follows_the_active_generations_costs():
         trn2 = mod._vector_heads(16, 128)
         trn2_keys = mod._vector_heads(8, 128)
         wide = mod._vector_heads(4, 768)
-        share = mod._vector_share(128, 4, True)
-    with simulator.activated(target="trn3"):
-        trn3 = mod._vector_heads(16, 128)
-    assert 0.75 < share < 0.8               # the per-element balance of the module comment
-    assert trn2[0] == 12 and trn2[1] == 4   # 12 of 16 heads, 4 heads (one PSUM bank) per step
-    assert trn2_keys[0] == 6
+    with simulator.activated(target="trn1"):
+        trn1 = mod._vector_heads(16, 128)
+    assert trn2[0] == 9 and trn2[1] == 4    # 9 of 16 heads, 4 heads (one PSUM bank) per step
+    assert trn2_keys[0] == 5
     assert wide[0] == 3 and wide[1] == 4    # SBUF path: one instruction pair for the group
-    assert trn3[0] != trn2[0]
+    assert trn1[0] != trn2[0]               # trn1: VectorE 1.12 GHz, 360 cycles per instruction
+
+
+def test_rotary_vector_path_reads_cos_and_sin_from_psum_tables():
+    # kernels/rotary.py: cos and the signed sin copied once per position tile to fp32 PSUM
+    # (ScalarE), so each of VectorE's three products and sums has one input in PSUM (one
+    # pass instead of two); GpSimd, which cannot read PSUM, reads SBUF only. The result is
+    # the fp32 reference's, rounded once.
+    q, k = torch.randn(1, 32, 256, 128).bfloat16(), torch.randn(1, 8, 256, 128).bfloat16()
+    cos, sin = torch.randn(256, 128).bfloat16(), torch.randn(256, 128).bfloat16()
+    result = _run(rotary.apply_rotary_pos_emb_kernel_call(q, k, cos, sin))
+    tables = [i for i in result.trace if i.engine == "scalar" and i.writes[0].buffer == "psum"]
+    assert len(tables) == 2 * 2 and all(i.writes[0].dtype == "float32" for i in tables)    # 2 position tiles
+    vector = [i for i in result.trace if i.engine == "vector" and i.op == "tensor_tensor"]
+    gpsimd = [i for i in result.trace if i.engine == "gpsimd" and i.op == "tensor_tensor"]
+    assert vector and gpsimd
+    assert all(sum(o.buffer == "psum" for o in i.reads) == 1 for i in vector)
+    assert all(o.buffer == "sbuf" for i in gpsimd for o in i.reads + i.writes)
+    # per position tile: q's two groups of 16 (9 heads on VectorE: banks of 4, 4, 1) and
+    # k's 8 (5: 4, 1); three instructions per bank, b in two halves
+    assert len(vector) == 2 * 4 * (3 + 3 + 2)
+    for x, got in zip((q, k), result.outputs):
+        c, s_ = cos.double(), sin.double()
+        ref = x.double() * c + torch.cat((-x.double()[..., 64:], x.double()[..., :64]), -1) * s_
+        torch.testing.assert_close(got.double(), ref.to(torch.bfloat16).double(), atol=0, rtol=2 ** -8)
 
 
 def test_softmax_scaling_share_follows_the_active_generations_costs():
