@@ -23,9 +23,10 @@ Engines, per head group (started one group ahead: the load and GpSimd's first pr
 then the previous group's paths and store). Heads of at most a PSUM bank (D <= 512):
     ScalarE  cos and the signed sin copied to fp32 PSUM tables once per position tile
     heads [0, cut) (_vector_heads: the cut that evens out the two engines' estimated time):
-      VectorE  a = x * cos into PSUM, b = swap_halves(x) * (-sin_lo | sin_hi) into SBUF
-               (each with the table in PSUM: one pass, where two SBUF inputs take two),
-               out = a + b (a in PSUM: one pass), one PSUM bank of heads at a time
+      VectorE  b = swap_halves(x) * (-sin_lo | sin_hi) into SBUF for all its heads (two
+               half-width ops), then per PSUM bank of heads a = x * cos into PSUM and
+               out = a + b: each with one input in PSUM, one pass where two SBUF inputs
+               take two
     the other heads:
       GpSimd   b (two half-width ops), a = x * cos, out = a + b (fp32 SBUF; GpSimd cannot
                read PSUM)
@@ -65,18 +66,21 @@ PSUM_BANK_FP32 = nl.tile_size.psum_bank_fmax
 # The VectorE path with PSUM tables (since session 58): "If one input tile is in PSUM and
 # the other is in SBUF, N Vector Engine cycles" (nki.isa.tensor_tensor, NKI 0.7 docs; the
 # cost model's rule), against 2N for two SBUF inputs. With cos and the signed sin as fp32
-# PSUM tables, VectorE makes a, b and a + b at one pass each: per element on trn2 3 x 1.04
+# PSUM tables, VectorE makes b, a and a + b at one pass each: per element on trn2 3 x 1.04
 # = 3.13 ns for all three, where before VectorE's a (2.08) and a + b (1.04) left b to
 # GpSimd (1.67). GpSimd's path is three two-input passes (5.0 ns). The cut (whole heads per
 # group) evens out the two engines' estimated times, fixed costs per instruction included
 # (_group_path_ns): 9 of 16 heads and 5 of 8 on trn2. Modeled (trn2 LNC=2, us), Llama-7B
-# [1, 32/8, 2048, 128] bf16 121.2 -> 103.9 (forward and backward); 120 runs (12 shapes of
-# head size 32-768, bf16 / fp16 / fp32, forward and backward, trn2 LNC=2 and 1, trn3 LNC=2
-# and 1, trn1): 110 faster (trn2 geomean -9.7 %, trn3 -15.6 %, trn1 -15.7 %), the rest (D
-# = 768: no tables) unchanged; outputs identical bit for bit (the same fp32 products, the
-# tables exact copies). The model itself prefers 10 of 16 heads (99.8 us): it hides
-# VectorE's fixed cost behind an independent next instruction, which the planning figures
-# do not count (EngineCosts.vector_overlap_cycles).
+# [1, 32/8, 2048, 128] bf16 121.2 (106.7-179.5) -> 102.7 (89.8-167.5), forward and
+# backward; 120 runs (12 shapes of head size 32-768, bf16 / fp16 / fp32, forward and
+# backward; trn2 and trn3 at LNC=2 and 1, trn1): 110 faster (geomean trn2 LNC=2 -10.5 %,
+# trn3 -16.3 %, trn1 -16.5 %), the 10 with D = 768 (no tables) unchanged; outputs
+# identical bit for bit (the same fp32 products; the tables are exact copies). With b made
+# per bank as well (four VectorE instructions per bank): 103.9 us, and the error bar's
+# pessimistic end, at 300 cycles per instruction, 196.8. The model itself prefers 10 of 16
+# heads (96.8 us; the estimates 4833 against 4813 ns at 9): it hides most of VectorE's
+# fixed cost behind an independent next instruction, which planning does not count
+# (EngineCosts.vector_overlap_cycles, 0 on trn2 and trn3).
 # Wider heads (D > 512): ``_vector_share``, from the active generation's engine figures
 # (kernels/engine_costs.py). On trn2, per element (every pass has an fp32 operand, so no
 # 16-bit performance mode): GpSimd makes b = rotate_half(x) * sin for every head, 2 inputs
@@ -127,11 +131,11 @@ def _group_path_ns(cut, group, dim, per_bank):
     """Estimated ns of the busier of VectorE and GpSimd on one head group with PSUM tables
     and heads [0, cut) on VectorE (engine_costs.py: the cost model's rules)."""
     costs = active_engine_costs()
-    vector = 0.0
+    # b for all of VectorE's heads (two half-width instructions), then a and a + b per bank
+    vector = 2 * costs.instruction_ns("vector", cut * dim // 2) if cut else 0.0
     for g0 in range(0, cut, per_bank):
         cols = (min(cut, g0 + per_bank) - g0) * dim
-        vector += (costs.instruction_ns("vector", cols) + 2 * costs.instruction_ns("vector", cols // 2)
-                   + costs.instruction_ns("vector", cols, reads_previous=True))
+        vector += costs.instruction_ns("vector", cols) + costs.instruction_ns("vector", cols, reads_previous=True)
     cols = (group - cut) * dim
     gpsimd = 0.0
     if cols:
@@ -193,6 +197,10 @@ def _finish_group(state):
     out_tile = nl.ndarray((parts, group, dim), dtype=dst_hbm.dtype, buffer=nl.sbuf)
     # VectorE path, heads [0, cut): a = x * cos (fp32; PSUM one bank of heads at a time),
     # then out = a + b rounded to the output dtype
+    if tables is not None and cut:
+        # b = swap(x) * sin for all of VectorE's heads at once (SBUF; the sin table in PSUM)
+        sin_p = tables[1].expand_dim(1).broadcast(1, cut)
+        _swap_times_sin(prod_sin, x_tile, sin_p, 0, cut, dim // 2, dim, engine=nisa.engine.vector)
     for g0 in range(0, cut, step):
         g1 = min(cut, g0 + step)
         a = nl.ndarray((parts, step, dim), dtype=nl.float32, buffer=a_buffer)
@@ -202,11 +210,9 @@ def _finish_group(state):
             nisa.tensor_tensor(dst=out_tile[:, g0:g1, :], data1=a[:, 0:g1 - g0, :],
                                data2=prod_sin[:, g0:g1, :], op=nl.add)
             continue
-        cos_p, sin_p = (t.expand_dim(1).broadcast(1, g1 - g0) for t in tables)
+        cos_p = tables[0].expand_dim(1).broadcast(1, g1 - g0)
         nisa.tensor_tensor(dst=a[:, 0:g1 - g0, :], data1=x_tile[:, g0:g1, :], data2=cos_p, op=nl.multiply)
-        b_vec = nl.ndarray((parts, step, dim), dtype=nl.float32, buffer=nl.sbuf)
-        _swap_times_sin(b_vec, x_tile, sin_p, g0, g1, dim // 2, dim, engine=nisa.engine.vector, p0=0)
-        nisa.tensor_tensor(dst=out_tile[:, g0:g1, :], data1=a[:, 0:g1 - g0, :], data2=b_vec[:, 0:g1 - g0, :],
+        nisa.tensor_tensor(dst=out_tile[:, g0:g1, :], data1=a[:, 0:g1 - g0, :], data2=prod_sin[:, g0:g1, :],
                            op=nl.add)
     # GpSimd path, heads [cut, group): a = x * cos (fp32 SBUF), out = a + b
     if cut < group:

@@ -98,12 +98,12 @@ def test_rotary_vector_share_follows_the_active_generations_costs():
     # heads of at most a PSUM bank: the whole-head cut that evens out VectorE's and GpSimd's
     # estimated times for the group (kernels/engine_costs.py). Worked by hand for trn2, 16
     # heads of 128 (ns; VectorE 0.96 GHz and 100 cycles per instruction, GpSimd 1.2 and 100):
-    # VectorE per bank of 4 heads: a (512 + 100) / 0.96 = 637.5, b's halves 2 x 370.8, a + b
-    # 637.5: 2016.7; a last bank of 1 head 237.5 + 2 x 170.8 + 237.5 = 816.7. GpSimd for n
-    # heads: 2 x (64n / 0.5 + 100) / 1.2 + 2 x (128n / 0.5 + 100) / 1.2. Cut 8: 4033 / 5453,
-    # cut 9: 4850 / 4813, cut 10: 5250 / 4173: 9. For 8 key heads: 2834 / 2253 at 5, 2017 /
-    # 2893 at 4: 5. Wider heads (D > 512) keep the per-element share, rounded to the nearest
-    # head (SBUF path, one instruction per pass for the group).
+    # VectorE for c heads: b's two halves 2 x (64c + 100) / 0.96, then per bank of up to 4
+    # heads a and a + b, 2 x (128w + 100) / 0.96 (w heads). GpSimd for n heads: 2 x (64n /
+    # 0.5 + 100) / 1.2 + 2 x (128n / 0.5 + 100) / 1.2. Cut 8: 3883 / 5453, cut 9: 4433 / 4813,
+    # cut 10: 4833 / 4173: 9 (the least maximum). For 8 key heads: 2017 / 2893 at 4, 2625 /
+    # 2253 at 5, 3025 / 1613 at 6: 5. Wider heads (D > 512) keep the per-element share,
+    # rounded to the nearest head (SBUF path, one instruction per pass for the group).
     from nki_kernels import _kernel_sources
 
     mod = _kernel_sources.load("rotary", "simulator")
@@ -135,8 +135,8 @@ def test_rotary_vector_path_reads_cos_and_sin_from_psum_tables():
     assert all(sum(o.buffer == "psum" for o in i.reads) == 1 for i in vector)
     assert all(o.buffer == "sbuf" for i in gpsimd for o in i.reads + i.writes)
     # per position tile: q's two groups of 16 (9 heads on VectorE: banks of 4, 4, 1) and
-    # k's 8 (5: 4, 1); three instructions per bank, b in two halves
-    assert len(vector) == 2 * 4 * (3 + 3 + 2)
+    # k's 8 (5: 4, 1); b for the group's VectorE heads in two halves, a and a + b per bank
+    assert len(vector) == 2 * ((2 + 2 * 3) * 2 + (2 + 2 * 2))
     for x, got in zip((q, k), result.outputs):
         c, s_ = cos.double(), sin.double()
         ref = x.double() * c + torch.cat((-x.double()[..., 64:], x.double()[..., :64]), -1) * s_
