@@ -281,6 +281,27 @@ def test_layer_norm_16bit_statistics_split_follows_the_engines_costs():
         assert len(squares) == 2 * int(16 * share), (target, share)
 
 
+def test_layer_norm_drain_block_output_has_a_buffer_of_its_own():
+    # kernels/layer_norm.py: the program's last block (stored row slot by row slot) takes
+    # its output tile from an allocation site of its own, so the compiler's rotation of two
+    # buffers per site does not make its first y wait for the store of the block two back
+    # (ViT-B at LNC=1: blocks of 3 rows per partition and one 40-row tail; the drain is the
+    # program's last block)
+    x = torch.randn(1576, 768).to(torch.bfloat16)
+    call = norms.layer_norm_kernel_call(x, (768,), torch.randn(768).bfloat16(), torch.randn(768).bfloat16())
+    with simulator.activated(target="trn2"):
+        kernel = _dispatch.simulator_kernel(call)
+    result = simulator.run(kernel[1], *[t.contiguous() for t in call.tensors], target="trn2", **call.static)
+    site_of = {a.alloc_id: a.site for a in result.allocations}
+    stores = [i for i in result.trace if i.op == "dma_copy" and i.writes[0].buffer == "hbm"]
+    sources = {i.index: next(o for o in i.reads if o.buffer == "sbuf") for i in stores}
+    block_sites = {site_of[o.alloc_id] for o in sources.values() if o.shape == (128, 3, 768)}
+    slot_sites = {site_of[o.alloc_id] for o in sources.values() if o.shape == (128, 768)}
+    assert len(block_sites) == 1 and len(slot_sites) == 1 and block_sites != slot_sites
+    # one drain per program: the last part's last block, three slot stores
+    assert sum(o.shape == (128, 768) for o in sources.values()) == 3
+
+
 def test_path_segments_split_rows_or_columns_at_the_rounded_cumulative_shares():
     # the engine split of the row kernels (kernels/tiling.py): whole rows when a partition
     # holds several, else columns; cut points at round(n * (a)), round(n * (a + g)); empty
