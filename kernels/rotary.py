@@ -144,17 +144,16 @@ def _group_path_ns(cut, group, dim, per_bank):
     return max(vector, gpsimd)
 
 
-def _swap_times_sin(prod_sin, x_tile, sin_b, g0, g1, half, dim, engine=nisa.engine.gpsimd, p0=None):
-    """prod_sin[:, g0:g1] (or [:, p0:p0 + g1 - g0]) = swap(x[:, g0:g1]) * signed sin, fp32:
-    first half x_hi * (-sin_lo), second x_lo * sin_hi."""
+def _swap_times_sin(prod_sin, x_tile, sin_b, g0, g1, half, dim, engine=nisa.engine.gpsimd):
+    """prod_sin[:, g0:g1] = swap(x) * signed sin on ``engine``, fp32: first half
+    x_hi * (-sin_lo), second x_lo * sin_hi (``sin_b``: the signed sin broadcast over heads,
+    from SBUF or, for VectorE, its PSUM table)."""
     if g0 >= g1:
         return
-    p0 = g0 if p0 is None else p0
-    p1 = p0 + g1 - g0
-    nisa.tensor_tensor(dst=prod_sin[:, p0:p1, 0:half], data1=x_tile[:, g0:g1, half:dim],
-                       data2=sin_b[:, p0:p1, 0:half], op=nl.multiply, engine=engine)
-    nisa.tensor_tensor(dst=prod_sin[:, p0:p1, half:dim], data1=x_tile[:, g0:g1, 0:half],
-                       data2=sin_b[:, p0:p1, half:dim], op=nl.multiply, engine=engine)
+    nisa.tensor_tensor(dst=prod_sin[:, g0:g1, 0:half], data1=x_tile[:, g0:g1, half:dim],
+                       data2=sin_b[:, g0:g1, 0:half], op=nl.multiply, engine=engine)
+    nisa.tensor_tensor(dst=prod_sin[:, g0:g1, half:dim], data1=x_tile[:, g0:g1, 0:half],
+                       data2=sin_b[:, g0:g1, half:dim], op=nl.multiply, engine=engine)
 
 
 def _psum_tables(cos_tile, signed_sin, parts, dim):
@@ -204,14 +203,9 @@ def _finish_group(state):
     for g0 in range(0, cut, step):
         g1 = min(cut, g0 + step)
         a = nl.ndarray((parts, step, dim), dtype=nl.float32, buffer=a_buffer)
-        if tables is None:
-            nisa.tensor_tensor(dst=a[:, 0:g1 - g0, :], data1=x_tile[:, g0:g1, :], data2=cos_b[:, g0:g1, :],
-                               op=nl.multiply)
-            nisa.tensor_tensor(dst=out_tile[:, g0:g1, :], data1=a[:, 0:g1 - g0, :],
-                               data2=prod_sin[:, g0:g1, :], op=nl.add)
-            continue
-        cos_p = tables[0].expand_dim(1).broadcast(1, g1 - g0)
-        nisa.tensor_tensor(dst=a[:, 0:g1 - g0, :], data1=x_tile[:, g0:g1, :], data2=cos_p, op=nl.multiply)
+        # cos from its PSUM table (one pass) or from SBUF (two)
+        cos_v = cos_b[:, g0:g1, :] if tables is None else tables[0].expand_dim(1).broadcast(1, g1 - g0)
+        nisa.tensor_tensor(dst=a[:, 0:g1 - g0, :], data1=x_tile[:, g0:g1, :], data2=cos_v, op=nl.multiply)
         nisa.tensor_tensor(dst=out_tile[:, g0:g1, :], data1=a[:, 0:g1 - g0, :], data2=prod_sin[:, g0:g1, :],
                            op=nl.add)
     # GpSimd path, heads [cut, group): a = x * cos (fp32 SBUF), out = a + b
