@@ -167,7 +167,8 @@ def _prefetch_ahead(per, cols, itemsize, param_bytes):
     ahead on trn3, one on trn2 and none on trn1, where one ahead needed 214 KiB of its 192
     (tests/kernels/test_widest_rows_fit_sbuf.py runs them). The statistics tile
     (tiling.part_row_stats: 8 bytes per row slot, at most 4 KiB) fits the bound's slack of
-    0.3 rows (10 KiB at those rows)."""
+    0.3 rows (10 KiB at those rows). The drain block's own output tile (see DRAIN_BY_SLOT)
+    is live only at the program's end, when no block is loaded ahead."""
     block = per * cols * itemsize
     return fitting_ahead(PREFETCH_AHEAD, lambda ahead: (ahead + 3) * block + param_bytes + cols * 4)
 
