@@ -39,6 +39,7 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
+from .engine_costs import active as active_engine_costs
 from .limits import NORM_BACKWARD_MAX_HIDDEN as BACKWARD_MAX_HIDDEN
 from .limits import NORM_BACKWARD_MAX_ROW_BYTES as BACKWARD_MAX_ROW_BYTES
 from .tiling import (PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, cdiv, column_chunks, fitting_ahead,
@@ -56,6 +57,15 @@ PREFETCH_AHEAD = 2
 # [P, J] fp32 tiles (a block's statistics and factors: six per block, over the blocks in
 # flight) that _prefetch_ahead's bound adds to its row-sized tiles.
 SMALL_TILES = 16
+# rms_norm's backward takes g = dy * w of its blocks from a ring of G_RING_DEPTH tiles (one
+# allocation) where SBUF holds it beside _prefetch_ahead's bound (_g_ring_depth; else 3,
+# else a tile per block). A tile per block rotates two buffers, so block i + 2's products
+# waited for block i's t = a + g, which the software pipelining issues after block i + 1's
+# first half. Modeled trn2 LNC=2 bf16 (session 58), Llama-7B [2048, 4096] 127.5 -> 115.4 us
+# (three tiles: 120.6); the other shapes' figures in _g_ring_depth. Not in the fused
+# backward: there GpSimd also adds dtotal to every row and the ring modeled slower
+# (fused_add_rms_norm Llama-7B 156.9 -> 158.2 us with four tiles, 160.9 with three).
+G_RING_DEPTH = 4
 # Share of the columns of g = dy * w and q = g * x given to VectorE (the rest to GpSimd).
 # Per element on trn2: VectorE 16-bit two-input pass 1.04 ns (perf mode), GpSimd 1.67 ns;
 # VectorE also runs p (1.04) and a (0.26; the row sum of q is ScalarE's): with share s of
@@ -88,9 +98,32 @@ def _prefetch_ahead(per, cols, itemsize, inputs, weight_bytes):
     trn3 (256 KiB) two with a 16-bit weight but one with an fp32 weight (32 KiB).
     tests/kernels/test_widest_rows_fit_sbuf.py runs the widest launches on every
     generation and checks the bound against the sweep."""
+    return fitting_ahead(PREFETCH_AHEAD, lambda ahead: _live_bound(per, cols, itemsize, inputs, weight_bytes, ahead))
+
+
+def _live_bound(per, cols, itemsize, inputs, weight_bytes, ahead):
+    """_prefetch_ahead's bound on the bytes per partition live at ``ahead`` blocks ahead."""
+    return (inputs * (ahead + 2) + 2) * per * cols * itemsize + weight_bytes + SMALL_TILES * 4 * per
+
+
+def _g_ring_depth(per, cols, itemsize, ahead, weight_bytes):
+    """Tiles in the ring of g (rms_norm's backward, with a weight): G_RING_DEPTH, else 3,
+    where the ring's extra tiles beyond the two a tile per block rotates fit the active
+    generation's SBUF beside _prefetch_ahead's bound at ``ahead`` blocks ahead; else 0 (a
+    tile per block). At the widest rows (8192 16-bit or 4096 fp32 columns: 16 KiB per
+    block, two blocks ahead, 177 KiB in the bound) four tiles fit trn2 (224 KiB) and trn3
+    (256), none trn1 (192). Modeled against a tile per block (session 58; 100 runs: bf16,
+    fp16 and fp32, 9 shapes, trn2 at LNC=2 and 1, trn3, trn1): 52 faster (trn2 LNC=2 bf16
+    [2048, 4096] 127.5 -> 115.4 us, [1024, 8192] 161.8 -> 147.6, [3000, 2048] 98.5 -> 92.4;
+    up to 12.7 % at LNC=1), 5 slower by at most 1.7 % (trn2 LNC=1 fp32 [1576, 768]), the
+    rest unchanged; outputs unchanged."""
     block = per * cols * itemsize
-    return fitting_ahead(PREFETCH_AHEAD, lambda ahead: (inputs * (ahead + 2) + 2) * block + weight_bytes
-                         + SMALL_TILES * 4 * per)
+    bound = _live_bound(per, cols, itemsize, 2, weight_bytes, ahead)
+    sbuf = active_engine_costs().sbuf_bytes_per_partition
+    for depth in (G_RING_DEPTH, 3):
+        if bound + (depth - 2) * block <= sbuf:
+            return depth
+    return 0
 
 
 def _products(dst, a, b, cut):
@@ -114,10 +147,11 @@ def _stats(x_tile, parts, per, cols, eps_tile):
     return rstd
 
 
-def _front(dy_tile, x_tile, rstd, parts, per, cols, weight_tile, acc, first, fused):
-    """The first half of one [parts, per, cols] block after its statistics: g, c and the
-    dw sums (into ``acc``: a diagonal accumulator when it is 3-D, else column sums; None
-    without weight). Returns what ``_back`` needs: (rstd, neg_k, g)."""
+def _front(dy_tile, x_tile, rstd, parts, per, cols, weight_tile, acc, first, fused, g_tile=None):
+    """The first half of one [parts, per, cols] block after its statistics: g (into
+    ``g_tile``, a slot of the ring, when given), c and the dw sums (into ``acc``: a diagonal
+    accumulator when it is 3-D, else column sums; None without weight). Returns what
+    ``_back`` needs: (rstd, neg_k, g)."""
     f32 = nl.float32
     shape = (parts, per, cols)
     column_sums = weight_tile is not None and len(acc.shape) != 3     # dw from p = dy * x (VectorE)
@@ -129,7 +163,7 @@ def _front(dy_tile, x_tile, rstd, parts, per, cols, weight_tile, acc, first, fus
         g = dy_tile
     else:
         w_rows = lambda lo, hi: weight_tile[0:parts, lo:hi].expand_dim(1).broadcast_to((parts, per, hi - lo))  # noqa: E731
-        g = nl.ndarray(shape, dtype=x_tile.dtype, buffer=nl.sbuf)
+        g = nl.ndarray(shape, dtype=x_tile.dtype, buffer=nl.sbuf) if g_tile is None else g_tile
         _products(g, dy_cols, w_rows, cut)
         _weight_grad(acc, dy_tile, x_tile, rstd, parts, per, cols, first)
     # c = sum(g * x) per row: the product on VectorE / GpSimd, its row sum on ScalarE
@@ -217,13 +251,17 @@ def _backward(dy, x, weight, eps, dtotal):
     partials = None if weight is None else new_partials(cols, WORK_PARTS)
     eps_tile = _eps_tile(eps)
     per_max = rows_per_partition(cols, TARGET_COLS, BACKWARD_MAX_HIDDEN)
-    ahead = _prefetch_ahead(per_max, cols, itemsize(x.dtype), 2 if dtotal is None else 3,
-                            0 if weight is None else cols * itemsize(weight.dtype))
+    weight_bytes = 0 if weight is None else cols * itemsize(weight.dtype)
+    ahead = _prefetch_ahead(per_max, cols, itemsize(x.dtype), 2 if dtotal is None else 3, weight_bytes)
     params = {}
     # one accumulator per program, restarted by each part's first matmul (at LNC=1 the two
     # parts take it in turn; two diagonal accumulators would not fit PSUM)
     diag = diag_fits(cols)
     acc = None if weight is None else (new_diag_accumulator(cols) if diag else new_accumulator(cols))
+    blocks_begun = []     # every part's blocks, in order: the ring slot of the next one
+    g_depth = _g_ring_depth(per_max, cols, itemsize(x.dtype), ahead, weight_bytes) \
+        if weight is not None and dtotal is None else 0
+    g_ring = nl.ndarray((PARTITIONS, g_depth, per_max, cols), dtype=x.dtype, buffer=nl.sbuf) if g_depth else None
     first_part, end_part = share(WORK_PARTS, nl.program_id(0), nl.num_programs())
     for part in range(first_part, end_part):
         lo, hi = row_part(n_rows, part, WORK_PARTS)
@@ -255,8 +293,10 @@ def _backward(dy, x, weight, eps, dtotal):
             _, parts, per = block
             dy_tile, x_tile, _ = tiles
             rstd = _stats(x_tile, parts, per, cols, eps_tile)
+            g_tile = None if g_ring is None else g_ring[0:parts, len(blocks_begun) % g_depth, 0:per, :]
+            blocks_begun.append(block)
             state = _front(dy_tile, x_tile, rstd, parts, per, cols, params.get("weight"), acc, not done,
-                           dtotal is not None)
+                           dtotal is not None, g_tile)
             done.append(block)
             return state
 

@@ -316,3 +316,37 @@ def test_rms_norm_backward_issues_each_blocks_first_half_before_the_previous_blo
     ref_dx, ref_dw = _grads(lambda t, w: F.rms_norm(t, (hidden,), w, 1e-6), (x64, w64), (dy.double(),))
     _check(dx, ref_dx + (dtotal.double() if fused else 0), dtype, "dx")
     _check(dw, ref_dw, dtype, "dw")
+
+
+@pytest.mark.parametrize("target, hidden, ring", [("trn2", 4096, 4), ("trn2", 8192, 4), ("trn1", 8192, 0)])
+def test_rms_norm_backward_takes_g_from_a_ring_where_sbuf_holds_it(target, hidden, ring):
+    # kernels/rms_norm_backward.py _g_ring_depth: g = dy * w of consecutive blocks in one
+    # allocation of G_RING_DEPTH slots (a tile per block rotates two buffers, so block i + 2's
+    # products waited for block i's t = a + g) where the ring fits beside _prefetch_ahead's
+    # bound: at 8192 bf16 columns (16 KiB per block, two blocks ahead, 177 KiB in the bound)
+    # trn2's 224 KiB hold four slots, trn1's 192 none. The gradients stay float64-close.
+    from nki_kernels import _dispatch, simulator
+
+    rows, dtype = 768, torch.bfloat16
+    x, dy = _randn(rows, hidden, dtype=dtype), _randn(rows, hidden, dtype=dtype)
+    weight = _randn(hidden, dtype=dtype, scale=0.5, shift=1.0)
+    call = norms.rms_norm_backward_kernel_call(dy, x, (hidden,), weight, 1e-6)
+    with simulator.activated(target):
+        kernel = _dispatch.simulator_kernel(call)
+    result = simulator.run(kernel[1], *[t.contiguous() for t in call.tensors], **call.static, target=target)
+    row_bytes = hidden * 2
+    rings = [a for a in result.allocations if a.buffer == "sbuf" and a.nbytes == ring * row_bytes]
+    assert len(rings) == (1 if ring else 0)
+    # the fused backward keeps a tile per block
+    dtotal = _randn(rows, hidden, dtype=dtype)
+    fused = norms.fused_add_rms_norm_backward_kernel_call(dy, dtotal, x, weight, 1e-6)
+    with simulator.activated(target):
+        fused_kernel = _dispatch.simulator_kernel(fused)
+    fused_result = simulator.run(fused_kernel[1], *[t.contiguous() for t in fused.tensors], **fused.static,
+                                 target=target)
+    assert not [a for a in fused_result.allocations if a.buffer == "sbuf" and a.nbytes == 4 * row_bytes]
+    dx, dw = call.finish_outputs(result.outputs)
+    x64, w64 = x.double().requires_grad_(), weight.double().requires_grad_()
+    ref_dx, ref_dw = _grads(lambda t, w: F.rms_norm(t, (hidden,), w, 1e-6), (x64, w64), (dy.double(),))
+    _check(dx, ref_dx, dtype, "dx")
+    _check(dw, ref_dw, dtype, "dw")
