@@ -129,6 +129,11 @@ def _rows_view(t: torch.Tensor, hidden: int) -> torch.Tensor:
     return t.reshape(-1, hidden)
 
 
+def _row_count(input: torch.Tensor, normalized_shape: Sequence[int]) -> int:
+    """Rows of ``input`` viewed as [N, prod(normalized_shape)] (0 for an empty input)."""
+    return input.numel() // max(1, _hidden(normalized_shape))
+
+
 def _decode_shape(rows: int, hidden: int) -> bool:
     """Whether [rows, hidden] goes to kernels/norm_decode.py: a shape it takes (H a multiple
     of 128, DECODE_MAX_ROWS, DECODE_MAX_ELEMENTS) where it is modeled faster than the row
@@ -217,8 +222,7 @@ def layer_norm_train_kernel_call(input: torch.Tensor, normalized_shape: Sequence
 
 
 def _layer_norm_stats_fake(input: torch.Tensor, normalized_shape: Sequence[int]) -> torch.Tensor:
-    rows = input.numel() // max(1, _hidden(normalized_shape))
-    return input.new_empty((rows, 2), dtype=torch.float32)
+    return input.new_empty((_row_count(input, normalized_shape), 2), dtype=torch.float32)
 
 
 def _layer_norm_train_reference(input, normalized_shape, weight, bias, eps, compute_dtype=None):
@@ -270,7 +274,7 @@ def _layer_norm_backward_reference(grad_output, input, stats, normalized_shape, 
                                    compute_dtype=None):
     """The reference backend's backward: the statistics recomputed from ``input`` (PyTorch
     math; ``stats`` is checked, not read), so it is also differentiable (double backward)."""
-    _check_stats(stats, input.numel() // max(1, _hidden(normalized_shape)))
+    _check_stats(stats, _row_count(input, normalized_shape))
     return backward_references.layer_norm_backward(grad_output, input, normalized_shape, weight, bias, eps,
                                                    compute_dtype=compute_dtype)
 
