@@ -234,7 +234,7 @@ def softmax_cycles(facts, n, bias, diag):
     reduce), ScalarE each column once in one exp, plus each instruction's fixed cost."""
     masked = n if bias is not None else (n - diag[0] if diag is not None else 0)
     c = active_engine_costs()
-    vector = (n - masked) + 3 * masked + c.vector_stream_cycles * (1 + 2 * (masked > 0))
+    vector = (n - masked) + 3 * masked + c.vector_instr_cycles * (1 + 2 * (masked > 0))
     scalar = n + c.scalar_instr_cycles
     return vector, scalar
 
@@ -366,7 +366,7 @@ def evict(facts, plan, o, out, nb, r, vector=False, rowsum=None):
             # the divide (g·Dv, one input in PSUM), two fixed costs; ScalarE: the copy of the
             # bank (g·(Dv + 1)), one fixed cost (GpSimd then divides)
             c = active_engine_costs()
-            eng = plan.pick(2 * c.vector_stream_cycles + c.min_instruction_cycles + g * Dv,
+            eng = plan.pick(2 * c.vector_instr_cycles + c.min_instruction_cycles + g * Dv,
                             g * w + c.scalar_instr_cycles)
         if eng == nisa.engine.vector:
             # the row sums to SBUF (floored at TINY with a user mask: all-masked rows give 0),

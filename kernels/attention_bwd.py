@@ -156,7 +156,7 @@ def _chunk(facts, plan, bal, tensors, b, hk0, hk1, t0, t1, key_bias, c):
         nisa.tensor_tensor(dst=prod[:, ga:gb], data1=do_rows[:, ga:gb], data2=o_rows[:, ga:gb], op=nl.multiply,
                            engine=nisa.engine.gpsimd)
         nisa.tensor_reduce(dst=di[:, ga:gb], op=nl.add, data=prod[:, ga:gb], axis=3)
-        bal.charge(vector_cycles=(gb - ga) * nh * f.Dv + bal.costs.vector_stream_cycles)
+        bal.charge(vector_cycles=(gb - ga) * nh * f.Dv + bal.costs.vector_instr_cycles)
         bal.charge_gpsimd(2 * (gb - ga) * nh * f.Dv + bal.costs.gpsimd_instr_cycles)
         nisa.tensor_scalar(dst=neg_di[:, ga:gb], data=di[:, ga:gb], op0=nl.multiply, operand0=-1.0,
                            engine=nisa.engine.gpsimd)
@@ -311,7 +311,7 @@ def _head_batch(f, plan, bal, qside, kside, kv_acc, ka0, mask, b, hk0, u0, u1, t
         nisa.tensor_copy(dst=acc, src=dqp[:r, 0:nu, :], engine=bal.pick(*bal.copy_cycles(nu * f.D, False)))
     else:
         nisa.tensor_tensor(dst=acc, data1=dqp[:r, 0:nu, :], data2=acc, op=nl.add)
-        bal.charge(vector_cycles=nu * f.D + bal.costs.vector_stream_cycles)
+        bal.charge(vector_cycles=nu * f.D + bal.costs.vector_instr_cycles)
 
 
 def _head(f, plan, bal, qT, doT, q_rows, do_rows, di, neg_lse, kT, vT, kv_acc, tl, u, kv, ka, q0, k0, r, m,
@@ -354,7 +354,7 @@ def _head(f, plan, bal, qT, doT, q_rows, do_rows, di, neg_lse, kT, vT, kv_acc, t
         nisa.scalar_tensor_tensor(dst=z[:r, 0:m - cu], data=sd[0][:r, cu:m], op0=nl.multiply,
                                   operand0=f.scale, op1=nl.add, operand1=cb[:r, 0:m - cu])
         nisa.activation(dst=p[:r, cu:m], op=nl.exp, data=z[:r, 0:m - cu], bias=nlse)
-        bal.charge(vector_cycles=2 * (m - cu) + bal.costs.vector_stream_cycles)
+        bal.charge(vector_cycles=2 * (m - cu) + bal.costs.vector_instr_cycles)
     if not (bias is None and diag is not None and diag[0] < m):
         bal.charge(scalar_cycles=m + bal.costs.scalar_instr_cycles * (1 + (0 < cu < m)))
     # dS = (dP - D_i) ⊙ P
@@ -395,7 +395,7 @@ def _heads_folded(f, plan, bal, qx, dox, q_rows, do_rows, kx, vx, kv_acc, tl, us
     nisa.activation(dst=p[:r, 0:n, 0:m], op=nl.exp, data=s2[:r, 0:n, 0:m], scale=f.scale)
     ds = nl.ndarray((P, FOLD_PAIR, plan.kb), dtype=f.dtype, buffer=nl.sbuf) if ds_out is None else ds_out
     nisa.tensor_tensor(dst=ds[:r, 0:n, 0:m], data1=dp2[:r, 0:n, 0:m], data2=p[:r, 0:n, 0:m], op=nl.multiply)
-    bal.charge(vector_cycles=n * m + bal.costs.vector_stream_cycles, scalar_cycles=n * m + bal.costs.scalar_instr_cycles)
+    bal.charge(vector_cycles=n * m + bal.costs.vector_instr_cycles, scalar_cycles=n * m + bal.costs.scalar_instr_cycles)
     for j, u in enumerate(us):
         ka = u // f.G - ka0
         acc = lambda i: i < started or u % f.G != 0   # noqa: E731  (see _head)
@@ -491,7 +491,7 @@ def _finish_kv(f, plan, bal, tensors, b, a0, a1, k0, k1, kv_acc, valid, c, seen_
                 nisa.tensor_copy(dst=part[:, 0:vf], src=kv_acc[:, 0:vf], engine=nisa.engine.vector)
             if vt:
                 nisa.tensor_copy(dst=part[:vt, vf], src=kv_acc[:vt, vf], engine=nisa.engine.vector)
-        bal.charge(vector_cycles=2 * (kt * na * W + bal.costs.vector_stream_cycles))
+        bal.charge(vector_cycles=2 * (kt * na * W + bal.costs.vector_instr_cycles))
         if not last:
             _store_rows(f, scratch, part, b, a0, a1, k0, k1)
             return

@@ -1,7 +1,9 @@
 """What one attention-backward launch is and how it is cut (``BwdPlan``), and the running
 VectorE / ScalarE load estimate that places its PSUM copies (``BwdBalance``).
 
-Nothing here issues instructions. See attention_bwd.py for the loops these drive.
+Nothing here issues instructions. See attention_bwd.py for the loops these drive. Like the
+forward's planner (attention_plan.py, which says why), the estimates charge every VectorE
+instruction its whole fixed cost (``vector_instr_cycles``).
 
 * key blocks of ``kb`` keys: S and dP of one (query tile, head) sit side by side in PSUM
   ([128, 2, kb] fp32: one bank at kb = 256, two at 512) and the block's dK | dV
@@ -237,7 +239,7 @@ class BwdBalance(nl.NKIObject):
         (2 input passes), 1 ScalarE dP - D_i out of PSUM then GpSimd multiplies (2 input
         passes); the way whose busier engine ends earlier."""
         c = self.costs
-        vector = self.vector_ns + (2 * m + c.vector_stream_cycles) / c.vector_ghz
+        vector = self.vector_ns + (2 * m + c.vector_instr_cycles) / c.vector_ghz
         scalar = self.scalar_ns + (m + c.scalar_instr_cycles) / c.scalar_ghz
         gpsimd = self.gpsimd_ns + (2 * m + c.gpsimd_instr_cycles) / c.gpsimd_ghz
         if vector <= max(scalar, gpsimd):
@@ -251,5 +253,5 @@ class BwdBalance(nl.NKIObject):
         (VectorE: 16-bit performance mode with one side in PSUM)."""
         c = self.costs
         rate = c.vector_psum_copy_16bit_rate if sixteen else 1.0
-        return (max(c.min_instruction_cycles, elems / rate) + c.vector_stream_cycles,
+        return (max(c.min_instruction_cycles, elems / rate) + c.vector_instr_cycles,
                 max(c.min_instruction_cycles, elems) + c.scalar_instr_cycles)

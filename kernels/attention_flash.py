@@ -89,7 +89,7 @@ def _flash_unit(facts, plan, qT, kT, vals, kv, acc, run_neg_max, bias, diag, r, 
     # VectorE also updates acc below (two full inputs of Dv + 1 columns: 2·(Dv + 1) cycles);
     # ScalarE also runs the one-column alpha exp (its fixed costs only)
     c = active_engine_costs()
-    plan.charge(v_cyc + 2 * (facts.Dv + 1) + c.vector_stream_cycles, s_cyc + 2 * c.scalar_instr_cycles)
+    plan.charge(v_cyc + 2 * (facts.Dv + 1) + c.vector_instr_cycles, s_cyc + 2 * c.scalar_instr_cycles)
     o = unit_pv(facts, plan, p, vals, kv, r, n)
     # acc = acc·alpha + O (acc in SBUF, O in PSUM; VectorE)
     nisa.scalar_tensor_tensor(dst=acc[:r], data=acc[:r], op0=nl.multiply, operand0=alpha[:r],

@@ -6,7 +6,19 @@ banks) can go to either: the planner keeps a running estimate of both engines' b
 (ns) over the launch, in issue order, and gives each copy to the one that keeps them most
 even. For 16-bit data it also decides which Pᵀ transposes go to the DMA queues instead.
 Estimates use the cost model's figures for the generation being built for
-(engine_costs.active()); they steer speed, never results.
+(engine_costs.active()); they steer speed, never results. The attention kernels charge each
+VectorE instruction its whole fixed cost (``vector_instr_cycles``), not the cost left in a
+stream of independent instructions (``vector_stream_cycles``, which the other kernels plan
+with): most of attention's VectorE instructions wait on a TensorE or ScalarE result and
+start after VectorE has idled, so its pipeline overlap does not come into play (in the
+modeled trn2 LNC=2 traces of the main job's forward rows, 37-39 % of VectorE's instructions
+start after an idle gap on the ViT rows, 61-63 % on the Llama rows, all in decode; 14 % on
+SigLIP's). Planned with the stream
+figure (session 59), the main job's attention rows moved -3.0 % (SigLIP) to +2.0 % (Llama
+S=2048 causal), ViT-L +1.6 %, and the ViT rows' error bars' pessimistic ends rose (ViT-B
+64.3 -> 68.0 us); with the whole fixed cost trn2 and trn3 plan as before and trn1 (its
+overlap measured, 320 of 360 cycles) plans its attention 0.2 % slower (geomean of the 13
+main-job attention rows at LNC=1; ViT-L +2.3 %).
 """
 
 import nki.isa as nisa
@@ -64,7 +76,7 @@ class EngineBalance(nl.NKIObject):
         """(VectorE, ScalarE) cycles to copy ``elems`` per partition of Pᵀ out of PSUM."""
         c = self.costs
         rate = c.vector_psum_copy_16bit_rate if self.itemsize == 2 else 1.0
-        return (elems / rate + c.vector_stream_cycles, elems + c.scalar_instr_cycles)
+        return (elems / rate + c.vector_instr_cycles, elems + c.scalar_instr_cycles)
 
     def use_dma(self):
         """Whether the next Pᵀ is made by DMA transposes: True for a share ``dma_share`` of
@@ -125,7 +137,7 @@ def _launch_work(facts, costs):
         units = f.B * f.H
         # VectorE: the row max reads n columns; a masked column takes 2 more passes (add the
         # mask, reduce); ScalarE: the exp and the copy of O | rowsum (Dv + 1 columns)
-        vec += units * (n + 2 * masked + c.vector_stream_cycles) / c.vector_ghz
+        vec += units * (n + 2 * masked + c.vector_instr_cycles) / c.vector_ghz
         sca += units * (n + 2 * c.scalar_instr_cycles + f.Dv + 1) / c.scalar_ghz
         e = cdiv(n, P) * r          # Pᵀ elements per partition: r columns per 128-key block
         rate = c.vector_psum_copy_16bit_rate if f.itemsize == 2 else 1.0

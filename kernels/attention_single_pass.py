@@ -123,7 +123,7 @@ def _unbiased_batch(facts, plan, units, vals, out, r, n, lse=None):
     pT = nl.ndarray((P, nb * nkc, P), dtype=f.dtype, buffer=nl.sbuf)
     # VectorE: the reduces (n columns per head); ScalarE: the exps
     c = active_engine_costs()
-    plan.charge(nb * (n + c.vector_stream_cycles), nb * (n + c.scalar_instr_cycles))
+    plan.charge(nb * (n + c.vector_instr_cycles), nb * (n + c.scalar_instr_cycles))
     in_flight = transpose_p(f, plan, p, pT, r, n)   # noqa: F841 (PSUM held until P·V)
     # O | rowsum = P·[V | 1]: head j at bank j // per_o, columns (j % per_o) * (Dv + 1)
     w = f.Dv + 1

@@ -196,7 +196,7 @@ def _ts_tile(facts, plan, qx, kx, vals, h0, h1, hk0, out, r, n, last, on_vector,
             s, per_bank, _ = scores_side_by_side(
                 [([qx[0:D, s0 + j, :]], [kx[0:D, kvs[s0 + j], 0:n]]) for j in range(ms)], r, n)
             row_extrema_side_by_side(facts, s, ext[:, s0:s0 + ms], ms, per_bank, r, n)
-            plan.charge(ms * n + active_engine_costs().vector_stream_cycles * cdiv(ms, per_bank), 0)
+            plan.charge(ms * n + active_engine_costs().vector_instr_cycles * cdiv(ms, per_bank), 0)
         if per_batch_hilo:
             _ts_hilo(facts, ext, qx, b0, b0 + m, r)
     if not per_batch_hilo:

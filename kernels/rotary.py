@@ -70,17 +70,18 @@ PSUM_BANK_FP32 = nl.tile_size.psum_bank_fmax
 # = 3.13 ns for all three, where before VectorE's a (2.08) and a + b (1.04) left b to
 # GpSimd (1.67). GpSimd's path is three two-input passes (5.0 ns). The cut (whole heads per
 # group) evens out the two engines' estimated times, fixed costs per instruction included
-# (_group_path_ns): 9 of 16 heads and 5 of 8 on trn2. Modeled (trn2 LNC=2, us), Llama-7B
+# (_group_path_ns): 10 of 16 heads and 5 of 8 on trn2. Modeled (trn2 LNC=2, us), Llama-7B
 # [1, 32/8, 2048, 128] bf16 121.2 (106.7-179.5) -> 102.7 (89.8-167.5), forward and
 # backward; 120 runs (12 shapes of head size 32-768, bf16 / fp16 / fp32, forward and
 # backward; trn2 and trn3 at LNC=2 and 1, trn1): 110 faster (geomean trn2 LNC=2 -10.5 %,
 # trn3 -16.3 %, trn1 -16.5 %), the 10 with D = 768 (no tables) unchanged; outputs
 # identical bit for bit (the same fp32 products; the tables are exact copies). With b made
 # per bank as well (four VectorE instructions per bank): 103.9 us, and the error bar's
-# pessimistic end, at 300 cycles per instruction, 196.8. The model itself prefers 10 of 16
-# heads (96.8 us; the estimates 4833 against 4813 ns at 9): it hides most of VectorE's
-# fixed cost behind an independent next instruction, which planning does not count
-# (EngineCosts.vector_overlap_cycles, 0 on trn2 and trn3).
+# pessimistic end, at 300 cycles per instruction, 196.8. The cut was 9 of 16 until session
+# 59, when the kernels began to plan with the model's VectorE overlap on trn2 and trn3 (60
+# of 100 fixed cycles hidden behind an independent next instruction,
+# EngineCosts.vector_stream_cycles): 102.7 -> 96.8 us (80.6-174.9; the bar's pessimistic
+# end has no overlap).
 # Wider heads (D > 512): ``_vector_share``, from the active generation's engine figures
 # (kernels/engine_costs.py). On trn2, per element (every pass has an fp32 operand, so no
 # 16-bit performance mode): GpSimd makes b = rotate_half(x) * sin for every head, 2 inputs

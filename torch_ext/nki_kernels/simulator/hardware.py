@@ -120,13 +120,10 @@ class Target:
     # (loss 0.0379 at 0, 0.0355 at 60; docs/cost-model.md "Calibration") but cannot place
     # it: their loss keeps falling as VectorE gets cheaper, as with the fixed cost.
     vector_overlap_cycles: float = 100.0 - VECTOR_ISSUE_CYCLES
-    # Whether a measurement of this generation gives the overlap (trn1) or it is borrowed
-    # (trn2, trn3). The kernels plan with it only where measured (vector_planning_overlap):
-    # planned with the borrowed 60 cycles, the attention kernels' VectorE/ScalarE balance
-    # (most of their VectorE instructions are chained) came out worse under the model itself
-    # (Llama S=2048 causal 159.8 -> 170.4 us, four decode shapes behind attention_tkg at the
-    # bar's low end; docs/cost-model.md "VectorE pipeline").
-    vector_overlap_measured: bool = False
+    # The kernels plan with this figure on every generation (kernels/engine_costs.py), the
+    # attention kernels with the whole fixed cost (kernels/attention_plan.py says why). Until
+    # session 59 they planned with it only where measured (trn1), with none on trn2 and trn3;
+    # docs/cost-model.md "What the kernels plan with" has what the change moved.
     # extra wait of a consumer of a Vector/Scalar/GpSimd result: [M] scalar.chain_1elem_fp32_trn1
     # (a dependent 1-element ACTIVATE every 264 cycles = 64 + trn1's 100 fixed + 100); the [S]
     # cost texts give no such latency and [P]'s "~100 cycles" is the static overhead
@@ -346,12 +343,6 @@ class Target:
     # types" (2 per lane). v4's exponential runs at that width (cost/model.py)
     vector_other_elems_per_lane: int = 2
 
-    @property
-    def vector_planning_overlap(self) -> float:
-        """VectorE overlap the kernels plan with (kernels/engine_costs.py): the model's where a
-        measurement gives it, none where it is borrowed (vector_overlap_measured)."""
-        return self.vector_overlap_cycles if self.vector_overlap_measured else 0.0
-
     def static_cycles(self, engine: str) -> float:
         """Fixed cycles of one ``engine`` ("vector" | "scalar" | "gpsimd") instruction."""
         return {"vector": self.vector_static_cycles, "scalar": self.scalar_static_cycles,
@@ -379,7 +370,7 @@ TARGETS: dict[str, Target] = {
         # [X] gives the TensorE current throttle for Trn2 and Trn3 only
         tensor_throttle_start_rate=None,
         vector_static_cycles=360.0, scalar_static_cycles=100.0, gpsimd_static_cycles=360.0,
-        vector_overlap_cycles=320.0, vector_overlap_measured=True,
+        vector_overlap_cycles=320.0,
         cost_ranges=TRN1_STATIC_RANGES + SHARED_COST_RANGES,
         # [I] NeuronCore-v2: no 32-row matmul tiles, no fp8 double_row, no ScalarE copy,
         # no scalar activation bias, no range_select; [L] no LNC=2.
