@@ -31,7 +31,10 @@ Engines, per row:
              normalised from that rounded value, matching an eager add followed by rms_norm).
     Block i+1's load overlaps block i's compute: the loads run PREFETCH_AHEAD blocks ahead
     into fresh tiles, and the outputs go through a ring of OUT_RING_DEPTH tiles where SBUF
-    holds it (_out_ring_depth; else fresh tiles per block).
+    holds it (_out_ring_depth; else fresh tiles per block). fused_add_rms_norm loads x and
+    residual FUSED_PREFETCH_AHEAD blocks ahead where a block's two rows take at most
+    PREFETCH_MAX_ROW_BYTES, else one (as far as SBUF holds them: _prefetch_ahead), its
+    outputs in a tile per block.
 Streamed rows (H > ONE_PASS_MAX_HIDDEN): tiles of 128 rows, in column chunks of
     STREAM_CHUNK, two passes:
       pass 1 per chunk: (fused: VectorE s = x + residual, stored) ScalarE
@@ -60,8 +63,8 @@ from .limits import NORM_ONE_PASS_MAX_HIDDEN as ONE_PASS_MAX_HIDDEN
 from .limits import NORM_RESIDENT_PARAM_BYTES as RESIDENT_PARAM_BYTES
 from .limits import NORM_RESIDENT_ROW_BYTES as RESIDENT_ROW_BYTES
 from .limits import NORM_STREAM_CHUNK as STREAM_CHUNK
-from .tiling import (PARTITIONS, block_rows, broadcast_rows, column_chunks, itemsize, load_block, param_columns,
-                     path_segments, pipelined, program_row_blocks, resident_params, rows_per_partition)
+from .tiling import (PARTITIONS, block_rows, broadcast_rows, column_chunks, fitting_ahead, itemsize, load_block,
+                     param_columns, path_segments, pipelined, program_row_blocks, resident_params, rows_per_partition)
 
 # Rows are packed per partition until one transfer moves >= 2048 elements per partition:
 # 4 KiB in bf16 / 8 KiB in fp32, the DMA guide's size for saturating bandwidth.
@@ -83,6 +86,17 @@ PREFETCH_MAX_ROW_BYTES = 16 * 1024
 # trn2 LNC=2, us, 2 -> 3 (session 53): bf16 [2048, 4096] 58.4 -> 55.9, [2048, 8192] 111.1
 # -> 104.9, [4096, 2048] 59.1 -> 57.8; 4 models the same as 3.
 OUT_RING_DEPTH = 3
+# fused_add_rms_norm's loads ahead of its compute (_prefetch_ahead; tiling.pipelined).
+# Until session 59 it loaded each block just before its own compute. Modeled trn2 LNC=2 with
+# a weight, us: bf16 [2048, 4096] 103.1 -> 97.3, [2048, 8192] (one block ahead) 207.8 ->
+# 204.3, [4096, 1024] 56.5 -> 50.9, [6304, 768] 65.6 -> 58.2; 14 shapes x (trn2 LNC=2 and 1,
+# trn3, trn1; bf16, fp16, fp32; with and without weight): geomean -3.2 to -7.5 % per
+# configuration, none slower; outputs unchanged. Two blocks ahead at 8192 bf16 columns
+# (DMA-bound: 191 us of transfers per core) modeled 230.9 against 204.3 at one: the queues
+# took the early loads before the stores the last block's chain waits on.
+FUSED_PREFETCH_AHEAD = 2
+# [P, J] fp32 tiles of a block's statistics that _fused_live_bound adds to its row-sized tiles.
+FUSED_SMALL_TILES = 4
 # Shares of the normalisation (with a weight) given to the VectorE path and to the GpSimd
 # path; the ScalarE + GpSimd path takes the rest. Per element, on trn2 (cost-model rules):
 # VectorE scalar_tensor_tensor reads 2 inputs at 0.96 GHz = 2.08 ns; GpSimd tensor_scalar
@@ -162,6 +176,28 @@ def _scale_rows(dst, src, rstd_col, weight_cols, path):
         nisa.activation(dst=scaled, op=nl.copy, data=src, scale=rstd_col)          # ScalarE
         nisa.tensor_tensor(dst=dst, data1=scaled, data2=weight_cols, op=nl.multiply,
                            engine=nisa.engine.gpsimd)                               # GpSimd
+
+
+def _prefetch_ahead(per, cols, itemsize, weight_bytes):
+    """Blocks fused_add_rms_norm loads ahead of their compute (x and residual each): the
+    most of FUSED_PREFETCH_AHEAD, 1 and 0 whose tiles fit the active generation's SBUF
+    (_fused_live_bound), two only where a block's x and residual rows together take at
+    most PREFETCH_MAX_ROW_BYTES."""
+    most = FUSED_PREFETCH_AHEAD if 2 * cols * itemsize <= PREFETCH_MAX_ROW_BYTES else 1
+    return fitting_ahead(most, lambda ahead: _fused_live_bound(per, cols, itemsize, weight_bytes, ahead))
+
+
+def _fused_live_bound(per, cols, itemsize, weight_bytes, ahead):
+    """Bytes per partition fused_add_rms_norm's one-pass form holds at ``ahead`` blocks
+    ahead: x and residual of ahead + 1 blocks, the sum and the output of the block being
+    computed and of the one whose output is still to be stored (pipelined stores a block's
+    output after the next block's compute), the broadcast weight row and FUSED_SMALL_TILES
+    [P, J] fp32 statistics. The simulator's liveness sweep meets it to within those small
+    tiles (tests/kernels/test_widest_rows_fit_sbuf.py): 114692 bytes at bf16 H = 8192 one
+    block ahead (trn2 holds 224 KiB), 229380 for fp32 H = 8192, which therefore loads no
+    block ahead on trn2."""
+    block = per * cols * itemsize
+    return (2 * (ahead + 1) + 2) * block + weight_bytes + FUSED_SMALL_TILES * 4 * per
 
 
 def _out_ring_depth(per, cols, itemsize, ahead, weight_bytes):
@@ -335,17 +371,34 @@ def fused_add_rms_norm_kernel(x, residual, weight=None, eps=1e-6):
     if cols > ONE_PASS_MAX_HIDDEN:
         _rms_norm_streamed(x, out, weight, _eps_tile(eps), residual=residual, total=total)
         return out, total
-    weight_tile = None if weight is None else broadcast_rows(weight, cols)
     eps_tile = _eps_tile(eps)
-    for start, parts, per in program_row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS,
-                                                                            ONE_PASS_MAX_HIDDEN)):
-        x_tile = load_block(x, start, parts, per)
-        r_tile = load_block(residual, start, parts, per)
-        # x + residual in fp32 on VectorE, rounded once to the input dtype.
+    blocks = program_row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS, ONE_PASS_MAX_HIDDEN))
+    per_max = max((per for _, _, per in blocks), default=1)
+    weight_bytes = 0 if weight is None else cols * itemsize(weight.dtype)
+
+    # the weight first: with it after the first block's loads (rms_norm's order) the first
+    # sums start sooner, but the last block's sum then came after the previous block's
+    # normalisation on VectorE (modeled trn2 LNC=2, bf16 [512, 8192] 63.3 -> 70.6 us)
+    weight_tile = None if weight is None else broadcast_rows(weight, cols)
+
+    def load(block):
+        start, parts, per = block
+        return load_block(x, start, parts, per), load_block(residual, start, parts, per)
+
+    def compute(block, tiles):
+        start, parts, per = block
+        x_tile, r_tile = tiles
+        # x + residual in fp32 on VectorE, rounded once to the input dtype, stored at once
         s_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=s_tile, data1=x_tile, data2=r_tile, op=nl.add)
         nisa.dma_copy(dst=block_rows(total, start, parts, per), src=s_tile)
         out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
         _normalize_block(out_tile, s_tile, parts, per, cols, weight_tile, eps_tile)
+        return out_tile
+
+    def store(block, out_tile):
+        start, parts, per = block
         nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
+
+    pipelined(blocks, load, compute, store, _prefetch_ahead(per_max, cols, itemsize(x.dtype), weight_bytes))
     return out, total

@@ -70,6 +70,14 @@ def _layer_norm(dtype, hidden, rows):
     return norms.layer_norm_kernel_call(x, (hidden,), w, b, 1e-5), ref
 
 
+def _fused_add_rms_norm(dtype, hidden, rows):
+    x, r = (torch.randn(rows, hidden) * 2).to(dtype), torch.randn(rows, hidden).to(dtype)
+    w = (torch.randn(hidden) + 1).to(dtype)
+    s = (x + r).double()
+    ref = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+    return norms.fused_add_rms_norm_kernel_call(x, r, w, 1e-6), ref
+
+
 def _silu_and_mul_backward(dtype, hidden, rows):
     # hidden = d, the output width: x = [g | u] is [rows, 2d]
     x, dy = (torch.randn(rows, 2 * hidden) * 2).to(dtype), _rows(rows, hidden, dtype)
@@ -91,6 +99,7 @@ KERNELS = [
     ("fused_add_backward-fp32weight", _rms_backward(True, True, torch.float32), [(torch.bfloat16, 8192)]),
     ("softmax_backward", _softmax_backward, [(torch.bfloat16, 8192), (torch.float32, 8192)]),
     ("layer_norm", _layer_norm, [(torch.bfloat16, 8192), (torch.float32, 8192)]),
+    ("fused_add_rms_norm", _fused_add_rms_norm, [(torch.bfloat16, 8192), (torch.float32, 8192)]),
     ("silu_and_mul_backward", _silu_and_mul_backward, [(torch.bfloat16, 4096), (torch.float32, 4096)]),
 ]
 WIDEST = [(name, make, dtype, hidden) for name, make, widths in KERNELS for dtype, hidden in widths]
@@ -137,6 +146,10 @@ BOUNDS = [
      lambda m, a, block, row: (2 * (a + 1) + 2) * block + row // 2 * 4),
     ("layer_norm", _layer_norm, torch.float32, 8192, ".layer_norm",
      lambda m, a, block, row: (a + 3) * block + 2 * row + row),
+    # fused_add_rms_norm's forward: x and residual of ahead + 1 blocks, the sum and the
+    # output of two blocks, the weight row
+    ("fused_add_rms_norm", _fused_add_rms_norm, torch.bfloat16, 8192, ".rms_norm",
+     lambda m, a, block, row: (2 * (a + 1) + 2) * block + row + m.FUSED_SMALL_TILES * 4),
     ("silu_and_mul_backward", _silu_and_mul_backward, torch.float32, 4096, ".activation_backward",
      lambda m, a, block, row: 3 * (a + 2) * block + 3 * row),
 ]
