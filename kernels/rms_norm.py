@@ -90,7 +90,7 @@ OUT_RING_DEPTH = 3
 # Until session 59 it loaded each block just before its own compute. Modeled trn2 LNC=2 with
 # a weight, us: bf16 [2048, 4096] 103.1 -> 97.3, [2048, 8192] (one block ahead) 207.8 ->
 # 204.3, [4096, 1024] 56.5 -> 50.9, [6304, 768] 65.6 -> 58.2; 14 shapes x (trn2 LNC=2 and 1,
-# trn3, trn1; bf16, fp16, fp32; with and without weight): geomean -3.2 to -7.5 % per
+# trn3, trn1; bf16, fp16, fp32; with and without weight; 154 runs): geomean -3.2 to -7.5 % per
 # configuration, none slower; outputs unchanged. Two blocks ahead at 8192 bf16 columns
 # (DMA-bound: 191 us of transfers per core) modeled 230.9 against 204.3 at one: the queues
 # took the early loads before the stores the last block's chain waits on.
