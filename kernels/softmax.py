@@ -640,8 +640,8 @@ def _split_groups_pay(n_groups, cols, bf16_max):
     from 2651 bf16 / 2057 fp32 columns for 2 groups a part (33-64 rows), 5506 / 4309 for 4
     (a 128-row tile per core), 11217 / 8778 for 8 (2585 / 2023, 5440 / 4257, 11150 / 8726
     until session 59, when the row tiles' estimates began to count VectorE's pipeline
-    overlap: fp32 [64, 2051] now takes row tiles, 14.5 us, where groups model 9.4). Modeled trn2 LNC=2, us, row tiles ->
-    groups (session 53): bf16 [128, 4096] 17.6 -> 11.5, [256, 32000] 65.3 -> 51.2, [1024,
+    overlap: fp32 [64, 2051] now takes row tiles, 14.5 us, where groups model 9.4).
+    Modeled trn2 LNC=2, us, row tiles -> groups (session 53): bf16 [128, 4096] 17.6 -> 11.5, [256, 32000] 65.3 -> 51.2, [1024,
     32000] 215.7 -> 189.6, [64, 128256] 254.8 -> 51.2; fp32 [300, 24576] 145.1 -> 91.5.
     A scan of 96-512 rows x 2048-32000 columns (trn2 at LNC=2 and 1, trn3 at LNC=2; 188 of
     288 shapes faster) and the review's of 15 x 13 shapes to 35M elements (211 taking
