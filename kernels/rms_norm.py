@@ -43,7 +43,10 @@ Streamed rows (H > ONE_PASS_MAX_HIDDEN): tiles of 128 rows, in column chunks of
       pass 2 per chunk: normalised as above, stored. The chunks are kept in SBUF from
               pass 1 when the row tile takes <= RESIDENT_ROW_BYTES per partition (bf16 up
               to H = 32768, fp32 up to 16384: HBM read once), else reloaded from HBM
-              (fused: s recomputed from x and residual, the same rounded values).
+              (fused: s recomputed from x and residual, the same rounded values). Kept
+              row tiles take ROW_SLOTS slots of one allocation in turn where they fit
+              beside the weight and the chunk scratch (_row_slots_fit: bf16 to H = 16384
+              on trn2), so the next tile's pass 1 overlaps this tile's pass 2.
     The weight stays in SBUF when its [128, H] copy takes <= RESIDENT_PARAM_BYTES per
     partition (bf16 up to H = 32768), else each chunk loads its columns.
 Expected error:
@@ -97,6 +100,15 @@ OUT_RING_DEPTH = 3
 FUSED_PREFETCH_AHEAD = 2
 # [P, J] fp32 tiles of a block's statistics that _fused_live_bound adds to its row-sized tiles.
 FUSED_SMALL_TILES = 4
+# Streamed rows kept in SBUF between the passes (RESIDENT_ROW_BYTES): two row tiles' slots
+# of one allocation where they fit (_row_slots_fit), else the chunks' own tiles. Per-chunk
+# tiles of one allocation site rotate two buffers, so a row tile's first loads waited for
+# the normalisation of the tile before. Modeled (session 59), with a weight, us: trn2 LNC=2
+# bf16 [2048, 16384] 288.7 -> 214.0, [2048, 12288] 236.7 -> 165.0, [640, 10240] 84.7 ->
+# 67.8, fused [2048, 16384] 419.9 -> 402.1; 80 runs (8 shapes of 128-2048 rows x 10240-32768
+# columns; trn2 at LNC=2 and 1, trn3, trn1; bf16 and fp32; rms_norm and fused): geomean 0 to
+# -17.7 % per configuration, none slower; outputs unchanged bit for bit.
+ROW_SLOTS = 2
 # Shares of the normalisation (with a weight) given to the VectorE path and to the GpSimd
 # path; the ScalarE + GpSimd path takes the rest. Per element, on trn2 (cost-model rules):
 # VectorE scalar_tensor_tensor reads 2 inputs at 0.96 GHz = 2.08 ns; GpSimd tensor_scalar
@@ -239,21 +251,34 @@ def _eps_tile(eps):
     return tile
 
 
-def _load_rows(x, residual, total, start, parts, c0, c1, store):
+def _load_rows(x, residual, total, start, parts, c0, c1, store, into=None):
     """[parts, c1 - c0] SBUF tile of rows start:start+parts, columns c0:c1 of x, or of
     s = x + residual (VectorE, fp32 inside, rounded once to x's dtype; stored to ``total``
-    when ``store``)."""
-    x_tile = nl.ndarray((parts, c1 - c0), dtype=x.dtype, buffer=nl.sbuf)
+    when ``store``); into ``into`` (a [parts, c1 - c0] view) when given."""
+    x_tile = into if into is not None and residual is None else nl.ndarray((parts, c1 - c0), dtype=x.dtype,
+                                                                            buffer=nl.sbuf)
     nisa.dma_copy(dst=x_tile, src=x[start:start + parts, c0:c1])
     if residual is None:
         return x_tile
     r_tile = nl.ndarray((parts, c1 - c0), dtype=x.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=r_tile, src=residual[start:start + parts, c0:c1])
-    s_tile = nl.ndarray((parts, c1 - c0), dtype=x.dtype, buffer=nl.sbuf)
+    s_tile = into if into is not None else nl.ndarray((parts, c1 - c0), dtype=x.dtype, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=s_tile, data1=x_tile, data2=r_tile, op=nl.add)
     if store:
         nisa.dma_copy(dst=total[start:start + parts, c0:c1], src=s_tile)
     return s_tile
+
+
+def _row_slots_fit(cols, itemsize, weight_bytes, fused):
+    """Whether the streamed form's resident row tiles can take ROW_SLOTS slots of one
+    allocation: those rows, the resident weight (``weight_bytes``) and two buffers of each
+    chunk-sized tile (the output, the discarded squares, the fp32 products; fused: x and the
+    residual) within the active generation's SBUF. bf16 rows of 16384 with a bf16 weight:
+    160 KiB (fused 192); 32768: 256 KiB, so one row tile at a time there."""
+    chunk = STREAM_CHUNK * itemsize
+    scratch = 2 * (2 * chunk + STREAM_CHUNK * 4 + (2 * chunk if fused else 0))
+    need = ROW_SLOTS * cols * itemsize + weight_bytes + scratch
+    return need <= active_engine_costs().sbuf_bytes_per_partition
 
 
 def _rms_norm_streamed(x, out, weight, eps_tile, residual=None, total=None):
@@ -264,13 +289,19 @@ def _rms_norm_streamed(x, out, weight, eps_tile, residual=None, total=None):
     inv_sqrt_cols = 1.0 / math.sqrt(cols)
     weight_res = resident_params([weight], cols, RESIDENT_PARAM_BYTES)[0]
     resident = cols * itemsize(x.dtype) <= RESIDENT_ROW_BYTES
-    for start, parts, _ in program_row_blocks(n_rows, 1):       # 128-row tiles, J = 1
+    weight_bytes = 0 if weight_res is None else cols * itemsize(weight.dtype)
+    # resident row tiles: one allocation of two rows' slots where they fit (_row_slots_fit),
+    # the tiles taken in turn, so a tile's pass 1 loads while the tile before is normalised
+    two_rows = resident and _row_slots_fit(cols, itemsize(x.dtype), weight_bytes, residual is not None)
+    rows_ring = nl.ndarray((PARTITIONS, ROW_SLOTS, cols), dtype=x.dtype, buffer=nl.sbuf) if two_rows else None
+    for t, (start, parts, _) in enumerate(program_row_blocks(n_rows, 1)):       # 128-row tiles, J = 1
         # pass 1: sum over chunks of (x / sqrt(H))^2, one partial per chunk; the chunks
         # (fused: of s) kept in SBUF for pass 2 when the row tile fits
         kept = []
         partial = nl.ndarray((parts, len(chunks)), dtype=nl.float32, buffer=nl.sbuf)
         for c, (c0, c1) in enumerate(chunks):
-            s_tile = _load_rows(x, residual, total, start, parts, c0, c1, store=True)
+            into = None if rows_ring is None else rows_ring[0:parts, t % ROW_SLOTS, c0:c1]
+            s_tile = _load_rows(x, residual, total, start, parts, c0, c1, store=True, into=into)
             if resident:
                 kept.append(s_tile)
             squares = nl.ndarray((parts, c1 - c0), dtype=x.dtype, buffer=nl.sbuf)   # discarded

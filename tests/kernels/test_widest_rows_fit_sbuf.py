@@ -70,6 +70,12 @@ def _layer_norm(dtype, hidden, rows):
     return norms.layer_norm_kernel_call(x, (hidden,), w, b, 1e-5), ref
 
 
+def _rms_norm(dtype, hidden, rows):
+    x, w = (torch.randn(rows, hidden) * 2).to(dtype), (torch.randn(hidden) + 1).to(dtype)
+    ref = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+    return norms.rms_norm_kernel_call(x, (hidden,), w, 1e-6), ref
+
+
 def _fused_add_rms_norm(dtype, hidden, rows):
     x, r = (torch.randn(rows, hidden) * 2).to(dtype), torch.randn(rows, hidden).to(dtype)
     w = (torch.randn(hidden) + 1).to(dtype)
@@ -99,7 +105,10 @@ KERNELS = [
     ("fused_add_backward-fp32weight", _rms_backward(True, True, torch.float32), [(torch.bfloat16, 8192)]),
     ("softmax_backward", _softmax_backward, [(torch.bfloat16, 8192), (torch.float32, 8192)]),
     ("layer_norm", _layer_norm, [(torch.bfloat16, 8192), (torch.float32, 8192)]),
-    ("fused_add_rms_norm", _fused_add_rms_norm, [(torch.bfloat16, 8192), (torch.float32, 8192)]),
+    # and streamed rows kept in SBUF between the passes: two row tiles' slots where they fit
+    ("fused_add_rms_norm", _fused_add_rms_norm, [(torch.bfloat16, 8192), (torch.float32, 8192),
+                                                 (torch.bfloat16, 16384), (torch.float32, 16384)]),
+    ("rms_norm-streamed", _rms_norm, [(torch.bfloat16, 16384), (torch.bfloat16, 32768), (torch.float32, 16384)]),
     ("silu_and_mul_backward", _silu_and_mul_backward, [(torch.bfloat16, 4096), (torch.float32, 4096)]),
 ]
 WIDEST = [(name, make, dtype, hidden) for name, make, widths in KERNELS for dtype, hidden in widths]
