@@ -290,27 +290,72 @@ def test_layer_norm_backward_pipelines_blocks_of_one_row_per_partition(hidden, c
         _check(got, ref, dtype, name)
 
 
-@pytest.mark.parametrize("fused, hidden, copies_per_part", [
-    (False, 4096, "c c d d c d"),
-    (True, 2048, "c c d d c d"),
-    (True, 4096, "c c dd dd c dd"),       # fused rows wider than 2048: t * r in two halves
+@pytest.mark.parametrize("fused, hidden, copies_per_part, last_part", [
+    (False, 4096, "c c d d c d", "c c d d c dddd"),
+    (True, 2048, "c c d d c d", "c c d d c dd"),
+    (True, 4096, "c c dd dd c dd", "c c dd dd c dddd"),    # fused rows wider than 2048: t * r in two halves
 ], ids=["rms_norm", "fused_add_rms_norm", "fused_add_rms_norm-halves"])
 def test_rms_norm_backward_issues_each_blocks_first_half_before_the_previous_blocks_second_half(
-        fused, hidden, copies_per_part):
+        fused, hidden, copies_per_part, last_part):
     # kernels/rms_norm_backward.py: per block, ScalarE's row sums c = sum(g * x) (a copy that
     # reduces) belong to its first half and its t * r (copies that do not) to its second
     # half. Block i's first half is issued before block i - 1's second half, except for
     # each part's last block: at LNC=1, 768 rows are two parts of three 128-row blocks, so
     # each part's ScalarE copies run c0 c1 dx0 dx1 c2 dx2 (the old order, which closed a
     # block-to-block loop through GpSimd, ran c0 dx0 c1 dx1 c2 dx2); fused rows wider than
-    # 2048 columns make each dx in two column halves
+    # 2048 columns make each dx in two column halves; the program's last block (the second
+    # part's last) makes its dx in chunks of DRAIN_STORE_BYTES (1024 bf16 columns)
     rows, dtype = 768, torch.bfloat16
     x, dy, dtotal = (_randn(rows, hidden, dtype=dtype) for _ in range(3))
     weight = _randn(hidden, dtype=dtype, scale=0.5, shift=1.0)
     call = (norms.fused_add_rms_norm_backward_kernel_call(dy, dtotal, x, weight, 1e-6) if fused
             else norms.rms_norm_backward_kernel_call(dy, x, (hidden,), weight, 1e-6))
     result, copies = _scalar_copies_at_lnc1(call)
-    assert copies == copies_per_part.replace(" ", "") * 2
+    assert copies == (copies_per_part + last_part).replace(" ", "")
+    dx, dw = call.finish_outputs(result.outputs)
+    x64, w64 = x.double().requires_grad_(), weight.double().requires_grad_()
+    ref_dx, ref_dw = _grads(lambda t, w: F.rms_norm(t, (hidden,), w, 1e-6), (x64, w64), (dy.double(),))
+    _check(dx, ref_dx + (dtotal.double() if fused else 0), dtype, "dx")
+    _check(dw, ref_dw, dtype, "dw")
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["rms_norm", "fused_add_rms_norm"])
+@pytest.mark.parametrize("dtype, hidden, whole, chunk_bytes", [
+    (torch.bfloat16, 4096, 5, [2048] * 4),
+    (torch.float32, 3000, 5, [2048] * 5 + [1760]),
+    (torch.bfloat16, 768, 1, [1536] * 3),
+], ids=["bf16-4096", "fp32-3000", "bf16-768-three-rows"])
+def test_rms_norm_backward_stores_the_programs_last_block_chunk_by_chunk(fused, dtype, hidden, whole, chunk_bytes):
+    # kernels/rms_norm_backward.py _back_drained: the program's last block makes dx in
+    # column chunks of DRAIN_STORE_BYTES (2 KiB: 1024 bf16, 512 fp32 columns; fp32 rows of
+    # 3000 end in a 440-column chunk) per row slot, and stores each chunk as soon as it is
+    # made, so the launch ends one chunk's chain after the last t. Every other block keeps
+    # one store. At LNC=1 the program's last block is the second part's last (768 rows: two
+    # parts of three 128-row blocks, or at 768 columns of one block of three rows per
+    # partition, whose rows are stored one by one); the gradients stay float64-close.
+    rows = 768
+    chunks = len(chunk_bytes)
+    x, dy, dtotal = (_randn(rows, hidden, dtype=dtype) for _ in range(3))
+    weight = _randn(hidden, dtype=dtype, scale=0.5, shift=1.0)
+    call = (norms.fused_add_rms_norm_backward_kernel_call(dy, dtotal, x, weight, 1e-6) if fused
+            else norms.rms_norm_backward_kernel_call(dy, x, (hidden,), weight, 1e-6))
+    result, _ = _scalar_copies_at_lnc1(call)
+    row_bytes = hidden * dtype.itemsize
+    stores = [i for i in result.trace if i.op == "dma_copy" and i.writes[0].buffer == "hbm"]
+    block_stores = [i for i in stores if len(i.reads[0].shape) == 3]       # [P, rows, H] views of dx
+    dx_stores = [i for i in stores if i.writes[0].alloc_id == block_stores[0].writes[0].alloc_id]
+    chunked = [i for i in dx_stores if len(i.reads[0].shape) == 2]         # [P, columns] chunks
+    assert len(block_stores) == whole and len(dx_stores) == whole + chunks
+    assert [i.reads[0].nbytes // 128 for i in chunked] == chunk_bytes
+    # each chunk's store is issued after the instruction that makes its dx (ScalarE's
+    # t * r, or GpSimd's + dtotal when fused) and before the next chunk's
+    makers = [i for i in result.trace if i.writes and i.writes[0].alloc_id == chunked[0].reads[0].alloc_id
+              and i.engine != "dma"]
+    assert len(makers) == chunks
+    for k, store in enumerate(chunked):
+        assert makers[k].index < store.index
+        if k + 1 < chunks:
+            assert store.index < makers[k + 1].index
     dx, dw = call.finish_outputs(result.outputs)
     x64, w64 = x.double().requires_grad_(), weight.double().requires_grad_()
     ref_dx, ref_dw = _grads(lambda t, w: F.rms_norm(t, (hidden,), w, 1e-6), (x64, w64), (dy.double(),))
