@@ -28,8 +28,9 @@ Engines, per block (16-bit input; fp32 the same in fp32):
     VectorE  a = x * (-r**2 c / H) (tensor_scalar, 16-bit perf mode)
     GpSimd   t = a + g (fp32)
     ScalarE  dx = t * r (one rounding) -- fused: ScalarE t * r (fp32), GpSimd + dtotal (one rounding)
-    The program's last block makes a, t and dx per column chunk of DRAIN_STORE_BYTES and
-    stores each chunk when made (_back_drained): nothing follows it to hide its chain.
+    The program's last block makes a, t and dx per column chunk of 2 KiB per partition
+    (tiling.drain_chunks) and stores each chunk when made (_back_drained): nothing follows
+    it to hide its chain.
 Expected error (16-bit): g, p, q and a are rounded to the input dtype (<= 2**-9 relative
     each, bf16), c and dw accumulate in fp32, dx rounds once more: |err| <= ~3 * 2**-9 *
     (|r g| + |a r|) elementwise; dw within ~2**-8 relative of its terms' norm. fp32: ~1e-6.
@@ -44,8 +45,9 @@ import nki.language as nl
 from .engine_costs import active as active_engine_costs
 from .limits import NORM_BACKWARD_MAX_HIDDEN as BACKWARD_MAX_HIDDEN
 from .limits import NORM_BACKWARD_MAX_ROW_BYTES as BACKWARD_MAX_ROW_BYTES
-from .tiling import (PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, cdiv, column_chunks, fitting_ahead,
-                     load_block, pipelined_halves, row_blocks, row_part, rows_per_partition, share, split_count)
+from .tiling import (PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, cdiv, column_chunks, drain_chunks,
+                     fitting_ahead, load_block, pipelined_halves, row_blocks, row_part, rows_per_partition, share,
+                     split_count)
 from .weight_grads import (accumulate_columns, accumulate_diag, diag_fits, identity, new_accumulator,
                            new_diag_accumulator, new_partials, store_diag_partial, store_partial)
 
@@ -83,19 +85,6 @@ G_VECTOR_SHARE_COLUMN_SUMS = 0.6
 # fused_add_rms_norm: GpSimd also adds dtotal (1.67 ns per element), so VectorE takes all
 # of g and q: VectorE 1.04 + 2.08 = 3.1 ns, GpSimd 3.3 ns.
 FUSED_G_VECTOR_SHARE = 1.0
-# The program's last block is finished in column chunks of this many bytes per partition,
-# each stored when made (_back_drained): no block follows it to overlap its chain a -> t ->
-# dx -> store, which for a row of 4096 bf16 columns took ~14 us of the launch's end on trn2
-# (GpSimd's fp32 t alone 6.9 us, then ScalarE's t * r 3.7, then the store). 2 KiB: the DMA
-# guide's smallest recommended transfer per partition (1024 bf16 columns; 512 and 2048
-# modeled within 1 % of it on trn2 bf16, 1024 best on the geomean). Modeled (session 60,
-# us, trn2 LNC=2 bf16 with a weight): Llama-7B [2048, 4096] 115.4 -> 113.0, Llama-70B
-# [2048, 8192] 244.3 -> 231.4, [1024, 8192] 147.6 -> 134.7, [64, 4096] 36.0 -> 31.9; 16
-# configurations x 12-14 shapes (rms_norm and fused_add_rms_norm; bf16, fp16, fp32; with
-# and without a weight; trn2 at LNC=2 and 1, trn3, trn1): geomean -1.9 to -6.0 % per
-# configuration, up to -18.8 %, two runs slower by at most 0.7 %; outputs unchanged bit
-# for bit.
-DRAIN_STORE_BYTES = 2048
 
 
 def _prefetch_ahead(per, cols, itemsize, inputs, weight_bytes):
@@ -231,27 +220,35 @@ def _back(x_tile, dt_tile, dx_tile, parts, per, cols, front):
                                engine=nisa.engine.gpsimd)
 
 
-def _back_drained(x_tile, dt_tile, dx_tile, parts, per, cols, front, store_chunk):
-    """_back for the program's last block (DRAIN_STORE_BYTES): per row slot, per column chunk
-    of DRAIN_STORE_BYTES per partition, a -> t -> dx and the chunk's store, so the engines
-    and the DMA queues work on different chunks at once and the launch ends one chunk's
-    chain after the last t, not a whole row's. ``store_chunk(j, lo, hi)`` stores row slot
-    j's columns [lo, hi) of ``dx_tile``."""
+def _back_drained(x_tile, dt_tile, dx_tile, parts, chunks, front, store_chunk):
+    """_back for the program's last block: per (row slot, column chunk) of ``chunks``
+    (tiling.drain_chunks: at least 2 KiB per partition), a -> t -> dx and the chunk's
+    store, so the engines and the DMA queues work on different chunks at once and the
+    launch ends one chunk's chain after the last t, not a whole row's: for a row of 4096
+    bf16 columns that chain took ~14 us of the launch's end on trn2 (GpSimd's fp32 t alone
+    6.9 us, then ScalarE's t * r 3.7, then the store). ``store_chunk(j, lo, hi)`` stores row
+    slot j's columns [lo, hi) of ``dx_tile``.
+
+    Modeled (session 60, us, trn2 LNC=2 bf16 with a weight): Llama-7B [2048, 4096] 115.4 ->
+    113.0, Llama-70B [2048, 8192] 244.3 -> 231.4, [1024, 8192] 147.6 -> 134.7, [64, 4096]
+    36.0 -> 31.9; 14 configurations x 12-14 shapes (rms_norm and fused_add_rms_norm; bf16,
+    fp16, fp32; with and without a weight; trn2 at LNC=2 and 1, trn3, trn1): geomean -1.9
+    to -5.6 % per configuration, up to -18.8 %, one run slower by 0.4 %; outputs unchanged
+    bit for bit. Chunks of 512 and 2048 bf16 columns modeled within 1 % of 1024's."""
     f32 = nl.float32
     rstd, neg_k, g = front
-    for j in range(per):
-        for lo, hi in column_chunks(cols, max(1, DRAIN_STORE_BYTES // itemsize(x_tile.dtype))):
-            a = nl.ndarray((parts, hi - lo), dtype=x_tile.dtype, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=a, data=x_tile[:, j, lo:hi], op0=nl.multiply, operand0=neg_k[:, j:j + 1])
-            t = nl.ndarray((parts, hi - lo), dtype=f32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=t, data1=a, data2=g[:, j, lo:hi], op=nl.add, engine=nisa.engine.gpsimd)
-            if dt_tile is None:
-                nisa.activation(dst=dx_tile[:, j, lo:hi], op=nl.copy, data=t, scale=rstd[:, j:j + 1])
-            else:
-                nisa.activation(dst=t, op=nl.copy, data=t, scale=rstd[:, j:j + 1])
-                nisa.tensor_tensor(dst=dx_tile[:, j, lo:hi], data1=t, data2=dt_tile[:, j, lo:hi], op=nl.add,
-                                   engine=nisa.engine.gpsimd)
-            store_chunk(j, lo, hi)
+    for j, lo, hi in chunks:
+        a = nl.ndarray((parts, hi - lo), dtype=x_tile.dtype, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=a, data=x_tile[:, j, lo:hi], op0=nl.multiply, operand0=neg_k[:, j:j + 1])
+        t = nl.ndarray((parts, hi - lo), dtype=f32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=t, data1=a, data2=g[:, j, lo:hi], op=nl.add, engine=nisa.engine.gpsimd)
+        if dt_tile is None:
+            nisa.activation(dst=dx_tile[:, j, lo:hi], op=nl.copy, data=t, scale=rstd[:, j:j + 1])
+        else:
+            nisa.activation(dst=t, op=nl.copy, data=t, scale=rstd[:, j:j + 1])
+            nisa.tensor_tensor(dst=dx_tile[:, j, lo:hi], data1=t, data2=dt_tile[:, j, lo:hi], op=nl.add,
+                               engine=nisa.engine.gpsimd)
+        store_chunk(j, lo, hi)
 
 
 def _weight_grad(acc, dy_tile, x_tile, rstd, parts, per, cols, first):
@@ -341,10 +338,11 @@ def _backward(dy, x, weight, eps, dtotal):
         def back(block, tiles, state):
             start, parts, per = block
             dx_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-            if part == end_part - 1 and block == blocks[-1]:       # the program's last block
+            chunks = drain_chunks(per, cols, itemsize(x.dtype))
+            if chunks and part == end_part - 1 and block == blocks[-1]:     # the program's last block
                 def store_chunk(j, lo, hi):
                     nisa.dma_copy(dst=block_rows(dx, start, parts, per)[:, j, lo:hi], src=dx_tile[:, j, lo:hi])
-                _back_drained(tiles[1], tiles[2], dx_tile, parts, per, cols, state, store_chunk)
+                _back_drained(tiles[1], tiles[2], dx_tile, parts, chunks, state, store_chunk)
                 return None      # stored
             _back(tiles[1], tiles[2], dx_tile, parts, per, cols, state)
             return dx_tile

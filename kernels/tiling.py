@@ -318,6 +318,25 @@ def column_chunks(cols, chunk):
     return [(c0, min(cols, c0 + chunk)) for c0 in range(0, cols, chunk)]
 
 
+# A norm backward's last block (no block follows it to hide its chain a -> t -> dx ->
+# store) is finished and stored in column chunks of at least this many bytes per partition:
+# the DMA guide's smallest recommended transfer per partition (kernels/rms_norm_backward.py,
+# kernels/layer_norm_backward.py). Rows shorter than that are not cut: smaller stores each
+# hold the DMA queues for the transfer gap (modeled LayerNorm backward, trn2 LNC=2 bf16
+# [4096, 128], eight 256-byte row stores instead of one: 19.8 -> 23.3 us).
+DRAIN_STORE_BYTES = 2048
+
+
+def drain_chunks(per, cols, itemsize):
+    """[(row slot j, c0, c1)]: a [P, per, cols] block's rows, row slot by row slot, each in
+    as many equal column chunks of at least DRAIN_STORE_BYTES per partition as it holds;
+    [] for rows shorter than DRAIN_STORE_BYTES (the block is stored whole)."""
+    n = cols * itemsize // DRAIN_STORE_BYTES
+    if n < 1:
+        return []
+    return [(j, c0, c1) for j in range(per) for c0, c1 in column_chunks(cols, cdiv(cols, n))]
+
+
 def resident_params(params, cols, budget):
     """[128, cols] SBUF broadcast copies of the [cols] HBM vectors ``params`` (None entries
     stay None) when together they take at most ``budget`` bytes per partition; else a list

@@ -386,3 +386,19 @@ def test_path_segments_split_rows_or_columns_at_the_rounded_cumulative_shares():
     assert tiling.path_segments(1, 10, (0.0, 0.0)) == [(0, 0, 10, 2)]
     assert tiling.engine_segments(1, 1000, 0.55) == [(0, 0, 550, True), (0, 550, 1000, False)]
     assert tiling.engine_segments(3, 64, 0.5) == [(0, 0, 64, True), (1, 0, 64, True), (2, 0, 64, False)]
+
+
+def test_drain_chunks_cut_rows_into_equal_chunks_of_at_least_two_kib():
+    # kernels/tiling.py drain_chunks (the norm backwards' last block): each row slot in as
+    # many equal column chunks of >= DRAIN_STORE_BYTES (2 KiB) per partition as it holds;
+    # rows shorter than that are not cut (an empty plan: the block is stored whole)
+    from nki_kernels import _kernel_sources
+
+    _kernel_sources.load("rms_norm_backward", "simulator")
+    tiling = sys.modules["nki_kernels._nki_src_simulator.tiling"]
+    assert tiling.DRAIN_STORE_BYTES == 2048
+    assert tiling.drain_chunks(1, 4096, 2) == [(0, 0, 1024), (0, 1024, 2048), (0, 2048, 3072), (0, 3072, 4096)]
+    assert tiling.drain_chunks(1, 3000, 4) == [(0, c, c + 600) for c in range(0, 3000, 600)]      # 2400 B each
+    assert tiling.drain_chunks(2, 1100, 2) == [(0, 0, 1100), (1, 0, 1100)]                     # 2200 B: one per row
+    assert tiling.drain_chunks(1, 1023, 2) == []                                               # 2046 B: not cut
+    assert tiling.drain_chunks(3, 768, 2) == []

@@ -265,24 +265,26 @@ def _scalar_copies_at_lnc1(call):
     return result, copies
 
 
-@pytest.mark.parametrize("hidden, copies_per_part", [
-    (4096, "cc cc d d cc d"),        # one row per partition: software-pipelined
-    (768, "cccc dd cc d"),            # two rows per partition, then one: in order
+@pytest.mark.parametrize("hidden, copies_per_part, last_part", [
+    (4096, "cc cc d d cc d", "cc cc d d cc dddd"),    # one row per partition: software-pipelined
+    (768, "cccc dd cc d", "cccc dd cc d"),            # two rows per partition, then one: in order
 ], ids=["one-row-blocks", "two-row-blocks"])
-def test_layer_norm_backward_pipelines_blocks_of_one_row_per_partition(hidden, copies_per_part):
+def test_layer_norm_backward_pipelines_blocks_of_one_row_per_partition(hidden, copies_per_part, last_part):
     # kernels/layer_norm_backward.py: ScalarE's row sums (copies that reduce: c) belong to a
     # block's first half, its dx (copies that scale: d) to the second. With one row per
     # partition block i's first half is issued before block i - 1's second half, but for
     # each part's last block (at LNC=1 768 rows are two parts of three 128-row blocks);
     # with more rows per partition each block is issued whole (768 columns: a block of 256
-    # rows and one of 128 per part)
+    # rows and one of 128 per part). The program's last block (the second part's last) makes
+    # its dx in 2 KiB column chunks where its rows are that long (_back_drained: 4096 bf16
+    # columns in four)
     rows, dtype = 768, torch.bfloat16
     x, dy = _randn(rows, hidden, dtype=dtype, shift=1.0), _randn(rows, hidden, dtype=dtype)
     weight, bias = _randn(hidden, dtype=dtype, scale=0.5, shift=1.0), _randn(hidden, dtype=dtype)
     stats = references.layer_norm_stats(x, (hidden,), 1e-5)
     call = norms.layer_norm_backward_kernel_call(dy, x, stats, (hidden,), weight, bias, 1e-5)
     result, copies = _scalar_copies_at_lnc1(call)
-    assert copies == copies_per_part.replace(" ", "") * 2
+    assert copies == (copies_per_part + last_part).replace(" ", "")
     dx, dw, db = call.finish_outputs(result.outputs)
     leaves = [t.double().requires_grad_() for t in (x, weight, bias)]
     want = _grads(lambda t, w, b: F.layer_norm(t, (hidden,), w, b, 1e-5), leaves, (dy.double(),))
@@ -319,48 +321,60 @@ def test_rms_norm_backward_issues_each_blocks_first_half_before_the_previous_blo
     _check(dw, ref_dw, dtype, "dw")
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["rms_norm", "fused_add_rms_norm"])
-@pytest.mark.parametrize("dtype, hidden, whole, chunk_bytes", [
-    (torch.bfloat16, 4096, 5, [2048] * 4),
-    (torch.float32, 3000, 5, [2048] * 5 + [1760]),
-    (torch.bfloat16, 768, 1, [1536] * 3),
-], ids=["bf16-4096", "fp32-3000", "bf16-768-three-rows"])
-def test_rms_norm_backward_stores_the_programs_last_block_chunk_by_chunk(fused, dtype, hidden, whole, chunk_bytes):
-    # kernels/rms_norm_backward.py _back_drained: the program's last block makes dx in
-    # column chunks of DRAIN_STORE_BYTES (2 KiB: 1024 bf16, 512 fp32 columns; fp32 rows of
-    # 3000 end in a 440-column chunk) per row slot, and stores each chunk as soon as it is
-    # made, so the launch ends one chunk's chain after the last t. Every other block keeps
-    # one store. At LNC=1 the program's last block is the second part's last (768 rows: two
-    # parts of three 128-row blocks, or at 768 columns of one block of three rows per
-    # partition, whose rows are stored one by one); the gradients stay float64-close.
+@pytest.mark.parametrize("op", ["rms_norm", "fused_add_rms_norm", "layer_norm"])
+@pytest.mark.parametrize("dtype, hidden, chunk_bytes", [
+    (torch.bfloat16, 4096, [2048] * 4),
+    (torch.float32, 3000, [2400] * 5),
+    (torch.bfloat16, 768, []),
+], ids=["bf16-4096", "fp32-3000", "bf16-768-short-rows"])
+def test_norm_backward_stores_the_programs_last_block_chunk_by_chunk(op, dtype, hidden, chunk_bytes):
+    # kernels/rms_norm_backward.py and kernels/layer_norm_backward.py, _back_drained: the
+    # program's last block makes dx in equal column chunks of at least 2 KiB per partition
+    # (tiling.drain_chunks: 8 KiB bf16 rows in four, 12000-byte fp32 rows in five of 600
+    # columns) and stores each chunk as soon as it is made, so the launch ends one chunk's
+    # chain after the last t. Rows shorter than 2 KiB (768 bf16 columns) are not cut: the
+    # block is stored whole. Every other block keeps one store. At LNC=1 the program's last
+    # block is the second part's last (768 rows: two parts of three 128-row blocks at one row
+    # per partition); the gradients stay float64-close.
     rows = 768
-    chunks = len(chunk_bytes)
-    x, dy, dtotal = (_randn(rows, hidden, dtype=dtype) for _ in range(3))
-    weight = _randn(hidden, dtype=dtype, scale=0.5, shift=1.0)
-    call = (norms.fused_add_rms_norm_backward_kernel_call(dy, dtotal, x, weight, 1e-6) if fused
-            else norms.rms_norm_backward_kernel_call(dy, x, (hidden,), weight, 1e-6))
+    x, dy, dtotal = (_randn(rows, hidden, dtype=dtype, shift=1.0) for _ in range(3))
+    weight, bias = _randn(hidden, dtype=dtype, scale=0.5, shift=1.0), _randn(hidden, dtype=dtype)
+    if op == "layer_norm":
+        stats = references.layer_norm_stats(x, (hidden,), 1e-5)
+        call = norms.layer_norm_backward_kernel_call(dy, x, stats, (hidden,), weight, bias, 1e-5)
+    elif op == "fused_add_rms_norm":
+        call = norms.fused_add_rms_norm_backward_kernel_call(dy, dtotal, x, weight, 1e-6)
+    else:
+        call = norms.rms_norm_backward_kernel_call(dy, x, (hidden,), weight, 1e-6)
     result, _ = _scalar_copies_at_lnc1(call)
-    row_bytes = hidden * dtype.itemsize
     stores = [i for i in result.trace if i.op == "dma_copy" and i.writes[0].buffer == "hbm"]
     block_stores = [i for i in stores if len(i.reads[0].shape) == 3]       # [P, rows, H] views of dx
     dx_stores = [i for i in stores if i.writes[0].alloc_id == block_stores[0].writes[0].alloc_id]
     chunked = [i for i in dx_stores if len(i.reads[0].shape) == 2]         # [P, columns] chunks
-    assert len(block_stores) == whole and len(dx_stores) == whole + chunks
+    # every row of dx is stored once: whole blocks, then the last block's chunks
+    assert sum(i.reads[0].nbytes for i in dx_stores) == rows * hidden * dtype.itemsize
     assert [i.reads[0].nbytes // 128 for i in chunked] == chunk_bytes
-    # each chunk's store is issued after the instruction that makes its dx (ScalarE's
-    # t * r, or GpSimd's + dtotal when fused) and before the next chunk's
-    makers = [i for i in result.trace if i.writes and i.writes[0].alloc_id == chunked[0].reads[0].alloc_id
-              and i.engine != "dma"]
-    assert len(makers) == chunks
-    for k, store in enumerate(chunked):
-        assert makers[k].index < store.index
-        if k + 1 < chunks:
-            assert store.index < makers[k + 1].index
-    dx, dw = call.finish_outputs(result.outputs)
-    x64, w64 = x.double().requires_grad_(), weight.double().requires_grad_()
-    ref_dx, ref_dw = _grads(lambda t, w: F.rms_norm(t, (hidden,), w, 1e-6), (x64, w64), (dy.double(),))
-    _check(dx, ref_dx + (dtotal.double() if fused else 0), dtype, "dx")
-    _check(dw, ref_dw, dtype, "dw")
+    if chunked:
+        assert len(block_stores) == 5        # the six blocks but the last
+        # each chunk's store is issued after the instruction that makes its dx (ScalarE's
+        # t * r, or GpSimd's + dtotal when fused) and before the next chunk's
+        makers = [i for i in result.trace if i.writes and i.writes[0].alloc_id == chunked[0].reads[0].alloc_id
+                  and i.engine != "dma"]
+        assert len(makers) == len(chunked)
+        for k, store in enumerate(chunked):
+            assert makers[k].index < store.index
+            if k + 1 < len(chunked):
+                assert store.index < makers[k + 1].index
+    outs = call.finish_outputs(result.outputs)
+    if op == "layer_norm":
+        leaves = [t.double().requires_grad_() for t in (x, weight, bias)]
+        want = _grads(lambda t, w, b: F.layer_norm(t, (hidden,), w, b, 1e-5), leaves, (dy.double(),))
+    else:
+        leaves = [t.double().requires_grad_() for t in (x, weight)]
+        want = list(_grads(lambda t, w: F.rms_norm(t, (hidden,), w, 1e-6), leaves, (dy.double(),)))
+        want[0] = want[0] + (dtotal.double() if op == "fused_add_rms_norm" else 0)
+    for got, ref, name in zip(outs, want, ("dx", "dweight", "dbias")):
+        _check(got, ref, dtype, name)
 
 
 @pytest.mark.parametrize("target, hidden, ring", [("trn2", 4096, 4), ("trn2", 8192, 4), ("trn1", 8192, 0)])
