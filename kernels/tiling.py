@@ -321,17 +321,18 @@ def column_chunks(cols, chunk):
 # A norm backward's last block (no block follows it to hide its chain a -> t -> dx ->
 # store) is finished and stored in column chunks of at least this many bytes per partition:
 # the DMA guide's smallest recommended transfer per partition (kernels/rms_norm_backward.py,
-# kernels/layer_norm_backward.py). Rows shorter than that are not cut: smaller stores each
+# kernels/layer_norm_backward.py; the DMA-bound RMSNorm forward cuts at 4 KiB, where
+# transfers saturate bandwidth: kernels/rms_norm.py DRAIN_STORE_BYTES). Rows shorter than that are not cut: smaller stores each
 # hold the DMA queues for the transfer gap (modeled LayerNorm backward, trn2 LNC=2 bf16
 # [4096, 128], eight 256-byte row stores instead of one: 19.8 -> 23.3 us).
 DRAIN_STORE_BYTES = 2048
 
 
-def drain_chunks(per, cols, itemsize):
+def drain_chunks(per, cols, itemsize, min_bytes=DRAIN_STORE_BYTES):
     """[(row slot j, c0, c1)]: a [P, per, cols] block's rows, row slot by row slot, each in
-    as many equal column chunks of at least DRAIN_STORE_BYTES per partition as it holds;
-    [] for rows shorter than DRAIN_STORE_BYTES (the block is stored whole)."""
-    n = cols * itemsize // DRAIN_STORE_BYTES
+    as many equal column chunks of at least ``min_bytes`` per partition as it holds; [] for
+    rows shorter than that (the block is stored whole)."""
+    n = cols * itemsize // min_bytes
     if n < 1:
         return []
     return [(j, c0, c1) for j in range(per) for c0, c1 in column_chunks(cols, cdiv(cols, n))]

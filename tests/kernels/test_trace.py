@@ -113,8 +113,11 @@ def test_fused_add_rms_norm_loads_its_blocks_ahead_of_their_compute():
         stores = [i for i in trace if i.op == "dma_copy" and i.writes[0].buffer == "hbm"]
         # the first store is block 0's sum (total), stored as soon as it is made
         total_id = stores[0].writes[0].alloc_id
-        out_stores = [i.index for i in stores if i.writes[0].alloc_id != total_id]
-        assert len(loads) == 2 * len(sums) == 2 * len(out_stores) == 10
+        out_stores = [i.index for i in stores if i.writes[0].alloc_id != total_id and len(i.reads[0].shape) == 3]
+        # the last block's output goes in 4 KiB column chunks (DRAIN_STORE_BYTES), after its sum
+        chunk_stores = [i.index for i in stores if i.writes[0].alloc_id != total_id and len(i.reads[0].shape) == 2]
+        assert len(loads) == 2 * len(sums) == 2 * (len(out_stores) + 1) == 10
+        assert len(chunk_stores) == hidden * 2 // 4096 and min(chunk_stores) > sums[-1]
         # block b's two loads come before block b - ahead's sum, not before b - ahead - 1's
         for b in range(ahead, len(sums)):
             assert loads[2 * b + 1] < sums[b - ahead]
@@ -128,6 +131,50 @@ def test_fused_add_rms_norm_loads_its_blocks_ahead_of_their_compute():
         # reference its float64 one, which may land one bf16 step apart: 2**-7
         torch.testing.assert_close(normed.double(), ref.to(torch.bfloat16).double(), atol=0, rtol=2 ** -7)
         assert torch.equal(total, (x.float() + r.float()).bfloat16())
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["rms_norm", "fused_add_rms_norm"])
+@pytest.mark.parametrize("dtype, hidden, chunk_bytes", [
+    (torch.bfloat16, 4096, [4096] * 2),
+    (torch.bfloat16, 8192, [4096] * 4),
+    (torch.float32, 3000, [6000] * 2),
+    (torch.bfloat16, 1024, []),
+], ids=["bf16-4096", "bf16-8192", "fp32-3000", "bf16-1024-short-rows"])
+def test_rms_norm_stores_the_programs_last_block_chunk_by_chunk(fused, dtype, hidden, chunk_bytes):
+    # kernels/rms_norm.py _normalize_or_drain: the program's last block is normalised in
+    # equal column chunks of at least DRAIN_STORE_BYTES (4 KiB) per partition and each chunk
+    # is stored as soon as it is made; rows shorter than that (1024 bf16 columns) are
+    # stored whole. Every other block keeps one store. The result is the float64
+    # reference's, rounded once.
+    rows = 640
+    x, r = torch.randn(rows, hidden).to(dtype), torch.randn(rows, hidden).to(dtype)
+    w = torch.randn(hidden).to(dtype)
+    call = (norms.fused_add_rms_norm_kernel_call(x, r, w, 1e-6) if fused
+            else norms.rms_norm_kernel_call(x, (hidden,), w, 1e-6))
+    result = _run(call)
+    out = result.outputs[0] if fused else result.outputs
+    stores = [i for i in result.trace if i.op == "dma_copy" and i.writes[0].buffer == "hbm"]
+    out_id = stores[-1].writes[0].alloc_id            # the output's rows are stored last
+    out_stores = [i for i in stores if i.writes[0].alloc_id == out_id]
+    chunks = [i for i in out_stores if len(i.reads[0].shape) == 2]
+    assert sum(i.reads[0].nbytes for i in out_stores) == rows * hidden * dtype.itemsize
+    assert [i.reads[0].nbytes // 128 for i in chunks] == chunk_bytes
+    # between two chunk stores the engines write exactly the next chunk's columns of the
+    # output tile: each chunk is stored as soon as it is made, before the next is begun
+    tile_id = chunks[0].reads[0].alloc_id if chunks else None
+    writes = [(i.index, o.offset, o.offset + o.shape[-1]) for i in result.trace if i.engine != "dma"
+              for o in i.writes if o.alloc_id == tile_id]
+    for before, store in zip(chunks, chunks[1:]):
+        lo, hi = store.reads[0].offset, store.reads[0].offset + store.reads[0].shape[-1]
+        between = [(a, b) for k, a, b in writes if before.index < k < store.index]
+        assert between and min(a for a, _ in between) == lo and max(b for _, b in between) == hi
+        assert sum(b - a for a, b in between) == hi - lo
+    s64 = (x.double() + r.double()).to(dtype).double() if fused else x.double()
+    ref = s64 * torch.rsqrt(s64.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+    # one rounding to the output dtype; the kernel rounds its fp32 value and the reference
+    # its float64 one, which may land one step apart (bf16: 2**-7); fp32: fp32 arithmetic
+    rtol = 2 ** -7 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(out.double(), ref.to(dtype).double(), atol=1e-6, rtol=rtol)
 
 
 def test_streamed_rms_norm_keeps_two_row_tiles_in_one_allocation_where_they_fit():
@@ -389,8 +436,8 @@ def test_path_segments_split_rows_or_columns_at_the_rounded_cumulative_shares():
 
 
 def test_drain_chunks_cut_rows_into_equal_chunks_of_at_least_two_kib():
-    # kernels/tiling.py drain_chunks (the norm backwards' last block): each row slot in as
-    # many equal column chunks of >= DRAIN_STORE_BYTES (2 KiB) per partition as it holds;
+    # kernels/tiling.py drain_chunks (the norms' last block): each row slot in as many
+    # equal column chunks of >= DRAIN_STORE_BYTES (2 KiB) per partition as it holds;
     # rows shorter than that are not cut (an empty plan: the block is stored whole)
     from nki_kernels import _kernel_sources
 
@@ -402,3 +449,6 @@ def test_drain_chunks_cut_rows_into_equal_chunks_of_at_least_two_kib():
     assert tiling.drain_chunks(2, 1100, 2) == [(0, 0, 1100), (1, 0, 1100)]                     # 2200 B: one per row
     assert tiling.drain_chunks(1, 1023, 2) == []                                               # 2046 B: not cut
     assert tiling.drain_chunks(3, 768, 2) == []
+    # a larger floor (kernels/rms_norm.py: 4 KiB, where its DMA-bound stores saturate)
+    assert tiling.drain_chunks(1, 4096, 2, 4096) == [(0, 0, 2048), (0, 2048, 4096)]
+    assert tiling.drain_chunks(2, 1024, 2, 4096) == []
