@@ -83,7 +83,19 @@ G_RING_DEPTH = 4
 G_VECTOR_SHARE = 0.8
 G_VECTOR_SHARE_COLUMN_SUMS = 0.6
 # fused_add_rms_norm: GpSimd also adds dtotal (1.67 ns per element), so VectorE takes all
-# of g and q: VectorE 1.04 + 2.08 = 3.1 ns, GpSimd 3.3 ns.
+# of g and q: VectorE 1.04 + 2.08 = 3.1 ns, GpSimd 3.3 ns. But for the program's first
+# block: GpSimd has no earlier block's second half to run then (it sat idle for the first
+# ~30 us of Llama-7B's backward), so that block's products are split by the two engines'
+# rates (engine_costs.vector_gpsimd_share: trn2 0.62 for 16-bit, 0.44 for fp32). With
+# dtotal loaded after the weight (the first block's g waits for the weight, its dtotal
+# only for the second half), modeled (session 60, us, trn2 LNC=2 bf16 with a weight):
+# Llama-7B [2048, 4096] 155.4 -> 152.4 (153.9 with the load order alone), [2048, 8192]
+# 301.2 -> 291.9, [512, 4096] 67.3 -> 57.0, [64, 4096] 44.2 -> 35.0; 9 configurations x
+# 12-14 shapes (bf16, fp16, fp32; with and without a weight; trn2 at LNC=2 and 1, trn3,
+# trn1): geomean -4.6 to -9.8 % per configuration with a weight (without: +0.1 %), three
+# runs slower, by at most 4.4 % (trn1 LNC=1 [300, 128]); outputs unchanged. In rms_norm's
+# backward, whose GpSimd takes a share of every block's products, the same split of its
+# first block modeled Llama-7B 113.0 -> 116.4: not taken there.
 FUSED_G_VECTOR_SHARE = 1.0
 
 
@@ -151,15 +163,22 @@ def _stats(x_tile, parts, per, cols, eps_tile):
     return rstd
 
 
-def _front(dy_tile, x_tile, rstd, parts, per, cols, weight_tile, acc, first, fused, g_tile=None):
+def _front(dy_tile, x_tile, rstd, parts, per, cols, weight_tile, acc, first, fused, g_tile=None,
+           program_first=False):
     """The first half of one [parts, per, cols] block after its statistics: g (into
     ``g_tile``, a slot of the ring, when given), c and the dw sums (into ``acc``: a diagonal
-    accumulator when it is 3-D, else column sums; None without weight). Returns what
-    ``_back`` needs: (rstd, neg_k, g)."""
+    accumulator when it is 3-D, else column sums; None without weight). ``program_first``:
+    the program's first block (FUSED_G_VECTOR_SHARE). Returns what ``_back`` needs: (rstd,
+    neg_k, g)."""
     f32 = nl.float32
     shape = (parts, per, cols)
     column_sums = weight_tile is not None and len(acc.shape) != 3     # dw from p = dy * x (VectorE)
     share = FUSED_G_VECTOR_SHARE if fused else G_VECTOR_SHARE_COLUMN_SUMS if column_sums else G_VECTOR_SHARE
+    if fused and program_first:
+        # GpSimd has no earlier block's t = a + g and + dtotal to run yet: the program's
+        # first block splits its products by the two engines' rates (FUSED_G_VECTOR_SHARE)
+        c = active_engine_costs()
+        share = c.vector_gpsimd_share(c.vector_psum_copy_16bit_rate / 2 if itemsize(x_tile.dtype) == 2 else 0.5)
     cut = split_count(cols, share)
     dy_cols = lambda lo, hi: dy_tile[:, :, lo:hi]  # noqa: E731
     x_cols = lambda lo, hi: x_tile[:, :, lo:hi]  # noqa: E731
@@ -305,12 +324,11 @@ def _backward(dy, x, weight, eps, dtotal):
 
         def load(block):
             start, parts, per = block
-            tiles = (load_block(dy, start, parts, per), load_block(x, start, parts, per),
-                     None if dtotal is None else load_block(dtotal, start, parts, per))
+            dy_tile, x_tile = load_block(dy, start, parts, per), load_block(x, start, parts, per)
             if weight is not None and "weight" not in params:
                 # after the first block's loads, which the first compute waits for
                 params["weight"] = broadcast_rows(weight, cols)
-            return tiles
+            return dy_tile, x_tile, None if dtotal is None else load_block(dtotal, start, parts, per)
 
         # Software pipelining across blocks: each engine runs its instructions in program
         # order, so a block's chain stats -> g, q -> c -> a -> t -> dx would leave engines
@@ -331,7 +349,7 @@ def _backward(dy, x, weight, eps, dtotal):
             g_tile = None if g_ring is None else g_ring[0:parts, len(blocks_begun) % g_depth, 0:per, :]
             blocks_begun.append(block)
             state = _front(dy_tile, x_tile, rstd, parts, per, cols, params.get("weight"), acc, not done,
-                           dtotal is not None, g_tile)
+                           dtotal is not None, g_tile, program_first=len(blocks_begun) == 1)
             done.append(block)
             return state
 

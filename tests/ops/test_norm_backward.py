@@ -377,6 +377,34 @@ def test_norm_backward_stores_the_programs_last_block_chunk_by_chunk(op, dtype, 
         _check(got, ref, dtype, name)
 
 
+@pytest.mark.parametrize("dtype, share", [(torch.bfloat16, 0.96 / (0.96 + 0.6)), (torch.float32, 0.48 / (0.48 + 0.6))],
+                         ids=["bf16", "fp32"])
+def test_fused_add_rms_norm_backward_gives_gpsimd_a_share_of_the_programs_first_block(dtype, share):
+    # kernels/rms_norm_backward.py FUSED_G_VECTOR_SHARE: VectorE makes all of g = dy * w and
+    # q = g * x, but for the program's first block, which GpSimd (with no earlier block's
+    # t = a + g and + dtotal to run) shares by the engines' rates on trn2: VectorE 0.96 GHz
+    # at one 16-bit pair per cycle (0.5 for fp32), GpSimd 1.2 GHz at 0.5. The first block's
+    # dtotal is loaded after the weight, which its g waits for. At LNC=1 the program's first
+    # block is the first part's; the gradients stay float64-close.
+    hidden, rows = 2048, 768
+    x, dy, dtotal = (_randn(rows, hidden, dtype=dtype) for _ in range(3))
+    weight = _randn(hidden, dtype=dtype, scale=0.5, shift=1.0)
+    call = norms.fused_add_rms_norm_backward_kernel_call(dy, dtotal, x, weight, 1e-6)
+    result, _ = _scalar_copies_at_lnc1(call)
+    products = [i for i in result.trace if i.engine == "gpsimd" and i.op == "tensor_tensor"
+                and i.attrs.get("op") == "multiply"]
+    # g and q of one block: the columns past VectorE's share
+    assert [i.writes[0].shape for i in products] == [(128, 1, hidden - round(hidden * share))] * 2
+    loads = [i for i in result.trace if i.op == "dma_copy" and i.reads[0].buffer == "hbm"]
+    broadcast = next(k for k, i in enumerate(loads) if 0 in i.reads[0].strides)
+    assert broadcast == 2        # after the first block's dy and x, before its dtotal
+    dx, dw = call.finish_outputs(result.outputs)
+    x64, w64 = x.double().requires_grad_(), weight.double().requires_grad_()
+    ref_dx, ref_dw = _grads(lambda t, w: F.rms_norm(t, (hidden,), w, 1e-6), (x64, w64), (dy.double(),))
+    _check(dx, ref_dx + dtotal.double(), dtype, "dx")
+    _check(dw, ref_dw, dtype, "dw")
+
+
 @pytest.mark.parametrize("target, hidden, ring", [("trn2", 4096, 4), ("trn2", 8192, 4), ("trn1", 8192, 0)])
 def test_rms_norm_backward_takes_g_from_a_ring_where_sbuf_holds_it(target, hidden, ring):
     # kernels/rms_norm_backward.py _g_ring_depth: g = dy * w of consecutive blocks in one
