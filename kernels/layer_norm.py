@@ -20,7 +20,9 @@ Layout:
     its statistics outlasts the extra transfers (_drains_by_slot), is finished and stored
     row slot by row slot (DRAIN_BY_SLOT): each slot's store (one row of H elements per
     partition) starts when that slot's output is made, so the pipeline's drain is the last
-    slot's affine step and store, not the whole block's.
+    slot's affine step and store, not the whole block's. A 16-bit last block of one row per
+    partition with a weight is so finished in column chunks of >= 4 KiB per partition
+    (COLUMN_DRAIN).
 16-bit input (bf16/fp16), per row slot (the j-th row of a partition in a block):
     statistics in fp32, on one of two engines (_scalar_stats_share of the slots on ScalarE):
       ScalarE  sum(x) (copy with add-accumulate); GpSimd -mean = sum / -H (a division,
@@ -71,10 +73,10 @@ from .limits import NORM_ONE_PASS_MAX_HIDDEN as ONE_PASS_MAX_HIDDEN
 from .limits import NORM_RESIDENT_PARAM_BYTES as RESIDENT_PARAM_BYTES
 from .limits import NORM_RESIDENT_ROW_BYTES as RESIDENT_ROW_BYTES
 from .limits import NORM_STREAM_CHUNK as STREAM_CHUNK
-from .tiling import (PARTITIONS, block_rows, broadcast_rows, cdiv, column_chunks, engine_segments, fitting_ahead,
-                     itemsize, load_block, param_columns, part_row_stats, pipelined, program_row_blocks,
-                     program_row_parts, resident_params, row_blocks, rows_per_partition, slot_stores_pay,
-                     split_count, spread)
+from .tiling import (DMA_SATURATING_BYTES, PARTITIONS, block_rows, broadcast_rows, cdiv, column_chunks, drain_chunks,
+                     engine_segments, fitting_ahead, itemsize, load_block, param_columns, part_row_stats, pipelined,
+                     program_row_blocks, program_row_parts, resident_params, row_blocks, rows_per_partition,
+                     slot_stores_pay, split_count, spread)
 
 # Row packing: the least J that makes a transfer this long per partition (the DMA guide's
 # >= 4 KiB for bandwidth; more rows per block would only lengthen the pipeline fill/drain).
@@ -108,6 +110,16 @@ DRAIN_BY_SLOT = True
 # ViT-B [1576, 768] 19.45 -> 18.83 us (its last block's y waited 2.5 us for the first
 # block's store); 528 runs (22 shapes, trn1 / trn2 / trn3, bf16 / fp32, three affine
 # kinds): 31 faster (up to 7.6 %), 9 slower by at most 0.8 %, outputs unchanged.
+# 16-bit blocks of one row per partition with a weight: the program's last block's affine
+# step made and stored in column chunks of at least 4 KiB per partition (_drain_pieces,
+# tiling.DMA_SATURATING_BYTES: this kernel's stores set its time, so no transfer goes below
+# the saturating size). Modeled (session 60, us, trn2 LNC=2 bf16 with weight and bias):
+# [2048, 4096] 85.2 -> 83.8, [2048, 8192] 162.8 -> 156.9, [256, 4096] 21.0 -> 19.6; 22
+# shapes x 8 configurations (bf16 and fp16; weight and bias, weight only, the training
+# forward; trn2 at LNC=2 and 1, trn3, trn1): geomean -0.8 to -1.1 %, none slower; outputs
+# unchanged (the ViT rows hold several rows per partition: unchanged). At 2 KiB: a run 0.7 %
+# slower, geomean -0.8 to -1.6 %.
+COLUMN_DRAIN = True
 # bn_stats reads at most this many elements per partition (512 on trn2).
 BN_CHUNK = nl.tile_size.bn_stats_fmax
 BN_STATS_WIDTH = 6   # (count, mean, var*count) for even and odd elements
@@ -272,6 +284,15 @@ def _drains_by_slot(per, cols, itemsize, n_params, sixteen):
     return DRAIN_BY_SLOT and slot_stores_pay(per, cols, itemsize, _slot_after_stats_ns(cols, sixteen, n_params))
 
 
+def _drain_pieces(per, cols, itemsize):
+    """[(row slot j, c0, c1)] in which the drained last block's affine step is made and
+    stored: its row slots; one row per partition, the row in column chunks of at least
+    DMA_SATURATING_BYTES per partition where it holds two or more (COLUMN_DRAIN)."""
+    if per == 1:
+        return drain_chunks(1, cols, itemsize, DMA_SATURATING_BYTES) or [(0, 0, cols)]
+    return [(j, 0, cols) for j in range(per)]
+
+
 def _affine_segment(dst, src, stats, weight, bias, on_vector):
     """dst = (src - mean) * rstd (* weight) (+ bias) for one [P, w] segment."""
     mean, rstd, neg_mean_rstd = stats
@@ -309,8 +330,10 @@ def _block_16bit(x_tile, out_tile, stats_tile, parts, per, cols, weight_tile, bi
     the input dtype, in place in ``out_tile``. Row slot ``slot0 + j`` takes its statistics
     on ScalarE or VectorE (``stats_share`` of the slots on ScalarE, spread evenly:
     _scalar_stats_share).
-    ``store_slot(j)``, when given, is called as soon as slot j's output is made (the affine
-    step then runs per slot; without a weight, right after the slot's y; DRAIN_BY_SLOT)."""
+    ``store_slot(j, c0, c1)``, when given, is called as soon as slot j's columns [c0, c1) of
+    the output are made (the affine step then runs per slot, or with one row per partition
+    per column chunk: _drain_pieces; without a weight, right after the slot's y;
+    DRAIN_BY_SLOT, COLUMN_DRAIN)."""
     n_chunks = cdiv(cols, BN_CHUNK)
     mean, rstd = stats_tile[:, :, 0], stats_tile[:, :, 1]
     on_scalar = [j for j in range(per) if spread(slot0 + j, stats_share)]
@@ -357,13 +380,16 @@ def _block_16bit(x_tile, out_tile, stats_tile, parts, per, cols, weight_tile, bi
         nisa.tensor_scalar(dst=out_tile[:, j, :], data=x_tile[:, j, :], op0=centre[j][0],
                            operand0=centre[j][1], op1=nl.multiply, operand1=rstd[:, j:j + 1])
         if weight_tile is None and store_slot is not None:
-            store_slot(j)
+            store_slot(j, 0, cols)
     if weight_tile is None:
         return
-    cut = split_count(cols, _vector_share_16())
-    # all J rows of a partition at once, or row slot by row slot, each stored when made
-    for j in ([None] if store_slot is None else range(per)):
-        for lo, hi, engine in ((0, cut, nisa.engine.vector), (cut, cols, nisa.engine.gpsimd)):
+    # all J rows of a partition at once, or, draining, row slot by row slot (one row per
+    # partition: column chunk by column chunk, _drain_pieces), each stored when made
+    pieces = [(None, 0, cols)] if store_slot is None else _drain_pieces(per, cols, itemsize(x_tile.dtype))
+    share = _vector_share_16()
+    for j, c0, c1 in pieces:
+        cut = c0 + split_count(c1 - c0, share)
+        for lo, hi, engine in ((c0, cut, nisa.engine.vector), (cut, c1, nisa.engine.gpsimd)):
             if hi <= lo:
                 continue
             operands = [(t[0:parts, lo:hi], op) for t, op in ((weight_tile, nl.multiply), (bias_tile, nl.add))
@@ -376,7 +402,7 @@ def _block_16bit(x_tile, out_tile, stats_tile, parts, per, cols, weight_tile, bi
             for operand, op in operands:
                 nisa.tensor_tensor(dst=seg, data1=seg, data2=operand, op=op, engine=engine)
         if j is not None:
-            store_slot(j)
+            store_slot(j, c0, c1)
 
 
 def _affine_share(weight, bias):
@@ -437,8 +463,8 @@ def _block_32bit(x_tile, out_tile, stats_tile, parts, per, cols, weight_tile, bi
     """One block of an fp32 input: bn_stats / bn_aggr statistics into ``stats_tile``
     [parts, per, 2] (mean, rstd per row), then the affine step split between the VectorE
     path and the ScalarE + GpSimd path (module docstring).
-    ``store_slot(j)``, when given, is called as soon as row slot j's output is made (with
-    J > 1 rows per partition each row takes one path; DRAIN_BY_SLOT)."""
+    ``store_slot(j, 0, cols)``, when given, is called as soon as row slot j's output is made
+    (with J > 1 rows per partition each row takes one path; DRAIN_BY_SLOT)."""
     n_chunks = cdiv(cols, BN_CHUNK)
     # mean / variance per row: bn_stats per <= 512-element chunk, bn_aggr per row (VectorE).
     stats = nl.ndarray((parts, per, n_chunks * BN_STATS_WIDTH), dtype=nl.float32, buffer=nl.sbuf)
@@ -466,7 +492,7 @@ def _block_32bit(x_tile, out_tile, stats_tile, parts, per, cols, weight_tile, bi
                         None if weight_tile is None else weight_tile[0:parts, lo:hi],
                         None if bias_tile is None else bias_tile[0:parts, lo:hi], on_vector)
         if store_slot is not None and per > 1:      # per > 1: the segment is the whole row j
-            store_slot(j)
+            store_slot(j, 0, cols)
 
 
 @nki.jit
@@ -524,6 +550,9 @@ def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5, save_stats=False):
     stats_share = _scalar_stats_share(per_max, cols, n_params) if sixteen else None
     drain = blocks[-1] if blocks and _drains_by_slot(blocks[-1][2], cols, itemsize(x.dtype), n_params, sixteen) \
         else None
+    if COLUMN_DRAIN and blocks and sixteen and n_params and blocks[-1][2] == 1 \
+            and len(_drain_pieces(1, cols, itemsize(x.dtype))) > 1:
+        drain = blocks[-1]      # one 16-bit row per partition, long enough to cut (COLUMN_DRAIN)
 
     def compute(block, x_tile):
         start, parts, per, slot = block
@@ -538,8 +567,8 @@ def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5, save_stats=False):
         stats_tile = stats_views[start]
         store_slot = None
         if block == drain:
-            def store_slot(j):
-                nisa.dma_copy(dst=block_rows(out, start, parts, per)[:, j, :], src=out_tile[:, j, :])
+            def store_slot(j, c0, c1):
+                nisa.dma_copy(dst=block_rows(out, start, parts, per)[:, j, c0:c1], src=out_tile[:, j, c0:c1])
         if sixteen:
             _block_16bit(x_tile, out_tile, stats_tile, parts, per, cols, params["weight"], params["bias"],
                          eps_tile, slot, stats_share, store_slot)

@@ -48,8 +48,8 @@ import nki.language as nl
 from .engine_costs import active as active_engine_costs
 from .limits import NORM_BACKWARD_MAX_HIDDEN as BACKWARD_MAX_HIDDEN
 from .limits import NORM_BACKWARD_MAX_ROW_BYTES as BACKWARD_MAX_ROW_BYTES
-from .tiling import (PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, drain_chunks, load_block,
-                     pipelined_halves, row_blocks, row_part, rows_per_partition, share, split_count)
+from .tiling import (DMA_RECOMMENDED_BYTES, PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, drain_chunks,
+                     load_block, pipelined_halves, row_blocks, row_part, rows_per_partition, share, split_count)
 from .weight_grads import (accumulate_columns, accumulate_diag, diag_fits, identity, new_accumulator,
                            new_diag_accumulator, new_partials, store_diag_partial, store_partial)
 
@@ -285,7 +285,7 @@ def layer_norm_backward_kernel(dy, x, stats, weight=None, with_bias=False):
         def back(block, tiles, state):
             start, parts, per = block
             dx_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-            chunks = drain_chunks(per, cols, itemsize(x.dtype))
+            chunks = drain_chunks(per, cols, itemsize(x.dtype), DMA_RECOMMENDED_BYTES)
             if chunks and part == end_part - 1 and block == blocks[-1]:     # the program's last block
                 def store_chunk(j, c0, c1):
                     nisa.dma_copy(dst=block_rows(dx, start, parts, per)[:, j, c0:c1], src=dx_tile[:, j, c0:c1])

@@ -30,7 +30,7 @@ Engines, per row:
     fused:   VectorE x + residual rounded to the input dtype (stored as the second output and
              normalised from that rounded value, matching an eager add followed by rms_norm).
     The program's last block is normalised and stored in column chunks of >= 4 KiB per
-    partition (DRAIN_STORE_BYTES), each stored when made.
+    partition, each stored when made (_normalize_or_drain).
     Block i+1's load overlaps block i's compute: the loads run PREFETCH_AHEAD blocks ahead
     into fresh tiles, and the outputs go through a ring of OUT_RING_DEPTH tiles where SBUF
     holds it (_out_ring_depth; else fresh tiles per block). fused_add_rms_norm loads x and
@@ -68,9 +68,9 @@ from .limits import NORM_ONE_PASS_MAX_HIDDEN as ONE_PASS_MAX_HIDDEN
 from .limits import NORM_RESIDENT_PARAM_BYTES as RESIDENT_PARAM_BYTES
 from .limits import NORM_RESIDENT_ROW_BYTES as RESIDENT_ROW_BYTES
 from .limits import NORM_STREAM_CHUNK as STREAM_CHUNK
-from .tiling import (PARTITIONS, block_rows, broadcast_rows, column_chunks, drain_chunks, fitting_ahead, itemsize,
-                     load_block, param_columns, path_segments, pipelined, program_row_blocks, resident_params,
-                     rows_per_partition)
+from .tiling import (DMA_SATURATING_BYTES, PARTITIONS, block_rows, broadcast_rows, column_chunks, drain_chunks,
+                     fitting_ahead, itemsize, load_block, param_columns, path_segments, pipelined, program_row_blocks,
+                     resident_params, rows_per_partition)
 
 # Rows are packed per partition until one transfer moves >= 2048 elements per partition:
 # 4 KiB in bf16 / 8 KiB in fp32, the DMA guide's size for saturating bandwidth.
@@ -92,18 +92,6 @@ PREFETCH_MAX_ROW_BYTES = 16 * 1024
 # trn2 LNC=2, us, 2 -> 3 (session 53): bf16 [2048, 4096] 58.4 -> 55.9, [2048, 8192] 111.1
 # -> 104.9, [4096, 2048] 59.1 -> 57.8; 4 models the same as 3.
 OUT_RING_DEPTH = 3
-# The program's last block is normalised and stored in column chunks of at least this many
-# bytes per partition, each stored when made (tiling.drain_chunks): no block follows it to
-# overlap its normalisation and store. 4 KiB: where the DMA guide's transfers saturate
-# bandwidth (these kernels are DMA-bound; the norm backwards cut at 2 KiB). Modeled
-# (session 60, us, trn2 LNC=2 bf16 with a weight): Llama-7B [2048, 4096] 55.9 -> 54.7,
-# [1024, 8192] 68.0 -> 64.7, [512, 4096] 23.3 -> 22.1; fused [2048, 8192] 204.3 -> 200.7.
-# 14 configurations x 13-14 shapes (rms_norm and fused_add_rms_norm; bf16, fp16, fp32; with
-# and without a weight; trn2 at LNC=2 and 1, trn3, trn1): geomean +0.1 to -2.5 % per
-# configuration, up to -9.5 %; two runs slower, by at most 0.9 % (trn1 bf16); outputs
-# unchanged bit for bit. At 2 KiB: trn2 bf16 -2.3 % geomean, but fp32 and trn1 runs up to
-# 1.9 % and 4.3 % slower (more transfers where the DMA queues set the time).
-DRAIN_STORE_BYTES = 4096
 # fused_add_rms_norm's loads ahead of its compute (_prefetch_ahead; tiling.pipelined).
 # Until session 59 it loaded each block just before its own compute. Modeled trn2 LNC=2 with
 # a weight, us: bf16 [2048, 4096] 103.1 -> 97.3, [2048, 8192] (one block ahead) 207.8 ->
@@ -242,7 +230,7 @@ def _normalize_block(out_tile, x_tile, parts, per, cols, weight_tile, eps_tile, 
     """out_tile[p, j, :] = rms_norm(x_tile[p, j, :]) * weight for a [parts, per, cols] block.
     ``drain`` (the program's last block): (chunks, store_chunk): the normalisation goes
     chunk by chunk of tiling.drain_chunks, each chunk stored by store_chunk(j, c0, c1) when
-    made (DRAIN_STORE_BYTES)."""
+    made (_normalize_or_drain)."""
     # mean(x^2) per row: ScalarE squares x / sqrt(H) and add-reduces along the free axis (fp32).
     # The squared values themselves are not needed: they go to a scratch tile of their own
     # (written into out_tile they would make this block's statistics wait for the buffer the
@@ -276,10 +264,19 @@ def _normalize_block(out_tile, x_tile, parts, per, cols, weight_tile, eps_tile, 
 def _normalize_or_drain(out, out_tile, src_tile, block, last, weight_tile, eps_tile):
     """Normalise one row block of ``src_tile`` into ``out_tile`` and return it for its store
     (_store_block); the program's last block (``last``), where its rows are long enough to
-    cut (DRAIN_STORE_BYTES), is stored here chunk by chunk as it is made: returns None."""
+    cut into transfers of >= 4 KiB per partition (tiling.DMA_SATURATING_BYTES: these
+    kernels are DMA-bound), is stored here chunk by chunk as it is made: returns None.
+
+    Modeled (session 60, us, trn2 LNC=2 bf16 with a weight): Llama-7B [2048, 4096] 55.9 ->
+    54.7, [1024, 8192] 68.0 -> 64.7, [512, 4096] 23.3 -> 22.1; fused [2048, 8192] 204.3 ->
+    200.7. 14 configurations x 13-14 shapes (rms_norm and fused_add_rms_norm; bf16, fp16,
+    fp32; with and without a weight; trn2 at LNC=2 and 1, trn3, trn1): geomean +0.1 to -2.5 %
+    per configuration, up to -9.5 %; two runs slower, by at most 0.9 % (trn1 bf16); outputs
+    unchanged bit for bit. Cut at 2 KiB: trn2 bf16 -2.3 % geomean, but fp32 and trn1 runs up
+    to 1.9 % and 4.3 % slower (more transfers where the DMA queues set the time)."""
     start, parts, per = block
     cols = out_tile.shape[-1]
-    chunks = drain_chunks(per, cols, itemsize(out_tile.dtype), DRAIN_STORE_BYTES) if last else []
+    chunks = drain_chunks(per, cols, itemsize(out_tile.dtype), DMA_SATURATING_BYTES) if last else []
     if not chunks:
         _normalize_block(out_tile, src_tile, parts, per, cols, weight_tile, eps_tile)
         return out_tile

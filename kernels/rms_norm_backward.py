@@ -45,9 +45,9 @@ import nki.language as nl
 from .engine_costs import active as active_engine_costs
 from .limits import NORM_BACKWARD_MAX_HIDDEN as BACKWARD_MAX_HIDDEN
 from .limits import NORM_BACKWARD_MAX_ROW_BYTES as BACKWARD_MAX_ROW_BYTES
-from .tiling import (PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, cdiv, column_chunks, drain_chunks,
-                     fitting_ahead, load_block, pipelined_halves, row_blocks, row_part, rows_per_partition, share,
-                     split_count)
+from .tiling import (DMA_RECOMMENDED_BYTES, PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, cdiv,
+                     column_chunks, drain_chunks, fitting_ahead, load_block, pipelined_halves, row_blocks, row_part,
+                     rows_per_partition, share, split_count)
 from .weight_grads import (accumulate_columns, accumulate_diag, diag_fits, identity, new_accumulator,
                            new_diag_accumulator, new_partials, store_diag_partial, store_partial)
 
@@ -356,7 +356,7 @@ def _backward(dy, x, weight, eps, dtotal):
         def back(block, tiles, state):
             start, parts, per = block
             dx_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-            chunks = drain_chunks(per, cols, itemsize(x.dtype))
+            chunks = drain_chunks(per, cols, itemsize(x.dtype), DMA_RECOMMENDED_BYTES)
             if chunks and part == end_part - 1 and block == blocks[-1]:     # the program's last block
                 def store_chunk(j, lo, hi):
                     nisa.dma_copy(dst=block_rows(dx, start, parts, per)[:, j, lo:hi], src=dx_tile[:, j, lo:hi])

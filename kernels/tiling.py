@@ -318,17 +318,19 @@ def column_chunks(cols, chunk):
     return [(c0, min(cols, c0 + chunk)) for c0 in range(0, cols, chunk)]
 
 
-# A norm backward's last block (no block follows it to hide its chain a -> t -> dx ->
-# store) is finished and stored in column chunks of at least this many bytes per partition:
-# the DMA guide's smallest recommended transfer per partition (kernels/rms_norm_backward.py,
-# kernels/layer_norm_backward.py; the DMA-bound RMSNorm forward cuts at 4 KiB, where
-# transfers saturate bandwidth: kernels/rms_norm.py DRAIN_STORE_BYTES). Rows shorter than that are not cut: smaller stores each
-# hold the DMA queues for the transfer gap (modeled LayerNorm backward, trn2 LNC=2 bf16
-# [4096, 128], eight 256-byte row stores instead of one: 19.8 -> 23.3 us).
-DRAIN_STORE_BYTES = 2048
+# A kernel's last block (no block follows it to hide its chain) is finished and stored in
+# column chunks (drain_chunks) no smaller than these transfers per partition, from the DMA
+# guide: >= 2 KiB recommended, >= 4 KiB saturates bandwidth (nki-spec "Hardware numbers").
+# The norm backwards, compute-bound, cut at the first (kernels/rms_norm_backward.py,
+# kernels/layer_norm_backward.py; rows shorter than that are not cut: smaller stores each
+# hold the DMA queues for the transfer gap, and the LayerNorm backward's [4096, 128], eight
+# 256-byte row stores instead of one, modeled 19.8 -> 23.3 us on trn2); the DMA-bound
+# forwards at the second (kernels/rms_norm.py, kernels/layer_norm.py).
+DMA_RECOMMENDED_BYTES = 2048
+DMA_SATURATING_BYTES = 4096
 
 
-def drain_chunks(per, cols, itemsize, min_bytes=DRAIN_STORE_BYTES):
+def drain_chunks(per, cols, itemsize, min_bytes):
     """[(row slot j, c0, c1)]: a [P, per, cols] block's rows, row slot by row slot, each in
     as many equal column chunks of at least ``min_bytes`` per partition as it holds; [] for
     rows shorter than that (the block is stored whole)."""

@@ -114,7 +114,7 @@ def test_fused_add_rms_norm_loads_its_blocks_ahead_of_their_compute():
         # the first store is block 0's sum (total), stored as soon as it is made
         total_id = stores[0].writes[0].alloc_id
         out_stores = [i.index for i in stores if i.writes[0].alloc_id != total_id and len(i.reads[0].shape) == 3]
-        # the last block's output goes in 4 KiB column chunks (DRAIN_STORE_BYTES), after its sum
+        # the last block's output goes in 4 KiB column chunks (_normalize_or_drain), after its sum
         chunk_stores = [i.index for i in stores if i.writes[0].alloc_id != total_id and len(i.reads[0].shape) == 2]
         assert len(loads) == 2 * len(sums) == 2 * (len(out_stores) + 1) == 10
         assert len(chunk_stores) == hidden * 2 // 4096 and min(chunk_stores) > sums[-1]
@@ -133,26 +133,30 @@ def test_fused_add_rms_norm_loads_its_blocks_ahead_of_their_compute():
         assert torch.equal(total, (x.float() + r.float()).bfloat16())
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["rms_norm", "fused_add_rms_norm"])
+@pytest.mark.parametrize("op", ["rms_norm", "fused_add_rms_norm", "layer_norm"])
 @pytest.mark.parametrize("dtype, hidden, chunk_bytes", [
     (torch.bfloat16, 4096, [4096] * 2),
     (torch.bfloat16, 8192, [4096] * 4),
     (torch.float32, 3000, [6000] * 2),
     (torch.bfloat16, 1024, []),
 ], ids=["bf16-4096", "bf16-8192", "fp32-3000", "bf16-1024-short-rows"])
-def test_rms_norm_stores_the_programs_last_block_chunk_by_chunk(fused, dtype, hidden, chunk_bytes):
+def test_norms_store_the_programs_last_block_chunk_by_chunk(op, dtype, hidden, chunk_bytes):
     # kernels/rms_norm.py _normalize_or_drain: the program's last block is normalised in
-    # equal column chunks of at least DRAIN_STORE_BYTES (4 KiB) per partition and each chunk
-    # is stored as soon as it is made; rows shorter than that (1024 bf16 columns) are
-    # stored whole. Every other block keeps one store. The result is the float64
-    # reference's, rounded once.
+    # equal column chunks of at least 4 KiB per partition (tiling.DMA_SATURATING_BYTES) and
+    # each chunk is stored as soon as it is made; rows shorter than that (1024 bf16 columns)
+    # are stored whole. kernels/layer_norm.py COLUMN_DRAIN does so for 16-bit blocks of one
+    # row per partition with a weight (its fp32 rows are stored whole). Every other block
+    # keeps one store. The result is the float64 reference's, rounded as the kernel rounds.
     rows = 640
+    if op == "layer_norm" and dtype == torch.float32:
+        chunk_bytes = []
     x, r = torch.randn(rows, hidden).to(dtype), torch.randn(rows, hidden).to(dtype)
-    w = torch.randn(hidden).to(dtype)
-    call = (norms.fused_add_rms_norm_kernel_call(x, r, w, 1e-6) if fused
-            else norms.rms_norm_kernel_call(x, (hidden,), w, 1e-6))
+    w, b = torch.randn(hidden).to(dtype), torch.randn(hidden).to(dtype)
+    call = {"fused_add_rms_norm": lambda: norms.fused_add_rms_norm_kernel_call(x, r, w, 1e-6),
+            "rms_norm": lambda: norms.rms_norm_kernel_call(x, (hidden,), w, 1e-6),
+            "layer_norm": lambda: norms.layer_norm_kernel_call(x, (hidden,), w, b, 1e-5)}[op]()
     result = _run(call)
-    out = result.outputs[0] if fused else result.outputs
+    out = result.outputs[0] if op == "fused_add_rms_norm" else result.outputs
     stores = [i for i in result.trace if i.op == "dma_copy" and i.writes[0].buffer == "hbm"]
     out_id = stores[-1].writes[0].alloc_id            # the output's rows are stored last
     out_stores = [i for i in stores if i.writes[0].alloc_id == out_id]
@@ -166,10 +170,20 @@ def test_rms_norm_stores_the_programs_last_block_chunk_by_chunk(fused, dtype, hi
               for o in i.writes if o.alloc_id == tile_id]
     for before, store in zip(chunks, chunks[1:]):
         lo, hi = store.reads[0].offset, store.reads[0].offset + store.reads[0].shape[-1]
-        between = [(a, b) for k, a, b in writes if before.index < k < store.index]
-        assert between and min(a for a, _ in between) == lo and max(b for _, b in between) == hi
-        assert sum(b - a for a, b in between) == hi - lo
-    s64 = (x.double() + r.double()).to(dtype).double() if fused else x.double()
+        covered = set()
+        for k, first, end in writes:
+            if before.index < k < store.index:
+                covered.update(range(first, end))
+        assert covered == set(range(lo, hi))
+    if op == "layer_norm":
+        ref = torch.nn.functional.layer_norm(x.double(), (hidden,), w.double(), b.double(), 1e-5)
+        # 16-bit: y, y * w and + b each rounded to bf16 (kernels/layer_norm.py "Expected
+        # error"): within a few bf16 steps of the output scale
+        tol = dict(atol=2 ** -6 * ref.abs().max().item(), rtol=2 ** -6) if dtype == torch.bfloat16 \
+            else dict(atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out.double(), ref, **tol)
+        return
+    s64 = (x.double() + r.double()).to(dtype).double() if op == "fused_add_rms_norm" else x.double()
     ref = s64 * torch.rsqrt(s64.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
     # one rounding to the output dtype; the kernel rounds its fp32 value and the reference
     # its float64 one, which may land one step apart (bf16: 2**-7); fp32: fp32 arithmetic
@@ -435,20 +449,20 @@ def test_path_segments_split_rows_or_columns_at_the_rounded_cumulative_shares():
     assert tiling.engine_segments(3, 64, 0.5) == [(0, 0, 64, True), (1, 0, 64, True), (2, 0, 64, False)]
 
 
-def test_drain_chunks_cut_rows_into_equal_chunks_of_at_least_two_kib():
+def test_drain_chunks_cut_rows_into_equal_chunks_of_at_least_the_given_transfer():
     # kernels/tiling.py drain_chunks (the norms' last block): each row slot in as many
-    # equal column chunks of >= DRAIN_STORE_BYTES (2 KiB) per partition as it holds;
-    # rows shorter than that are not cut (an empty plan: the block is stored whole)
+    # equal column chunks of >= min_bytes per partition as it holds (the DMA guide's 2 KiB
+    # recommended for the backwards, 4 KiB saturating for the forwards); rows shorter than
+    # that are not cut (an empty plan: the block is stored whole)
     from nki_kernels import _kernel_sources
 
     _kernel_sources.load("rms_norm_backward", "simulator")
     tiling = sys.modules["nki_kernels._nki_src_simulator.tiling"]
-    assert tiling.DRAIN_STORE_BYTES == 2048
-    assert tiling.drain_chunks(1, 4096, 2) == [(0, 0, 1024), (0, 1024, 2048), (0, 2048, 3072), (0, 3072, 4096)]
-    assert tiling.drain_chunks(1, 3000, 4) == [(0, c, c + 600) for c in range(0, 3000, 600)]      # 2400 B each
-    assert tiling.drain_chunks(2, 1100, 2) == [(0, 0, 1100), (1, 0, 1100)]                     # 2200 B: one per row
-    assert tiling.drain_chunks(1, 1023, 2) == []                                               # 2046 B: not cut
-    assert tiling.drain_chunks(3, 768, 2) == []
-    # a larger floor (kernels/rms_norm.py: 4 KiB, where its DMA-bound stores saturate)
+    assert (tiling.DMA_RECOMMENDED_BYTES, tiling.DMA_SATURATING_BYTES) == (2048, 4096)
+    assert tiling.drain_chunks(1, 4096, 2, 2048) == [(0, 0, 1024), (0, 1024, 2048), (0, 2048, 3072), (0, 3072, 4096)]
+    assert tiling.drain_chunks(1, 3000, 4, 2048) == [(0, c, c + 600) for c in range(0, 3000, 600)]   # 2400 B each
+    assert tiling.drain_chunks(2, 1100, 2, 2048) == [(0, 0, 1100), (1, 0, 1100)]                  # 2200 B: one per row
+    assert tiling.drain_chunks(1, 1023, 2, 2048) == []                                            # 2046 B: not cut
+    assert tiling.drain_chunks(3, 768, 2, 2048) == []
     assert tiling.drain_chunks(1, 4096, 2, 4096) == [(0, 0, 2048), (0, 2048, 4096)]
     assert tiling.drain_chunks(2, 1024, 2, 4096) == []

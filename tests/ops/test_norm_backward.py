@@ -306,7 +306,7 @@ def test_rms_norm_backward_issues_each_blocks_first_half_before_the_previous_blo
     # each part's ScalarE copies run c0 c1 dx0 dx1 c2 dx2 (the old order, which closed a
     # block-to-block loop through GpSimd, ran c0 dx0 c1 dx1 c2 dx2); fused rows wider than
     # 2048 columns make each dx in two column halves; the program's last block (the second
-    # part's last) makes its dx in chunks of DRAIN_STORE_BYTES (1024 bf16 columns)
+    # part's last) makes its dx in chunks of 2 KiB per partition (1024 bf16 columns)
     rows, dtype = 768, torch.bfloat16
     x, dy, dtotal = (_randn(rows, hidden, dtype=dtype) for _ in range(3))
     weight = _randn(hidden, dtype=dtype, scale=0.5, shift=1.0)
