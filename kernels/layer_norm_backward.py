@@ -33,7 +33,7 @@ Engines, per block (16-bit input; fp32 the same in fp32):
     VectorE  a = xhat * (-m2) - m1 (tensor_scalar, perf mode)
     GpSimd   t = a + g (fp32);  ScalarE dx = t * r (one rounding)
     The program's last block makes a, t and dx per column chunk of at least 2 KiB per
-    partition (tiling.drain_chunks) and stores each chunk when made (_back_drained).
+    partition (tiling.drain_chunks) and stores each chunk when made (_back).
     TensorE  dw += diagonal of dy^T xhat (weight_grads.py; rows of p = dy * xhat where the
              diagonal accumulator does not fit PSUM), db += rows of dy
 Expected error (16-bit): xhat, g, q, p and a are rounded to the input dtype (bf16: <= 2**-9
@@ -176,44 +176,32 @@ def _front(dy_tile, x_tile, stats_tile, parts, per, cols, weight_tile, ones, acc
     return xhat, g, neg_m, rstd
 
 
-def _back(dx_tile, parts, per, cols, front):
-    """The second half of a block: dx into ``dx_tile`` from _front's (xhat, g, -m, r)."""
-    f32 = nl.float32
-    xhat, g, neg_m, rstd = front
-    neg_m1, neg_m2 = neg_m[:, 0:per], neg_m[:, per:2 * per]
-    for j in range(per):
-        a = nl.ndarray((parts, cols), dtype=xhat.dtype, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=a, data=xhat[:, j, :], op0=nl.multiply, operand0=neg_m2[:, j:j + 1],
-                           op1=nl.add, operand1=neg_m1[:, j:j + 1])
-        t = nl.ndarray((parts, cols), dtype=f32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=t, data1=a, data2=g[:, j, :], op=nl.add, engine=nisa.engine.gpsimd)
-        nisa.activation(dst=dx_tile[:, j, :], op=nl.copy, data=t, scale=rstd[:, j:j + 1])
+def _back(dx_tile, parts, pieces, front, store_piece=None):
+    """The second half of a block: dx into ``dx_tile`` from _front's (xhat, g, -m, r), per
+    (row slot j, first column, end column) of ``pieces``: the block's whole rows, or for the
+    program's last block the column chunks of tiling.drain_chunks (at least 2 KiB per
+    partition), each stored by ``store_piece(j, lo, hi)`` as soon as it is made, as
+    kernels/rms_norm_backward.py does: nothing follows that block to hide its chain.
 
-
-def _back_drained(dx_tile, parts, chunks, front, store_chunk):
-    """_back for the program's last block: per (row slot, column chunk) of ``chunks``
-    (tiling.drain_chunks: at least 2 KiB per partition), a -> t -> dx and the chunk's
-    store (``store_chunk(j, lo, hi)``: row slot j's columns [lo, hi) of ``dx_tile``), as
-    kernels/rms_norm_backward.py does: nothing follows this block to hide its chain.
-
-    Modeled (session 60, us, trn2 LNC=2 bf16 with weight and bias): [2048, 4096] 141.0 ->
-    137.9, [1024, 8192] 162.3 -> 149.4, [64, 4096] 35.4 -> 30.1; ViT-B / ViT-L unchanged
-    (rows of 768 and 1024 bf16 columns: at most one chunk per row). 9 configurations x 13-14
-    shapes (bf16, fp16, fp32; weight and bias, weight only, none; trn2 at LNC=2 and 1, trn3,
-    trn1): geomean -2.4 to -5.3 % per configuration, up to -20.7 %, none slower; outputs
-    unchanged bit for bit."""
+    The drained last block, modeled (session 60, us, trn2 LNC=2 bf16 with weight and bias):
+    [2048, 4096] 141.0 -> 137.9, [1024, 8192] 162.3 -> 149.4, [64, 4096] 35.4 -> 30.1; ViT-B
+    / ViT-L unchanged (rows of 768 and 1024 bf16 columns: at most one chunk per row). 9
+    configurations x 13-14 shapes (bf16, fp16, fp32; weight and bias, weight only, none;
+    trn2 at LNC=2 and 1, trn3, trn1): geomean -2.4 to -5.3 % per configuration, up to
+    -20.7 %, none slower; outputs unchanged bit for bit."""
     f32 = nl.float32
     xhat, g, neg_m, rstd = front
     per = xhat.shape[1]
     neg_m1, neg_m2 = neg_m[:, 0:per], neg_m[:, per:2 * per]
-    for j, lo, hi in chunks:
+    for j, lo, hi in pieces:
         a = nl.ndarray((parts, hi - lo), dtype=xhat.dtype, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=a, data=xhat[:, j, lo:hi], op0=nl.multiply, operand0=neg_m2[:, j:j + 1],
                            op1=nl.add, operand1=neg_m1[:, j:j + 1])
         t = nl.ndarray((parts, hi - lo), dtype=f32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=t, data1=a, data2=g[:, j, lo:hi], op=nl.add, engine=nisa.engine.gpsimd)
         nisa.activation(dst=dx_tile[:, j, lo:hi], op=nl.copy, data=t, scale=rstd[:, j:j + 1])
-        store_chunk(j, lo, hi)
+        if store_piece is not None:
+            store_piece(j, lo, hi)
 
 
 @nki.jit
@@ -285,13 +273,14 @@ def layer_norm_backward_kernel(dy, x, stats, weight=None, with_bias=False):
         def back(block, tiles, state):
             start, parts, per = block
             dx_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-            chunks = drain_chunks(per, cols, itemsize(x.dtype), DMA_RECOMMENDED_BYTES)
-            if chunks and part == end_part - 1 and block == blocks[-1]:     # the program's last block
+            last = part == end_part - 1 and block == blocks[-1]             # the program's last block
+            chunks = drain_chunks(per, cols, itemsize(x.dtype), DMA_RECOMMENDED_BYTES) if last else []
+            if chunks:
                 def store_chunk(j, c0, c1):
                     nisa.dma_copy(dst=block_rows(dx, start, parts, per)[:, j, c0:c1], src=dx_tile[:, j, c0:c1])
-                _back_drained(dx_tile, parts, chunks, state, store_chunk)
+                _back(dx_tile, parts, chunks, state, store_chunk)
                 return None      # stored
-            _back(dx_tile, parts, per, cols, state)
+            _back(dx_tile, parts, [(j, 0, cols) for j in range(per)], state)
             return dx_tile
 
         def store(block, dx_tile):

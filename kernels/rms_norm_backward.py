@@ -356,8 +356,9 @@ def _backward(dy, x, weight, eps, dtotal):
         def back(block, tiles, state):
             start, parts, per = block
             dx_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-            chunks = drain_chunks(per, cols, itemsize(x.dtype), DMA_RECOMMENDED_BYTES)
-            if chunks and part == end_part - 1 and block == blocks[-1]:     # the program's last block
+            last = part == end_part - 1 and block == blocks[-1]             # the program's last block
+            chunks = drain_chunks(per, cols, itemsize(x.dtype), DMA_RECOMMENDED_BYTES) if last else []
+            if chunks:
                 def store_chunk(j, lo, hi):
                     nisa.dma_copy(dst=block_rows(dx, start, parts, per)[:, j, lo:hi], src=dx_tile[:, j, lo:hi])
                 _back_drained(tiles[1], tiles[2], dx_tile, parts, chunks, state, store_chunk)

@@ -276,8 +276,8 @@ def test_layer_norm_backward_pipelines_blocks_of_one_row_per_partition(hidden, c
     # each part's last block (at LNC=1 768 rows are two parts of three 128-row blocks);
     # with more rows per partition each block is issued whole (768 columns: a block of 256
     # rows and one of 128 per part). The program's last block (the second part's last) makes
-    # its dx in 2 KiB column chunks where its rows are that long (_back_drained: 4096 bf16
-    # columns in four)
+    # its dx in 2 KiB column chunks where its rows are that long (_back: 4096 bf16 columns
+    # in four)
     rows, dtype = 768, torch.bfloat16
     x, dy = _randn(rows, hidden, dtype=dtype, shift=1.0), _randn(rows, hidden, dtype=dtype)
     weight, bias = _randn(hidden, dtype=dtype, scale=0.5, shift=1.0), _randn(hidden, dtype=dtype)
@@ -328,7 +328,7 @@ def test_rms_norm_backward_issues_each_blocks_first_half_before_the_previous_blo
     (torch.bfloat16, 768, []),
 ], ids=["bf16-4096", "fp32-3000", "bf16-768-short-rows"])
 def test_norm_backward_stores_the_programs_last_block_chunk_by_chunk(op, dtype, hidden, chunk_bytes):
-    # kernels/rms_norm_backward.py and kernels/layer_norm_backward.py, _back_drained: the
+    # kernels/rms_norm_backward.py _back_drained and kernels/layer_norm_backward.py _back: the
     # program's last block makes dx in equal column chunks of at least 2 KiB per partition
     # (tiling.drain_chunks: 8 KiB bf16 rows in four, 12000-byte fp32 rows in five of 600
     # columns) and stores each chunk as soon as it is made, so the launch ends one chunk's
