@@ -69,8 +69,8 @@ from .limits import NORM_RESIDENT_PARAM_BYTES as RESIDENT_PARAM_BYTES
 from .limits import NORM_RESIDENT_ROW_BYTES as RESIDENT_ROW_BYTES
 from .limits import NORM_STREAM_CHUNK as STREAM_CHUNK
 from .tiling import (DMA_SATURATING_BYTES, PARTITIONS, block_rows, broadcast_rows, column_chunks, drain_chunks,
-                     fitting_ahead, itemsize, load_block, param_columns, path_segments, pipelined, program_row_blocks,
-                     resident_params, rows_per_partition)
+                     fitting_ahead, itemsize, load_block, load_blocks, param_columns, path_segments, pipelined,
+                     program_row_blocks, resident_params, rows_per_partition)
 
 # Rows are packed per partition until one transfer moves >= 2048 elements per partition:
 # 4 KiB in bf16 / 8 KiB in fp32, the DMA guide's size for saturating bandwidth.
@@ -457,10 +457,6 @@ def fused_add_rms_norm_kernel(x, residual, weight=None, eps=1e-6):
     # normalisation on VectorE (modeled trn2 LNC=2, bf16 [512, 8192] 63.3 -> 70.6 us)
     weight_tile = None if weight is None else broadcast_rows(weight, cols)
 
-    def load(block):
-        start, parts, per = block
-        return load_block(x, start, parts, per), load_block(residual, start, parts, per)
-
     def compute(block, tiles):
         start, parts, per = block
         x_tile, r_tile = tiles
@@ -471,6 +467,7 @@ def fused_add_rms_norm_kernel(x, residual, weight=None, eps=1e-6):
         out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
         return _normalize_or_drain(out, out_tile, s_tile, block, block == blocks[-1], weight_tile, eps_tile)
 
-    pipelined(blocks, load, compute, lambda block, out_tile: _store_block(out, block, out_tile),
+    pipelined(blocks, lambda block: load_blocks(block, x, residual), compute,
+              lambda block, out_tile: _store_block(out, block, out_tile),
               _prefetch_ahead(per_max, cols, itemsize(x.dtype), weight_bytes))
     return out, total

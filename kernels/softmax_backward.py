@@ -34,7 +34,7 @@ import nki.language as nl
 
 from .engine_costs import active as active_engine_costs
 from .limits import SOFTMAX_MAX_COLS as BACKWARD_MAX_COLS
-from .tiling import (block_rows, fitting_ahead, itemsize, load_block, pipelined, program_row_blocks,
+from .tiling import (block_rows, fitting_ahead, itemsize, load_blocks, pipelined, program_row_blocks,
                      rows_per_partition)
 
 # Rows packed per partition until a transfer holds 2048 elements (4 KiB bf16), as the forward.
@@ -103,10 +103,6 @@ def softmax_backward_kernel(dy, y):
     per_max = rows_per_partition(cols, TARGET_COLS, BACKWARD_MAX_COLS)
     blocks = program_row_blocks(n_rows, per_max)
 
-    def load(block):
-        start, parts, per = block
-        return load_block(dy, start, parts, per), load_block(y, start, parts, per)
-
     def compute(block, tiles):
         start, parts, per = block
         dy_tile, y_tile = tiles
@@ -138,5 +134,6 @@ def softmax_backward_kernel(dy, y):
         start, parts, per = block
         nisa.dma_copy(dst=block_rows(dx, start, parts, per), src=dx_tile)
 
-    pipelined(blocks, load, compute, store, _prefetch_ahead(per_max, cols, itemsize(y.dtype)))
+    pipelined(blocks, lambda block: load_blocks(block, dy, y), compute, store,
+              _prefetch_ahead(per_max, cols, itemsize(y.dtype)))
     return dx

@@ -173,6 +173,17 @@ def load_block(hbm, start, parts, per):
     return tile
 
 
+def load_blocks(block, *hbms):
+    """New SBUF tiles [parts, per, cols], one per HBM [N, cols] tensor of ``hbms``, each
+    holding the row block ``block`` = (start, parts, per) (one DMA each, in that order).
+    The tiles share one allocation site, so the compiler's buffer rotation (the cost
+    model's: a site's tiles take turns in a few buffers) counts them together, as it does
+    tiles allocated on one source line: callers that want a tensor's tiles rotated apart
+    load it with load_block."""
+    start, parts, per = block
+    return tuple(load_block(hbm, start, parts, per) for hbm in hbms)
+
+
 def program_row_blocks(n_rows, per_max, tail_position=None):
     """``row_blocks`` of each part this program takes (``program_row_parts``), in order:
     the same blocks at every logical-core degree."""
