@@ -36,13 +36,26 @@ FP32_BYTES = 4
 # the flash accumulator, and 8 bytes of row statistics (the running -max takes 4).
 ROW_STATS_BYTES = 8
 # Transposed-scores path (attention_transposed.py): rows D..D+2 of Qᵀ/Kᵀ carry the row max
-# split into three bf16 terms hi + mid + lo (exactly the fp32 max: 3 x 8 significant bits).
-# A tile of <= 32 partitions must start at partition 0, 32, 64 or 96 (NKI tile rules), so D
-# is a multiple of 32 and D + 3 <= 128 (D in {32, 64, 96}); scores of up to 3 key tiles
-# (384 keys) leave PSUM room for the Sᵀ tiles (_ts_heads).
+# split into three bf16 terms hi + mid + lo (exactly the fp32 max: 3 x 8 significant bits),
+# so D + 3 <= 128. Only DMAs write those rows (a tile of <= 32 partitions that an engine
+# writes must start at partition 0, 32, 64 or 96, NKI tile rules; DMAs may start anywhere),
+# so D need not be a multiple of 32 (until session 61 it had to be: D in {32, 64, 96}).
+# Up to TS_SHORT_KEY_TILES key tiles (384 keys: ViT, DeiT, DINOv2, CLIP at 224) always; up
+# to TS_MAX_KEY_TILES (768 keys: CLIP-L/14 at 336, SigLIP so400m at 384) only where each
+# core has at least TS_LONG_MIN_HEADS query heads: the row max's hi + mid + lo reach Qᵀ
+# through an SBUF->SBUF DMA (a DMA latency) per query tile, which a batch of heads' exps
+# covers and one or two heads' do not. Modeled trn2, bf16 (session 61), us, single pass ->
+# transposed: LNC=2 B=2 H=16 S=729 D=72 (SigLIP so400m at 384) 149.4 -> 127.0, B=8 H=16
+# S=577 D=64 375.9 -> 292.2, B=2 H=8 S=640 D=32 58.9 -> 49.9 (trn3: 126.4 -> 118.7, 331.1 ->
+# 284.5, 50.8 -> 47.3); but B=1 H=2 S=729 D=72 (one head per core) 17.0 -> 23.0, B=1 H=4
+# (two) 24.2 -> 28.0, B=1 H=8 (four) 42.6 -> 38.4; at LNC=1 B=1 H=4 (four per core) 42.5 ->
+# 38.4, B=1 H=2 24.2 -> 28.0. At 1024 keys (8 key tiles, Sᵀ one key tile per exp) trn2
+# gains but trn3 loses: B=2 H=16 S=1024 D=72 trn2 263.6 -> 235.6, trn3 206.9 -> 225.2;
+# B=2 H=6 S=1024 D=125 trn2 116.3 -> 101.1, trn3 91.2 -> 97.6; so the path stops at 768.
 TS_EXTRA_ROWS = 3
-TS_PARTITION_QUADRANT = 32
-TS_MAX_KEY_TILES = 3
+TS_SHORT_KEY_TILES = 3
+TS_MAX_KEY_TILES = 6
+TS_LONG_MIN_HEADS = 4
 NEG_INF = float("-inf")       # additive mask value of a masked key
 # Decode path (attention_decode.py: keys on partitions): at most this many query rows per
 # (batch, head). Modeled trn2 LNC=2, bf16, d = 128, B=4 kv heads 1, S=2048: 32 rows (G=4,
@@ -140,9 +153,8 @@ def launch_facts(q, k, v, mask, scale, causal, layout, key_block):
     n_q_tiles = cdiv(Sq, P)
     kv_group, q_chunk = _grouping(isz, Hkv, G, cdiv(D, P), Dv, n_q_tiles, key_block)
     biased = mask is not None or bool(causal)
-    transposed_scores = (str(q.dtype) == "bfloat16" and not biased and Sk <= TS_MAX_KEY_TILES * P
-                         and D % TS_PARTITION_QUADRANT == 0 and D + TS_EXTRA_ROWS <= P
-                         and Dv <= P and key_block >= Sk)
+    transposed_scores = (str(q.dtype) == "bfloat16" and not biased and D + TS_EXTRA_ROWS <= P
+                         and Dv <= P and key_block >= Sk and _transposed_keys_fit(Sk, B * H))
     decode = (isz == 2 and G == 1 and Sq <= DECODE_MAX_ROWS and not causal and D <= P
               and (Sk <= DECODE_RESIDENT_KEYS
                    or decode_streamed_bytes(isz, Sq, Sk, Dv, mask_kind == "full") <= DECODE_STREAM_BYTES))
@@ -154,6 +166,16 @@ def launch_facts(q, k, v, mask, scale, causal, layout, key_block):
         causal_only=bool(causal) and mask is None, guard_empty_rows=mask is not None,
         biased=biased, dma_transpose=isz == 2, n_q_tiles=n_q_tiles, key_block=key_block,
         kv_group=kv_group, q_chunk=q_chunk, transposed_scores=transposed_scores, decode=decode)
+
+
+def _transposed_keys_fit(Sk, heads):
+    """Whether the transposed-scores path takes Sk keys for a launch of ``heads`` (batch x
+    query head) pairs: up to TS_SHORT_KEY_TILES key tiles always, up to TS_MAX_KEY_TILES where
+    each program (physical core) has at least TS_LONG_MIN_HEADS of the pairs."""
+    tiles = cdiv(Sk, P)
+    if tiles <= TS_SHORT_KEY_TILES:
+        return True
+    return tiles <= TS_MAX_KEY_TILES and heads >= TS_LONG_MIN_HEADS * nl.num_programs()
 
 
 def decode_streamed_bytes(isz, Sq, Sk, Dv, row_mask=False):

@@ -1,15 +1,16 @@
 """The transposed-scores attention path: P is made directly as Pᵀ, with no Pᵀ transposes
-or PSUM copies of P (bf16, no mask, not causal, Sk <= 384, D in {32, 64, 96}, Dv <= 128;
-see ``LaunchFacts.transposed_scores``).
+or PSUM copies of P (bf16, no mask, not causal, D <= 125, Dv <= 128, Sk <= 384, or Sk <= 768
+with at least 4 query heads per core; see ``LaunchFacts.transposed_scores``).
 
 Per query tile and batch of heads: S = Q·Kᵀ side by side in PSUM (a bank of heads at a time)
 and VectorE reduces for the row maxes m (raw units); GpSimd splits m into bf16 hi + mid + lo
 (exactly m) and one DMA transpose puts them on partitions D..D+2 of Qᵀ; TensorE computes Sᵀ
 = [Kᵀ; -1; -1; -1]ᵀ·[Qᵀ; hi; mid; lo] = (S - m)ᵀ per 128-key tile (fp32 accumulation), and
 ScalarE Pᵀ = exp(scale·Sᵀ) with no per-partition bias, so one exp covers the batch's heads
-and every key tile. bf16 products are exact in fp32, so accumulated in the order of S = Q·Kᵀ
-the max element gives exactly 0 and every other exp argument is <= 0: no overflow whatever
-the logits' size. Pᵀ is the stationary operand of P·[V | 1].
+and every key tile of a PSUM group (all of them up to 256 keys: _ts_st_group). bf16
+products are exact in fp32, so accumulated in the order of S = Q·Kᵀ the max element gives
+exactly 0 and every other exp argument is <= 0: no overflow whatever the logits' size. Pᵀ
+is the stationary operand of P·[V | 1], accumulated over the key tiles in PSUM.
 """
 
 import nki.isa as nisa
@@ -29,15 +30,23 @@ from .tiling import cdiv
 # 6). It was 4 from 2026-11-29, when the cost model's fixed costs per instruction were
 # not yet grounded in measurements and more heads on tail tiles modeled slower.
 TS_MAX_HEADS = 6
-# PSUM of one batch: the scores S of its heads, TS_ST_TILES tiles of Sᵀ (nkc banks each:
-# the previous batch's may still be live) and TS_O_BANKS bank of outputs, within PSUM_BANKS.
-# With three key tiles (256 < Sk <= 384) one Sᵀ tile: two (6 banks) would leave one head
-# per batch; one leaves four (modeled trn2 LNC=2, B=8 H=12 S=257 D=64: 147 -> 99 us, then
-# 92.6 with S one bank at a time; the Sᵀ tile keeps one buffer, docs/cost-model.md
-# "Buffers").
+# PSUM of one batch, up to TS_ONE_ST_KEY_TILES key tiles: the scores S of its heads,
+# TS_ST_TILES tiles of Sᵀ (nkc banks each: the previous batch's may still be live) and
+# TS_O_BANKS bank of outputs, within PSUM_BANKS.
 TS_ST_TILES = 2
-TS_ST_TILES_3 = 1
 TS_O_BANKS = 1
+TS_ONE_ST_KEY_TILES = 2
+# Longer rows: S of at most one bank of heads at a time (one head over cdiv(Sk, 512) banks
+# past 512 keys), Sᵀ in groups of key tiles, one exp per group (_ts_st_group), and one bank
+# of outputs, each allocation site rotating this many buffers (docs/cost-model.md
+# "Buffers") within PSUM_BANKS. Until session 61 three key tiles (257-384 keys) took one
+# Sᵀ tile of 3 banks, which kept one buffer, so each batch's Sᵀ matmuls waited for the
+# previous batch's exp: modeled, us, LNC=2, B=8 H=16 S=257 D=64 trn2 124.9 -> 108.3, trn3
+# 124.9 -> 105.9 with groups of 2 + 1; B=8 H=12 S=257 D=96 trn2 108.0 -> 100.6, trn3
+# 107.1 -> 93.1 (outputs unchanged). Past 512 keys (S two banks) groups of 2 left a site
+# one buffer: trn2 B=2 H=16 S=729 D=72 151.6 us against 127.0 with groups of 1; at B=4 H=12
+# S=449 D=64 groups of 2 model 77.0 against 80.2 with 1.
+TS_SITE_BUFFERS = 2
 # Kᵀ tiles used in turn, so one group's Kᵀ load overlaps the previous group's work.
 TS_KEY_TILES = 2
 
@@ -46,17 +55,19 @@ class TransposedKeys(nl.NKIObject):
     """The persistent Kᵀ tiles of a transposed-scores launch: TS_KEY_TILES SBUF tiles
     [D+3, kv_group, Sk] (matmul dtype) used in turn, rows D..D+2 = -1.
 
-    Rows D..D+2 come from one small GpSimd memset of a [3, 1, Sk] tile, spread over the kv
-    heads by an SBUF->SBUF DMA on each tile's first use (a memset of every head would cost
-    GpSimd kv_group x Sk cycles on 2 lanes at the start of the launch)."""
+    Rows D..D+2 come from one small GpSimd memset of a [3, 1, Sk] tile on partitions 0..2,
+    moved to partitions D..D+2 and spread over the kv heads by an SBUF->SBUF DMA on each
+    tile's first use (a memset of every head would cost GpSimd kv_group x Sk cycles on 2
+    lanes at the start of the launch; an engine could write partitions D..D+2 only for D a
+    multiple of 32)."""
 
     def __init__(self, facts):
         D = facts.D
         self.D = D
         self.kv_group = facts.kv_group
         self.uses = 0
-        minus_ones = nl.ndarray((D + TS_EXTRA_ROWS, 1, facts.Sk), dtype=facts.dtype, buffer=nl.sbuf)
-        nisa.memset(dst=minus_ones[D:D + TS_EXTRA_ROWS], value=-1.0, engine=nisa.engine.gpsimd)
+        minus_ones = nl.ndarray((TS_EXTRA_ROWS, 1, facts.Sk), dtype=facts.dtype, buffer=nl.sbuf)
+        nisa.memset(dst=minus_ones, value=-1.0, engine=nisa.engine.gpsimd)
         self.minus_ones = minus_ones
         self.tiles = []
         for _ in range(TS_KEY_TILES):
@@ -72,8 +83,7 @@ class TransposedKeys(nl.NKIObject):
     def write_minus_ones(self, kx):
         """Rows D..D+2 of kx = -1 (one SBUF->SBUF DMA)."""
         D = self.D
-        nisa.dma_copy(dst=kx[D:D + TS_EXTRA_ROWS],
-                      src=self.minus_ones[D:D + TS_EXTRA_ROWS].broadcast(1, self.kv_group))
+        nisa.dma_copy(dst=kx[D:D + TS_EXTRA_ROWS], src=self.minus_ones.broadcast(1, self.kv_group))
 
 
 def transposed_scores_group(facts, plan, tensors, b, hk0, hk1, tiles, key_bias, last):
@@ -132,16 +142,31 @@ def _load_q_extended(facts, q, b, h0, h1, s0, s1):
     return qT
 
 
-def _ts_heads(n, r):
+def _ts_heads(n, r, w):
     """Heads per batch: Sᵀ of one key tile for all of them fits a PSUM bank (m·r <= 512, at
-    most TS_MAX_HEADS), and at most as many as S of all of them would fit beside TS_ST_TILES
-    Sᵀ tiles (TS_ST_TILES_3 with three key tiles) and TS_O_BANKS output bank (hence Sk <= 384
-    on this path; S itself is made one bank at a time, _ts_tile, and the cap still models
-    best)."""
-    per_bank = max(1, PSUM_BANK_FP32 // n)
+    most TS_MAX_HEADS); up to TS_ONE_ST_KEY_TILES key tiles at most as many as S of all of
+    them would fit beside TS_ST_TILES Sᵀ tiles and TS_O_BANKS output bank (S itself is made
+    one bank at a time, _ts_tile, and the cap still models best); for longer rows at most as
+    many as one bank of outputs O | rowsum holds (``w`` = Dv + 1 columns each: TS_O_BANKS in
+    _ts_st_group's budget)."""
     nkc = cdiv(n, P)
-    s_banks = PSUM_BANKS - TS_O_BANKS - (TS_ST_TILES if nkc < 3 else TS_ST_TILES_3) * nkc
+    if nkc > TS_ONE_ST_KEY_TILES:
+        return max(1, min(TS_MAX_HEADS, PSUM_BANK_FP32 // r, PSUM_BANK_FP32 // w))
+    per_bank = max(1, PSUM_BANK_FP32 // n)
+    s_banks = PSUM_BANKS - TS_O_BANKS - TS_ST_TILES * nkc
     return max(1, min(TS_MAX_HEADS, PSUM_BANK_FP32 // r, per_bank * s_banks))
+
+
+def _ts_st_group(n):
+    """Key tiles per Sᵀ PSUM tile, each group one exp: all of a row's up to
+    TS_ONE_ST_KEY_TILES; for longer rows the banks left beside S (one bank of heads, or one
+    head's row over cdiv(n, 512) banks) and TS_O_BANKS output bank, every site at
+    TS_SITE_BUFFERS buffers: 2 key tiles up to 512 keys, 1 beyond (to 1024 keys; the launch
+    takes up to attention_launch.TS_MAX_KEY_TILES)."""
+    nkc = cdiv(n, P)
+    if nkc <= TS_ONE_ST_KEY_TILES:
+        return nkc
+    return PSUM_BANKS // TS_SITE_BUFFERS - cdiv(n, PSUM_BANK_FP32) - TS_O_BANKS
 
 
 def _ts_hilo(facts, ext, qx, j0, j1, r):
@@ -167,20 +192,22 @@ def _ts_tile(facts, plan, qx, kx, vals, h0, h1, hk0, out, r, n, last, on_vector,
     """Attention of every head of a group for one query tile, P made directly as Pᵀ.
 
     1. per batch of heads, S = Q·Kᵀ side by side in PSUM and one VectorE reduce for the row
-       maxes m, one PSUM bank of heads at a time; hi + mid + lo = m onto partitions D..D+2
-       of Qᵀ (_ts_hilo: per batch on the launch's first and last tiles, else once for all
-       heads);
+       maxes m, one PSUM bank of heads at a time (a row longer than a bank: one head at a
+       time, over cdiv(n, 512) banks); hi + mid + lo = m onto partitions D..D+2 of Qᵀ
+       (_ts_hilo: per batch on the launch's first and last tiles, else once for all heads);
     2. per batch of heads, Sᵀ = [Kᵀ; -1; -1; -1]ᵀ·[Qᵀ; hi; mid; lo] = (S - m)ᵀ per key tile
-       [128 keys, nkc, heads · r] fp32 PSUM, Pᵀ = exp(scale·Sᵀ) by one ScalarE instruction
-       for the batch, O | rowsum = P·[V | 1], then evict (on VectorE if ``last`` or
-       ``on_vector``) and ``store`` (if given) of the batch's heads.
+       [128 keys, key tiles, heads · r] fp32 PSUM, Pᵀ = exp(scale·Sᵀ) by one ScalarE
+       instruction per group of key tiles (_ts_st_group: all of them up to 256 keys),
+       O | rowsum = P·[V | 1], then evict (on VectorE if ``last`` or ``on_vector``) and
+       ``store`` (if given) of the batch's heads.
     One function: the last batch's S stays allocated through step 2, as the PSUM budget
     of _ts_heads counts it.  ``qx``: [D+3, heads, r] view of Qᵀ; ``kx``: [D+3, kv heads,
     Sk] with rows D..D+2 = -1; ``out``: [r, heads, Dv] SBUF output rows; ``lse``: (LseStage,
     tile) receiving the row statistics (return_lse)."""
     nh, D = h1 - h0, facts.D
-    nb = _ts_heads(n, r)
+    nb = _ts_heads(n, r, facts.Dv + 1)
     nkc = cdiv(n, P)
+    group = _ts_st_group(n)
     kvs = [hq // facts.G - hk0 for hq in range(h0, h1)]
     per_batch_hilo = plan.hilo_per_batch(last)
     ext = nl.ndarray((P, nh), dtype=nl.float32, buffer=nl.sbuf)       # row max per head
@@ -208,18 +235,20 @@ def _ts_tile(facts, plan, qx, kx, vals, h0, h1, hk0, out, r, n, last, on_vector,
     per_o = PSUM_BANK_FP32 // w
     for b0 in range(0, nh, nb):
         m = min(nb, nh - b0)
-        st = nl.ndarray((P, nkc, PSUM_BANK_FP32), dtype=nl.float32, buffer=nl.psum)   # Sᵀ
         pT = nl.ndarray((P, nkc, m, P), dtype=facts.dtype, buffer=nl.sbuf)
-        for c in range(nkc):
-            kc = min(P, n - c * P)
-            for j in range(m):
-                nisa.nc_matmul(dst=st[:kc, c, j * r:(j + 1) * r], stationary=kx[:, kvs[b0 + j], c * P:c * P + kc],
-                               moving=qx[:, b0 + j, :])
-        # one exp over every key tile (lanes kc..127 of a tail key tile hold stale PSUM
-        # values: exp runs on them, and P·V never reads those lanes of Pᵀ)
-        nisa.activation(dst=pT[:, :, :, :r], op=nl.exp,
-                        data=st[:, 0:nkc, 0:m * r].reshape((P, nkc, m, r)), scale=facts.scale)
-        plan.charge(0, nkc * m * r + active_engine_costs().scalar_instr_cycles)
+        for c0 in range(0, nkc, group):
+            c1 = min(nkc, c0 + group)
+            st = nl.ndarray((P, c1 - c0, PSUM_BANK_FP32), dtype=nl.float32, buffer=nl.psum)   # Sᵀ
+            for c in range(c0, c1):
+                kc = min(P, n - c * P)
+                for j in range(m):
+                    nisa.nc_matmul(dst=st[:kc, c - c0, j * r:(j + 1) * r],
+                                   stationary=kx[:, kvs[b0 + j], c * P:c * P + kc], moving=qx[:, b0 + j, :])
+            # one exp over the group's key tiles (lanes kc..127 of a tail key tile hold stale
+            # PSUM values: exp runs on them, and P·V never reads those lanes of Pᵀ)
+            nisa.activation(dst=pT[:, c0:c1, :, :r], op=nl.exp,
+                            data=st[:, 0:c1 - c0, 0:m * r].reshape((P, c1 - c0, m, r)), scale=facts.scale)
+            plan.charge(0, (c1 - c0) * m * r + active_engine_costs().scalar_instr_cycles)
         o = nl.ndarray((P, cdiv(m, per_o), PSUM_BANK_FP32), dtype=nl.float32, buffer=nl.psum)
         for j in range(m):
             pv(o[:r, j // per_o, (j % per_o) * w:(j % per_o + 1) * w], pT[:, :, j, :], vals,

@@ -198,12 +198,98 @@ def test_exps_read_the_score_rows_from_sbuf(case):
 
 @pytest.mark.parametrize("d", [32, 64, 96])
 def test_transposed_scores_stay_finite_for_huge_logits(simulator_backend, d):
-    # Issue 13, defect 4: the transposed-scores path (bf16, no mask, Sk <= 384, D in
-    # {32, 64, 96}) subtracts the row max as bf16 hi + lo, exact only to ~2^-17 relative:
+    # Issue 13, defect 4: the transposed-scores path (bf16, no mask, Sk <= 384, D then in
+    # {32, 64, 96}; longer rows and other head dims: test_long_transposed_rows_...) subtracts the row max as bf16 hi + lo, exact only to ~2^-17 relative:
     # with scaled logits of ~1e7 (q, k ~ 5e3 randn) exp overflowed and the output was NaN.
     # The max is now split into three bf16 terms that sum to it exactly.
     q, k, v = make_qkv(1, 4, 4, 70, 197, d, dtype=BF16)
     q, k = (q.float() * 5e3).to(BF16), (k.float() * 5e3).to(BF16)
     out = nki_kernels.scaled_dot_product_attention(q, k, v)
     assert torch.isfinite(out).all()
+    check_close(out, q, k, v)
+
+
+def _run_lnc(b, h, s, d, lnc, target="trn2", sq=None, qk_scale=1.0):
+    """(q, k, v, call, result) of the unmasked bf16 attention kernel on q [b, h, sq or s, d],
+    k, v [b, h, s, d] (q and k times ``qk_scale``) run in the simulator at launch degree
+    ``lnc``."""
+    q, k, v = make_qkv(b, h, h, sq or s, s, d, dtype=BF16)
+    q, k = (q.float() * qk_scale).to(BF16), (k.float() * qk_scale).to(BF16)
+    call = attention.attention_kernel_call(q, k, v)
+    kernel = _dispatch.simulator_kernel(call)[lnc]
+    res = simulator.run(kernel, *[t.contiguous() for t in call.tensors], target=target, **call.static)
+    return q, k, v, call, res
+
+
+def _exps(res):
+    return [ins for ins in res.trace if ins.op == "activation" and ins.attrs.get("func") == "exp"]
+
+
+@pytest.mark.parametrize("b, h, s, d, group", [
+    (1, 8, 257, 80, 2),     # 3 key tiles (ViT-H/14 at 224): Sᵀ in groups of 2 + 1; D not a multiple of 32
+    (1, 8, 449, 48, 2),     # 4 key tiles: groups of 2 (S one bank per head)
+    (1, 8, 729, 72, 1),     # 6 key tiles (SigLIP so400m at 384): S over two banks, groups of 1
+], ids=["keys257-d80", "keys449-d48", "keys729-d72"])
+def test_transposed_scores_take_long_rows_and_any_head_dim(simulator_backend, b, h, s, d, group):
+    """Since session 61 the transposed-scores path takes rows past 384 keys (up to 768, with
+    >= 4 query heads per core) and head dims that are not multiples of 32 (D + 3 <= 128):
+    every exp reads Sᵀ straight from PSUM, covers at most ``group`` key tiles of a batch of
+    heads, and each (head, query tile, key tile) is exponentiated exactly once; no
+    instruction transposes P; the Sᵀ matmuls contract over D + 3 partitions (the row max as
+    hi + mid + lo); the result matches float64."""
+    q, k, v, call, res = _run_lnc(b, h, s, d, lnc=2)
+    exps = _exps(res)
+    data = [next(r for r in ins.reads if r.role == "data") for ins in exps]
+    assert data and all(r.buffer == "psum" for r in data)
+    nkc, q_tiles = -(-s // 128), -(-s // 128)
+    assert max(r.shape[1] for r in data) == group
+    # [128 keys, key tiles, heads, rows]: every (head, query tile, key tile) once
+    assert sum(r.shape[1] * r.shape[2] for r in data) == b * h * q_tiles * nkc
+    assert not any(ins.op == "nc_transpose" for ins in res.trace)
+    transposed_p = [ins for ins in res.trace if ins.op == "dma_transpose" and ins.reads[0].buffer == "sbuf"
+                    and ins.reads[0].shape[-1] != 3]          # only the hi / mid / lo columns move so
+    assert transposed_p == []
+    st = [ins for ins in res.trace if ins.op == "nc_matmul"
+          and next(o for o in ins.reads if o.role == "moving").partitions == d + 3]
+    assert len(st) == b * h * q_tiles * nkc
+    check_close(call.finish_outputs(res.outputs), q, k, v)
+
+
+def test_long_rows_need_four_query_heads_per_core(simulator_backend):
+    """Rows past 384 keys take the transposed-scores path only where each core has >= 4 query
+    heads (attention_launch.TS_LONG_MIN_HEADS): B=1 H=4 S=729 runs the single pass at LNC=2
+    (two heads per core: its exps read SBUF) and the transposed path at LNC=1; 1024 keys
+    (past TS_MAX_KEY_TILES) always run the single pass. Results match float64 either way."""
+    for lnc, s, transposed in ((2, 729, False), (1, 729, True), (1, 1024, False)):
+        q, k, v, call, res = _run_lnc(1, 4, s, 72, lnc=lnc)
+        reads_psum = {any(r.buffer == "psum" for r in ins.reads if r.role == "data") for ins in _exps(res)}
+        assert reads_psum == {transposed}, (lnc, s)
+        check_close(call.finish_outputs(res.outputs), q, k, v)
+
+
+def test_long_transposed_rows_stay_finite_for_huge_logits(simulator_backend):
+    """The exact hi + mid + lo max (test_transposed_scores_stay_finite_for_huge_logits) on
+    the long-row path: one head's row max over two PSUM banks, Sᵀ one key tile per exp."""
+    q, k, v, call, res = _run_lnc(1, 8, 729, 72, lnc=2, sq=70, qk_scale=5e3)
+    assert all(any(r.buffer == "psum" for r in ins.reads) for ins in _exps(res))
+    out = call.finish_outputs(res.outputs)
+    assert torch.isfinite(out).all()
+    check_close(out, q, k, v)
+
+
+def test_long_transposed_rows_return_the_lse(simulator_backend):
+    """The training forward (return_lse) on the long-row transposed path: the lse it saves
+    for the backward is logsumexp(scale·S) of every row against float64, within 2^-9: the
+    row sum adds P as rounded to bf16 for P·V (the ones column of [V | 1]), each term within
+    2^-9 relative, so the sum too and its log within log(1 + 2^-9) < 2^-9 (measured 3.7e-4
+    on values of ~7); the output matches as without the lse."""
+    q, k, v = make_qkv(1, 8, 8, 200, 729, 72, dtype=BF16)
+    scale = 72 ** -0.5
+    call = attention.attention_lse_kernel_call(q, k, v, None, False, scale)
+    kernel = _dispatch.simulator_kernel(call)[2]
+    res = simulator.run(kernel, *[t.contiguous() for t in call.tensors], target="trn2", **call.static)
+    assert all(any(r.buffer == "psum" for r in ins.reads) for ins in _exps(res))
+    out, lse = call.finish_outputs(res.outputs)
+    ref = torch.logsumexp(scale * q.double() @ k.double().transpose(-1, -2), dim=-1)
+    torch.testing.assert_close(lse.double(), ref, atol=2 ** -9, rtol=0)
     check_close(out, q, k, v)
