@@ -21,6 +21,17 @@ FP32_PSUM_BLOCKS_PER_BANK = PSUM_BANK_BYTES // (P * FP32_BYTES)
 
 # ------------------------------------------------------------------------------ loads/stores
 
+def copy_on(dst, src, engine):
+    """dst = src (cast to dst's dtype) on ``engine``: nisa.tensor_copy, or on ScalarE
+    nisa.activation(op=nl.copy), which every generation's ScalarE runs (a tensor_copy on
+    ScalarE needs NeuronCore-v3 or later: the simulator's NKI 0.7 rule); the same values and,
+    in the cost model, the same ScalarE time."""
+    if engine == nisa.engine.scalar:
+        nisa.activation(dst=dst, op=nl.copy, data=src)
+    else:
+        nisa.tensor_copy(dst=dst, src=src, engine=engine)
+
+
 def d_chunks(d):
     """[(d0, d1)]: a head dim of d cut into pieces of <= 128 (TensorE contracts over at most
     128 partitions); Q·Kᵀ accumulates one matmul per piece."""
@@ -62,8 +73,7 @@ def load_transposed(facts, src, b, h0, h1, s0, s1, out=None):
                 tp = nl.ndarray((d1 - d0, per_bank, P), dtype=facts.dtype, buffer=nl.psum)
                 for j in range(g):
                     nisa.nc_transpose(dst=tp[:, j, :r], data=nat[:r, g0 + j, d0:d1])
-                nisa.tensor_copy(dst=t[:, g0:g0 + g, r0 - s0:r0 - s0 + r], src=tp[:, :g, :r],
-                                 engine=nisa.engine.scalar)
+                copy_on(t[:, g0:g0 + g, r0 - s0:r0 - s0 + r], tp[:, :g, :r], nisa.engine.scalar)
     return outs
 
 
@@ -302,8 +312,7 @@ def transpose_p(facts, plan, p, pT, r, n):
         for i, (j, c) in enumerate(chunk):
             kc = min(P, n - c * P)
             nisa.nc_transpose(dst=tp[:kc, i, :r], data=p[:r, j, c * P:c * P + kc])
-        nisa.tensor_copy(dst=pT[:, i0:i0 + len(chunk), :r], src=tp[:, 0:len(chunk), :r],
-                         engine=plan.pick(*plan.copy_cycles(len(chunk) * r)))
+        copy_on(pT[:, i0:i0 + len(chunk), :r], tp[:, 0:len(chunk), :r], plan.pick(*plan.copy_cycles(len(chunk) * r)))
     return tp
 
 

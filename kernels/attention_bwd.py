@@ -49,7 +49,8 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-from .attention_blocks import _dma_transpose_p, causal_base, causal_diagonal, key_bias_rows, load_transposed, tile_bias
+from .attention_blocks import (_dma_transpose_p, causal_base, causal_diagonal, copy_on, key_bias_rows, load_transposed,
+                               tile_bias)
 from .attention_bwd_plan import LOAD_GROUP_TILES, FOLD_PAIR, FOLD_RING, FOLD_ROWS, BwdBalance, bwd_plan
 from .attention_launch import P, launch_facts
 from .attention_lse import load_lse
@@ -291,8 +292,8 @@ def _head_batch(f, plan, bal, qside, kside, kv_acc, ka0, mask, b, hk0, u0, u1, t
     else:
         # dSᵀ of every head of the batch out of PSUM in one copy; rows of a tail key tile
         # past m hold stale data the dQ matmuls never read
-        nisa.tensor_copy(dst=dsT[:, 0:nu * plan.kt, :r], src=tp[:, 0:nu * plan.kt, :r],
-                         engine=bal.pick(*bal.copy_cycles(nu * plan.kt * r, f.itemsize == 2)))
+        copy_on(dsT[:, 0:nu * plan.kt, :r], tp[:, 0:nu * plan.kt, :r],
+                bal.pick(*bal.copy_cycles(nu * plan.kt * r, f.itemsize == 2)))
     dqp = nl.ndarray((P, plan.head_batch, f.D), dtype=nl.float32, buffer=nl.psum)
     for u in range(u0, u1):
         kv = u // f.G
@@ -308,7 +309,7 @@ def _head_batch(f, plan, bal, qside, kside, kv_acc, ka0, mask, b, hk0, u0, u1, t
         else:
             nisa.activation(dst=acc, op=nl.copy, data=dqp[:r, 0:nu, :], scale=f.scale)
     elif dq_first:
-        nisa.tensor_copy(dst=acc, src=dqp[:r, 0:nu, :], engine=bal.pick(*bal.copy_cycles(nu * f.D, False)))
+        copy_on(acc, dqp[:r, 0:nu, :], bal.pick(*bal.copy_cycles(nu * f.D, False)))
     else:
         nisa.tensor_tensor(dst=acc, data1=dqp[:r, 0:nu, :], data2=acc, op=nl.add)
         bal.charge(vector_cycles=nu * f.D + bal.costs.vector_instr_cycles)
@@ -354,7 +355,7 @@ def _head(f, plan, bal, qT, doT, q_rows, do_rows, di, neg_lse, kT, vT, kv_acc, t
         nisa.scalar_tensor_tensor(dst=z[:r, 0:m - cu], data=sd[0][:r, cu:m], op0=nl.multiply,
                                   operand0=f.scale, op1=nl.add, operand1=cb[:r, 0:m - cu])
         nisa.activation(dst=p[:r, cu:m], op=nl.exp, data=z[:r, 0:m - cu], bias=nlse)
-        bal.charge(vector_cycles=2 * (m - cu) + bal.costs.vector_instr_cycles)
+        bal.charge(vector_cycles=(m - cu) + bal.costs.vector_instr_cycles)    # S in PSUM: one pass
     if not (bias is None and diag is not None and diag[0] < m):
         bal.charge(scalar_cycles=m + bal.costs.scalar_instr_cycles * (1 + (0 < cu < m)))
     # dS = (dP - D_i) ⊙ P
@@ -491,7 +492,8 @@ def _finish_kv(f, plan, bal, tensors, b, a0, a1, k0, k1, kv_acc, valid, c, seen_
                 nisa.tensor_copy(dst=part[:, 0:vf], src=kv_acc[:, 0:vf], engine=nisa.engine.vector)
             if vt:
                 nisa.tensor_copy(dst=part[:vt, vf], src=kv_acc[:vt, vf], engine=nisa.engine.vector)
-        bal.charge(vector_cycles=2 * (kt * na * W + bal.costs.vector_instr_cycles))
+        # one pass each (kv_acc in PSUM), one instruction per full-tile run and tail
+        bal.charge(vector_cycles=(vf + (vt > 0)) * na * W + ((vf > 0) + (vt > 0)) * bal.costs.vector_instr_cycles)
         if not last:
             _store_rows(f, scratch, part, b, a0, a1, k0, k1)
             return
@@ -503,8 +505,7 @@ def _finish_kv(f, plan, bal, tensors, b, a0, a1, k0, k1, kv_acc, valid, c, seen_
     else:
         dk_sb, dv_sb, j0 = staged        # the unit's [128, kt, kv heads, d] tiles, kv head a0 at j0
     nisa.activation(dst=dk_sb[:, 0:kt, j0:j0 + na, :], op=nl.copy, data=src[:, :, :, 0:f.D], scale=f.scale)
-    nisa.tensor_copy(dst=dv_sb[:, 0:kt, j0:j0 + na, :], src=src[:, :, :, f.D:W],
-                     engine=bal.pick(*bal.copy_cycles(kt * na * f.Dv, False)))
+    copy_on(dv_sb[:, 0:kt, j0:j0 + na, :], src[:, :, :, f.D:W], bal.pick(*bal.copy_cycles(kt * na * f.Dv, False)))
     bal.charge(scalar_cycles=kt * na * f.D + bal.costs.scalar_instr_cycles)
     if staged is None:
         _store_rows(f, dk, dk_sb, b, a0, a1, k0, k1)

@@ -236,10 +236,13 @@ class BwdBalance(nl.NKIObject):
 
     def pick_ds(self, m):
         """How dS = (dP - D_i) ⊙ P of m columns is made (attention_bwd._ds): 0 VectorE alone
-        (2 input passes), 1 ScalarE dP - D_i out of PSUM then GpSimd multiplies (2 input
-        passes); the way whose busier engine ends earlier."""
+        (one scalar_tensor_tensor with dP in PSUM: one pass, the cost model's rule for one
+        input in PSUM), 1 ScalarE dP - D_i out of PSUM then GpSimd multiplies (2 input
+        passes, both in SBUF); the way whose busier engine ends earlier. (Until session 61
+        the VectorE way was charged 2 passes, the model's rule before 2026-12-02, so the
+        ScalarE way was taken more often than the model's figures say it pays.)"""
         c = self.costs
-        vector = self.vector_ns + (2 * m + c.vector_instr_cycles) / c.vector_ghz
+        vector = self.vector_ns + (m + c.vector_instr_cycles) / c.vector_ghz
         scalar = self.scalar_ns + (m + c.scalar_instr_cycles) / c.scalar_ghz
         gpsimd = self.gpsimd_ns + (2 * m + c.gpsimd_instr_cycles) / c.gpsimd_ghz
         if vector <= max(scalar, gpsimd):

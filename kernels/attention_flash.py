@@ -6,7 +6,7 @@ rescaled per block (FlashAttention-2), so SBUF/PSUM use does not grow with Sk.
 import nki.isa as nisa
 import nki.language as nl
 
-from .attention_blocks import (causal_diagonal, divide, head_views, load_transposed, load_values, row_exp, row_max,
+from .attention_blocks import (causal_diagonal, copy_on, divide, head_views, load_transposed, load_values, row_exp, row_max,
                                scores, softmax_cycles, store_rows, tile_bias, unit_pv)
 from .attention_launch import P
 from .attention_lse import LseStage
@@ -76,7 +76,7 @@ def _flash_unit(facts, plan, qT, kT, vals, kv, acc, run_neg_max, bias, diag, r, 
         # ScalarE also copies O | rowsum (Dv + 1 columns) into acc
         plan.charge(v_cyc, s_cyc + facts.Dv + 1 + active_engine_costs().scalar_instr_cycles)
         o = unit_pv(facts, plan, p, vals, kv, r, n)
-        nisa.tensor_copy(dst=acc[:r], src=o[:r], engine=nisa.engine.scalar)
+        copy_on(acc[:r], o[:r], nisa.engine.scalar)
         return
     # new running -max = min(old, block); alpha = exp(old max - new max) rescales acc
     new = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)

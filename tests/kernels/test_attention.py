@@ -293,3 +293,22 @@ def test_long_transposed_rows_return_the_lse(simulator_backend):
     ref = torch.logsumexp(scale * q.double() @ k.double().transpose(-1, -2), dim=-1)
     torch.testing.assert_close(lse.double(), ref, atol=2 ** -9, rtol=0)
     check_close(out, q, k, v)
+
+
+@pytest.mark.parametrize("b, h, s, d, dtype", [
+    (1, 2, 300, 64, BF16),      # single pass: Pᵀ copies out of PSUM on VectorE or ScalarE
+    (1, 2, 130, 72, F32),       # fp32: Qᵀ / Kᵀ made by TensorE transposes, copied by ScalarE
+    (1, 8, 197, 64, BF16),      # transposed scores
+    (1, 1, 2100, 64, BF16),     # flash: the first key block's O | rowsum copied by ScalarE
+], ids=["single", "fp32", "transposed", "flash"])
+def test_runs_on_neuroncore_v2(simulator_backend, b, h, s, d, dtype):
+    """trn1 (NeuronCore-v2, LNC=1): ScalarE has no tensor_copy there (the simulator's NKI 0.7
+    rule), so the kernels' ScalarE copies out of PSUM are activation(copy)
+    (attention_blocks.copy_on); until session 61 every attention launch that picked ScalarE
+    for a copy failed on trn1. Each path runs and matches float64."""
+    q, k, v = make_qkv(b, h, h, s, s, d, dtype=dtype)
+    call = attention.attention_kernel_call(q, k, v)
+    kernel = _dispatch.simulator_kernel(call)[1]
+    res = simulator.run(kernel, *[t.contiguous() for t in call.tensors], target="trn1", **call.static)
+    assert not any(ins.op == "tensor_copy" and ins.engine == "scalar" for ins in res.trace)
+    check_close(call.finish_outputs(res.outputs), q, k, v)

@@ -446,3 +446,48 @@ def test_tiny_vit_training_step_runs_the_backward_kernel(simulator_backend, monk
         assert (param.grad is None) == (grads[name].grad is None), name
         if param.grad is not None:
             torch.testing.assert_close(param.grad, grads[name].grad, atol=1e-5, rtol=1e-3, msg=name)
+
+
+def test_the_ds_choice_prices_the_vector_way_as_the_cost_model_does():
+    """BwdBalance.pick_ds charges VectorE's dS = (dP - D_i) ⊙ P (one scalar_tensor_tensor
+    with dP in PSUM) what the cost model charges that instruction: one pass of its m columns
+    and the fixed cost. Until session 61 it charged two passes, so the planner sent dS to
+    ScalarE + GpSimd more often than the model's figures say pays (modeled trn2 LNC=2:
+    SigLIP's backward 250.4 -> 239.1 us, Llama S=2048 causal 230.7 -> 214.3), with the same
+    gradients either way."""
+    from types import SimpleNamespace
+
+    from nki_kernels.simulator.cost.model import compute_cost
+
+    plan_mod = _kernel_sources.load("attention_bwd_plan", "simulator")
+    args, mask = _saved(1, 8, 8, 200, 700, 72, 72, BF16)          # D = 72: not folded, dS by _ds
+    grads, res = _run_backward(args, mask, False, 2)
+    grad_out, q, k, v, _, _ = args
+    _check_grads(grads, _float64_grads(q, k, v, mask, False, grad_out), BF16)
+    on_vector = [ins for ins in res.trace if ins.op == "scalar_tensor_tensor" and ins.engine == "vector"
+                 and any(r.buffer == "psum" for r in ins.reads)]
+    assert on_vector                                   # the planner does pick VectorE for dS here
+    trn2 = get_target("trn2")
+    with simulator.activated(target="trn2"):
+        for ins in on_vector:
+            m = next(r for r in ins.reads if r.role == "data").free_elems
+            bal = plan_mod.BwdBalance(SimpleNamespace(itemsize=2), SimpleNamespace(dst_dma_share=0.0))
+            bal.scalar_ns = bal.gpsimd_ns = 1e9          # force the VectorE way, then read its charge
+            assert bal.pick_ds(m) == 0
+            charged = bal.vector_ns * bal.costs.vector_ghz
+            assert charged == pytest.approx(compute_cost(ins, trn2).cycles)
+
+
+def test_backward_runs_on_neuroncore_v2():
+    """trn1 (NeuronCore-v2, LNC=1): the backward's ScalarE copies out of PSUM (dSᵀ, the dQ
+    and dV evictions) are activation(copy), ScalarE having no tensor_copy there; until
+    session 61 it failed on trn1. Gradients match float64 (the same values as on trn2)."""
+    args, mask = _saved(1, 4, 4, 200, 300, 72, 72, BF16)
+    call = attention.attention_backward_kernel_call(*args, attn_mask=mask, is_causal=False,
+                                                    scale=args[1].shape[-1] ** -0.5)
+    kernel = _dispatch.simulator_kernel(call)[1]
+    res = simulator.run(kernel, *call.tensors, target="trn1", **call.static)
+    assert any(ins.op == "activation" and ins.attrs.get("func") == "copy" and ins.reads[0].buffer == "psum"
+               for ins in res.trace)
+    grad_out, q, k, v, _, _ = args
+    _check_grads(call.finish_outputs(res.outputs), _float64_grads(q, k, v, mask, False, grad_out), BF16)
