@@ -239,12 +239,20 @@ def row_exp(p, z, r, n, neg_max):
 
 
 def softmax_cycles(facts, n, bias, diag):
-    """(VectorE, ScalarE) cycles of row_max + row_exp for one unit (for EngineBalance.charge):
-    VectorE reads unmasked columns once and masked ones 3 times (max, add the mask,
-    reduce), ScalarE each column once in one exp, plus each instruction's fixed cost."""
+    """(VectorE, ScalarE) cycles of row_max + row_exp for one unit (for EngineBalance.charge),
+    as the cost model prices row_max's instructions: VectorE one pass over the unmasked
+    columns (a tensor_scalar_reduce) and two over the masked ones (scale·S + mask with S in
+    PSUM, one pass; then a tensor_scalar_reduce), each reduce's accumulator read-out and each
+    instruction's fixed cost; ScalarE each column once in one exp. Like the planner's other
+    charges it leaves out the 64-cycle instruction minimum (MIN_II), which a causal tile's
+    first, one-column part would take: charged, it modeled trn2 LNC=2 B=1 H=4 S=1500 D=128
+    causal 64.9 -> 67.2 us. (Until session 61 the masked columns were charged three passes
+    and no read-out: row_max's older form.)"""
     masked = n if bias is not None else (n - diag[0] if diag is not None else 0)
     c = active_engine_costs()
-    vector = (n - masked) + 3 * masked + c.vector_instr_cycles * (1 + 2 * (masked > 0))
+    reduces = int(masked < n) + int(masked > 0)
+    vector = (n + masked + reduces * c.vector_reduce_readout_cycles
+              + c.vector_instr_cycles * (reduces + int(masked > 0)))
     scalar = n + c.scalar_instr_cycles
     return vector, scalar
 

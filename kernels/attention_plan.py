@@ -135,7 +135,11 @@ def _launch_work(facts, costs):
         masked = n if f.mask_kind is not None else (min(n, r) if f.causal else 0)
         units = f.B * f.H
         # VectorE: the row max reads n columns; a masked column takes 2 more passes (add the
-        # mask, reduce); ScalarE: the exp and the copy of O | rowsum (Dv + 1 columns)
+        # mask, reduce: row_max's older form; the cost model charges its instructions one
+        # more pass, attention_blocks.softmax_cycles, but this first-order estimate, which
+        # leaves out VectorE's other work, then picked a Pᵀ DMA share that modeled trn2
+        # LNC=2 Llama B=1 H=8/2kv S=2048 causal 175.5 -> 182.7 us, so it keeps the 2);
+        # ScalarE: the exp and the copy of O | rowsum (Dv + 1 columns)
         vec += units * (n + 2 * masked + c.vector_instr_cycles) / c.vector_ghz
         sca += units * (n + 2 * c.scalar_instr_cycles + f.Dv + 1) / c.scalar_ghz
         e = cdiv(n, P) * r          # Pᵀ elements per partition: r columns per 128-key block

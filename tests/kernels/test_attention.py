@@ -312,3 +312,42 @@ def test_runs_on_neuroncore_v2(simulator_backend, b, h, s, d, dtype):
     res = simulator.run(kernel, *[t.contiguous() for t in call.tensors], target="trn1", **call.static)
     assert not any(ins.op == "tensor_copy" and ins.engine == "scalar" for ins in res.trace)
     check_close(call.finish_outputs(res.outputs), q, k, v)
+
+
+@pytest.mark.parametrize("mask_kind, causal", [("key", False), (None, True)], ids=["key-padding", "causal-diagonal"])
+def test_softmax_planning_prices_the_row_max_as_the_cost_model_does(mask_kind, causal):
+    """The planner's VectorE estimate of one unit's row max (attention_blocks.softmax_cycles)
+    equals the cost model's cycles for the instructions row_max issues: one pass over the
+    unmasked columns, two over the masked ones (scale·S + mask reads S in PSUM: one pass),
+    each reduce's accumulator read-out and each instruction's fixed cost, less the 64-cycle
+    instruction minimum the model gives a causal tile's one-column first part (the planner
+    leaves MIN_II out). Until session 61 it charged masked columns three passes and no
+    read-out (modeled trn2 LNC=2 with key padding: B=8 H=12 S=197 115.8 -> 102.3 us, B=4 H=8
+    S=512 128.9 -> 117.4)."""
+    from nki_kernels.simulator.cost.model import compute_cost
+
+    blocks = _kernel_sources.load("attention_blocks", "simulator")
+    sk = 300 if mask_kind else 100               # one query tile of 100 rows: one unit
+    q, k, v = make_qkv(1, 1, 1, 100, sk, 64, dtype=BF16)
+    mask = None
+    if mask_kind == "key":
+        mask = torch.rand(1, 1, 1, sk) > 0.3
+        mask[..., 0] = True
+    call = attention.attention_kernel_call(q, k, v, attn_mask=mask, is_causal=causal)
+    kernel = _dispatch.simulator_kernel(call)[1]
+    res = simulator.run(kernel, *[t.contiguous() for t in call.tensors], target="trn2", **call.static)
+    check_close(call.finish_outputs(res.outputs), q, k, v, mask, causal)
+    # the unit's row max: the reduces and the masked columns' scale·S + mask
+    row_max = [ins for ins in res.trace if ins.engine == "vector"
+               and ins.op in ("tensor_scalar_reduce", "scalar_tensor_tensor")]
+    masked = next(ins for ins in row_max if ins.op == "scalar_tensor_tensor").writes[0].free_elems
+    assert 0 < masked <= sk
+    trn2 = get_target("trn2")
+    # the planner's rule leaves out MIN_II: an instruction of fewer columns counts its columns
+    modeled = sum(compute_cost(ins, trn2).cycles
+                  - max(0, trn2.min_instruction_cycles - next(r for r in ins.reads if r.role == "data").free_elems)
+                  for ins in row_max)
+    with simulator.activated(target="trn2"):
+        bias, diag = ("bias", None) if mask is not None else (None, (sk - masked, None))
+        planned, _ = blocks.softmax_cycles(None, sk, bias, diag)
+    assert planned == pytest.approx(modeled)
