@@ -53,6 +53,11 @@ ROW_STATS_BYTES = 8
 # gains but trn3 loses: B=2 H=16 S=1024 D=72 trn2 263.6 -> 235.6, trn3 206.9 -> 225.2;
 # B=2 H=6 S=1024 D=125 trn2 116.3 -> 101.1, trn3 91.2 -> 97.6; so the path stops at 768.
 TS_EXTRA_ROWS = 3
+# Up to this many key tiles one PSUM tile holds a batch's Sᵀ of every key tile (one exp per
+# batch); longer rows take Sᵀ in groups of key tiles (attention_transposed._ts_st_group) and
+# split the row max into hi + mid + lo per batch of heads on every query tile
+# (attention_plan.EngineBalance.hilo_per_batch).
+TS_ONE_ST_KEY_TILES = 2
 TS_SHORT_KEY_TILES = 3
 TS_MAX_KEY_TILES = 6
 TS_LONG_MIN_HEADS = 4

@@ -23,7 +23,7 @@ slower (geomean of the 13 main-job attention rows at LNC=1; ViT-L +2.3 %).
 import nki.isa as nisa
 import nki.language as nl
 
-from .attention_launch import FP32_BYTES, P, unbiased_heads_per_batch
+from .attention_launch import FP32_BYTES, P, TS_ONE_ST_KEY_TILES, unbiased_heads_per_batch
 from .engine_costs import active as active_engine_costs
 from .tiling import cdiv
 
@@ -54,6 +54,9 @@ class EngineBalance(nl.NKIObject):
         self.dma_credit = 0.0
         # transposed-scores path: the launch's first query tile is still to come
         self.ts_first_tile = True
+        # transposed-scores rows of grouped Sᵀ (several exps per batch): the row max split
+        # per batch of heads on every query tile (hilo_per_batch)
+        self.ts_grouped_rows = cdiv(facts.Sk, P) > TS_ONE_ST_KEY_TILES
 
     def charge(self, vector_cycles=0.0, scalar_cycles=0.0):
         """Account work that must run on VectorE / ScalarE (estimated cycles)."""
@@ -89,8 +92,15 @@ class EngineBalance(nl.NKIObject):
     def hilo_per_batch(self, last_tile):
         """Transposed scores: split the row max per batch of heads (True) or once for the
         tile. The launch's first and last tiles go per batch, so ScalarE starts early and
-        the pipeline drains fast; the others once (one DMA transpose per tile)."""
-        return self.ts_first_tile or last_tile
+        the pipeline drains fast; the others once (one DMA transpose per tile), except rows
+        of more than TS_ONE_ST_KEY_TILES key tiles, whose batches each take several Sᵀ
+        groups and exps: there every batch's Sᵀ waits only for its own heads' maxes, and
+        that work covers the batch's DMA transpose. Modeled trn2 LNC=2 (session 61, us):
+        SigLIP so400m@384 127.0 -> 122.4, B=2 H=8 S=640 D=32 49.9 -> 48.1, B=8 H=16 S=257
+        D=64 108.3 -> 106.8; 19 shapes geomean -0.8 %, two slower (B=4 H=12 S=257 +1.7 %,
+        one head per core at 257 keys +1.1 %); trn3 -1.1 %; per batch on every tile for
+        the ViT rows (two key tiles) +2.4 to +3.0 %."""
+        return self.ts_first_tile or last_tile or self.ts_grouped_rows
 
     def ts_tile_done(self):
         """Transposed scores: a query tile's row maxes are done (the first tile is past)."""

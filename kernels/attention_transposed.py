@@ -18,7 +18,7 @@ import nki.language as nl
 
 from .attention_blocks import (evict, load_transposed, load_values, pv, row_extrema_side_by_side,
                                scores_side_by_side, store_rows)
-from .attention_launch import P, PSUM_BANK_FP32, PSUM_BANKS, TS_EXTRA_ROWS
+from .attention_launch import P, PSUM_BANK_FP32, PSUM_BANKS, TS_EXTRA_ROWS, TS_ONE_ST_KEY_TILES
 from .attention_lse import LseStage
 from .engine_costs import active as active_engine_costs
 from .tiling import cdiv
@@ -30,12 +30,11 @@ from .tiling import cdiv
 # 6). It was 4 from 2026-11-29, when the cost model's fixed costs per instruction were
 # not yet grounded in measurements and more heads on tail tiles modeled slower.
 TS_MAX_HEADS = 6
-# PSUM of one batch, up to TS_ONE_ST_KEY_TILES key tiles: the scores S of its heads,
-# TS_ST_TILES tiles of Sᵀ (nkc banks each: the previous batch's may still be live) and
-# TS_O_BANKS bank of outputs, within PSUM_BANKS.
+# PSUM of one batch, up to TS_ONE_ST_KEY_TILES key tiles (attention_launch): the scores S
+# of its heads, TS_ST_TILES tiles of Sᵀ (nkc banks each: the previous batch's may still be
+# live) and TS_O_BANKS bank of outputs, within PSUM_BANKS.
 TS_ST_TILES = 2
 TS_O_BANKS = 1
-TS_ONE_ST_KEY_TILES = 2
 # Longer rows: S of at most one bank of heads at a time (one head over cdiv(Sk, 512) banks
 # past 512 keys), Sᵀ in groups of key tiles, one exp per group (_ts_st_group), and one bank
 # of outputs, each allocation site rotating this many buffers (docs/cost-model.md

@@ -351,3 +351,21 @@ def test_softmax_planning_prices_the_row_max_as_the_cost_model_does(mask_kind, c
         bias, diag = ("bias", None) if mask is not None else (None, (sk - masked, None))
         planned, _ = blocks.softmax_cycles(None, sk, bias, diag)
     assert planned == pytest.approx(modeled)
+
+
+@pytest.mark.parametrize("s, every_batch", [(449, True), (197, False)], ids=["keys449", "keys197"])
+def test_row_max_split_per_batch_on_grouped_rows(simulator_backend, s, every_batch):
+    """The transposed-scores path moves each query tile's hi + mid + lo with one DMA
+    transpose per batch of heads on the launch's first and last tiles and one per tile in
+    between (attention_plan.EngineBalance.hilo_per_batch); rows of more than two key tiles
+    (grouped Sᵀ) take one per batch on every tile (since session 61: SigLIP so400m@384
+    127.0 -> 122.4 us modeled). 16 heads at LNC=2: 8 per core, in batches of 4 (128-row
+    tiles) or 6 (the tail tile)."""
+    q, k, v, call, res = _run_lnc(1, 16, s, 48, lnc=2)
+    hilo = [ins for ins in res.trace if ins.op == "dma_transpose" and ins.reads[0].buffer == "sbuf"
+            and ins.reads[0].shape[-1] == 3]
+    rows = [min(128, s - t * 128) for t in range(-(-s // 128))]
+    batches = [-(-8 // min(6, 512 // r, 512 // 49)) for r in rows]
+    per_core = sum(batches) if every_batch else batches[0] + (len(rows) - 2) + batches[-1]
+    assert len(hilo) == 2 * per_core
+    check_close(call.finish_outputs(res.outputs), q, k, v)
