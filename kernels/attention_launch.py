@@ -173,6 +173,13 @@ def launch_facts(q, k, v, mask, scale, causal, layout, key_block):
         kv_group=kv_group, q_chunk=q_chunk, transposed_scores=transposed_scores, decode=decode)
 
 
+def grouped_st_rows(keys):
+    """Whether transposed-scores rows of ``keys`` keys take Sᵀ in groups of key tiles (more
+    than TS_ONE_ST_KEY_TILES key tiles; the PSUM budget, the exps and the row max's split
+    follow from it)."""
+    return cdiv(keys, P) > TS_ONE_ST_KEY_TILES
+
+
 def _transposed_keys_fit(Sk, heads):
     """Whether the transposed-scores path takes Sk keys for a launch of ``heads`` (batch x
     query head) pairs: up to TS_SHORT_KEY_TILES key tiles always, up to TS_MAX_KEY_TILES where

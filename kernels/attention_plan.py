@@ -23,7 +23,7 @@ slower (geomean of the 13 main-job attention rows at LNC=1; ViT-L +2.3 %).
 import nki.isa as nisa
 import nki.language as nl
 
-from .attention_launch import FP32_BYTES, P, TS_ONE_ST_KEY_TILES, unbiased_heads_per_batch
+from .attention_launch import FP32_BYTES, P, grouped_st_rows, unbiased_heads_per_batch
 from .engine_costs import active as active_engine_costs
 from .tiling import cdiv
 
@@ -56,7 +56,7 @@ class EngineBalance(nl.NKIObject):
         self.ts_first_tile = True
         # transposed-scores rows of grouped Sᵀ (several exps per batch): the row max split
         # per batch of heads on every query tile (hilo_per_batch)
-        self.ts_grouped_rows = cdiv(facts.Sk, P) > TS_ONE_ST_KEY_TILES
+        self.ts_grouped_rows = grouped_st_rows(facts.Sk)
 
     def charge(self, vector_cycles=0.0, scalar_cycles=0.0):
         """Account work that must run on VectorE / ScalarE (estimated cycles)."""

@@ -18,7 +18,7 @@ import nki.language as nl
 
 from .attention_blocks import (evict, load_transposed, load_values, pv, row_extrema_side_by_side,
                                scores_side_by_side, store_rows)
-from .attention_launch import P, PSUM_BANK_FP32, PSUM_BANKS, TS_EXTRA_ROWS, TS_ONE_ST_KEY_TILES
+from .attention_launch import P, PSUM_BANK_FP32, PSUM_BANKS, TS_EXTRA_ROWS, grouped_st_rows
 from .attention_lse import LseStage
 from .engine_costs import active as active_engine_costs
 from .tiling import cdiv
@@ -148,11 +148,10 @@ def _ts_heads(n, r, w):
     one bank at a time, _ts_tile, and the cap still models best); for longer rows at most as
     many as one bank of outputs O | rowsum holds (``w`` = Dv + 1 columns each: TS_O_BANKS in
     _ts_st_group's budget)."""
-    nkc = cdiv(n, P)
-    if nkc > TS_ONE_ST_KEY_TILES:
+    if grouped_st_rows(n):
         return max(1, min(TS_MAX_HEADS, PSUM_BANK_FP32 // r, PSUM_BANK_FP32 // w))
     per_bank = max(1, PSUM_BANK_FP32 // n)
-    s_banks = PSUM_BANKS - TS_O_BANKS - TS_ST_TILES * nkc
+    s_banks = PSUM_BANKS - TS_O_BANKS - TS_ST_TILES * cdiv(n, P)
     return max(1, min(TS_MAX_HEADS, PSUM_BANK_FP32 // r, per_bank * s_banks))
 
 
@@ -162,9 +161,8 @@ def _ts_st_group(n):
     head's row over cdiv(n, 512) banks) and TS_O_BANKS output bank, every site at
     TS_SITE_BUFFERS buffers: 2 key tiles up to 512 keys, 1 beyond (to 1024 keys; the launch
     takes up to attention_launch.TS_MAX_KEY_TILES)."""
-    nkc = cdiv(n, P)
-    if nkc <= TS_ONE_ST_KEY_TILES:
-        return nkc
+    if not grouped_st_rows(n):
+        return cdiv(n, P)
     return PSUM_BANKS // TS_SITE_BUFFERS - cdiv(n, PSUM_BANK_FP32) - TS_O_BANKS
 
 

@@ -209,12 +209,12 @@ def test_transposed_scores_stay_finite_for_huge_logits(simulator_backend, d):
     check_close(out, q, k, v)
 
 
-def _run_lnc(b, h, s, d, lnc, target="trn2", sq=None, qk_scale=1.0):
-    """(q, k, v, call, result) of the unmasked bf16 attention kernel on q [b, h, sq or s, d],
+def _run_lnc(b, h, s, d, lnc, target="trn2", sq=None, qk_scale=1.0, dtype=BF16):
+    """(q, k, v, call, result) of the unmasked attention kernel on q [b, h, sq or s, d],
     k, v [b, h, s, d] (q and k times ``qk_scale``) run in the simulator at launch degree
     ``lnc``."""
-    q, k, v = make_qkv(b, h, h, sq or s, s, d, dtype=BF16)
-    q, k = (q.float() * qk_scale).to(BF16), (k.float() * qk_scale).to(BF16)
+    q, k, v = make_qkv(b, h, h, sq or s, s, d, dtype=dtype)
+    q, k = (q.float() * qk_scale).to(dtype), (k.float() * qk_scale).to(dtype)
     call = attention.attention_kernel_call(q, k, v)
     kernel = _dispatch.simulator_kernel(call)[lnc]
     res = simulator.run(kernel, *[t.contiguous() for t in call.tensors], target=target, **call.static)
@@ -306,10 +306,7 @@ def test_runs_on_neuroncore_v2(simulator_backend, b, h, s, d, dtype):
     rule), so the kernels' ScalarE copies out of PSUM are activation(copy)
     (attention_blocks.copy_on); until session 61 every attention launch that picked ScalarE
     for a copy failed on trn1. Each path runs and matches float64."""
-    q, k, v = make_qkv(b, h, h, s, s, d, dtype=dtype)
-    call = attention.attention_kernel_call(q, k, v)
-    kernel = _dispatch.simulator_kernel(call)[1]
-    res = simulator.run(kernel, *[t.contiguous() for t in call.tensors], target="trn1", **call.static)
+    q, k, v, call, res = _run_lnc(b, h, s, d, lnc=1, target="trn1", dtype=dtype)
     assert not any(ins.op == "tensor_copy" and ins.engine == "scalar" for ins in res.trace)
     check_close(call.finish_outputs(res.outputs), q, k, v)
 
