@@ -17,8 +17,8 @@ Layout:
 Engines, per row:
     ScalarE  square(x / sqrt(H)) with add-reduction -> mean(x**2) in fp32 (one pass)
     ScalarE  rsqrt(mean + eps) on [P, J] (tiny)
-    normalisation, split between three paths so no engine outruns the DMA (VECTOR_SHARE,
-    GPSIMD_SHARE, the rest):
+    normalisation, split between three paths in the shares that leave the busiest engine
+    least busy by the active generation's figures (_weighted_shares):
       VectorE  (x * rstd) * weight in one scalar_tensor_tensor (fp32 inside, one rounding)
       GpSimd   x * rstd into fp32 scratch (tensor_scalar), then scratch * weight
       ScalarE  x * rstd into fp32 scratch, then GpSimd scratch * weight
@@ -70,7 +70,7 @@ from .limits import NORM_RESIDENT_ROW_BYTES as RESIDENT_ROW_BYTES
 from .limits import NORM_STREAM_CHUNK as STREAM_CHUNK
 from .tiling import (DMA_SATURATING_BYTES, PARTITIONS, block_rows, broadcast_rows, column_chunks, drain_chunks,
                      fitting_ahead, itemsize, load_block, load_blocks, param_columns, path_segments, pipelined,
-                     program_row_blocks, resident_params, rows_per_partition)
+                     program_row_blocks, resident_params, rows_per_partition, split_count)
 
 # Rows are packed per partition until one transfer moves >= 2048 elements per partition:
 # 4 KiB in bf16 / 8 KiB in fp32, the DMA guide's size for saturating bandwidth.
@@ -112,37 +112,101 @@ FUSED_SMALL_TILES = 4
 # columns; trn2 at LNC=2 and 1, trn3, trn1; bf16 and fp32; rms_norm and fused): geomean 0 to
 # -17.7 % per configuration, none slower; outputs unchanged bit for bit.
 ROW_SLOTS = 2
-# Shares of the normalisation (with a weight) given to the VectorE path and to the GpSimd
-# path; the ScalarE + GpSimd path takes the rest. Per element, on trn2 (cost-model rules):
-# VectorE scalar_tensor_tensor reads 2 inputs at 0.96 GHz = 2.08 ns; GpSimd tensor_scalar
-# 0.83 ns and tensor_tensor 1.67 ns (1.2 GHz); ScalarE's copy 0.83 ns, and ScalarE also
-# squares every element (0.83 ns). With shares a (VectorE) and g (GpSimd): VectorE 2.08a,
-# ScalarE 0.83(2 - a - g), GpSimd 0.83g + 1.67(1 - a); a = 0.5, g = 0.3 gives VectorE 1.04,
-# ScalarE 1.00, GpSimd 1.08 ns, under the 1.39 ns per element that bf16 HBM traffic (2 B
-# read + 2 B written per element at 368 GB/s over 128 partitions) takes. With two paths
-# (g = 0; a swept 0.45 .. 0.65, best 0.5) ScalarE took 1.25 ns, more than the DMA's share
-# of a block once its fixed costs are added: modeled trn2 LNC=2, [2048, 4096] bf16 62.9 ->
-# 58.5 us with three paths, [2048, 8192] 113.5 -> 111.3, [4096, 1024] (rows split) 39.1 ->
-# 32.8 (a, g swept 0.45 .. 0.55 and 0.25 .. 0.35: within 1 us of these). The drain, tried
-# in session 51 and not taken: normalising and storing the last block in K column chunks
-# (each over the three paths, each chunk stored as soon as it is made) gives [2048, 4096]
-# 58.4 -> 57.0 us at K = 2 or 3 (57.4 at 4, 60.4 at 8: transfers under the DMA guide's
-# 4 KiB per partition) and [2048, 8192] 111.2 -> 108.4; the DMA queues then end busy with
-# the previous block's store and the two chunks' (no idle left to remove), and 45.6 / 57.0
-# is still just under the 0.8 target: ~2.5 % for a second normalisation path.
+# Without a weight, the normalisation's share on VectorE where its tensor_scalar is not at
+# most half of ScalarE's squares (_unweighted_vector_share).
 VECTOR_SHARE = 0.5
-GPSIMD_SHARE = 0.3
+# Step of the grid of shares _weighted_shares searches (1/20: trn1's and trn2's per-element
+# balance, 0.5 and 0.25, lies on it; finer steps only matter for columns of a single row).
+SHARE_STEP = 0.05
 
 
-def _path_segments(per, cols, with_weight, sixteen):
+def _weighted_shares(per, cols, sixteen, fused):
+    """(VectorE share, GpSimd share) of a [P, per, cols] block's normalisation with a weight
+    (the ScalarE + GpSimd path takes the rest), on a grid of SHARE_STEP: the shares whose
+    block is least bound, i.e. the least max(the block's DMA time per queue, its busiest
+    engine) (_block_engine_ns; ``fused``: VectorE's residual add counted), and of those
+    bound alike (the DMA-bound ones) the one whose busiest engine, the add left out, is
+    least busy. Ties go to the larger VectorE share, then the larger GpSimd share.
+
+    Per element, fixed costs aside, the balance is VectorE 2a / f_v, ScalarE (1 / r + 1 -
+    a - g) / f_s, GpSimd (g + 2 (1 - a)) / f_g (a, g the shares, r ScalarE's 16-bit rate):
+    trn2 (0.96 / 1.2 / 1.2 GHz) a = 0.5, g = 0.25, 1.04 ns per element on each, under the
+    1.39 ns bf16 HBM traffic takes (2 B read + 2 B written at 368 GB/s over 128 partitions);
+    trn1 the same shares; trn3 (r = 2) a = 0.5, g = 0. The fixed costs move it (ScalarE's
+    360 cycles per instruction on trn2 and trn3): a 4096-column bf16 row takes 0.55 / 0.4
+    on trn2, 0.55 / 0.15 on trn3; [P, 4, 512] blocks 2 rows VectorE, 2 GpSimd, none ScalarE
+    on trn2, 3 / 1 / 0 on trn3. The fused add is left out of the second key because it runs
+    before the statistics, not beside the normalisation: counted there, fused_add_rms_norm
+    modeled +2.4 % geomean on trn2 and +3.4 % on trn3 (14 shapes), and left out of both keys
+    trn3 [8192, 512] modeled 38.4 -> 48.4 us (VectorE then the busiest engine).
+
+    Until session 62 the shares were constants swept on trn2 (0.5, 0.3). Against them,
+    modeled (session 62, us, with a bf16 weight; 13-14 shapes of 64-8192 rows x 128-8192
+    columns): rms_norm trn2 LNC=2 bf16 geomean -1.7 % ([8192, 512] 41.1 -> 36.6, [3000,
+    2048] 45.5 -> 43.2; Llama-7B [2048, 4096] 54.7 -> 55.4 the slowest, +1.2 %), fp32 -0.1 %,
+    LNC=1 -3.1 %, trn3 bf16 -7.2 % ([4096, 4096] 84.8 -> 72.2, none slower), fp32 -1.8 %
+    (at most +1.9 %), trn1 -1.1 %; fused_add_rms_norm trn2 -0.2 % (at most +2.8 %), trn3
+    -1.0 % ([1576, 768] +9.5 %: two blocks and a tail per core, the estimate's steady state
+    not reached), trn1 -0.3 %. Streamed rows (10240-65536 columns, pass 2's chunks priced as
+    blocks of one row): trn3 -4.8 %, trn1 +0.2 %, trn2 +2.5 % ([2048, 12288] 165.0 ->
+    174.6, the largest). Outputs unchanged bit for bit (every path rounds once)."""
+    steps = round(1 / SHARE_STEP)
+    # the block's HBM traffic per DMA queue: x in, out back (fused: also residual in, total out)
+    dma = active_engine_costs().queue_data_ns((4 if fused else 2) * per * cols * (2 if sixteen else 4))
+    best = None
+    for i in range(steps, -1, -1):
+        for k in range(steps - i, -1, -1):
+            with_add, without_add = _block_engine_ns(per, cols, sixteen, fused, i / steps, k / steps)
+            estimate = (max(dma, max(with_add)), max(without_add))
+            if best is None or estimate[0] < best[0][0] - 1e-6 or (
+                    estimate[0] < best[0][0] + 1e-6 and estimate[1] < best[0][1] - 1e-6):
+                best = (estimate, i / steps, k / steps)
+    return best[1], best[2]
+
+
+def _block_engine_ns(per, cols, sixteen, fused, vector_share, gpsimd_share):
+    """Estimated (VectorE, ScalarE, GpSimd) ns of one [P, per, cols] block with a weight
+    when the normalisation is split by ``vector_share`` and ``gpsimd_share``
+    (tiling.path_segments' cuts), by the cost model's rules with the active generation's
+    figures (engine_costs.py; pass counts of simulator/cost/model.py): ScalarE squares
+    every row (16-bit data at its 16-bit rate: the squares keep the input's dtype) and
+    takes rsqrt of the statistics; per segment VectorE's scalar_tensor_tensor reads two
+    full inputs (2 cycles per element, no performance mode for it), GpSimd's tensor_scalar
+    one and tensor_tensor two, ScalarE's copy into fp32 one. ``fused``: VectorE also adds
+    the residual (a tensor_tensor over the block, 16-bit in its performance mode)."""
+    c = active_engine_costs()
+    n = per if per > 1 else cols
+    cuts = [0, split_count(n, vector_share), split_count(n, vector_share + gpsimd_share), n]
+    # (instructions, elements each) per path: whole rows, or one column span of the row
+    paths = [(hi - lo, cols) if per > 1 else (int(hi > lo), hi - lo) for lo, hi in zip(cuts, cuts[1:])]
+    (n_vec, w_vec), (n_gp, w_gp), (n_sc, w_sc) = paths
+    sixteen_rate = c.scalar_16bit_rate if sixteen else 1
+    vector = n_vec * c.instruction_ns("vector", w_vec, rate=0.5)
+    scalar = n_sc * c.instruction_ns("scalar", w_sc)
+    gpsimd = (n_gp * (c.instruction_ns("gpsimd", w_gp) + c.instruction_ns("gpsimd", w_gp, rate=0.5))
+              + n_sc * c.instruction_ns("gpsimd", w_sc, rate=0.5))
+    add = c.instruction_ns("vector", per * cols, rate=c.vector_psum_copy_16bit_rate / 2 if sixteen else 0.5) if fused else 0.0
+    scalar += per * c.instruction_ns("scalar", cols, rate=sixteen_rate) + c.instruction_ns("scalar", per)
+    return (vector + add, scalar, gpsimd), (vector, scalar, gpsimd)
+
+
+def _path_segments(per, cols, shares):
     """[(row j, first column, end column, path)] splitting a [P, per, cols] block's
-    normalisation between the paths "vector", "gpsimd" and "scalar" (VECTOR_SHARE,
-    GPSIMD_SHARE, the rest; without a weight _unweighted_vector_share and no GpSimd path;
-    ``sixteen``: 16-bit data in and out): whole rows when a partition holds several rows,
-    else the columns of its single row."""
+    normalisation between the paths "vector", "gpsimd" and "scalar" in ``shares``
+    (_normalization_shares): whole rows when a partition holds several rows, else the
+    columns of its single row."""
     paths = ("vector", "gpsimd", "scalar")
-    shares = (VECTOR_SHARE, GPSIMD_SHARE) if with_weight else (_unweighted_vector_share(cols, sixteen), 0.0)
     return [(j, lo, hi, paths[k]) for j, lo, hi, k in path_segments(per, cols, shares)]
+
+
+def _normalization_shares(per, cols, with_weight, sixteen, fused):
+    """(VectorE share, GpSimd share) of a [P, per, cols] block's normalisation, the
+    ScalarE path taking the rest: _weighted_shares with a weight; without one
+    _unweighted_vector_share and no GpSimd path (``sixteen``: 16-bit data in and out;
+    ``fused``: fused_add_rms_norm's block, whose VectorE also adds the residual)."""
+    if with_weight:
+        return _weighted_shares(per, cols, sixteen, fused)
+    return _unweighted_vector_share(cols, sixteen), 0.0
 
 
 def _unweighted_vector_share(cols, sixteen):
@@ -226,8 +290,9 @@ def _out_ring_depth(per, cols, itemsize, ahead, weight_bytes):
     return OUT_RING_DEPTH if need <= active_engine_costs().sbuf_bytes_per_partition else 2
 
 
-def _normalize_block(out_tile, x_tile, parts, per, cols, weight_tile, eps_tile, drain=None):
-    """out_tile[p, j, :] = rms_norm(x_tile[p, j, :]) * weight for a [parts, per, cols] block.
+def _normalize_block(out_tile, x_tile, parts, per, cols, weight_tile, eps_tile, fused, drain=None):
+    """out_tile[p, j, :] = rms_norm(x_tile[p, j, :]) * weight for a [parts, per, cols] block
+    (``fused``: of fused_add_rms_norm, for _normalization_shares).
     ``drain`` (the program's last block): (chunks, store_chunk): the normalisation goes
     chunk by chunk of tiling.drain_chunks, each chunk stored by store_chunk(j, c0, c1) when
     made (_normalize_or_drain)."""
@@ -248,20 +313,23 @@ def _normalize_block(out_tile, x_tile, parts, per, cols, weight_tile, eps_tile, 
     weight = None if weight_tile is None else weight_tile[0:parts, :]
     sixteen = itemsize(x_tile.dtype) == 2
     if drain is not None:
+        # each chunk of a row split in the shares of the whole row
         chunks, store_chunk = drain
+        row_shares = _normalization_shares(1, cols, weight is not None, sixteen, fused)
         for j, c0, c1 in chunks:
-            for _, lo, hi, path in _path_segments(1, c1 - c0, weight is not None, sixteen):
+            for _, lo, hi, path in _path_segments(1, c1 - c0, row_shares):
                 lo, hi = c0 + lo, c0 + hi
                 _scale_rows(out_tile[:, j, lo:hi], x_tile[:, j, lo:hi], rstd[:, j:j + 1],
                             None if weight is None else weight[:, lo:hi], path)
             store_chunk(j, c0, c1)
         return
-    for j, lo, hi, path in _path_segments(per, cols, weight is not None, sixteen):
+    shares = _normalization_shares(per, cols, weight is not None, sixteen, fused)
+    for j, lo, hi, path in _path_segments(per, cols, shares):
         _scale_rows(out_tile[:, j, lo:hi], x_tile[:, j, lo:hi], rstd[:, j:j + 1],
                     None if weight is None else weight[:, lo:hi], path)
 
 
-def _normalize_or_drain(out, out_tile, src_tile, block, last, weight_tile, eps_tile):
+def _normalize_or_drain(out, out_tile, src_tile, block, last, weight_tile, eps_tile, fused=False):
     """Normalise one row block of ``src_tile`` into ``out_tile`` and return it for its store
     (_store_block); the program's last block (``last``), where its rows are long enough to
     cut into transfers of >= 4 KiB per partition (tiling.DMA_SATURATING_BYTES: these
@@ -278,13 +346,13 @@ def _normalize_or_drain(out, out_tile, src_tile, block, last, weight_tile, eps_t
     cols = out_tile.shape[-1]
     chunks = drain_chunks(per, cols, itemsize(out_tile.dtype), DMA_SATURATING_BYTES) if last else []
     if not chunks:
-        _normalize_block(out_tile, src_tile, parts, per, cols, weight_tile, eps_tile)
+        _normalize_block(out_tile, src_tile, parts, per, cols, weight_tile, eps_tile, fused)
         return out_tile
 
     def store_chunk(j, c0, c1):
         nisa.dma_copy(dst=block_rows(out, start, parts, per)[:, j, c0:c1], src=out_tile[:, j, c0:c1])
 
-    _normalize_block(out_tile, src_tile, parts, per, cols, weight_tile, eps_tile, (chunks, store_chunk))
+    _normalize_block(out_tile, src_tile, parts, per, cols, weight_tile, eps_tile, fused, (chunks, store_chunk))
     return None
 
 
@@ -368,7 +436,9 @@ def _rms_norm_streamed(x, out, weight, eps_tile, residual=None, total=None):
             s_tile = kept[c] if resident else _load_rows(x, residual, total, start, parts, c0, c1, store=False)
             w_cols = param_columns(weight, weight_res, c0, c1)
             out_tile = nl.ndarray((parts, c1 - c0), dtype=x.dtype, buffer=nl.sbuf)
-            for _, lo, hi, path in _path_segments(1, c1 - c0, w_cols is not None, itemsize(x.dtype) == 2):
+            shares = _normalization_shares(1, c1 - c0, w_cols is not None, itemsize(x.dtype) == 2,
+                                           residual is not None)
+            for _, lo, hi, path in _path_segments(1, c1 - c0, shares):
                 _scale_rows(out_tile[:, lo:hi], s_tile[:, lo:hi], rstd,
                             None if w_cols is None else w_cols[0:parts, lo:hi], path)
             nisa.dma_copy(dst=out[start:start + parts, c0:c1], src=out_tile)
@@ -465,7 +535,8 @@ def fused_add_rms_norm_kernel(x, residual, weight=None, eps=1e-6):
         nisa.tensor_tensor(dst=s_tile, data1=x_tile, data2=r_tile, op=nl.add)
         nisa.dma_copy(dst=block_rows(total, start, parts, per), src=s_tile)
         out_tile = nl.ndarray((parts, per, cols), dtype=x.dtype, buffer=nl.sbuf)
-        return _normalize_or_drain(out, out_tile, s_tile, block, block == blocks[-1], weight_tile, eps_tile)
+        return _normalize_or_drain(out, out_tile, s_tile, block, block == blocks[-1], weight_tile, eps_tile,
+                                   fused=True)
 
     pipelined(blocks, lambda block: load_blocks(block, x, residual), compute,
               lambda block, out_tile: _store_block(out, block, out_tile),

@@ -191,6 +191,98 @@ def test_norms_store_the_programs_last_block_chunk_by_chunk(op, dtype, hidden, c
     torch.testing.assert_close(out.double(), ref.to(dtype).double(), atol=1e-6, rtol=rtol)
 
 
+def _rms_norm_paths(trace, hidden):
+    """Columns per program of a traced rms_norm's normalisation on its three paths: VectorE
+    scalar_tensor_tensor, GpSimd tensor_scalar (x * rstd) and ScalarE copy into fp32."""
+    cols = {"vector": 0, "gpsimd": 0, "scalar": 0}
+    for ins in trace:
+        if ins.op == "scalar_tensor_tensor" and ins.engine == "vector":
+            cols["vector"] += ins.writes[0].shape[-1]
+        elif ins.op == "tensor_scalar" and ins.engine == "gpsimd":
+            cols["gpsimd"] += ins.writes[0].shape[-1]
+        elif ins.op == "activation" and ins.attrs.get("func") == "copy" and ins.writes[0].dtype == "float32":
+            cols["scalar"] += ins.writes[0].shape[-1]
+    return cols
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2", "trn3"])
+def test_rms_norm_splits_its_normalisation_by_the_active_generations_costs(target):
+    # kernels/rms_norm.py _weighted_shares: the shares of the three normalisation paths
+    # come from the generation's figures (engine_costs.py), not from constants swept on
+    # trn2 (0.5 / 0.3 until session 62): [640, 4096] bf16 with a weight (one row per
+    # partition: the split is by columns) takes 0.55 / 0.2 / 0.25 on trn1, 0.55 / 0.4 /
+    # 0.05 on trn2 and 0.55 / 0.15 / 0.3 on trn3, every block alike. The result is the
+    # float64 reference's rounded once, whichever path made each column. (The programs' last
+    # blocks are made in two column chunks, each split in the row's shares.)
+    rows, hidden = 640, 4096
+    x, w = torch.randn(rows, hidden).bfloat16(), torch.randn(hidden).bfloat16()
+    call = norms.rms_norm_kernel_call(x, (hidden,), w, 1e-6)
+    with simulator.activated():
+        kernel = _dispatch.simulator_kernel(call)
+    lnc = 1 if target == "trn1" else 2
+    result = simulator.run(kernel[lnc], *call.tensors, target=target, **call.static)
+    expected = {"trn1": (0.55, 0.2), "trn2": (0.55, 0.4), "trn3": (0.55, 0.15)}[target]
+    paths = _rms_norm_paths(result.trace, hidden)
+    total = sum(paths.values())
+    assert total == rows // 128 * hidden               # every row's columns, once (all programs)
+    # the shares within the rounding of each block's (or drained chunk's) cut, a column each
+    assert abs(paths["vector"] - expected[0] * total) <= 8
+    assert abs(paths["gpsimd"] - expected[1] * total) <= 8
+    ref = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+    # one rounding to bf16 on every path; the kernel rounds its fp32 value and the reference
+    # its float64 one, which may land one bf16 step apart: 2**-7
+    torch.testing.assert_close(result.outputs.double(), ref.to(torch.bfloat16).double(), atol=1e-6, rtol=2 ** -7)
+
+
+def test_rms_norm_prices_its_paths_as_the_cost_model_does():
+    # kernels/rms_norm.py _block_engine_ns, which _weighted_shares minimises, charges each
+    # engine of a block what the cost model charges the block's instructions there: ScalarE
+    # squares (16-bit: at the 16-bit rate, 2 on trn3) and rsqrt, VectorE's
+    # scalar_tensor_tensor two passes (no performance mode), GpSimd's tensor_scalar one and
+    # tensor_tensor two, ScalarE's copy into fp32 one; each with its engine's fixed cost
+    # (VectorE's less the pipeline overlap the schedule gives a stream of independent
+    # instructions), the squares' accumulator read-out left out. [512, 1024] bf16 at LNC=1:
+    # two [128, 2, 1024] blocks (the launch's two row parts, tiling.WORK_PARTS), each
+    # split by rows between the paths, on trn1, trn2 and trn3.
+    from nki_kernels import _kernel_sources
+    from nki_kernels.simulator.cost.model import compute_cost
+    from nki_kernels.simulator.hardware import get_target
+
+    rms_norm = _kernel_sources.load("rms_norm", "simulator")
+    rows, hidden = 512, 1024
+    x, w = torch.randn(rows, hidden).bfloat16(), torch.randn(hidden).bfloat16()
+    call = norms.rms_norm_kernel_call(x, (hidden,), w, 1e-6)
+    with simulator.activated():
+        kernel = _dispatch.simulator_kernel(call)
+    covered = set()
+    for target in ("trn1", "trn2", "trn3"):
+        result = simulator.run(kernel[1], *call.tensors, target=target, **call.static)
+        model = get_target(target)
+        modeled = {"vector": 0.0, "scalar": 0.0, "gpsimd": 0.0}
+        rows_on = {"vector": 0, "gpsimd": 0, "scalar": 0}
+        for ins in result.trace:
+            func = ins.attrs.get("func") if ins.op == "activation" else None
+            if not ((ins.op == "scalar_tensor_tensor" and ins.engine == "vector") or ins.engine == "gpsimd"
+                    or func in ("square", "rsqrt", "copy")):
+                continue
+            seconds = compute_cost(ins, model).seconds
+            if func == "square":
+                seconds -= model.activation_readout_cycles / model.scalar_hz
+            if ins.engine == "vector":
+                seconds -= model.vector_overlap_cycles / model.vector_hz
+            modeled[ins.engine] += seconds * 1e9
+            path = {"scalar_tensor_tensor": "vector", "tensor_scalar": "gpsimd"}.get(ins.op, "scalar" if func == "copy" else None)
+            if path:
+                rows_on[path] += 1
+        assert sum(rows_on.values()) == 4                  # two blocks' two rows, each on one path
+        with simulator.activated(target=target):
+            estimated, _ = rms_norm._block_engine_ns(2, hidden, True, False, rows_on["vector"] / 4,
+                                                     rows_on["gpsimd"] / 4)
+        assert [2 * e for e in estimated] == pytest.approx([modeled[k] for k in ("vector", "scalar", "gpsimd")])
+        covered |= {path for path, n in rows_on.items() if n}
+    assert covered == {"vector", "gpsimd", "scalar"}      # trn1 takes a row to ScalarE, trn2/trn3 to GpSimd
+
+
 def test_streamed_rms_norm_keeps_two_row_tiles_in_one_allocation_where_they_fit():
     # kernels/rms_norm.py _rms_norm_streamed: rows past 8192 columns kept in SBUF between
     # the two passes load their chunks into slots of one allocation, the row tiles taking
