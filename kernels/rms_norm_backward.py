@@ -23,7 +23,7 @@ Layout:
 Engines, per block (16-bit input; fp32 the same in fp32):
     ScalarE  square(x / sqrt(H)) with add-reduction -> mean(x**2) per row; rsqrt -> r
     VectorE  p = dy * x (16-bit, perf mode): TensorE sums p * r over rows into dw
-    VectorE / GpSimd  g = dy * w and q = g * x (16-bit; split by G_VECTOR_SHARE)
+    VectorE / GpSimd  g = dy * w and q = g * x (16-bit; split by _product_share)
     ScalarE  c = sum(q) per row (copy with add-accumulate, fp32)
     VectorE  a = x * (-r**2 c / H) (tensor_scalar, 16-bit perf mode)
     GpSimd   t = a + g (fp32)
@@ -70,33 +70,71 @@ SMALL_TILES = 16
 # backward: there GpSimd also adds dtotal to every row and the ring modeled slower
 # (fused_add_rms_norm Llama-7B 156.9 -> 158.2 us with four tiles, 160.9 with three).
 G_RING_DEPTH = 4
-# Share of the columns of g = dy * w and q = g * x given to VectorE (the rest to GpSimd).
-# Per element on trn2: VectorE 16-bit two-input pass 1.04 ns (perf mode), GpSimd 1.67 ns;
-# VectorE also runs p (1.04) and a (0.26; the row sum of q is ScalarE's): with share s of
-# the two products and t = a + g on GpSimd, VectorE 1.30 + 2.08 s, GpSimd 1.67 + 3.33
-# (1 - s): s = 0.68 balances them at ~2.7 ns; the sweep's optimum is 0.6 where dw comes
-# from column sums of p (rows past the diagonal accumulator, diag_fits): modeled trn2
-# LNC=2, [2048, 8192] bf16, share 0.5 / 0.55 / 0.6 / 0.65 / 0.7 / 0.8: 339.1 / 329.5 /
-# 326.4 / 331.2 / 337.6 / 349.4 us. With the
-# diagonal accumulator p is not formed (xhat instead, 0.26 ns) and the fixed costs move the
-# optimum up: [2048, 4096] share 0.6 / 0.7 / 0.8 / 0.9: 134.6 / 129.7 / 128.2 / 136.0 us.
-G_VECTOR_SHARE = 0.8
-G_VECTOR_SHARE_COLUMN_SUMS = 0.6
-# fused_add_rms_norm: GpSimd also adds dtotal (1.67 ns per element), so VectorE takes all
-# of g and q: VectorE 1.04 + 2.08 = 3.1 ns, GpSimd 3.3 ns. But for the program's first
-# block: GpSimd has no earlier block's second half to run then (it sat idle for the first
-# ~30 us of Llama-7B's backward), so that block's products are split by the two engines'
-# rates (engine_costs.vector_gpsimd_share: trn2 0.62 for 16-bit, 0.44 for fp32). With
-# dtotal loaded after the weight (the first block's g waits for the weight, its dtotal
-# only for the second half), modeled (session 60, us, trn2 LNC=2 bf16 with a weight):
-# Llama-7B [2048, 4096] 155.4 -> 152.4 (153.9 with the load order alone), [2048, 8192]
-# 301.2 -> 291.9, [512, 4096] 67.3 -> 57.0, [64, 4096] 44.2 -> 35.0; 9 configurations x
-# 12-14 shapes (bf16, fp16, fp32; with and without a weight; trn2 at LNC=2 and 1, trn3,
-# trn1): geomean -4.6 to -9.8 % per configuration with a weight (without: +0.1 %), three
-# runs slower, by at most 4.4 % (trn1 LNC=1 [300, 128]); outputs unchanged. In rms_norm's
-# backward, whose GpSimd takes a share of every block's products, the same split of its
-# first block modeled Llama-7B 113.0 -> 116.4: not taken there.
-FUSED_G_VECTOR_SHARE = 1.0
+# Step of the grid of VectorE shares _product_share searches.
+SHARE_STEP = 0.05
+
+
+def _product_share(per, cols, sixteen, dw, fused):
+    """Share of the columns of g = dy * w and q = g * x a [P, per, cols] block gives VectorE
+    (the rest to GpSimd), on a grid of SHARE_STEP: the one that leaves the busier of VectorE
+    and GpSimd least busy over the block (_block_engine_ns; ScalarE's work does not depend
+    on it). Ties go to the larger VectorE share.
+
+    Per element on trn2, fixed costs aside: VectorE's 16-bit two-input pass 1.04 ns (perf
+    mode), GpSimd's 1.67 ns; VectorE also makes a (0.26) and either xhat for the diagonal
+    dw (0.26) or p = dy * x for column sums (1.04); GpSimd t = a + g (1.67; fused also
+    + dtotal, 1.67). With share s of the two products: diagonal dw VectorE 0.52 + 2.08 s,
+    GpSimd 1.67 + 3.33 (1 - s): s = 0.81; column sums s = 0.68; fused (diagonal) s = 1
+    (VectorE 2.6 ns, GpSimd 3.3). With the fixed costs a bf16 row of 4096 columns takes
+    0.85 on trn2 (diagonal dw), 0.95 on trn3, 0.4 on trn1 (no performance mode); fp32 0.4
+    on trn2. Until session 62 these were constants swept on trn2 bf16 and used for every
+    dtype and generation: 0.8 (diagonal), 0.6 (column sums: the sweep's optimum; 0.7, the
+    balance here, modeled [2048, 8192] 337.6 against 326.4 us) and 1.0 (fused).
+    Against them, modeled (session 62, us, with a weight; 12-14 shapes of 64-8192 rows x
+    128-8192 columns): rms_norm's backward trn2 LNC=2 bf16 geomean +0.8 % (Llama-7B [2048,
+    4096] 113.0 -> 114.0, ViT-B-sized [1576, 768] +3.6 %, [1024, 8192] +3.3 %, the most),
+    LNC=1 +0.4 %, fp32 -17.4 % ([3000, 2048] 158.5 -> 117.0), trn3 bf16 +0.2 % (-7.7 to
+    +6.1 %), fp32 -10.6 %, trn1 bf16 -17.4 % ([4096, 4096] 654.5 -> 467.8), fp32 -5.0 %;
+    without a weight trn2 -0.4 %; fused_add_rms_norm's backward 16-bit on trn2 and trn3
+    unchanged (all on VectorE either way), fp32 trn2 -6.4 % (LNC=1 -8.0 %), trn3 +0.4 %,
+    trn1 bf16 -5.4 %. Gradients unchanged bit for bit."""
+    steps = round(1 / SHARE_STEP)
+    best = None
+    for i in range(steps, -1, -1):
+        vector, gpsimd = _block_engine_ns(per, cols, sixteen, dw, fused, i / steps)
+        if best is None or max(vector, gpsimd) < best[0] - 1e-6:
+            best = (max(vector, gpsimd), i / steps)
+    return best[1]
+
+
+def _block_engine_ns(per, cols, sixteen, dw, fused, vector_share):
+    """Estimated (VectorE, GpSimd) ns of one [P, per, cols] block whose products g and q
+    (without a weight, ``dw`` None: q alone) give ``vector_share`` of their columns to
+    VectorE (split_count), by the cost
+    model's rules with the active generation's figures (engine_costs.py; pass counts of
+    simulator/cost/model.py): each product one instruction per engine over the block,
+    tensor_tensor reading two full inputs (VectorE with 16-bit data in its performance
+    mode, vector_psum_copy_16bit_rate / 2 elements per cycle); VectorE's a = x * (-r^2 c / H)
+    per row (tensor_scalar: vector_16bit_rate with 16-bit data) and xhat per row (``dw``
+    "diagonal") or p = dy * x over the block ("columns"); GpSimd's t = a + g per row (fp32
+    out) and,
+    ``fused``, + dtotal per row (in column halves past TARGET_COLS: _back)."""
+    c = active_engine_costs()
+    cut = split_count(cols, vector_share)
+    two = c.vector_psum_copy_16bit_rate / 2 if sixteen else 0.5     # tensor_tensor, elements per cycle
+    four = c.vector_16bit_rate if sixteen else 1                    # tensor_scalar
+    products = 1 if dw is None else 2
+    vector = products * c.instruction_ns("vector", per * cut, rate=two) if cut else 0.0
+    gpsimd = products * c.instruction_ns("gpsimd", per * (cols - cut), rate=0.5) if cut < cols else 0.0
+    vector += per * c.instruction_ns("vector", cols, rate=four)                      # a
+    if dw == "columns":
+        vector += c.instruction_ns("vector", per * cols, rate=two)                   # p = dy * x
+    elif dw == "diagonal":
+        vector += per * c.instruction_ns("vector", cols, rate=four)                  # xhat
+    halves = 2 if fused and per == 1 and cols > TARGET_COLS else 1
+    per_row = (2 if fused else 1) * halves * c.instruction_ns("gpsimd", cols / halves, rate=0.5)
+    gpsimd += per * per_row                                                          # t (and + dtotal)
+    return vector, gpsimd
 
 
 def _prefetch_ahead(per, cols, itemsize, inputs, weight_bytes):
@@ -168,15 +206,23 @@ def _front(dy_tile, x_tile, rstd, parts, per, cols, weight_tile, acc, first, fus
     """The first half of one [parts, per, cols] block after its statistics: g (into
     ``g_tile``, a slot of the ring, when given), c and the dw sums (into ``acc``: a diagonal
     accumulator when it is 3-D, else column sums; None without weight). ``program_first``:
-    the program's first block (FUSED_G_VECTOR_SHARE). Returns what ``_back`` needs: (rstd,
+    the program's first block (split by the two engines' rates when ``fused``). Returns
+    what ``_back`` needs: (rstd,
     neg_k, g)."""
     f32 = nl.float32
     shape = (parts, per, cols)
     column_sums = weight_tile is not None and len(acc.shape) != 3     # dw from p = dy * x (VectorE)
-    share = FUSED_G_VECTOR_SHARE if fused else G_VECTOR_SHARE_COLUMN_SUMS if column_sums else G_VECTOR_SHARE
+    dw = None if weight_tile is None else "columns" if column_sums else "diagonal"
+    share = _product_share(per, cols, itemsize(x_tile.dtype) == 2, dw, fused)
     if fused and program_first:
-        # GpSimd has no earlier block's t = a + g and + dtotal to run yet: the program's
-        # first block splits its products by the two engines' rates (FUSED_G_VECTOR_SHARE)
+        # GpSimd has no earlier block's t = a + g and + dtotal to run yet (it sat idle for
+        # the first ~30 us of Llama-7B's backward), so the program's first block splits its
+        # products by the two engines' rates (engine_costs.vector_gpsimd_share: trn2 0.62
+        # for 16-bit, 0.44 for fp32). With dtotal loaded after the weight, modeled (session
+        # 60, us, trn2 LNC=2 bf16 with a weight): Llama-7B [2048, 4096] 155.4 -> 152.4,
+        # [512, 4096] 67.3 -> 57.0, [64, 4096] 44.2 -> 35.0. In rms_norm's backward, whose
+        # GpSimd takes a share of every block's products, the same split of its first block
+        # modeled Llama-7B 113.0 -> 116.4: not taken there.
         c = active_engine_costs()
         share = c.vector_gpsimd_share(c.vector_psum_copy_16bit_rate / 2 if itemsize(x_tile.dtype) == 2 else 0.5)
     cut = split_count(cols, share)
