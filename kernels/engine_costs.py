@@ -90,6 +90,15 @@ class EngineCosts(nl.NKIObject):
                       "gpsimd": (self.gpsimd_ghz, self.gpsimd_instr_cycles)}[engine]
         return (max(self.min_instruction_cycles, elements / rate) + fixed) / ghz
 
+    def vector_two_input_rate(self, sixteen):
+        """Elements per cycle of a VectorE tensor_tensor (or other instruction reading two
+        full inputs) with both inputs in SBUF, by the cost model's rule: two input passes,
+        over the performance mode's factor when every operand is 16-bit (the model's
+        vector_perf_mode_half, which this table carries as vector_psum_copy_16bit_rate:
+        2 on trn2 and trn3, 1 on trn1). Not for scalar_tensor_tensor, which has no such
+        mode (0.5 on every generation)."""
+        return (self.vector_psum_copy_16bit_rate if sixteen else 1) / 2
+
     def dependency_ns(self, engine):
         """How long a consumer waits after an ``engine`` ("tensor", "vector", "scalar" or
         "gpsimd") instruction ends before it can read the result (the cost model's rule)."""

@@ -78,8 +78,10 @@ def _row_sums_on_vector(per, cols, sixteen, no_dw_product):
     Estimated block time of a placement (cost-model rules with the active generation's
     figures, engine_costs.py): the busier of ScalarE and VectorE, plus what the sums add to
     the block's chain q -> sums -> a -> t -> dx: a VectorE reduce the whole block's (no
-    row's a starts before it), ScalarE's one row's. Rates: VectorE 16-bit perf mode 2x for
-    tensor_tensor, 4x for tensor_scalar, one element per cycle for a tensor_reduce into the
+    row's a starts before it), ScalarE's one row's. Rates: VectorE 16-bit perf mode where
+    the generation has it (trn2, trn3: engine_costs.vector_two_input_rate for tensor_tensor,
+    vector_16bit_rate for tensor_scalar; until session 62 assumed on trn1 too), one element
+    per cycle for a tensor_reduce into the
     fp32 sums (its N/2 needs a bf16 output too: [S] tensor_reduce); ScalarE reads 16-bit g
     and q at the generation's 16-bit rate (2x on trn3). The least estimate wins (ties: more
     sums on VectorE). ``no_dw_product``: dw is taken on TensorE's diagonal (or there is no
@@ -90,14 +92,15 @@ def _row_sums_on_vector(per, cols, sixteen, no_dw_product):
     others [512, 384] +8.0 % and [3000, 512] +5.7 %; on trn3 within 3.7 %, on trn1 (LNC=1)
     0.5 %. Without the chain term (the busier engine alone) ViT-L models 39.9."""
     c = active_engine_costs()
-    two, four = (2, 4) if sixteen else (1, 1)
+    two = c.vector_two_input_rate(sixteen)                          # tensor_tensor
+    four = c.vector_16bit_rate if sixteen else 1                    # tensor_scalar
     cut = split_count(cols, PRODUCT_VECTOR_SHARE)
     products = 2 if no_dw_product else 3
     # ScalarE: dx per row (t is fp32)
     scalar = per * c.instruction_ns("scalar", cols)
     # VectorE: xhat and a per row, its share of the products
     vector = (2 * per * c.instruction_ns("vector", cols, four)
-              + products * c.instruction_ns("vector", 2 * per * cut, two))
+              + products * c.instruction_ns("vector", per * cut, two))
     on_scalar = per * c.instruction_ns("scalar", cols, c.scalar_16bit_rate if sixteen else 1)
     on_vector = c.instruction_ns("vector", per * cols)
     best = None

@@ -185,8 +185,7 @@ def _block_engine_ns(per, cols, sixteen, fused, vector_share, gpsimd_share):
     scalar = n_sc * c.instruction_ns("scalar", w_sc)
     gpsimd = (n_gp * (c.instruction_ns("gpsimd", w_gp) + c.instruction_ns("gpsimd", w_gp, rate=0.5))
               + n_sc * c.instruction_ns("gpsimd", w_sc, rate=0.5))
-    add_rate = c.vector_psum_copy_16bit_rate / 2 if sixteen else 0.5          # tensor_tensor, 2 inputs
-    add = c.instruction_ns("vector", per * cols, rate=add_rate) if fused else 0.0
+    add = c.instruction_ns("vector", per * cols, rate=c.vector_two_input_rate(sixteen)) if fused else 0.0
     scalar += per * c.instruction_ns("scalar", cols, rate=sixteen_rate) + c.instruction_ns("scalar", per)
     return (vector + add, scalar, gpsimd), (vector, scalar, gpsimd)
 

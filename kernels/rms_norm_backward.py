@@ -121,7 +121,7 @@ def _block_engine_ns(per, cols, sixteen, dw, fused, vector_share):
     ``fused``, + dtotal per row (in column halves past TARGET_COLS: _back)."""
     c = active_engine_costs()
     cut = split_count(cols, vector_share)
-    two = c.vector_psum_copy_16bit_rate / 2 if sixteen else 0.5     # tensor_tensor, elements per cycle
+    two = c.vector_two_input_rate(sixteen)                          # tensor_tensor
     four = c.vector_16bit_rate if sixteen else 1                    # tensor_scalar
     products = 1 if dw is None else 2
     vector = products * c.instruction_ns("vector", per * cut, rate=two) if cut else 0.0

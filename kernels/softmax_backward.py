@@ -60,13 +60,14 @@ def _row_split(per, cols, sixteen):
     """(rows whose m is made on ScalarE, on GpSimd, rows done on VectorE) of a [P, per, cols]
     block's last step: each row in turn goes the way that leaves the busiest engine least
     busy, starting from VectorE's p and c. Cost-model rules, with the active generation's
-    figures (engine_costs.py): tensor_tensor 2 passes (16-bit on VectorE: perf mode, 2x),
+    figures (engine_costs.py): tensor_tensor 2 passes (16-bit on VectorE: its perf mode,
+    engine_costs.vector_two_input_rate: 2x on trn2 and trn3, none on trn1),
     the row sums 1 (a tensor_reduce into fp32 has no N/2: [S] tensor_reduce),
     scalar_tensor_tensor 2 ("approximately the same latency as a regular tensor_tensor",
     nki.isa docs), tensor_scalar and activation 1."""
     c = active_engine_costs()
-    rate = 2 if sixteen else 1
-    load = {"vector": c.instruction_ns("vector", 2 * per * cols, rate) + c.instruction_ns("vector", per * cols),
+    load = {"vector": c.instruction_ns("vector", per * cols, c.vector_two_input_rate(sixteen))
+            + c.instruction_ns("vector", per * cols),
             "scalar": 0.0, "gpsimd": 0.0}
     counts = {"scalar": 0, "gpsimd": 0, "vector": 0}
     for _ in range(per):
