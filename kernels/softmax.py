@@ -276,11 +276,19 @@ def _exp_groups(per):
     return [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
 
 
+def _max_ns(elements, bf16_max):
+    """Estimated ns of VectorE's row max (tensor_reduce) over ``elements`` per partition:
+    bf16 in and out at the generation's bf16 reduce rate (engine_costs.py; the model's
+    N/2), else one element per cycle."""
+    c = active_engine_costs()
+    return c.instruction_ns("vector", elements, c.vector_reduce_bf16_rate if bf16_max else 1)
+
+
 def _block_base_ns(per, cols, bf16_max):
     """[VectorE, ScalarE, GpSimd] estimated ns of the block form before the scaling
     (``bf16_max``: the row max is a bf16 -> bf16 tensor_reduce, 2 elements per cycle)."""
     c = active_engine_costs()
-    vector = (c.instruction_ns("vector", per * cols, 2 if bf16_max else 1)   # max
+    vector = (_max_ns(per * cols, bf16_max)                                 # max
               + c.instruction_ns("vector", 8 * per))                         # 1/sum
     scalar = 0.0
     for lo, hi in _exp_groups(per):
@@ -329,7 +337,7 @@ def _row_form_ns(per, cols, bf16_max):
     VectorE, fp32 input at 1 element per cycle)."""
     c = active_engine_costs()
     on_scalar = per * c.instruction_ns("scalar", cols)
-    vector = c.instruction_ns("vector", per * cols, 2 if bf16_max else 1) + c.instruction_ns("vector", 8 * per)
+    vector = _max_ns(per * cols, bf16_max) + c.instruction_ns("vector", 8 * per)
     on_vector = per * c.instruction_ns("vector", cols)
     return on_scalar, vector, on_vector
 
@@ -590,7 +598,7 @@ def _row_lane_ns(cols, bf16_max):
     """Estimated ns one lane spends on a row of ``cols`` elements in one row per partition:
     VectorE's max, ScalarE's exp and the scaling split evenly between VectorE and ScalarE."""
     c = active_engine_costs()
-    return (c.instruction_ns("vector", cols, 2 if bf16_max else 1) + c.instruction_ns("scalar", cols)
+    return (_max_ns(cols, bf16_max) + c.instruction_ns("scalar", cols)
             + max(c.instruction_ns("vector", cols / 2), c.instruction_ns("scalar", cols / 2)))
 
 
@@ -598,7 +606,7 @@ def _split_lane_ns(width, bf16_max, n_groups):
     """Estimated ns one lane spends on a split-form segment of ``width`` elements: VectorE's
     max, ScalarE's exp and the scaling (_split_scaling_ns)."""
     c = active_engine_costs()
-    return (c.instruction_ns("vector", width, 2 if bf16_max else 1) + c.instruction_ns("scalar", width)
+    return (_max_ns(width, bf16_max) + c.instruction_ns("scalar", width)
             + _split_scaling_ns(width, n_groups))
 
 
@@ -682,7 +690,7 @@ def _split_chunk_count(width, dtype_bytes, bf16_max, n_groups):
     for count in range(1, SPLIT_MAX_CHUNKS + 1):
         cols = cdiv(width, count)
         transfer = c.dma_occupancy_ns(c.queue_data_ns(cols * dtype_bytes))
-        maximum = c.instruction_ns("vector", cols, 2 if bf16_max else 1)
+        maximum = _max_ns(cols, bf16_max)
         exp = c.instruction_ns("scalar", cols)
         scaling = _split_scaling_ns(cols, n_groups)
         first_half = transfer + maximum + exp + (count - 1) * max(transfer, maximum, exp)
