@@ -23,7 +23,7 @@ class EngineCosts(nl.NKIObject):
                  vector_reduce_readout_cycles, dma_bytes_per_s, dma_transfer_gap_ns, dma_transfer_handoff_ns,
                  dma_transpose_efficiency, sbuf_bytes_per_partition, gpsimd_pattern_cycles, tensor_ghz,
                  matmul_min_cycles, transpose_fp32_factor, matmul_latency_cycles, dependency_latency_cycles,
-                 vector_16bit_rate, scalar_16bit_rate, vector_reduce_bf16_rate):
+                 vector_16bit_rate, scalar_16bit_rate, vector_reduce_bf16_rate, vector_reciprocal_factor):
         # VectorE, ScalarE and GpSimd clocks (GHz): estimated cycles / clock = ns
         self.vector_ghz = vector_ghz
         self.scalar_ghz = scalar_ghz
@@ -37,6 +37,8 @@ class EngineCosts(nl.NKIObject):
         # VectorE: elements per lane and cycle of a tensor_reduce (add or max) whose input
         # and output are both bf16 (else 1)
         self.vector_reduce_bf16_rate = vector_reduce_bf16_rate
+        # VectorE reciprocal: cycles per element (an iterative instruction)
+        self.vector_reciprocal_factor = vector_reciprocal_factor
         # ScalarE: elements per lane and cycle of an activation whose data is 16-bit (trn3:
         # 256 bf16 elements per cycle over 128 lanes; 32-bit data: 1 on every generation)
         self.scalar_16bit_rate = scalar_16bit_rate
@@ -153,6 +155,7 @@ MIRRORS = {
     "vector_16bit_rate": ("vector_perf_mode_full", 1),
     "scalar_16bit_rate": ("scalar_elems_per_cycle", 1 / 128),
     "vector_reduce_bf16_rate": ("reduce_bf16_speedup", 1),
+    "vector_reciprocal_factor": ("vector_reciprocal_factor", 1),
     "vector_instr_cycles": ("vector_static_cycles", 1),
     "scalar_instr_cycles": ("scalar_static_cycles", 1),
     "gpsimd_instr_cycles": ("gpsimd_static_cycles", 1),
@@ -185,7 +188,8 @@ _GEN2 = EngineCosts(vector_ghz=1.12, scalar_ghz=1.4, gpsimd_ghz=1.4, vector_psum
                     sbuf_bytes_per_partition=192 * 1024, gpsimd_pattern_cycles=150, tensor_ghz=2.8,
                     matmul_min_cycles=64, transpose_fp32_factor=4, matmul_latency_cycles=400,
                     dependency_latency_cycles=100,
-                    vector_16bit_rate=1, scalar_16bit_rate=1, vector_reduce_bf16_rate=2)
+                    vector_16bit_rate=1, scalar_16bit_rate=1, vector_reduce_bf16_rate=2,
+                    vector_reciprocal_factor=8)
 _GEN3 = EngineCosts(vector_ghz=0.96, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_copy_16bit_rate=2,
                     vector_instr_cycles=100.0, scalar_instr_cycles=360.0,
                     gpsimd_instr_cycles=100.0, vector_overlap_cycles=60.0, min_instruction_cycles=64,
@@ -195,7 +199,8 @@ _GEN3 = EngineCosts(vector_ghz=0.96, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum
                     sbuf_bytes_per_partition=224 * 1024, gpsimd_pattern_cycles=150, tensor_ghz=2.4,
                     matmul_min_cycles=64, transpose_fp32_factor=2, matmul_latency_cycles=400,
                     dependency_latency_cycles=100,
-                    vector_16bit_rate=4, scalar_16bit_rate=1, vector_reduce_bf16_rate=2)
+                    vector_16bit_rate=4, scalar_16bit_rate=1, vector_reduce_bf16_rate=2,
+                    vector_reciprocal_factor=8)
 _GEN4 = EngineCosts(vector_ghz=1.2, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_copy_16bit_rate=2,
                     vector_instr_cycles=100.0, scalar_instr_cycles=360.0,
                     gpsimd_instr_cycles=100.0, vector_overlap_cycles=60.0, min_instruction_cycles=64,
@@ -205,7 +210,8 @@ _GEN4 = EngineCosts(vector_ghz=1.2, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_
                     sbuf_bytes_per_partition=256 * 1024, gpsimd_pattern_cycles=150, tensor_ghz=2.4,
                     matmul_min_cycles=64, transpose_fp32_factor=2, matmul_latency_cycles=400,
                     dependency_latency_cycles=100,
-                    vector_16bit_rate=4, scalar_16bit_rate=2, vector_reduce_bf16_rate=2)
+                    vector_16bit_rate=4, scalar_16bit_rate=2, vector_reduce_bf16_rate=2,
+                    vector_reciprocal_factor=8)
 
 
 def by_generation():

@@ -288,8 +288,8 @@ def _block_base_ns(per, cols, bf16_max):
     """[VectorE, ScalarE, GpSimd] estimated ns of the block form before the scaling
     (``bf16_max``: the row max is a bf16 -> bf16 tensor_reduce, 2 elements per cycle)."""
     c = active_engine_costs()
-    vector = (_max_ns(per * cols, bf16_max)                                 # max
-              + c.instruction_ns("vector", 8 * per))                         # 1/sum
+    vector = (_max_ns(per * cols, bf16_max)                                       # max
+              + c.instruction_ns("vector", c.vector_reciprocal_factor * per))      # 1/sum
     scalar = 0.0
     for lo, hi in _exp_groups(per):
         vector += c.instruction_ns("vector", (hi - lo) * cols)              # sums
@@ -337,7 +337,7 @@ def _row_form_ns(per, cols, bf16_max):
     VectorE, fp32 input at 1 element per cycle)."""
     c = active_engine_costs()
     on_scalar = per * c.instruction_ns("scalar", cols)
-    vector = _max_ns(per * cols, bf16_max) + c.instruction_ns("vector", 8 * per)
+    vector = _max_ns(per * cols, bf16_max) + c.instruction_ns("vector", c.vector_reciprocal_factor * per)
     on_vector = per * c.instruction_ns("vector", cols)
     return on_scalar, vector, on_vector
 
