@@ -185,14 +185,6 @@ def _prefetch_ahead(per, cols, itemsize, param_bytes):
     return fitting_ahead(PREFETCH_AHEAD, lambda ahead: (ahead + 3) * block + param_bytes + cols * 4)
 
 
-def _vector_16bit_pair_rate():
-    """Elements per cycle of a VectorE tensor_tensor over 16-bit tiles in SBUF: two input
-    passes, halved by the 2x performance mode where the generation has one (the cost
-    model's rule; Target.vector_perf_mode_half, which EngineCosts mirrors as
-    vector_psum_copy_16bit_rate): 1 on trn2 and trn3, 0.5 on trn1."""
-    return active_engine_costs().vector_psum_copy_16bit_rate / 2
-
-
 def _vector_share_16():
     """VectorE's share of the 16-bit affine step's columns (y * weight, + bias), the rest on
     GpSimd: the share at which the two engines end the step together, by their clocks and
@@ -203,7 +195,8 @@ def _vector_share_16():
     Before session 58 a block's split was a constant that left VectorE room for the next
     block's statistics and y: 0.55 with weight and bias, 0.3 with a weight only, on every
     generation (figures of the change: _scalar_stats_share)."""
-    return active_engine_costs().vector_gpsimd_share(_vector_16bit_pair_rate())
+    c = active_engine_costs()
+    return c.vector_gpsimd_share(c.vector_two_input_rate(True))
 
 
 def _scalar_stats_share(per, cols, n_params):
@@ -243,7 +236,7 @@ def _scalar_stats_share(per, cols, n_params):
     affine = 0.0
     if n_params:
         affine = n_params * c.instruction_ns("vector", per * split_count(cols, _vector_share_16()),
-                                             rate=_vector_16bit_pair_rate())
+                                             rate=c.vector_two_input_rate(True))
     # both balances solved for s: (... - r) / (S - r + V)
     per_share = scalar_slot - rsqrt + vector_slot
     latency = (vector_slot - rsqrt) / per_share
@@ -263,7 +256,7 @@ def _slot_after_stats_ns(cols, sixteen, n_params):
         cut = split_count(cols, _vector_share_16())
         vector = c.instruction_ns("vector", cols, rate=c.vector_16bit_rate)
         if n_params:
-            vector += n_params * c.instruction_ns("vector", cut, rate=_vector_16bit_pair_rate())
+            vector += n_params * c.instruction_ns("vector", cut, rate=c.vector_two_input_rate(True))
         gpsimd = n_params * c.instruction_ns("gpsimd", cols - cut, rate=0.5) if n_params else 0.0
         return max(vector, gpsimd)
     a = _fp32_vector_share(n_params)
