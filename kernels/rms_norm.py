@@ -136,9 +136,10 @@ def _weighted_shares(per, cols, sixteen, fused):
     360 cycles per instruction on trn2 and trn3): a 4096-column bf16 row takes 0.55 / 0.4
     on trn2, 0.55 / 0.15 on trn3; [P, 4, 512] blocks 2 rows VectorE, 2 GpSimd, none ScalarE
     on trn2, 3 / 1 / 0 on trn3. The fused add is left out of the second key because it runs
-    before the statistics, not beside the normalisation: counted there, fused_add_rms_norm
-    modeled +2.4 % geomean on trn2 and +3.4 % on trn3 (14 shapes), and left out of both keys
-    trn3 [8192, 512] modeled 38.4 -> 48.4 us (VectorE then the busiest engine).
+    before the statistics, not beside the normalisation: with one key (the busiest engine,
+    the add counted) fused_add_rms_norm modeled +2.4 % geomean on trn2 and +3.4 % on trn3
+    (14 shapes), and with the add left out of both keys trn3 [8192, 512] modeled 38.4 ->
+    48.4 us (VectorE then the busiest engine).
 
     Until session 62 the shares were constants swept on trn2 (0.5, 0.3). Against them,
     modeled (session 62, us, with a bf16 weight; 13-14 shapes of 64-8192 rows x 128-8192
