@@ -23,11 +23,14 @@ Layout:
 Engines, per block (16-bit input; fp32 the same in fp32):
     ScalarE  square(x / sqrt(H)) with add-reduction -> mean(x**2) per row; rsqrt -> r
     VectorE  p = dy * x (16-bit, perf mode): TensorE sums p * r over rows into dw
-    VectorE / GpSimd  g = dy * w and q = g * x (16-bit; split by _product_share)
+    VectorE / GpSimd  g = dy * w and q = g * x (16-bit; split by _product_share, fused by
+             _fused_plan)
     ScalarE  c = sum(q) per row (copy with add-accumulate, fp32)
     VectorE  a = x * (-r**2 c / H) (tensor_scalar, 16-bit perf mode)
     GpSimd   t = a + g (fp32)
-    ScalarE  dx = t * r (one rounding) -- fused: ScalarE t * r (fp32), GpSimd + dtotal (one rounding)
+    ScalarE  dx = t * r (one rounding) -- fused: dx = t * r + dtotal (one rounding), a share
+             of each row's columns (_fused_plan) on VectorE (scalar_tensor_tensor), the rest
+             ScalarE t * r (fp32) then GpSimd + dtotal
     The program's last block makes a, t and dx per column chunk of 2 KiB per partition
     (tiling.drain_chunks) and stores each chunk when made (_back_drained): nothing follows
     it to hide its chain.
@@ -74,7 +77,7 @@ G_RING_DEPTH = 4
 SHARE_STEP = 0.05
 
 
-def _product_share(per, cols, sixteen, dw, fused):
+def _product_share(per, cols, sixteen, dw):
     """Share of the columns of g = dy * w and q = g * x a [P, per, cols] block gives VectorE
     (the rest to GpSimd), on a grid of SHARE_STEP: the one that leaves the busier of VectorE
     and GpSimd least busy over the block (_block_engine_ns; ScalarE's work does not depend
@@ -89,40 +92,73 @@ def _product_share(per, cols, sixteen, dw, fused):
     0.85 on trn2 (diagonal dw), 0.95 on trn3, 0.4 on trn1 (no performance mode); fp32 0.4
     on trn2. Until session 62 these were constants swept on trn2 bf16 and used for every
     dtype and generation: 0.8 (diagonal), 0.6 (column sums: the sweep's optimum; 0.7, the
-    balance here, modeled [2048, 8192] 337.6 against 326.4 us) and 1.0 (fused).
-    Against them, modeled (session 62, us, with a weight; 12-14 shapes of 64-8192 rows x
-    128-8192 columns): rms_norm's backward trn2 LNC=2 bf16 geomean +0.8 % (Llama-7B [2048,
-    4096] 113.0 -> 114.0, ViT-B-sized [1576, 768] +3.6 %, [1024, 8192] +3.3 %, the most),
-    LNC=1 +0.4 %, fp32 -17.4 % ([3000, 2048] 158.5 -> 117.0), trn3 bf16 +0.2 % (-7.7 to
-    +6.1 %), fp32 -10.6 %, trn1 bf16 -17.4 % ([4096, 4096] 654.5 -> 467.8), fp32 -5.0 %;
-    without a weight trn2 -0.4 %; fused_add_rms_norm's backward 16-bit on trn2 and trn3
-    unchanged (all on VectorE either way), fp32 trn2 -6.4 % (LNC=1 -8.0 %), trn3 +0.4 %,
-    trn1 bf16 -5.4 %. Gradients unchanged bit for bit."""
+    balance here, modeled [2048, 8192] 337.6 against 326.4 us) and 1.0 (fused; now
+    _fused_plan's). Against them, modeled (session 62, us, with a weight; 12-14 shapes of
+    64-8192 rows x 128-8192 columns): rms_norm's backward trn2 LNC=2 bf16 geomean +0.8 %
+    (Llama-7B [2048, 4096] 113.0 -> 114.0, ViT-B-sized [1576, 768] +3.6 %, [1024, 8192]
+    +3.3 %, the most), LNC=1 +0.4 %, fp32 -17.4 % ([3000, 2048] 158.5 -> 117.0), trn3 bf16
+    +0.2 % (-7.7 to +6.1 %), fp32 -10.6 %, trn1 bf16 -17.4 % ([4096, 4096] 654.5 -> 467.8),
+    fp32 -5.0 %; without a weight trn2 -0.4 %. Gradients unchanged bit for bit."""
     steps = round(1 / SHARE_STEP)
     best = None
     for i in range(steps, -1, -1):
-        vector, gpsimd = _block_engine_ns(per, cols, sixteen, dw, fused, i / steps)
+        vector, _, gpsimd = _block_engine_ns(per, cols, sixteen, dw, False, i / steps)
         if best is None or max(vector, gpsimd) < best[0] - 1e-6:
             best = (max(vector, gpsimd), i / steps)
     return best[1]
 
 
-def _block_engine_ns(per, cols, sixteen, dw, fused, vector_share):
-    """Estimated (VectorE, GpSimd) ns of one [P, per, cols] block whose products g and q
-    (without a weight, ``dw`` None: q alone) give ``vector_share`` of their columns to
-    VectorE (split_count), by the cost
-    model's rules with the active generation's figures (engine_costs.py; pass counts of
-    simulator/cost/model.py): each product one instruction per engine over the block,
-    tensor_tensor reading two full inputs (VectorE with 16-bit data in its performance
-    mode, vector_psum_copy_16bit_rate / 2 elements per cycle); VectorE's a = x * (-r^2 c / H)
-    per row (tensor_scalar: vector_16bit_rate with 16-bit data) and xhat per row (``dw``
-    "diagonal") or p = dy * x over the block ("columns"); GpSimd's t = a + g per row (fp32
-    out) and,
-    ``fused``, + dtotal per row (in column halves past TARGET_COLS: _back)."""
+def _fused_plan(per, cols, sixteen, dw):
+    """(VectorE share of g and q, VectorE share of dx) for a [P, per, cols] block of
+    fused_add_rms_norm's backward, on a grid of SHARE_STEP each: the pair that leaves the
+    busiest of VectorE, ScalarE and GpSimd least busy over the block (_block_engine_ns).
+    dx = t * r + dtotal is made either by one VectorE scalar_tensor_tensor (fp32 inside, one
+    rounding) or by ScalarE's t * r (fp32) and GpSimd's + dtotal (one rounding): the same
+    arithmetic, so the same values. Ties go to the larger product share, then the smaller
+    dx share (the two-engine way, the only one until session 62).
+
+    Per element on trn2, 16-bit, diagonal dw, all products on VectorE: VectorE 2.6 ns,
+    ScalarE 2.5 (squares, the row sum of q, t * r), GpSimd 3.3 (t = a + g, + dtotal);
+    VectorE's scalar_tensor_tensor costs 2.08 ns where it saves ScalarE 0.83 and GpSimd
+    1.67: about a fifth of dx on VectorE evens the three out at ~3.0 ns. With the fixed
+    costs a bf16 [P, 1, 4096] block takes (0.95, 0.3) on trn2, (1.0, 0.4) on trn3, (0.15,
+    1.0) on trn1; fp32 (0.1, 1.0) on trn2 (VectorE without its performance mode).
+    Against the products all on VectorE and dx never there (until session 62; the share
+    of session 61 for fp32 and trn1), modeled (us, with a weight; 12-14 shapes of 64-8192
+    rows x 128-8192 columns): trn2 LNC=2 bf16 geomean -3.9 % (Llama-7B [2048, 4096] 152.4
+    -> 141.5, [8192, 512] 91.4 -> 78.7; [3000, 2048] +2.2 %, the one slower), LNC=1 -1.9 %
+    ([3000, 2048] 193.9 -> 208.6, +7.6 %, the most), fp32 -4.3 % (none slower), trn3 bf16
+    -7.8 % (none slower), trn1 bf16 -8.3 % ([130, 2048] +4.2 %); without a weight (dx
+    only: the products are q alone) trn2 -10.8 %. Gradients unchanged bit for bit (the
+    same fp32 arithmetic, one rounding, either way)."""
+    steps = round(1 / SHARE_STEP)
+    best = None
+    for i in range(steps, -1, -1):
+        for k in range(steps + 1):
+            busiest = max(_block_engine_ns(per, cols, sixteen, dw, True, i / steps, k / steps))
+            if best is None or busiest < best[0] - 1e-6:
+                best = (busiest, i / steps, k / steps)
+    return best[1], best[2]
+
+
+def _block_engine_ns(per, cols, sixteen, dw, fused, vector_share, dtotal_share=0.0):
+    """Estimated (VectorE, ScalarE, GpSimd) ns of one [P, per, cols] block whose products g
+    and q (without a weight, ``dw`` None: q alone) give ``vector_share`` of their columns
+    to VectorE (split_count), by the cost model's rules with the active generation's
+    figures (engine_costs.py; pass counts of simulator/cost/model.py): each product one
+    instruction per engine over the block, tensor_tensor reading two full inputs
+    (engine_costs.vector_two_input_rate on VectorE); VectorE's a = x * (-r^2 c / H) per row
+    (tensor_scalar: vector_16bit_rate with 16-bit data) and xhat per row (``dw``
+    "diagonal") or p = dy * x over the block ("columns"); ScalarE's squares and row sum of
+    q per row (16-bit data at its 16-bit rate) and rsqrt; GpSimd's t = a + g per row (fp32
+    out). dx: ScalarE's t * r per row (fp32); ``fused``, ``dtotal_share`` of each row's
+    columns by VectorE's scalar_tensor_tensor (t * r + dtotal, two passes) and the rest by
+    ScalarE's t * r and GpSimd's + dtotal, in column halves past TARGET_COLS (_back)."""
     c = active_engine_costs()
     cut = split_count(cols, vector_share)
     two = c.vector_two_input_rate(sixteen)                          # tensor_tensor
     four = c.vector_16bit_rate if sixteen else 1                    # tensor_scalar
+    narrow = c.scalar_16bit_rate if sixteen else 1                  # ScalarE over 16-bit data
     products = 1 if dw is None else 2
     vector = products * c.instruction_ns("vector", per * cut, rate=two) if cut else 0.0
     gpsimd = products * c.instruction_ns("gpsimd", per * (cols - cut), rate=0.5) if cut < cols else 0.0
@@ -131,10 +167,19 @@ def _block_engine_ns(per, cols, sixteen, dw, fused, vector_share):
         vector += c.instruction_ns("vector", per * cols, rate=two)                   # p = dy * x
     elif dw == "diagonal":
         vector += per * c.instruction_ns("vector", cols, rate=four)                  # xhat
-    halves = 2 if fused and per == 1 and cols > TARGET_COLS else 1
-    per_row = (2 if fused else 1) * halves * c.instruction_ns("gpsimd", cols / halves, rate=0.5)
-    gpsimd += per * per_row                                                          # t (and + dtotal)
-    return vector, gpsimd
+    scalar = 2 * per * c.instruction_ns("scalar", cols, rate=narrow) + c.instruction_ns("scalar", per)
+    halves = column_chunks(cols, cdiv(cols, 2)) if fused and per == 1 and cols > TARGET_COLS else [(0, cols)]
+    gpsimd += per * sum(c.instruction_ns("gpsimd", hi - lo, rate=0.5) for lo, hi in halves)     # t = a + g
+    if not fused:
+        return vector, scalar + per * c.instruction_ns("scalar", cols), gpsimd                  # dx = t * r
+    cut_dx = split_count(cols, dtotal_share)
+    vector += per * c.instruction_ns("vector", cut_dx, rate=0.5) if cut_dx else 0.0            # t * r + dtotal
+    for lo, hi in halves:
+        if hi > cut_dx:
+            width = hi - max(lo, cut_dx)
+            scalar += per * c.instruction_ns("scalar", width)                                 # t * r
+            gpsimd += per * c.instruction_ns("gpsimd", width, rate=0.5)                       # + dtotal
+    return vector, scalar, gpsimd
 
 
 def _prefetch_ahead(per, cols, itemsize, inputs, weight_bytes):
@@ -207,13 +252,14 @@ def _front(dy_tile, x_tile, rstd, parts, per, cols, weight_tile, acc, first, fus
     ``g_tile``, a slot of the ring, when given), c and the dw sums (into ``acc``: a diagonal
     accumulator when it is 3-D, else column sums; None without weight). ``program_first``:
     the program's first block (split by the two engines' rates when ``fused``). Returns
-    what ``_back`` needs: (rstd,
-    neg_k, g)."""
+    what ``_back`` needs: (rstd, neg_k, g, the VectorE share of dx: _fused_plan's when
+    ``fused``, else 0)."""
     f32 = nl.float32
     shape = (parts, per, cols)
     column_sums = weight_tile is not None and len(acc.shape) != 3     # dw from p = dy * x (VectorE)
     dw = None if weight_tile is None else "columns" if column_sums else "diagonal"
-    share = _product_share(per, cols, itemsize(x_tile.dtype) == 2, dw, fused)
+    sixteen = itemsize(x_tile.dtype) == 2
+    share, dx_share = _fused_plan(per, cols, sixteen, dw) if fused else (_product_share(per, cols, sixteen, dw), 0.0)
     if fused and program_first:
         # GpSimd has no earlier block's t = a + g and + dtotal to run yet (it sat idle for
         # the first ~30 us of Llama-7B's backward), so the program's first block splits its
@@ -224,7 +270,7 @@ def _front(dy_tile, x_tile, rstd, parts, per, cols, weight_tile, acc, first, fus
         # GpSimd takes a share of every block's products, the same split of its first block
         # modeled Llama-7B 113.0 -> 116.4: not taken there.
         c = active_engine_costs()
-        share = c.vector_gpsimd_share(c.vector_psum_copy_16bit_rate / 2 if itemsize(x_tile.dtype) == 2 else 0.5)
+        share = c.vector_gpsimd_share(c.vector_two_input_rate(sixteen))
     cut = split_count(cols, share)
     dy_cols = lambda lo, hi: dy_tile[:, :, lo:hi]  # noqa: E731
     x_cols = lambda lo, hi: x_tile[:, :, lo:hi]  # noqa: E731
@@ -250,13 +296,13 @@ def _front(dy_tile, x_tile, rstd, parts, per, cols, weight_tile, acc, first, fus
     neg_k = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=neg_k, data=c, op0=nl.multiply, operand0=-1.0 / cols, op1=nl.multiply,
                               operand1=r2)
-    return rstd, neg_k, g
+    return rstd, neg_k, g, dx_share
 
 
 def _back(x_tile, dt_tile, dx_tile, parts, per, cols, front):
-    """The second half of a block: dx from ``_front``'s (rstd, neg_k, g)."""
+    """The second half of a block: dx from ``_front``'s (rstd, neg_k, g, dx share)."""
     f32 = nl.float32
-    rstd, neg_k, g = front
+    rstd, neg_k, g, dtotal_share = front
     for j in range(per):
         # a = -x r^2 c / H (VectorE, perf mode); t = a + g (GpSimd, fp32); dx = t * r (ScalarE)
         a = nl.ndarray((parts, cols), dtype=x_tile.dtype, buffer=nl.sbuf)
@@ -276,11 +322,17 @@ def _back(x_tile, dt_tile, dx_tile, parts, per, cols, front):
         if dt_tile is None:
             nisa.activation(dst=dx_tile[:, j, :], op=nl.copy, data=t, scale=rstd[:, j:j + 1])
             continue
-        # fused: t * r on ScalarE (fp32, in place: no second fp32 row beside t), + dtotal
-        # on GpSimd (one rounding)
-        for lo, hi in halves:
+        # fused: the row's first dtotal_share of columns t * r + dtotal in one VectorE
+        # scalar_tensor_tensor (fp32 inside, one rounding); the rest t * r on ScalarE (fp32,
+        # in place: no second fp32 row beside t), then + dtotal on GpSimd (one rounding)
+        cutf = split_count(cols, dtotal_share)
+        if cutf:
+            nisa.scalar_tensor_tensor(dst=dx_tile[:, j, 0:cutf], data=t[:, 0:cutf], op0=nl.multiply,
+                                      operand0=rstd[:, j:j + 1], op1=nl.add, operand1=dt_tile[:, j, 0:cutf])
+        rest = [(max(lo, cutf), hi) for lo, hi in halves if hi > cutf]
+        for lo, hi in rest:
             nisa.activation(dst=t[:, lo:hi], op=nl.copy, data=t[:, lo:hi], scale=rstd[:, j:j + 1])
-        for lo, hi in halves:
+        for lo, hi in rest:
             nisa.tensor_tensor(dst=dx_tile[:, j, lo:hi], data1=t[:, lo:hi], data2=dt_tile[:, j, lo:hi], op=nl.add,
                                engine=nisa.engine.gpsimd)
 
@@ -301,7 +353,7 @@ def _back_drained(x_tile, dt_tile, dx_tile, parts, chunks, front, store_chunk):
     to -5.6 % per configuration, up to -18.8 %, one run slower by 0.4 %; outputs unchanged
     bit for bit. Chunks of 512 and 2048 bf16 columns modeled within 1 % of 1024's."""
     f32 = nl.float32
-    rstd, neg_k, g = front
+    rstd, neg_k, g, dtotal_share = front
     for j, lo, hi in chunks:
         a = nl.ndarray((parts, hi - lo), dtype=x_tile.dtype, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=a, data=x_tile[:, j, lo:hi], op0=nl.multiply, operand0=neg_k[:, j:j + 1])
@@ -310,9 +362,18 @@ def _back_drained(x_tile, dt_tile, dx_tile, parts, chunks, front, store_chunk):
         if dt_tile is None:
             nisa.activation(dst=dx_tile[:, j, lo:hi], op=nl.copy, data=t, scale=rstd[:, j:j + 1])
         else:
-            nisa.activation(dst=t, op=nl.copy, data=t, scale=rstd[:, j:j + 1])
-            nisa.tensor_tensor(dst=dx_tile[:, j, lo:hi], data1=t, data2=dt_tile[:, j, lo:hi], op=nl.add,
-                               engine=nisa.engine.gpsimd)
+            # the chunk's first dtotal_share of columns on VectorE, the rest ScalarE + GpSimd
+            # (as _back); t holds the chunk's columns from 0, dx and dtotal the row's
+            w = hi - lo
+            cutf = split_count(w, dtotal_share)
+            mid = lo + cutf
+            if cutf:
+                nisa.scalar_tensor_tensor(dst=dx_tile[:, j, lo:mid], data=t[:, 0:cutf], op0=nl.multiply,
+                                          operand0=rstd[:, j:j + 1], op1=nl.add, operand1=dt_tile[:, j, lo:mid])
+            if cutf < w:
+                nisa.activation(dst=t[:, cutf:w], op=nl.copy, data=t[:, cutf:w], scale=rstd[:, j:j + 1])
+                nisa.tensor_tensor(dst=dx_tile[:, j, mid:hi], data1=t[:, cutf:w], data2=dt_tile[:, j, mid:hi],
+                                   op=nl.add, engine=nisa.engine.gpsimd)
         store_chunk(j, lo, hi)
 
 

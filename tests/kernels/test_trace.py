@@ -284,70 +284,98 @@ def test_rms_norm_prices_its_paths_as_the_cost_model_does():
     assert covered == {"vector", "gpsimd", "scalar"}      # trn1 takes a row to ScalarE, trn2/trn3 to GpSimd
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["rms_norm", "fused_add_rms_norm"])
 @pytest.mark.parametrize("dtype, rows, hidden, per", [(torch.bfloat16, 512, 1024, 2), (torch.float32, 1024, 512, 4)],
                          ids=["bf16", "fp32"])
-def test_rms_norm_backward_splits_its_products_as_the_cost_model_prices_them(dtype, rows, hidden, per):
-    # kernels/rms_norm_backward.py _product_share: the VectorE share of g = dy * w and
-    # q = g * x minimises the busier of VectorE and GpSimd over a block as _block_engine_ns
-    # prices it, and that price is the cost model's for the block's instructions (VectorE:
-    # the products, 16-bit in its performance mode, a and xhat per row; GpSimd: its share of
-    # the products and t = a + g per row; VectorE's fixed cost less the pipeline overlap).
-    # Until session 62 the share was 0.8 on every generation and dtype (swept on trn2 bf16);
-    # by the model it is 0.85 on trn2 for bf16 [P, 2, 1024] blocks (0.95 on trn3, 0.45 on
-    # trn1: no performance mode), 0.4 for fp32 [P, 4, 512] blocks (0.5 on trn1 and trn3).
-    # At LNC=1 each launch is two blocks (the two row parts, tiling.WORK_PARTS; the last
-    # drained in chunks of one row at these widths); the gradients stay float64-close.
+def test_rms_norm_backward_splits_its_work_as_the_cost_model_prices_it(dtype, rows, hidden, per, fused):
+    # kernels/rms_norm_backward.py: the VectorE share of g = dy * w and q = g * x
+    # (_product_share: the busier of VectorE and GpSimd least busy over a block) and, for
+    # fused_add_rms_norm, also the share of dx = t * r + dtotal made by one VectorE
+    # scalar_tensor_tensor instead of ScalarE's t * r and GpSimd's + dtotal (_fused_plan: the
+    # busiest of the three least busy), as _block_engine_ns prices a block; and that price is
+    # the cost model's for the block's instructions (VectorE: the products, 16-bit in its
+    # performance mode, a and xhat per row, the dx share; ScalarE: squares, row sums, rsqrt,
+    # t * r; GpSimd: its share of the products, t = a + g, + dtotal; VectorE's fixed cost
+    # less the pipeline overlap, ScalarE's accumulator read-outs left out).
+    # Until session 62 the product share was 0.8 on every generation and dtype (1.0 fused;
+    # swept on trn2 bf16) and dx never on VectorE. At LNC=1 each launch is two blocks (the
+    # two row parts, tiling.WORK_PARTS; the last drained in chunks of one row at these
+    # widths); the gradients stay float64-close.
     from nki_kernels import _kernel_sources
     from nki_kernels.simulator.cost.model import compute_cost
     from nki_kernels.simulator.hardware import get_target
 
     backward = _kernel_sources.load("rms_norm_backward", "simulator")
-    x, dy = torch.randn(rows, hidden).to(dtype), torch.randn(rows, hidden).to(dtype)
+    engine_costs = _kernel_sources.load("engine_costs", "simulator")
+    x, dy, dtotal = (torch.randn(rows, hidden).to(dtype) for _ in range(3))
     w = (1 + 0.1 * torch.randn(hidden)).to(dtype)
-    call = norms.rms_norm_backward_kernel_call(dy, x, (hidden,), w, 1e-6)
+    call = (norms.fused_add_rms_norm_backward_kernel_call(dy, dtotal, x, w, 1e-6) if fused
+            else norms.rms_norm_backward_kernel_call(dy, x, (hidden,), w, 1e-6))
     with simulator.activated():
         kernel = _dispatch.simulator_kernel(call)
     shares = {}
     for target in ("trn1", "trn2", "trn3"):
         result = simulator.run(kernel[1], *call.tensors, target=target, **call.static)
         model = get_target(target)
-        modeled = {"vector": 0.0, "gpsimd": 0.0}
-        vector_cols = gpsimd_cols = 0
+        modeled = {"vector": 0.0, "scalar": 0.0, "gpsimd": 0.0}
+        cols, products = {"dx": 0}, []
         for ins in result.trace:
             shape = ins.writes[0].shape if ins.writes else ()
-            # the block's products ([P, J, w]) and per-row passes ([P, H]); not the [P, J]
-            # statistics nor the dw partial's diagonal extraction ([P, 7, 128])
-            block_work = (shape[1:2] == (per,) and len(shape) == 3) or shape[1:] == (hidden,)
-            if ins.engine not in modeled or ins.op not in ("tensor_tensor", "tensor_scalar") or not block_work:
+            # the block's products ([P, J, w]) and per-row passes ([P, <= H]); not the [P, J]
+            # statistics nor the dw partial's diagonal extraction ([P, 7, 128]); every
+            # activation (ScalarE's work is all the blocks')
+            block_work = (shape[1:2] == (per,) and len(shape) == 3) or (len(shape) == 2 and shape[1] > per)
+            if ins.engine == "scalar":
+                seconds = compute_cost(ins, model).seconds
+                if any(o.role == "reduce_res" for o in ins.writes):
+                    seconds -= model.activation_readout_cycles / model.scalar_hz
+            elif ins.engine in ("vector", "gpsimd") and block_work and ins.op in (
+                    "tensor_tensor", "tensor_scalar", "scalar_tensor_tensor"):
+                seconds = compute_cost(ins, model).seconds
+                if ins.engine == "vector":
+                    seconds -= model.vector_overlap_cycles / model.vector_hz
+            else:
                 continue
-            seconds = compute_cost(ins, model).seconds
-            if ins.engine == "vector":
-                seconds -= model.vector_overlap_cycles / model.vector_hz
             modeled[ins.engine] += seconds * 1e9
             if ins.op == "tensor_tensor" and ins.attrs.get("op") == "multiply":
-                if ins.engine == "vector":
-                    vector_cols += ins.writes[0].shape[-1]
-                else:
-                    gpsimd_cols += ins.writes[0].shape[-1]
-        share = vector_cols / (vector_cols + gpsimd_cols)
+                products.append((ins.engine, shape[-1]))
+            elif ins.op == "scalar_tensor_tensor":
+                cols["dx"] += shape[-1]
+        # the second block's g and q (fused: the program's first block splits its products
+        # by the engines' rates, engine_costs.vector_gpsimd_share)
+        second = products[len(products) // 2:]
+        share = sum(w for e, w in second if e == "vector") / (2 * hidden)
+        dx_share = cols["dx"] / (rows // 128 * hidden)                   # of the two blocks' rows
+        sixteen = dtype == torch.bfloat16
         with simulator.activated(target=target):
-            estimated = backward._block_engine_ns(per, hidden, dtype == torch.bfloat16, "diagonal", False, share)
-            chosen = backward._product_share(per, hidden, dtype == torch.bfloat16, "diagonal", False)
-        assert chosen == pytest.approx(share, abs=1 / hidden)
-        assert [2 * e for e in estimated] == pytest.approx([modeled["vector"], modeled["gpsimd"]]), target
-        shares[target] = round(share, 2)
+            chosen = backward._fused_plan(per, hidden, sixteen, "diagonal") if fused else (
+                backward._product_share(per, hidden, sixteen, "diagonal"), 0.0)
+            c = engine_costs.active()
+            first_share = c.vector_gpsimd_share(c.vector_two_input_rate(sixteen)) if fused else share
+            estimated = [a + b for a, b in zip(
+                backward._block_engine_ns(per, hidden, sixteen, "diagonal", fused, first_share, dx_share),
+                backward._block_engine_ns(per, hidden, sixteen, "diagonal", fused, share, dx_share))]
+        assert chosen == pytest.approx((share, dx_share), abs=1 / hidden)
+        assert estimated == pytest.approx([modeled[k] for k in ("vector", "scalar", "gpsimd")]), target
+        shares[target] = (round(share, 2), round(dx_share, 2))
         dx, dw = call.finish_outputs(result.outputs)
         x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
         y = torch.nn.functional.rms_norm(x64, (hidden,), w64, 1e-6)
         ref_dx, ref_dw = torch.autograd.grad(y, (x64, w64), dy.double())
+        if fused:
+            ref_dx = ref_dx + dtotal.double()
         # bf16: g, q, a rounded to bf16 (kernels/rms_norm_backward.py "Expected error":
         # ~3 * 2**-9 relative of the terms), dw's fp32 sums of bf16 xhat; fp32: fp32 arithmetic
-        tol = 2 ** -6 if dtype == torch.bfloat16 else 1e-4
+        tol = 2 ** -6 if sixteen else 1e-4
         torch.testing.assert_close(dx.double(), ref_dx, atol=tol * ref_dx.abs().max().item(), rtol=tol)
         torch.testing.assert_close(dw.double(), ref_dw, atol=tol * ref_dw.abs().max().item(), rtol=tol)
-    expected = {torch.bfloat16: {"trn1": 0.45, "trn2": 0.85, "trn3": 0.95},
-                torch.float32: {"trn1": 0.5, "trn2": 0.4, "trn3": 0.5}}[dtype]
-    assert shares == expected
+    # (product share, dx share) per generation: the model's engines differ (trn1 has no
+    # 16-bit performance mode; trn3's ScalarE reads 16-bit data at twice trn2's rate)
+    expected = {(torch.bfloat16, False): {"trn1": (0.45, 0.0), "trn2": (0.85, 0.0), "trn3": (0.95, 0.0)},
+                (torch.bfloat16, True): {"trn1": (0.15, 1.0), "trn2": (0.95, 0.3), "trn3": (1.0, 0.4)},
+                (torch.float32, False): {"trn1": (0.5, 0.0), "trn2": (0.4, 0.0), "trn3": (0.5, 0.0)},
+                (torch.float32, True): {"trn1": (0.2, 1.0), "trn2": (0.1, 1.0), "trn3": (0.25, 1.0)}}
+    assert shares == expected[(dtype, fused)]
 
 
 def test_streamed_rms_norm_keeps_two_row_tiles_in_one_allocation_where_they_fit():
