@@ -23,18 +23,18 @@ Layout:
 Engines, per block (16-bit input; fp32 the same in fp32):
     ScalarE  square(x / sqrt(H)) with add-reduction -> mean(x**2) per row; rsqrt -> r
     VectorE  p = dy * x (16-bit, perf mode): TensorE sums p * r over rows into dw
-    VectorE / GpSimd  g = dy * w and q = g * x (16-bit; split by _product_share, fused by
-             _fused_plan)
+    VectorE / GpSimd  g = dy * w and q = g * x (16-bit; split by _block_plan)
     ScalarE  c = sum(q) per row (copy with add-accumulate, fp32)
+    dx, a share of each row's columns (_block_plan) on VectorE, the rest:
     VectorE  a = x * (-r**2 c / H) (tensor_scalar, 16-bit perf mode)
     GpSimd   t = a + g (fp32)
-    ScalarE  dx = t * r (one rounding) -- fused: dx = t * r + dtotal (one rounding), a share
-             of each row's columns (_fused_plan) on VectorE (scalar_tensor_tensor), the rest
-             ScalarE t * r (fp32) then GpSimd + dtotal
+    ScalarE  dx = t * r (one rounding) -- fused: ScalarE t * r (fp32), GpSimd + dtotal
+    VectorE's share: a' = x * (-r**3 c / H), dx = g * r + a' (one scalar_tensor_tensor,
+             one rounding) -- fused: dx = t * r + dtotal (one scalar_tensor_tensor)
     The program's last block makes a, t and dx per column chunk of 2 KiB per partition
     (tiling.drain_chunks) and stores each chunk when made (_back_drained): nothing follows
     it to hide its chain.
-Expected error (16-bit): g, p, q and a are rounded to the input dtype (<= 2**-9 relative
+Expected error (16-bit): g, p, q and a (or a') are rounded to the input dtype (<= 2**-9 relative
     each, bf16), c and dw accumulate in fp32, dx rounds once more: |err| <= ~3 * 2**-9 *
     (|r g| + |a r|) elementwise; dw within ~2**-8 relative of its terms' norm. fp32: ~1e-6.
 """
@@ -73,75 +73,67 @@ SMALL_TILES = 16
 # backward: there GpSimd also adds dtotal to every row and the ring modeled slower
 # (fused_add_rms_norm Llama-7B 156.9 -> 158.2 us with four tiles, 160.9 with three).
 G_RING_DEPTH = 4
-# Step of the grid of VectorE shares _product_share searches.
+# Step of the grid of VectorE shares _block_plan searches.
 SHARE_STEP = 0.05
 
 
-def _product_share(per, cols, sixteen, dw):
-    """Share of the columns of g = dy * w and q = g * x a [P, per, cols] block gives VectorE
-    (the rest to GpSimd), on a grid of SHARE_STEP: the one that leaves the busier of VectorE
-    and GpSimd least busy over the block (_block_engine_ns; ScalarE's work does not depend
-    on it). Ties go to the larger VectorE share.
+def _block_plan(per, cols, sixteen, dw, fused):
+    """(VectorE share of g = dy * w and q = g * x, VectorE share of dx) for a [P, per, cols]
+    block, each on a grid of SHARE_STEP: the pair that leaves the busiest of VectorE,
+    ScalarE and GpSimd least busy over the block (_block_engine_ns; for rms_norm, that
+    time plus the later part of q's product, its VectorE or its GpSimd columns). Ties go to
+    the larger product share, then the smaller dx share.
 
-    Per element on trn2, fixed costs aside: VectorE's 16-bit two-input pass 1.04 ns (perf
-    mode), GpSimd's 1.67 ns; VectorE also makes a (0.26) and either xhat for the diagonal
-    dw (0.26) or p = dy * x for column sums (1.04); GpSimd t = a + g (1.67; fused also
-    + dtotal, 1.67). With share s of the two products: diagonal dw VectorE 0.52 + 2.08 s,
-    GpSimd 1.67 + 3.33 (1 - s): s = 0.81; column sums s = 0.68; fused (diagonal) s = 1
-    (VectorE 2.6 ns, GpSimd 3.3). With the fixed costs a bf16 row of 4096 columns takes
-    0.85 on trn2 (diagonal dw), 0.95 on trn3, 0.4 on trn1 (no performance mode); fp32 0.4
-    on trn2. Until session 62 these were constants swept on trn2 bf16 and used for every
-    dtype and generation: 0.8 (diagonal), 0.6 (column sums: the sweep's optimum; 0.7, the
-    balance here, modeled [2048, 8192] 337.6 against 326.4 us) and 1.0 (fused; now
-    _fused_plan's). Against them, modeled (session 62, us, with a weight; 12-14 shapes of
-    64-8192 rows x 128-8192 columns): rms_norm's backward trn2 LNC=2 bf16 geomean +0.8 %
-    (Llama-7B [2048, 4096] 113.0 -> 114.0, ViT-B-sized [1576, 768] +3.6 %, [1024, 8192]
-    +3.3 %, the most), LNC=1 +0.4 %, fp32 -17.4 % ([3000, 2048] 158.5 -> 117.0), trn3 bf16
-    +0.2 % (-7.7 to +6.1 %), fp32 -10.6 %, trn1 bf16 -17.4 % ([4096, 4096] 654.5 -> 467.8),
-    fp32 -5.0 %; without a weight trn2 -0.4 %. Gradients unchanged bit for bit."""
+    The products: the rest of their columns go to GpSimd. dx: the share of each row's
+    columns made on VectorE in one scalar_tensor_tensor, fp32 inside and one rounding --
+    rms_norm: dx = g * r + a' with a' = x * (-r^3 c / H) (VectorE, in place of a), instead
+    of GpSimd's t = a + g and ScalarE's t * r; fused_add_rms_norm: dx = t * r + dtotal,
+    instead of ScalarE's t * r and GpSimd's + dtotal (the same arithmetic, the same values).
+
+    Per element on trn2, 16-bit, diagonal dw, fixed costs aside: VectorE's two-input pass
+    1.04 ns (perf mode), GpSimd's 1.67 ns; VectorE also makes a (0.26) and xhat (0.26; or
+    p = dy * x for column sums, 1.04); ScalarE squares, sums q and makes t * r (0.83 each);
+    GpSimd t = a + g (1.67; fused also + dtotal, 1.67). VectorE's scalar_tensor_tensor
+    costs 2.08 ns where it saves ScalarE 0.83 and GpSimd 1.67.
+    Why q's later part for rms_norm: q -> its row sum (ScalarE) -> -r^3 c / H -> a' -> dx
+    is the block's chain once VectorE makes dx, and a product share that leaves most of q
+    on GpSimd (the throughput balance alone picks 0.1 for [P, 3, 768] blocks on trn2, all
+    of dx on VectorE) starts it late: ViT-B-sized [1576, 768] modeled 30.7 -> 37.3 us
+    without the term, 28.6 with it. For fused_add_rms_norm, whose VectorE makes dx from t
+    (GpSimd's), the term modeled +0.4 % geomean (Llama-7B 141.5 -> 153.6 us): left out.
+
+    Until session 62 the product share was a constant swept on trn2 bf16 and used for every
+    dtype and generation (0.8; 0.6 with column sums; 1.0 fused) and dx was never on VectorE.
+    Against that (the session's first step, the product share alone by the busier of
+    VectorE and GpSimd, in brackets), modeled (us, with a weight; 12-14 shapes of 64-8192
+    rows x 128-8192 columns): rms_norm's backward, trn2 LNC=2 bf16 geomean -7.7 % [+0.8 %]
+    (Llama-7B [2048, 4096] 114.0 -> 107.3, [256, 2048] 21.8 -> 18.5, ViT-B-sized [1576,
+    768] 30.7 -> 28.7; two shapes slower, by at most 0.4 %), LNC=1 -5.7 % ([1000, 3000]
+    +2.1 %), fp32 0.0 % [-17.4 %] (at most +0.9 %), trn3 bf16 -5.7 % [+0.2 %], fp32 -0.6 %,
+    trn1 bf16 +0.4 % [-17.4 %] ([1000, 3000] +6.0 %: the product share; dx stays off
+    VectorE there), no weight -10.6 %; the gradients differ in the last bit where a' is
+    rounded instead of a (both within the float64 tolerance, tests/). fused_add_rms_norm's
+    backward (against the products all on VectorE and dx never there): trn2 bf16 -3.9 %
+    (Llama-7B 152.4 -> 141.5, [3000, 2048] +2.2 % the only one slower), LNC=1 -1.9 %
+    ([3000, 2048] +7.6 %), fp32 -4.3 %, trn3 -7.8 %, trn1 -8.3 % ([130, 2048] +4.2 %), no
+    weight -10.8 %; gradients unchanged bit for bit (the same arithmetic either way)."""
+    c = active_engine_costs()
+    two = c.vector_two_input_rate(sixteen)
     steps = round(1 / SHARE_STEP)
     best = None
     for i in range(steps, -1, -1):
-        vector, _, gpsimd = _block_engine_ns(per, cols, sixteen, dw, False, i / steps)
-        if best is None or max(vector, gpsimd) < best[0] - 1e-6:
-            best = (max(vector, gpsimd), i / steps)
-    return best[1]
-
-
-def _fused_plan(per, cols, sixteen, dw):
-    """(VectorE share of g and q, VectorE share of dx) for a [P, per, cols] block of
-    fused_add_rms_norm's backward, on a grid of SHARE_STEP each: the pair that leaves the
-    busiest of VectorE, ScalarE and GpSimd least busy over the block (_block_engine_ns).
-    dx = t * r + dtotal is made either by one VectorE scalar_tensor_tensor (fp32 inside, one
-    rounding) or by ScalarE's t * r (fp32) and GpSimd's + dtotal (one rounding): the same
-    arithmetic, so the same values. Ties go to the larger product share, then the smaller
-    dx share (the two-engine way, the only one until session 62).
-
-    Per element on trn2, 16-bit, diagonal dw, all products on VectorE: VectorE 2.6 ns,
-    ScalarE 2.5 (squares, the row sum of q, t * r), GpSimd 3.3 (t = a + g, + dtotal);
-    VectorE's scalar_tensor_tensor costs 2.08 ns where it saves ScalarE 0.83 and GpSimd
-    1.67: about a fifth of dx on VectorE evens the three out at ~3.0 ns. With the fixed
-    costs a bf16 [P, 1, 4096] block takes (0.95, 0.3) on trn2, (1.0, 0.4) on trn3, (0.15,
-    1.0) on trn1; fp32 (0.1, 1.0) on trn2 (VectorE without its performance mode).
-    Against the products all on VectorE and dx never there (until session 62; the share
-    of session 61 for fp32 and trn1), modeled (us, with a weight; 12-14 shapes of 64-8192
-    rows x 128-8192 columns): trn2 LNC=2 bf16 geomean -3.9 % (Llama-7B [2048, 4096] 152.4
-    -> 141.5, [8192, 512] 91.4 -> 78.7; [3000, 2048] +2.2 %, the one slower), LNC=1 -1.9 %
-    ([3000, 2048] 193.9 -> 208.6, +7.6 %, the most), fp32 -4.3 % (none slower), trn3 bf16
-    -7.8 % (none slower), trn1 bf16 -8.3 % ([130, 2048] +4.2 %); without a weight (dx
-    only: the products are q alone) trn2 -10.8 %. Gradients unchanged bit for bit (the
-    same fp32 arithmetic, one rounding, either way)."""
-    steps = round(1 / SHARE_STEP)
-    best = None
-    for i in range(steps, -1, -1):
+        cut = split_count(cols, i / steps)
+        # q's later part (rms_norm: the chain's first link, _block_plan's docstring)
+        q_ns = 0.0 if fused else max(c.instruction_ns("vector", per * cut, rate=two) if cut else 0.0,
+                                     c.instruction_ns("gpsimd", per * (cols - cut), rate=0.5) if cut < cols else 0.0)
         for k in range(steps + 1):
-            busiest = max(_block_engine_ns(per, cols, sixteen, dw, True, i / steps, k / steps))
-            if best is None or busiest < best[0] - 1e-6:
-                best = (busiest, i / steps, k / steps)
+            estimate = max(_block_engine_ns(per, cols, sixteen, dw, fused, i / steps, k / steps)) + q_ns
+            if best is None or estimate < best[0] - 1e-6:
+                best = (estimate, i / steps, k / steps)
     return best[1], best[2]
 
 
-def _block_engine_ns(per, cols, sixteen, dw, fused, vector_share, dtotal_share=0.0):
+def _block_engine_ns(per, cols, sixteen, dw, fused, vector_share, dx_share=0.0):
     """Estimated (VectorE, ScalarE, GpSimd) ns of one [P, per, cols] block whose products g
     and q (without a weight, ``dw`` None: q alone) give ``vector_share`` of their columns
     to VectorE (split_count), by the cost model's rules with the active generation's
@@ -151,9 +143,10 @@ def _block_engine_ns(per, cols, sixteen, dw, fused, vector_share, dtotal_share=0
     (tensor_scalar: vector_16bit_rate with 16-bit data) and xhat per row (``dw``
     "diagonal") or p = dy * x over the block ("columns"); ScalarE's squares and row sum of
     q per row (16-bit data at its 16-bit rate) and rsqrt; GpSimd's t = a + g per row (fp32
-    out). dx: ScalarE's t * r per row (fp32); ``fused``, ``dtotal_share`` of each row's
-    columns by VectorE's scalar_tensor_tensor (t * r + dtotal, two passes) and the rest by
-    ScalarE's t * r and GpSimd's + dtotal, in column halves past TARGET_COLS (_back)."""
+    out). dx: ``dx_share`` of each row's columns by VectorE's scalar_tensor_tensor (two
+    passes: g * r + a', a' in place of a; fused, t * r + dtotal), the rest by GpSimd's
+    t = a + g and ScalarE's t * r (fp32; fused, then GpSimd's + dtotal, in column halves
+    past TARGET_COLS: _back)."""
     c = active_engine_costs()
     cut = split_count(cols, vector_share)
     two = c.vector_two_input_rate(sixteen)                          # tensor_tensor
@@ -162,18 +155,27 @@ def _block_engine_ns(per, cols, sixteen, dw, fused, vector_share, dtotal_share=0
     products = 1 if dw is None else 2
     vector = products * c.instruction_ns("vector", per * cut, rate=two) if cut else 0.0
     gpsimd = products * c.instruction_ns("gpsimd", per * (cols - cut), rate=0.5) if cut < cols else 0.0
-    vector += per * c.instruction_ns("vector", cols, rate=four)                      # a
+    cut_dx = split_count(cols, dx_share)
+    if fused:
+        vector += per * c.instruction_ns("vector", cols, rate=four)                  # a
     if dw == "columns":
         vector += c.instruction_ns("vector", per * cols, rate=two)                   # p = dy * x
     elif dw == "diagonal":
         vector += per * c.instruction_ns("vector", cols, rate=four)                  # xhat
     scalar = 2 * per * c.instruction_ns("scalar", cols, rate=narrow) + c.instruction_ns("scalar", per)
-    halves = column_chunks(cols, cdiv(cols, 2)) if fused and per == 1 and cols > TARGET_COLS else [(0, cols)]
-    gpsimd += per * sum(c.instruction_ns("gpsimd", hi - lo, rate=0.5) for lo, hi in halves)     # t = a + g
+    if cut_dx:
+        vector += per * c.instruction_ns("vector", cut_dx, rate=0.5)                 # dx's share
     if not fused:
-        return vector, scalar + per * c.instruction_ns("scalar", cols), gpsimd                  # dx = t * r
-    cut_dx = split_count(cols, dtotal_share)
-    vector += per * c.instruction_ns("vector", cut_dx, rate=0.5) if cut_dx else 0.0            # t * r + dtotal
+        if cut_dx:
+            vector += per * c.instruction_ns("vector", cut_dx, rate=four)            # a'
+        if cut_dx < cols:
+            rest = cols - cut_dx
+            vector += per * c.instruction_ns("vector", rest, rate=four)              # a
+            gpsimd += per * c.instruction_ns("gpsimd", rest, rate=0.5)               # t = a + g
+            scalar += per * c.instruction_ns("scalar", rest)                         # dx = t * r
+        return vector, scalar, gpsimd
+    halves = column_chunks(cols, cdiv(cols, 2)) if per == 1 and cols > TARGET_COLS else [(0, cols)]
+    gpsimd += per * sum(c.instruction_ns("gpsimd", hi - lo, rate=0.5) for lo, hi in halves)     # t = a + g
     for lo, hi in halves:
         if hi > cut_dx:
             width = hi - max(lo, cut_dx)
@@ -182,14 +184,15 @@ def _block_engine_ns(per, cols, sixteen, dw, fused, vector_share, dtotal_share=0
     return vector, scalar, gpsimd
 
 
-def _prefetch_ahead(per, cols, itemsize, inputs, weight_bytes):
+def _prefetch_ahead(per, cols, itemsize, inputs, weight_bytes, scratch=0):
     """Blocks loaded ahead of their compute: the most of PREFETCH_AHEAD, 1 and 0 whose tiles
     fit the active generation's SBUF.
 
     What is live per partition is at most the inputs of ahead + 2 blocks (block i - 1's
     second half is issued after block i's first half), two more block-sized tiles (g of
     two blocks, or one and a row temporary), the broadcast weight row (``weight_bytes``,
-    in the weight's dtype) and a few [P, J] fp32 statistics (SMALL_TILES). The
+    in the weight's dtype), a few [P, J] fp32 statistics (SMALL_TILES) and ``scratch``
+    bytes (rms_norm's a' tile, _a_prime_bytes). The
     simulator's liveness sweep meets this bound exactly at J = 1, bf16 (block = one row):
     rms_norm 2 (ahead + 2) + 2 blocks and the weight row, fused_add_rms_norm 3 (ahead + 2)
     + 2 and the weight row; so at the widest rows (16 KiB per partition) fused_add_rms_norm
@@ -197,15 +200,22 @@ def _prefetch_ahead(per, cols, itemsize, inputs, weight_bytes):
     trn3 (256 KiB) two with a 16-bit weight but one with an fp32 weight (32 KiB).
     tests/kernels/test_widest_rows_fit_sbuf.py runs the widest launches on every
     generation and checks the bound against the sweep."""
-    return fitting_ahead(PREFETCH_AHEAD, lambda ahead: _live_bound(per, cols, itemsize, inputs, weight_bytes, ahead))
+    return fitting_ahead(PREFETCH_AHEAD,
+                         lambda ahead: _live_bound(per, cols, itemsize, inputs, weight_bytes, ahead, scratch))
 
 
-def _live_bound(per, cols, itemsize, inputs, weight_bytes, ahead):
+def _live_bound(per, cols, itemsize, inputs, weight_bytes, ahead, scratch=0):
     """_prefetch_ahead's bound on the bytes per partition live at ``ahead`` blocks ahead."""
-    return (inputs * (ahead + 2) + 2) * per * cols * itemsize + weight_bytes + SMALL_TILES * 4 * per
+    return (inputs * (ahead + 2) + 2) * per * cols * itemsize + weight_bytes + SMALL_TILES * 4 * per + scratch
 
 
-def _g_ring_depth(per, cols, itemsize, ahead, weight_bytes):
+def _a_prime_bytes(per, cols, itemsize, dw):
+    """Bytes per partition of rms_norm's a' tile (_plain_dx: the row's columns whose dx
+    VectorE makes, in the input dtype), live beside t while ScalarE makes the rest of dx."""
+    return split_count(cols, _block_plan(per, cols, itemsize == 2, dw, False)[1]) * itemsize
+
+
+def _g_ring_depth(per, cols, itemsize, ahead, weight_bytes, scratch=0):
     """Tiles in the ring of g (rms_norm's backward, with a weight): G_RING_DEPTH, else 3,
     where the ring's extra tiles beyond the two a tile per block rotates fit the active
     generation's SBUF beside _prefetch_ahead's bound at ``ahead`` blocks ahead; else 0 (a
@@ -217,7 +227,7 @@ def _g_ring_depth(per, cols, itemsize, ahead, weight_bytes):
     up to 12.7 % at LNC=1), 5 slower by at most 1.7 % (trn2 LNC=1 fp32 [1576, 768]), the
     rest unchanged; outputs unchanged."""
     block = per * cols * itemsize
-    bound = _live_bound(per, cols, itemsize, 2, weight_bytes, ahead)
+    bound = _live_bound(per, cols, itemsize, 2, weight_bytes, ahead, scratch)
     sbuf = active_engine_costs().sbuf_bytes_per_partition
     for depth in (G_RING_DEPTH, 3):
         if bound + (depth - 2) * block <= sbuf:
@@ -252,14 +262,14 @@ def _front(dy_tile, x_tile, rstd, parts, per, cols, weight_tile, acc, first, fus
     ``g_tile``, a slot of the ring, when given), c and the dw sums (into ``acc``: a diagonal
     accumulator when it is 3-D, else column sums; None without weight). ``program_first``:
     the program's first block (split by the two engines' rates when ``fused``). Returns
-    what ``_back`` needs: (rstd, neg_k, g, the VectorE share of dx: _fused_plan's when
-    ``fused``, else 0)."""
+    what ``_back`` needs: (rstd, neg_k, g, the VectorE share of dx (_block_plan), and
+    -r^3 c / H per row where rms_norm's VectorE makes a share of dx, else None)."""
     f32 = nl.float32
     shape = (parts, per, cols)
     column_sums = weight_tile is not None and len(acc.shape) != 3     # dw from p = dy * x (VectorE)
     dw = None if weight_tile is None else "columns" if column_sums else "diagonal"
     sixteen = itemsize(x_tile.dtype) == 2
-    share, dx_share = _fused_plan(per, cols, sixteen, dw) if fused else (_product_share(per, cols, sixteen, dw), 0.0)
+    share, dx_share = _block_plan(per, cols, sixteen, dw, fused)
     if fused and program_first:
         # GpSimd has no earlier block's t = a + g and + dtotal to run yet (it sat idle for
         # the first ~30 us of Llama-7B's backward), so the program's first block splits its
@@ -296,36 +306,41 @@ def _front(dy_tile, x_tile, rstd, parts, per, cols, weight_tile, acc, first, fus
     neg_k = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=neg_k, data=c, op0=nl.multiply, operand0=-1.0 / cols, op1=nl.multiply,
                               operand1=r2)
-    return rstd, neg_k, g, dx_share
+    neg_kr = None
+    if not fused and split_count(cols, dx_share):
+        # a' = x * (-r^3 c / H): the factor of the columns whose dx VectorE makes (_plain_dx)
+        neg_kr = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=neg_kr, data1=neg_k, data2=rstd, op=nl.multiply)
+    return rstd, neg_k, g, dx_share, neg_kr
 
 
 def _back(x_tile, dt_tile, dx_tile, parts, per, cols, front):
-    """The second half of a block: dx from ``_front``'s (rstd, neg_k, g, dx share)."""
+    """The second half of a block: dx from ``_front``'s (rstd, neg_k, g, dx share, neg_kr)."""
     f32 = nl.float32
-    rstd, neg_k, g, dtotal_share = front
+    rstd, neg_k, g, dx_share, neg_kr = front
     for j in range(per):
         # a = -x r^2 c / H (VectorE, perf mode); t = a + g (GpSimd, fp32); dx = t * r (ScalarE)
         a = nl.ndarray((parts, cols), dtype=x_tile.dtype, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=a, data=x_tile[:, j, :], op0=nl.multiply, operand0=neg_k[:, j:j + 1])
         t = nl.ndarray((parts, cols), dtype=f32, buffer=nl.sbuf)
+        if dt_tile is None:
+            _plain_dx(dx_tile[:, j, :], x_tile[:, j, :], g[:, j, :], rstd[:, j:j + 1], neg_k[:, j:j + 1],
+                      None if neg_kr is None else neg_kr[:, j:j + 1], 0, cols, split_count(cols, dx_share), a, t)
+            continue
+        nisa.tensor_scalar(dst=a, data=x_tile[:, j, :], op0=nl.multiply, operand0=neg_k[:, j:j + 1])
         # fused: GpSimd's + dtotal waits for ScalarE's t * r, and GpSimd has no other work
         # of the block then; rows longer than TARGET_COLS (one row per partition) go in two
         # column halves, so that t * r of the first half runs while GpSimd makes t of the
         # second (modeled trn2 LNC=2 bf16 [2048, 4096] 174.9 -> 156.9 us, [4096, 8192]
         # 624.4 -> 540.7; at 2048 columns the extra fixed costs outweigh it in a pipeline
         # already balanced: [2048, 2048] 78.8 -> 83.0)
-        halves = column_chunks(cols, cdiv(cols, 2)) if dt_tile is not None and per == 1 and cols > TARGET_COLS \
-            else [(0, cols)]
+        halves = column_chunks(cols, cdiv(cols, 2)) if per == 1 and cols > TARGET_COLS else [(0, cols)]
         for lo, hi in halves:
             nisa.tensor_tensor(dst=t[:, lo:hi], data1=a[:, lo:hi], data2=g[:, j, lo:hi], op=nl.add,
                                engine=nisa.engine.gpsimd)
-        if dt_tile is None:
-            nisa.activation(dst=dx_tile[:, j, :], op=nl.copy, data=t, scale=rstd[:, j:j + 1])
-            continue
-        # fused: the row's first dtotal_share of columns t * r + dtotal in one VectorE
+        # fused: the row's first dx_share of columns t * r + dtotal in one VectorE
         # scalar_tensor_tensor (fp32 inside, one rounding); the rest t * r on ScalarE (fp32,
         # in place: no second fp32 row beside t), then + dtotal on GpSimd (one rounding)
-        cutf = split_count(cols, dtotal_share)
+        cutf = split_count(cols, dx_share)
         if cutf:
             nisa.scalar_tensor_tensor(dst=dx_tile[:, j, 0:cutf], data=t[:, 0:cutf], op0=nl.multiply,
                                       operand0=rstd[:, j:j + 1], op1=nl.add, operand1=dt_tile[:, j, 0:cutf])
@@ -335,6 +350,38 @@ def _back(x_tile, dt_tile, dx_tile, parts, per, cols, front):
         for lo, hi in rest:
             nisa.tensor_tensor(dst=dx_tile[:, j, lo:hi], data1=t[:, lo:hi], data2=dt_tile[:, j, lo:hi], op=nl.add,
                                engine=nisa.engine.gpsimd)
+
+
+def _plain_dx(dx, x_row, g_row, r, neg_k, neg_kr, first, end, cut, a, t):
+    """rms_norm's dx = (a + g) * r over columns [first, end) of a row (a = x * (-r^2 c /
+    H); ``dx``, ``x_row``, ``g_row`` the row's [P, cols] views): its columns before ``cut``
+    (the row's VectorE share, _block_plan) on VectorE, a' = x * (-r^3 c / H) (``neg_kr``)
+    then dx = g * r + a' in one scalar_tensor_tensor (fp32 inside, one rounding); the
+    others a on VectorE (perf mode), t = a + g on GpSimd (fp32), dx = t * r on ScalarE (one
+    rounding). Both ways round a (or a') to the input dtype once, then dx once; a column
+    takes the same way whether its row is made whole (_back) or in chunks (_back_drained),
+    so the results do not depend on the launch's degree. ``a`` ([P, >= end - first], the
+    input dtype) and ``t`` ([P, >= end - first] fp32) hold a and t: the caller's tiles,
+    each caller its own allocation site (as before the split)."""
+    mid = min(max(cut, first), end)
+    # a' first and in a tile of its own (x's last reads stay where a alone had them, and
+    # a's tile dies at t as before), then t and ScalarE's dx (dx's tile first written there,
+    # t's last read), then VectorE's dx: beside t only the narrow a' is live longer than
+    # before the split (at the widest rows a' in a's tile took SBUF a row beyond
+    # _prefetch_ahead's bound)
+    a_r = None
+    if mid > first:
+        a_r = nl.ndarray((x_row.shape[0], mid - first), dtype=x_row.dtype, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=a_r, data=x_row[:, first:mid], op0=nl.multiply, operand0=neg_kr)
+    if end > mid:
+        rest = a[:, 0:end - mid]
+        nisa.tensor_scalar(dst=rest, data=x_row[:, mid:end], op0=nl.multiply, operand0=neg_k)
+        t_rest = t[:, 0:end - mid]
+        nisa.tensor_tensor(dst=t_rest, data1=rest, data2=g_row[:, mid:end], op=nl.add, engine=nisa.engine.gpsimd)
+        nisa.activation(dst=dx[:, mid:end], op=nl.copy, data=t_rest, scale=r)
+    if a_r is not None:
+        nisa.scalar_tensor_tensor(dst=dx[:, first:mid], data=g_row[:, first:mid], op0=nl.multiply, operand0=r,
+                                  op1=nl.add, operand1=a_r)
 
 
 def _back_drained(x_tile, dt_tile, dx_tile, parts, chunks, front, store_chunk):
@@ -353,19 +400,23 @@ def _back_drained(x_tile, dt_tile, dx_tile, parts, chunks, front, store_chunk):
     to -5.6 % per configuration, up to -18.8 %, one run slower by 0.4 %; outputs unchanged
     bit for bit. Chunks of 512 and 2048 bf16 columns modeled within 1 % of 1024's."""
     f32 = nl.float32
-    rstd, neg_k, g, dtotal_share = front
+    rstd, neg_k, g, dx_share, neg_kr = front
+    row_cut = split_count(dx_tile.shape[-1], dx_share)        # rms_norm: the row's VectorE columns of dx
     for j, lo, hi in chunks:
         a = nl.ndarray((parts, hi - lo), dtype=x_tile.dtype, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=a, data=x_tile[:, j, lo:hi], op0=nl.multiply, operand0=neg_k[:, j:j + 1])
         t = nl.ndarray((parts, hi - lo), dtype=f32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=t, data1=a, data2=g[:, j, lo:hi], op=nl.add, engine=nisa.engine.gpsimd)
         if dt_tile is None:
-            nisa.activation(dst=dx_tile[:, j, lo:hi], op=nl.copy, data=t, scale=rstd[:, j:j + 1])
+            _plain_dx(dx_tile[:, j, :], x_tile[:, j, :], g[:, j, :], rstd[:, j:j + 1], neg_k[:, j:j + 1],
+                      None if neg_kr is None else neg_kr[:, j:j + 1], lo, hi, row_cut, a, t)
         else:
-            # the chunk's first dtotal_share of columns on VectorE, the rest ScalarE + GpSimd
-            # (as _back); t holds the chunk's columns from 0, dx and dtotal the row's
+            nisa.tensor_scalar(dst=a, data=x_tile[:, j, lo:hi], op0=nl.multiply, operand0=neg_k[:, j:j + 1])
+            nisa.tensor_tensor(dst=t, data1=a, data2=g[:, j, lo:hi], op=nl.add, engine=nisa.engine.gpsimd)
+            # the chunk's first dx_share of columns on VectorE, the rest ScalarE + GpSimd (the
+            # same values either way, so unlike rms_norm's, per chunk: every chunk's dx is
+            # then made by two engines at once); t holds the chunk's columns from 0, dx and
+            # dtotal the row's
             w = hi - lo
-            cutf = split_count(w, dtotal_share)
+            cutf = split_count(w, dx_share)
             mid = lo + cutf
             if cutf:
                 nisa.scalar_tensor_tensor(dst=dx_tile[:, j, lo:mid], data=t[:, 0:cutf], op0=nl.multiply,
@@ -413,14 +464,16 @@ def _backward(dy, x, weight, eps, dtotal):
     eps_tile = _eps_tile(eps)
     per_max = rows_per_partition(cols, TARGET_COLS, BACKWARD_MAX_HIDDEN)
     weight_bytes = 0 if weight is None else cols * itemsize(weight.dtype)
-    ahead = _prefetch_ahead(per_max, cols, itemsize(x.dtype), 2 if dtotal is None else 3, weight_bytes)
-    params = {}
     # one accumulator per program, restarted by each part's first matmul (at LNC=1 the two
     # parts take it in turn; two diagonal accumulators would not fit PSUM)
     diag = diag_fits(cols)
+    dw = None if weight is None else "diagonal" if diag else "columns"
+    scratch = _a_prime_bytes(per_max, cols, itemsize(x.dtype), dw) if dtotal is None else 0
+    ahead = _prefetch_ahead(per_max, cols, itemsize(x.dtype), 2 if dtotal is None else 3, weight_bytes, scratch)
+    params = {}
     acc = None if weight is None else (new_diag_accumulator(cols) if diag else new_accumulator(cols))
     blocks_begun = []     # every part's blocks, in order: the ring slot of the next one
-    g_depth = _g_ring_depth(per_max, cols, itemsize(x.dtype), ahead, weight_bytes) \
+    g_depth = _g_ring_depth(per_max, cols, itemsize(x.dtype), ahead, weight_bytes, scratch) \
         if weight is not None and dtotal is None else 0
     g_ring = nl.ndarray((PARTITIONS, g_depth, per_max, cols), dtype=x.dtype, buffer=nl.sbuf) if g_depth else None
     first_part, end_part = share(WORK_PARTS, nl.program_id(0), nl.num_programs())

@@ -142,9 +142,10 @@ def _kernel_module(suffix):
 # bytes)), each at J = 1 (one row per partition: a block is a row)
 BOUNDS = [
     # rms_norm's backward with its ring of g (G_RING_DEPTH tiles where SBUF holds them, as
-    # here: _g_ring_depth) in place of the two a tile per block rotates
+    # here: _g_ring_depth) in place of the two a tile per block rotates, and its a' tile
     ("rms_norm_backward", _rms_backward(False, True), torch.bfloat16, 8192, ".rms_norm_backward",
-     lambda m, a, block, row: (2 * (a + 2) + m.G_RING_DEPTH) * block + row + m.SMALL_TILES * 4),
+     lambda m, a, block, row: (2 * (a + 2) + m.G_RING_DEPTH) * block + row + m.SMALL_TILES * 4
+     + m._a_prime_bytes(1, 8192, 2, "diagonal" if m.diag_fits(8192) else "columns")),
     ("fused_add_backward", _rms_backward(True, True), torch.bfloat16, 8192, ".rms_norm_backward",
      lambda m, a, block, row: (3 * (a + 2) + 2) * block + row + m.SMALL_TILES * 4),
     ("fused_add_backward-fp32weight", _rms_backward(True, True, torch.float32), torch.bfloat16, 8192,
