@@ -389,7 +389,7 @@ def test_fused_add_rms_norm_backward_gives_gpsimd_a_share_of_the_programs_first_
     # kernels/rms_norm_backward.py _front: the program's first block, whose products GpSimd
     # (with no earlier block's t = a + g and + dtotal to run) shares by the engines' rates on
     # trn2: VectorE 0.96 GHz at one 16-bit pair per cycle (0.5 for fp32), GpSimd 1.2 GHz at
-    # 0.5. The later blocks split by _fused_plan: 16-bit all on VectorE (GpSimd's t and
+    # 0.5. The later blocks split by _block_plan: 16-bit all on VectorE (GpSimd's t and
     # + dtotal keep it the busier engine), fp32 0.55 with all of dx = t * r + dtotal on
     # VectorE (until session 62 all products on VectorE for every dtype, dx on ScalarE and
     # GpSimd). The first block's dtotal is loaded
