@@ -30,13 +30,16 @@ Engines, per block (16-bit input; fp32 the same in fp32):
     ScalarE / VectorE  sum(g) and sum(q) per row, fp32, each on ScalarE (a copy with
              add-accumulate per row) or VectorE (one tensor_reduce over the block):
              _row_sums_on_vector picks
+    dx, each row's first _dx_vector_share of columns on VectorE, the rest:
     VectorE  a = xhat * (-m2) - m1 (tensor_scalar, perf mode)
     GpSimd   t = a + g (fp32);  ScalarE dx = t * r (one rounding)
+    VectorE's share: a'' = xhat * (-m2 r) - m1 r (tensor_scalar), dx = g * r + a'' (one
+             scalar_tensor_tensor, one rounding)
     The program's last block makes a, t and dx per column chunk of at least 2 KiB per
     partition (tiling.drain_chunks) and stores each chunk when made (_back).
     TensorE  dw += diagonal of dy^T xhat (weight_grads.py; rows of p = dy * xhat where the
              diagonal accumulator does not fit PSUM), db += rows of dy
-Expected error (16-bit): xhat, g, q, p and a are rounded to the input dtype (bf16: <= 2**-9
+Expected error (16-bit): xhat, g, q, p and a (or a'') are rounded to the input dtype (bf16: <= 2**-9
     relative each), the row sums and weight gradients accumulate in fp32, dx rounds once
     more. fp32: ~1e-6 relative.
 """
@@ -70,6 +73,8 @@ PREFETCH_AHEAD = 2
 # 0.55 beats it on both by 0.4 / 1.1), and the sweep is not monotone (the list schedule's
 # order, not the balance), so the balance's neighbour stays rather than a schedule accident.
 PRODUCT_VECTOR_SHARE = 0.6
+# Step of the grid of dx shares _dx_vector_share searches.
+DX_SHARE_STEP = 0.05
 
 
 def _row_sums_on_vector(per, cols, sixteen, no_dw_product):
@@ -110,6 +115,49 @@ def _row_sums_on_vector(per, cols, sixteen, no_dw_product):
         chain = (on_vector if n_vector else 0.0) + (on_scalar / per if n_vector < 2 else 0.0)
         if best is None or busiest + chain < best[0]:
             best = (busiest + chain, placement)
+    return best[1]
+
+
+def _dx_vector_share(per, cols, sixteen, products, placement):
+    """Share of each row's dx made by one VectorE scalar_tensor_tensor, dx = g * r + a''
+    with a'' = xhat * (-m2 r) - m1 r (VectorE, in place of a), instead of GpSimd's
+    t = a + g and ScalarE's t * r (_back), on a grid of DX_SHARE_STEP: the share that leaves
+    the busiest of VectorE, ScalarE and GpSimd least busy over a [P, per, cols] block by the
+    cost model's rules with the active generation's figures (engine_costs.py), given the
+    block's other work: ``products`` two-input products split at PRODUCT_VECTOR_SHARE,
+    xhat and a per row on VectorE, the row sums where ``placement`` put them
+    (_row_sums_on_vector). Ties go to the smaller share. VectorE's scalar_tensor_tensor
+    costs 2.08 ns per element on trn2 where it saves ScalarE 0.83 and GpSimd 1.67: trn2
+    takes 0.3-0.35 of a 4096-column bf16 row, trn1 none (no 16-bit performance mode: VectorE
+    is already its busiest engine). Until session 62 dx was never on VectorE. Modeled (us,
+    14 shapes of 64-8192 rows x 128-8192 columns, bf16 with weight and bias unless said):
+    trn2 LNC=2 geomean -5.5 % (ViT-B/16 [1576, 768] 29.6 -> 28.4, ViT-L/16 [1576, 1024] 35.0
+    -> 34.2, [2048, 2048] 74.8 -> 62.3; none slower), weight only -5.6 %, neither -5.0 % (at
+    most +0.5 %), LNC=1 -5.4 %, fp32 -0.1 %, trn3 -10.4 % (none slower), trn1 unchanged; the
+    gradients differ in the last bit where a'' is rounded instead of a (float64 tolerance
+    as before)."""
+    c = active_engine_costs()
+    two = c.vector_two_input_rate(sixteen)
+    four = c.vector_16bit_rate if sixteen else 1
+    cut = split_count(cols, PRODUCT_VECTOR_SHARE)
+    vector = (per * c.instruction_ns("vector", cols, four)                          # xhat
+              + (products * c.instruction_ns("vector", per * cut, two) if cut else 0.0)
+              + sum(placement) * c.instruction_ns("vector", per * cols))           # row sums
+    scalar = (2 - sum(placement)) * per * c.instruction_ns("scalar", cols, c.scalar_16bit_rate if sixteen else 1)
+    gpsimd = products * c.instruction_ns("gpsimd", per * (cols - cut), 0.5) if cut < cols else 0.0
+    steps = round(1 / DX_SHARE_STEP)
+    best = None
+    for k in range(steps + 1):
+        cut_dx = split_count(cols, k / steps)
+        rest = cols - cut_dx
+        v = vector + per * (c.instruction_ns("vector", rest, four) if rest else 0.0)  # a
+        v += per * (c.instruction_ns("vector", cut_dx, four) + c.instruction_ns("vector", cut_dx, 0.5)) \
+            if cut_dx else 0.0                                                        # a'', dx's share
+        sc = scalar + (per * c.instruction_ns("scalar", rest) if rest else 0.0)      # dx = t * r
+        gp = gpsimd + (per * c.instruction_ns("gpsimd", rest, 0.5) if rest else 0.0)  # t = a + g
+        busiest = max(v, sc, gp)
+        if best is None or busiest < best[0] - 1e-6:
+            best = (busiest, k / steps)
     return best[1]
 
 
@@ -167,6 +215,8 @@ def _front(dy_tile, x_tile, stats_tile, parts, per, cols, weight_tile, ones, acc
     sums = nl.ndarray((parts, 2 * per), dtype=f32, buffer=nl.sbuf)
     no_dw_product = acc_w is None or len(acc_w.shape) == 3
     placement = _row_sums_on_vector(per, cols, itemsize(x_tile.dtype) == 2, no_dw_product)
+    products = 1 if weight_tile is None else 2 if no_dw_product else 3
+    dx_share = _dx_vector_share(per, cols, itemsize(x_tile.dtype) == 2, products, placement)
     for k, (data, on_vector) in enumerate(zip((g, q), placement)):
         if on_vector:
             nisa.tensor_reduce(dst=sums[:, k * per:(k + 1) * per], op=nl.add, data=data, axis=2)
@@ -176,7 +226,7 @@ def _front(dy_tile, x_tile, stats_tile, parts, per, cols, weight_tile, ones, acc
                             reduce_res=sums[:, k * per + j:k * per + j + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
     neg_m = nl.ndarray((parts, 2 * per), dtype=f32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=neg_m, data=sums, op0=nl.multiply, operand0=-1.0 / cols)
-    return xhat, g, neg_m, rstd
+    return xhat, g, neg_m, rstd, dx_share
 
 
 def _back(dx_tile, parts, pieces, front, store_piece=None):
@@ -193,18 +243,40 @@ def _back(dx_tile, parts, pieces, front, store_piece=None):
     trn2 at LNC=2 and 1, trn3, trn1): geomean -2.4 to -5.3 % per configuration, up to
     -20.7 %, none slower; outputs unchanged bit for bit."""
     f32 = nl.float32
-    xhat, g, neg_m, rstd = front
+    xhat, g, neg_m, rstd, dx_share = front
     per = xhat.shape[1]
+    cols = xhat.shape[-1]
     neg_m1, neg_m2 = neg_m[:, 0:per], neg_m[:, per:2 * per]
-    for j, lo, hi in pieces:
-        a = nl.ndarray((parts, hi - lo), dtype=xhat.dtype, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=a, data=xhat[:, j, lo:hi], op0=nl.multiply, operand0=neg_m2[:, j:j + 1],
-                           op1=nl.add, operand1=neg_m1[:, j:j + 1])
-        t = nl.ndarray((parts, hi - lo), dtype=f32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=t, data1=a, data2=g[:, j, lo:hi], op=nl.add, engine=nisa.engine.gpsimd)
-        nisa.activation(dst=dx_tile[:, j, lo:hi], op=nl.copy, data=t, scale=rstd[:, j:j + 1])
+    # each row's first row_cut columns of dx on VectorE, whether the row is made whole or in
+    # chunks (the same columns either way: results independent of the launch's degree)
+    row_cut = split_count(cols, dx_share)
+    if row_cut:
+        # -m1 r and -m2 r per row: a'' = xhat * (-m2 r) - m1 r
+        neg_mr = nl.ndarray((parts, 2 * per), dtype=f32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=neg_mr[:, 0:per], data1=neg_m1, data2=rstd, op=nl.multiply)
+        nisa.tensor_tensor(dst=neg_mr[:, per:2 * per], data1=neg_m2, data2=rstd, op=nl.multiply)
+    for j, first, end in pieces:
+        # a'' first, in a tile of its own, then a, t and ScalarE's dx, then VectorE's dx:
+        # dx's tile is first written by ScalarE's step, as when all of dx came that way, and
+        # only the narrow a'' is live beside t longer than before the split
+        mid = min(max(row_cut, first), end)
+        a_r = None
+        if mid > first:
+            a_r = nl.ndarray((parts, mid - first), dtype=xhat.dtype, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=a_r, data=xhat[:, j, first:mid], op0=nl.multiply,
+                               operand0=neg_mr[:, per + j:per + j + 1], op1=nl.add, operand1=neg_mr[:, j:j + 1])
+        if end > mid:
+            a = nl.ndarray((parts, end - mid), dtype=xhat.dtype, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=a, data=xhat[:, j, mid:end], op0=nl.multiply, operand0=neg_m2[:, j:j + 1],
+                               op1=nl.add, operand1=neg_m1[:, j:j + 1])
+            t = nl.ndarray((parts, end - mid), dtype=f32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=t, data1=a, data2=g[:, j, mid:end], op=nl.add, engine=nisa.engine.gpsimd)
+            nisa.activation(dst=dx_tile[:, j, mid:end], op=nl.copy, data=t, scale=rstd[:, j:j + 1])
+        if a_r is not None:
+            nisa.scalar_tensor_tensor(dst=dx_tile[:, j, first:mid], data=g[:, j, first:mid], op0=nl.multiply,
+                                      operand0=rstd[:, j:j + 1], op1=nl.add, operand1=a_r)
         if store_piece is not None:
-            store_piece(j, lo, hi)
+            store_piece(j, first, end)
 
 
 @nki.jit

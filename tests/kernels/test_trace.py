@@ -377,6 +377,65 @@ def test_rms_norm_backward_splits_its_work_as_the_cost_model_prices_it(dtype, ro
     assert shares == expected[(dtype, fused)]
 
 
+@pytest.mark.parametrize("target", ["trn1", "trn2", "trn3"])
+def test_layer_norm_backward_makes_a_share_of_dx_on_vector_as_the_model_prices_it(target):
+    # kernels/layer_norm_backward.py _dx_vector_share: a share of each row's dx made by one
+    # VectorE scalar_tensor_tensor, dx = g * r + a'' with a'' = xhat * (-m2 r) - m1 r, in
+    # place of GpSimd's t = a + g and ScalarE's t * r, where that leaves the busiest engine
+    # least busy by the model's figures: none on trn1 (no 16-bit performance mode, VectorE
+    # already the busiest), a share on trn2 and trn3 (until session 62 none anywhere). The
+    # new instructions cost what the estimate charges them (a'' at the 16-bit tensor_scalar
+    # rate, the scalar_tensor_tensor two passes); the gradients are float64-close.
+    from nki_kernels import _kernel_sources
+    from nki_kernels.simulator.cost.model import compute_cost
+    from nki_kernels.simulator.hardware import get_target
+    from nki_kernels import references
+
+    backward = _kernel_sources.load("layer_norm_backward", "simulator")
+    engine_costs = _kernel_sources.load("engine_costs", "simulator")
+    rows, hidden = 512, 4096
+    x, dy = torch.randn(rows, hidden).bfloat16(), torch.randn(rows, hidden).bfloat16()
+    w, b = (1 + 0.1 * torch.randn(hidden)).bfloat16(), torch.randn(hidden).bfloat16()
+    stats = references.layer_norm_stats(x, (hidden,), 1e-5)
+    call = norms.layer_norm_backward_kernel_call(dy, x, stats, (hidden,), w, b, 1e-5)
+    with simulator.activated():
+        kernel = _dispatch.simulator_kernel(call)
+    result = simulator.run(kernel[1], *call.tensors, target=target, **call.static)
+    model = get_target(target)
+    stt = [i for i in result.trace if i.op == "scalar_tensor_tensor" and i.writes[0].shape[-1] > 2]
+    vector_cols = sum(i.writes[0].shape[-1] for i in stt)
+    with simulator.activated(target=target):
+        c = engine_costs.active()
+        # one row per partition; dw on TensorE's diagonal (two products) where its
+        # accumulator fits PSUM beside db's, else from p = dy * xhat (three); the planner's
+        # row-sum placement
+        diagonal = backward.diag_fits(hidden, other_banks=1)
+        placement = backward._row_sums_on_vector(1, hidden, True, diagonal)
+        share = backward._dx_vector_share(1, hidden, True, 2 if diagonal else 3, placement)
+        for ins in stt:
+            width = ins.writes[0].shape[-1]
+            assert c.instruction_ns("vector", width, 0.5, reads_previous=True) == pytest.approx(
+                compute_cost(ins, model).seconds * 1e9)
+            maker = next(i for i in result.trace if i.writes and i.writes[0].alloc_id == ins.reads[2].alloc_id)
+            assert c.instruction_ns("vector", width, c.vector_16bit_rate, reads_previous=True) == pytest.approx(
+                compute_cost(maker, model).seconds * 1e9)
+    assert vector_cols == split_count_cols(hidden, share) * rows // 128
+    assert (share > 0) == (target != "trn1")
+    dx, dw, db = call.finish_outputs(result.outputs)
+    leaves = [t.double().requires_grad_() for t in (x, w, b)]
+    out = torch.nn.functional.layer_norm(leaves[0], (hidden,), leaves[1], leaves[2], 1e-5)
+    ref_dx, ref_dw, ref_db = torch.autograd.grad(out, leaves, dy.double())
+    # bf16: xhat, g, q and a (or a'') rounded to bf16 (kernels/layer_norm_backward.py
+    # "Expected error"), dx once more: a few bf16 steps of the output scale
+    for got, ref in ((dx, ref_dx), (dw, ref_dw), (db, ref_db)):
+        torch.testing.assert_close(got.double(), ref, atol=2 ** -6 * ref.abs().max().item(), rtol=2 ** -6)
+
+
+def split_count_cols(cols, share):
+    """Columns of a row before its VectorE cut (kernels/tiling.py split_count)."""
+    return min(cols, max(0, int(round(cols * share))))
+
+
 def test_streamed_rms_norm_keeps_two_row_tiles_in_one_allocation_where_they_fit():
     # kernels/rms_norm.py _rms_norm_streamed: rows past 8192 columns kept in SBUF between
     # the two passes load their chunks into slots of one allocation, the row tiles taking

@@ -266,7 +266,7 @@ def _scalar_copies_at_lnc1(call):
 
 
 @pytest.mark.parametrize("hidden, copies_per_part, last_part", [
-    (4096, "cc cc d d cc d", "cc cc d d cc dddd"),    # one row per partition: software-pipelined
+    (4096, "cc cc d d cc d", "cc cc d d cc ddd"),     # one row per partition: software-pipelined
     (768, "cccc dd cc d", "cccc dd cc d"),            # two rows per partition, then one: in order
 ], ids=["one-row-blocks", "two-row-blocks"])
 def test_layer_norm_backward_pipelines_blocks_of_one_row_per_partition(hidden, copies_per_part, last_part):
@@ -277,7 +277,8 @@ def test_layer_norm_backward_pipelines_blocks_of_one_row_per_partition(hidden, c
     # with more rows per partition each block is issued whole (768 columns: a block of 256
     # rows and one of 128 per part). The program's last block (the second part's last) makes
     # its dx in 2 KiB column chunks where its rows are that long (_back: 4096 bf16 columns
-    # in four)
+    # in four), the first of them wholly in the row's VectorE share of dx (_dx_vector_share),
+    # so without a ScalarE copy
     rows, dtype = 768, torch.bfloat16
     x, dy = _randn(rows, hidden, dtype=dtype, shift=1.0), _randn(rows, hidden, dtype=dtype)
     weight, bias = _randn(hidden, dtype=dtype, scale=0.5, shift=1.0), _randn(hidden, dtype=dtype)
