@@ -135,7 +135,9 @@ def _dx_vector_share(per, cols, sixteen, products, placement):
     -> 34.2, [2048, 2048] 74.8 -> 62.3; none slower), weight only -5.6 %, neither -5.0 % (at
     most +0.5 %), LNC=1 -5.4 %, fp32 -0.1 %, trn3 -10.4 % (none slower), trn1 unchanged; the
     gradients differ in the last bit where a'' is rounded instead of a (float64 tolerance
-    as before)."""
+    as before). The main job's error bars widen at the high end (ViT-B/16 24.6-39.7 ->
+    22.3-49.9 us, ViT-L/16 29.4-55.6 -> 26.1-62.4): the share is planned with the model's
+    central figures, and VectorE's extra instructions weigh more under its pessimistic ones."""
     c = active_engine_costs()
     two = c.vector_two_input_rate(sixteen)
     four = c.vector_16bit_rate if sixteen else 1
