@@ -419,7 +419,8 @@ def test_layer_norm_backward_makes_a_share_of_dx_on_vector_as_the_model_prices_i
             maker = next(i for i in result.trace if i.writes and i.writes[0].alloc_id == ins.reads[2].alloc_id)
             assert c.instruction_ns("vector", width, c.vector_16bit_rate, reads_previous=True) == pytest.approx(
                 compute_cost(maker, model).seconds * 1e9)
-    assert vector_cols == split_count_cols(hidden, share) * rows // 128
+    tiling = _kernel_sources.load("tiling", "simulator")
+    assert vector_cols == tiling.split_count(hidden, share) * rows // 128        # each row's VectorE cut
     assert (share > 0) == (target != "trn1")
     dx, dw, db = call.finish_outputs(result.outputs)
     leaves = [t.double().requires_grad_() for t in (x, w, b)]
@@ -429,11 +430,6 @@ def test_layer_norm_backward_makes_a_share_of_dx_on_vector_as_the_model_prices_i
     # "Expected error"), dx once more: a few bf16 steps of the output scale
     for got, ref in ((dx, ref_dx), (dw, ref_dw), (db, ref_db)):
         torch.testing.assert_close(got.double(), ref, atol=2 ** -6 * ref.abs().max().item(), rtol=2 ** -6)
-
-
-def split_count_cols(cols, share):
-    """Columns of a row before its VectorE cut (kernels/tiling.py split_count)."""
-    return min(cols, max(0, int(round(cols * share))))
 
 
 def test_streamed_rms_norm_keeps_two_row_tiles_in_one_allocation_where_they_fit():
