@@ -135,6 +135,9 @@ def test_known_misses_are_few_and_say_why(calibrate):
         # trn1's per-transfer DMA cadence read off AWS's fig29: the model's gap is trn2's, and
         # a trn1 gap that long moves the trn1 kernels' rows away from their measurements
         "dma.tiny_transfer_interval_trn1": 1,
+        # the kernel-optimization tutorial's tiled matmul: two sites' small loads interleaved
+        # run faster than the single-stream curve's gap allows on one queue per engine
+        "optimization_guide.matmul_v2": 1,
     }
     for prefix, limit in causes.items():
         assert sum(r.id.startswith(prefix) for r in misses) <= limit, prefix

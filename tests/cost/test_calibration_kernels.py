@@ -71,6 +71,8 @@ COVERED = {
        for k, vs in (("three_pass", ("c3", "c4", "c5")), ("fused", ("c8", "c9", "c10"))) for v in vs},
     **{f"autocomp_sd_attention:sd_attention[copy_engine=scalar][version={v}]":
        "test_autocomp_sd_attention_is_softmax_scaled_qk_times_v" for v in ("tutorial", "best")},
+    **{f"optimization_guide_matmul:matmul[version={v}]": "test_optimization_guide_matmuls_multiply"
+       for v in ("v2", "v3", "v5")},
 }
 
 
@@ -763,6 +765,45 @@ def test_autocomp_gemm_k_coalesced_rejects_bad_arguments(calibrate, group_n, k, 
     with pytest.raises(ValueError, match=message):
         simulate(calibrate, "autocomp_gemm:gemm_k_coalesced", "trn1", lhsT=torch.rand(k, m).to(torch.bfloat16),
                  rhs=torch.rand(k, n).to(torch.bfloat16), group_n=group_n)
+
+
+# ----------------------------------------------------------------- optimization_guide_matmul:matmul
+# lhsT.T @ rhs in fp32 (the tutorial's driver): fp32 products summed in fp32 PSUM are off by
+# at most K u32 sum|a||b|; v5 adds each block of 8 K tiles into an fp32 SBUF accumulator
+# (K / 1024 more roundings, within the same bound plus one) and every version rounds once
+# more into its fp32 result. Shapes: 3 tiles of K, M and N for v2 / v3 (odd tile counts); for
+# v5 its smallest blocks twice over (2 K blocks, so the SBUF accumulation runs).
+
+@pytest.mark.parametrize("version, k, m, n", [("v2", 384, 384, 1536), ("v3", 384, 384, 1536),
+                                              ("v5", 2048, 2048, 2048)])
+def test_optimization_guide_matmuls_multiply(calibrate, version, k, m, n):
+    a, b = torch.randn(k, m), torch.randn(k, n)
+    out = simulate(calibrate, "optimization_guide_matmul:matmul", "trn2", lhsT=a, rhs=b, version=version).outputs
+    assert out.dtype == torch.float32 and out.shape == (m, n)
+    ref = a.double().T @ b.double()
+    tol = (k + 2) * U32 * (a.double().abs().T @ b.double().abs()) + U32 * ref.abs()
+    bad = ~((out.double() - ref).abs() <= tol)
+    assert not bool(bad.any()), f"{int(bad.sum())} elements off; max error {(out.double() - ref).abs().max():.3g}"
+
+
+@pytest.mark.parametrize("version, k, m, n, message", [
+    ("v4", 384, 384, 1536, r"version='v4' is not one of \('v2', 'v3', 'v5'\)"),
+    ("v2", 384, 384, 1000, r"rhs.shape\[1\] \(N\)=1000 must be a multiple of 512"),
+    ("v3", 200, 384, 512, r"lhsT.shape\[0\] \(K\)=200 must be a multiple of 128"),
+    ("v5", 2048, 1024, 2048, r"lhsT.shape\[1\] \(M\)=1024 must be a multiple of 2048"),
+    ("v5", 1536, 2048, 2048, r"lhsT.shape\[0\] \(K\)=1536 must be a multiple of 1024"),
+])
+def test_optimization_guide_matmul_rejects_an_unknown_version_or_shapes_off_its_blocks(calibrate, version, k, m, n,
+                                                                                       message):
+    with pytest.raises(ValueError, match=message):
+        simulate(calibrate, "optimization_guide_matmul:matmul", "trn2", lhsT=torch.rand(k, m), rhs=torch.rand(k, n),
+                 version=version)
+
+
+def test_optimization_guide_matmul_rejects_a_contraction_mismatch(calibrate):
+    with pytest.raises(ValueError, match=r"rhs.shape\[0\]=256 must equal lhsT.shape\[0\]=128"):
+        simulate(calibrate, "optimization_guide_matmul:matmul", "trn2", lhsT=torch.rand(128, 128),
+                 rhs=torch.rand(256, 512), version="v2")
 
 
 # ----------------------------------------------------------------------------- autocomp_attention
