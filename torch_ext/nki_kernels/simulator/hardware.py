@@ -129,7 +129,10 @@ class Target:
     # cost texts give no such latency and [P]'s "~100 cycles" is the static overhead
     dependency_latency_cycles: int = 100
     matmul_min_cycles: int = 64             # [S] matmul max(min(64, M), N) cycles
-    matmul_fp32_factor: int = 4             # [S] fp32 operands: 4 passes (79 vs 20 TFLOPS)
+    # [S] fp32 operands: 4 passes (79 vs 20 TFLOPS). [M] on trn2: the kernel-optimization
+    # tutorial's fp32 matmuls (32,768 of [128,128] x [128,512]) show 28.16 ms of TensorE
+    # active time, 27.96 ms at this factor (rows optimization_guide.matmul_v3/v5.tensor_busy)
+    matmul_fp32_factor: int = 4
     # nc_matmul_mx (v4): MX pairs each PE multiplies per cycle, [A3] "Quad-MXFP8/MXFP4 Matmul
     # Performance" (4x the FLOPs of a bf16 matmul of the same tile sizes)
     matmul_mx_pairs_per_pe: int = 4
