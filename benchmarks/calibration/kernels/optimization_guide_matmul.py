@@ -19,8 +19,8 @@ images: v2 is the tiled kernel, v3 hoists the loads, v4 blocks M and N, v5 block
 
 v4 (v3 for blocks of 2 x 2 output tiles; 28.41 ms) is not ported: as written it loads a
 block's 2 x 64 rhs tiles [128, 512] fp32 and 2 x 64 lhsT tiles [128, 128] fp32 before its
-first matmul, 320 KiB per partition live, more than a trn2 core's SBUF (192 KiB per
-partition, 224 KiB in the simulator's capacity check). What ran must have loaded or freed
+first matmul, 320 KiB per partition live, more than a trn2 core's SBUF (224 KiB per
+partition, 28 MiB; the simulator refuses it). What ran must have loaded or freed
 them in another order (the compiler schedules affine_range bodies), and neither the
 tutorial nor its profiles show which; any order chosen here would be ours, not AWS's.
 
