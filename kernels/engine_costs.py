@@ -104,6 +104,17 @@ class EngineCosts(nl.NKIObject):
         mode (0.5 on every generation)."""
         return (self.vector_psum_copy_16bit_rate if sixteen else 1) / 2
 
+    def vector_one_input_rate(self, sixteen):
+        """Elements per cycle of a VectorE tensor_scalar or tensor_copy reading one input in
+        SBUF: the full performance mode's factor when its data is 16-bit (vector_16bit_rate:
+        4 on trn2 and trn3, 1 on trn1), else 1."""
+        return self.vector_16bit_rate if sixteen else 1
+
+    def scalar_rate(self, sixteen):
+        """Elements per cycle of a ScalarE instruction over its data: scalar_16bit_rate
+        when the data is 16-bit (2 on trn3, 1 elsewhere), else 1."""
+        return self.scalar_16bit_rate if sixteen else 1
+
     def dependency_ns(self, engine):
         """How long a consumer waits after an ``engine`` ("tensor", "vector", "scalar" or
         "gpsimd") instruction ends before it can read the result (the cost model's rule)."""

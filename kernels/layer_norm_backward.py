@@ -98,7 +98,7 @@ def _row_sums_on_vector(per, cols, sixteen, no_dw_product):
     0.5 %. Without the chain term (the busier engine alone) ViT-L models 39.9."""
     c = active_engine_costs()
     two = c.vector_two_input_rate(sixteen)                          # tensor_tensor
-    four = c.vector_16bit_rate if sixteen else 1                    # tensor_scalar
+    four = c.vector_one_input_rate(sixteen)                         # tensor_scalar
     cut = split_count(cols, PRODUCT_VECTOR_SHARE)
     products = 2 if no_dw_product else 3
     # ScalarE: dx per row (t is fp32)
@@ -106,7 +106,7 @@ def _row_sums_on_vector(per, cols, sixteen, no_dw_product):
     # VectorE: xhat and a per row, its share of the products
     vector = (2 * per * c.instruction_ns("vector", cols, four)
               + products * c.instruction_ns("vector", per * cut, two))
-    on_scalar = per * c.instruction_ns("scalar", cols, c.scalar_16bit_rate if sixteen else 1)
+    on_scalar = per * c.instruction_ns("scalar", cols, c.scalar_rate(sixteen))
     on_vector = c.instruction_ns("vector", per * cols)
     best = None
     for placement in ((True, True), (False, True), (True, False), (False, False)):
@@ -140,12 +140,12 @@ def _dx_vector_share(per, cols, sixteen, products, placement):
     central figures, and VectorE's extra instructions weigh more under its pessimistic ones."""
     c = active_engine_costs()
     two = c.vector_two_input_rate(sixteen)
-    four = c.vector_16bit_rate if sixteen else 1
+    four = c.vector_one_input_rate(sixteen)
     cut = split_count(cols, PRODUCT_VECTOR_SHARE)
     vector = (per * c.instruction_ns("vector", cols, four)                          # xhat
               + (products * c.instruction_ns("vector", per * cut, two) if cut else 0.0)
               + sum(placement) * c.instruction_ns("vector", per * cols))           # row sums
-    scalar = (2 - sum(placement)) * per * c.instruction_ns("scalar", cols, c.scalar_16bit_rate if sixteen else 1)
+    scalar = (2 - sum(placement)) * per * c.instruction_ns("scalar", cols, c.scalar_rate(sixteen))
     gpsimd = products * c.instruction_ns("gpsimd", per * (cols - cut), 0.5) if cut < cols else 0.0
     steps = round(1 / DX_SHARE_STEP)
     best = None

@@ -181,13 +181,12 @@ def _block_engine_ns(per, cols, sixteen, fused, vector_share, gpsimd_share):
     # (instructions, elements each) per path: whole rows, or one column span of the row
     paths = [(hi - lo, cols) if per > 1 else (int(hi > lo), hi - lo) for lo, hi in zip(cuts, cuts[1:])]
     (n_vec, w_vec), (n_gp, w_gp), (n_sc, w_sc) = paths
-    sixteen_rate = c.scalar_16bit_rate if sixteen else 1
     vector = n_vec * c.instruction_ns("vector", w_vec, rate=0.5)
     scalar = n_sc * c.instruction_ns("scalar", w_sc)
     gpsimd = (n_gp * (c.instruction_ns("gpsimd", w_gp) + c.instruction_ns("gpsimd", w_gp, rate=0.5))
               + n_sc * c.instruction_ns("gpsimd", w_sc, rate=0.5))
     add = c.instruction_ns("vector", per * cols, rate=c.vector_two_input_rate(sixteen)) if fused else 0.0
-    scalar += per * c.instruction_ns("scalar", cols, rate=sixteen_rate) + c.instruction_ns("scalar", per)
+    scalar += per * c.instruction_ns("scalar", cols, rate=c.scalar_rate(sixteen)) + c.instruction_ns("scalar", per)
     return (vector + add, scalar, gpsimd), (vector, scalar, gpsimd)
 
 
@@ -229,8 +228,8 @@ def _unweighted_vector_share(cols, sixteen):
     than 0.1 % slower); fused_add_rms_norm (the same blocks) trn2 bf16 [2048, 4096] 100.4 ->
     97.0, [300, 8192] 51.2 -> 46.9."""
     c = active_engine_costs()
-    vector = c.instruction_ns("vector", cols, rate=c.vector_16bit_rate if sixteen else 1)
-    square = c.instruction_ns("scalar", cols, rate=c.scalar_16bit_rate if sixteen else 1)
+    vector = c.instruction_ns("vector", cols, rate=c.vector_one_input_rate(sixteen))
+    square = c.instruction_ns("scalar", cols, rate=c.scalar_rate(sixteen))
     return 1.0 if 2 * vector <= square else VECTOR_SHARE
 
 

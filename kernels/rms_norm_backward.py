@@ -150,8 +150,8 @@ def _block_engine_ns(per, cols, sixteen, dw, fused, vector_share, dx_share=0.0):
     c = active_engine_costs()
     cut = split_count(cols, vector_share)
     two = c.vector_two_input_rate(sixteen)                          # tensor_tensor
-    four = c.vector_16bit_rate if sixteen else 1                    # tensor_scalar
-    narrow = c.scalar_16bit_rate if sixteen else 1                  # ScalarE over 16-bit data
+    four = c.vector_one_input_rate(sixteen)                         # tensor_scalar
+    narrow = c.scalar_rate(sixteen)                                 # ScalarE over 16-bit data
     products = 1 if dw is None else 2
     vector = products * c.instruction_ns("vector", per * cut, rate=two) if cut else 0.0
     gpsimd = products * c.instruction_ns("gpsimd", per * (cols - cut), rate=0.5) if cut < cols else 0.0
