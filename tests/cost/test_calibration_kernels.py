@@ -32,6 +32,12 @@ def simulate(calibrate, kernel: str, target: str, **kwargs):
     return simulator.run(calibrate._kernel(kernel), target=target, **kwargs)
 
 
+def _assert_within(out, ref, tol):
+    """Every element of ``out`` within ``tol`` of the float64 ``ref`` (NaN poison fails)."""
+    bad = ~((out.double() - ref).abs() <= tol)
+    assert not bool(bad.any()), f"{int(bad.sum())} elements off; max error {(out.double() - ref).abs().max():.3g}"
+
+
 def row_key(row) -> str:
     """A row's kernel and the string arguments that choose its code path (mamba's version,
     activation's func): what one test here has to cover."""
@@ -720,8 +726,7 @@ def test_autocomp_gemm_variants_multiply(calibrate, variant):
     assert out.dtype == torch.bfloat16 and out.shape == (M, N)
     ref = a.double().T @ b.double()
     tol = K * U32 * (a.double().abs().T @ b.double().abs()) + 2.0 ** -8 * ref.abs()
-    bad = ~((out.double() - ref).abs() <= tol)
-    assert not bool(bad.any()), f"{int(bad.sum())} elements off; max error {(out.double() - ref).abs().max():.3g}"
+    _assert_within(out, ref, tol)
 
 
 @pytest.mark.parametrize("variant, k, m, n, message", [
@@ -752,8 +757,7 @@ def test_autocomp_gemm_k_coalesced_what_if_multiplies(calibrate, group_n):
     out = simulate(calibrate, "autocomp_gemm:gemm_k_coalesced", "trn1", lhsT=a, rhs=b, group_n=group_n).outputs
     ref = a.double().T @ b.double()
     tol = K * U32 * (a.double().abs().T @ b.double().abs()) + 2.0 ** -8 * ref.abs()
-    bad = ~((out.double() - ref).abs() <= tol)
-    assert not bool(bad.any()), f"{int(bad.sum())} elements off; max error {(out.double() - ref).abs().max():.3g}"
+    _assert_within(out, ref, tol)
 
 
 @pytest.mark.parametrize("group_n, k, m, n, message", [
@@ -782,8 +786,7 @@ def test_optimization_guide_matmuls_multiply(calibrate, version, k, m, n):
     assert out.dtype == torch.float32 and out.shape == (m, n)
     ref = a.double().T @ b.double()
     tol = (k + 2) * U32 * (a.double().abs().T @ b.double().abs()) + U32 * ref.abs()
-    bad = ~((out.double() - ref).abs() <= tol)
-    assert not bool(bad.any()), f"{int(bad.sum())} elements off; max error {(out.double() - ref).abs().max():.3g}"
+    _assert_within(out, ref, tol)
 
 
 @pytest.mark.parametrize("version, k, m, n, message", [
