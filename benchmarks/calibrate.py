@@ -407,6 +407,17 @@ def quantity(row: Row, est) -> float:
         # Duration Active" (busy_us) is the union of those intervals, shorter where one
         # engine's instructions overlap (VectorE: hardware.py vector_overlap_cycles).
         return sum(s.end - s.start for s in _slots(est, lambda s: s.lane == arg)) * 1e6
+    if q == "dma_packet_time_us":
+        # Neuron Explorer's dma_packet_time: "Total duration of all DMA engine packets.
+        # Overlapping DMA packets across all DMA engines are added together" ([X]: aws-neuron-sdk
+        # @81ce03ae tools/neuron-explorer/profile-schema-reference.rst). The model's packets are
+        # the transfers' shares on the DMA engine lanes; each lasts its data time (bytes and
+        # descriptors at one engine's bandwidth), so their sum tests that rate on a real stream.
+        # Core 0's lanes, as a one-core profile shows them.
+        sl = _slots(est, lambda s: s.engine == "dma" and not s.lane.startswith("core"))
+        if not sl:
+            raise ValueError(f"{row.id}: no DMA transfer on core 0")
+        return sum(s.end - s.start for s in sl) * 1e6
     if q == "dma_slot_us":
         # the longest queue share of the largest transfer (the profiles show one engine's)
         big = max((i for i in trace if i.engine == "dma"), key=lambda i: est.schedule.costs[i.index].bytes)

@@ -43,7 +43,8 @@ def test_every_row_has_a_source_a_kernel_and_a_known_quantity(calibrate):
         assert r.source and r.what and r.confidence in ("M", "M?", "P"), r.id
         assert r.quantity.partition(":")[0] in ("latency_us", "dma_slot_us", "dma_stream_gbps", "op_slot_us",
                                                 "chain_interval_us", "consumer_start_us", "busy_us",
-                                                "duration_sum_us", "dma_start_interval_us", "device_us"), r.id
+                                                "duration_sum_us", "dma_start_interval_us", "device_us",
+                                                "dma_packet_time_us"), r.id
         assert (ROOT / "benchmarks" / "calibration" / "kernels" / f"{r.kernel.partition(':')[0]}.py").exists(), r.id
     assert any(r.rank_group for r in rows)
 
@@ -211,6 +212,28 @@ def test_the_dma_start_interval_is_an_engine_s_cadence_on_queued_transfers(calib
         types.SimpleNamespace(engine="dma", lane=f"dma_q{k}", start=1e-6 * k) for k in range(16)]))
     with pytest.raises(ValueError, match="dma.tiny_transfer_interval_trn1: no DMA engine started two"):
         calibrate.quantity(row, one)
+
+
+def test_the_dma_packet_time_is_every_engine_s_data_time_added_up(calibrate):
+    rows = {r.id: r for r in calibrate.load_rows()}
+    # the DMA overview's 2 KiB stream: 32 loads of [128, 1024] bf16 and a [128, 1] store,
+    # one contiguous run (descriptor) per partition each, spread over trn2's 16 engines
+    row = dataclasses.replace(rows["dma.curve.2048"], id="packets", quantity="dma_packet_time_us",
+                              relative_to=None, run=None)
+    engine_bytes_per_us = 368e9 / 16 / 1e6          # [D]: 23 B/ns per engine
+    moved, descriptors = 32 * 128 * 2048 + 128 * 2, 33 * 128
+    for per_descriptor in (0.0, 20.0, 100.0):
+        got = calibrate.modeled([row], {"dma_descriptor_bytes": per_descriptor})[row.id]
+        # the sum does not depend on how the shares overlap, only on what each engine moves
+        assert got == pytest.approx((moved + descriptors * per_descriptor) / engine_bytes_per_us, rel=1e-9)
+    # the gap between transfer starts is not packet time
+    wide = calibrate.modeled([row], {"dma_transfer_gap_s": 1.3e-6})[row.id]
+    assert wide == pytest.approx(calibrate.modeled([row])[row.id], rel=1e-9)
+    # a schedule without a transfer on core 0 has no packet time to report
+    other_core = types.SimpleNamespace(trace=[], schedule=types.SimpleNamespace(slots=[
+        types.SimpleNamespace(engine="dma", lane="core1/dma_q0", start=0.0, end=1e-6)]))
+    with pytest.raises(ValueError, match="packets: no DMA transfer on core 0"):
+        calibrate.quantity(row, other_core)
 
 
 def test_a_device_side_time_is_the_instruction_stream_without_the_launch_cost(calibrate):
