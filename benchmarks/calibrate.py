@@ -418,6 +418,21 @@ def quantity(row: Row, est) -> float:
         if not sl:
             raise ValueError(f"{row.id}: no DMA transfer on core 0")
         return sum(s.end - s.start for s in sl) * 1e6
+    if q == "dma_active_us":
+        # Neuron Explorer's dma_active_time: "Duration of time when at least one DMA packet is
+        # transferring" ([X] profile-schema-reference.rst): the union of core 0's DMA engine
+        # lanes' busy intervals
+        spans = sorted((s.start, s.end) for s in _slots(est, lambda s: s.engine == "dma"
+                                                        and not s.lane.startswith("core")))
+        if not spans:
+            raise ValueError(f"{row.id}: no DMA transfer on core 0")
+        total, (lo, hi) = 0.0, spans[0]
+        for a, b in spans[1:]:
+            if a > hi:
+                total, lo, hi = total + hi - lo, a, b
+            else:
+                hi = max(hi, b)
+        return (total + hi - lo) * 1e6
     if q == "dma_slot_us":
         # the longest queue share of the largest transfer (the profiles show one engine's)
         big = max((i for i in trace if i.engine == "dma"), key=lambda i: est.schedule.costs[i.index].bytes)

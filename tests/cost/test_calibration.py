@@ -44,7 +44,7 @@ def test_every_row_has_a_source_a_kernel_and_a_known_quantity(calibrate):
         assert r.quantity.partition(":")[0] in ("latency_us", "dma_slot_us", "dma_stream_gbps", "op_slot_us",
                                                 "chain_interval_us", "consumer_start_us", "busy_us",
                                                 "duration_sum_us", "dma_start_interval_us", "device_us",
-                                                "dma_packet_time_us"), r.id
+                                                "dma_packet_time_us", "dma_active_us"), r.id
         assert (ROOT / "benchmarks" / "calibration" / "kernels" / f"{r.kernel.partition(':')[0]}.py").exists(), r.id
     assert any(r.rank_group for r in rows)
 
@@ -234,6 +234,27 @@ def test_the_dma_packet_time_is_every_engine_s_data_time_added_up(calibrate):
         types.SimpleNamespace(engine="dma", lane="core1/dma_q0", start=0.0, end=1e-6)]))
     with pytest.raises(ValueError, match="packets: no DMA transfer on core 0"):
         calibrate.quantity(row, other_core)
+
+
+def test_the_dma_active_time_is_the_union_of_the_engines_busy_intervals(calibrate):
+    rows = {r.id: r for r in calibrate.load_rows()}
+    row = dataclasses.replace(rows["dma.curve.2048"], id="active", quantity="dma_active_us",
+                              relative_to=None, run=None)
+    lanes = lambda *spans: types.SimpleNamespace(trace=[], schedule=types.SimpleNamespace(slots=[
+        types.SimpleNamespace(engine=e, lane=lane, start=a * 1e-6, end=b * 1e-6) for e, lane, a, b in spans]))
+    # overlapping shares count once, a gap not at all, core 1 and compute engines not at all
+    est = lanes(("dma", "dma_q0", 0, 2), ("dma", "dma_q1", 1, 3), ("dma", "dma_q2", 5, 6),
+                ("dma", "core1/dma_q0", 3, 5), ("vector", "vector", 3, 5))
+    assert calibrate.quantity(row, est) == pytest.approx(4.0)
+    with pytest.raises(ValueError, match="active: no DMA transfer on core 0"):
+        calibrate.quantity(row, lanes(("dma", "core1/dma_q0", 0, 1)))
+    # the DMA overview's 512 B stream: 32 transfers one gap (0.85 us) apart, each moving its
+    # 16 shares together for ~0.18 us: active only while they move data, not for the gaps
+    small = dataclasses.replace(rows["dma.curve.512"], relative_to=None, run=None)
+    values = calibrate.modeled([dataclasses.replace(small, id=q, quantity=q)
+                                for q in ("dma_active_us", "dma_packet_time_us", "device_us")])
+    assert values["dma_active_us"] == pytest.approx(values["dma_packet_time_us"] / 16, rel=0.01)
+    assert values["dma_active_us"] < 0.25 * values["device_us"]
 
 
 def test_a_device_side_time_is_the_instruction_stream_without_the_launch_cost(calibrate):
