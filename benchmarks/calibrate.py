@@ -386,6 +386,14 @@ def _slots(est, pred):
     return [s for s in est.schedule.slots if pred(s)]
 
 
+def _core0_dma_slots(row: Row, est) -> list:
+    """The DMA engine lanes' slots of core 0 (core 1's lanes are named "core1/...")."""
+    sl = _slots(est, lambda s: s.engine == "dma" and not s.lane.startswith("core"))
+    if not sl:
+        raise ValueError(f"{row.id}: no DMA transfer on core 0")
+    return sl
+
+
 def quantity(row: Row, est) -> float:
     """The row's quantity from a modeled Estimate (microseconds, or GB/s)."""
     q, _, arg = row.quantity.partition(":")
@@ -414,18 +422,12 @@ def quantity(row: Row, est) -> float:
         # the transfers' shares on the DMA engine lanes; each lasts its data time (bytes and
         # descriptors at one engine's bandwidth), so their sum tests that rate on a real stream.
         # Core 0's lanes, as a one-core profile shows them.
-        sl = _slots(est, lambda s: s.engine == "dma" and not s.lane.startswith("core"))
-        if not sl:
-            raise ValueError(f"{row.id}: no DMA transfer on core 0")
-        return sum(s.end - s.start for s in sl) * 1e6
+        return sum(s.end - s.start for s in _core0_dma_slots(row, est)) * 1e6
     if q == "dma_active_us":
         # Neuron Explorer's dma_active_time: "Duration of time when at least one DMA packet is
         # transferring" ([X] profile-schema-reference.rst): the union of core 0's DMA engine
         # lanes' busy intervals
-        spans = sorted((s.start, s.end) for s in _slots(est, lambda s: s.engine == "dma"
-                                                        and not s.lane.startswith("core")))
-        if not spans:
-            raise ValueError(f"{row.id}: no DMA transfer on core 0")
+        spans = sorted((s.start, s.end) for s in _core0_dma_slots(row, est))
         total, (lo, hi) = 0.0, spans[0]
         for a, b in spans[1:]:
             if a > hi:
