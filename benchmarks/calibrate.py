@@ -915,6 +915,31 @@ def write_csv(path: Path, rows: list[Row], values: dict[str, float]) -> None:
                          + [f"{busy.get(e, 0.0):.6g}" for e in engines])
 
 
+def parse_settings(texts: list[str]) -> dict[str, float]:
+    """``--set NAME=VALUE`` arguments as parameters for ``target_with``: numeric Target fields,
+    bare ("dma_site_queues=16": every target) or scoped ("trn2:dma_site_queues=16"). A
+    what-if: the rows are modeled with these instead of hardware.py's values, nothing fitted."""
+    fields = {f.name for f in dataclasses.fields(type(TARGETS["trn2"]))}
+    out: dict[str, float] = {}
+    for text in texts:
+        name, sep, value = (part.strip() for part in text.partition("="))
+        if not sep or not name or not value:
+            raise ValueError(f"--set {text!r}: expected NAME=VALUE, e.g. trn2:dma_site_queues=16")
+        scope, fld = scoped(name)
+        if scope and scope not in TARGETS:
+            raise ValueError(f"--set {text!r}: target {scope!r} is not one of {', '.join(TARGETS)}")
+        if fld not in fields:
+            raise ValueError(f"--set {text!r}: the Target has no field {fld!r}")
+        kind = type(getattr(TARGETS["trn2"], fld))
+        if kind not in (int, float):
+            raise ValueError(f"--set {text!r}: {fld} is a {kind.__name__}, not a number this option can set")
+        try:
+            out[name] = kind(value) if kind is int else float(value)
+        except ValueError:
+            raise ValueError(f"--set {text!r}: {value!r} is not {'an integer' if kind is int else 'a number'}") from None
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fit", action="store_true", help="fit FREE_PARAMETERS on the train rows first (and, with "
@@ -930,7 +955,16 @@ def main(argv=None) -> int:
                     "(both splits): the LNC=2-over-LNC=1 check")
     ap.add_argument("--csv", default="", help="also write every modeled row (id, family, lnc, split, measured, "
                     "modeled, busy us per engine) to this CSV file, for plots and offline fits")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="model every row with this Target field at VALUE instead of hardware.py's "
+                    "(repeatable; 'trn2:' scopes it to one target): a what-if, nothing fitted")
     args = ap.parse_args(argv)
+    try:
+        settings = parse_settings(args.set)
+    except ValueError as err:
+        ap.error(str(err))
+    if settings and args.fit:
+        ap.error("--set models a what-if at hardware.py's fitted values; --fit refits them: use one")
     if args.pairs and args.split:
         ap.error(f"--pairs takes both splits' rows (a pair's two rows can be in different splits); "
                  f"drop --split {args.split}")
@@ -955,12 +989,15 @@ def main(argv=None) -> int:
         rows = [r for r in rows if r.split == args.split or any(o.relative_to == r.id for o in rows
                                                                  if o.split == args.split)]
         qor = [r for r in qor if r.split == args.split]
-    params = fit(rows) if args.fit else None
+    if settings:
+        print("what-if, not fitted: every row modeled with "
+              + ", ".join(f"{k} = {v:g}" for k, v in settings.items()) + " (hardware.py's values otherwise)")
+    params = fit(rows) if args.fit else (settings or None)
     public: dict[str, float] = modeled(rows, params) if rows else {}
     if rows:
         bar_ends(rows, params)
     if rows and not (args.fit and qor):   # with the QoR fit: reported after it
-        print(report(rows, public, params))
+        print(report(rows, public, None if settings else params))
     if args.skip_slow:
         qor = [r for r in qor if not r.slow]
     if args.pairs:

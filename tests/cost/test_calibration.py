@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import types
 import zlib
 from pathlib import Path
@@ -255,6 +256,31 @@ def test_the_dma_active_time_is_the_union_of_the_engines_busy_intervals(calibrat
                                 for q in ("dma_active_us", "dma_packet_time_us", "device_us")])
     assert values["dma_active_us"] == pytest.approx(values["dma_packet_time_us"] / 16, rel=0.01)
     assert values["dma_active_us"] < 0.25 * values["device_us"]
+
+
+def test_what_if_settings_are_numeric_target_fields_and_reach_the_rows(calibrate, capsys):
+    settings = calibrate.parse_settings(["trn2:dma_site_queues=16", "dma_descriptor_generation_s = 6e-7",
+                                         "trn1:dma_transfer_gap_s=1.2e-6"])
+    assert settings == {"trn2:dma_site_queues": 16, "dma_descriptor_generation_s": 6e-7,
+                        "trn1:dma_transfer_gap_s": 1.2e-6}
+    assert type(settings["trn2:dma_site_queues"]) is int
+    rows = {r.id: r for r in calibrate.load_rows()}
+    row = rows["dma.tiny_transfer_interval_trn1"]
+    assert calibrate.modeled([row], settings)[row.id] == pytest.approx(1.2, rel=1e-6)
+    for text, message in (("dma_site_queues", "expected NAME=VALUE"), ("=3", "expected NAME=VALUE"),
+                          ("trn9:dma_site_queues=2", "target 'trn9' is not one of trn1, trn2, trn3"),
+                          ("trn2:no_such_field=1", "the Target has no field 'no_such_field'"),
+                          ("trn2:name=trn9", "name is a str, not a number"),
+                          ("trn2:dma_site_queues=1.5", "'1.5' is not an integer"),
+                          ("dma_latency_s=fast", "'fast' is not a number")):
+        with pytest.raises(ValueError, match=re.escape(f"--set {text!r}: {message}")):
+            calibrate.parse_settings([text])
+    with pytest.raises(SystemExit):
+        calibrate.main(["--fit", "--set", "trn2:dma_site_queues=2"])
+    assert "--fit refits them: use one" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        calibrate.main(["--set", "trn2:dma_site_queues"])
+    assert "expected NAME=VALUE" in capsys.readouterr().err
 
 
 def test_a_device_side_time_is_the_instruction_stream_without_the_launch_cost(calibrate):

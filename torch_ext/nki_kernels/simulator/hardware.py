@@ -209,6 +209,15 @@ class Target:
     #   assumption. 1 (the default): one queue per engine, as the QoR rows do not take more
     #   (docs/cost-model.md "DMA", Queues).
     dma_site_queues: int = 1
+    # * descriptor generation: every DMA instruction's descriptors are made by one generator
+    #   per core, one instruction at a time, before its data may move: "Each hardware-DGE DMA
+    #   instruction takes approximately 600 ns to execute" [A2] (aws-neuron-sdk @81ce03ae
+    #   nki/deep-dives/nki-dge.rst; two DGE instances per trn2 core). 0 (the default): no such
+    #   stage. With a queue per site beside the per-queue gap, 600 ns fits both the DMA
+    #   overview's single-stream curve and the kernel-optimization tutorial's two interleaved
+    #   streams (docs/cost-model.md "Both rules at once"); the kernels' planners do not price
+    #   it yet, so the shipped model leaves it off.
+    dma_descriptor_generation_s: float = 0.0
     dma_transpose_hbm_efficiency: float = 0.9   # [A2] HBM->SBUF DMA transpose: up to 90% of DMA throughput
     dma_transpose_sbuf_efficiency: float = 0.5  # [A2] SBUF->SBUF DMA transpose: up to 50%
     # The two physical cores of a logical core have their own 16 DMA engines each [D] but

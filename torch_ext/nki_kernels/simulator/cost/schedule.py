@@ -46,7 +46,9 @@
    start. With one queue per engine (``dma_site_queues`` = 1, the default) that is one
    transfer per engine per max(gap, data); with more, the shares of other allocation
    sites' queues take turns between them (round robin). The transfer completes when its
-   last share lands.
+   last share lands. With ``dma_descriptor_generation_s`` > 0 (off in the shipped targets)
+   each core also has one descriptor generator: a released transfer's data waits until the
+   generator, taking transfers in release order, has spent that long on it.
 4. Cores. Instructions of a kernel[2] trace carry their core (``attrs["core"]``); each core
    has its own engines and queues. While both cores are active, transfers touching HBM get
    ``min(1, hbm_stack_bytes_per_s / (cores x dma_bytes_per_s))`` of the bandwidth (the two
@@ -723,12 +725,22 @@ def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
                  / engine_hz(target, "vector")}
     throttle_s: dict[int, float] = {}   # per core: seconds TensorE's throttle added
 
+    generation_s = target.dma_descriptor_generation_s
+    generator_free: dict[int, float] = {}   # per core: when its descriptor generator is free
+
     def release(i: int, now: float) -> None:
         ins = trace[i]
         c = costs[i]
         if ins.engine == "dma":
             start[i] = float("inf")
-            push(now + c.latency_seconds, 4, i)
+            ready = now + c.latency_seconds
+            if generation_s > 0:
+                # the core's generator takes released transfers in release order, one at a time
+                core = _core(ins)
+                made = max(now, generator_free.get(core, 0.0)) + generation_s
+                generator_free[core] = made
+                ready = max(ready, made)
+            push(ready, 4, i)
         else:
             lane = core_lanes(_core(ins))[0][ins.engine]
             heapq.heappush(lane.waiting, (i, c.seconds))
