@@ -201,6 +201,12 @@ def test_scoped_parameters_change_only_their_target(calibrate):
     assert not calibrate.target_with("trn1", {}).beta1_sequential_loops
 
 
+def _schedule_of(*slots):
+    """An Estimate stand-in holding only these slots, each (engine, lane, start us, end us)."""
+    return types.SimpleNamespace(trace=[], schedule=types.SimpleNamespace(slots=[
+        types.SimpleNamespace(engine=e, lane=lane, start=a * 1e-6, end=b * 1e-6) for e, lane, a, b in slots]))
+
+
 def test_the_dma_start_interval_is_an_engine_s_cadence_on_queued_transfers(calibrate):
     rows = {r.id: r for r in calibrate.load_rows()}
     row = rows["dma.tiny_transfer_interval_trn1"]
@@ -209,8 +215,7 @@ def test_the_dma_start_interval_is_an_engine_s_cadence_on_queued_transfers(calib
         got = calibrate.modeled([row], {"dma_transfer_gap_s": gap})[row.id]
         assert got == pytest.approx(gap * 1e6, rel=1e-6)
     # a schedule where no engine starts a second transfer has no interval to report
-    one = types.SimpleNamespace(trace=[], schedule=types.SimpleNamespace(slots=[
-        types.SimpleNamespace(engine="dma", lane=f"dma_q{k}", start=1e-6 * k) for k in range(16)]))
+    one = _schedule_of(*[("dma", f"dma_q{k}", k, k + 0.5) for k in range(16)])
     with pytest.raises(ValueError, match="dma.tiny_transfer_interval_trn1: no DMA engine started two"):
         calibrate.quantity(row, one)
 
@@ -231,24 +236,20 @@ def test_the_dma_packet_time_is_every_engine_s_data_time_added_up(calibrate):
     wide = calibrate.modeled([row], {"dma_transfer_gap_s": 1.3e-6})[row.id]
     assert wide == pytest.approx(calibrate.modeled([row])[row.id], rel=1e-9)
     # a schedule without a transfer on core 0 has no packet time to report
-    other_core = types.SimpleNamespace(trace=[], schedule=types.SimpleNamespace(slots=[
-        types.SimpleNamespace(engine="dma", lane="core1/dma_q0", start=0.0, end=1e-6)]))
     with pytest.raises(ValueError, match="packets: no DMA transfer on core 0"):
-        calibrate.quantity(row, other_core)
+        calibrate.quantity(row, _schedule_of(("dma", "core1/dma_q0", 0, 1)))
 
 
 def test_the_dma_active_time_is_the_union_of_the_engines_busy_intervals(calibrate):
     rows = {r.id: r for r in calibrate.load_rows()}
     row = dataclasses.replace(rows["dma.curve.2048"], id="active", quantity="dma_active_us",
                               relative_to=None, run=None)
-    lanes = lambda *spans: types.SimpleNamespace(trace=[], schedule=types.SimpleNamespace(slots=[
-        types.SimpleNamespace(engine=e, lane=lane, start=a * 1e-6, end=b * 1e-6) for e, lane, a, b in spans]))
     # overlapping shares count once, a gap not at all, core 1 and compute engines not at all
-    est = lanes(("dma", "dma_q0", 0, 2), ("dma", "dma_q1", 1, 3), ("dma", "dma_q2", 5, 6),
+    est = _schedule_of(("dma", "dma_q0", 0, 2), ("dma", "dma_q1", 1, 3), ("dma", "dma_q2", 5, 6),
                 ("dma", "core1/dma_q0", 3, 5), ("vector", "vector", 3, 5))
     assert calibrate.quantity(row, est) == pytest.approx(4.0)
     with pytest.raises(ValueError, match="active: no DMA transfer on core 0"):
-        calibrate.quantity(row, lanes(("dma", "core1/dma_q0", 0, 1)))
+        calibrate.quantity(row, _schedule_of(("dma", "core1/dma_q0", 0, 1)))
     # the DMA overview's 512 B stream: 32 transfers one gap (0.85 us) apart, each moving its
     # 16 shares together for ~0.18 us: active only while they move data, not for the gaps
     small = dataclasses.replace(rows["dma.curve.512"], relative_to=None, run=None)
