@@ -934,9 +934,12 @@ def parse_settings(texts: list[str]) -> dict[str, float]:
         if kind not in (int, float):
             raise ValueError(f"--set {text!r}: {fld} is a {kind.__name__}, not a number this option can set")
         try:
-            out[name] = kind(value) if kind is int else float(value)
+            number = kind(value) if kind is int else float(value)
         except ValueError:
             raise ValueError(f"--set {text!r}: {value!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not number >= 0:   # every numeric Target field is a size, count, rate or time
+            raise ValueError(f"--set {text!r}: {fld} must be at least 0, got {number:g}")
+        out[name] = number
     return out
 
 

@@ -273,7 +273,9 @@ def test_what_if_settings_are_numeric_target_fields_and_reach_the_rows(calibrate
                           ("trn2:no_such_field=1", "the Target has no field 'no_such_field'"),
                           ("trn2:name=trn9", "name is a str, not a number"),
                           ("trn2:dma_site_queues=1.5", "'1.5' is not an integer"),
-                          ("dma_latency_s=fast", "'fast' is not a number")):
+                          ("dma_latency_s=fast", "'fast' is not a number"),
+                          ("trn2:dma_descriptor_generation_s=-6e-7", "dma_descriptor_generation_s must be at least 0"),
+                          ("dma_latency_s=nan", "dma_latency_s must be at least 0, got nan")):
         with pytest.raises(ValueError, match=re.escape(f"--set {text!r}: {message}")):
             calibrate.parse_settings([text])
     with pytest.raises(SystemExit):
