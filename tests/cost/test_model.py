@@ -521,7 +521,8 @@ def test_the_descriptor_generator_paces_interleaved_sites_and_leaves_one_stream_
     # two queues alone: each site's queue starts one transfer per gap, the two side by side
     assert estimate_trace(trace, sites, allocations=allocs).latency_us == pytest.approx(
         (TRN2.dma_latency_s + 31 * TRN2.dma_transfer_gap_s + 2 * data) * US)
-    # with the generator, transfers leave it one per 600 ns in issue order: the last of the 64
+    # with the generator, transfers leave it one per 600 ns in release order (here issue
+    # order: nothing depends on anything): the last of the 64
     # is ready at 64 x 600 ns, later than its queue's gaps and the 1.3 us latency allow
     est = estimate_trace(trace, both, allocations=allocs)
     assert est.latency_us == pytest.approx((64 * gen + data) * US)

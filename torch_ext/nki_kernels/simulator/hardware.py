@@ -213,8 +213,8 @@ class Target:
     #   per core, one instruction at a time, before its data may move: "Each hardware-DGE DMA
     #   instruction takes approximately 600 ns to execute" [A2] (aws-neuron-sdk @81ce03ae
     #   nki/deep-dives/nki-dge.rst; two DGE instances per trn2 core; the kernel-optimization
-    #   tutorial's software-DGE transfers show GpSimd at the same cadence). 0 (the default): no such
-    #   stage. With a queue per site beside the per-queue gap, 600 ns fits both the DMA
+    #   tutorial's software-DGE transfers show GpSimd at the same cadence). 0 (the default):
+    #   no such stage. With a queue per site beside the per-queue gap, 600 ns fits both the DMA
     #   overview's single-stream curve and the kernel-optimization tutorial's two interleaved
     #   streams (docs/cost-model.md "Both rules at once"); the kernels' planners do not price
     #   it yet, so the shipped model leaves it off.
