@@ -65,7 +65,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from nki_kernels import simulator
 from nki_kernels.simulator.cost import estimate_trace
-from nki_kernels.simulator.cost.schedule import dependencies
+from nki_kernels.simulator.cost.schedule import _covered, dependencies
 from nki_kernels.simulator.cost.uncertainty import ENDS, variant
 from nki_kernels.simulator.hardware import TARGETS
 
@@ -427,14 +427,7 @@ def quantity(row: Row, est) -> float:
         # Neuron Explorer's dma_active_time: "Duration of time when at least one DMA packet is
         # transferring" ([X] profile-schema-reference.rst): the union of core 0's DMA engine
         # lanes' busy intervals
-        spans = sorted((s.start, s.end) for s in _core0_dma_slots(row, est))
-        total, (lo, hi) = 0.0, spans[0]
-        for a, b in spans[1:]:
-            if a > hi:
-                total, lo, hi = total + hi - lo, a, b
-            else:
-                hi = max(hi, b)
-        return (total + hi - lo) * 1e6
+        return _covered((s.start, s.end) for s in _core0_dma_slots(row, est)) * 1e6
     if q == "dma_slot_us":
         # the longest queue share of the largest transfer (the profiles show one engine's)
         big = max((i for i in trace if i.engine == "dma"), key=lambda i: est.schedule.costs[i.index].bytes)
