@@ -32,8 +32,12 @@ def simulate(calibrate, kernel: str, target: str, **kwargs):
     return simulator.run(calibrate._kernel(kernel), target=target, **kwargs)
 
 
-def _assert_within(out, ref, tol):
-    """Every element of ``out`` within ``tol`` of the float64 ``ref`` (NaN poison fails)."""
+def _assert_matmul(out, lhsT, rhs, roundings, relative):
+    """Every element of ``out`` within its bound of the float64 lhsT.T @ rhs: ``roundings``
+    fp32 unit roundoffs of sum |lhsT||rhs| (the accumulation) plus ``relative`` of |ref| (the
+    output's rounding). NaN poison fails."""
+    ref = lhsT.double().T @ rhs.double()
+    tol = roundings * U32 * (lhsT.double().abs().T @ rhs.double().abs()) + relative * ref.abs()
     bad = ~((out.double() - ref).abs() <= tol)
     assert not bool(bad.any()), f"{int(bad.sum())} elements off; max error {(out.double() - ref).abs().max():.3g}"
 
@@ -724,9 +728,7 @@ def test_autocomp_gemm_variants_multiply(calibrate, variant):
     b = (torch.randn(K, N) / 16).to(torch.bfloat16)
     out = simulate(calibrate, "autocomp_gemm:gemm", "trn1", lhsT=a, rhs=b, variant=variant).outputs
     assert out.dtype == torch.bfloat16 and out.shape == (M, N)
-    ref = a.double().T @ b.double()
-    tol = K * U32 * (a.double().abs().T @ b.double().abs()) + 2.0 ** -8 * ref.abs()
-    _assert_within(out, ref, tol)
+    _assert_matmul(out, a, b, K, 2.0 ** -8)
 
 
 @pytest.mark.parametrize("variant, k, m, n, message", [
@@ -755,9 +757,7 @@ def test_autocomp_gemm_k_coalesced_what_if_multiplies(calibrate, group_n):
     a = (torch.randn(K, M) / 16).to(torch.bfloat16)
     b = (torch.randn(K, N) / 16).to(torch.bfloat16)
     out = simulate(calibrate, "autocomp_gemm:gemm_k_coalesced", "trn1", lhsT=a, rhs=b, group_n=group_n).outputs
-    ref = a.double().T @ b.double()
-    tol = K * U32 * (a.double().abs().T @ b.double().abs()) + 2.0 ** -8 * ref.abs()
-    _assert_within(out, ref, tol)
+    _assert_matmul(out, a, b, K, 2.0 ** -8)
 
 
 @pytest.mark.parametrize("group_n, k, m, n, message", [
@@ -784,9 +784,7 @@ def test_optimization_guide_matmuls_multiply(calibrate, version, k, m, n):
     a, b = torch.randn(k, m), torch.randn(k, n)
     out = simulate(calibrate, "optimization_guide_matmul:matmul", "trn2", lhsT=a, rhs=b, version=version).outputs
     assert out.dtype == torch.float32 and out.shape == (m, n)
-    ref = a.double().T @ b.double()
-    tol = (k + 2) * U32 * (a.double().abs().T @ b.double().abs()) + U32 * ref.abs()
-    _assert_within(out, ref, tol)
+    _assert_matmul(out, a, b, k + 2, U32)
 
 
 @pytest.mark.parametrize("version, k, m, n, message", [
