@@ -70,6 +70,18 @@ def _tiled(lhsT, rhs, result):
             nisa.dma_copy(dst=result[m * P:(m + 1) * P, n * TILE_N:(n + 1) * TILE_N], src=out)
 
 
+def _k_tiles(src, col0, cols):
+    """v3's loads: every K tile [128, cols] of src's columns col0.. into SBUF, one transfer
+    each. Each caller's tiles are an allocation site of their own (the site is the call path),
+    so lhsT's and rhs's tiles rotate their own buffers as when written inline."""
+    tiles = []
+    for k in nl.affine_range(src.shape[0] // P):
+        t = nl.ndarray((P, cols), dtype=src.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=src[k * P:(k + 1) * P, col0:col0 + cols])
+        tiles.append(t)
+    return tiles
+
+
 def _hoisted(lhsT, rhs, result):
     """v3: per 128 rows of M, all their lhsT K tiles; per 512 columns of N, all their rhs K
     tiles; then the output tile's K matmuls, its copy to SBUF and its store."""
@@ -77,17 +89,9 @@ def _hoisted(lhsT, rhs, result):
     N = rhs.shape[1]
     kt = K // P
     for m in nl.affine_range(M // P):
-        lts = []
-        for k in nl.affine_range(kt):
-            lt = nl.ndarray((P, P), dtype=lhsT.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=lt, src=lhsT[k * P:(k + 1) * P, m * P:(m + 1) * P])
-            lts.append(lt)
+        lts = _k_tiles(lhsT, m * P, P)
         for n in nl.affine_range(N // TILE_N):
-            rts = []
-            for k in nl.affine_range(kt):
-                rt = nl.ndarray((P, TILE_N), dtype=rhs.dtype, buffer=nl.sbuf)
-                nisa.dma_copy(dst=rt, src=rhs[k * P:(k + 1) * P, n * TILE_N:(n + 1) * TILE_N])
-                rts.append(rt)
+            rts = _k_tiles(rhs, n * TILE_N, TILE_N)
             acc = nl.ndarray((P, TILE_N), dtype=nl.float32, buffer=nl.psum)
             for k in nl.affine_range(kt):
                 nisa.nc_matmul(dst=acc, stationary=lts[k], moving=rts[k])
