@@ -171,6 +171,9 @@ class Row:
     note: str = ""
     slow: bool = False                 # left out of the default test run (big kernels)
     known_miss: str = ""               # why the model misses this row (excluded from the gates)
+    unmeasured: str = ""               # why the row's reference is not a measurement of its call
+                                       # (reference_problems; set by load_rows, never written in a
+                                       # file): set aside, not fitted, not gated, reported apart
     lnc: int = 1                       # launch degree: LNC=2 runs kernel[2] (both cores of a trn2 LNC)
     added_after_fit: str = ""          # date the row was added after the fit: such rows are all held out
     compiler: str = "nki-0.7"          # what built the measured kernel: "beta1" for ports of beta-1
@@ -188,6 +191,9 @@ def load_rows(path: Path = DATA) -> list[Row]:
     doc = tomllib.loads(path.read_text())
     rows = []
     for i, rec in enumerate(doc.get("measurement", [])):
+        if "unmeasured" in rec:
+            raise ValueError(f"{path}: measurement #{i} ({rec.get('id', '?')}): unmeasured is derived from the "
+                             "sources (reference_problems), not written in the file")
         try:
             row = Row(**rec)
         except TypeError as err:
@@ -217,7 +223,82 @@ def load_rows(path: Path = DATA) -> list[Row]:
     for r in rows:
         if r.relative_to and r.relative_to not in ids:
             raise ValueError(f"{path}: {r.id}: relative_to={r.relative_to!r} is not a row id")
+    by_id = {r.id: r for r in rows}
+    for rid, why in reference_problems(rows).items():
+        by_id[rid].unmeasured = why
     return rows
+
+
+# Which nki-library references are measurements (docs/cost-model.md, "Which references are
+# measurements"). AWS's QoR tables write a reference either as a whole cycle count
+# (82809370, 638_002_211) or rounded by hand (580e6, 1.52e8). The tables' own test code does
+# not assert them (test_mlp_cte.py create_mlp_cte_test_config: "tpbSgCyclesSum ignored"), so
+# nothing keeps them current, and some are evidently not a reading of their row's call:
+# - hand-set: a whole cycle count that is a whole number of microseconds (92000000,
+#   1111000000) among full ones: a reading ends in six zeros once in a million;
+# - copied: a whole cycle count whose last six digits (000000 aside) another call's reference
+#   also ends in: the same value on different work (test_mlp_cte.py:231 and :262, rms_norm
+#   with a fused add and no_norm, both 82809370) or one edited in its leading digits
+#   (238002211, 258002211, 638_002_211, 6_638_002_211). Calls that differ only in their
+#   projection biases are one call here: AWS's GATE_BIAS_TRUE table is its GATE_BIAS_FALSE
+#   table with the gate bias on, references carried over (45 of 49 twins), and the twins it
+#   did measure apart differ by 2 % (test_mlp_cte.py:291 / :363, 97224098 / 99168579);
+# - conflicting: one call carrying references more than REFERENCE_SPREAD apart
+#   (test_mlp_cte.py:270 / :271, 1.52e8 / 1.21e8): at most one is current. The spread allows
+#   rmsnorm_quant's one vector at three lines (104.9 / 105.4 / 106.5 us, 1.6 %).
+# Rounded references (attention_cte's whole table) are not judged: three digits of a reading.
+REFERENCE = re.compile(r"\(tpbSgCyclesSum ([^)]+)\)$")
+PROJECTION_BIASES = ("gate_proj_bias_tensor", "up_proj_bias_tensor", "down_proj_bias_tensor")
+REFERENCE_SPREAD = 0.05
+
+
+def _work(row: Row) -> tuple:
+    """What a row's kernel runs, its projection biases aside (reference_problems)."""
+    return (row.kernel, row.target, row.lnc,
+            repr(sorted((k, v) for k, v in row.args.items() if k not in PROJECTION_BIASES)))
+
+
+def _line(row: Row) -> str:
+    return row.source.split(" ")[2] if row.source.count(" ") >= 2 else row.source
+
+
+def reference_problems(rows: list[Row]) -> dict[str, str]:
+    """id -> why the row's reference is not a measurement of its call, for the rows whose
+    source cites a tpbSgCyclesSum (the rules above); the other rows are not judged."""
+    written = {r.id: m.group(1) for r in rows if (m := REFERENCE.search(r.source))}
+    whole = {rid: int(text) for rid, text in written.items() if text.isdigit()}
+    by_id = {r.id: r for r in rows}
+    out: dict[str, str] = {}
+    for rid, cycles in whole.items():
+        if cycles % 10**6 == 0:
+            out[rid] = (f"hand-set: its reference {cycles} is a whole number of microseconds among "
+                        "whole cycle counts")
+    tails: dict[int, list[Row]] = {}
+    for rid, cycles in whole.items():
+        if rid not in out:
+            tails.setdefault(cycles % 10**6, []).append(by_id[rid])
+    for group in tails.values():
+        for r in group:
+            other = next((o for o in group if _work(o) != _work(r)), None)
+            if other is None:
+                continue
+            if whole[other.id] == whole[r.id]:
+                out[r.id] = (f"copied: its reference {whole[r.id]} is also that of other work "
+                             f"({other.id}, {_line(other)})")
+            else:
+                out[r.id] = (f"copied: its reference {whole[r.id]} ends in the same six digits as "
+                             f"{whole[other.id]}, that of other work ({other.id}, {_line(other)})")
+    calls: dict[tuple, list[Row]] = {}
+    for r in rows:
+        if r.id in written:
+            calls.setdefault((*call_of(r), r.lnc), []).append(r)
+    for group in calls.values():
+        for r in group:
+            far = [o for o in group if abs(o.measured / r.measured - 1) > REFERENCE_SPREAD]
+            if far and r.id not in out:
+                out[r.id] = (f"conflicting: the same call also carries {far[0].measured:.4g} us "
+                             f"({_line(far[0])}), {far[0].measured / r.measured - 1:+.0%} from this one")
+    return out
 
 
 _modules: dict[str, object] = {}
@@ -534,7 +615,7 @@ def fit_band(rows: list[Row], values: dict[str, float], coverage: float = BAND_C
     bar: the factors by which the bar's ends must widen for ``coverage`` of them to hold
     their measurement, (1 - coverage) / 2 falling out at each end (quantiles of measured /
     low end and measured / high end; never narrowing the bar)."""
-    train = [r for r in rows if r.split == "train" and r.id in bars and r.id in values]
+    train = [r for r in rows if r.split == "train" and r.id in bars and r.id in values and not r.unmeasured]
     if not train:
         raise ValueError("no train row with an error bar: nothing to fit the model-error band on")
     below = [r.measured / bar_of(r, values[r.id])[0] for r in train]
@@ -618,8 +699,9 @@ def with_launch(rows: list[Row], values: dict[str, float], params: dict) -> dict
 
 
 def _launch_train(rows: list[Row], values: dict[str, float]) -> list[Row]:
-    """The train rows that are whole-launch latencies with a modeled value."""
-    return [r for r in rows if r.split == "train" and r.id in launches and r.id in values]
+    """The train rows that are whole-launch latencies with a modeled value and a measured
+    reference (reference_problems)."""
+    return [r for r in rows if r.split == "train" and r.id in launches and r.id in values and not r.unmeasured]
 
 
 def fit_launch(rows: list[Row], values: dict[str, float]) -> dict:
@@ -676,8 +758,9 @@ def fit_qor(rows: list[Row], points: list[dict], at_point: list[dict], public: d
 
 def gated(rows: list[Row]) -> list[Row]:
     """The rows the test holds the model to: all but the known misses (their reasons are
-    printed with the report and listed in docs/cost-model.md)."""
-    return [r for r in rows if not r.known_miss]
+    printed with the report and listed in docs/cost-model.md) and the rows whose reference is
+    not a measurement (reference_problems)."""
+    return [r for r in rows if not r.known_miss and not r.unmeasured]
 
 
 def rankings(rows: list[Row], values: dict[str, float]) -> list[tuple[str, list[str], list[str], bool]]:
@@ -760,9 +843,8 @@ def family(row: Row) -> str:
 
 
 # measured times closer than this are ties: each AWS reference is one CI figure (an IQR-filtered
-# mean, test/utils/metrics_collector.py) with no spread given, and some are rounded thresholds
-# rather than readings (test_mlp_cte.py:234 92000000, :244 278000000), so an order decided by
-# a few percent is not evidence
+# mean, test/utils/metrics_collector.py) with no spread given (references that are not readings
+# at all, reference_problems, are set aside), so an order decided by a few percent is not evidence
 RANK_TIE = 0.05
 
 
@@ -843,7 +925,11 @@ def _summary(errs: list[float]) -> str:
 
 def qor_report(rows: list[Row], values: dict[str, float], worst: int = 10, shown: int = 4) -> str:
     """Per-family held-out errors, ranking checks and the worst rows with each engine's busy
-    time (share of the modeled latency: the engine the model charges most is the one to read)."""
+    time (share of the modeled latency: the engine the model charges most is the one to read).
+    Rows whose reference is not a measurement (reference_problems) are left out of all of it
+    and listed at the end."""
+    aside = [r for r in rows if r.unmeasured and r.id in values]
+    rows = [r for r in rows if not r.unmeasured]
     train = [r for r in rows if r.split == "train" and r.id in values]
     lines = []
     if train:
@@ -886,6 +972,14 @@ def qor_report(rows: list[Row], values: dict[str, float], worst: int = 10, shown
         share = ", ".join(f"{e} {v / values[i]:.0%}" for e, v in sorted(busy.items(), key=lambda kv: -kv[1]))
         lines.append(f"  {i} (LNC={by_id[i].lnc}): measured {by_id[i].measured:.4g} us, modeled "
                      f"{values[i]:.4g} us ({errs[i]:+.0%}); {share}")
+    if aside:
+        lines.append("")
+        lines.append(f"{len(aside)} rows set aside, their reference not a measurement of their call (not fitted, "
+                     "not in the figures above; docs/cost-model.md \"Which references are measurements\"):")
+        lines.append(f"  {'all':<14} {_summary([values[r.id] / r.measured - 1 for r in aside])}")
+        for r in aside:
+            lines.append(f"  {r.id} (LNC={r.lnc}, {r.split}): reference {r.measured:.4g} us, modeled "
+                         f"{values[r.id]:.4g} us ({values[r.id] / r.measured - 1:+.0%}); {r.unmeasured}")
     return "\n".join(lines)
 
 
@@ -895,7 +989,7 @@ def write_csv(path: Path, rows: list[Row], values: dict[str, float]) -> None:
     with open(path, "w", newline="") as f:
         out = csv.writer(f)
         out.writerow(["id", "family", "target", "lnc", "split", "quantity", "unit", "measured", "modeled",
-                      "error", "launch_us_modeled", "bar_low_modeled", "bar_high_modeled"]
+                      "error", "launch_us_modeled", "bar_low_modeled", "bar_high_modeled", "reference"]
                      + [f"busy_us_{e}_modeled" for e in engines])
         for r in rows:
             if r.id not in values:
@@ -905,6 +999,7 @@ def write_csv(path: Path, rows: list[Row], values: dict[str, float]) -> None:
             out.writerow([r.id, family(r), r.target, r.lnc, r.split, r.quantity, r.unit, r.measured,
                           f"{values[r.id]:.6g}", f"{values[r.id] / r.measured - 1:+.4f}", f"{launch:.6g}"]
                          + ([f"{b:.6g}" for b in bars[r.id]] if r.id in bars else ["", ""])
+                         + [r.unmeasured.partition(":")[0] or "measured"]
                          + [f"{busy.get(e, 0.0):.6g}" for e in engines])
 
 
@@ -1014,8 +1109,9 @@ def main(argv=None) -> int:
                 central = points[_central_point(points)] if args.fit else points[0]
                 bar_ends([r], central)
                 v = at_point[_central_point(points) if args.fit else 0][r.id]
+                aside = f" [set aside: {r.unmeasured.partition(':')[0]} reference]" if r.unmeasured else ""
                 print(f"{r.id}: LNC={r.lnc} measured {_fmt(r.measured, r.unit)}, modeled "
-                      f"{_fmt(v, r.unit)} ({v / r.measured - 1:+.0%})", flush=True)
+                      f"{_fmt(v, r.unit)} ({v / r.measured - 1:+.0%}){aside}", flush=True)
             except Exception as err:  # not runnable in our simulator yet: say why
                 first = str(err).strip().splitlines()[0] if str(err).strip() else ""
                 print(f"{r.id}: blocked: {type(err).__name__}: {first[:160]}", flush=True)
