@@ -1045,7 +1045,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", action="store_true", help="run only the QoR rows measured at both launch degrees "
                     "(both splits): the LNC=2-over-LNC=1 check")
     ap.add_argument("--csv", default="", help="also write every modeled row (id, family, lnc, split, measured, "
-                    "modeled, busy us per engine) to this CSV file, for plots and offline fits")
+                    "modeled, error bar, reference: measured or why set aside, busy us per engine) to this CSV file, for plots and offline fits")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="model every row with this Target field at VALUE instead of hardware.py's "
                     "(repeatable; 'trn2:' scopes it to one target): a what-if, nothing fitted")
