@@ -542,6 +542,49 @@ def test_the_descriptor_generator_paces_interleaved_sites_and_leaves_one_stream_
     assert estimate_trace(trace2, both, allocations=allocs2).latency_us == pytest.approx(est.latency_us, rel=1e-4)
 
 
+def _store_and_prefetches(loads_first: bool, n_loads: int = 10):
+    """A store of a ScalarE result and ``n_loads`` independent tiny loads (issued after the
+    store, or before it): the loads are released at once, the store when ScalarE is done."""
+    b = TraceBuilder()
+    made, out, src, tile = new_alloc(), new_alloc(), new_alloc(), new_alloc()
+
+    def loads():
+        for i in range(n_loads):
+            b.dma(sbuf("dst", tile, (128, 16), offset=i * 16, strides=(16 * n_loads, 1)),
+                  hbm("src", src, (128, 16), offset=i * 128 * 16))
+
+    if loads_first:
+        loads()
+    b.activation(sbuf("dst", made, (128, 2048)), sbuf("src", new_alloc(), (128, 2048)))
+    store = b.dma(hbm("dst", out, (128, 2048)), sbuf("src", made, (128, 2048)))
+    if not loads_first:
+        loads()
+    return b.trace, store.index
+
+
+@pytest.mark.parametrize("loads_first", [False, True])
+def test_the_descriptor_generator_takes_the_earliest_issued_released_transfer(loads_first):
+    # schedule.py rule 3: a sequencer serves its stream in program order, so a store issued
+    # before prefetches goes first once it is released; prefetches issued before it go first
+    gen = 0.6e-6
+    trace, store = _store_and_prefetches(loads_first)
+    est = estimate_trace(trace, dataclasses.replace(TRN2, dma_descriptor_generation_s=gen))
+    released = est.schedule.ready[store]
+    assert 0 < released < 4 * gen   # the loads are released at 0, the store while they are made
+    store_start = est.schedule.start[store]
+    load_starts = [est.schedule.start[i] for i, ins in enumerate(trace) if ins.engine == "dma" and i != store]
+    if loads_first:
+        # all ten loads were issued first: the store's descriptor comes after theirs
+        assert store_start >= 11 * gen - 1e-12 and store_start > max(load_starts)
+    else:
+        # made at the generator's first free moment after its release (no sooner), ahead of
+        # the loads still waiting; in release order it would follow all ten (11 x 600 ns)
+        first_free = math.ceil(released / gen - 1e-9) * gen
+        assert store_start >= max(released + TRN2.dma_latency_s, first_free + gen) - 1e-12
+        assert store_start < 11 * gen
+        assert sum(t > store_start for t in load_starts) >= 5
+
+
 def test_sites_beyond_the_queues_share_them_and_hbm_only_transfers_take_queue_zero():
     b = TraceBuilder()
     tiles = [new_alloc() for _ in range(3)]
