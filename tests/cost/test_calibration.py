@@ -85,6 +85,10 @@ def test_bad_measurement_files_are_rejected_naming_the_row(calibrate, tmp_path):
     bad.write_text(bad.read_text().replace('added_after_fit = "2026-12-03"', 'compiler = "beta2"'))
     with pytest.raises(ValueError, match=r"x: compiler='beta2'; expected one of \('nki-0.7', 'beta1'\)"):
         calibrate.load_rows(bad)
+    # whether a reference is a measurement is derived from the sources, never declared
+    bad.write_text(bad.read_text().replace('compiler = "beta2"', 'unmeasured = "copied"'))
+    with pytest.raises(ValueError, match=r"\(x\): unmeasured is derived from the sources"):
+        calibrate.load_rows(bad)
 
 
 def _check_hbm_bytes(calibrate, rows):
@@ -554,15 +558,6 @@ def test_the_fits_take_no_train_row_whose_reference_is_not_a_measurement(calibra
         calibrate.fit_launch(rows[:1], values)
     with pytest.raises(ValueError, match="no train row with an error bar"):
         calibrate.fit_band(rows[:1], values)
-
-
-def test_a_data_file_cannot_declare_a_reference_unmeasured(calibrate, tmp_path):
-    bad = tmp_path / "q.toml"
-    bad.write_text('[[measurement]]\nid = "x"\nwhat = "w"\ntarget = "trn2"\nmeasured = 1.0\nunit = "us"\n'
-                   'quantity = "latency_us"\nkernel = "micro:activation"\nsource = "s"\nconfidence = "M?"\n'
-                   'split = "test"\nargs = {}\nunmeasured = "copied"\n')
-    with pytest.raises(ValueError, match="x.: unmeasured is derived from the sources"):
-        calibrate.load_rows(bad)
 
 
 def test_the_qor_file_sets_aside_aws_s_copied_and_hand_set_references(calibrate):
