@@ -262,10 +262,17 @@ def _line(row: Row) -> str:
     return row.source.split(" ")[2] if row.source.count(" ") >= 2 else row.source
 
 
+def cited_reference(row: Row) -> str | None:
+    """The tpbSgCyclesSum a QoR row's source cites, as written there ("82809370",
+    "5.8e+08"), or None for a row whose source cites none."""
+    m = REFERENCE.search(row.source)
+    return m.group(1) if m else None
+
+
 def reference_problems(rows: list[Row]) -> dict[str, str]:
     """id -> why the row's reference is not a measurement of its call, for the rows whose
     source cites a tpbSgCyclesSum (the rules above); the other rows are not judged."""
-    written = {r.id: m.group(1) for r in rows if (m := REFERENCE.search(r.source))}
+    written = {r.id: text for r in rows if (text := cited_reference(r)) is not None}
     whole = {rid: int(text) for rid, text in written.items() if text.isdigit()}
     by_id = {r.id: r for r in rows}
     out: dict[str, str] = {}

@@ -337,7 +337,7 @@ def test_the_nkilib_qor_rows_are_aws_references_with_their_launch_degree_and_a_b
         assert (r.target, r.unit, r.quantity, r.confidence) == ("trn2", "us", "latency_us", "M?"), r.id
         assert r.source.startswith("aws-neuron/nki-library @d2ad3a57 test/integration/nkilib/core/"), r.id
         # measured = tpbSgCyclesSum / 1e6 (hw-measurements.md 8: the unit behaves like ps)
-        cycles = float(r.source.rsplit("tpbSgCyclesSum ", 1)[1].rstrip(")"))
+        cycles = float(calibrate.cited_reference(r))
         assert r.measured == pytest.approx(cycles / 1e6, rel=1e-3), r.id
         assert f"LNC={r.lnc}" in r.what, r.id
 
@@ -631,19 +631,17 @@ def test_each_qor_row_is_its_source_line_at_that_line_s_launch_degree(calibrate)
         path, line = r.source.split(" ")[2].rsplit(":", 1)
         lines = files.setdefault(path, (NKILIB_CHECKOUT / path).read_text().splitlines())
         fields = _top_level_fields(lines[int(line) - 1])
-        cycles = float(r.source.rsplit("tpbSgCyclesSum ", 1)[1].rstrip(")"))
+        written = calibrate.cited_reference(r)
+        literals = [t.strip().replace("_", "") for f in fields for t in f.strip("()").split(",")]
         numbers = []
-        for f in fields:
-            for token in f.strip("()").split(","):
-                try:
-                    numbers.append(float(token.strip().replace("_", "")))
-                except ValueError:
-                    pass
-        assert any(n == pytest.approx(cycles, rel=1e-3) for n in numbers), (r.id, lines[int(line) - 1])
+        for token in literals:
+            try:
+                numbers.append(float(token))
+            except ValueError:
+                pass
+        assert any(n == pytest.approx(float(written), rel=1e-3) for n in numbers), (r.id, lines[int(line) - 1])
         # a reference cited as digits is a whole cycle count in AWS's line too (an integer
         # literal, not 1.52e8): what reference_problems reads as a reading's full precision
-        written = r.source.rsplit("tpbSgCyclesSum ", 1)[1].rstrip(")")
-        literals = {t.strip().replace("_", "") for f in fields for t in f.strip("()").split(",")}
         assert (written in literals) == written.isdigit(), (r.id, written, lines[int(line) - 1])
         header = _table_header(lines, int(line) - 1)
         column = next((header.index(c) for c in ("vnc_degree", "lnc_degree") if c in header), None)
