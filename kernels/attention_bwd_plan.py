@@ -255,6 +255,6 @@ class BwdBalance(nl.NKIObject):
         """(VectorE, ScalarE) cycles of a PSUM -> SBUF copy of ``elems`` per partition
         (VectorE: 16-bit performance mode with one side in PSUM)."""
         c = self.costs
-        rate = c.vector_psum_copy_16bit_rate if sixteen else 1.0
+        rate = c.vector_psum_copy_rate(sixteen)
         return (max(c.min_instruction_cycles, elems / rate) + c.vector_instr_cycles,
                 max(c.min_instruction_cycles, elems) + c.scalar_instr_cycles)

@@ -77,7 +77,7 @@ class EngineBalance(nl.NKIObject):
     def copy_cycles(self, elems):
         """(VectorE, ScalarE) cycles to copy ``elems`` per partition of Pᵀ out of PSUM."""
         c = self.costs
-        rate = c.vector_psum_copy_16bit_rate if self.itemsize == 2 else 1.0
+        rate = c.vector_psum_copy_rate(self.itemsize == 2)
         return (elems / rate + c.vector_instr_cycles, elems + c.scalar_instr_cycles)
 
     def use_dma(self):
@@ -153,7 +153,7 @@ def _launch_work(facts, costs):
         vec += units * (n + 2 * masked + c.vector_instr_cycles) / c.vector_ghz
         sca += units * (n + 2 * c.scalar_instr_cycles + f.Dv + 1) / c.scalar_ghz
         e = cdiv(n, P) * r          # Pᵀ elements per partition: r columns per 128-key block
-        rate = c.vector_psum_copy_16bit_rate if f.itemsize == 2 else 1.0
+        rate = c.vector_psum_copy_rate(f.itemsize == 2)
         pt_v += units * e / rate / c.vector_ghz
         pt_s += units * e / c.scalar_ghz
         # DMA: one transfer for the full 128-key chunks and one for the tail chunk of a batch

@@ -95,6 +95,12 @@ class EngineCosts(nl.NKIObject):
                       "gpsimd": (self.gpsimd_ghz, self.gpsimd_instr_cycles)}[engine]
         return (max(self.min_instruction_cycles, elements / rate) + fixed) / ghz
 
+    def vector_psum_copy_rate(self, sixteen):
+        """Elements per cycle of a VectorE copy with one side in PSUM: the performance
+        mode's half factor when the data is 16-bit (vector_psum_copy_16bit_rate: 2 on trn2
+        and trn3, 1 on trn1), else 1."""
+        return self.vector_psum_copy_16bit_rate if sixteen else 1
+
     def vector_two_input_rate(self, sixteen):
         """Elements per cycle of a VectorE tensor_tensor (or other instruction reading two
         full inputs) with both inputs in SBUF, by the cost model's rule: two input passes,
@@ -102,7 +108,7 @@ class EngineCosts(nl.NKIObject):
         vector_perf_mode_half, which this table carries as vector_psum_copy_16bit_rate:
         2 on trn2 and trn3, 1 on trn1). Not for scalar_tensor_tensor, which has no such
         mode (0.5 on every generation)."""
-        return (self.vector_psum_copy_16bit_rate if sixteen else 1) / 2
+        return self.vector_psum_copy_rate(sixteen) / 2
 
     def vector_one_input_rate(self, sixteen):
         """Elements per cycle of a VectorE tensor_scalar or tensor_copy reading one input in

@@ -171,6 +171,28 @@ def test_the_two_input_rate_is_the_models_tensor_tensor(engine_costs, name, dtyp
 
 
 @pytest.mark.parametrize("name", sorted(TARGETS))
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_psum_copy_rate_is_the_models_tensor_copy_out_of_psum(engine_costs, name, dtype):
+    """engine_costs.vector_psum_copy_rate (what the attention forward and backward plans
+    charge a VectorE copy of a transposed tile out of PSUM): the model's half performance
+    mode for 16-bit data with one side in PSUM (trn2, trn3: 2x; trn1: none), 1 for fp32,
+    so the estimate equals the modeled instruction, fixed cost included."""
+    from nki_kernels.simulator.cost import compute_cost
+    from tests.cost._build import TraceBuilder, new_alloc, psum, sbuf
+
+    target = TARGETS[name]
+    b = TraceBuilder()
+    ins = b._add("tensor_copy", "vector", [psum("src", new_alloc(), (128, 3000), dtype)],
+                 [sbuf("dst", new_alloc(), (128, 3000), dtype)])
+    with simulator.activated(target=name):
+        c = engine_costs.active()
+        rate = c.vector_psum_copy_rate(dtype == "bfloat16")
+        estimated = c.instruction_ns("vector", 3000, rate, reads_previous=True)
+    assert estimated == pytest.approx(compute_cost(ins, target).seconds * 1e9)
+    assert rate == (target.vector_perf_mode_half if dtype == "bfloat16" else 1)
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
 def test_dependency_waits_and_fp32_transposes_follow_the_cost_model(engine_costs, name):
     # what kernels estimate for a chain of dependent steps (kernels/softmax.py's split form)
     # must be what the model charges: its dependency wait per producer engine, and its
