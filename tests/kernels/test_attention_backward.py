@@ -4,13 +4,7 @@ the backward kernel's multi-chunk path, LNC=1 vs LNC=2, the LNC=2 write split, t
 (which op runs with and without grad, opcheck with gradients, torch.compile through forward
 and backward) and the errors.
 
-Tolerances per dtype, on the gradient's relative error ||g - ref|| / ||ref|| and its largest
-element error relative to max |ref|:
-* float32: fp32 matmuls and softmax statistics; ~4e-7 observed -> 1e-5 / 1e-5;
-* bfloat16: P and dS are rounded to bf16 before their matmuls (2**-9 relative each, as the
-  forward's P), dO·Vᵀ uses the bf16 O and dO, and each gradient is rounded once more;
-  ~3.5e-3 observed -> 1e-2 in norm, 4e-2 per element;
-* float16: the same roundings at 11 bits; ~4.5e-4 observed -> 2e-3 / 8e-3.
+Tolerances per dtype: tests/ops/_attention_cases.py GRAD_REL_ERROR / GRAD_MAX_ERROR (why: there).
 """
 
 from __future__ import annotations
@@ -26,11 +20,10 @@ from nki_kernels import _dispatch, _kernel_sources, references, simulator
 from nki_kernels.ops import attention
 from nki_kernels.simulator.hardware import get_target
 from tests._helpers import rel_error
+from tests.ops._attention_cases import check_grads as _check_grads
 from tests.ops._attention_cases import make_mask, make_qkv
 
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
-REL = {F32: 1e-5, BF16: 1e-2, F16: 2e-3}
-MAX = {F32: 1e-5, BF16: 4e-2, F16: 8e-3}
 
 # (B, H, Hkv, Sq, Sk, D, Dv, dtype, layout, mask, causal)
 FAST = [
@@ -64,16 +57,6 @@ def _float64_grads(q, k, v, mask, causal, grad_out, scale=None):
                                                   compute_dtype=torch.float64)
     out.backward(grad_out.double())
     return [t.grad for t in leaves]
-
-
-def _check_grads(got, want, dtype):
-    for name, g, w in zip("qkv", got, want):
-        assert g is not None and g.dtype == dtype and g.shape == w.shape, name
-        assert not torch.isnan(g).any(), f"d{name}: NaN (an element the kernel never wrote?)"
-        err = rel_error(g, w)
-        assert err < REL[dtype], f"d{name}: relative error {err:.3e} >= {REL[dtype]}"
-        worst = float((g.double() - w).abs().max() / w.abs().max().clamp_min(1e-30))
-        assert worst < MAX[dtype], f"d{name}: largest element error {worst:.3e} of max |ref| >= {MAX[dtype]}"
 
 
 def _grad_case(case, scale=None):
@@ -390,9 +373,11 @@ def test_large_logits_stay_finite(simulator_backend, causal):
     grad_out = torch.randn(out.shape).to(BF16)
     out.backward(grad_out)
     want = _float64_grads(q, k, v, None, causal, grad_out)
-    for g, w in zip((q.grad, k.grad, v.grad), want):
+    # the module's bf16 bounds, as at ordinary logits (measured ~6.7e-3 relative, as torch's
+    # own bf16 SDPA backward gives: the peaked rows cost no extra accuracy)
+    for g in (q.grad, k.grad, v.grad):
         assert torch.isfinite(g).all()
-        assert rel_error(g, w) < 3e-2
+    _check_grads([q.grad, k.grad, v.grad], want, BF16)
 
 
 @pytest.mark.sweep

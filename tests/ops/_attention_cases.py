@@ -15,6 +15,29 @@ from tests._helpers import TOLERANCES, rel_error
 # * float16: 11-bit P and output -> ~2e-4 observed -> 2e-3.
 REL_ERROR = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 
+# Gradients (dq, dk, dv) against float64 autograd: bounds on ||g - ref|| / ||ref|| and on the
+# largest element error relative to max |ref|:
+# * float32: fp32 matmuls and softmax statistics; ~4e-7 observed -> 1e-5 / 1e-5;
+# * bfloat16: P and dS are rounded to bf16 before their matmuls (2**-9 relative each, as the
+#   forward's P), dO·Vᵀ uses the bf16 O and dO, and each gradient is rounded once more;
+#   ~3.5e-3 observed (~6.7e-3 at logits of +-50) -> 1e-2 in norm, 4e-2 per element;
+# * float16: the same roundings at 11 bits; ~4.5e-4 observed -> 2e-3 / 8e-3.
+GRAD_REL_ERROR = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+GRAD_MAX_ERROR = {torch.float32: 1e-5, torch.bfloat16: 4e-2, torch.float16: 8e-3}
+
+
+def check_grads(got, want, dtype):
+    """dq, dk, dv (``got``) against their float64 references (``want``) at ``dtype``'s
+    bounds above; a NaN is an element the kernel never wrote (the simulator's poison)."""
+    for name, g, w in zip("qkv", got, want):
+        assert g is not None and g.dtype == dtype and g.shape == w.shape, name
+        assert not torch.isnan(g).any(), f"d{name}: NaN (an element the kernel never wrote?)"
+        err = rel_error(g, w)
+        assert err < GRAD_REL_ERROR[dtype], f"d{name}: relative error {err:.3e} >= {GRAD_REL_ERROR[dtype]}"
+        worst = float((g.double() - w).abs().max() / w.abs().max().clamp_min(1e-30))
+        assert worst < GRAD_MAX_ERROR[dtype], \
+            f"d{name}: largest element error {worst:.3e} of max |ref| >= {GRAD_MAX_ERROR[dtype]}"
+
 
 def make_qkv(b, h, hkv, sq, sk, d, dv=None, dtype=torch.bfloat16, layout="bhsd"):
     """Fresh random q [b, h, sq, d], k [b, hkv, sk, d], v [b, hkv, sk, dv]. ``layout="bshd"``
