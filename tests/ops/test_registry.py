@@ -32,11 +32,23 @@ def test_op_is_exported_with_its_custom_op(spec):
     assert qualified.endswith("::" + spec.name)
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=IDS)
-def test_layers_exist(spec):
-    for name in spec.layers:
-        layer = getattr(layers, name)
-        assert issubclass(layer, torch.nn.Module) and "forward" in vars(layer)
+LAYERS = [(s.name, name) for s in SPECS for name in s.layers]
+
+
+def test_every_layer_class_is_one_ops_layer():
+    # the ops' layer lists name every nn.Module layers.py defines (an alias such as
+    # SiluAndMul is the same class), each once; an op without layers, such as softmax, lists none
+    defined = {v for v in vars(layers).values()
+               if isinstance(v, type) and issubclass(v, torch.nn.Module) and v.__module__ == layers.__name__}
+    names = [name for _, name in LAYERS]
+    assert len(names) == len(set(names))
+    assert {getattr(layers, name) for name in names} == defined
+
+
+@pytest.mark.parametrize("op, name", LAYERS, ids=[f"{op}-{name}" for op, name in LAYERS])
+def test_layers_exist(op, name):
+    layer = getattr(layers, name)
+    assert issubclass(layer, torch.nn.Module) and "forward" in vars(layer)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
