@@ -31,7 +31,7 @@ def test_every_op_has_a_sharding_rule():
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
-    pytest.importorskip("accelerate")       # transformers' tensor-parallel loading needs it (a dev dependency)
+    import accelerate  # noqa: F401  transformers' tensor-parallel loading needs it (a dev dependency: fail, never skip)
     if not torch.distributed.is_available():
         pytest.skip("this torch build has no torch.distributed")
     tmp = tmp_path_factory.mktemp("tp")
