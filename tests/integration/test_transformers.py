@@ -289,7 +289,13 @@ def test_flash_format_semantics(reference_backend):
     (None, {"softcap": 30.0}, ValueError, "softcap=30.0"),
     (None, {"s_aux": torch.zeros(4)}, ValueError, "s_aux=tensor of shape \\[4\\].*sinks"),
     (None, {"position_bias": torch.zeros(1, 4, 6, 6)}, ValueError, "position_bias"),
-    (None, {"dropout": 0.1}, NotImplementedError, "dropout"),
+    (None, {"dropout": 0.1}, NotImplementedError, r"dropout=0\.1: .*eval mode"),
+    (None, {"dropout": "0"}, TypeError, r"dropout must be a float, got '0' \(str\)"),
+    (torch.tensor([[1, 0, 1, 1, 1, 1], [5, 0, -3, 1, 1, 1]]), {}, ValueError, r"values \[-3, 0, 1, 5\].*only 0.*and 1"),
+    (torch.ones(2, 6, dtype=torch.bool), {"sliding_window": 0}, ValueError, "sliding_window=0 must be an int >= 1"),
+    (torch.ones(2, 6, dtype=torch.bool), {"sliding_window": -2}, ValueError, "sliding_window=-2 must be an int >= 1"),
+    (torch.ones(2, 6, dtype=torch.bool), {"sliding_window": 2.5}, TypeError, r"sliding_window must be an int, got 2\.5"),
+    (None, {"is_causal": "no"}, TypeError, "is_causal must be a Python bool, got 'no'"),
     (torch.zeros(2, 1, 6, 6, dtype=torch.int64), {}, TypeError, "attn_mask has dtype int64"),
 ])
 def test_rejects_what_it_cannot_compute(reference_backend, mask, kwargs, error, match):
@@ -306,8 +312,10 @@ def test_packed_varlen_kwargs(reference_backend):
     seq = torch.tensor([0, 0, 0, 1, 1, 1, 1])
     keep = torch.ones(7, 7, dtype=torch.bool).tril() & (seq[:, None] == seq[None, :])
     torch.testing.assert_close(got, _sdpa(q, k, v, keep), atol=ATOL, rtol=RTOL)
-    with pytest.raises(ValueError, match="cu_seq_lens"):
+    with pytest.raises(ValueError, match=r"cu_seq_lens_q=\[0, 3, 7\], cu_seq_lens_k=\[0, 2, 7\]: .*equal"):
         nkt.nki_attention_forward(module, q, k, v, None, cu_seq_lens_q=cu, cu_seq_lens_k=torch.tensor([0, 2, 7]))
+    with pytest.raises(ValueError, match=r"cu_seq_lens_q=\[0, 3, 7\], cu_seq_lens_k=None: .*both given"):
+        nkt.nki_attention_forward(module, q, k, v, None, cu_seq_lens_q=cu)
     with pytest.raises(ValueError, match="B=2"):
         nkt.nki_attention_forward(module, *_qkv(b=2, sq=7, sk=7), None, cu_seq_lens_q=cu, cu_seq_lens_k=cu)
 

@@ -3,6 +3,7 @@ autograd, opcheck, torch.compile and every bad-input error."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -253,7 +254,9 @@ BAD = [
     ("dropout_range", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), dropout_p=1.5), ValueError, ["dropout_p=1.5", "[0, 1]"]),
     ("scale_type", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), scale="big"), TypeError, ["scale", "str"]),
     ("scale_inf", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), scale=float("inf")), ValueError, ["scale=inf", "finite"]),
-    ("causal_type", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), is_causal=1), TypeError, ["is_causal", "int"]),
+    ("dropout_type", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), dropout_p="0"), TypeError, ["dropout_p", "'0'", "str"]),
+    ("causal_type", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), is_causal=1), TypeError, ["is_causal", "1", "int", "Python bool"]),
+    ("causal_numpy_bool", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), is_causal=np.bool_(True)), TypeError, ["is_causal", "True", "numpy.bool", "Python bool"]),
     ("gqa_type", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), enable_gqa=None), TypeError, ["enable_gqa", "NoneType"]),
     ("device_key", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8).to("meta"), _q(1, 1, 4, 8)), RuntimeError, ["key", "meta", "query", "cpu"]),
     ("device", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), attn_mask=torch.ones(4, 4, dtype=torch.bool, device="meta")), RuntimeError, ["attn_mask", "meta", "cpu"]),
@@ -266,6 +269,13 @@ def test_bad_input(bad, error, words):
         bad()
     for word in words:
         assert word in str(info.value), f"{word!r} not in {info.value}"
+
+
+def test_a_numpy_zero_dropout_is_accepted_as_torch_accepts_it():
+    q, k, v = make_qkv(1, 2, 2, 5, 7, 16, dtype=F32)
+    out = sdpa(q, k, v, dropout_p=np.float32(0.0))
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, dropout_p=np.float32(0.0)),
+                               atol=1e-5, rtol=1e-4)
 
 
 def test_unknown_cpu_backend(monkeypatch):

@@ -68,8 +68,9 @@ CASES = [
         x768(4, 8), x768(4, 8).bfloat16(), None, 1e-6), TypeError, ["residual", "bfloat16", "float32"]),
     ("fused-0d", lambda: nki_kernels.fused_add_rms_norm(torch.tensor(1.5), torch.tensor(0.5), None, 1e-6),
      ValueError, ["input", "0-dimensional"]),
+    # (fused_add_rms_norm has no normalized_shape: the message names what it compares with)
     ("fused-weight-size", lambda: nki_kernels.fused_add_rms_norm(x768(4, 8), x768(4, 8), torch.ones(4), 1e-6),
-     ValueError, ["weight", "[4]", "[8]"]),
+     ValueError, ["weight has shape [4]", "[input.shape[-1]] is [8]"]),
     ("fused-integer", lambda: nki_kernels.fused_add_rms_norm(torch.ones(2, 2, dtype=torch.int64),
                                                              torch.ones(2, 2), None, 1e-6),
      TypeError, ["input", "int64"]),
@@ -96,7 +97,12 @@ CASES = [
     ("softmax-max-cols", lambda: softmax_kernel_call(x768(3, 4), max_cols=10000),
      ValueError, ["max_cols=10000", "8192"]),
     ("softmax-split-rows", lambda: softmax_kernel_call(x768(3, 4), split_rows=1),
-     TypeError, ["split_rows", "bool", "int"]),
+     TypeError, ["split_rows", "Python bool", "1", "int"]),
+    # a float limit is refused, never truncated (100.7 -> 100)
+    ("softmax-max-cols-float", lambda: softmax_kernel_call(x768(3, 4), max_cols=100.7),
+     TypeError, ["max_cols", "int", "100.7"]),
+    ("softmax-resident-bytes-bool", lambda: softmax_kernel_call(x768(3, 4), resident_bytes=True),
+     TypeError, ["resident_bytes", "int", "True"]),
     ("softmax-resident-bytes", lambda: softmax_kernel_call(x768(3, 4), resident_bytes=-1),
      ValueError, ["resident_bytes=-1", "131072"]),
     # ---- rotary
@@ -146,6 +152,8 @@ def test_norm_hidden_limit_on_kernel_path(simulator_backend, op):
         else:
             nki_kernels.fused_add_rms_norm(x, x, None, 1e-6)
     assert "65537" in str(info.value) and "65536" in str(info.value)
+    # the size is named by what the op takes: fused_add_rms_norm has no normalized_shape
+    assert ("input.shape[-1]" if op == "fused_add_rms_norm" else "prod(normalized_shape)") in str(info.value)
 
 
 def test_norm_hidden_limit_not_applied_to_reference(reference_backend):

@@ -77,3 +77,12 @@ def check_index(name: str, value: object) -> int:
         except TypeError:
             pass
     raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__qualname__})")
+
+
+def check_bool(name: str, value: object) -> bool:
+    """``value`` when it is a Python bool (as torch's flags require); anything else, numpy's
+    bool_ included, is refused with its value and type."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a Python bool, got {value!r} ({type(value).__module__}."
+                        f"{type(value).__qualname__})")
+    return value

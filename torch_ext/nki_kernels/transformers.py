@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from . import _checks
 from . import layers as _layers
 from .ops.attention import scaled_dot_product_attention
 
@@ -84,8 +85,16 @@ def nki_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Ten
         if kwargs.get(name) is not None:
             raise ValueError(f"nki_attention_forward got {name}={_short(kwargs[name])}: the NKI attention kernel "
                              f"does not support {what}")
+    if _checks.check_real("dropout", dropout) != 0.0:
+        raise NotImplementedError(f"dropout={dropout!r}: the NKI attention kernel has no dropout; run the model "
+                                  "in eval mode (transformers then passes dropout=0.0)")
+    if sliding_window is not None and _checks.check_index("sliding_window", sliding_window) < 1:
+        raise ValueError(f"sliding_window={sliding_window!r} must be an int >= 1 or None")
     sq, sk = query.shape[2], key.shape[2]
-    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    if is_causal is not None:
+        causal = _checks.check_bool("is_causal", is_causal)
+    else:
+        causal = bool(getattr(module, "is_causal", True))
     if _flash_format(module, attention_mask, kwargs):
         mask = _flash_mask(attention_mask, query, key, causal, sliding_window, kwargs)
     else:
@@ -132,6 +141,11 @@ def _flash_mask(padding: Optional[torch.Tensor], query: torch.Tensor, key: torch
         if padding.shape[0] != b or padding.shape[1] > sk:
             raise ValueError(f"attention_mask has shape {list(padding.shape)}; a 2-D key-padding mask must be "
                              f"[B, L] with B = {b} (the query batch) and L <= {sk} (the keys)")
+        if padding.dtype != torch.bool:
+            values = padding.unique().tolist()
+            if not set(values) <= {0, 1}:
+                raise ValueError(f"attention_mask (2-D key padding) holds the values {values[:8]}; a 0/1 integer "
+                                 "mask may hold only 0 (padding) and 1 (a real token)")
     length = sk if padding is None else padding.shape[1]
     segments = _packed_segments(kwargs, b, sq, sk) if padding is None else None
     windowed = window is not None and sk > window     # FA2 applies a window only to longer keys
@@ -161,8 +175,11 @@ def _packed_segments(kwargs: dict, b: int, sq: int, sk: int) -> Optional[torch.T
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is not None or cu_k is not None:
         if cu_q is None or cu_k is None or not torch.equal(cu_q, cu_k) or b != 1 or sq != sk:
-            raise ValueError("cu_seq_lens_q/cu_seq_lens_k describe a packed batch the NKI attention supports only "
-                             f"with equal query and key sequences in one row (got B={b}, Sq={sq}, Sk={sk})")
+            def shown(cu):
+                return None if cu is None else cu.tolist()[:16]
+            raise ValueError(f"cu_seq_lens_q={shown(cu_q)}, cu_seq_lens_k={shown(cu_k)}: the NKI attention takes "
+                             "a packed batch only with both given and equal, in one row (B = 1) of as many "
+                             f"queries as keys (got B={b}, Sq={sq}, Sk={sk})")
         return torch.bucketize(torch.arange(sk, device=cu_k.device), cu_k[1:], right=True)[None]
     position_ids = kwargs.get("position_ids")
     # transformers' _is_packed_sequence: one row whose positions restart from their minimum

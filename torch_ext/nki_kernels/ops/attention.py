@@ -72,16 +72,16 @@ def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
     if not (query.dim() == key.dim() == value.dim()):
         raise ValueError(
             f"query, key and value must have the same number of dims, got {query.dim()}, {key.dim()} and {value.dim()}")
-    if not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool) or not 0.0 <= dropout_p <= 1.0:
+    # any real number, numpy scalars too (torch takes them), then the range
+    p = _checks.check_real("dropout_p", dropout_p)
+    if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout_p={dropout_p!r} must be a float in [0, 1]")
-    if dropout_p != 0.0:
+    if p != 0.0:
         raise NotImplementedError(
             f"dropout_p={dropout_p}: the NKI attention kernel has no dropout; pass dropout_p=0.0 "
             "(e.g. model.eval()) or use torch.nn.functional.scaled_dot_product_attention")
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    if not isinstance(enable_gqa, bool):
-        raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
+    _checks.check_bool("is_causal", is_causal)
+    _checks.check_bool("enable_gqa", enable_gqa)
     if scale is not None:
         _checks.check_real("scale", scale, "a float or None")
         if not math.isfinite(scale):

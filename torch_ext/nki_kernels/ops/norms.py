@@ -82,14 +82,17 @@ def _check_normalized_shape(input: torch.Tensor, shape: tuple[int, ...]) -> None
         )
 
 
-def _check_param(name: str, param: Optional[torch.Tensor], shape: tuple[int, ...], input: torch.Tensor) -> None:
+def _check_param(name: str, param: Optional[torch.Tensor], shape: tuple[int, ...], input: torch.Tensor,
+                 shape_is: str = "normalized_shape") -> None:
+    """``param`` (None, or a float tensor of exactly ``shape`` on input's device); ``shape_is``
+    says where ``shape`` comes from, for the error."""
     if param is None:
         return
     _checks.check_float_tensor(name, param)
     if tuple(param.shape) != shape:
         raise ValueError(
-            f"{name} has shape {list(param.shape)} but normalized_shape is {list(shape)}; "
-            f"{name} must have exactly normalized_shape"
+            f"{name} has shape {list(param.shape)} but {shape_is} is {list(shape)}; "
+            f"{name} must have exactly that shape"
         )
     _checks.check_same_device(input=input, **{name: param})
 
@@ -101,10 +104,10 @@ def _hidden(shape: Sequence[int]) -> int:
     return size
 
 
-def _check_hidden_for_kernel(hidden: int) -> None:
+def _check_hidden_for_kernel(hidden: int, what: str = "prod(normalized_shape)") -> None:
     if hidden > MAX_HIDDEN:
         raise ValueError(
-            f"normalized size {hidden} (prod(normalized_shape)) exceeds {MAX_HIDDEN}, the largest "
+            f"normalized size {hidden} ({what}) exceeds {MAX_HIDDEN}, the largest "
             "the NKI norm kernels take"
         )
 
@@ -448,7 +451,7 @@ def fused_add_rms_norm_kernel_call(input: torch.Tensor, residual: torch.Tensor,
                                    weight: Optional[torch.Tensor], eps: Optional[float]) -> _dispatch.KernelCall:
     """The NKI launch: kernels/rms_norm.py::fused_add_rms_norm_kernel on [N, H] views."""
     hidden = input.shape[-1]
-    _check_hidden_for_kernel(hidden)
+    _check_hidden_for_kernel(hidden, "input.shape[-1]")
     tensors = [_rows_view(input, hidden), _rows_view(residual, hidden)]
     if weight is not None:
         tensors.append(weight.reshape(hidden))
@@ -527,7 +530,7 @@ def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: Opti
         )
     _checks.check_same_dtype(input=input, residual=residual)
     _checks.check_same_device(input=input, residual=residual)
-    _check_param("weight", weight, (input.shape[-1],), input)
+    _check_param("weight", weight, (input.shape[-1],), input, "[input.shape[-1]]")
     return _fused_add_rms_norm_op(input, residual, weight, _resolve_eps(eps, input.dtype))
 
 

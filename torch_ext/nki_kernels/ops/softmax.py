@@ -40,14 +40,11 @@ def softmax_kernel_call(input: torch.Tensor, dim: int = -1, max_cols: Optional[i
     most 32 rows taken in turn (the split form, trn2 and trn3), unless ``split_rows`` is
     False. Tests lower the limits and turn the split off to exercise every form.
     """
-    if not isinstance(split_rows, bool):
-        raise TypeError(f"split_rows must be a bool, got {type(split_rows).__name__}")
-    if max_cols is None:
-        max_cols = MAX_COLS
+    _checks.check_bool("split_rows", split_rows)
+    max_cols = MAX_COLS if max_cols is None else _checks.check_index("max_cols", max_cols)
     if not 1 <= max_cols <= MAX_COLS:
         raise ValueError(f"max_cols={max_cols} is outside [1, {MAX_COLS}]")
-    if resident_bytes is None:
-        resident_bytes = RESIDENT_BYTES
+    resident_bytes = RESIDENT_BYTES if resident_bytes is None else _checks.check_index("resident_bytes", resident_bytes)
     if not 0 <= resident_bytes <= RESIDENT_BYTES:
         raise ValueError(f"resident_bytes={resident_bytes} is outside [0, {RESIDENT_BYTES}]")
     dim = _normalize_dim(input, dim)
@@ -75,8 +72,8 @@ def softmax_backward_kernel_call(grad_output: torch.Tensor, output: torch.Tensor
     moved_shape = moved.shape
     cols = moved_shape[-1]
     if cols > MAX_COLS:
-        raise ValueError(f"softmax backward: rows of {cols} elements exceed {MAX_COLS}, the longest the NKI "
-                         "backward kernel takes (longer rows use the recompute backward)")
+        raise ValueError(f"softmax backward: output.shape[{dim}]={cols} exceeds {MAX_COLS}, the longest row the "
+                         "NKI backward kernel takes (the softmax op's autograd recomputes longer rows instead)")
     dy = (grad_output.reshape(1) if grad_output.dim() == 0 else grad_output).movedim(dim, -1)
     shape = output.shape
 
