@@ -141,11 +141,12 @@ def _flash_mask(padding: Optional[torch.Tensor], query: torch.Tensor, key: torch
         if padding.shape[0] != b or padding.shape[1] > sk:
             raise ValueError(f"attention_mask has shape {list(padding.shape)}; a 2-D key-padding mask must be "
                              f"[B, L] with B = {b} (the query batch) and L <= {sk} (the keys)")
-        if padding.dtype != torch.bool:
+        # (one reduction and one read back per call, as transformers' own FlashAttention-2 path
+        # reads the mask back to unpad; the values are gathered only for the error)
+        if padding.dtype != torch.bool and bool(((padding != 0) & (padding != 1)).any()):
             values = padding.unique().tolist()
-            if not set(values) <= {0, 1}:
-                raise ValueError(f"attention_mask (2-D key padding) holds the values {values[:8]}; a 0/1 integer "
-                                 "mask may hold only 0 (padding) and 1 (a real token)")
+            raise ValueError(f"attention_mask (2-D key padding) holds the values {values[:8]}; a 0/1 integer "
+                             "mask may hold only 0 (padding) and 1 (a real token)")
     length = sk if padding is None else padding.shape[1]
     segments = _packed_segments(kwargs, b, sq, sk) if padding is None else None
     windowed = window is not None and sk > window     # FA2 applies a window only to longer keys
