@@ -296,8 +296,10 @@ def test_the_neuron_extra_pins_the_families_that_match_our_torch():
     torch_pin = next(d for d in project["dependencies"] if d.startswith("torch=="))
     major_minor = ".".join(torch_pin.removeprefix("torch==").split(".")[:2])
     # AWS: "Install the torch-neuronx package family that matches the PyTorch version"; the
-    # Neuron 2.33 release of that family (2.13.3.0 / 2.14.3.0) and its NKI, 0.7.0
-    assert project["optional-dependencies"]["neuron"] == [f"torch-neuronx=={major_minor}.3.0", "nki==0.7.0"]
+    # Neuron 2.33 release of that family (2.13.3.0 / 2.14.3.0), its compiler, 2.28.7631.0
+    # (installed beside torch-neuronx by AWS's update page), and its NKI, 0.7.0
+    assert project["optional-dependencies"]["neuron"] == [f"torch-neuronx=={major_minor}.3.0",
+                                                          "neuronx-cc==2.28.7631.0", "nki==0.7.0"]
 
 
 def test_readme_trainium_section_names_the_pins_the_pythons_and_the_acceptance_run():

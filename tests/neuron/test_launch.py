@@ -49,9 +49,10 @@ def _environment(monkeypatch, lnc=None, cc_flags=None):
     (None, None, "bracket", 2),                          # neuronx-cc's Trn2/Trn3 default
     ("2", None, "plain", None),                          # the variable sets kernel and compiler
     ("1", None, "plain", None),
-    (None, "--lnc=1", "bracket", 1),                     # the compiler flag alone
-    (None, "-O2 --logical-nc-config 1 --verbose", "bracket", 1),
+    (None, "--lnc=2", "bracket", 2),                     # the compiler flag alone, at the runtime's default
+    (None, "-O2 --logical-nc-config 2 --verbose", "bracket", 2),
     ("2", "--lnc 2", "plain", None),                     # agreeing variable and flag
+    ("1", "-lnc 1", "plain", None),                      # neuronx-cc's short form
 ])
 def test_call_form_and_degree(monkeypatch, toolchain, lnc, cc_flags, form, degree):
     _environment(monkeypatch, lnc, cc_flags)
@@ -73,6 +74,11 @@ def test_call_form_and_degree(monkeypatch, toolchain, lnc, cc_flags, form, degre
     ("3", None, ["NEURON_LOGICAL_NC_CONFIG='3'", "expected 1 or 2"]),
     (None, "--lnc=4", ["NEURON_CC_FLAGS", "--lnc '4'", "1 or 2"]),
     (None, "--lnc", ["NEURON_CC_FLAGS", "--lnc ''"]),
+    ("2", "-lnc=1", ["NEURON_LOGICAL_NC_CONFIG=2", "LNC=1", "NCC_EVRF066"]),
+    # a flag of 1 alone: the runtime runs at its default 2, which AWS does not support
+    (None, "--lnc=1", ["NEURON_CC_FLAGS", "LNC=1", "NEURON_LOGICAL_NC_CONFIG is unset", "default LNC=2",
+                       "export NEURON_LOGICAL_NC_CONFIG=1"]),
+    (None, "-O2 -lnc 1", ["LNC=1", "export NEURON_LOGICAL_NC_CONFIG=1"]),
 ])
 def test_degrees_that_neuronx_cc_would_reject_raise_before_launch(monkeypatch, toolchain, lnc, cc_flags, words):
     _environment(monkeypatch, lnc, cc_flags)

@@ -27,10 +27,12 @@ input shapes, data types, and non-tensor argument values of that call" (eager), 
   bracket is the call-site form the 2.33 LNC page still lists [LNC] ("being deprecated"
   per EVRF066, so setting the variable is the recommended way to run these ops).
 
-neuronx-cc's degree: ``--lnc``/``--logical-nc-config`` in ``NEURON_CC_FLAGS`` if given, else
-``NEURON_LOGICAL_NC_CONFIG``, else 2 (Trn2/Trn3 default [NCC-REF], [EVRF066]; TorchNeuron
-runs on Trn2 and Trn3 only [QS-NKI]). A variable and a flag that disagree raise, as
-EVRF066's third cause would.
+neuronx-cc's degree: ``--lnc``/``-lnc``/``--logical-nc-config`` in ``NEURON_CC_FLAGS`` if
+given, else ``NEURON_LOGICAL_NC_CONFIG``, else 2 (Trn2/Trn3 default [NCC-REF], [EVRF066];
+TorchNeuron runs on Trn2 and Trn3 only [QS-NKI]). A variable and a flag that disagree raise,
+as EVRF066's third cause would; so does a flag of 1 without the variable: the runtime then
+runs at its default of 2, and AWS "doesn't support setting the compiler flag to a different
+LNC configuration than the Neuron Runtime environment variable" [LNC-CONFIG].
 
 Scalars. Every distinct non-tensor argument value is a new compile [TN-HOWTO]; ours are
 ``eps`` (norms), ``scale``/``causal``/``layout`` (attention), the activation name and
@@ -49,6 +51,9 @@ Sources (AWS Neuron documentation, awsdocs-neuron.readthedocs-hosted.com):
 [LNC]      /en/v2.33.1/nki/get-started/about/lnc.html: "NEURON_LOGICAL_NC_CONFIG environment
            variable or via bracket syntax at the kernel call site".
 [EVRF066]  /en/latest/compiler/error-codes/EVRF066.html.
+[LNC-CONFIG] about-neuron/arch/neuron-features/logical-neuroncore-config.rst (2.32 sources):
+           ``--logical-nc-config`` or ``-lnc``; LNC=2 the Trn2 default; compiler flag and
+           runtime variable must match.
 [NCC-REF]  compiler/neuronx-cc/api-reference-guide (2.32 sources): ``--logical-nc-config``
            {1, 2}, default 2.
 [QS-NKI]   /en/latest/torch/get-started/quickstart-nki-kernel.html: Trn2 or Trn3, Python
@@ -72,7 +77,7 @@ import torch
 LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
 # neuronx-cc's extra flags; `--lnc=N` there overrides the compiler's degree [EVRF066].
 CC_FLAGS_ENV = "NEURON_CC_FLAGS"
-CC_LNC_FLAGS = ("--lnc", "--logical-nc-config")
+CC_LNC_FLAGS = ("--lnc", "-lnc", "--logical-nc-config")   # [NCC-REF], [LNC-CONFIG]
 # neuronx-cc's degree on Trn2/Trn3 when nothing sets it [NCC-REF], [EVRF066].
 COMPILER_DEFAULT_LNC = 2
 DEGREES = (1, 2)
@@ -135,7 +140,8 @@ def registrar() -> Callable[[str], Callable[[Callable], Any]] | None:
 # ---------------------------------------------------------------------------- launch degree
 
 def _flag_degree(flags: str) -> int | None:
-    """The degree an ``--lnc`` / ``--logical-nc-config`` flag in ``flags`` sets, if any."""
+    """The degree an ``--lnc`` / ``-lnc`` / ``--logical-nc-config`` flag in ``flags`` sets,
+    if any."""
     words = shlex.split(flags)
     found = None
     for i, word in enumerate(words):
@@ -167,6 +173,11 @@ def compiler_degree() -> int:
         raise ValueError(
             f"{LNC_ENV}={env} but {CC_FLAGS_ENV} makes neuronx-cc use LNC={flag}; NKI 0.7 rejects a "
             "kernel whose degree differs from the compiler's (NCC_EVRF066): make them agree")
+    if env is None and flag is not None and flag != COMPILER_DEFAULT_LNC:
+        raise ValueError(
+            f"{CC_FLAGS_ENV} makes neuronx-cc use LNC={flag} but {LNC_ENV} is unset, so the Neuron "
+            f"runtime runs at its default LNC={COMPILER_DEFAULT_LNC}; AWS supports only a compiler flag "
+            f"that matches the runtime's variable: export {LNC_ENV}={flag}")
     if flag is not None:
         return flag
     return env if env is not None else COMPILER_DEFAULT_LNC
