@@ -203,7 +203,7 @@ def test_tensor_tensor_int32_defaults_to_gpsimd_unless_psum(sim, mk, v, last):
     assert torch.equal(v(fdst), (a + b).float()) and last().engine == "vector"
 
 
-def test_tensor_tensor_rules(sim, mk):
+def test_tensor_tensor_rules(sim, mk, v):
     _, nl, nisa = sim
     a = mk(torch.randn(64, 8), buffer="psum")
     b = mk(torch.randn(64, 8), buffer="psum")
@@ -219,8 +219,18 @@ def test_tensor_tensor_rules(sim, mk):
     hbm = nl.ndarray((64, 8), dtype=nl.float32, buffer=nl.shared_hbm)
     with pytest.raises(NkiValidationError, match="data2 is in HBM"):
         nisa.tensor_tensor(dst, s, hbm, nl.add)
-    with pytest.raises(NkiValidationError, match="GpSimd engine cannot access PSUM"):
+    # v2.33: power "runs on the GpSimd engine" and takes no tile in PSUM (an input or dst)
+    with pytest.raises(NkiValidationError, match="op power cannot take tiles in PSUM"):
         nisa.tensor_tensor(dst, a, s, nl.power)
+    psum_dst = nl.ndarray((64, 8), dtype=nl.float32, buffer=nl.psum)
+    with pytest.raises(NkiValidationError, match="op power cannot take tiles in PSUM"):
+        nisa.tensor_tensor(psum_dst, s, s, nl.power)
+    with pytest.raises(NkiValidationError, match="op power runs on the GpSimd engine only; got engine=vector"):
+        nisa.tensor_tensor(dst, s, s, nl.power, engine=nisa.engine.vector)
+    base = torch.rand(64, 8) + 0.5
+    expo = torch.randn(64, 8)
+    nisa.tensor_tensor(dst, mk(base), mk(expo), nl.power)          # SBUF on GpSimd: fine
+    close(v(dst), base ** expo)
 
 
 def test_tensor_scalar_two_ops_reverse_and_vector_operand(sim, mk, v, last):
@@ -312,6 +322,94 @@ def test_scalar_tensor_tensor(sim, mk, v):
     nisa.scalar_tensor_tensor(dst, mk(x), nl.subtract, 1.5, nl.subtract, mk(y), reverse0=True,
                               reverse1=True)
     close(v(dst), y - (1.5 - x))
+
+
+@pytest.mark.parametrize("op, ref", [("add", lambda t: t.sum(1, keepdim=True)),
+                                     ("maximum", lambda t: t.amax(1, keepdim=True)),
+                                     ("minimum", lambda t: t.amin(1, keepdim=True))])
+def test_scalar_tensor_tensor_fused_reduction(sim, mk, v, last, op, ref):
+    # v2.33 signature: reduce_cmd=reset_reduce, reduce_op, reduce_res after reverse1; the
+    # result's free-axis reduction through the VectorE accumulators, as tensor_scalar_reduce's
+    _, nl, nisa = sim
+    x, y, c = torch.randn(64, 3, 10), torch.randn(64, 3, 10), torch.randn(64, 1)
+    dst = nl.ndarray((64, 3, 10), dtype=nl.float32, buffer=nl.sbuf)
+    res = nl.ndarray((64, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst, mk(x), nl.multiply, mk(c), nl.add, mk(y),
+                              reduce_op=getattr(nl, op), reduce_res=res)
+    first = (x * c[:, :, None] + y).reshape(64, -1)
+    close(v(dst), x * c[:, :, None] + y)
+    close(v(res), ref(first))
+    assert last().attrs["reduce_op"] == op and [o.role for o in last().writes] == ["dst", "reduce_res"]
+    # reduce_cmd=reduce keeps accumulating into the same registers
+    nisa.scalar_tensor_tensor(dst, mk(y), nl.subtract, 0.5, nl.multiply, mk(x),
+                              reduce_cmd=nisa.reduce_cmd.reduce, reduce_op=getattr(nl, op), reduce_res=res)
+    second = ((y - 0.5) * x).reshape(64, -1)      # (the accumulators persist between calls)
+    both = torch.cat([first, second], dim=1)
+    close(v(res), ref(both), ("f", 1e-5, 1e-5))
+
+
+def test_scalar_tensor_tensor_reduction_rules_and_cost(sim, mk, last):
+    from nki_kernels.simulator.cost import compute_cost
+    from nki_kernels.simulator.hardware import TARGETS
+
+    _, nl, nisa = sim
+    x, y = mk(torch.randn(64, 40)), mk(torch.randn(64, 40))
+    dst = nl.ndarray((64, 40), dtype=nl.float32, buffer=nl.sbuf)
+    res = nl.ndarray((64, 1), dtype=nl.float32, buffer=nl.sbuf)
+    with pytest.raises(NkiValidationError, match="reduce_res is given but reduce_op is not"):
+        nisa.scalar_tensor_tensor(dst, x, nl.multiply, 2.0, nl.add, y, reduce_res=res)
+    with pytest.raises(NkiValidationError, match="reduce_op .*divide.* is not supported"):
+        nisa.scalar_tensor_tensor(dst, x, nl.multiply, 2.0, nl.add, y, reduce_op=nl.divide, reduce_res=res)
+    with pytest.raises(NkiValidationError, match="reduce_cmd=.*idle.* is not supported with a reduction"):
+        nisa.scalar_tensor_tensor(dst, x, nl.multiply, 2.0, nl.add, y, reduce_op=nl.add, reduce_res=res,
+                                  reduce_cmd=nisa.reduce_cmd.idle)
+    with pytest.raises(NkiValidationError, match=r"reduce_res must be \(64, 1\)"):
+        nisa.scalar_tensor_tensor(dst, x, nl.multiply, 2.0, nl.add, y, reduce_op=nl.add,
+                                  reduce_res=nl.ndarray((64, 2), dtype=nl.float32, buffer=nl.sbuf))
+    # the fused reduction costs the accumulator read-out on top of the plain instruction
+    target = TARGETS["trn2"]
+    nisa.scalar_tensor_tensor(dst, x, nl.multiply, 2.0, nl.add, y)
+    plain = compute_cost(last(), target).cycles
+    nisa.scalar_tensor_tensor(dst, x, nl.multiply, 2.0, nl.add, y, reduce_op=nl.add, reduce_res=res)
+    assert compute_cost(last(), target).cycles == plain + target.vector_reduce_readout_cycles
+
+
+def test_rank_limits_of_memset_and_reciprocal(sim, mk, v):
+    # v2.33 nki.isa.memset / reciprocal: "at most four free dimensions (maximum rank 5)", also
+    # for a contiguous tile whose access pattern would merge to fewer
+    _, nl, nisa = sim
+    six = nl.ndarray((8, 2, 2, 2, 2, 2), dtype=nl.float32, buffer=nl.sbuf)
+    with pytest.raises(NkiValidationError, match=r"memset: dst has rank 6 .*at most 5"):
+        nisa.memset(six, 1.0)
+    with pytest.raises(NkiValidationError, match=r"reciprocal: data has rank 6 .*at most 5"):
+        nisa.reciprocal(nl.ndarray((8, 2, 2, 2, 2, 2), dtype=nl.float32, buffer=nl.sbuf), six)
+    five = nl.ndarray((8, 2, 2, 2, 4), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(five, 2.0)
+    x = torch.rand(8, 2, 2, 2, 4) + 0.5
+    nisa.reciprocal(five, mk(x))
+    close(v(five), 1 / x)
+
+
+def test_activation_engine_parameter(sim, mk, v):
+    # v2.33 signature: engine=engine.scalar; GpSimd only on NeuronCore-v4+, which this
+    # simulator refuses (its cost is not documented)
+    from nki_kernels import simulator
+
+    _, nl, nisa = sim
+    x = torch.randn(32, 16)
+    dst = nl.ndarray((32, 16), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst, nl.exp, mk(x), engine=nisa.engine.scalar)
+    close(v(dst), torch.exp(x))
+    with pytest.raises(NkiValidationError, match="engine=gpsimd needs NeuronCore-v4 or newer.*trn2"):
+        nisa.activation(dst, nl.exp, mk(x), engine=nisa.engine.gpsimd)
+    with pytest.raises(NkiValidationError, match="engine vector is not supported"):
+        nisa.activation(dst, nl.exp, mk(x), engine=nisa.engine.vector)
+    with simulator.activated("trn3") as nki:
+        nl3, nisa3 = nki.language, nki.isa
+        src = nl3.ndarray((32, 16), dtype=nl3.float32, buffer=nl3.sbuf)
+        with pytest.raises(NkiValidationError, match="engine=gpsimd .* not supported by this simulator"):
+            nisa3.activation(nl3.ndarray((32, 16), dtype=nl3.float32, buffer=nl3.sbuf), nl3.exp, src,
+                             engine=nisa3.engine.gpsimd)
 
 
 def test_tensor_scalar_reduce(sim, mk, v):

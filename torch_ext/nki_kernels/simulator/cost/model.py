@@ -465,6 +465,10 @@ def compute_cost(ins, target: Target) -> InstructionCost:
     else:
         if engine == "vector":
             cycles, rule = vector_engine_cost(ins, target)
+            if ins.op == "scalar_tensor_tensor" and any(o.role == "reduce_res" for o in ins.writes):
+                # its fused reduction read out of the accumulators, as tensor_scalar_reduce's
+                r = target.vector_reduce_readout_cycles
+                cycles, rule = cycles + r, rule + f" +{r} read-out"
         elif engine == "scalar":
             cycles, rule = scalar_engine_cost(ins, target)
         elif engine == "gpsimd":

@@ -15,9 +15,10 @@ import torch
 from .. import ops as _ops
 from ..tensor import NkiTensor
 from . import enums
-from .operands import (cast_copy, engine_of, f32, fail, free_elems, ints, is_scalar, no_psum_on_gpsimd,
-                       not_both_psum, onchip, operand_vec, record, reduce_last, same_free,
-                       same_partitions, store, target)
+from .operands import (cast_copy, check_reduce_cmd, engine_of, f32, fail, free_elems, ints, is_scalar,
+                       max_rank, no_psum_on_gpsimd, not_both_psum, onchip, operand_vec, record,
+                       reduce_free, reduce_last, same_free, same_partitions, store, target,
+                       vector_reduce_regs)
 
 
 def _ints(*ts):
@@ -43,6 +44,8 @@ def tensor_copy(dst, src, engine=enums.engine.unknown, name=None):
 def memset(dst, value, engine=enums.engine.unknown, name=None):
     """Fill ``dst`` with a constant (Vector or GpSimd)."""
     onchip("memset", "dst", dst)
+    # v2.33 nki.isa.memset: "at most four free dimensions (maximum rank 5)"
+    max_rank("memset", 5, ("dst", dst))
     eng = engine_of("memset", engine, ("vector", "gpsimd"), "vector")
     if eng == "gpsimd":
         no_psum_on_gpsimd("memset", ("dst", dst))
@@ -86,6 +89,13 @@ def tensor_tensor(dst, data1, data2, op, engine=enums.engine.unknown, name=None)
     in_psum = any(t._alloc.kind == "psum" for t in (data1, data2, dst))
     default = "gpsimd" if op.name == "power" or (int32_only and not in_psum) else "vector"
     eng = engine_of(I, engine, ("vector", "gpsimd"), default)
+    if op.name == "power":
+        # v2.33 nki.isa.tensor_tensor: power "runs on the GpSimd engine", and the tiles
+        # "cannot be in PSUM if op is nl.power"
+        if eng != "gpsimd":
+            fail(f"{I}: op power runs on the GpSimd engine only; got engine={eng}")
+        if in_psum:
+            fail(f"{I}: op power cannot take tiles in PSUM (data1, data2 and dst must be in SBUF)")
     if eng == "gpsimd":
         no_psum_on_gpsimd(I, ("dst", dst), ("data1", data1), ("data2", data2))
     b_shape = data1.shape
@@ -168,8 +178,14 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
 
 
 def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False,
-                         reverse1=False, name=None):
-    """``(data op0 operand0) op1 operand1``: operand0 scalar/(P,1), operand1 a full tile."""
+                         reverse1=False, reduce_cmd=enums.reduce_cmd.reset_reduce, reduce_op=...,
+                         reduce_res=None, name=None):
+    """``(data op0 operand0) op1 operand1``: operand0 scalar/(P,1), operand1 a full tile; with
+    ``reduce_op`` (v2.33 signature: ``reduce_cmd=reset_reduce, reduce_op=..., reduce_res=None``)
+    also the result's free-axis reduction into the VectorE accumulators, read out into
+    ``reduce_res``, as tensor_scalar_reduce's (the v2.33 page's constraints on it lie past
+    what we could read: the ops and commands taken are tensor_scalar_reduce's, less
+    load_reduce, which needs a reduce_init this signature lacks)."""
     I = "scalar_tensor_tensor"
     onchip(I, "dst", dst)
     onchip(I, "data", data)
@@ -188,9 +204,26 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     v = scalar_stage(I, o0, operand0, reverse0, f32(data), data, need_f32=False)
     t = f32(operand1).reshape(v.shape)
     v = o1.alu(t, v) if reverse1 else o1.alu(v, t)
+    reduces = reduce_op is not ... and reduce_op is not None
+    if not reduces:
+        if reduce_res is not None:
+            fail(f"{I}: reduce_res is given but reduce_op is not; name the reduction (nl.add, "
+                 "nl.multiply, nl.maximum or nl.minimum)")
+        store(I, dst, v)
+        return record(I, "vector", [("data", data), ("operand0", operand0), ("operand1", operand1)],
+                      [("dst", dst)], 2 * dst.size, {"op0": o0.name, "op1": o1.name})
+    ro = _ops.alu_of(_ops.resolve(reduce_op, "reduce_op"), I, "reduce_op")
+    if ro.name not in ("add", "multiply", "maximum", "minimum"):
+        fail(f"{I}: reduce_op {ro!r} is not supported (add, multiply, max, min)")
+    cmd = check_reduce_cmd(I, reduce_cmd)
+    if cmd not in (enums.reduce_cmd.reset_reduce, enums.reduce_cmd.reduce):
+        fail(f"{I}: reduce_cmd={cmd!r} is not supported with a reduction (reset_reduce, reduce)")
     store(I, dst, v)
+    vector_reduce_regs(I, ro.name, cmd, reduce_free(ro.name, v), data, reduce_res)
     return record(I, "vector", [("data", data), ("operand0", operand0), ("operand1", operand1)],
-                  [("dst", dst)], 2 * dst.size, {"op0": o0.name, "op1": o1.name})
+                  [("dst", dst), ("reduce_res", reduce_res)], 2 * dst.size,
+                  {"op0": o0.name, "op1": o1.name, "reduce_op": ro.name, "reduce_cmd": cmd.name,
+                   "reduce": reduce_res is not None})
 
 
 def reduce_axes(instr, axis, ndim):

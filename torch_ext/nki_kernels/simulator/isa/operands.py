@@ -432,3 +432,20 @@ def update_regs(regs, sl, cmd, op_name, r, init=None):
         regs[sl] = init
     if cmd in (rc.reduce, rc.reset_reduce, rc.load_reduce):
         regs[sl] = combine(op_name, regs[sl], r)
+
+
+def vector_reduce_regs(instr, reduce_op, cmd, r, data, reduce_res, init=None, negate=False):
+    """The VectorE accumulators of ``data``'s lanes updated with ``r`` (``cmd``, ``reduce_op``;
+    ``init`` for load_reduce) and read out into ``reduce_res`` if given (negated with
+    ``negate``)."""
+    ctx = current()
+    sl = lanes(data)
+    if r is not None:
+        update_regs(ctx.vector_regs, sl, cmd, reduce_op, r, init)
+    if reduce_res is not None:
+        onchip(instr, "reduce_res", reduce_res)
+        same_partitions(instr, "data", data, "reduce_res", reduce_res)
+        if free_elems(reduce_res) != 1:
+            fail(f"{instr}: reduce_res must be ({data.shape[0]}, 1), got {reduce_res.shape}")
+        out = ctx.vector_regs[sl].reshape(reduce_res.shape)
+        store(instr, reduce_res, -out if negate else out)

@@ -11,7 +11,7 @@ from .. import ops as _ops
 from ..context import current
 from ..tensor import NkiTensor
 from . import enums
-from .operands import (check_reduce_cmd, f32, fail, free_elems, is_scalar, lanes, onchip,
+from .operands import (check_reduce_cmd, engine_of, f32, fail, free_elems, is_scalar, lanes, onchip,
                        operand_vec, record, reduce_free, same_free, same_partitions, store,
                        target, update_regs)
 
@@ -37,10 +37,19 @@ def _bias_scale(I, data, bias, scale):
 
 
 def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
-               reduce_cmd=enums.reduce_cmd.idle, name=None):
+               reduce_cmd=enums.reduce_cmd.idle, engine=enums.engine.scalar, name=None):
     """``dst = op(data * scale + bias)`` on ScalarE, with optional free-axis reduction of the
-    result into the 128 per-lane accumulator registers, read out into ``reduce_res``."""
+    result into the 128 per-lane accumulator registers, read out into ``reduce_res``.
+    ``engine`` (v2.33): Scalar, or GpSimd "on NeuronCore-v4+", which this simulator refuses
+    (no AWS figure prices an activation on GpSimd, so the cost model could not)."""
     I = "activation"
+    eng = engine_of(I, engine, ("scalar", "gpsimd"), "scalar")
+    if eng == "gpsimd":
+        if target().generation < 4:
+            fail(f"{I}: engine=gpsimd needs NeuronCore-v4 or newer (nki.isa.activation, v2.33); "
+                 f"the target is {target().name}")
+        fail(f"{I}: engine=gpsimd (NeuronCore-v4+) is not supported by this simulator: no AWS "
+             "figure prices an activation on GpSimd; use the Scalar engine")
     onchip(I, "dst", dst)
     onchip(I, "data", data)
     same_partitions(I, "data", data, "dst", dst)

@@ -19,7 +19,8 @@ from . import enums
 from .alu import scalar_stage
 from .operands import (check_reduce_cmd, engine_of, f32, fail, free_elems, ints, lanes, max_rank,
                        no_psum_on_gpsimd, not_both_psum, onchip, operand_vec, record, reduce_free,
-                       same_free, same_partitions, start_partition, store, target, update_regs)
+                       same_free, same_partitions, start_partition, store, target,
+                       vector_reduce_regs)
 
 
 def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
@@ -54,24 +55,12 @@ def reciprocal(dst, data, name=None):
     I = "reciprocal"
     onchip(I, "dst", dst)
     onchip(I, "data", data)
+    # v2.33 nki.isa.reciprocal: "at most four free dimensions (maximum rank 5)"
+    max_rank(I, 5, ("data", data), ("dst", dst))
     same_partitions(I, "data", data, "dst", dst)
     same_free(I, "data", data, "dst", dst)
     store(I, dst, torch.reciprocal(f32(data)))
     return record(I, "vector", [("data", data)], [("dst", dst)], dst.size, {})
-
-
-def _vector_reduce_regs(instr, reduce_op, cmd, r, data, reduce_res, init=None, negate=False):
-    ctx = current()
-    sl = lanes(data)
-    if r is not None:
-        update_regs(ctx.vector_regs, sl, cmd, reduce_op, r, init)
-    if reduce_res is not None:
-        onchip(instr, "reduce_res", reduce_res)
-        same_partitions(instr, "data", data, "reduce_res", reduce_res)
-        if free_elems(reduce_res) != 1:
-            fail(f"{instr}: reduce_res must be ({data.shape[0]}, 1), got {reduce_res.shape}")
-        out = ctx.vector_regs[sl].reshape(reduce_res.shape)
-        store(instr, reduce_res, -out if negate else out)
 
 
 def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, reverse0=False,
@@ -110,7 +99,7 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, r
     if reduce_init is not None:
         init = operand_vec(I, "reduce_init", reduce_init, data, need_f32=True)
         init = init.reshape(-1) if isinstance(init, torch.Tensor) else init
-    _vector_reduce_regs(I, ro.name, cmd, reduce_free(ro.name, v), data, reduce_res, init,
+    vector_reduce_regs(I, ro.name, cmd, reduce_free(ro.name, v), data, reduce_res, init,
                         reduce_res_negate)
     return record(I, "vector", [("data", data), ("operand0", operand0)],
                   [("dst", dst), ("reduce_res", reduce_res)], dst.size,
@@ -238,7 +227,7 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None,
     store(I, dst, v)
     if cmd is not enums.reduce_cmd.idle or reduce_res is not None:
         r = reduce_free("maximum", v)
-        _vector_reduce_regs(I, "maximum", cmd, r, on_true, reduce_res)
+        vector_reduce_regs(I, "maximum", cmd, r, on_true, reduce_res)
     return record(I, "vector", [("predicate", predicate), ("on_true", on_true),
                                 ("on_false", on_false)], [("dst", dst), ("reduce_res", reduce_res)],
                   dst.size, {"reduce": reduce_res is not None, "reduce_cmd": cmd.name})
@@ -280,7 +269,7 @@ def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1,
     v = torch.where(mask, x, torch.tensor(float(on_false_value)))
     store(I, dst, v)
     cmd = check_reduce_cmd(I, reduce_cmd)
-    _vector_reduce_regs(I, "maximum", cmd, v.amax(1), on_true_tile, reduce_res)
+    vector_reduce_regs(I, "maximum", cmd, v.amax(1), on_true_tile, reduce_res)
     return record(I, "vector", [("on_true_tile", on_true_tile), ("bound0", bound0),
                                 ("bound1", bound1)], [("dst", dst), ("reduce_res", reduce_res)],
                   dst.size, {"reduce": reduce_res is not None})
@@ -602,9 +591,9 @@ def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=enums.reduc
     if cmd is not enums.reduce_cmd.idle:
         init = operand_vec(I, "reduce_init", reduce_init, src)
         init = init.reshape(-1) if isinstance(init, torch.Tensor) else init
-        _vector_reduce_regs(I, "add", cmd, reduce_free("add", y), src, reduce_res, init)
+        vector_reduce_regs(I, "add", cmd, reduce_free("add", y), src, reduce_res, init)
     elif reduce_res is not None:
-        _vector_reduce_regs(I, "add", cmd, None, src, reduce_res)
+        vector_reduce_regs(I, "add", cmd, None, src, reduce_res)
     return record(I, "vector", [("src", src), ("max_value", max_value)],
                   [("dst", dst), ("reduce_res", reduce_res)], dst.size,
                   {"reduce": reduce_res is not None, "reduce_cmd": cmd.name})
