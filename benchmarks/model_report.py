@@ -44,7 +44,7 @@ import torch
 from tqdm import tqdm
 
 from nki_kernels import _dispatch, registry, simulator
-from nki_kernels.simulator.hardware import get_target
+from nki_kernels.simulator.hardware import TARGETS, get_target
 from nki_kernels.simulator.cost import estimate_trace, time_range, variant
 from nki_kernels.simulator.cost.uncertainty import ENDS, end_latencies
 
@@ -556,7 +556,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="the workloads marked quick: one to three shapes of every op but silu and gelu_and_mul")
     ap.add_argument("--out", default="out/report", help="output folder (default out/report)")
-    ap.add_argument("--target", default="trn2", choices=("trn2", "trn3", "trn1"), help="modeled target")
+    ap.add_argument("--target", default="trn2", choices=sorted(TARGETS), help="modeled target (hardware.py's)")
     ap.add_argument("--no-traces", action="store_true", help="do not write Chrome traces")
     ap.add_argument("--lnc", type=int, default=None, choices=(1, 2),
                     help="logical-core degree of the main columns (default: the target's, trn2/trn3: 2); "
