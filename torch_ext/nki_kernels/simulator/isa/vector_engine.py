@@ -100,7 +100,7 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, r
         init = operand_vec(I, "reduce_init", reduce_init, data, need_f32=True)
         init = init.reshape(-1) if isinstance(init, torch.Tensor) else init
     vector_reduce_regs(I, ro.name, cmd, reduce_free(ro.name, v), data, reduce_res, init,
-                        reduce_res_negate)
+                       reduce_res_negate)
     return record(I, "vector", [("data", data), ("operand0", operand0)],
                   [("dst", dst), ("reduce_res", reduce_res)], dst.size,
                   {"op0": o0.name, "reduce_op": ro.name, "reduce_cmd": cmd.name,
