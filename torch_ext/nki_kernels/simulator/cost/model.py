@@ -317,6 +317,15 @@ def tensor_utilization(ins, target: Target, cycles: float | None = None) -> floa
 
 
 def vector_engine_cost(ins, target: Target) -> tuple[float, str]:
+    cycles, rule = _vector_pass_cycles(ins, target)
+    if ins.op == "scalar_tensor_tensor" and any(o.role == "reduce_res" for o in ins.writes):
+        # its fused reduction read out of the accumulators, as tensor_scalar_reduce's
+        r = target.vector_reduce_readout_cycles
+        cycles, rule = cycles + r, rule + f" +{r} read-out"
+    return cycles, rule
+
+
+def _vector_pass_cycles(ins, target: Target) -> tuple[float, str]:
     n, _ = _main_free(ins)
     op = ins.op
     if op == "reciprocal":
@@ -465,10 +474,6 @@ def compute_cost(ins, target: Target) -> InstructionCost:
     else:
         if engine == "vector":
             cycles, rule = vector_engine_cost(ins, target)
-            if ins.op == "scalar_tensor_tensor" and any(o.role == "reduce_res" for o in ins.writes):
-                # its fused reduction read out of the accumulators, as tensor_scalar_reduce's
-                r = target.vector_reduce_readout_cycles
-                cycles, rule = cycles + r, rule + f" +{r} read-out"
         elif engine == "scalar":
             cycles, rule = scalar_engine_cost(ins, target)
         elif engine == "gpsimd":

@@ -204,26 +204,25 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     v = scalar_stage(I, o0, operand0, reverse0, f32(data), data, need_f32=False)
     t = f32(operand1).reshape(v.shape)
     v = o1.alu(t, v) if reverse1 else o1.alu(v, t)
-    reduces = reduce_op is not ... and reduce_op is not None
-    if not reduces:
-        if reduce_res is not None:
-            fail(f"{I}: reduce_res is given but reduce_op is not; name the reduction (nl.add, "
-                 "nl.multiply, nl.maximum or nl.minimum)")
+    writes, attrs = [("dst", dst)], {"op0": o0.name, "op1": o1.name}
+    if reduce_op is not ... and reduce_op is not None:
+        ro = _ops.alu_of(_ops.resolve(reduce_op, "reduce_op"), I, "reduce_op")
+        if ro.name not in ("add", "multiply", "maximum", "minimum"):
+            fail(f"{I}: reduce_op {ro!r} is not supported (add, multiply, max, min)")
+        cmd = check_reduce_cmd(I, reduce_cmd)
+        if cmd not in (enums.reduce_cmd.reset_reduce, enums.reduce_cmd.reduce):
+            fail(f"{I}: reduce_cmd={cmd!r} is not supported with a reduction (reset_reduce, reduce)")
         store(I, dst, v)
-        return record(I, "vector", [("data", data), ("operand0", operand0), ("operand1", operand1)],
-                      [("dst", dst)], 2 * dst.size, {"op0": o0.name, "op1": o1.name})
-    ro = _ops.alu_of(_ops.resolve(reduce_op, "reduce_op"), I, "reduce_op")
-    if ro.name not in ("add", "multiply", "maximum", "minimum"):
-        fail(f"{I}: reduce_op {ro!r} is not supported (add, multiply, max, min)")
-    cmd = check_reduce_cmd(I, reduce_cmd)
-    if cmd not in (enums.reduce_cmd.reset_reduce, enums.reduce_cmd.reduce):
-        fail(f"{I}: reduce_cmd={cmd!r} is not supported with a reduction (reset_reduce, reduce)")
-    store(I, dst, v)
-    vector_reduce_regs(I, ro.name, cmd, reduce_free(ro.name, v), data, reduce_res)
+        vector_reduce_regs(I, ro.name, cmd, reduce_free(ro.name, v), data, reduce_res)
+        writes.append(("reduce_res", reduce_res))
+        attrs.update(reduce_op=ro.name, reduce_cmd=cmd.name, reduce=reduce_res is not None)
+    elif reduce_res is not None:
+        fail(f"{I}: reduce_res is given but reduce_op is not; name the reduction (nl.add, "
+             "nl.multiply, nl.maximum or nl.minimum)")
+    else:
+        store(I, dst, v)
     return record(I, "vector", [("data", data), ("operand0", operand0), ("operand1", operand1)],
-                  [("dst", dst), ("reduce_res", reduce_res)], 2 * dst.size,
-                  {"op0": o0.name, "op1": o1.name, "reduce_op": ro.name, "reduce_cmd": cmd.name,
-                   "reduce": reduce_res is not None})
+                  writes, 2 * dst.size, attrs)
 
 
 def reduce_axes(instr, axis, ndim):
