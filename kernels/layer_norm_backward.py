@@ -51,6 +51,7 @@ import nki.language as nl
 from .engine_costs import active as active_engine_costs
 from .limits import NORM_BACKWARD_MAX_HIDDEN as BACKWARD_MAX_HIDDEN
 from .limits import NORM_BACKWARD_MAX_ROW_BYTES as BACKWARD_MAX_ROW_BYTES
+from .norm_backward_dx import split_dx
 from .tiling import (DMA_RECOMMENDED_BYTES, PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, drain_chunks,
                      load_block, pipelined_halves, row_blocks, row_part, rows_per_partition, share, split_count)
 from .weight_grads import (accumulate_columns, accumulate_diag, diag_fits, identity, new_accumulator,
@@ -258,25 +259,10 @@ def _back(dx_tile, parts, pieces, front, store_piece=None):
         nisa.tensor_tensor(dst=neg_mr[:, 0:per], data1=neg_m1, data2=rstd, op=nl.multiply)
         nisa.tensor_tensor(dst=neg_mr[:, per:2 * per], data1=neg_m2, data2=rstd, op=nl.multiply)
     for j, first, end in pieces:
-        # a'' first, in a tile of its own, then a, t and ScalarE's dx, then VectorE's dx:
-        # dx's tile is first written by ScalarE's step, as when all of dx came that way, and
-        # only the narrow a'' is live beside t longer than before the split
-        mid = min(max(row_cut, first), end)
-        a_r = None
-        if mid > first:
-            a_r = nl.ndarray((parts, mid - first), dtype=xhat.dtype, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=a_r, data=xhat[:, j, first:mid], op0=nl.multiply,
-                               operand0=neg_mr[:, per + j:per + j + 1], op1=nl.add, operand1=neg_mr[:, j:j + 1])
-        if end > mid:
-            a = nl.ndarray((parts, end - mid), dtype=xhat.dtype, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=a, data=xhat[:, j, mid:end], op0=nl.multiply, operand0=neg_m2[:, j:j + 1],
-                               op1=nl.add, operand1=neg_m1[:, j:j + 1])
-            t = nl.ndarray((parts, end - mid), dtype=f32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=t, data1=a, data2=g[:, j, mid:end], op=nl.add, engine=nisa.engine.gpsimd)
-            nisa.activation(dst=dx_tile[:, j, mid:end], op=nl.copy, data=t, scale=rstd[:, j:j + 1])
-        if a_r is not None:
-            nisa.scalar_tensor_tensor(dst=dx_tile[:, j, first:mid], data=g[:, j, first:mid], op0=nl.multiply,
-                                      operand0=rstd[:, j:j + 1], op1=nl.add, operand1=a_r)
+        # a = xhat * (-m2) - m1; VectorE's share before row_cut through a'' = xhat * (-m2 r) - m1 r
+        prime = (neg_mr[:, per + j:per + j + 1], neg_mr[:, j:j + 1]) if row_cut else None
+        split_dx(dx_tile[:, j, :], xhat[:, j, :], g[:, j, :], rstd[:, j:j + 1],
+                 (neg_m2[:, j:j + 1], neg_m1[:, j:j + 1]), prime, first, end, row_cut)
         if store_piece is not None:
             store_piece(j, first, end)
 

@@ -48,6 +48,7 @@ import nki.language as nl
 from .engine_costs import active as active_engine_costs
 from .limits import NORM_BACKWARD_MAX_HIDDEN as BACKWARD_MAX_HIDDEN
 from .limits import NORM_BACKWARD_MAX_ROW_BYTES as BACKWARD_MAX_ROW_BYTES
+from .norm_backward_dx import split_dx
 from .tiling import (DMA_RECOMMENDED_BYTES, PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, cdiv,
                      column_chunks, drain_chunks, fitting_ahead, load_block, pipelined_halves, row_blocks, row_part,
                      rows_per_partition, share, split_count)
@@ -323,8 +324,8 @@ def _back(x_tile, dt_tile, dx_tile, parts, per, cols, front):
         a = nl.ndarray((parts, cols), dtype=x_tile.dtype, buffer=nl.sbuf)
         t = nl.ndarray((parts, cols), dtype=f32, buffer=nl.sbuf)
         if dt_tile is None:
-            _plain_dx(dx_tile[:, j, :], x_tile[:, j, :], g[:, j, :], rstd[:, j:j + 1], neg_k[:, j:j + 1],
-                      None if neg_kr is None else neg_kr[:, j:j + 1], 0, cols, split_count(cols, dx_share), a, t)
+            _plain_dx(dx_tile[:, j, :], x_tile[:, j, :], g[:, j, :], rstd[:, j:j + 1], neg_k[:, j:j + 1], neg_kr, j,
+                      0, cols, split_count(cols, dx_share), a, t)
             continue
         nisa.tensor_scalar(dst=a, data=x_tile[:, j, :], op0=nl.multiply, operand0=neg_k[:, j:j + 1])
         # fused: GpSimd's + dtotal waits for ScalarE's t * r, and GpSimd has no other work
@@ -352,36 +353,13 @@ def _back(x_tile, dt_tile, dx_tile, parts, per, cols, front):
                                engine=nisa.engine.gpsimd)
 
 
-def _plain_dx(dx, x_row, g_row, r, neg_k, neg_kr, first, end, cut, a, t):
-    """rms_norm's dx = (a + g) * r over columns [first, end) of a row (a = x * (-r^2 c /
-    H); ``dx``, ``x_row``, ``g_row`` the row's [P, cols] views): its columns before ``cut``
-    (the row's VectorE share, _block_plan) on VectorE, a' = x * (-r^3 c / H) (``neg_kr``)
-    then dx = g * r + a' in one scalar_tensor_tensor (fp32 inside, one rounding); the
-    others a on VectorE (perf mode), t = a + g on GpSimd (fp32), dx = t * r on ScalarE (one
-    rounding). Both ways round a (or a') to the input dtype once, then dx once; a column
-    takes the same way whether its row is made whole (_back) or in chunks (_back_drained),
-    so the results do not depend on the launch's degree. ``a`` ([P, >= end - first], the
-    input dtype) and ``t`` ([P, >= end - first] fp32) hold a and t: the caller's tiles,
-    each caller its own allocation site (as before the split)."""
-    mid = min(max(cut, first), end)
-    # a' first and in a tile of its own (x's last reads stay where a alone had them, and
-    # a's tile dies at t as before), then t and ScalarE's dx (dx's tile first written there,
-    # t's last read), then VectorE's dx: beside t only the narrow a' is live longer than
-    # before the split (at the widest rows a' in a's tile took SBUF a row beyond
-    # _prefetch_ahead's bound)
-    a_r = None
-    if mid > first:
-        a_r = nl.ndarray((x_row.shape[0], mid - first), dtype=x_row.dtype, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=a_r, data=x_row[:, first:mid], op0=nl.multiply, operand0=neg_kr)
-    if end > mid:
-        rest = a[:, 0:end - mid]
-        nisa.tensor_scalar(dst=rest, data=x_row[:, mid:end], op0=nl.multiply, operand0=neg_k)
-        t_rest = t[:, 0:end - mid]
-        nisa.tensor_tensor(dst=t_rest, data1=rest, data2=g_row[:, mid:end], op=nl.add, engine=nisa.engine.gpsimd)
-        nisa.activation(dst=dx[:, mid:end], op=nl.copy, data=t_rest, scale=r)
-    if a_r is not None:
-        nisa.scalar_tensor_tensor(dst=dx[:, first:mid], data=g_row[:, first:mid], op0=nl.multiply, operand0=r,
-                                  op1=nl.add, operand1=a_r)
+def _plain_dx(dx, x_row, g_row, r, neg_k, neg_kr, j, first, end, cut, a, t):
+    """rms_norm's dx = (a + g) * r over columns [first, end) of row slot ``j``
+    (norm_backward_dx.split_dx): a = x * (-r^2 c / H) (``neg_k``), VectorE's share before
+    ``cut`` through a' = x * (-r^3 c / H) (``neg_kr``, the block's [P, per] column of it);
+    ``a`` and ``t`` the caller's tiles."""
+    prime = None if neg_kr is None else (neg_kr[:, j:j + 1], None)
+    split_dx(dx, x_row, g_row, r, (neg_k, None), prime, first, end, cut, a, t)
 
 
 def _back_drained(x_tile, dt_tile, dx_tile, parts, chunks, front, store_chunk):
@@ -406,8 +384,8 @@ def _back_drained(x_tile, dt_tile, dx_tile, parts, chunks, front, store_chunk):
         a = nl.ndarray((parts, hi - lo), dtype=x_tile.dtype, buffer=nl.sbuf)
         t = nl.ndarray((parts, hi - lo), dtype=f32, buffer=nl.sbuf)
         if dt_tile is None:
-            _plain_dx(dx_tile[:, j, :], x_tile[:, j, :], g[:, j, :], rstd[:, j:j + 1], neg_k[:, j:j + 1],
-                      None if neg_kr is None else neg_kr[:, j:j + 1], lo, hi, row_cut, a, t)
+            _plain_dx(dx_tile[:, j, :], x_tile[:, j, :], g[:, j, :], rstd[:, j:j + 1], neg_k[:, j:j + 1], neg_kr, j,
+                      lo, hi, row_cut, a, t)
         else:
             nisa.tensor_scalar(dst=a, data=x_tile[:, j, lo:hi], op0=nl.multiply, operand0=neg_k[:, j:j + 1])
             nisa.tensor_tensor(dst=t, data1=a, data2=g[:, j, lo:hi], op=nl.add, engine=nisa.engine.gpsimd)
