@@ -30,23 +30,25 @@ only add) and one for the exp (ScalarE); the copies out of PSUM are placed to ke
 equally busy, and the DMA queues take part of the Pᵀ work when they have room:
     TensorE  S = Q·Kᵀ into PSUM (fp32); O = P·[V | 1] into PSUM (the ones column of V gives
              the row sum of the same rounded P that multiplies V); Pᵀ by 128x128 transposes.
-    VectorE  row max straight from PSUM, the scale folded in (either sign works); without
-             a mask one reduce covers a batch of heads whose scores sit side by side in
-             PSUM; masked columns: scale·S + mask into SBUF first.
-    ScalarE  P = exp(scale·S - scale·max) straight from PSUM into SBUF (matmul dtype).
+    VectorE  z = -scale·S straight from PSUM into SBUF with the row max in the same
+             instruction (tensor_scalar_reduce, one per head); masked columns: -(scale·S
+             + mask) first, then the reduce.
+    ScalarE  P = exp(scale·S - scale·max), read as -z from SBUF (matmul dtype).
     VectorE or ScalarE (whichever the launch's running estimate says is less loaded,
              EngineBalance.pick in attention_plan.py): each PSUM bank of Pᵀ blocks copied
-             to SBUF; each PSUM bank of outputs either normalised by VectorE (reciprocal +
-             multiply) or copied by ScalarE and divided per head by GpSimd
-             (FlashAttention-2: one normalisation, after P·V).
-    GpSimd   the exp biases, divisions, the causal tile (affine_select), constants.
+             to SBUF; each PSUM bank of outputs either normalised by VectorE (the row
+             sums' reciprocals, then one multiply) or copied by ScalarE and scaled by
+             GpSimd, all its heads at once (VectorE takes the reciprocals: NKI's ISA has no
+             divide) (FlashAttention-2: one normalisation, after P·V).
+    GpSimd   the exp biases, the normalisation's multiplies, the causal tile
+             (affine_select), constants.
     DMA      Qᵀ and Kᵀ arrive transposed (dma_transpose, 16-bit dtypes) or are transposed
              on TensorE (fp32); V and the output move as [128 rows, heads, D] blocks
              covering every head of a group in one transfer; for 16-bit data a share of
              Pᵀ is made by DMA transposes instead of TensorE + a PSUM copy
              (EngineBalance.dma_share levels the DMA queues with VectorE/ScalarE).
-Transposed scores (attention_kernel with bf16, no mask, not causal, Sk <= 384, D in
-    {32, 64, 96}, Dv <= 128; attention_transposed.py): P is made directly as Pᵀ, with no Pᵀ
+Transposed scores (attention_kernel with bf16, no mask, not causal, D <= 125, Dv <= 128,
+    Sk <= 384, or Sk <= 768 with at least 4 query heads per core; attention_transposed.py): P is made directly as Pᵀ, with no Pᵀ
     transposes or PSUM copies.  VectorE takes the row max m
     from S as above; GpSimd splits m into bf16 hi + mid + lo (summing exactly to m) and one
     DMA transpose per tile puts them on partitions D..D+2 of Qᵀ; TensorE computes

@@ -363,36 +363,50 @@ def unit_pv(facts, plan, p, vals, kv, r, n):
 
 def evict(facts, plan, o, out, nb, r, vector=False, rowsum=None):
     """out[:, j, :] = O_j / rowsum_j for nb heads in PSUM o (per_o = 512 // (Dv + 1) heads
-    per bank), one bank at a time, on VectorE (the row sums to SBUF + one divide)
-    when ``vector`` or when the planner says it is less loaded, else ScalarE copies the
-    bank to SBUF and GpSimd divides all its heads at once.  out: [r, nb, Dv] SBUF (output dtype).
-    ``rowsum``: an [r, nb] fp32 SBUF view that also receives the row sums (GpSimd copy of
-    the sums the divide uses), for the lse."""
+    per bank), one bank at a time, on VectorE (the row sums' reciprocals, one multiply) when ``vector`` or when the planner says it is less loaded, else ScalarE
+    copies the bank to SBUF and GpSimd scales all its heads at once (see divide).  out:
+    [r, nb, Dv] SBUF (output dtype). ``rowsum``: an [r, nb] fp32 SBUF view that also
+    receives the row sums (GpSimd copy of the sums the reciprocals are taken of), for the
+    lse."""
     Dv = facts.Dv
     w = Dv + 1
     per_o = PSUM_BANK_FP32 // w
     o_raw = nl.ndarray((P, nb, w), dtype=nl.float32, buffer=nl.sbuf)
-    sums = nl.ndarray((P, nb, 1), dtype=nl.float32, buffer=nl.sbuf)
+    # the row sums go to SBUF before their reciprocals only where they are floored (a user
+    # mask) or kept for the lse; else VectorE takes the reciprocals straight from PSUM (v2.33
+    # nki.isa.reciprocal: "Both the input data and output dst tiles can be in SBUF or PSUM")
+    keep_sums = facts.guard_empty_rows or rowsum is not None
+    sums = nl.ndarray((P, nb, 1), dtype=nl.float32, buffer=nl.sbuf) if keep_sums else None
+    inv = nl.ndarray((P, nb, 1), dtype=nl.float32, buffer=nl.sbuf)
     for g0 in range(0, nb, per_o):
         g = min(per_o, nb - g0)
         bank = o[:r, g0 // per_o, 0:g * w].reshape((r, g, w))
         if vector:
             eng = nisa.engine.vector
         else:
-            # VectorE: the copy of g row sums (mostly the 64-cycle instruction minimum) and
-            # the divide (g·Dv, one input in PSUM), two fixed costs; ScalarE: the copy of the
-            # bank (g·(Dv + 1)), one fixed cost (GpSimd then divides)
+            # VectorE: the reciprocals of g row sums (an iterative instruction, mostly the
+            # 64-cycle instruction minimum) and the multiply (g·Dv, one input in PSUM), two
+            # fixed costs, plus the sums' copy (the minimum) where they are kept; ScalarE:
+            # the copy of the bank (g·(Dv + 1)), one fixed cost (GpSimd then scales)
             c = active_engine_costs()
-            eng = plan.pick(2 * c.vector_instr_cycles + c.min_instruction_cycles + g * Dv,
-                            g * w + c.scalar_instr_cycles)
+            vector = (2 * c.vector_instr_cycles + max(c.min_instruction_cycles, c.vector_reciprocal_factor * g)
+                      + g * Dv)
+            if keep_sums:
+                vector += c.vector_instr_cycles + c.min_instruction_cycles
+            eng = plan.pick(vector, g * w + c.scalar_instr_cycles)
         if eng == nisa.engine.vector:
-            # the row sums to SBUF (floored at TINY with a user mask: all-masked rows give 0),
-            # then one divide with O straight from PSUM: the same division as the GpSimd path,
-            # so the result does not depend on the engine the planner picked
-            nisa.tensor_scalar(dst=sums[:r, g0:g0 + g, :], data=bank[:, :, Dv:w], op0=nl.maximum,
-                               operand0=TINY if facts.guard_empty_rows else -FLT_MAX)
+            # the reciprocals of the row sums (floored at TINY first with a user mask:
+            # all-masked rows give 0; the floored sums kept for the lse), then one multiply
+            # with O straight from PSUM: the same arithmetic as the GpSimd path (divide), so
+            # the result does not depend on the engine the planner picked
+            recip_of = bank[:, :, Dv:w]
+            if keep_sums:
+                nisa.tensor_scalar(dst=sums[:r, g0:g0 + g, :], data=recip_of, op0=nl.maximum,
+                                   operand0=TINY if facts.guard_empty_rows else -FLT_MAX)
+                recip_of = sums[:r, g0:g0 + g, :]
+            nisa.reciprocal(dst=inv[:r, g0:g0 + g, :], data=recip_of)
             nisa.tensor_tensor(dst=out[:, g0:g0 + g, :], data1=bank[:, :, 0:Dv],
-                               data2=sums[:r, g0:g0 + g, :].broadcast(2, Dv), op=nl.divide)
+                               data2=inv[:r, g0:g0 + g, :].broadcast(2, Dv), op=nl.multiply)
             if rowsum is not None:
                 nisa.tensor_copy(dst=rowsum[:, g0:g0 + g], src=sums[:r, g0:g0 + g, 0], engine=nisa.engine.gpsimd)
             continue
@@ -404,7 +418,7 @@ def evict(facts, plan, o, out, nb, r, vector=False, rowsum=None):
 
 def normalize(facts, dst, o, r, rowsum=None):
     """dst[:r] = O / rowsum (FlashAttention-2: normalise once, after P·V).  ScalarE moves
-    O | rowsum ([128, Dv + 1] fp32 PSUM) to SBUF, GpSimd divides (see divide).
+    O | rowsum ([128, Dv + 1] fp32 PSUM) to SBUF, GpSimd scales (see divide).
     ``rowsum``: an [r, 1] fp32 SBUF view that also receives the row sum (GpSimd), for the lse."""
     raw = nl.ndarray((P, facts.Dv + 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=raw[:r], op=nl.copy, data=o[:r])
@@ -414,10 +428,15 @@ def normalize(facts, dst, o, r, rowsum=None):
 
 
 def divide(facts, dst, raw, r):
-    """dst = raw[..., :Dv] / raw[..., Dv] on GpSimd, every head of the tile in one instruction
-    (raw: [r, (heads,) Dv + 1] fp32 SBUF; dst: [r, (heads,) Dv]).  An all-masked row has
-    rowsum 0 and O 0: with a user mask the divisor is max(rowsum, TINY), so the row is 0
-    (as torch's SDPA)."""
+    """dst = raw[..., :Dv] / raw[..., Dv] as raw[..., :Dv] * raw[..., Dv] ** -1, all on GpSimd:
+    the row sums' reciprocals by one power instruction ([r, heads, 1]: tensor_tensor's power
+    "runs on the GpSimd engine", v2.33 nki.isa.tensor_tensor; the exponent -1 a memset
+    [P, 1, 1] tile, broadcast), then one multiply for every head of the tile (raw: [r,
+    (heads,) Dv + 1] fp32 SBUF; dst: [r, (heads,) Dv]). Not one division: NKI's ISA has no
+    divide operator (the "Supported Math Operators for NKI ISA" table, nki.api.shared;
+    nki.language lists divide as not supported); not VectorE's reciprocal: this path is
+    taken to keep VectorE free. An all-masked row has rowsum 0 and O 0: with a user mask
+    the divisor is max(rowsum, TINY), so the row is 0 (as torch's SDPA)."""
     Dv = facts.Dv
     if len(raw.shape) == 2:
         dst, raw = dst.expand_dim(1), raw.expand_dim(1)         # one head: [r, 1, ...]
@@ -427,5 +446,10 @@ def divide(facts, dst, raw, r):
         d = nl.ndarray((P, heads, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=d[:r], data=denom, op0=nl.maximum, operand0=TINY, engine=nisa.engine.gpsimd)
         denom = d[:r]
-    nisa.tensor_tensor(dst=dst, data1=raw[:, :, 0:Dv], data2=denom.broadcast(2, Dv), op=nl.divide,
+    minus_one = nl.ndarray((P, 1, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=minus_one, value=-1.0, engine=nisa.engine.gpsimd)
+    inv = nl.ndarray((P, heads, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=inv[:r], data1=denom, data2=minus_one[:r].broadcast(1, heads), op=nl.power,
+                       engine=nisa.engine.gpsimd)
+    nisa.tensor_tensor(dst=dst, data1=raw[:, :, 0:Dv], data2=inv[:r].broadcast(2, Dv), op=nl.multiply,
                        engine=nisa.engine.gpsimd)

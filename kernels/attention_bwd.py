@@ -164,7 +164,11 @@ def _chunk(facts, plan, bal, tensors, b, hk0, hk1, t0, t1, key_bias, c):
     if plan.folded:
         # rows D..D+2 of Qᵀ: -lse / scale, rows Dv..Dv+2 of dOᵀ: -D_i, as exact bf16 triples
         inv = nl.ndarray((P, nt, nh), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=inv, data=neg_lse, op0=nl.divide, operand0=f.scale, engine=nisa.engine.gpsimd)
+        # -lse / scale as -lse * (1 / scale): NKI's ISA has no divide operator (the "Supported
+        # Math Operators for NKI ISA" table, nki.api.shared; nki.language lists divide as not
+        # supported)
+        nisa.tensor_scalar(dst=inv, data=neg_lse, op0=nl.multiply, operand0=1.0 / f.scale,
+                           engine=nisa.engine.gpsimd)
         _fold_rows(f, inv, qx, f.D, nt, nh, s0, s1)
         _fold_rows(f, neg_di, dox, f.Dv, nt, nh, s0, s1)
         qT, doT = [qx], [dox]

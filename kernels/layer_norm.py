@@ -25,10 +25,11 @@ Layout:
     (COLUMN_DRAIN).
 16-bit input (bf16/fp16), per row slot (the j-th row of a partition in a block):
     statistics in fp32, on one of two engines (_scalar_stats_share of the slots on ScalarE):
-      ScalarE  sum(x) (copy with add-accumulate); GpSimd -mean = sum / -H (a division,
-               correctly rounded: a constant row centres to exactly 0, as in torch);
-               ScalarE sum((x - mean)^2) (square with bias -mean, accumulate) ->
-               rsqrt(. / H + eps): exact two-pass variance
+      ScalarE  sum(x - x0) (copy with bias -x0, add-accumulate; x0 the row's first
+               element, -x0 for every row slot of the block in one GpSimd instruction);
+               GpSimd mean = sum * (1 / H) + x0 (a constant row's mean is exactly x0, so
+               it centres to exactly 0, as in torch); ScalarE sum((x - mean)^2) (square
+               of -x + mean, accumulate) -> rsqrt(. / H + eps): two-pass variance
       VectorE  bn_stats on <= 512-element chunks, bn_aggr, ScalarE rsqrt(var + eps)
     VectorE  y = (x - mean) * rstd, one tensor_scalar, rounded to the input dtype (16-bit
              in and out: perf mode)
@@ -334,16 +335,27 @@ def _block_16bit(x_tile, out_tile, stats_tile, parts, per, cols, weight_tile, bi
     # Two-pass statistics of the ScalarE rows (discarded activation outputs go to a scratch
     # tile of their own: in out_tile they would make the statistics wait for the buffer the
     # output shares with an earlier block's, i.e. for that block's store). First every row's
-    # sum(x) on ScalarE and mean = sum / H on GpSimd (each division runs while ScalarE sums
-    # the next row). A division, not sum * (1/H): 1/H is inexact in fp32 for most H, so rows
-    # of 1000.0 would get the mean 999.99994 and y = 0.019 where torch gives exactly 0.
+    # sum(x - x0) on ScalarE (x0: the row's first element) and mean = sum * (1/H) + x0 on
+    # GpSimd (each runs while ScalarE sums the next row). Not sum(x) * (1/H): 1/H is inexact
+    # in fp32 for most H, so rows of 1000.0 would get the mean 999.99994 and y = 0.019 where
+    # torch gives exactly 0; and not sum(x) / H: NKI's ISA has no divide operator (the
+    # "Supported Math Operators for NKI ISA" table, nki.api.shared). Shifted by x0, a
+    # constant row sums to exactly 0 and its mean is x0 itself; other rows lose at most an
+    # ulp of max(|mean|, |mean - x0|) to the shift (the variance pass is unchanged).
     discard = nl.ndarray((parts, cols), dtype=x_tile.dtype, buffer=nl.sbuf)
+    neg_x0 = None
+    if on_scalar:
+        # -x0 of every row slot of the block ([P, per] fp32: the sums' bias operand), one
+        # ScalarE instruction ahead of the sums (on GpSimd it waited for the previous block's
+        # affine share there: modeled trn2 LNC=2 ViT-B/16 [1576, 768] 20.2 us against 19.1)
+        neg_x0 = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=neg_x0, op=nl.copy, data=x_tile[:, :, 0], scale=-1.0)
     for j in on_scalar:
         row_sum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=discard, op=nl.copy, data=x_tile[:, j, :],
+        nisa.activation(dst=discard, op=nl.copy, data=x_tile[:, j, :], bias=neg_x0[:, j:j + 1],
                         reduce_op=nl.add, reduce_res=row_sum, reduce_cmd=nisa.reduce_cmd.reset_reduce)
-        nisa.tensor_scalar(dst=mean[:, j:j + 1], data=row_sum, op0=nl.divide, operand0=float(cols),
-                           engine=nisa.engine.gpsimd)
+        nisa.tensor_scalar(dst=mean[:, j:j + 1], data=row_sum, op0=nl.multiply, operand0=1.0 / cols,
+                           op1=nl.subtract, operand1=neg_x0[:, j:j + 1], engine=nisa.engine.gpsimd)
         centre[j] = (nl.subtract, mean[:, j:j + 1])
     # ... then sum((mean - x)^2) (square of -x + mean: ScalarE's scale and bias; the same
     # square as (x - mean)^2 bit for bit), accumulated -> rsqrt(. / H + eps)
