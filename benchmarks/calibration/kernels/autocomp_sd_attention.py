@@ -53,10 +53,12 @@ porting rules, kernels/nkibench.py and kernels/autocomp_attention.py):
   to bf16 (DECIDED: the beta-1 DMA transpose might have cast itself; the copy is on
   ``copy_engine``, 64 [d, 128] copies per kernel).
 * ``... * softmax_scale`` (Q) and ``1.0 / sum``: VectorE ``tensor_scalar`` (multiply by
-  0.125; divide with the scalar on the left, ``reverse0``): the simulator's lowering of a
-  binary nl op with a scalar, tensor_scalar's default engine, as nl.negative in the rules
-  (DECIDED: ``1.0 / x`` is not ``nl.reciprocal``, so not ScalarE's reciprocal; [128, 1] tiles,
-  32 per kernel). ``attn_res_sbuf * nc_transpose(...)``: VectorE tensor_tensor (rule for
+  0.125; ``1.0 / x`` as VectorE's ``nisa.reciprocal``, NKI 0.7's ISA having no divide
+  operator: the "Supported Math Operators for NKI ISA" table, nki.api.shared): the
+  simulator's lowering of a binary nl op with a scalar, tensor_scalar's default engine, as
+  nl.negative in the rules (DECIDED: ``1.0 / x`` is not ``nl.reciprocal``, so not ScalarE's
+  reciprocal; [128, 1] tiles, 32 per kernel, each at VectorE's instruction minimum either
+  way). ``attn_res_sbuf * nc_transpose(...)``: VectorE tensor_tensor (rule for
   nl.add / nl.maximum of two tiles).
 * ``nisa.nc_transpose`` without engine= on [128, 128] / [128, d] tiles: TensorE (VectorE
   transposes only 32 x 32), into PSUM at the data's dtype.
@@ -173,9 +175,9 @@ def _transpose_rows(probs, n, copy_engine):
 
 
 def _reciprocal(x):
-    """``1.0 / x`` of a [128, 1] fp32 tile: VectorE tensor_scalar, divide reversed."""
+    """``1.0 / x`` of a [128, 1] fp32 tile: VectorE's reciprocal (no ISA divide)."""
     r = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=r, data=x, op0=nl.divide, operand0=1.0, reverse0=True, engine=nisa.engine.vector)
+    nisa.reciprocal(dst=r, data=x)
     return r
 
 

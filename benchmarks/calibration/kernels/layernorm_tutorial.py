@@ -57,12 +57,13 @@ def _small(parts):
 
 
 def _row_mean(data, n):
-    """sum over the free axis / n on VectorE: the beta-1 nl.mean(., axis=1)."""
+    """sum over the free axis / n on VectorE: the beta-1 nl.mean(., axis=1) (the division
+    by the constant n as a multiply by 1 / n: NKI 0.7's ISA has no divide operator)."""
     parts = data.shape[0]
     total = _small(parts)
     nisa.tensor_reduce(dst=total, op=nl.add, data=data, axis=1)
     mean = _small(parts)
-    nisa.tensor_scalar(dst=mean, data=total, op0=nl.divide, operand0=float(n), engine=nisa.engine.vector)
+    nisa.tensor_scalar(dst=mean, data=total, op0=nl.multiply, operand0=1.0 / n, engine=nisa.engine.vector)
     return mean
 
 

@@ -339,14 +339,15 @@ def rmsnorm_matmul(x, w, rows_per_block=8):
 def _inverse_rms(a, eps):
     """1 / sqrt(mean(a**2, axis=1) + eps) as a (P, 1) tile, the beta-1 steps of both
     add/matmul + rmsnorm kernels: ScalarE square, VectorE row sum, / N and + eps (VectorE
-    tensor_scalar, [P, 1]), ScalarE rsqrt."""
+    tensor_scalar, [P, 1]; / N as * (1 / N): NKI 0.7's ISA has no divide operator), ScalarE
+    rsqrt."""
     parts, n = a.shape
     sq = nl.ndarray((parts, n), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=sq, op=nl.square, data=a)
     ssum = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_reduce(dst=ssum, op=nl.add, data=sq, axis=1)
     mean = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=mean, data=ssum, op0=nl.divide, operand0=float(n), engine=nisa.engine.vector)
+    nisa.tensor_scalar(dst=mean, data=ssum, op0=nl.multiply, operand0=1.0 / n, engine=nisa.engine.vector)
     mean_eps = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=mean_eps, data=mean, op0=nl.add, operand0=float(eps), engine=nisa.engine.vector)
     rms_inv = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
