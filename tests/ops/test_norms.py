@@ -370,6 +370,21 @@ def test_layer_norm_constant_rows_with_large_mean_are_exactly_zero(simulator_bac
     torch.testing.assert_close(out, bias.expand_as(out), atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_layer_norm_rows_whose_first_element_is_far_from_the_mean(simulator_backend, dtype):
+    # The 16-bit statistics on ScalarE sum x - x0 (x0: the row's first element; a constant
+    # row's mean is then exactly x0) and take mean = sum / H + x0: a first element 1000
+    # standard deviations away from the rest is the worst case of that shift (the mean's
+    # rounding follows |mean - x0|). 300 rows: row slots on both statistics engines.
+    x = randn(300, 1000, dtype=torch.float32)
+    x[:, 0] = 1000.0 * torch.where(randn(300, dtype=torch.float32) > 0, 1.0, -1.0)
+    x = x.to(dtype)
+    weight, bias = _affine(1000, "weight+bias", dtype)
+    out = nki_kernels.layer_norm(x, (1000,), weight, bias, eps=1e-5)
+    x64, w64, b64 = _f64(x, weight, bias)
+    assert_matches(out, F.layer_norm(x64, (1000,), w64, b64, 1e-5), dtype)
+
+
 # ---------------------------------------------------------------------------- streamed rows (H > 8192)
 
 # (rows, hidden): just past the one-pass limit (3 chunks, ragged last), Llama-3.1-405B's
