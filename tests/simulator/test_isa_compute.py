@@ -146,7 +146,7 @@ def test_activation_rule_violations(sim, mk, bad):
 # ------------------------------------------------------------------ ALU instructions
 
 BINARY_REFS = {
-    "add": torch.add, "subtract": torch.sub, "multiply": torch.mul, "divide": torch.div,
+    "add": torch.add, "subtract": torch.sub, "multiply": torch.mul,
     "maximum": torch.maximum, "minimum": torch.minimum,
     "equal": lambda a, b: (a == b).float(), "not_equal": lambda a, b: (a != b).float(),
     "greater": lambda a, b: (a > b).float(), "greater_equal": lambda a, b: (a >= b).float(),
@@ -174,6 +174,28 @@ def test_tensor_tensor_ops(sim, mk, v, last, name):
     nisa.tensor_tensor(dst=dst, data1=mk(a), data2=mk(b), op=getattr(nl, name))
     close(v(dst), BINARY_REFS[name](a.reshape(128, 60), b))
     assert last().engine == ("gpsimd" if name == "power" else "vector")
+
+
+def test_divide_is_refused_by_every_alu_instruction_and_by_nl_divide(sim, mk):
+    # NKI's table of ISA operators (nki.api.shared, "Supported Math Operators for NKI ISA")
+    # has no divide and nki.language lists divide as not supported: a kernel dividing would
+    # run here and fail to compile on a Trainium host. The error gives the fix.
+    _, nl, nisa = sim
+    x, col = mk(torch.rand(16, 8) + 1), mk(torch.rand(16, 1) + 1)
+    dst = nl.ndarray((16, 8), dtype=nl.float32, buffer=nl.sbuf)
+    calls = {
+        "tensor_tensor: op": lambda: nisa.tensor_tensor(dst=dst, data1=x, data2=x, op=nl.divide),
+        "tensor_scalar: op0": lambda: nisa.tensor_scalar(dst=dst, data=x, op0=nl.divide, operand0=2.0),
+        "tensor_scalar: op1": lambda: nisa.tensor_scalar(dst=dst, data=x, op0=nl.multiply, operand0=2.0,
+                                                         op1=nl.divide, operand1=col),
+        "scalar_tensor_tensor: op1": lambda: nisa.scalar_tensor_tensor(dst=dst, data=x, op0=nl.multiply,
+                                                                       operand0=2.0, op1=nl.divide, operand1=x),
+        "nl.divide": lambda: nl.divide(x, col),
+    }
+    for where, call in calls.items():
+        with pytest.raises(NkiValidationError, match=rf"{where}: nl.divide is not an operator of NKI's ISA.*"
+                                                     r"nisa.reciprocal"):
+            call()
 
 
 def test_tensor_tensor_integer_bitwise(sim, mk, v):
@@ -240,9 +262,9 @@ def test_tensor_scalar_two_ops_reverse_and_vector_operand(sim, mk, v, last):
     dst = nl.ndarray((96, 50), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar(dst, mk(x), nl.subtract, mk(col), op1=nl.multiply, operand1=3.0)
     close(v(dst), (x - col) * 3.0)
-    nisa.tensor_scalar(dst, mk(x), nl.subtract, 2.0, reverse0=True, op1=nl.divide,
+    nisa.tensor_scalar(dst, mk(x), nl.subtract, 2.0, reverse0=True, op1=nl.subtract,
                        operand1=mk(col), reverse1=True)
-    close(v(dst), col / (2.0 - x))
+    close(v(dst), col - (2.0 - x))
     nisa.tensor_scalar(dst, mk(x.abs() + 0.1), nl.rsqrt, None)
     close(v(dst), torch.rsqrt(x.abs() + 0.1))
     assert last().attrs == {"op0": "rsqrt", "op1": None}
@@ -309,7 +331,7 @@ def test_tensor_reduce_rules(sim, mk):
     with pytest.raises(NkiValidationError, match="elements per partition"):
         nisa.tensor_reduce(nl.ndarray((16, 5), dtype=nl.float32, buffer=nl.sbuf), nl.add, x, axis=2)
     with pytest.raises(NkiValidationError, match="not a legal reduction"):
-        nisa.tensor_reduce(nl.ndarray((16, 4), dtype=nl.float32, buffer=nl.sbuf), nl.divide, x, axis=2)
+        nisa.tensor_reduce(nl.ndarray((16, 4), dtype=nl.float32, buffer=nl.sbuf), nl.power, x, axis=2)
 
 
 def test_scalar_tensor_tensor(sim, mk, v):
@@ -358,8 +380,8 @@ def test_scalar_tensor_tensor_reduction_rules_and_cost(sim, mk, last):
     res = nl.ndarray((64, 1), dtype=nl.float32, buffer=nl.sbuf)
     with pytest.raises(NkiValidationError, match="reduce_res is given but reduce_op is not"):
         nisa.scalar_tensor_tensor(dst, x, nl.multiply, 2.0, nl.add, y, reduce_res=res)
-    with pytest.raises(NkiValidationError, match="reduce_op .*divide.* is not supported"):
-        nisa.scalar_tensor_tensor(dst, x, nl.multiply, 2.0, nl.add, y, reduce_op=nl.divide, reduce_res=res)
+    with pytest.raises(NkiValidationError, match="reduce_op .*power.* is not supported"):
+        nisa.scalar_tensor_tensor(dst, x, nl.multiply, 2.0, nl.add, y, reduce_op=nl.power, reduce_res=res)
     with pytest.raises(NkiValidationError, match="reduce_cmd=.*idle.* is not supported with a reduction"):
         nisa.scalar_tensor_tensor(dst, x, nl.multiply, 2.0, nl.add, y, reduce_op=nl.add, reduce_res=res,
                                   reduce_cmd=nisa.reduce_cmd.idle)

@@ -237,8 +237,28 @@ def resolve(op, what: str = "op") -> Op:
     raise _err(f"{what}={op!r} is not an NKI operator (use nl.add, nl.exp, ...)")
 
 
+# Not operators of NKI's ISA: the "Supported Math Operators for NKI ISA" table (aws-neuron-sdk
+# nki/api/nki.api.shared.rst) lists no divide, and nki/api/nki.language.rst lists divide as
+# "not supported" (AWS's own simulator may still run such a kernel; the compiler is what
+# refuses). nl.divide keeps its name and torch.div; every instruction (alu_of) and nl.divide
+# itself refuse it, with the fix.
+NOT_ISA_OPERATORS = {"divide": "multiply by nisa.reciprocal's result, or by 1 / c for a constant c"}
+
+
+def not_isa_operator(op: Op, where: str) -> Exception | None:
+    """The error for an op NKI's ISA does not have (NOT_ISA_OPERATORS), or None."""
+    fix = NOT_ISA_OPERATORS.get(op.name)
+    if fix is None:
+        return None
+    return _err(f"{where}: nl.{op.name} is not an operator of NKI's ISA (its table of supported math "
+                f"operators has none; nki.language lists {op.name} as not supported): {fix}")
+
+
 def alu_of(op: Op, instr: str, role: str) -> Op:
     """The ALU op behind ``op`` (reductions like nl.max name nl.maximum), or raise."""
+    refused = not_isa_operator(op, f"{instr}: {role}")
+    if refused is not None:
+        raise refused
     if op.alu is None and op.reduce is not None:
         op = _OPS[op.reduce]
     if op.alu is None:

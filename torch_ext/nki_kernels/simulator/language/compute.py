@@ -58,6 +58,9 @@ def _as_f32_column(name, t):
 
 def _binary(op: Op):
     def fn(x, y, dtype=None):
+        refused = _ops.not_isa_operator(op, f"nl.{op.name}")
+        if refused is not None:
+            raise refused
         xt, yt = isinstance(x, NkiTensor), isinstance(y, NkiTensor)
         if not (xt or yt):
             raise NkiValidationError(f"nl.{op.name}: at least one of x, y must be a tile")
