@@ -1081,6 +1081,10 @@ def main(argv=None) -> int:
         wanted |= {r.relative_to for r in rows if r.id in wanted and r.relative_to}
         rows = [r for r in rows if r.id in wanted]
         qor = [r for r in qor if r.id.startswith(prefixes)]
+        if not rows and not qor:
+            families = sorted({r.id.split(".")[0] for r in load_rows(Path(args.data))})
+            ap.error(f"--only {args.only!r} matches no row of {Path(args.data).name}"
+                     f"{' or the QoR file' if args.nkilib else ''}; ids start with e.g. {', '.join(families[:12])}")
     if args.skip_slow:
         rows = [r for r in rows if not r.slow]
     if args.split:
@@ -1090,6 +1094,9 @@ def main(argv=None) -> int:
     if settings:
         print("what-if, not fitted: every row modeled with "
               + ", ".join(f"{k} = {v:g}" for k, v in settings.items()) + " (hardware.py's values otherwise)")
+    if args.fit and not any(r.split == "train" for r in rows + qor):
+        ap.error("--fit: no train row selected (--only / --split / --skip-slow leave none); the free "
+                 "parameters are fitted on the train rows")
     params = fit(rows) if args.fit else (settings or None)
     public: dict[str, float] = modeled(rows, params) if rows else {}
     if rows:

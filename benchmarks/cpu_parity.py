@@ -62,9 +62,16 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="comma-separated benchmark files, e.g. attention,rms_norm")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's)")
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: at least 1 call of each is timed")
+    if args.threads < 0:
+        ap.error(f"--threads {args.threads}: a positive count, or 0 for torch's default")
     if args.threads:
         torch.set_num_threads(args.threads)
     only = {o.strip() for o in args.only.split(",") if o.strip()}
+    files = sorted(p.stem.removeprefix("benchmark_") for p in HERE.glob("benchmark_*.py"))
+    if only - set(files):
+        ap.error(f"--only {sorted(only - set(files))} unknown; choose from {', '.join(files)}")
     print(f"CPU default path vs eager torch, MEASURED on this CPU ({torch.get_num_threads()} threads), "
           f"best of {args.repeats} interleaved calls; backend={nki_kernels.cpu_backend()}")
     print(f"{'benchmark':<26} {'workload':<28} {'dtype':<9} {'op ms':>8} {'eager ms':>9} {'op/eager':>9}")

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """The main job (`make demo`): every kernel on its workload grid, run in the bundled NKI
-simulator on CPU, checked against the PyTorch reference, and MODELED on Trainium2.
+simulator on CPU, checked against the PyTorch reference, and MODELED on a Trainium target
+(``--target``, default trn2, at the ``--lnc`` degree, default the target's: 2 on trn2/trn3).
 
 For each op of the registry (``nki_kernels.registry.ops()``) and each of its workloads it
 
@@ -8,8 +9,9 @@ For each op of the registry (``nki_kernels.registry.ops()``) and each of its wor
 2. runs the kernel in the simulator (``simulator.estimate``), which records every
    instruction it issues, and compares the result with the op's PyTorch twin computed on
    CPU in float64 (float32 for the largest attention shapes): max |kernel - reference|;
-3. models that instruction stream on one trn2 NeuronCore (simulator/cost/: per-
-   instruction costs, list schedule over the engines and 16 DMA queues);
+3. models that instruction stream on the target's logical core, both NeuronCores at LNC=2
+   (simulator/cost/: per-instruction costs, list schedule over the engines and each core's 16
+   DMA queues);
 4. computes the op's limit and the modeled eager-PyTorch baseline (the op's ``roofline``,
    nki_kernels/roofline.py): efficiency = limit / modeled, speedup = eager / modeled.
 
@@ -24,6 +26,7 @@ modeled EAGER-AUTOGRAD baseline (the ATen ops autograd runs for the op's backwar
 its own limit, every intermediate through HBM).
 
 Usage: python benchmarks/model_report.py [--ops scaled_dot_product_attention,rms_norm] [--quick] [--out DIR]
+       [--target trn2|trn3|trn1] [--lnc 1|2] [--no-traces]
 (the full grid takes about 3 min on 2 CPU cores, --quick about 45 s; measured, CPU, 2026-12-05)
 """
 
@@ -441,6 +444,18 @@ def write_csv(records: list[dict], path: Path) -> None:
         w.writerows(records)
 
 
+def _lnc_sentence(lnc: int) -> str:
+    """What the report's main columns are, at the run's logical-core degree."""
+    if lnc == 1:
+        return ("The main columns are at LNC=1: the kernel runs on one NeuronCore, and the limit and the eager "
+                "baseline are those of one core (the LNC=1 columns and `core idle` are empty).")
+    return (f"The main columns are at LNC={lnc} (a logical core of {lnc} physical NeuronCores, the compiler's "
+            "default on trn2 and trn3): the kernel runs on both cores, and the limit and the eager baseline are "
+            "those of the same logical core. `LNC=1 us` / `LNC=1 eff` are the same kernel on one core against "
+            "the one-core limit; `core idle` is the idle fraction of the core that finishes first (rows above "
+            f"{IMBALANCE_FLAG:.0%} are flagged as unbalanced).")
+
+
 def write_markdown(rows: list[Row], records: list[dict], path: Path, target: str, wall_s: float) -> None:
     lines = [
         f"# nki-kernels: modeled report ({target})",
@@ -449,11 +464,7 @@ def write_markdown(rows: list[Row], records: list[dict], path: Path, target: str
         "applied to the exact instructions each kernel issued in the simulator (docs/cost-model.md). "
         f"Errors and wall times are **{MEASURED}**. Nothing here ran on a Trainium.",
         "",
-        f"The main columns are at LNC={rows[0].lnc if rows else 2} (a logical core of that many physical "
-        "NeuronCores, the compiler's default on trn2): the kernel runs on both cores, and the limit and the "
-        "eager baseline are those of the same logical core. `LNC=1 us` / `LNC=1 eff` are the same kernel on "
-        "one core against the one-core limit; `core idle` is the idle fraction of the core that finishes "
-        f"first (rows above {IMBALANCE_FLAG:.0%} are flagged as unbalanced).",
+        _lnc_sentence(rows[0].lnc if rows else 2),
         "",
         "* efficiency = limit / modeled kernel time (limit: max of compulsory HBM bytes / DMA bandwidth, "
         "matmul FLOPs / TensorE peak, transcendentals / ScalarE rate);",
@@ -579,12 +590,15 @@ def main(argv=None) -> int:
             ap.error(f"--ops {sorted(unknown)} unknown; choose from {sorted(names)}")
         # an op's name selects its forward and backward rows; "<op> backward" the backward only
         cases = [c for c in cases if c.op in wanted or c.spec.name in wanted]
+        if not cases:
+            ap.error(f"--ops {args.ops!r}{' with --quick' if args.quick else ''} selects no workload "
+                     "(silu and gelu_and_mul have no quick workload)")
     out = Path(args.out)
     traces = None if args.no_traces else out / "traces"
     out.mkdir(parents=True, exist_ok=True)
     if traces is not None:
         traces.mkdir(exist_ok=True)
-        if not args.ops:  # a full run owns the folder: drop traces of rows that no longer exist
+        if not args.ops:  # a run of every op owns the folder: drop traces of rows it does not make
             for old in traces.glob("*.json"):
                 old.unlink()
 

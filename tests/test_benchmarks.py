@@ -43,3 +43,17 @@ def test_workloads_follow_the_host(path, trainium, monkeypatch):
     assert {name for name in expected} <= {m.removeprefix("benchmark_") for m in methods}
     other = module.CPU_WORKLOADS if trainium else module.TRAINIUM_WORKLOADS
     assert not (set(other) - set(expected)) & {m.removeprefix("benchmark_") for m in methods}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--only", "sofmax"], "--only ['sofmax'] unknown; choose from attention, elementwise"),
+    (["--repeats", "0"], "--repeats 0: at least 1 call"),
+    (["--threads", "-3"], "--threads -3: a positive count"),
+], ids=["unknown-file", "no-repeats", "negative-threads"])
+def test_cpu_parity_refuses_bad_arguments_before_timing(argv, message, capsys):
+    # an unknown --only timed nothing and exited 0; --repeats 0 and --threads -3 failed
+    # inside min() and torch.set_num_threads with messages naming neither
+    parity = _load(ROOT / "benchmarks" / "cpu_parity.py")
+    with pytest.raises(SystemExit):
+        parity.main(argv)
+    assert message in capsys.readouterr().err

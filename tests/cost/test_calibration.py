@@ -290,6 +290,17 @@ def test_what_if_settings_are_numeric_target_fields_and_reach_the_rows(calibrate
     assert "expected NAME=VALUE" in capsys.readouterr().err
 
 
+def test_selections_of_nothing_to_run_or_fit_are_errors(calibrate, capsys):
+    # an --only matching no row printed only the QoR notice and exited 0; --fit on test rows
+    # alone printed hardware.py's values as "fitted on the train rows"
+    with pytest.raises(SystemExit):
+        calibrate.main(["--only", "no_such_row"])
+    assert "--only 'no_such_row' matches no row of measurements.toml; ids start with e.g." in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        calibrate.main(["--fit", "--only", "dma.single_4x4096"])
+    assert "--fit: no train row selected" in capsys.readouterr().err
+
+
 def test_a_device_side_time_is_the_instruction_stream_without_the_launch_cost(calibrate):
     rows = {r.id: r for r in calibrate.load_rows()}
     row = rows["device.quickstart_add_4x3_fp16"]

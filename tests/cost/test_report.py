@@ -117,9 +117,26 @@ def test_each_end_of_the_speedup_compares_kernel_and_eager_on_the_same_hardware(
                                                    TARGETS["trn2"].dma_bytes_per_s}
 
 
-def test_unknown_op_is_an_error_naming_the_choices(report, tmp_path):
+def test_unknown_op_is_an_error_naming_the_choices(report, tmp_path, capsys):
     with pytest.raises(SystemExit):
         report.main(["--ops", "nope", "--out", str(tmp_path)])
+    assert "--ops ['nope'] unknown; choose from" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("ops", ["silu", ","], ids=["no-quick-workload", "empty"])
+def test_a_selection_of_no_workload_is_an_error_before_the_run(report, tmp_path, capsys, ops):
+    # silu has no quick workload: the report used to run nothing, then fail writing its CSV
+    with pytest.raises(SystemExit):
+        report.main(["--ops", ops, "--quick", "--out", str(tmp_path / "out")])
+    assert "selects no workload" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_lnc1_report_says_its_columns_are_one_cores(report, tmp_path):
+    report.main(["--ops", "gelu", "--quick", "--lnc", "1", "--out", str(tmp_path), "--no-traces"])
+    md = (tmp_path / "report.md").read_text()
+    assert "The main columns are at LNC=1: the kernel runs on one NeuronCore" in md
+    assert "runs on both cores" not in md
 
 
 def test_where_the_time_goes_headings_carry_the_table_status(report, tmp_path):
