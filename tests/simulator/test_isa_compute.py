@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from nki_kernels import simulator
 from nki_kernels.simulator import NkiValidationError
 
 # (dtype, atol, rtol): fp32 results are the same fp32 math, so tight; bf16 outputs carry one
@@ -154,8 +155,6 @@ BINARY_REFS = {
     "logical_and": lambda a, b: ((a != 0) & (b != 0)).float(),
     "logical_or": lambda a, b: ((a != 0) | (b != 0)).float(),
     "logical_xor": lambda a, b: ((a != 0) ^ (b != 0)).float(),
-    "abs_max": lambda a, b: torch.where(a.abs() > b.abs(), a, b),
-    "abs_min": lambda a, b: torch.where(a.abs() < b.abs(), a, b),
     "power": lambda a, b: torch.pow(a.abs(), b),
 }
 
@@ -174,6 +173,33 @@ def test_tensor_tensor_ops(sim, mk, v, last, name):
     nisa.tensor_tensor(dst=dst, data1=mk(a), data2=mk(b), op=getattr(nl, name))
     close(v(dst), BINARY_REFS[name](a.reshape(128, 60), b))
     assert last().engine == ("gpsimd" if name == "power" else "vector")
+
+
+V4_BINARY_REFS = {"abs_max": lambda a, b: torch.where(a.abs() > b.abs(), a, b),
+                  "abs_min": lambda a, b: torch.where(a.abs() < b.abs(), a, b)}
+
+
+@pytest.mark.parametrize("name", sorted(V4_BINARY_REFS))
+def test_abs_max_and_abs_min_run_on_trn3_and_are_refused_before_it(sim, mk, name):
+    # nki.language.abs_max / abs_min: "Available only on NeuronCore-v4 (trn3) and newer"
+    _, nl, nisa = sim
+    a, b = torch.randn(128, 60), torch.randn(128, 60)
+    dst = nl.ndarray((128, 60), dtype=nl.float32, buffer=nl.sbuf)
+    for call in (lambda: nisa.tensor_tensor(dst=dst, data1=mk(a), data2=mk(b), op=getattr(nl, name)),
+                 lambda: nisa.tensor_scalar(dst=dst, data=mk(a), op0=getattr(nl, name), operand0=0.5),
+                 lambda: getattr(nl, name)(mk(a), mk(b))):
+        with pytest.raises(NkiValidationError, match=rf"nl.{name} needs NeuronCore-v4 \(trn3\) or newer.*trn2"):
+            call()
+    with simulator.activated("trn3") as nki:
+        nl3, nisa3 = nki.language, nki.isa
+        tiles = []
+        for values in (a, b):
+            t = nl3.ndarray((128, 60), dtype=nl3.float32, buffer=nl3.sbuf)
+            t.dtype.assign(t._data, values)
+            tiles.append(t)
+        out = nl3.ndarray((128, 60), dtype=nl3.float32, buffer=nl3.sbuf)
+        nisa3.tensor_tensor(dst=out, data1=tiles[0], data2=tiles[1], op=getattr(nl3, name))
+        close(out.values().to(torch.float32), V4_BINARY_REFS[name](a, b))
 
 
 def test_divide_is_refused_by_every_alu_instruction_and_by_nl_divide(sim, mk):

@@ -100,6 +100,24 @@ def test_dma_transpose_dge_rules(sim, mk):
     view = table.ap(pattern=[[128, 128], [1, 128]], vector_offset=idx, indirect_dim=0)
     with pytest.raises(NkiValidationError, match="an indirect transpose needs a 2-byte"):
         nisa.dma_transpose(nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf), view, axes=(1, 0))
+    # a bf16 gather-transpose as the docstring's 1-D example; its indices' limits refused
+    table16 = mk(torch.randn(256, 64), "bfloat16", "hbm")
+    rows = torch.randperm(256)[:128]
+    view16 = table16.ap(pattern=[[64, 128], [1, 64]], vector_offset=idx, indirect_dim=0)
+    gathered = nl.ndarray((64, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+    idx.dtype.assign(idx._data, rows.reshape(128, 1))
+    nisa.dma_transpose(gathered, view16, axes=(1, 0))
+    assert torch.equal(gathered.values(), table16.values()[rows].t())
+    for bad, message in ((mk(rows[:8].reshape(8, 1), "uint32"), r"partitions must be in \[16, 128\]"),
+                         (mk(rows.reshape(128, 1), "int32"), "indices' dtype must be uint32")):
+        bad_view = table16.ap(pattern=[[64, bad.shape[0]], [1, 64]], vector_offset=bad, indirect_dim=0)
+        with pytest.raises(NkiValidationError, match=message):
+            nisa.dma_transpose(nl.ndarray((64, bad.shape[0]), dtype=nl.bfloat16, buffer=nl.sbuf), bad_view,
+                               axes=(1, 0))
+    # oob_mode=skip "Only valid when src uses indirect indexing"
+    with pytest.raises(NkiValidationError, match="oob_mode=skip is only valid when src uses indirect"):
+        nisa.dma_transpose(nl.ndarray((96, 16), dtype=nl.bfloat16, buffer=nl.sbuf), src,
+                           oob_mode=nisa.oob_mode.skip)
     with simulator.activated("trn1") as nki1:
         t1 = nki1.language.ndarray((16, 96), dtype=nki1.language.bfloat16, buffer=nki1.language.hbm)
         d1 = nki1.language.ndarray((96, 16), dtype=nki1.language.bfloat16, buffer=nki1.language.sbuf)

@@ -99,6 +99,17 @@ def test_range_select(sim, mk, v):
                       on_false_value=float(torch.finfo(torch.float32).min))
     with pytest.raises(NkiValidationError, match=r"on_false_value=0\.0 must be FP32_MIN"):
         nisa.range_select(dst, mk(x), nl.greater_equal, nl.less, mk(lo), mk(hi), on_false_value=0.0)
+    # a range_start shifts the compared index; the docstring's other limits are refused (the
+    # simulator max-reduced whatever reduce_op said, and took scalar bounds and 0.5 as a start)
+    nisa.range_select(dst, mk(x), nl.greater_equal, nl.less, mk(lo), mk(hi), range_start=5)
+    assert torch.equal(v(dst), torch.where((idx + 5 >= lo) & (idx + 5 < hi), x, torch.tensor(-3.4028235e38)))
+    for kwargs, message in (({"reduce_op": nl.add}, "reduce_op .*add.*: only nl.maximum is supported"),
+                            ({"bound0": 2.0}, "bound0 must be a \\(P, 1\\) tile .* got float 2.0"),
+                            ({"range_start": 0.5}, "range_start=0.5 must be a compile-time integer"),
+                            ({"range_start": True}, "range_start=True must be a compile-time integer")):
+        args = {"bound0": mk(lo), "bound1": mk(hi), "reduce_res": res, **kwargs}
+        with pytest.raises(NkiValidationError, match=message):
+            nisa.range_select(dst, mk(x), nl.greater_equal, nl.less, **args)
 
 
 def test_gathers_and_max8(sim, mk, v):

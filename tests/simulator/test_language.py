@@ -251,4 +251,8 @@ def test_tile_size_and_ranges(sim):
             ts.bn_stats_fmax, ts.psum_num_banks) == (128, 512, 128, 512, 512, 8)
     assert ts.total_available_sbuf_size == 224 * 1024
     assert list(nl.affine_range(3)) == list(nl.sequential_range(0, 3)) == list(nl.static_range(3))
+    # sequential_range is "an alias for Python's range()": reversed, indexed, sliced, tested
+    seq = nl.sequential_range(2, 11, 3)
+    assert list(reversed(seq)) == [8, 5, 2] and seq[1] == 5 and seq[-1] == 8
+    assert list(seq[1:]) == [5, 8] and 5 in seq and 6 not in seq and len(seq) == 3
     assert math.isclose(nl.fp32.min, -3.4028235e38, rel_tol=1e-7)

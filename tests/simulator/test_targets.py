@@ -94,6 +94,11 @@ def test_v2_feature_flags(on):
         nisa.activation(make((8, 4)), nl.exp, make((8, 4)), bias=1.0)
     with pytest.raises(NkiValidationError, match="range_select: needs NeuronCore-v3 or newer"):
         nisa.range_select(make((8, 4)), make((8, 4)), nl.greater_equal, nl.less, 0.0, 2.0)
+    # "Available only on NeuronCore-v3 or newer" (nki.isa.sendrecv, nki.isa.core_barrier)
+    with pytest.raises(NkiValidationError, match="sendrecv: needs NeuronCore-v3 or newer; the target is trn1"):
+        nisa.sendrecv(make((8, 4)), make((8, 4)), send_to_rank=0, recv_from_rank=0, pipe_id=0)
+    with pytest.raises(NkiValidationError, match="core_barrier: needs NeuronCore-v3 or newer; the target is trn1"):
+        nisa.core_barrier(nl.ndarray((8, 4), dtype=nl.float32, buffer=nl.shared_hbm), (0, 1))
     assert nisa.get_nc_version() is nisa.nc_version.gen2
 
 

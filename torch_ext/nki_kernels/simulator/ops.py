@@ -243,20 +243,30 @@ def resolve(op, what: str = "op") -> Op:
 # refuses). nl.divide keeps its name and torch.div; every instruction (alu_of) and nl.divide
 # itself refuse it, with the fix.
 NOT_ISA_OPERATORS = {"divide": "multiply by nisa.reciprocal's result, or by 1 / c for a constant c"}
+# Operators of NeuronCore-v4 (trn3) and newer only: nki.language.abs_max / abs_min, "Available
+# only on NeuronCore-v4 (trn3) and newer" (their API pages; the 2.30 release notes: "trn3 only").
+V4_OPERATORS = ("abs_max", "abs_min")
 
 
-def not_isa_operator(op: Op, where: str) -> Exception | None:
-    """The error for an op NKI's ISA does not have (NOT_ISA_OPERATORS), or None."""
+def operator_refusal(op: Op, where: str) -> Exception | None:
+    """The error for an op the active target's ISA does not have (NOT_ISA_OPERATORS on every
+    generation, V4_OPERATORS before NeuronCore-v4), or None."""
     fix = NOT_ISA_OPERATORS.get(op.name)
-    if fix is None:
-        return None
-    return _err(f"{where}: nl.{op.name} is not an operator of NKI's ISA (its table of supported math "
-                f"operators has none; nki.language lists {op.name} as not supported): {fix}")
+    if fix is not None:
+        return _err(f"{where}: nl.{op.name} is not an operator of NKI's ISA (its table of supported math "
+                    f"operators has none; nki.language lists {op.name} as not supported): {fix}")
+    if op.name in V4_OPERATORS:
+        from .isa.operands import target   # (lazy: the ISA modules import this one)
+
+        if target().generation < 4:
+            return _err(f"{where}: nl.{op.name} needs NeuronCore-v4 (trn3) or newer (nki.language.{op.name}); "
+                        f"the target is {target().name}")
+    return None
 
 
 def alu_of(op: Op, instr: str, role: str) -> Op:
     """The ALU op behind ``op`` (reductions like nl.max name nl.maximum), or raise."""
-    refused = not_isa_operator(op, f"{instr}: {role}")
+    refused = operator_refusal(op, f"{instr}: {role}")
     if refused is not None:
         raise refused
     if op.alu is None and op.reduce is not None:

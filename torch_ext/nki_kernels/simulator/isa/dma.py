@@ -122,7 +122,7 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=enums.dge_mode.un
     _dma_options("dma_transpose", priority, dge_mode, None)
     if dst._alloc.kind != "sbuf":
         fail("dma_transpose: dst must be in SBUF")
-    _transpose_dge_rules(src, dge_mode)
+    _transpose_dge_rules(src, dge_mode, oob_mode)
     nd = src.ndim
     perm = next((p for p in target().dma_transpose_axes if len(p) == nd), None)
     if perm is None:
@@ -142,7 +142,7 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=enums.dge_mode.un
                    "transpose": True})
 
 
-def _transpose_dge_rules(src, dge_mode) -> None:
+def _transpose_dge_rules(src, dge_mode, oob_mode=enums.oob_mode.error) -> None:
     """The DGE constraints of nki.isa.dma_transpose (NKI 0.7 docstring, "DMA Direct Transpose
     Constraints" / "DMA Indirect Transpose Constraints"). A direct transpose's only valid
     dge_modes "are unknown and hwdge"; with hwdge: "For 2-d input tiles, src.shape[0] == 16.
@@ -150,7 +150,11 @@ def _transpose_dge_rules(src, dge_mode) -> None:
     src.shape[-2]) % 16 == 0", "src.shape[-1] <= 128", "src.dtype is 2 bytes". An indirect
     one (src indexed by an SBUF vector) is lowered to a software DGE transpose: only unknown
     and swdge, "src.shape[-1] <= 128", "src.dtype is 2 bytes", "src tensor must be on HBM",
-    "TRN2+ only". With dge_mode unknown the compiler picks the lowering, so a direct
+    "TRN2+ only", and of its indices (the view's vector_offset): "must be 2-d", "indices.shape[0]
+    must be in [16, 128] and divisible by 16", "indices.dtype is np.uint32", "must be on SBUF",
+    "indices.shape[0] * indices.shape[1] must be >= src.shape[0]", "src.shape[0] must be
+    divisible by 16"; ``oob_mode.skip`` "Only valid when src uses indirect indexing". With
+    dge_mode unknown the compiler picks the lowering, so a direct
     transpose's hwdge rules are not checked then. AWS's own nki-library issues direct
     transposes with dge_mode none (core/mlp/mlp_tkg/mlp_tkg_gate_up_projection.py @d2ad3a5,
     "Use STATIC DMA mode", the bias and dequant-scale loads of mlp_tkg, which has hardware
@@ -169,12 +173,27 @@ def _transpose_dge_rules(src, dge_mode) -> None:
             fail(f"{I}: {what} needs a 2-byte src dtype, got {src.dtype.name}")
         if shape[-1] > 128:
             fail(f"{I}: {what} needs src.shape[-1] <= 128, got src shape {shape}")
+    if not indirect and oob_mode is enums.oob_mode.skip:
+        fail(f"{I}: oob_mode=skip is only valid when src uses indirect indexing (a vector_offset)")
     if indirect:
         if src._alloc.kind != "hbm":
             fail(f"{I}: an indirect transpose reads src from HBM, got {src._alloc.kind}")
         if target().generation < 3:
             fail(f"{I}: an indirect transpose needs NeuronCore-v3 or newer (TRN2+); the target "
                  f"is {target().name}")
+        idx = src._vector
+        ishape = tuple(idx.shape)
+        if len(ishape) != 2:
+            fail(f"{I}: the indices (vector_offset) must be 2-D, got shape {ishape}")
+        if not (16 <= ishape[0] <= 128 and ishape[0] % 16 == 0):
+            fail(f"{I}: the indices' partitions must be in [16, 128] and a multiple of 16, got shape {ishape}")
+        if idx.dtype.name != "uint32":
+            fail(f"{I}: the indices' dtype must be uint32, got {idx.dtype.name}")
+        if idx._alloc.kind != "sbuf":
+            fail(f"{I}: the indices must be in SBUF, got {idx._alloc.kind.upper()}")
+        if shape[0] % 16 or ishape[0] * ishape[1] < shape[0]:
+            fail(f"{I}: an indirect transpose needs src.shape[0] a multiple of 16 and at most "
+                 f"indices.shape[0] * indices.shape[1] ({ishape[0] * ishape[1]}), got src shape {shape}")
     elif dge_mode is modes.hwdge:
         if len(shape) == 2 and shape[0] != 16:
             fail(f"{I}: a 2-D hwdge transpose needs src.shape[0] == 16, got src shape {shape}")

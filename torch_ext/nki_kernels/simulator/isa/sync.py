@@ -13,6 +13,7 @@ the two programs advance together. What the docs require of them, and what is ch
   must complete before any can proceed": a core leaves sendrecv once it has received and
   its own tile has been taken. ``dma_engine.gpsimd_dma`` moves at most 1024/512/256 bytes
   per partition for 32/16/8-bit types.
+* Both are "Available only on NeuronCore-v3 or newer" (their docstrings): trn1 refuses them.
 * ``core_barrier`` (nki.isa.core_barrier): "all specified NeuronCores must reach before any
   can proceed"; "Currently only cores=(0, 1) is supported"; ``data`` "must be data in
   shared HBM". Both cores must pass their barriers in the same order: the k-th barrier of
@@ -30,7 +31,7 @@ from __future__ import annotations
 from ..context import current
 from ..errors import DeadlockError
 from . import enums
-from .operands import fail, record, store, tensor_arg
+from .operands import fail, record, store, target, tensor_arg
 
 # nisa.sendrecv with dma_engine.gpsimd_dma: "1024 bytes for 32-bit types, 512 bytes for
 # 16-bit types, 256 bytes for 8-bit types" per partition
@@ -44,11 +45,18 @@ def _state(run):
     return st
 
 
+def _needs_v3(instr):
+    """Both instructions' docstrings: "Available only on NeuronCore-v3 or newer" (trn1 is v2)."""
+    if target().generation < 3:
+        fail(f"{instr}: needs NeuronCore-v3 or newer; the target is {target().name}")
+
+
 def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=enums.dma_engine.dma,
              name=None):
     """Send ``src`` to core ``send_to_rank`` and receive core ``recv_from_rank``'s tile into
     ``dst`` (see the module docstring)."""
     I = "sendrecv"
+    _needs_v3(I)
     for role, t in (("src", src), ("dst", dst)):
         tensor_arg(I, role, t)
         if t._alloc.kind != "sbuf":
@@ -107,6 +115,7 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=enums.d
 def core_barrier(data, cores, engine=enums.engine.gpsimd, name=None):
     """Wait until every core in ``cores`` reaches its barrier (see the module docstring)."""
     I = "core_barrier"
+    _needs_v3(I)
     tensor_arg(I, "data", data)
     if data._alloc.kind != "hbm":
         fail(f"{I}: data must be a shared HBM tensor, got {data._alloc.kind.upper()}")

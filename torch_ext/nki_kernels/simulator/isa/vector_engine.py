@@ -9,6 +9,7 @@ start poisoned (NaN), as the hardware leaves them undefined.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -258,6 +259,17 @@ def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1,
     for role, c in (("comp_op0", c0), ("comp_op1", c1)):
         if c.name not in ("equal", "less", "less_equal", "greater", "greater_equal"):
             fail(f"{I}: {role} {c!r} must be one of equal, less, less_equal, greater, greater_equal")
+    # its docstring: reduce_op "Currently only nl.maximum is supported"; bound0 / bound1 "tile
+    # with one element per partition"; range_start "must be a compile-time integer"
+    ro = _ops.resolve(reduce_op, "reduce_op")
+    if ro.name != "maximum":
+        fail(f"{I}: reduce_op {ro!r}: only nl.maximum is supported")
+    for role, bound in (("bound0", bound0), ("bound1", bound1)):
+        if not isinstance(bound, NkiTensor):
+            fail(f"{I}: {role} must be a (P, 1) tile with one element per partition, got {type(bound).__name__} "
+                 f"{bound!r}")
+    if isinstance(range_start, bool) or not isinstance(range_start, numbers.Integral):
+        fail(f"{I}: range_start={range_start!r} must be a compile-time integer")
     b0 = operand_vec(I, "bound0", bound0, on_true_tile, need_f32=True)
     b1 = operand_vec(I, "bound1", bound1, on_true_tile, need_f32=True)
     P = on_true_tile.shape[0]

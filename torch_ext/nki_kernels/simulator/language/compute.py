@@ -58,7 +58,7 @@ def _as_f32_column(name, t):
 
 def _binary(op: Op):
     def fn(x, y, dtype=None):
-        refused = _ops.not_isa_operator(op, f"nl.{op.name}")
+        refused = _ops.operator_refusal(op, f"nl.{op.name}")
         if refused is not None:
             raise refused
         xt, yt = isinstance(x, NkiTensor), isinstance(y, NkiTensor)

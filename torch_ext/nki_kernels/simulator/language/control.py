@@ -54,11 +54,25 @@ class sequential_range:
     def __len__(self):
         return len(self._range)
 
+    def __getitem__(self, i):
+        # as range's: an index, or a slice as another (marked) sequential_range
+        got = self._range[i]
+        return sequential_range(got.start, got.stop, got.step) if isinstance(got, range) else got
+
+    def __contains__(self, value):
+        return value in self._range
+
     def __iter__(self):
+        return self._marked(self._range)
+
+    def __reversed__(self):
+        return self._marked(reversed(self._range))
+
+    def _marked(self, values):
         ctx = current()
         loop = ctx.sequential_loops_seen
         ctx.sequential_loops_seen += 1
-        for k, i in enumerate(self._range):
+        for k, i in enumerate(values):
             ctx.sequential_iterations.append((loop, k))
             try:
                 yield i
