@@ -84,7 +84,7 @@ def act_and_mul_kernel(x, act="silu"):
     assert act in ACTIVATIONS, f"act={act!r}: expected one of {ACTIVATIONS}"
     func = {"silu": nl.silu, "gelu": nl.gelu, "gelu_tanh": nl.gelu_apprx_tanh}[act]
     n_rows, in_cols = x.shape
-    assert in_cols % 2 == 0, f"last dim {in_cols} is odd"
+    assert in_cols % 2 == 0, f"x: last dim {in_cols} is odd; it must be an even size 2d"
     d = in_cols // 2
     out = nl.ndarray((n_rows, d), dtype=x.dtype, buffer=nl.shared_hbm)
 

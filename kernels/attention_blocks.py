@@ -197,7 +197,8 @@ def row_max(facts, s, r, n, bias=None, diag=None):
       neither: no mask.
     VectorE reads PSUM once, writing z = -(scale·S) to SBUF fp32 and reducing its min
     (min(-scale·S) = -max(scale·S), so either sign of scale works); masked columns take two
-    more VectorE passes over z (add the mask, reduce).  The exp then reads z from SBUF, not
+    VectorE passes instead (scale·S + mask from PSUM into z, then z negated with its min
+    reduced).  The exp then reads z from SBUF, not
     S from PSUM: S's PSUM buffer is free once VectorE has read it, so the next unit's
     matmuls overlap this unit's exp (causal rows past 1024 keys fill 4 of the 8 banks: one
     buffer, no rotation).  Modeled trn2 LNC=2, Llama causal GQA: S=2048 261.4 -> 165.4 us,

@@ -17,7 +17,8 @@ Every shape and dtype the forward takes (attention.py), D, Dv <= 256.
 
 Cut (attention_bwd_plan.py): a unit is one (batch, kv head) pair with its G query heads.
 Its query side (Qᵀ, dOᵀ, Q, dO, -lse, D_i and the fp32 dQ accumulators) stays in SBUF for
-a chunk of query tiles while the keys stream through in blocks of ``kb`` keys (<= 256);
+a chunk of query tiles while the keys stream through in blocks of ``kb`` keys (256, or
+512 when D + Dv <= 256);
 per key block the dK | dV accumulators stay in PSUM for the whole chunk. A unit of one
 chunk (every workload of the main job) writes dK, dV once per key block; with several
 chunks (long sequences) the partial dK | dV sums go through an fp32 HBM scratch the unit
@@ -31,12 +32,14 @@ of a launch all cost the same, so the halves are balanced when the pair count is
 either degree, so LNC=1 and LNC=2 give identical results.
 
 Engines, per (query tile, query head, key block):
-    TensorE  S = Q·Kᵀ and dP = dO·Vᵀ side by side in one PSUM bank; dV += Pᵀ·dO and
+    TensorE  S = Q·Kᵀ and dP = dO·Vᵀ, each in a PSUM tile of its own; dV += Pᵀ·dO and
              dK += dSᵀ·Q per 128-key tile (PSUM accumulation over the chunk); dSᵀ by
              128x128 transposes; dQ = dS·K (accumulated over the block's key tiles).
     ScalarE  P = exp(scale·S - lse) straight from PSUM (the -lse as per-row bias).
-    VectorE  dS = (dP - D_i) ⊙ P in one instruction (dP read from PSUM); masked columns:
-             scale·S + mask into SBUF first.
+    VectorE  dS = (dP - D_i) ⊙ P in one instruction (dP read from PSUM), or, where the
+             running estimate says VectorE is the busier, ScalarE's dP - D_i out of PSUM
+             and GpSimd's product (BwdBalance.pick_ds); masked columns: scale·S + mask into
+             SBUF first.
     VectorE or ScalarE (whichever the running estimate says is less loaded, BwdBalance):
              the dSᵀ copy out of PSUM, the dQ accumulation, the dK / dV evacuations.
     DMA      Qᵀ, dOᵀ, Kᵀ, Vᵀ arrive transposed (dma_transpose, 16-bit dtypes; fp32 on
@@ -380,8 +383,9 @@ def _head(f, plan, bal, qT, doT, q_rows, do_rows, di, neg_lse, kT, vT, kv_acc, t
 
 def _heads_folded(f, plan, bal, qx, dox, q_rows, do_rows, kx, vx, kv_acc, tl, us, ka0, r, m, started, tp, u0,
                   ds_out=None):
-    """Folded mode (plan.folded: bf16, no mask, not causal): query heads ``us`` (one or two)
-    of query tile tl against m keys, their scores side by side in one PSUM bank.
+    """Folded mode (plan.folded: bf16, no mask, not causal): query heads ``us`` (one to
+    FOLD_PAIR) of query tile tl against m keys, their scores side by side in one PSUM tile
+    ([128, FOLD_PAIR, kb] fp32, two banks; dP'' in another).
     S'' = [Qᵀ; -lse/scale]ᵀ·[Kᵀ; 1] = S - lse/scale and dP'' = [dOᵀ; -D_i]ᵀ·[Vᵀ; 1] = dP - D_i
     come out of TensorE (the extra contraction rows: exact bf16 triples, _fold_rows), so
     P = exp(scale·S'') is one ScalarE instruction for the heads with no bias, and

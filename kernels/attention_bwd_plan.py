@@ -5,8 +5,8 @@ Nothing here issues instructions. See attention_bwd.py for the loops these drive
 forward's planner (attention_plan.py, which says why), the estimates charge every VectorE
 instruction its whole fixed cost (``vector_instr_cycles``).
 
-* key blocks of ``kb`` keys: S and dP of one (query tile, head) sit side by side in PSUM
-  ([128, 2, kb] fp32: one bank at kb = 256, two at 512) and the block's dK | dV
+* key blocks of ``kb`` keys: S and dP of one (query tile, head) sit in PSUM tiles of
+  their own ([128, kb] fp32 each: half a bank at kb = 256, a bank at 512) and the block's dK | dV
   accumulators ([128, kb / 128, D + Dv] fp32) stay in PSUM while the chunk's query tiles
   stream past. 512 keys when D + Dv <= 256 (the accumulators take 2 banks), else 256:
   with the dSᵀ and dQ tiles and one of each in flight the launch stays within 8 banks.
@@ -21,14 +21,12 @@ from dataclasses import dataclass
 import nki.isa as nisa
 import nki.language as nl
 
-from .attention_launch import P
+from .attention_launch import FP32_BYTES, P, PSUM_BANK_BYTES
 from .engine_costs import active as active_engine_costs
 from .tiling import cdiv
 
-FP32_BYTES = 4
-PSUM_BANK_BYTES = 2048       # per partition (trn1-trn3: 8 banks of 2 KiB)
-# Keys per block: S and dP of one (query tile, head) side by side in PSUM ([128, 2, kb]
-# fp32: one bank at 256 keys, two at 512). 512 when D + Dv <= 256 (then the dK | dV
+# Keys per block: S and dP of one (query tile, head) in PSUM tiles of their own ([128, kb]
+# fp32 each: half a bank at 256 keys, a bank at 512). 512 when D + Dv <= 256 (then the dK | dV
 # accumulators of one kv head, [128, 4, D + Dv] fp32, fit KV_ACC_BANKS), else 256: longer
 # instructions spread each one's fixed cost, and dQ is summed over fewer blocks.
 KV_BLOCK = 256
@@ -73,7 +71,7 @@ DST_BANKS = 2
 # 136.1, ViT-B batch 1 25.8 -> 27.5, S=256 71.4 -> 74.8.
 DST_DMA_SHARE = 1.0
 DST_DMA_SHARE_GAP_BOUND = 0.5
-# Per-partition SBUF budgets (trn2: 192 KiB per partition usable by kernels): the query
+# Per-partition SBUF budgets (trn2: 224 KiB per partition usable by kernels; trn1: 192): the query
 # side of a unit's chunk (resident while the key blocks stream), and the key side of one
 # block of the unit's kv heads (Kᵀ, Vᵀ, K rows); the rest holds the per-head scratch (P,
 # dS, dP - D_i, dSᵀ, the masked-score tile: < 8 KiB) and the allocation rotation's next
@@ -221,8 +219,8 @@ class BwdBalance(nl.NKIObject):
         self.scalar_ns += scalar_cycles / self.costs.scalar_ghz
 
     def charge_gpsimd(self, cycles):
-        """Account GpSimd work (GpSimd runs at ScalarE's clock on trn1-trn3)."""
-        self.gpsimd_ns += cycles / self.costs.scalar_ghz
+        """Account GpSimd work (estimated cycles, at GpSimd's clock)."""
+        self.gpsimd_ns += cycles / self.costs.gpsimd_ghz
 
     def pick(self, vector_cycles, scalar_cycles):
         """The engine (nisa.engine) for work either can do (greedy list schedule)."""

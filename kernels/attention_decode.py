@@ -41,15 +41,12 @@ import nki.language as nl
 
 from .attention_blocks import FLT_MAX, divide, evict, load_transposed
 from .attention_launch import DECODE_RESIDENT_KEYS, KEY_BLOCK, NEG_INF, P, PSUM_BANK_FP32
-from .tiling import cdiv
+from .tiling import DMA_SATURATING_BYTES, cdiv
 
 # SBUF of one batch of pairs, per partition: Kᵀ and V (16-bit), x (fp32) and Pᵀ; two
 # batches are in flight (the next one's loads overlap this one's compute), 128 KiB of
 # trn2's 224 KiB per partition in all.
 DECODE_BATCH_BYTES = 64 * 1024
-# Bytes per partition from which a DMA runs at full bandwidth (AWS, NKI DMA overview,
-# nki-dma-intro-1.jpg: ~97 % at 4 KiB per partition; calibration rows dma.curve.*).
-DMA_SATURATING_BYTES = 4 * 1024
 # At most this many V DMAs per pair (long streamed pairs: P·V follows V in 8 steps).
 V_MAX_PARTS = 8
 # PSUM banks of outputs O | rowsum per batch of pairs (each bank holds 512 // (Dv + 1)

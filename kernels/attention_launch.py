@@ -16,7 +16,7 @@ P = PARTITIONS
 # One PSUM bank per partition: 2 KiB, i.e. 512 fp32 (one matmul output at most).
 PSUM_BANK_BYTES = nl.tile_size.psum_bank_fmax_bytes
 PSUM_BANK_FP32 = nl.tile_size.psum_bank_fmax
-PSUM_BANKS = 8                # PSUM banks per partition (16 KiB / 2 KiB on trn1-trn3)
+PSUM_BANKS = nl.tile_size.psum_num_banks    # PSUM banks per partition (16 KiB / 2 KiB on trn1-trn3)
 MATMUL_MAX_N = nl.tile_size.gemm_moving_fmax   # moving free size of one nc_matmul (512)
 # flash: keys per block. A [128, 2048] fp32 score row takes 4 of the 8 PSUM banks, the same
 # budget as the single pass (limits.ATTENTION_SINGLE_PASS_MAX_KEYS).
@@ -71,7 +71,7 @@ DECODE_MAX_ROWS = 32
 # share the fixed costs); beyond, one pair at a time with Kᵀ streamed in blocks, one pair
 # ahead, and V, the scores and Pᵀ resident, as long as those take at most
 # DECODE_STREAM_BYTES per partition (two pairs in flight: 160 KiB of trn2's 224; bf16
-# Dv = 128 and 5 rows: 26624 keys). Modeled trn2 LNC=2, key padding, central / optimistic
+# Dv = 128 and 5 rows: 36608 keys, decode_streamed_bytes). Modeled trn2 LNC=2, key padding, central / optimistic
 # us with the limit at 8192 -> 2048: B=4 H=1/1kv s=5 S=7168 30.3 / 28.3 -> 27.4 / 25.0;
 # S=3072 17.0 / 15.1 -> 15.9 / 12.7; B=8 H=4/1kv S=4096 31.2 / 28.0 -> 31.0 / 27.9. At
 # 1024 the 2048-key rows lose (B=1 H=4/1kv 9.6 -> 11.3).
@@ -151,7 +151,8 @@ def launch_facts(q, k, v, mask, scale, causal, layout, key_block):
     assert 1 <= D <= MAX_HEAD_DIM, f"head_dim={D} outside [1, {MAX_HEAD_DIM}]"
     assert 1 <= Dv <= MAX_HEAD_DIM, f"value head_dim={Dv} outside [1, {MAX_HEAD_DIM}]"
     assert H % Hkv == 0, f"query heads {H} not a multiple of kv heads {Hkv}"
-    assert str(q.dtype) == str(k.dtype) == str(v.dtype), "q, k, v must share one dtype"
+    assert str(q.dtype) == str(k.dtype) == str(v.dtype), \
+        f"q, k, v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}"
     mask_kind, mask_batches, mask_heads = _mask_kind(mask, B, H, Sq, Sk)
     isz = itemsize(q.dtype)
     G = H // Hkv

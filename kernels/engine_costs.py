@@ -1,5 +1,5 @@
 """The cost model's engine and DMA figures, per NeuronCore generation, for the kernels'
-engine-balance planning (attention_plan.py).
+engine-balance planning (attention_plan.py, the norms, softmax, rotary and the backwards).
 
 Kernel sources import only nki, nki.language, nki.isa and sibling modules, so they cannot
 import the cost model. This module is the one place in kernels/ that holds its numbers,

@@ -177,7 +177,7 @@ def _front(dy_tile, x_tile, stats_tile, parts, per, cols, weight_tile, ones, acc
     """The first half of one [parts, per, cols] block, from its rows' saved statistics
     ``stats_tile`` [parts, per, 2] (mean, r): xhat, g = dy * w, q = g * xhat, the row sums
     as -m1, -m2 per row, and the dw / db partial sums into the accumulators (None when
-    there is no weight / bias). Returns what _back needs: (xhat, g, -m, r)."""
+    there is no weight / bias). Returns what _back needs: (xhat, g, -m, r, dx_share)."""
     f32 = nl.float32
     shape = (parts, per, cols)
     # the forward's statistics: stats_tile [parts, per, 2] fp32 (mean, r) per row
@@ -233,7 +233,7 @@ def _front(dy_tile, x_tile, stats_tile, parts, per, cols, weight_tile, ones, acc
 
 
 def _back(dx_tile, parts, pieces, front, store_piece=None):
-    """The second half of a block: dx into ``dx_tile`` from _front's (xhat, g, -m, r), per
+    """The second half of a block: dx into ``dx_tile`` from _front's (xhat, g, -m, r, dx share), per
     (row slot j, first column, end column) of ``pieces``: the block's whole rows, or for the
     program's last block the column chunks of tiling.drain_chunks (at least 2 KiB per
     partition), each stored by ``store_piece(j, lo, hi)`` as soon as it is made, as

@@ -22,7 +22,9 @@ Layout:
     dx is stored block by block; dw goes to one partial per part (weight_grads.py).
 Engines, per block (16-bit input; fp32 the same in fp32):
     ScalarE  square(x / sqrt(H)) with add-reduction -> mean(x**2) per row; rsqrt -> r
-    VectorE  p = dy * x (16-bit, perf mode): TensorE sums p * r over rows into dw
+    VectorE  xhat = x * r per row, TensorE dw += the diagonal of dy^T xhat (weight_grads.py);
+             rows too long for a diagonal accumulator: VectorE p = dy * x, TensorE sums
+             p * r over rows into dw
     VectorE / GpSimd  g = dy * w and q = g * x (16-bit; split by _block_plan)
     ScalarE  c = sum(q) per row (copy with add-accumulate, fp32)
     dx, a share of each row's columns (_block_plan) on VectorE, the rest:

@@ -53,7 +53,7 @@ from .tiling import PARTITIONS, cdiv, program_share
 # per transfer: at the 4 KiB per partition where the DMA overview's curve saturates, 96.6 %).
 # Groups are started one ahead (``_rope``: the next group's load and GpSimd's first products
 # are issued before this group's paths), so three groups' tiles can be live; input, two fp32
-# scratch tiles and the output of a group are 24 KiB in fp32. Smaller groups pipeline
+# scratch tiles and the output of a group are 24 KiB per partition in bf16, 32 KiB in fp32. Smaller groups pipeline
 # finer: 32-head groups (4096 columns) modeled 134 us on the Llama-7B workload at their best
 # share (0.65), 16-head groups 121 us (trn2, LNC=2; before the PSUM tables).
 HEAD_COLS = 2048

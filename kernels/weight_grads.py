@@ -42,11 +42,10 @@ import nki.language as nl
 
 from .tiling import PARTITIONS, cdiv
 
-# PSUM per partition on trn2: 8 banks of 2 KiB (kernels/limits.py header; AWS NKI
-# architecture guide, "PSUM"). A diagonal accumulator takes 128 fp32 = 512 bytes per
-# 128-column chunk.
-PSUM_BANKS = 8
-PSUM_BANK_BYTES = 2048
+# PSUM per partition: 8 banks of 2 KiB on trn1-trn3 (nl.tile_size; AWS NKI architecture
+# guide, "PSUM"). A diagonal accumulator takes 128 fp32 = 512 bytes per 128-column chunk.
+PSUM_BANKS = nl.tile_size.psum_num_banks
+PSUM_BANK_BYTES = nl.tile_size.psum_bank_fmax_bytes
 DIAG_CHUNK_BYTES = PARTITIONS * 4
 
 
