@@ -149,7 +149,8 @@ def act_and_mul_backward_kernel(dy, x, act="silu"):
     n_rows, in_cols = x.shape
     assert in_cols % 2 == 0, f"x: last dim {in_cols} is odd; it must be an even size 2d"
     d = in_cols // 2
-    assert tuple(dy.shape) == (n_rows, d), f"dy shape {tuple(dy.shape)} must be ({n_rows}, {d}), half of x's {tuple(x.shape)}"
+    assert tuple(dy.shape) == (n_rows, d), \
+        f"dy shape {tuple(dy.shape)} must be ({n_rows}, {d}), half of x's {tuple(x.shape)}"
     dx = nl.ndarray((n_rows, in_cols), dtype=x.dtype, buffer=nl.shared_hbm)
     per_max = 1 if d > COL_CHUNK else rows_per_partition(d, TARGET_COLS, COL_CHUNK)
     # (first row, partitions, rows per partition, first output column, width): whole rows

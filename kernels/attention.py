@@ -48,7 +48,8 @@ equally busy, and the DMA queues take part of the Pᵀ work when they have room:
              Pᵀ is made by DMA transposes instead of TensorE + a PSUM copy
              (EngineBalance.dma_share levels the DMA queues with VectorE/ScalarE).
 Transposed scores (attention_kernel with bf16, no mask, not causal, D <= 125, Dv <= 128,
-    Sk <= 384, or Sk <= 768 with at least 4 query heads per core; attention_transposed.py): P is made directly as Pᵀ, with no Pᵀ
+    Sk <= 384, or Sk <= 768 with at least 4 query heads per core; attention_transposed.py):
+    P is made directly as Pᵀ, with no Pᵀ
     transposes or PSUM copies.  VectorE takes the row max m
     from S as above; GpSimd splits m into bf16 hi + mid + lo (summing exactly to m) and one
     DMA transpose per tile puts them on partitions D..D+2 of Qᵀ; TensorE computes

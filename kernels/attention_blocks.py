@@ -364,7 +364,8 @@ def unit_pv(facts, plan, p, vals, kv, r, n):
 
 def evict(facts, plan, o, out, nb, r, vector=False, rowsum=None):
     """out[:, j, :] = O_j / rowsum_j for nb heads in PSUM o (per_o = 512 // (Dv + 1) heads
-    per bank), one bank at a time, on VectorE (the row sums' reciprocals, one multiply) when ``vector`` or when the planner says it is less loaded, else ScalarE
+    per bank), one bank at a time, on VectorE (the row sums' reciprocals, one multiply)
+    when ``vector`` or when the planner says it is less loaded, else ScalarE
     copies the bank to SBUF and GpSimd scales all its heads at once (see divide).  out:
     [r, nb, Dv] SBUF (output dtype). ``rowsum``: an [r, nb] fp32 SBUF view that also
     receives the row sums (GpSimd copy of the sums the reciprocals are taken of), for the

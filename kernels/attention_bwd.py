@@ -53,7 +53,7 @@ import nki.isa as nisa
 import nki.language as nl
 
 from .attention_blocks import (_dma_transpose_p, causal_base, causal_diagonal, copy_on, key_bias_rows, load_transposed,
-                               tile_bias)
+                               store_rows, tile_bias)
 from .attention_bwd_plan import LOAD_GROUP_TILES, FOLD_PAIR, FOLD_RING, FOLD_ROWS, BwdBalance, bwd_plan
 from .attention_launch import P, launch_facts
 from .attention_lse import load_lse
@@ -204,15 +204,15 @@ def _chunk(facts, plan, bal, tensors, b, hk0, hk1, t0, t1, key_bias, c):
             _kv_batch(f, plan, bal, tensors, b, hk0, a0, a1, t0, t1, k0, k1, key_bias, c, j,
                       seen_before, qside, kside, staged)
         if staged is not None:
-            _store_rows(f, dk, staged[0], b, hk0, hk1, k0, k1)
-            _store_rows(f, dv, staged[1], b, hk0, hk1, k0, k1)
+            store_rows(f, dk, staged[0], b, hk0, hk1, k0, k1)
+            store_rows(f, dv, staged[1], b, hk0, hk1, k0, k1)
     # ---- dQ = scale · Σ dS·K, one rounding into the output dtype
     dq_sb = dq_acc
     if plan.n_kb > 1:
         dq_sb = nl.ndarray((P, nt, nh, f.D), dtype=dq.dtype, buffer=nl.sbuf)
         nisa.activation(dst=dq_sb, op=nl.copy, data=dq_acc, scale=f.scale)
         bal.charge(scalar_cycles=nt * nh * f.D + bal.costs.scalar_instr_cycles)
-    _store_rows(f, dq, dq_sb, b, h0, h1, s0, s1)
+    store_rows(f, dq, dq_sb, b, h0, h1, s0, s1)
 
 
 def _load_kside(f, plan, bal, tensors, b, hk0, hk1, k0, k1):
@@ -503,7 +503,7 @@ def _finish_kv(f, plan, bal, tensors, b, a0, a1, k0, k1, kv_acc, valid, c, seen_
         # one pass each (kv_acc in PSUM), one instruction per full-tile run and tail
         bal.charge(vector_cycles=(vf + (vt > 0)) * na * W + ((vf > 0) + (vt > 0)) * bal.costs.vector_instr_cycles)
         if not last:
-            _store_rows(f, scratch, part, b, a0, a1, k0, k1)
+            store_rows(f, scratch, part, b, a0, a1, k0, k1)
             return
         src = part
     if staged is None:
@@ -516,8 +516,8 @@ def _finish_kv(f, plan, bal, tensors, b, a0, a1, k0, k1, kv_acc, valid, c, seen_
     copy_on(dv_sb[:, 0:kt, j0:j0 + na, :], src[:, :, :, f.D:W], bal.pick(*bal.copy_cycles(kt * na * f.Dv, False)))
     bal.charge(scalar_cycles=kt * na * f.D + bal.costs.scalar_instr_cycles)
     if staged is None:
-        _store_rows(f, dk, dk_sb, b, a0, a1, k0, k1)
-        _store_rows(f, dv, dv_sb, b, a0, a1, k0, k1)
+        store_rows(f, dk, dk_sb, b, a0, a1, k0, k1)
+        store_rows(f, dv, dv_sb, b, a0, a1, k0, k1)
 
 
 def _zero_kv(f, tensors, b, a0, a1, k0, k1):
@@ -526,8 +526,8 @@ def _zero_kv(f, tensors, b, a0, a1, k0, k1):
     kt = cdiv(k1 - k0, P)
     z = nl.ndarray((P, kt, a1 - a0, max(f.D, f.Dv)), dtype=dk.dtype, buffer=nl.sbuf)
     nisa.memset(dst=z, value=0.0, engine=nisa.engine.gpsimd)
-    _store_rows(f, dk, z[:, :, :, 0:f.D], b, a0, a1, k0, k1)
-    _store_rows(f, dv, z[:, :, :, 0:f.Dv], b, a0, a1, k0, k1)
+    store_rows(f, dk, z[:, :, :, 0:f.D], b, a0, a1, k0, k1)
+    store_rows(f, dv, z[:, :, :, 0:f.Dv], b, a0, a1, k0, k1)
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -552,12 +552,3 @@ def _load_rows(facts, src, b, h0, h1, s0, s1, d, out=None):
         nisa.dma_copy(dst=out[:n - full * P, full], src=facts.rows(src, b, h0, h1, s0 + full * P, s1))
     return out
 
-
-def _store_rows(facts, dst, tile, b, h0, h1, s0, s1):
-    """dst[b, h0:h1, s0:s1] (HBM) <- tile [128, tiles, h1-h0, d] (the layout of _load_rows)."""
-    n = s1 - s0
-    full = n // P
-    if full:
-        nisa.dma_copy(dst=facts.tiles(dst, b, h0, h1, s0, s0 + full * P), src=tile[:, 0:full])
-    if n > full * P:
-        nisa.dma_copy(dst=facts.rows(dst, b, h0, h1, s0 + full * P, s1), src=tile[:n - full * P, full])

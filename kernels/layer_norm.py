@@ -75,7 +75,7 @@ from .limits import NORM_RESIDENT_PARAM_BYTES as RESIDENT_PARAM_BYTES
 from .limits import NORM_RESIDENT_ROW_BYTES as RESIDENT_ROW_BYTES
 from .limits import NORM_STREAM_CHUNK as STREAM_CHUNK
 from .tiling import (DMA_SATURATING_BYTES, PARTITIONS, block_rows, broadcast_rows, cdiv, column_chunks, drain_chunks,
-                     engine_segments, fitting_ahead, itemsize, load_block, param_columns, part_row_stats, pipelined,
+                     engine_segments, fitting_ahead, fp32_column, itemsize, load_block, param_columns, part_row_stats, pipelined,
                      program_row_blocks, program_row_parts, resident_params, row_blocks, rows_per_partition,
                      slot_stores_pay, split_count, spread)
 
@@ -525,8 +525,7 @@ def layer_norm_kernel(x, weight=None, bias=None, eps=1e-5, save_stats=False):
         f"save_stats: H={cols} exceeds ONE_PASS_MAX_HIDDEN={ONE_PASS_MAX_HIDDEN} (streamed rows save none)"
     out = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
     stats = nl.ndarray((n_rows, BN_AGGR_WIDTH), dtype=nl.float32, buffer=nl.shared_hbm) if save_stats else None
-    eps_tile = nl.ndarray((PARTITIONS, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=eps_tile, value=eps)
+    eps_tile = fp32_column(eps)
     if cols > ONE_PASS_MAX_HIDDEN:
         _layer_norm_streamed(x, out, weight, bias, eps_tile)
         return out

@@ -53,7 +53,8 @@ from .limits import NORM_BACKWARD_MAX_HIDDEN as BACKWARD_MAX_HIDDEN
 from .limits import NORM_BACKWARD_MAX_ROW_BYTES as BACKWARD_MAX_ROW_BYTES
 from .norm_backward_dx import split_dx
 from .tiling import (DMA_RECOMMENDED_BYTES, PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, drain_chunks,
-                     load_block, pipelined_halves, row_blocks, row_part, rows_per_partition, share, split_count)
+                     load_block, pipelined_halves, row_blocks, row_part, rows_per_partition, share, split_count,
+                     split_multiply)
 from .weight_grads import (accumulate_columns, accumulate_diag, diag_fits, identity, new_accumulator,
                            new_diag_accumulator, new_partials, store_diag_partial, store_partial)
 
@@ -164,15 +165,6 @@ def _dx_vector_share(per, cols, sixteen, products, placement):
     return best[1]
 
 
-def _products(dst, a, b, cut):
-    """dst = a * b over [P, J, H] tiles, columns [0, cut) on VectorE, the rest on GpSimd;
-    ``a`` and ``b`` are callables (lo, hi) -> the operand's columns."""
-    cols = dst.shape[-1]
-    for lo, hi, engine in ((0, cut, nisa.engine.vector), (cut, cols, nisa.engine.gpsimd)):
-        if hi > lo:
-            nisa.tensor_tensor(dst=dst[:, :, lo:hi], data1=a(lo, hi), data2=b(lo, hi), op=nl.multiply, engine=engine)
-
-
 def _front(dy_tile, x_tile, stats_tile, parts, per, cols, weight_tile, ones, acc_w, acc_b, first):
     """The first half of one [parts, per, cols] block, from its rows' saved statistics
     ``stats_tile`` [parts, per, 2] (mean, r): xhat, g = dy * w, q = g * xhat, the row sums
@@ -195,20 +187,20 @@ def _front(dy_tile, x_tile, stats_tile, parts, per, cols, weight_tile, ones, acc
     if weight_tile is not None:
         w_rows = lambda lo, hi: weight_tile[0:parts, lo:hi].expand_dim(1).broadcast_to((parts, per, hi - lo))  # noqa: E731
         g = nl.ndarray(shape, dtype=x_tile.dtype, buffer=nl.sbuf)
-        _products(g, dy_cols, w_rows, cut)
+        split_multiply(g, dy_cols, w_rows, cut)
         if len(acc_w.shape) == 3:
             # dw: the diagonal of dy^T xhat on TensorE, no product pass (weight_grads.py)
             for j in range(per):
                 accumulate_diag(acc_w, dy_tile[:, j, :], xhat[:, j, :], first and j == 0)
         else:
             p = nl.ndarray(shape, dtype=x_tile.dtype, buffer=nl.sbuf)
-            _products(p, dy_cols, xhat_cols, cut)
+            split_multiply(p, dy_cols, xhat_cols, cut)
             for j in range(per):
                 accumulate_columns(acc_w, p[:, j, :], ones[0:parts, :], first and j == 0)
     else:
         g = dy_tile
     q = nl.ndarray(shape, dtype=x_tile.dtype, buffer=nl.sbuf)
-    _products(q, lambda lo, hi: g[:, :, lo:hi], xhat_cols, cut)
+    split_multiply(q, lambda lo, hi: g[:, :, lo:hi], xhat_cols, cut)
     if acc_b is not None:
         for j in range(per):
             accumulate_columns(acc_b, dy_tile[:, j, :], ones[0:parts, :], first and j == 0)

@@ -67,7 +67,7 @@ from .limits import NORM_DECODE_MAX_ELEMENTS as DECODE_MAX_ELEMENTS
 from .limits import NORM_DECODE_MAX_ROWS as DECODE_MAX_ROWS
 from .limits import NORM_DECODE_ROW_LOOP_MAX_ROWS as ROW_LOOP_MAX_ROWS
 from .limits import NORM_DECODE_PER_ROW_MAX_ROWS as PER_ROW_MAX_ROWS
-from .tiling import PARTITIONS, program_share
+from .tiling import PARTITIONS, fp32_column, program_share
 
 
 
@@ -108,12 +108,6 @@ def _row_means(inv, partials):
     return means
 
 
-def _eps_tile(eps):
-    tile = nl.ndarray((PARTITIONS, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=tile, value=eps)
-    return tile
-
-
 def _col(t, j):
     """Column j of a [128, K] tile as a (128, 1) operand."""
     return t[:, j:j + 1]
@@ -135,7 +129,7 @@ def _rms_rows(x_tile, out_tile, weight_tile, cols, eps):
     """Few rows: per row, sum(x**2) on ScalarE's accumulator; rsqrt; one VectorE pass
     (x * rstd) * weight into the output dtype."""
     n_rows, h1 = x_tile.shape[1], x_tile.shape[2]
-    inv, eps_tile = _mean_matrix(cols), _eps_tile(eps)
+    inv, eps_tile = _mean_matrix(cols), fp32_column(eps)
     discard = nl.ndarray((PARTITIONS, h1), dtype=nl.float32, buffer=nl.sbuf)
     sum_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
     for r in range(n_rows):
@@ -157,7 +151,7 @@ def _rms_all(x_tile, out_tile, weight_tile, cols, eps):
     """More rows: x**2 on ScalarE, its sum over H1 on VectorE, rsqrt; x * weight on GpSimd
     meanwhile, then one multiply by rstd."""
     n_rows, h1 = x_tile.shape[1], x_tile.shape[2]
-    inv, eps_tile = _mean_matrix(cols), _eps_tile(eps)
+    inv, eps_tile = _mean_matrix(cols), fp32_column(eps)
     squares = nl.ndarray((PARTITIONS, n_rows, h1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=squares, op=nl.square, data=x_tile)
     sum_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)

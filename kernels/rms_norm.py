@@ -69,7 +69,7 @@ from .limits import NORM_RESIDENT_PARAM_BYTES as RESIDENT_PARAM_BYTES
 from .limits import NORM_RESIDENT_ROW_BYTES as RESIDENT_ROW_BYTES
 from .limits import NORM_STREAM_CHUNK as STREAM_CHUNK
 from .tiling import (DMA_SATURATING_BYTES, PARTITIONS, block_rows, broadcast_rows, column_chunks, drain_chunks,
-                     fitting_ahead, itemsize, load_block, load_blocks, param_columns, path_segments, pipelined,
+                     fitting_ahead, fp32_column, itemsize, load_block, load_blocks, param_columns, path_segments, pipelined,
                      program_row_blocks, resident_params, rows_per_partition, split_count)
 
 # Rows are packed per partition until one transfer moves >= 2048 elements per partition:
@@ -363,12 +363,6 @@ def _store_block(out, block, out_tile):
         nisa.dma_copy(dst=block_rows(out, start, parts, per), src=out_tile)
 
 
-def _eps_tile(eps):
-    tile = nl.ndarray((PARTITIONS, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=tile, value=eps)
-    return tile
-
-
 def _load_rows(x, residual, total, start, parts, c0, c1, store, into=None):
     """[parts, c1 - c0] SBUF tile of rows start:start+parts, columns c0:c1 of x, or of
     s = x + residual (VectorE, fp32 inside, rounded once to x's dtype; stored to ``total``
@@ -458,7 +452,7 @@ def rms_norm_kernel(x, weight=None, eps=1e-6):
     n_rows, cols = x.shape
     assert cols <= MAX_HIDDEN, f"H={cols} exceeds MAX_HIDDEN={MAX_HIDDEN}"
     out = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
-    eps_tile = _eps_tile(eps)
+    eps_tile = fp32_column(eps)
     if cols > ONE_PASS_MAX_HIDDEN:
         _rms_norm_streamed(x, out, weight, eps_tile)
         return out
@@ -515,9 +509,9 @@ def fused_add_rms_norm_kernel(x, residual, weight=None, eps=1e-6):
     out = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
     total = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
     if cols > ONE_PASS_MAX_HIDDEN:
-        _rms_norm_streamed(x, out, weight, _eps_tile(eps), residual=residual, total=total)
+        _rms_norm_streamed(x, out, weight, fp32_column(eps), residual=residual, total=total)
         return out, total
-    eps_tile = _eps_tile(eps)
+    eps_tile = fp32_column(eps)
     blocks = program_row_blocks(n_rows, rows_per_partition(cols, TARGET_COLS, ONE_PASS_MAX_HIDDEN))
     per_max = max((per for _, _, per in blocks), default=1)
     weight_bytes = 0 if weight is None else cols * itemsize(weight.dtype)

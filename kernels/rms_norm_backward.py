@@ -52,8 +52,8 @@ from .limits import NORM_BACKWARD_MAX_HIDDEN as BACKWARD_MAX_HIDDEN
 from .limits import NORM_BACKWARD_MAX_ROW_BYTES as BACKWARD_MAX_ROW_BYTES
 from .norm_backward_dx import split_dx
 from .tiling import (DMA_RECOMMENDED_BYTES, PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, cdiv,
-                     column_chunks, drain_chunks, fitting_ahead, load_block, pipelined_halves, row_blocks, row_part,
-                     rows_per_partition, share, split_count)
+                     column_chunks, drain_chunks, fitting_ahead, fp32_column, load_block, pipelined_halves, row_blocks, row_part,
+                     rows_per_partition, share, split_count, split_multiply)
 from .weight_grads import (accumulate_columns, accumulate_diag, diag_fits, identity, new_accumulator,
                            new_diag_accumulator, new_partials, store_diag_partial, store_partial)
 
@@ -238,15 +238,6 @@ def _g_ring_depth(per, cols, itemsize, ahead, weight_bytes, scratch=0):
     return 0
 
 
-def _products(dst, a, b, cut):
-    """dst = a * b over [P, J, H] tiles, columns [0, cut) on VectorE and the rest on
-    GpSimd; ``a`` and ``b`` are callables (lo, hi) -> the operand's columns."""
-    cols = dst.shape[-1]
-    for lo, hi, engine in ((0, cut, nisa.engine.vector), (cut, cols, nisa.engine.gpsimd)):
-        if hi > lo:
-            nisa.tensor_tensor(dst=dst[:, :, lo:hi], data1=a(lo, hi), data2=b(lo, hi), op=nl.multiply, engine=engine)
-
-
 def _stats(x_tile, parts, per, cols, eps_tile):
     """r = rsqrt(mean(x^2) + eps) per row of a block (ScalarE), as the forward: [parts, per] fp32."""
     mean_sq = nl.ndarray((parts, per), dtype=nl.float32, buffer=nl.sbuf)
@@ -292,12 +283,12 @@ def _front(dy_tile, x_tile, rstd, parts, per, cols, weight_tile, acc, first, fus
     else:
         w_rows = lambda lo, hi: weight_tile[0:parts, lo:hi].expand_dim(1).broadcast_to((parts, per, hi - lo))  # noqa: E731
         g = nl.ndarray(shape, dtype=x_tile.dtype, buffer=nl.sbuf) if g_tile is None else g_tile
-        _products(g, dy_cols, w_rows, cut)
+        split_multiply(g, dy_cols, w_rows, cut)
         _weight_grad(acc, dy_tile, x_tile, rstd, parts, per, cols, first)
     # c = sum(g * x) per row: the product on VectorE / GpSimd, its row sum on ScalarE
     # (copy with add-accumulate, fp32): VectorE is the busier engine
     q = nl.ndarray(shape, dtype=x_tile.dtype, buffer=nl.sbuf)
-    _products(q, lambda lo, hi: g[:, :, lo:hi], x_cols, cut)
+    split_multiply(q, lambda lo, hi: g[:, :, lo:hi], x_cols, cut)
     c = nl.ndarray((parts, per), dtype=f32, buffer=nl.sbuf)
     for j in range(per):
         # the copy's output is discarded: written over q itself, so that no row-wide
@@ -428,12 +419,6 @@ def _weight_grad(acc, dy_tile, x_tile, rstd, parts, per, cols, first):
         accumulate_columns(acc, p[:, j, :], r_mm[:, j:j + 1], first and j == 0)
 
 
-def _eps_tile(eps):
-    tile = nl.ndarray((PARTITIONS, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=tile, value=eps)
-    return tile
-
-
 def _backward(dy, x, weight, eps, dtotal):
     n_rows, cols = x.shape
     assert cols <= BACKWARD_MAX_HIDDEN, f"H={cols} exceeds BACKWARD_MAX_HIDDEN={BACKWARD_MAX_HIDDEN}"
@@ -441,7 +426,7 @@ def _backward(dy, x, weight, eps, dtotal):
         f"a row of H={cols} {x.dtype} exceeds BACKWARD_MAX_ROW_BYTES={BACKWARD_MAX_ROW_BYTES}"
     dx = nl.ndarray((n_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
     partials = None if weight is None else new_partials(cols, WORK_PARTS)
-    eps_tile = _eps_tile(eps)
+    eps_tile = fp32_column(eps)
     per_max = rows_per_partition(cols, TARGET_COLS, BACKWARD_MAX_HIDDEN)
     weight_bytes = 0 if weight is None else cols * itemsize(weight.dtype)
     # one accumulator per program, restarted by each part's first matmul (at LNC=1 the two

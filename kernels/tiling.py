@@ -281,10 +281,28 @@ def pipelined_halves(items, load, front, back, store, ahead, interleave=True):
     pipelined(list(enumerate(items)), lambda entry: load(entry[1]), compute, store_result, ahead)
 
 
+def fp32_column(value):
+    """A [128, 1] fp32 SBUF tile holding ``value`` on every partition (one memset): the
+    norms' eps as ScalarE's bias operand (a float bias needs NeuronCore-v3)."""
+    tile = nl.ndarray((PARTITIONS, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=tile, value=value)
+    return tile
+
+
 def split_count(n, share):
     """How many of ``n`` items go to the first of two engines given its ``share`` (0..1):
     the split point of range(n) into [0, cut) and [cut, n)."""
     return min(n, max(0, int(round(n * share))))
+
+
+def split_multiply(dst, a, b, cut):
+    """dst = a * b over [P, J, H] tiles, columns [0, cut) on VectorE and the rest on GpSimd
+    (the norm backwards' products); ``a`` and ``b`` are callables (lo, hi) -> the operand's
+    columns."""
+    cols = dst.shape[-1]
+    for lo, hi, engine in ((0, cut, nisa.engine.vector), (cut, cols, nisa.engine.gpsimd)):
+        if hi > lo:
+            nisa.tensor_tensor(dst=dst[:, :, lo:hi], data1=a(lo, hi), data2=b(lo, hi), op=nl.multiply, engine=engine)
 
 
 def path_segments(per, cols, shares):
