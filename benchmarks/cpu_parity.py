@@ -9,12 +9,17 @@ interleaved calls is what each path costs when it is not interrupted. MEASURED o
 nothing here says anything about Trainium.
 
 Usage: python benchmarks/cpu_parity.py [--repeats 15] [--only attention,rms_norm] [--threads N]
+       [--csv out/cpu_parity.csv]
+(the table is printed; the CSV, one row per workload with the host's CPU, threads and backend,
+is the file a plot is made from)
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import importlib.util
+import platform
 import sys
 import time
 from pathlib import Path
@@ -61,6 +66,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=15, help="interleaved calls of each (best is kept)")
     ap.add_argument("--only", default="", help="comma-separated benchmark files, e.g. attention,rms_norm")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's)")
+    ap.add_argument("--csv", default="out/cpu_parity.csv", help="where the measured rows go (default out/cpu_parity.csv)")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats {args.repeats}: at least 1 call of each is timed")
@@ -75,7 +81,9 @@ def main(argv=None) -> int:
     print(f"CPU default path vs eager torch, MEASURED on this CPU ({torch.get_num_threads()} threads), "
           f"best of {args.repeats} interleaved calls; backend={nki_kernels.cpu_backend()}")
     print(f"{'benchmark':<26} {'workload':<28} {'dtype':<9} {'op ms':>8} {'eager ms':>9} {'op/eager':>9}")
-    worst = []
+    worst, records = [], []
+    host = {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+            "backend": nki_kernels.cpu_backend(), "repeats": args.repeats}
     for path in sorted(HERE.glob("benchmark_*.py")):
         if only and path.stem.removeprefix("benchmark_") not in only:
             continue
@@ -92,6 +100,18 @@ def main(argv=None) -> int:
                         else "  above 10%"
                     worst.append((cls.__name__, workload, ratio, note.strip()))
                 print(f"{cls.__name__:<26} {workload:<28} {dtype:<9} {op_ms:8.2f} {eager_ms:9.2f} {ratio:9.2f}{note}")
+                records.append({"benchmark": cls.__name__, "workload": workload, "dtype": dtype,
+                                "op_ms_measured_cpu": op_ms, "eager_ms_measured_cpu": eager_ms,
+                                "op_over_eager": ratio, "note": note.strip(), **host})
+    out = Path(args.csv)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=["benchmark", "workload", "dtype", "op_ms_measured_cpu",
+                                           "eager_ms_measured_cpu", "op_over_eager", "note", "cpu", "threads",
+                                           "backend", "repeats"])
+        w.writeheader()
+        w.writerows(records)
+    print(f"wrote {out} (MEASURED on this CPU)")
     unexplained = [w for w in worst if w[3] == "above 10%"]
     print(f"\n{len(worst)} workload(s) above 1.10x eager, {len(unexplained)} of them unexplained")
     return 1 if unexplained else 0

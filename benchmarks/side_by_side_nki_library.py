@@ -17,14 +17,19 @@ run it yet, with the first error).
 
 Usage:
     python benchmarks/side_by_side_nki_library.py --nkilib /path/to/nki-library
-        [--target trn2] [--ops rms_norm,layer_norm,rope,rope_backward,attention,attention_backward]
-        [--quick] [--markdown FILE]
+        [--target trn2|trn3] [--lnc 1|2] [--commit SHA]
+        [--ops rms_norm,layer_norm,rope,rope_backward,attention,attention_decode,attention_backward]
+        [--quick] [--markdown FILE] [--csv FILE]
+
+--csv writes one row per pair (both sides' status, modeled us and error bar, the ratio,
+whole notes), the file a plot is made from; --markdown the printed table.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import importlib
 import importlib.util
 import math
@@ -64,9 +69,12 @@ class Side:
     note: str = ""
     kernel: str = ""                   # AWS's kernel (its function name), for the table
 
-    def text(self) -> str:
+    def text(self, width: int = 70) -> str:
+        """The table's cell: the time and its error bar, or the status and note cut to
+        ``width`` characters (marked "..."; the CSV has the whole note)."""
         if self.status != "ok":
-            return f"{self.status}: {self.note}"[:70]
+            cell = f"{self.status}: {self.note}"
+            return cell if len(cell) <= width else cell[:width - 3] + "..."
         return f"{self.us:.1f} ({self.low:.1f}-{self.high:.1f})"
 
 
@@ -461,6 +469,29 @@ def table(pairs: list[Pair], target: str) -> str:
     return "\n".join(lines)
 
 
+def write_csv(pairs: list[Pair], path: Path, target: str, lnc: int, commit: str) -> None:
+    """One row per pair: what the table shows, unrounded, with whole notes (MODELED columns
+    carry the target in their name)."""
+    m = f"modeled_{target}"
+    fields = ["op", "shape", "aws_kernel", "lnc", "nkilib_commit",
+              "ours_status", f"ours_us_{m}", f"ours_low_us_{m}", f"ours_high_us_{m}", "ours_note",
+              "aws_status", f"aws_us_{m}", f"aws_low_us_{m}", f"aws_high_us_{m}", "aws_note",
+              "ours_over_aws", "ours_at_least_as_fast"]
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields)
+        w.writeheader()
+        for p in pairs:
+            row = {"op": p.op, "shape": p.shape, "aws_kernel": p.aws.kernel, "lnc": lnc, "nkilib_commit": commit,
+                   "ours_over_aws": "" if math.isnan(p.ratio) else p.ratio,
+                   "ours_at_least_as_fast": {None: "", True: "yes", False: "no"}[p.ours_at_least_as_fast]}
+            for name, side in (("ours", p.ours), ("aws", p.aws)):
+                row.update({f"{name}_status": side.status, f"{name}_note": side.note,
+                            f"{name}_us_{m}": "" if math.isnan(side.us) else side.us,
+                            f"{name}_low_us_{m}": "" if math.isnan(side.low) else side.low,
+                            f"{name}_high_us_{m}": "" if math.isnan(side.high) else side.high})
+            w.writerow(row)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nkilib", required=True, help="path of an aws-neuron/nki-library checkout")
@@ -468,19 +499,24 @@ def main(argv=None) -> int:
     ap.add_argument("--lnc", type=int, default=2, choices=(1, 2),
                     help="launch degree of both sides (default 2: how AWS's compiler launches on trn2/trn3)")
     ap.add_argument("--commit", default="", help="nki-library commit, when the checkout has no .git")
-    ap.add_argument("--ops", default="rms_norm,layer_norm,rope,rope_backward,attention,attention_decode,"
-                                     "attention_backward")
-    ap.add_argument("--quick", action="store_true", help="two shapes per op")
-    ap.add_argument("--markdown", default="", help="also write the table to this file")
-    args = ap.parse_args(argv)
-    lib = NkiLibrary(Path(args.nkilib))
-    if args.commit:
-        lib.commit = args.commit
-    ops = {o.strip() for o in args.ops.split(",") if o.strip()}
     known = ("rms_norm", "layer_norm", "rope", "rope_backward", "attention", "attention_decode", "attention_backward")
+    ap.add_argument("--ops", default=",".join(known), help="comma-separated ops to compare (default: all)")
+    ap.add_argument("--quick", action="store_true", help="one or two shapes per op")
+    ap.add_argument("--markdown", default="", help="also write the table to this file")
+    ap.add_argument("--csv", default="", help="also write the pairs as CSV to this file (unrounded, whole notes)")
+    args = ap.parse_args(argv)
+    for flag, value in (("--markdown", args.markdown), ("--csv", args.csv)):
+        if value and not Path(value).parent.is_dir():
+            ap.error(f"{flag} {value}: folder {Path(value).parent} does not exist")
+    ops = {o.strip() for o in args.ops.split(",") if o.strip()}
+    if not ops:
+        ap.error(f"--ops {args.ops!r} names no op; choose from {', '.join(known)}")
     unknown = ops - set(known)
     if unknown:
         ap.error(f"--ops {sorted(unknown)} unknown; choose from {', '.join(known)}")
+    lib = NkiLibrary(Path(args.nkilib))
+    if args.commit:
+        lib.commit = args.commit
     pairs: list[Pair] = []
     for op in ("rms_norm", "layer_norm"):
         if op in ops:
@@ -502,6 +538,8 @@ def main(argv=None) -> int:
     print(text)
     if args.markdown:
         Path(args.markdown).write_text(text + "\n")
+    if args.csv:
+        write_csv(pairs, Path(args.csv), args.target, args.lnc, lib.commit)
     blocked = [p for p in pairs if p.aws.status == "blocked"]   # our simulator's gaps only
     if blocked:
         print(f"\n{len(blocked)} AWS kernel run(s) blocked in our simulator; first: {blocked[0].aws.note}")

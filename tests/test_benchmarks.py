@@ -57,3 +57,19 @@ def test_cpu_parity_refuses_bad_arguments_before_timing(argv, message, capsys):
     with pytest.raises(SystemExit):
         parity.main(argv)
     assert message in capsys.readouterr().err
+
+
+def test_cpu_parity_writes_a_row_per_workload_with_the_host(tmp_path, capsys):
+    parity = _load(ROOT / "benchmarks" / "cpu_parity.py")
+    out = tmp_path / "sub" / "parity.csv"
+    parity.main(["--only", "softmax", "--repeats", "1", "--csv", str(out)])
+    import csv
+    rows = list(csv.DictReader(out.open()))
+    workloads = sorted(m.removeprefix("benchmark_") for m in dir(_load(ROOT / "benchmarks" / "benchmark_softmax.py")
+                                                                .SoftmaxBenchmark) if m.startswith("benchmark_"))
+    assert sorted(r["workload"] for r in rows) == workloads
+    for r in rows:
+        assert float(r["op_ms_measured_cpu"]) > 0 and float(r["eager_ms_measured_cpu"]) > 0
+        assert float(r["op_over_eager"]) == pytest.approx(float(r["op_ms_measured_cpu"]) / float(r["eager_ms_measured_cpu"]))
+        assert r["backend"] and int(r["threads"]) >= 1 and r["repeats"] == "1"
+    assert f"wrote {out} (MEASURED on this CPU)" in capsys.readouterr().out

@@ -55,6 +55,35 @@ def test_a_side_that_did_not_run_makes_no_ratio_and_no_claim(sbs):
                    "| - |")
 
 
+def test_a_long_note_is_cut_visibly_in_the_table_and_kept_whole_in_the_csv(sbs, tmp_path):
+    note = "x" * 100
+    pair = sbs.Pair("op", "[4, 8] fp16", sbs.Side("ok", 10.0, 8.0, 12.0),
+                    sbs.Side("blocked", note=note, kernel="aws_kernel"))
+    cell = pair.aws.text()
+    assert len(cell) == 70 and cell.endswith("...") and cell.startswith("blocked: xxx")
+    faster = _pair(sbs, (10.0, 8.0, 12.0), (11.0, 9.0, 14.0))
+    path = tmp_path / "pairs.csv"
+    sbs.write_csv([pair, faster], path, "trn2", 2, "abc123")
+    import csv
+    rows = list(csv.DictReader(path.open()))
+    assert rows[0]["aws_note"] == note and rows[0]["aws_status"] == "blocked"
+    assert rows[0]["ours_over_aws"] == "" and rows[0]["ours_at_least_as_fast"] == ""
+    assert float(rows[1]["ours_us_modeled_trn2"]) == 10.0 and float(rows[1]["aws_high_us_modeled_trn2"]) == 14.0
+    assert float(rows[1]["ours_over_aws"]) == pytest.approx(10.0 / 11.0)
+    assert rows[1]["ours_at_least_as_fast"] == "yes" and rows[1]["nkilib_commit"] == "abc123"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ops", ","], "--ops ',' names no op"),
+    (["--ops", "rmsnorm"], "--ops ['rmsnorm'] unknown"),
+    (["--csv", "/nonexistent/dir/pairs.csv"], "--csv /nonexistent/dir/pairs.csv: folder /nonexistent/dir does not exist"),
+], ids=["empty-ops", "unknown-op", "missing-folder"])
+def test_bad_arguments_are_refused_before_any_kernel_runs(sbs, capsys, argv, message):
+    with pytest.raises(SystemExit):
+        sbs.main(["--nkilib", "/nonexistent/checkout", *argv])
+    assert message in capsys.readouterr().err
+
+
 def test_two_launches_add_up_and_name_the_kernel_once(sbs):
     total = sbs._sum([sbs.Side("ok", 3.0, 2.0, 4.0, kernel="RoPE"), sbs.Side("ok", 1.5, 1.0, 2.5, kernel="RoPE")])
     assert (total.us, total.low, total.high, total.kernel) == (4.5, 3.0, 6.5, "RoPE x 2")
