@@ -1,7 +1,8 @@
 """`kernels benchmark` workloads for softmax, against eager ``torch.softmax``.
 
 Shapes: ViT-B/16 attention scores at 224 px, batch 8 (8 x 12 heads x 197 rows of 197),
-square 4096-long rows, and rows of 32768 (longer than 8192: the kernel's online form).
+square 4096-long rows, rows of 32768 (longer than 8192: the kernel's online form) and Llama 3
+sampling at decode batch 8 (8 rows of the 128256-word vocabulary: the split form).
 Outputs are in [0, 1], so bf16 rounding stays inside the runner's fixed atol=1e-2.
 These are the Trainium workloads; a CPU host runs CPU_WORKLOADS (below).
 """
@@ -37,7 +38,8 @@ TRAINIUM_WORKLOADS = {
     "llama3_sampling_decode8_bf16": (8, 128256, torch.bfloat16),   # a few long rows: the split form
 }
 
-# CPU (the reference path against eager torch): 2x fewer of the long rows; 4096-wide rows 4x fewer.
+# CPU (the reference path against eager torch): 2x fewer of the long rows; 4096-wide rows 4x fewer;
+# no vocabulary rows (a Trainium shape only: its split form is what they exercise).
 CPU_WORKLOADS = {
     "vit_b16_scores_fp32": (8 * 12 * 197, 197, torch.float32),
     "vit_b16_scores_bf16": (8 * 12 * 197, 197, torch.bfloat16),

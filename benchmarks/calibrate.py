@@ -1068,6 +1068,10 @@ def main(argv=None) -> int:
                  f"drop --split {args.split}")
     if args.pairs and not args.nkilib:
         ap.error("--pairs selects nki-library QoR rows: pass --nkilib PATH")
+    if not Path(args.data).is_file():
+        ap.error(f"--data {args.data}: no such measurement file")
+    if args.nkilib and not (Path(args.nkilib) / "src" / "nkilib_src" / "nkilib").is_dir():
+        ap.error(f"--nkilib {args.nkilib}: not an nki-library checkout (no src/nkilib_src/nkilib)")
     rows = load_rows(Path(args.data))
     qor: list[Row] = []
     if args.nkilib:

@@ -1,12 +1,13 @@
 """How fast the NKI simulator runs, next to eager CPU torch doing the same math.
 
 Measures two kernels written in beta-2 NKI (a tiled matmul and an elementwise chain):
-wall time of one simulated call (median of repeats; ``simulator.run``, so including input
-wrapping and building the trace), instructions issued, microseconds per instruction, and
-eager torch's time for the same math on the same CPU (1 thread, as the simulator uses). Prints a table and
-writes out/simulator_speed.csv. Plain script (not part of pytest):
+wall time of one simulated call (median of ``--repeats``; ``simulator.run``, so including
+input wrapping and building the trace), instructions issued, microseconds per instruction,
+and eager torch's time for the same math on the same CPU (1 thread, as the simulator uses;
+median of at least 20 calls). All MEASURED on this CPU. Prints a table and writes
+out/simulator_speed.csv. Plain script (not part of pytest):
 
-    .venv/bin/python benchmarks/simulator_speed.py [--repeats 5]
+    .venv/bin/python benchmarks/simulator_speed.py [--repeats 5] [--out FILE]
 """
 
 from __future__ import annotations
@@ -93,9 +94,12 @@ def _median_time(fn, repeats):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", default=str(ROOT / "out" / "simulator_speed.csv"))
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="timed simulator runs per case, the median kept (eager torch: at least 20)")
+    ap.add_argument("--out", default=str(ROOT / "out" / "simulator_speed.csv"), help="CSV of the rows")
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: at least 1 timed run per case")
 
     torch.manual_seed(0)
     a_t = torch.randn(MM_K, MM_M).bfloat16()

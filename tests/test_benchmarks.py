@@ -73,3 +73,11 @@ def test_cpu_parity_writes_a_row_per_workload_with_the_host(tmp_path, capsys):
         assert float(r["op_over_eager"]) == pytest.approx(float(r["op_ms_measured_cpu"]) / float(r["eager_ms_measured_cpu"]))
         assert r["backend"] and int(r["threads"]) >= 1 and r["repeats"] == "1"
     assert f"wrote {out} (MEASURED on this CPU)" in capsys.readouterr().out
+
+
+def test_simulator_speed_refuses_no_repeats(capsys):
+    # --repeats 0 failed in statistics.median with a message naming neither
+    speed = _load(ROOT / "benchmarks" / "simulator_speed.py")
+    with pytest.raises(SystemExit):
+        speed.main(["--repeats", "0"])
+    assert "--repeats 0: at least 1 timed run per case" in capsys.readouterr().err

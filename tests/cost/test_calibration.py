@@ -299,6 +299,13 @@ def test_selections_of_nothing_to_run_or_fit_are_errors(calibrate, capsys):
     with pytest.raises(SystemExit):
         calibrate.main(["--fit", "--only", "dma.single_4x4096"])
     assert "--fit: no train row selected" in capsys.readouterr().err
+    # paths that are not there: named before anything runs (they were tracebacks)
+    with pytest.raises(SystemExit):
+        calibrate.main(["--data", "/nonexistent/measurements.toml"])
+    assert "--data /nonexistent/measurements.toml: no such measurement file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        calibrate.main(["--nkilib", "/nonexistent/checkout"])
+    assert "--nkilib /nonexistent/checkout: not an nki-library checkout" in capsys.readouterr().err
 
 
 def test_a_device_side_time_is_the_instruction_stream_without_the_launch_cost(calibrate):
