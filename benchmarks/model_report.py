@@ -364,7 +364,7 @@ def _columns():
         (MODELED, "core idle", "core_imbalance", lambda v: f"{v:.0%}"),
         (MEASURED, "sim wall s", "sim_wall_s", lambda v: f"{v:.2f}"),
         (MEASURED, "eager wall ms", "eager_cpu_ms", lambda v: f"{v:.1f}"),
-        ("", "target", "target", str),
+        ("", "goal", "goal", str),
         ("", "status", "status", str),
     ]
 
@@ -399,7 +399,9 @@ def _record(row: Row) -> dict:
         f"speedup_low_{mod}": row.speedup_low, f"speedup_high_{mod}": row.speedup_high,
         "kernel_range_us": _range_text(row.modeled_low_us, row.modeled_high_us, "{:.1f}"),
         "speedup_range": _range_text(row.speedup_low, row.speedup_high, "{:.2f}x"),
-        "target": row.target_text, "meets_target": row.meets,
+        "goal": row.target_text, "efficiency_goal": row.efficiency_target,
+        "speedup_low_goal": c.speedup_target if c.speedup_target is not None else float("nan"),
+        "meets_goal": row.meets,
         "status": row.status if row.meets is not False else "below target",
         "note": row.note, "trace": row.trace,
     }
@@ -522,14 +524,19 @@ def write_plot(records: list[dict], path: Path, target: str) -> bool:
             [max(0.0, hi - c) if not math.isnan(hi) else 0.0 for c, hi in zip(central, highs)]]
     ax1.barh(y, central, color="tab:blue", label="speedup over eager", xerr=xerr, error_kw={"elinewidth": 0.8, "capsize": 2})
     ax1.axvline(1.0, color="black", lw=0.8)
-    ax1.axvline(2.4, color="tab:red", lw=0.8, ls="--", label="attention target 2.4x")
+    # each row's own goals (the report's goal column): the speedup's low end where the row has
+    # one, and the efficiency
+    goals = [(yi, r["speedup_low_goal"]) for yi, r in zip(y, ok) if not math.isnan(r["speedup_low_goal"])]
+    if goals:
+        ax1.scatter([g for _, g in goals], [yi for yi, _ in goals], marker="|", s=160, color="tab:red", zorder=3,
+                    label="the row's speedup goal (low end)")
     ax1.set_xscale("log")
     from matplotlib.ticker import FixedLocator, NullLocator
 
     speedups = [_value(r, "speedup") for r in ok]
     spread = [v for v in speedups + lows + highs if not math.isnan(v) and v > 0]
     ticks = [v for v in (0.0625, 0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32)
-             if min(spread) / 2 <= v <= max(max(spread), 2.4) * 2]
+             if min(spread) / 2 <= v <= max(spread + [g for _, g in goals]) * 2]
     ax1.xaxis.set_major_locator(FixedLocator(ticks))
     ax1.xaxis.set_minor_locator(NullLocator())
     ax1.set_xticklabels([f"{v:g}x" for v in ticks])
@@ -541,9 +548,9 @@ def write_plot(records: list[dict], path: Path, target: str) -> bool:
     ax1.set_yticks(y, labels, fontsize=7)
     ax1.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2)
     ax2.barh(y, [_value(r, "efficiency") for r in ok],
-             color=["tab:green" if r["meets_target"] else "tab:orange" for r in ok])
-    ax2.axvline(0.6, color="tab:red", lw=0.8, ls="--", label="0.6 target")
-    ax2.axvline(0.8, color="tab:purple", lw=0.8, ls=":", label="0.8 (memory-bound, large)")
+             color=["tab:green" if r["meets_goal"] else "tab:orange" for r in ok])
+    ax2.scatter([r["efficiency_goal"] for r in ok], y, marker="|", s=160, color="tab:red", zorder=3,
+                label="the row's efficiency goal")
     ax2.set_xlim(0, 1.05)
     ax2.set_xlabel(f"efficiency = limit / kernel [{MODELED}]")
     from matplotlib.patches import Patch
@@ -552,7 +559,7 @@ def write_plot(records: list[dict], path: Path, target: str) -> bool:
     handles, _ = ax2.get_legend_handles_labels()
     handles += [Patch(color="tab:green", label="meets its target"), Patch(color="tab:orange", label="below its target")]
     ax2.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2)
-    fig.suptitle(f"nki-kernels on {target}: MODELED by the cost model (not measured on hardware)")
+    fig.suptitle(f"nki-kernels on {target} at LNC={ok[0]['lnc']}: MODELED by the cost model (not measured on hardware)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

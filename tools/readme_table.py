@@ -55,7 +55,7 @@ def table(rows: list[dict]) -> str:
             f"| {_num(r['efficiency_modeled_trn2'], '.2f')} | {r['bound_by_modeled_trn2']} "
             f"| {_num(r['eager_us_modeled_trn2'], '.1f')} "
             f"| {_num(r['speedup_modeled_trn2'], '.2f')}x ({r['speedup_range']}) "
-            f"| {_num(r['lnc_ratio_modeled_trn2'], '.2f')} | {r['target']} | {r['status']} |")
+            f"| {_num(r['lnc_ratio_modeled_trn2'], '.2f')} | {r['goal']} | {r['status']} |")
     return "\n".join(lines)
 
 
