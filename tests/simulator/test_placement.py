@@ -44,7 +44,8 @@ def test_partition_offset_places_the_tensor_on_those_partitions(sim):
     ((8, 512), "psum", (0, 1024), "bank boundary"),
     ((8, 1024), "psum", (0, 7 * 2048), "exceed the 16384 bytes"),
     ((8, 4), "sbuf", (0, 2), "not a multiple of the 4-byte"),
-    ((8, 4), "hbm", (0, 0), "explicit placement applies to SBUF and PSUM"),
+    ((8, 4), "hbm", (0, 0), "explicit HBM placement .* is not supported by this simulator"),
+    ((8, 4), "hbm", (64,), "explicit HBM placement \\(a 1-tuple \\(free_offset,\\), nl.ndarray\\) is not supported"),
     ((8, 4), "sbuf", (0,), "must be \\(partition_offset, byte_offset\\)"),
 ])
 def test_address_rules(sim, shape, buffer, address, message):

@@ -180,9 +180,13 @@ class Memory:
         kind = _KIND[region]
         if kind == "hbm":
             if address is not None:
+                # v2.33 nl.ndarray: "for HBM it is a 1-tuple (free_offset,)"; placing HBM
+                # tensors (and aliasing those placed together) is not simulated: refused,
+                # never ignored
                 raise NkiValidationError(
-                    f"ndarray: address={address!r} given for HBM tensor {name or ''}; explicit "
-                    "placement applies to SBUF and PSUM tensors")
+                    f"ndarray: address={address!r} given for HBM tensor {name or ''}: explicit HBM "
+                    "placement (a 1-tuple (free_offset,), nl.ndarray) is not supported by this "
+                    "simulator; it places SBUF and PSUM tensors only")
             return Allocation(region, dtype, name, self._fresh(shape, dtype, fill), core=self.core)
         per_part = math.prod(shape[1:]) * dtype.itemsize
         if address is None:
