@@ -242,7 +242,7 @@ class BwdBalance(nl.NKIObject):
         c = self.costs
         vector = self.vector_ns + (m + c.vector_instr_cycles) / c.vector_ghz
         scalar = self.scalar_ns + (m + c.scalar_instr_cycles) / c.scalar_ghz
-        gpsimd = self.gpsimd_ns + (2 * m + c.gpsimd_instr_cycles) / c.gpsimd_ghz
+        gpsimd = self.gpsimd_ns + (m / c.gpsimd_two_input_rate() + c.gpsimd_instr_cycles) / c.gpsimd_ghz
         if vector <= max(scalar, gpsimd):
             self.vector_ns = vector
             return 0

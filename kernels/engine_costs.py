@@ -110,6 +110,17 @@ class EngineCosts(nl.NKIObject):
         mode (0.5 on every generation)."""
         return self.vector_psum_copy_rate(sixteen) / 2
 
+    def vector_stt_rate(self):
+        """Elements per cycle of a VectorE scalar_tensor_tensor: two full inputs, and no
+        performance mode for it on any generation (the cost model's rule): 0.5."""
+        return 0.5
+
+    def gpsimd_two_input_rate(self):
+        """Elements per cycle of a GpSimd instruction reading two full inputs (tensor_tensor,
+        scalar_tensor_tensor): the model prices GpSimd as VectorE without its performance
+        mode, two passes per element: 0.5."""
+        return 0.5
+
     def vector_one_input_rate(self, sixteen):
         """Elements per cycle of a VectorE tensor_scalar or tensor_copy reading one input in
         SBUF: the full performance mode's factor when its data is 16-bit (vector_16bit_rate:
@@ -145,7 +156,7 @@ class EngineCosts(nl.NKIObject):
         16-bit tiles in SBUF pass at twice that where the generation has the mode (trn2:
         0.62)."""
         vector = self.vector_ghz * vector_rate
-        gpsimd = self.gpsimd_ghz * 0.5
+        gpsimd = self.gpsimd_ghz * self.gpsimd_two_input_rate()
         return vector / (vector + gpsimd)
 
     def dma_transpose_ns(self, nbytes):

@@ -75,8 +75,8 @@ from .limits import NORM_RESIDENT_PARAM_BYTES as RESIDENT_PARAM_BYTES
 from .limits import NORM_RESIDENT_ROW_BYTES as RESIDENT_ROW_BYTES
 from .limits import NORM_STREAM_CHUNK as STREAM_CHUNK
 from .tiling import (DMA_SATURATING_BYTES, PARTITIONS, block_rows, broadcast_rows, cdiv, column_chunks, drain_chunks,
-                     engine_segments, fitting_ahead, fp32_column, itemsize, load_block, param_columns, part_row_stats, pipelined,
-                     program_row_blocks, program_row_parts, resident_params, row_blocks, rows_per_partition,
+                     engine_segments, fitting_ahead, fp32_column, itemsize, load_block, param_columns, part_row_stats,
+                     pipelined, program_row_blocks, program_row_parts, resident_params, row_blocks, rows_per_partition,
                      slot_stores_pay, split_count, spread)
 
 # Row packing: the least J that makes a transfer this long per partition (the DMA guide's
@@ -253,17 +253,18 @@ def _slot_after_stats_ns(cols, sixteen, n_params):
     fp32, the row's path (VectorE's scalar_tensor_tensor per parameter for a share of the
     rows, else ScalarE's y and GpSimd's passes)."""
     c = active_engine_costs()
+    gp_two = c.gpsimd_two_input_rate()      # GpSimd: two full inputs per element
     if sixteen:
         cut = split_count(cols, _vector_share_16())
         vector = c.instruction_ns("vector", cols, rate=c.vector_16bit_rate)
         if n_params:
             vector += n_params * c.instruction_ns("vector", cut, rate=c.vector_two_input_rate(True))
-        gpsimd = n_params * c.instruction_ns("gpsimd", cols - cut, rate=0.5) if n_params else 0.0
+        gpsimd = n_params * c.instruction_ns("gpsimd", cols - cut, rate=gp_two) if n_params else 0.0
         return max(vector, gpsimd)
     a = _fp32_vector_share(n_params)
-    vector = a * n_params * c.instruction_ns("vector", cols, rate=0.5)
+    vector = a * n_params * c.instruction_ns("vector", cols, rate=c.vector_stt_rate())
     scalar = (1 - a) * c.instruction_ns("scalar", cols)
-    gpsimd = (1 - a) * n_params * c.instruction_ns("gpsimd", cols, rate=0.5)
+    gpsimd = (1 - a) * n_params * c.instruction_ns("gpsimd", cols, rate=gp_two)
     return max(vector, scalar, gpsimd)
 
 

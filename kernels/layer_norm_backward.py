@@ -141,6 +141,7 @@ def _dx_vector_share(per, cols, sixteen, products, placement):
     22.3-49.9 us, ViT-L/16 29.4-55.6 -> 26.1-62.4): the share is planned with the model's
     central figures, and VectorE's extra instructions weigh more under its pessimistic ones."""
     c = active_engine_costs()
+    gp_two = c.gpsimd_two_input_rate()      # GpSimd: two full inputs per element
     two = c.vector_two_input_rate(sixteen)
     four = c.vector_one_input_rate(sixteen)
     cut = split_count(cols, PRODUCT_VECTOR_SHARE)
@@ -148,17 +149,17 @@ def _dx_vector_share(per, cols, sixteen, products, placement):
               + (products * c.instruction_ns("vector", per * cut, two) if cut else 0.0)
               + sum(placement) * c.instruction_ns("vector", per * cols))           # row sums
     scalar = (2 - sum(placement)) * per * c.instruction_ns("scalar", cols, c.scalar_rate(sixteen))
-    gpsimd = products * c.instruction_ns("gpsimd", per * (cols - cut), 0.5) if cut < cols else 0.0
+    gpsimd = products * c.instruction_ns("gpsimd", per * (cols - cut), rate=gp_two) if cut < cols else 0.0
     steps = round(1 / DX_SHARE_STEP)
     best = None
     for k in range(steps + 1):
         cut_dx = split_count(cols, k / steps)
         rest = cols - cut_dx
         v = vector + per * (c.instruction_ns("vector", rest, four) if rest else 0.0)  # a
-        v += per * (c.instruction_ns("vector", cut_dx, four) + c.instruction_ns("vector", cut_dx, 0.5)) \
+        v += per * (c.instruction_ns("vector", cut_dx, four) + c.instruction_ns("vector", cut_dx, c.vector_stt_rate())) \
             if cut_dx else 0.0                                                        # a'', dx's share
         sc = scalar + (per * c.instruction_ns("scalar", rest) if rest else 0.0)      # dx = t * r
-        gp = gpsimd + (per * c.instruction_ns("gpsimd", rest, 0.5) if rest else 0.0)  # t = a + g
+        gp = gpsimd + (per * c.instruction_ns("gpsimd", rest, rate=gp_two) if rest else 0.0)  # t = a + g
         busiest = max(v, sc, gp)
         if best is None or busiest < best[0] - 1e-6:
             best = (busiest, k / steps)

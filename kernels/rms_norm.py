@@ -69,8 +69,8 @@ from .limits import NORM_RESIDENT_PARAM_BYTES as RESIDENT_PARAM_BYTES
 from .limits import NORM_RESIDENT_ROW_BYTES as RESIDENT_ROW_BYTES
 from .limits import NORM_STREAM_CHUNK as STREAM_CHUNK
 from .tiling import (DMA_SATURATING_BYTES, PARTITIONS, block_rows, broadcast_rows, column_chunks, drain_chunks,
-                     fitting_ahead, fp32_column, itemsize, load_block, load_blocks, param_columns, path_segments, pipelined,
-                     program_row_blocks, resident_params, rows_per_partition, split_count)
+                     fitting_ahead, fp32_column, itemsize, load_block, load_blocks, param_columns, path_segments,
+                     pipelined, program_row_blocks, resident_params, rows_per_partition, split_count)
 
 # Rows are packed per partition until one transfer moves >= 2048 elements per partition:
 # 4 KiB in bf16 / 8 KiB in fp32, the DMA guide's size for saturating bandwidth.
@@ -176,15 +176,16 @@ def _block_engine_ns(per, cols, sixteen, fused, vector_share, gpsimd_share):
     one and tensor_tensor two, ScalarE's copy into fp32 one. ``fused``: VectorE also adds
     the residual (a tensor_tensor over the block, 16-bit in its performance mode)."""
     c = active_engine_costs()
+    gp_two = c.gpsimd_two_input_rate()      # GpSimd: two full inputs per element
     n = per if per > 1 else cols
     cuts = [0, split_count(n, vector_share), split_count(n, vector_share + gpsimd_share), n]
     # (instructions, elements each) per path: whole rows, or one column span of the row
     paths = [(hi - lo, cols) if per > 1 else (int(hi > lo), hi - lo) for lo, hi in zip(cuts, cuts[1:])]
     (n_vec, w_vec), (n_gp, w_gp), (n_sc, w_sc) = paths
-    vector = n_vec * c.instruction_ns("vector", w_vec, rate=0.5)
+    vector = n_vec * c.instruction_ns("vector", w_vec, rate=c.vector_stt_rate())
     scalar = n_sc * c.instruction_ns("scalar", w_sc)
-    gpsimd = (n_gp * (c.instruction_ns("gpsimd", w_gp) + c.instruction_ns("gpsimd", w_gp, rate=0.5))
-              + n_sc * c.instruction_ns("gpsimd", w_sc, rate=0.5))
+    gpsimd = (n_gp * (c.instruction_ns("gpsimd", w_gp) + c.instruction_ns("gpsimd", w_gp, rate=gp_two))
+              + n_sc * c.instruction_ns("gpsimd", w_sc, rate=gp_two))
     add = c.instruction_ns("vector", per * cols, rate=c.vector_two_input_rate(sixteen)) if fused else 0.0
     scalar += per * c.instruction_ns("scalar", cols, rate=c.scalar_rate(sixteen)) + c.instruction_ns("scalar", per)
     return (vector + add, scalar, gpsimd), (vector, scalar, gpsimd)

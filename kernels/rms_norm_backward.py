@@ -52,8 +52,8 @@ from .limits import NORM_BACKWARD_MAX_HIDDEN as BACKWARD_MAX_HIDDEN
 from .limits import NORM_BACKWARD_MAX_ROW_BYTES as BACKWARD_MAX_ROW_BYTES
 from .norm_backward_dx import split_dx
 from .tiling import (DMA_RECOMMENDED_BYTES, PARTITIONS, WORK_PARTS, itemsize, block_rows, broadcast_rows, cdiv,
-                     column_chunks, drain_chunks, fitting_ahead, fp32_column, load_block, pipelined_halves, row_blocks, row_part,
-                     rows_per_partition, share, split_count, split_multiply)
+                     column_chunks, drain_chunks, fitting_ahead, fp32_column, load_block, pipelined_halves, row_blocks,
+                     row_part, rows_per_partition, share, split_count, split_multiply)
 from .weight_grads import (accumulate_columns, accumulate_diag, diag_fits, identity, new_accumulator,
                            new_diag_accumulator, new_partials, store_diag_partial, store_partial)
 
@@ -121,6 +121,7 @@ def _block_plan(per, cols, sixteen, dw, fused):
     ([3000, 2048] +7.6 %), fp32 -4.3 %, trn3 -7.8 %, trn1 -8.3 % ([130, 2048] +4.2 %), no
     weight -10.8 %; gradients unchanged bit for bit (the same arithmetic either way)."""
     c = active_engine_costs()
+    gp_two = c.gpsimd_two_input_rate()      # GpSimd: two full inputs per element
     two = c.vector_two_input_rate(sixteen)
     steps = round(1 / SHARE_STEP)
     best = None
@@ -128,7 +129,7 @@ def _block_plan(per, cols, sixteen, dw, fused):
         cut = split_count(cols, i / steps)
         # q's later part (rms_norm: the chain's first link, _block_plan's docstring)
         q_ns = 0.0 if fused else max(c.instruction_ns("vector", per * cut, rate=two) if cut else 0.0,
-                                     c.instruction_ns("gpsimd", per * (cols - cut), rate=0.5) if cut < cols else 0.0)
+                                     c.instruction_ns("gpsimd", per * (cols - cut), rate=gp_two) if cut < cols else 0.0)
         for k in range(steps + 1):
             estimate = max(_block_engine_ns(per, cols, sixteen, dw, fused, i / steps, k / steps)) + q_ns
             if best is None or estimate < best[0] - 1e-6:
@@ -152,12 +153,13 @@ def _block_engine_ns(per, cols, sixteen, dw, fused, vector_share, dx_share=0.0):
     past TARGET_COLS: _back)."""
     c = active_engine_costs()
     cut = split_count(cols, vector_share)
+    gp_two = c.gpsimd_two_input_rate()                              # GpSimd tensor_tensor
     two = c.vector_two_input_rate(sixteen)                          # tensor_tensor
     four = c.vector_one_input_rate(sixteen)                         # tensor_scalar
     narrow = c.scalar_rate(sixteen)                                 # ScalarE over 16-bit data
     products = 1 if dw is None else 2
     vector = products * c.instruction_ns("vector", per * cut, rate=two) if cut else 0.0
-    gpsimd = products * c.instruction_ns("gpsimd", per * (cols - cut), rate=0.5) if cut < cols else 0.0
+    gpsimd = products * c.instruction_ns("gpsimd", per * (cols - cut), rate=gp_two) if cut < cols else 0.0
     cut_dx = split_count(cols, dx_share)
     if fused:
         vector += per * c.instruction_ns("vector", cols, rate=four)                  # a
@@ -167,23 +169,23 @@ def _block_engine_ns(per, cols, sixteen, dw, fused, vector_share, dx_share=0.0):
         vector += per * c.instruction_ns("vector", cols, rate=four)                  # xhat
     scalar = 2 * per * c.instruction_ns("scalar", cols, rate=narrow) + c.instruction_ns("scalar", per)
     if cut_dx:
-        vector += per * c.instruction_ns("vector", cut_dx, rate=0.5)                 # dx's share
+        vector += per * c.instruction_ns("vector", cut_dx, rate=c.vector_stt_rate())    # dx's share
     if not fused:
         if cut_dx:
             vector += per * c.instruction_ns("vector", cut_dx, rate=four)            # a'
         if cut_dx < cols:
             rest = cols - cut_dx
             vector += per * c.instruction_ns("vector", rest, rate=four)              # a
-            gpsimd += per * c.instruction_ns("gpsimd", rest, rate=0.5)               # t = a + g
+            gpsimd += per * c.instruction_ns("gpsimd", rest, rate=gp_two)            # t = a + g
             scalar += per * c.instruction_ns("scalar", rest)                         # dx = t * r
         return vector, scalar, gpsimd
     halves = column_chunks(cols, cdiv(cols, 2)) if per == 1 and cols > TARGET_COLS else [(0, cols)]
-    gpsimd += per * sum(c.instruction_ns("gpsimd", hi - lo, rate=0.5) for lo, hi in halves)     # t = a + g
+    gpsimd += per * sum(c.instruction_ns("gpsimd", hi - lo, rate=gp_two) for lo, hi in halves)  # t = a + g
     for lo, hi in halves:
         if hi > cut_dx:
             width = hi - max(lo, cut_dx)
             scalar += per * c.instruction_ns("scalar", width)                                 # t * r
-            gpsimd += per * c.instruction_ns("gpsimd", width, rate=0.5)                       # + dtotal
+            gpsimd += per * c.instruction_ns("gpsimd", width, rate=gp_two)                    # + dtotal
     return vector, scalar, gpsimd
 
 

@@ -100,12 +100,14 @@ def _vector_share(dim, group):
     costs = active_engine_costs()
     cols = group * dim
     # GpSimd: b (two half-width products) for every head; its path's a and a + b
-    swap = 2 * costs.instruction_ns("gpsimd", cols // 2, rate=0.5) / group
-    own = 2 * costs.instruction_ns("gpsimd", cols, rate=0.5) / group
+    swap = 2 * costs.instruction_ns("gpsimd", cols // 2, rate=costs.gpsimd_two_input_rate()) / group
+    own = 2 * costs.instruction_ns("gpsimd", cols, rate=costs.gpsimd_two_input_rate()) / group
     # VectorE: a = x * cos (two SBUF inputs), a + b (two in SBUF), which reads a: VectorE's
     # pipeline drains between the two
-    vector = (costs.instruction_ns("vector", cols, rate=0.5)
-              + costs.instruction_ns("vector", cols, rate=0.5, reads_previous=True)) / group
+    # (an fp32 operand in every pass: no 16-bit performance mode)
+    fp32_two = costs.vector_two_input_rate(False)
+    vector = (costs.instruction_ns("vector", cols, rate=fp32_two)
+              + costs.instruction_ns("vector", cols, rate=fp32_two, reads_previous=True)) / group
     return (swap + own) / (vector + own)
 
 
@@ -140,8 +142,8 @@ def _group_path_ns(cut, group, dim, per_bank):
     cols = (group - cut) * dim
     gpsimd = 0.0
     if cols:
-        gpsimd = (2 * costs.instruction_ns("gpsimd", cols // 2, rate=0.5)
-                  + 2 * costs.instruction_ns("gpsimd", cols, rate=0.5))
+        gpsimd = (2 * costs.instruction_ns("gpsimd", cols // 2, rate=costs.gpsimd_two_input_rate())
+                  + 2 * costs.instruction_ns("gpsimd", cols, rate=costs.gpsimd_two_input_rate()))
     return max(vector, gpsimd)
 
 

@@ -79,7 +79,7 @@ def _row_split(per, cols, sixteen):
             else:
                 trial[way] += c.instruction_ns(way, cols)
                 # the row's share of GpSimd's p + m (one fixed cost per block)
-                trial["gpsimd"] += 2 * cols / c.gpsimd_ghz
+                trial["gpsimd"] += cols / c.gpsimd_two_input_rate() / c.gpsimd_ghz
                 if counts["scalar"] + counts["gpsimd"] == 0:
                     trial["gpsimd"] += c.gpsimd_instr_cycles / c.gpsimd_ghz
             options.append((max(trial.values()), sum(trial.values()), way, trial))
