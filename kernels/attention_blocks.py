@@ -360,6 +360,19 @@ def unit_pv(facts, plan, p, vals, kv, r, n):
     return o
 
 
+def bf16_triple(x, hi, mid, lo, rest):
+    """hi, mid, lo: three bf16 values summing exactly to the fp32 ``x`` (hi = bf16(x), mid =
+    bf16(x - hi), lo = x - hi - mid: each step takes 8 more of fp32's 24 significant bits,
+    and x - hi is exact in fp32), four GpSimd instructions; ``rest`` an fp32 tile of x's
+    shape for x - hi. The forward's transposed-scores path puts the row maxes so on extra
+    rows of Qᵀ (attention_transposed._ts_hilo), the backward's folded mode -lse / scale and
+    -D_i (attention_bwd._fold_rows)."""
+    nisa.tensor_copy(dst=hi, src=x, engine=nisa.engine.gpsimd)
+    nisa.tensor_tensor(dst=rest, data1=x, data2=hi, op=nl.subtract, engine=nisa.engine.gpsimd)
+    nisa.tensor_copy(dst=mid, src=rest, engine=nisa.engine.gpsimd)
+    nisa.tensor_tensor(dst=lo, data1=rest, data2=mid, op=nl.subtract, engine=nisa.engine.gpsimd)
+
+
 # ------------------------------------------------------------------------------ normalisation
 
 def evict(facts, plan, o, out, nb, r, vector=False, rowsum=None):

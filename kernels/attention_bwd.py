@@ -52,8 +52,8 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 
-from .attention_blocks import (_dma_transpose_p, causal_base, causal_diagonal, copy_on, key_bias_rows, load_transposed,
-                               store_rows, tile_bias)
+from .attention_blocks import (_dma_transpose_p, bf16_triple, causal_base, causal_diagonal, copy_on, key_bias_rows,
+                               load_transposed, store_rows, tile_bias)
 from .attention_bwd_plan import LOAD_GROUP_TILES, FOLD_PAIR, FOLD_RING, FOLD_ROWS, BwdBalance, bwd_plan
 from .attention_launch import P, launch_facts
 from .attention_lse import load_lse
@@ -421,17 +421,12 @@ def _heads_folded(f, plan, bal, qx, dox, q_rows, do_rows, kx, vx, kv_acc, tl, us
 
 def _fold_rows(f, x, tile, d, nt, nh, s0, s1):
     """Rows d..d+2 of ``tile`` [d+3, nh, rows] = hi, mid, lo: three bf16 values summing
-    exactly to x (fp32 [128, nt, nh], rows on partitions): hi = bf16(x), mid = bf16(x - hi),
-    lo = x - hi - mid, each step 8 more of fp32's 24 significant bits (as the forward's
-    transposed-scores path does for the row max); made on GpSimd, put on those partitions
-    by one DMA transpose per query tile."""
+    exactly to x (fp32 [128, nt, nh], rows on partitions; attention_blocks.bf16_triple, on
+    GpSimd), put on those partitions by one DMA transpose per query tile."""
     hml = nl.ndarray((P, nt, nh, FOLD_ROWS), dtype=f.dtype, buffer=nl.sbuf)
     rest = nl.ndarray((P, nt, nh), dtype=nl.float32, buffer=nl.sbuf)
     hi, mid, lo = (hml[:, :, :, i:i + 1].reshape((P, nt, nh)) for i in range(FOLD_ROWS))
-    nisa.tensor_copy(dst=hi, src=x, engine=nisa.engine.gpsimd)
-    nisa.tensor_tensor(dst=rest, data1=x, data2=hi, op=nl.subtract, engine=nisa.engine.gpsimd)
-    nisa.tensor_copy(dst=mid, src=rest, engine=nisa.engine.gpsimd)
-    nisa.tensor_tensor(dst=lo, data1=rest, data2=mid, op=nl.subtract, engine=nisa.engine.gpsimd)
+    bf16_triple(x, hi, mid, lo, rest)
     for t in range(nt):
         r = min(P, s1 - s0 - t * P)
         nisa.dma_transpose(dst=tile[d:d + FOLD_ROWS, :, t * P:t * P + r], src=hml[:r, t], axes=(2, 1, 0))

@@ -16,7 +16,7 @@ is the stationary operand of P·[V | 1], accumulated over the key tiles in PSUM.
 import nki.isa as nisa
 import nki.language as nl
 
-from .attention_blocks import (evict, load_transposed, load_values, pv, row_extrema_side_by_side,
+from .attention_blocks import (bf16_triple, evict, load_transposed, load_values, pv, row_extrema_side_by_side,
                                scores_side_by_side, store_rows)
 from .attention_launch import P, PSUM_BANK_FP32, PSUM_BANKS, TS_EXTRA_ROWS, grouped_st_rows
 from .attention_lse import LseStage
@@ -168,20 +168,15 @@ def _ts_st_group(n):
 
 def _ts_hilo(facts, ext, qx, j0, j1, r):
     """Rows D, D+1, D+2 of qx[:, j0:j1, :r] = hi, mid, lo: three bf16 values whose sum is
-    exactly ext (hi = bf16(ext), mid = bf16(ext - hi), lo = ext - hi - mid: each step takes
-    8 more of fp32's 24 significant bits, and ext - hi is exact in fp32), made on GpSimd
-    and transposed onto those partitions by one DMA transpose. Exact, so the max score of
+    exactly ext (attention_blocks.bf16_triple, on GpSimd), transposed onto those
+    partitions by one DMA transpose. Exact, so the max score of
     a row gives Sᵀ - m = 0 and exp never overflows (two terms, exact to ~2^-17 relative,
     overflowed for scaled logits of ~1e7). ext: [128, heads] fp32 SBUF row maxes."""
     nj, D = j1 - j0, facts.D
     hml = nl.ndarray((P, nj, TS_EXTRA_ROWS), dtype=facts.dtype, buffer=nl.sbuf)
     hi, mid, lo = (hml[:r, :, i:i + 1].reshape((r, nj)) for i in range(TS_EXTRA_ROWS))
     rest = nl.ndarray((P, nj), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_copy(dst=hi, src=ext[:r, j0:j1], engine=nisa.engine.gpsimd)
-    nisa.tensor_tensor(dst=rest[:r], data1=ext[:r, j0:j1], data2=hi, op=nl.subtract,
-                       engine=nisa.engine.gpsimd)
-    nisa.tensor_copy(dst=mid, src=rest[:r], engine=nisa.engine.gpsimd)
-    nisa.tensor_tensor(dst=lo, data1=rest[:r], data2=mid, op=nl.subtract, engine=nisa.engine.gpsimd)
+    bf16_triple(ext[:r, j0:j1], hi, mid, lo, rest[:r])
     nisa.dma_transpose(dst=qx[D:D + TS_EXTRA_ROWS, j0:j1, :], src=hml[:r], axes=(2, 1, 0))
 
 
