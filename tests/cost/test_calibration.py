@@ -290,22 +290,19 @@ def test_what_if_settings_are_numeric_target_fields_and_reach_the_rows(calibrate
     assert "expected NAME=VALUE" in capsys.readouterr().err
 
 
-def test_selections_of_nothing_to_run_or_fit_are_errors(calibrate, capsys):
-    # an --only matching no row printed only the QoR notice and exited 0; --fit on test rows
-    # alone printed hardware.py's values as "fitted on the train rows"
+@pytest.mark.parametrize("argv, message", [
+    # an --only matching no row printed only the QoR notice and exited 0
+    (["--only", "no_such_row"], "--only 'no_such_row' matches no row of measurements.toml; ids start with e.g."),
+    # --fit on test rows alone printed hardware.py's values as "fitted on the train rows"
+    (["--fit", "--only", "dma.single_4x4096"], "--fit: no train row selected"),
+    # paths that are not there were tracebacks; now named before anything runs
+    (["--data", "/nonexistent/measurements.toml"], "--data /nonexistent/measurements.toml: no such measurement file"),
+    (["--nkilib", "/nonexistent/checkout"], "--nkilib /nonexistent/checkout: not an nki-library checkout"),
+], ids=["only-matches-nothing", "fit-without-train-rows", "missing-data", "missing-checkout"])
+def test_selections_of_nothing_and_missing_paths_are_errors(calibrate, capsys, argv, message):
     with pytest.raises(SystemExit):
-        calibrate.main(["--only", "no_such_row"])
-    assert "--only 'no_such_row' matches no row of measurements.toml; ids start with e.g." in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        calibrate.main(["--fit", "--only", "dma.single_4x4096"])
-    assert "--fit: no train row selected" in capsys.readouterr().err
-    # paths that are not there: named before anything runs (they were tracebacks)
-    with pytest.raises(SystemExit):
-        calibrate.main(["--data", "/nonexistent/measurements.toml"])
-    assert "--data /nonexistent/measurements.toml: no such measurement file" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        calibrate.main(["--nkilib", "/nonexistent/checkout"])
-    assert "--nkilib /nonexistent/checkout: not an nki-library checkout" in capsys.readouterr().err
+        calibrate.main(argv)
+    assert message in capsys.readouterr().err
 
 
 def test_a_device_side_time_is_the_instruction_stream_without_the_launch_cost(calibrate):
