@@ -1098,9 +1098,12 @@ def main(argv=None) -> int:
     if settings:
         print("what-if, not fitted: every row modeled with "
               + ", ".join(f"{k} = {v:g}" for k, v in settings.items()) + " (hardware.py's values otherwise)")
-    if args.fit and not any(r.split == "train" for r in rows + qor):
-        ap.error("--fit: no train row selected (--only / --split / --skip-slow leave none); the free "
-                 "parameters are fitted on the train rows")
+    # the public rows' parameters are fitted on public train rows, the QoR launch costs on QoR
+    # train rows: whichever set is selected needs train rows of its own
+    for what, chosen in (("public", rows), ("QoR", qor)):
+        if args.fit and chosen and not any(r.split == "train" for r in chosen):
+            ap.error(f"--fit: no {what} train row selected (--only / --split / --skip-slow leave none); "
+                     f"the free parameters are fitted on the train rows")
     params = fit(rows) if args.fit else (settings or None)
     public: dict[str, float] = modeled(rows, params) if rows else {}
     if rows:

@@ -38,10 +38,10 @@ equally busy, and the DMA queues take part of the Pᵀ work when they have room:
              EngineBalance.pick in attention_plan.py): each PSUM bank of Pᵀ blocks copied
              to SBUF; each PSUM bank of outputs either normalised by VectorE (the row
              sums' reciprocals, then one multiply) or copied by ScalarE and scaled by
-             GpSimd, all its heads at once (VectorE takes the reciprocals: NKI's ISA has no
-             divide) (FlashAttention-2: one normalisation, after P·V).
-    GpSimd   the exp biases, the normalisation's multiplies, the causal tile
-             (affine_select), constants.
+             GpSimd, all its heads at once (the sums' power of -1, then one multiply: NKI's
+             ISA has no divide) (FlashAttention-2: one normalisation, after P·V).
+    GpSimd   the exp biases, that normalisation, the causal tile (affine_select),
+             constants.
     DMA      Qᵀ and Kᵀ arrive transposed (dma_transpose, 16-bit dtypes) or are transposed
              on TensorE (fp32); V and the output move as [128 rows, heads, D] blocks
              covering every head of a group in one transfer; for 16-bit data a share of

@@ -404,11 +404,11 @@ def evict(facts, plan, o, out, nb, r, vector=False, rowsum=None):
             # fixed costs, plus the sums' copy (the minimum) where they are kept; ScalarE:
             # the copy of the bank (g·(Dv + 1)), one fixed cost (GpSimd then scales)
             c = active_engine_costs()
-            vector = (2 * c.vector_instr_cycles + max(c.min_instruction_cycles, c.vector_reciprocal_factor * g)
-                      + g * Dv)
+            vector_cycles = (2 * c.vector_instr_cycles + max(c.min_instruction_cycles, c.vector_reciprocal_factor * g)
+                             + g * Dv)
             if keep_sums:
-                vector += c.vector_instr_cycles + c.min_instruction_cycles
-            eng = plan.pick(vector, g * w + c.scalar_instr_cycles)
+                vector_cycles += c.vector_instr_cycles + c.min_instruction_cycles
+            eng = plan.pick(vector_cycles, g * w + c.scalar_instr_cycles)
         if eng == nisa.engine.vector:
             # the reciprocals of the row sums (floored at TINY first with a user mask:
             # all-masked rows give 0; the floored sums kept for the lse), then one multiply

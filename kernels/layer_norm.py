@@ -26,7 +26,7 @@ Layout:
 16-bit input (bf16/fp16), per row slot (the j-th row of a partition in a block):
     statistics in fp32, on one of two engines (_scalar_stats_share of the slots on ScalarE):
       ScalarE  sum(x - x0) (copy with bias -x0, add-accumulate; x0 the row's first
-               element, -x0 for every row slot of the block in one GpSimd instruction);
+               element, -x0 for every row slot of the block in one ScalarE instruction);
                GpSimd mean = sum * (1 / H) + x0 (a constant row's mean is exactly x0, so
                it centres to exactly 0, as in torch); ScalarE sum((x - mean)^2) (square
                of -x + mean, accumulate) -> rsqrt(. / H + eps): two-pass variance

@@ -294,7 +294,7 @@ def test_what_if_settings_are_numeric_target_fields_and_reach_the_rows(calibrate
     # an --only matching no row printed only the QoR notice and exited 0
     (["--only", "no_such_row"], "--only 'no_such_row' matches no row of measurements.toml; ids start with e.g."),
     # --fit on test rows alone printed hardware.py's values as "fitted on the train rows"
-    (["--fit", "--only", "dma.single_4x4096"], "--fit: no train row selected"),
+    (["--fit", "--only", "dma.single_4x4096"], "--fit: no public train row selected"),
     # paths that are not there were tracebacks; now named before anything runs
     (["--data", "/nonexistent/measurements.toml"], "--data /nonexistent/measurements.toml: no such measurement file"),
     (["--nkilib", "/nonexistent/checkout"], "--nkilib /nonexistent/checkout: not an nki-library checkout"),

@@ -357,17 +357,29 @@ def test_layer_norm_backward_rejects_statistics_of_another_shape_or_dtype(stats,
         norms._layer_norm_backward_reference(x, x, stats, [64], None, None, 1e-5)
 
 
+def _scalar_statistics_rows(x, weight, bias):
+    """How many ScalarE row sums (copy activations reading their accumulator out) the 16-bit
+    LayerNorm kernel issues for x: the statistics path the shift by x0 is in."""
+    from nki_kernels.ops import norms
+
+    _, trace = run_traced(norms.layer_norm_kernel_call(x, (x.shape[-1],), weight, bias, 1e-5))
+    return sum(1 for i in trace if i.op == "activation" and i.attrs.get("reduce") and i.attrs["func"] == "copy")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
 def test_layer_norm_constant_rows_with_large_mean_are_exactly_zero(simulator_backend, dtype):
     # Issue 13, defect 7: the 16-bit statistics on ScalarE formed the mean as sum * (-1/H);
     # 1/1000 is inexact in fp32, so rows of 1000.0 centred to 6e-5 and came out as 0.019
-    # (torch: exactly 0). 300 rows: row slots on both statistics engines, and a tail.
-    x = torch.full((300, 1000), 1000.0, dtype=dtype)
+    # (torch: exactly 0). [1576, 1000]: row slots on both statistics engines (ScalarE's
+    # sums of x - x0 for 16-bit data, checked below), and a tail.
+    x = torch.full((1576, 1000), 1000.0, dtype=dtype)
     out = nki_kernels.layer_norm(x, (1000,))
     assert out.dtype == dtype and torch.equal(out, torch.zeros_like(out))
     bias = randn(1000, dtype=dtype)
     out = nki_kernels.layer_norm(x, (1000,), torch.ones(1000, dtype=dtype), bias)
     torch.testing.assert_close(out, bias.expand_as(out), atol=0, rtol=0)
+    if dtype != torch.float32:
+        assert _scalar_statistics_rows(x, None, None) > 0 and _scalar_statistics_rows(x, bias, bias) > 0
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -375,14 +387,15 @@ def test_layer_norm_rows_whose_first_element_is_far_from_the_mean(simulator_back
     # The 16-bit statistics on ScalarE sum x - x0 (x0: the row's first element; a constant
     # row's mean is then exactly x0) and take mean = sum / H + x0: a first element 1000
     # standard deviations away from the rest is the worst case of that shift (the mean's
-    # rounding follows |mean - x0|). 300 rows: row slots on both statistics engines.
-    x = randn(300, 1000, dtype=torch.float32)
-    x[:, 0] = 1000.0 * torch.where(randn(300, dtype=torch.float32) > 0, 1.0, -1.0)
+    # rounding follows |mean - x0|). [1576, 1000]: row slots on both statistics engines.
+    x = randn(1576, 1000, dtype=torch.float32)
+    x[:, 0] = 1000.0 * torch.where(randn(1576, dtype=torch.float32) > 0, 1.0, -1.0)
     x = x.to(dtype)
     weight, bias = _affine(1000, "weight+bias", dtype)
     out = nki_kernels.layer_norm(x, (1000,), weight, bias, eps=1e-5)
     x64, w64, b64 = _f64(x, weight, bias)
     assert_matches(out, F.layer_norm(x64, (1000,), w64, b64, 1e-5), dtype)
+    assert _scalar_statistics_rows(x, weight, bias) > 0
 
 
 # ---------------------------------------------------------------------------- streamed rows (H > 8192)

@@ -52,13 +52,13 @@ porting rules, kernels/nkibench.py and kernels/autocomp_attention.py):
   simulator's lowering of it, a ``dma_transpose`` at the source dtype (fp32) and a cast copy
   to bf16 (DECIDED: the beta-1 DMA transpose might have cast itself; the copy is on
   ``copy_engine``, 64 [d, 128] copies per kernel).
-* ``... * softmax_scale`` (Q) and ``1.0 / sum``: VectorE ``tensor_scalar`` (multiply by
-  0.125; ``1.0 / x`` as VectorE's ``nisa.reciprocal``, NKI 0.7's ISA having no divide
-  operator: the "Supported Math Operators for NKI ISA" table, nki.api.shared): the
-  simulator's lowering of a binary nl op with a scalar, tensor_scalar's default engine, as
-  nl.negative in the rules (DECIDED: ``1.0 / x`` is not ``nl.reciprocal``, so not ScalarE's
-  reciprocal; [128, 1] tiles, 32 per kernel, each at VectorE's instruction minimum either
-  way). ``attn_res_sbuf * nc_transpose(...)``: VectorE tensor_tensor (rule for
+* ``... * softmax_scale`` (Q): VectorE ``tensor_scalar`` multiply by 0.125, the simulator's
+  lowering of a binary nl op with a scalar (tensor_scalar's default engine, as nl.negative
+  in the rules). ``1.0 / sum``: VectorE's ``nisa.reciprocal`` (DECIDED: ``1.0 / x`` is not
+  ``nl.reciprocal``, so not ScalarE's reciprocal; a VectorE tensor_scalar divide until NKI
+  0.7's missing divide operator was enforced, the "Supported Math Operators for NKI ISA"
+  table of nki.api.shared; [128, 1] tiles, 32 per kernel, each at VectorE's instruction
+  minimum either way). ``attn_res_sbuf * nc_transpose(...)``: VectorE tensor_tensor (rule for
   nl.add / nl.maximum of two tiles).
 * ``nisa.nc_transpose`` without engine= on [128, 128] / [128, d] tiles: TensorE (VectorE
   transposes only 32 x 32), into PSUM at the data's dtype.
