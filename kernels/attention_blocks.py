@@ -412,8 +412,9 @@ def evict(facts, plan, o, out, nb, r, vector=False, rowsum=None):
         if eng == nisa.engine.vector:
             # the reciprocals of the row sums (floored at TINY first with a user mask:
             # all-masked rows give 0; the floored sums kept for the lse), then one multiply
-            # with O straight from PSUM: the same arithmetic as the GpSimd path (divide), so
-            # the result does not depend on the engine the planner picked
+            # with O straight from PSUM: O times 1 / rowsum, as the GpSimd path (divide)
+            # makes it with its power of -1 (both exactly 1 / x here; on hardware the two
+            # engines' reciprocals may differ in the last bit, not measured)
             recip_of = bank[:, :, Dv:w]
             if keep_sums:
                 nisa.tensor_scalar(dst=sums[:r, g0:g0 + g, :], data=recip_of, op0=nl.maximum,
