@@ -153,7 +153,7 @@ def causal_base():
     return base
 
 
-def causal_diagonal(base, q0, r, k0, n):
+def causal_diagonal(base, q0, k0, n):
     """(c, cb) of a causal tile without user mask: query rows q0:q0+r, keys k0:k0+n (n already
     clipped to key < q0 + r).  Keys <= q0 are visible to every row; key q0 + 1 + x is
     visible to row p iff x <= p - 1, i.e. base[p, x] (0 or -inf, LaunchTensors.causal_base)."""
@@ -239,7 +239,7 @@ def row_exp(p, z, r, n, neg_max):
     nisa.activation(dst=p[:r, 0:n], op=nl.exp, data=z[:r, 0:n], bias=neg_max[:r], scale=-1.0)
 
 
-def softmax_cycles(facts, n, bias, diag):
+def softmax_cycles(n, bias, diag):
     """(VectorE, ScalarE) cycles of row_max + row_exp for one unit (for EngineBalance.charge),
     as the cost model prices row_max's instructions: VectorE one pass over the unmasked
     columns (a tensor_scalar_reduce) and two over the masked ones (scale·S + mask with S in

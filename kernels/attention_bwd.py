@@ -255,7 +255,7 @@ def _kv_batch(f, plan, bal, tensors, b, hk0, a0, a1, t0, t1, k0, k1, key_bias, c
         if m <= 0:
             continue
         shared = None if f.mask_per_head else tile_bias(f, mask, b, 0, q0, r, k0, k0 + m, key_bias)
-        diag = causal_diagonal(base, q0, r, k0, m) if f.causal_only else None
+        diag = causal_diagonal(base, q0, k0, m) if f.causal_only else None
         for g0 in range(0, nq, plan.head_batch):
             g1 = min(nq, g0 + plan.head_batch)
             _head_batch(f, plan, bal, qside, kside, kv_acc, a0 - hk0, mask, b, hk0, hq0 + g0, hq0 + g1, t - t0,
@@ -367,7 +367,7 @@ def _head(f, plan, bal, qT, doT, q_rows, do_rows, di, neg_lse, kT, vT, kv_acc, t
         bal.charge(scalar_cycles=m + bal.costs.scalar_instr_cycles * (1 + (0 < cu < m)))
     # dS = (dP - D_i) ⊙ P
     ds = nl.ndarray((P, plan.kb), dtype=f.dtype, buffer=nl.sbuf) if ds_out is None else ds_out
-    _ds(f, bal, ds[:r, 0:m], sd[1][:r, 0:m], di[0][:r, tl, u:u + 1], di[1][:r, tl, u:u + 1], p[:r, 0:m], m)
+    _ds(bal, ds[:r, 0:m], sd[1][:r, 0:m], di[0][:r, tl, u:u + 1], di[1][:r, tl, u:u + 1], p[:r, 0:m], m)
     # dV += Pᵀ·dO, dK += dSᵀ·Q (PSUM accumulation over the chunk), per 128-key tile
     for i in range(kt):
         c0, kc = i * P, min(P, m - i * P)
@@ -451,7 +451,7 @@ def _ones_ring(f, plan):
     return ring
 
 
-def _ds(f, bal, ds, dp, di, neg_di, p, m):
+def _ds(bal, ds, dp, di, neg_di, p, m):
     """ds = (dP - D_i) ⊙ P, rounded once into the matmul dtype, on the engines the running
     estimate says are least loaded (BwdBalance.pick_ds): VectorE alone (one instruction,
     two full inputs, dP from PSUM), or ScalarE takes dP - D_i out of PSUM (-D_i as its

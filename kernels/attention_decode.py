@@ -95,14 +95,14 @@ def decode_attention(facts, plan, tensors, units):
     ones = nl.ndarray((P, 1), dtype=facts.dtype, buffer=nl.sbuf)   # moving operand of the row sums
     nisa.memset(dst=ones, value=1.0, engine=nisa.engine.gpsimd)
     split_state = _split_pair_scores(facts, tensors, split) if split is not None else None
-    state = _start_pairs(facts, tensors, pairs, ones) if pairs else None
+    state = _start_pairs(facts, tensors, pairs) if pairs else None
     if split is not None:
         _finish_split_pair(facts, plan, tensors, split, split_state, ones)
     if pairs:
         _decode_pairs(facts, plan, tensors, pairs, state, ones)
 
 
-def _start_pairs(facts, tensors, pairs, ones):
+def _start_pairs(facts, tensors, pairs):
     """The first loads of whole ``pairs`` on this core (see _decode_pairs): (sizes, starts,
     qT, bias, tail_bias, the first batch's Kᵀ or the first pair's scores)."""
     sizes = decode_batch_sizes(facts, len(pairs))

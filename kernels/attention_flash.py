@@ -45,7 +45,7 @@ def flash_group(facts, plan, tensors, b, hk0, hk1, tiles, key_bias, last):
                 n = min(k1, q0 + r) - k0 if f.causal else k1 - k0
                 shared = None if f.mask_per_head else tile_bias(f, tensors.mask, b, 0, q0, r, k0, k0 + n,
                                                                 key_bias)
-                diag = causal_diagonal(tensors.causal_base, q0, r, k0, n) if f.causal_only else None
+                diag = causal_diagonal(tensors.causal_base, q0, k0, n) if f.causal_only else None
                 for hq in range(h0, h1):
                     bias = (tile_bias(f, tensors.mask, b, hq, q0, r, k0, k0 + n, key_bias)
                             if f.mask_per_head else shared)
@@ -59,7 +59,7 @@ def flash_group(facts, plan, tensors, b, hk0, hk1, tiles, key_bias, last):
             divide(f, o_sb[:r, t - t0, :, :], acc[:r, t - t0, :, :], r)       # every head at once
         store_rows(f, tensors.out, o_sb, b, h0, h1, s0, s1)
         if tensors.lse is not None:      # return_lse: the accumulators hold the row statistics
-            LseStage(nt, nh, views=(neg_max, acc[:, :, :, f.Dv])).store(f, tensors.lse, b, h0, s0, s1)
+            LseStage(nt, nh, views=(neg_max, acc[:, :, :, f.Dv])).store(tensors.lse, b, h0, s0, s1)
 
 
 def _flash_unit(facts, plan, qT, kT, vals, kv, acc, run_neg_max, bias, diag, r, n, first):
@@ -69,7 +69,7 @@ def _flash_unit(facts, plan, qT, kT, vals, kv, acc, run_neg_max, bias, diag, r, 
     the first key block."""
     s = scores(qT, kT, r, n)
     p, blk, z = row_max(facts, s, r, n, bias, diag)
-    v_cyc, s_cyc = softmax_cycles(facts, n, bias, diag)
+    v_cyc, s_cyc = softmax_cycles(n, bias, diag)
     if first:
         row_exp(p, z, r, n, blk)
         nisa.tensor_copy(dst=run_neg_max[:r], src=blk[:r], engine=nisa.engine.gpsimd)

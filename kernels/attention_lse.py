@@ -57,7 +57,7 @@ class LseStage(nl.NKIObject):
         """[r, nj] view of the row sums of tile t, heads j0:j0+nj (for evict / normalize)."""
         return self.rowsum[:r, t, j0:j0 + nj]
 
-    def store(self, facts, lse, b, h0, s0, s1):
+    def store(self, lse, b, h0, s0, s1):
         """lse[b, h0:h0+heads, s0:s1] (HBM fp32) <- log(rowsum + TINY) - neg_max."""
         tiny = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.memset(dst=tiny, value=TINY, engine=nisa.engine.gpsimd)

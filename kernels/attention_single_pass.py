@@ -55,7 +55,7 @@ def single_pass_group(facts, plan, tensors, b, hk0, hk1, tiles, key_bias, last):
                                     lse=None if stage is None else (stage, t - t0, hb - h0))
                 continue
             shared = None if f.mask_per_head else tile_bias(f, tensors.mask, b, 0, q0, r, 0, n, key_bias)
-            diag = causal_diagonal(tensors.causal_base, q0, r, 0, n) if f.causal_only else None
+            diag = causal_diagonal(tensors.causal_base, q0, 0, n) if f.causal_only else None
             for hq in range(h0, h1):
                 bias = tile_bias(f, tensors.mask, b, hq, q0, r, 0, n, key_bias) if f.mask_per_head else shared
                 qv, kv_view, kv, ov = unit(hq)
@@ -63,7 +63,7 @@ def single_pass_group(facts, plan, tensors, b, hk0, hk1, tiles, key_bias, last):
                              lse=None if stage is None else (stage, t - t0, hq - h0))
         store_rows(f, tensors.out, o_sb, b, h0, h1, s0, s1)
         if stage is not None:
-            stage.store(f, tensors.lse, b, h0, s0, s1)
+            stage.store(tensors.lse, b, h0, s0, s1)
 
 
 def _biased_unit(facts, plan, qT, kT, vals, kv, out_tile, bias, diag, r, n, lse=None):
@@ -75,7 +75,7 @@ def _biased_unit(facts, plan, qT, kT, vals, kv, out_tile, bias, diag, r, n, lse=
     if lse is not None:
         lse[0].put_neg_max(lse[1], lse[2], neg_max[:r], r)
     row_exp(p, z, r, n, neg_max)
-    v_cyc, s_cyc = softmax_cycles(facts, n, bias, diag)
+    v_cyc, s_cyc = softmax_cycles(n, bias, diag)
     # ScalarE also copies O | rowsum (Dv + 1 columns) out of PSUM in normalize
     plan.charge(v_cyc, s_cyc + facts.Dv + 1 + active_engine_costs().scalar_instr_cycles)
     o = unit_pv(facts, plan, p, vals, kv, r, n)

@@ -130,7 +130,7 @@ def transposed_scores_group(facts, plan, tensors, b, hk0, hk1, tiles, key_bias, 
         if s1 > s0:
             store_rows(f, tensors.out, o_sb, b, h0, h1, s0, s1)
         if stage is not None:
-            stage.store(f, tensors.lse, b, h0, s_first, min(f.Sq, t1 * P))
+            stage.store(tensors.lse, b, h0, s_first, min(f.Sq, t1 * P))
 
 
 def _load_q_extended(facts, q, b, h0, h1, s0, s1):

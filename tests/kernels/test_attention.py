@@ -346,7 +346,7 @@ def test_softmax_planning_prices_the_row_max_as_the_cost_model_does(mask_kind, c
                   for ins in row_max)
     with simulator.activated(target="trn2"):
         bias, diag = ("bias", None) if mask is not None else (None, (sk - masked, None))
-        planned, _ = blocks.softmax_cycles(None, sk, bias, diag)
+        planned, _ = blocks.softmax_cycles(sk, bias, diag)
     assert planned == pytest.approx(modeled)
 
 
