@@ -1070,23 +1070,25 @@ def main(argv=None) -> int:
         ap.error("--pairs selects nki-library QoR rows: pass --nkilib PATH")
     if not Path(args.data).is_file():
         ap.error(f"--data {args.data}: no such measurement file")
-    if args.nkilib and not (Path(args.nkilib) / "src" / "nkilib_src" / "nkilib").is_dir():
-        ap.error(f"--nkilib {args.nkilib}: not an nki-library checkout (no src/nkilib_src/nkilib)")
     rows = load_rows(Path(args.data))
     qor: list[Row] = []
     if args.nkilib:
-        use_nkilib(Path(args.nkilib))
+        try:
+            use_nkilib(Path(args.nkilib))   # side_by_side's NkiLibrary checks the checkout
+        except FileNotFoundError as err:
+            ap.error(str(err))
         qor = load_rows(QOR)
     else:
         print(f"{QOR.name}: {len(load_rows(QOR))} nki-library QoR rows not run (pass --nkilib PATH)")
     if args.only:
         prefixes = tuple(p.strip() for p in args.only.split(",") if p.strip())
+        all_rows = rows
         wanted = {r.id for r in rows if r.id.startswith(prefixes)}
         wanted |= {r.relative_to for r in rows if r.id in wanted and r.relative_to}
         rows = [r for r in rows if r.id in wanted]
         qor = [r for r in qor if r.id.startswith(prefixes)]
         if not rows and not qor:
-            families = sorted({r.id.split(".")[0] for r in load_rows(Path(args.data))})
+            families = sorted({r.id.split(".")[0] for r in all_rows})
             ap.error(f"--only {args.only!r} matches no row of {Path(args.data).name}"
                      f"{' or the QoR file' if args.nkilib else ''}; ids start with e.g. {', '.join(families[:12])}")
     if args.skip_slow:

@@ -126,7 +126,7 @@ class NkiLibrary:
     def __init__(self, checkout: Path):
         src = checkout / "src"
         if not (src / "nkilib_src" / "nkilib").is_dir():
-            raise FileNotFoundError(f"--nkilib {checkout}: no src/nkilib_src/nkilib (not an nki-library checkout)")
+            raise FileNotFoundError(f"--nkilib {checkout}: not an nki-library checkout (no src/nkilib_src/nkilib)")
         self.src = src
         self.commit = _git_head(checkout)
         _source_repairs().install()
@@ -514,7 +514,10 @@ def main(argv=None) -> int:
     unknown = ops - set(known)
     if unknown:
         ap.error(f"--ops {sorted(unknown)} unknown; choose from {', '.join(known)}")
-    lib = NkiLibrary(Path(args.nkilib))
+    try:
+        lib = NkiLibrary(Path(args.nkilib))
+    except FileNotFoundError as err:
+        ap.error(str(err))
     if args.commit:
         lib.commit = args.commit
     pairs: list[Pair] = []

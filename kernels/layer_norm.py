@@ -74,7 +74,7 @@ from .limits import NORM_ONE_PASS_MAX_HIDDEN as ONE_PASS_MAX_HIDDEN
 from .limits import NORM_RESIDENT_PARAM_BYTES as RESIDENT_PARAM_BYTES
 from .limits import NORM_RESIDENT_ROW_BYTES as RESIDENT_ROW_BYTES
 from .limits import NORM_STREAM_CHUNK as STREAM_CHUNK
-from .tiling import (DMA_SATURATING_BYTES, PARTITIONS, block_rows, broadcast_rows, cdiv, column_chunks, drain_chunks,
+from .tiling import (DMA_SATURATING_BYTES, block_rows, broadcast_rows, cdiv, column_chunks, drain_chunks,
                      engine_segments, fitting_ahead, fp32_column, itemsize, load_block, param_columns, part_row_stats,
                      pipelined, program_row_blocks, program_row_parts, resident_params, row_blocks, rows_per_partition,
                      slot_stores_pay, split_count, spread)

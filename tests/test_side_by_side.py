@@ -77,7 +77,8 @@ def test_a_long_note_is_cut_visibly_in_the_table_and_kept_whole_in_the_csv(sbs, 
     (["--ops", ","], "--ops ',' names no op"),
     (["--ops", "rmsnorm"], "--ops ['rmsnorm'] unknown"),
     (["--csv", "/nonexistent/dir/pairs.csv"], "--csv /nonexistent/dir/pairs.csv: folder /nonexistent/dir does not exist"),
-], ids=["empty-ops", "unknown-op", "missing-folder"])
+    ([], "--nkilib /nonexistent/checkout: not an nki-library checkout"),   # a traceback before
+], ids=["empty-ops", "unknown-op", "missing-folder", "missing-checkout"])
 def test_bad_arguments_are_refused_before_any_kernel_runs(sbs, capsys, argv, message):
     with pytest.raises(SystemExit):
         sbs.main(["--nkilib", "/nonexistent/checkout", *argv])
