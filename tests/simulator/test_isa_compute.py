@@ -448,7 +448,7 @@ def test_activation_engine_parameter(sim, mk, v):
     dst = nl.ndarray((32, 16), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst, nl.exp, mk(x), engine=nisa.engine.scalar)
     close(v(dst), torch.exp(x))
-    with pytest.raises(NkiValidationError, match="engine=gpsimd needs NeuronCore-v4 or newer.*trn2"):
+    with pytest.raises(NkiValidationError, match=r"engine=gpsimd needs NeuronCore-v4 \(trn3\) or newer.*trn2"):
         nisa.activation(dst, nl.exp, mk(x), engine=nisa.engine.gpsimd)
     with pytest.raises(NkiValidationError, match="engine vector is not supported"):
         nisa.activation(dst, nl.exp, mk(x), engine=nisa.engine.vector)

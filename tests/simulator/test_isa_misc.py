@@ -235,7 +235,7 @@ def test_dma_options_follow_their_documented_limits(sim, mk):
         nisa.dma_copy(out, x, engine=nisa.engine.sync)
     with pytest.raises(NkiValidationError, match="must be nisa.engine.sync or nisa.engine.scalar"):
         nisa.dma_copy(out, x, dge_mode=nisa.dge_mode.hwdge, engine=nisa.engine.gpsimd)
-    with pytest.raises(NkiValidationError, match=r"priority=2 needs NeuronCore-v4 \(trn3\); the target is trn2"):
+    with pytest.raises(NkiValidationError, match=r"priority=2 needs NeuronCore-v4 \(trn3\) or newer \(nki.isa.dma_copy\); the target is trn2"):
         nisa.dma_copy(out, x, priority=2)
 
 

@@ -4,6 +4,7 @@ limits differ where AWS's docs say so, and a custom Target changes what the rule
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -68,7 +69,7 @@ def test_matmul_dtypes_tiles_and_modes_per_generation(on):
     dst = nl1.ndarray((32, 64), dtype=nl1.float32, buffer=nl1.psum)
     with pytest.raises(NkiValidationError, match=r"must use sizes from \(64, 128\)"):
         nisa1.nc_matmul(dst, make1((32, 32)), make1((32, 64)), tile_position=(0, 0), tile_size=(32, 128))
-    with pytest.raises(NkiValidationError, match="double_row needs NeuronCore-v3 or newer"):
+    with pytest.raises(NkiValidationError, match=r"double_row needs NeuronCore-v3 \(trn2\) or newer"):
         nisa1.nc_matmul(dst, make1((32, 2, 32), "float8_e4m3"), make1((32, 2, 64), "float8_e4m3"),
                         perf_mode=nisa1.matmul_perf_mode.double_row)
 
@@ -86,19 +87,91 @@ def test_accumulate_onto_a_memset_is_refused_before_v4(on):
                 nisa.nc_matmul(dst, st, mv, accumulate=True)
 
 
-def test_v2_feature_flags(on):
+def _indirect_transpose(nl, nisa, make):
+    """The v2.33 dma_transpose docstring's gather-transpose: 128 rows of a bf16 table."""
+    table = make((256, 64), "bfloat16", "hbm")
+    idx = nl.ndarray((128, 1), dtype=nl.uint32, buffer=nl.sbuf)
+    idx.dtype.assign(idx._data, torch.randperm(256)[:128].reshape(128, 1))
+    view = table.ap(pattern=[[64, 128], [1, 64]], vector_offset=idx, indirect_dim=0)
+    nisa.dma_transpose(nl.ndarray((64, 128), dtype=nl.bfloat16, buffer=nl.sbuf), view, axes=(1, 0))
+
+
+def _mx_operands(nl, make):
+    """nc_matmul_mx's operands at the smallest legal shape (fp8 x4 data, uint8 scales)."""
+    a = nl.ndarray((32, 4), dtype=nl.float8_e4m3fn_x4, buffer=nl.sbuf)
+    b = nl.ndarray((32, 8), dtype=nl.float8_e4m3fn_x4, buffer=nl.sbuf)
+    return (nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.psum), a, b,
+            nl.ndarray((32, 4), dtype=nl.uint8, buffer=nl.sbuf), nl.ndarray((32, 8), dtype=nl.uint8, buffer=nl.sbuf))
+
+
+# Every rule that an instruction, option or operator exists only from some NeuronCore
+# version on (each from its v2.33 API page): (instruction, version, what is gated, the
+# call). The refusal is one message everywhere (isa/operands.py generation_refusal).
+GENERATION_GATES = [
+    ("tensor_copy", 3, "engine=scalar",
+     lambda nl, nisa, make: nisa.tensor_copy(make((8, 4)), make((8, 4)), engine=nisa.engine.scalar)),
+    ("activation", 3, "a scalar bias",
+     lambda nl, nisa, make: nisa.activation(make((8, 4)), nl.exp, make((8, 4)), bias=1.0)),
+    ("range_select", 3, "",
+     lambda nl, nisa, make: nisa.range_select(make((8, 4)), make((8, 4)), nl.greater_equal, nl.less,
+                                              make((8, 1)), make((8, 1)))),
+    ("sendrecv", 3, "",
+     lambda nl, nisa, make: nisa.sendrecv(make((8, 4)), make((8, 4)), send_to_rank=0, recv_from_rank=0,
+                                          pipe_id=0)),
+    ("core_barrier", 3, "",
+     lambda nl, nisa, make: nisa.core_barrier(nl.ndarray((8, 4), dtype=nl.float32, buffer=nl.shared_hbm),
+                                              (0, 1))),
+    ("nonzero_with_count", 3, "",
+     lambda nl, nisa, make: nisa.nonzero_with_count(make((128, 9)), make((128, 8)))),
+    ("dma_transpose", 3, "an indirect transpose", _indirect_transpose),
+    ("dma_copy", 3, "dge_mode=hwdge",
+     lambda nl, nisa, make: nisa.dma_copy(make((8, 16), buffer="hbm"), make((8, 16)),
+                                          dge_mode=nisa.dge_mode.hwdge)),
+    ("nc_matmul", 3, "perf_mode double_row",
+     lambda nl, nisa, make: nisa.nc_matmul(nl.ndarray((32, 64), dtype=nl.float32, buffer=nl.psum),
+                                           make((32, 2, 32), "float8_e4m3"), make((32, 2, 64), "float8_e4m3"),
+                                           perf_mode=nisa.matmul_perf_mode.double_row)),
+    ("dma_copy", 4, "priority=2",
+     lambda nl, nisa, make: nisa.dma_copy(make((8, 16), buffer="hbm"), make((8, 16)), priority=2)),
+    ("activation", 4, "engine=gpsimd",
+     lambda nl, nisa, make: nisa.activation(make((8, 4)), nl.exp, make((8, 4)), engine=nisa.engine.gpsimd)),
+    ("exponential", 4, "",
+     lambda nl, nisa, make: nisa.exponential(make((8, 4)), make((8, 4)))),
+    ("quantize_mx", 4, "",
+     lambda nl, nisa, make: nisa.quantize_mx(None, None, None)),
+    ("nc_matmul_mx", 4, "",
+     lambda nl, nisa, make: nisa.nc_matmul_mx(*_mx_operands(nl, make))),
+    ("tensor_tensor", 4, "op: nl.abs_max",
+     lambda nl, nisa, make: nisa.tensor_tensor(make((8, 4)), make((8, 4)), make((8, 4)), op=nl.abs_max)),
+    ("tensor_scalar", 4, "op0: nl.abs_min",
+     lambda nl, nisa, make: nisa.tensor_scalar(make((8, 4)), make((8, 4)), op0=nl.abs_min, operand0=0.5)),
+]
+
+FAMILY = {3: "trn2", 4: "trn3"}
+
+
+@pytest.mark.parametrize("instr,version,feature,call", GENERATION_GATES,
+                         ids=[f"{i}-v{v}-{f or 'instruction'}" for i, v, f, _ in GENERATION_GATES])
+def test_every_generation_gate_names_the_instruction_the_version_and_the_target(on, instr, version,
+                                                                                 feature, call):
+    older = {3: "trn1", 4: "trn2"}[version]
+    nl, nisa, make = on(older)
+    gated = f"{re.escape(feature)} needs" if feature else "needs"
+    with pytest.raises(NkiValidationError,
+                       match=rf"^{instr}: {gated} NeuronCore-v{version} \({FAMILY[version]}\) or newer"
+                             rf".*; the target is {older}"):
+        call(nl, nisa, make)
+    # on the generation that has it, the gate is not what stops the call (some calls above
+    # stop later, at an operand rule of the instruction's own, which is not this test's)
+    nl, nisa, make = on(FAMILY[version])
+    try:
+        call(nl, nisa, make)
+    except NkiValidationError as err:
+        assert "needs NeuronCore" not in str(err), err
+
+
+def test_v2_reports_its_version(on):
     nl, nisa, make = on("trn1")
-    with pytest.raises(NkiValidationError, match="Scalar engine cannot copy on NeuronCore-v2"):
-        nisa.tensor_copy(make((8, 4)), make((8, 4)), engine=nisa.engine.scalar)
-    with pytest.raises(NkiValidationError, match="scalar bias needs v3"):
-        nisa.activation(make((8, 4)), nl.exp, make((8, 4)), bias=1.0)
-    with pytest.raises(NkiValidationError, match="range_select: needs NeuronCore-v3 or newer"):
-        nisa.range_select(make((8, 4)), make((8, 4)), nl.greater_equal, nl.less, 0.0, 2.0)
-    # "Available only on NeuronCore-v3 or newer" (nki.isa.sendrecv, nki.isa.core_barrier)
-    with pytest.raises(NkiValidationError, match="sendrecv: needs NeuronCore-v3 or newer; the target is trn1"):
-        nisa.sendrecv(make((8, 4)), make((8, 4)), send_to_rank=0, recv_from_rank=0, pipe_id=0)
-    with pytest.raises(NkiValidationError, match="core_barrier: needs NeuronCore-v3 or newer; the target is trn1"):
-        nisa.core_barrier(nl.ndarray((8, 4), dtype=nl.float32, buffer=nl.shared_hbm), (0, 1))
     assert nisa.get_nc_version() is nisa.nc_version.gen2
 
 

@@ -256,11 +256,11 @@ def operator_refusal(op: Op, where: str) -> Exception | None:
         return _err(f"{where}: nl.{op.name} is not an operator of NKI's ISA (its table of supported math "
                     f"operators has none; nki.language lists {op.name} as not supported): {fix}")
     if op.name in V4_OPERATORS:
-        from .isa.operands import target   # (lazy: the ISA modules import this one)
+        from .isa.operands import generation_refusal   # (lazy: the ISA modules import this one)
 
-        if target().generation < 4:
-            return _err(f"{where}: nl.{op.name} needs NeuronCore-v4 (trn3) or newer (nki.language.{op.name}); "
-                        f"the target is {target().name}")
+        msg = generation_refusal(where, 4, f"nl.{op.name}", source=f"nki.language.{op.name}")
+        if msg is not None:
+            return _err(msg)
     return None
 
 

@@ -17,6 +17,7 @@ from ..tensor import NkiTensor
 from . import enums
 from .operands import (cast_copy, check_reduce_cmd, engine_of, f32, fail, free_elems, ints, is_scalar,
                        max_rank, no_psum_on_gpsimd, not_both_psum, onchip, operand_vec, record,
+                       require_generation,
                        reduce_free, reduce_last, same_free, same_partitions, store, target,
                        vector_reduce_regs)
 
@@ -34,9 +35,10 @@ def tensor_copy(dst, src, engine=enums.engine.unknown, name=None):
     eng = engine_of("tensor_copy", engine, ("vector", "scalar", "gpsimd"), "vector")
     if eng == "gpsimd":
         no_psum_on_gpsimd("tensor_copy", ("dst", dst), ("src", src))
-    if eng == "scalar" and not target().scalar_engine_copy:
-        fail("tensor_copy: the Scalar engine cannot copy on NeuronCore-v2; use "
-             "nisa.activation(op=nl.copy)")
+    if eng == "scalar":
+        require_generation("tensor_copy", 3, "engine=scalar", supported=target().scalar_engine_copy,
+                           source="nki.isa.tensor_copy",
+                           hint="the Scalar engine cannot copy there; use nisa.activation(op=nl.copy)")
     cast_copy("tensor_copy", dst, src)
     return record("tensor_copy", eng, [("src", src)], [("dst", dst)], dst.size, {})
 

@@ -11,7 +11,8 @@ import torch
 from .. import ops as _ops
 from . import enums
 from ..tensor import IndirectView, _gather_bits
-from .operands import cast_copy, convert_bits, f32, fail, record, store, target, tensor_arg
+from .operands import (cast_copy, convert_bits, f32, fail, record, require_generation, store, target,
+                       tensor_arg)
 
 
 def _dma_check(instr, role, t):
@@ -47,12 +48,11 @@ def _dma_options(instr, priority, dge_mode, engine) -> None:
     ``priority`` "0-3 ... (NeuronCore-v4+ only)"; ``engine`` "the engine to use for HWDGE
     descriptor generation: nki.isa.engine.sync or nki.isa.engine.scalar. Only valid when
     dge_mode=nisa.dge_mode.hwdge"."""
-    if dge_mode is enums.dge_mode.hwdge and target().generation < 3:
+    if dge_mode is enums.dge_mode.hwdge:
         # dge_mode: "Hardware based DGE is only supported for NeuronCore-v3 or newer"
-        fail(f"{instr}: dge_mode=hwdge needs NeuronCore-v3 or newer; the target is {target().name}")
+        require_generation(instr, 3, "dge_mode=hwdge", source=f"nki.isa.{instr}")
     if priority is not None:
-        if target().generation < 4:
-            fail(f"{instr}: priority={priority!r} needs NeuronCore-v4 (trn3); the target is {target().name}")
+        require_generation(instr, 4, f"priority={priority!r}", source=f"nki.isa.{instr}")
         if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 3:
             fail(f"{instr}: priority={priority!r} must be an int in 0..3")
     if engine is not None and engine is not enums.engine.unknown:
@@ -178,9 +178,7 @@ def _transpose_dge_rules(src, dge_mode, oob_mode=enums.oob_mode.error) -> None:
     if indirect:
         if src._alloc.kind != "hbm":
             fail(f"{I}: an indirect transpose reads src from HBM, got {src._alloc.kind}")
-        if target().generation < 3:
-            fail(f"{I}: an indirect transpose needs NeuronCore-v3 or newer (TRN2+); the target "
-                 f"is {target().name}")
+        require_generation(I, 3, "an indirect transpose", source="nki.isa.dma_transpose")
         idx = src._vector
         ishape = tuple(idx.shape)
         if len(ishape) != 2:

@@ -14,7 +14,8 @@ import torch
 from .. import dtypes as _dt
 from .. import ops as _ops
 from .operands import (f32, fail, free_elems, ints, is_scalar, max_rank, onchip, record, reduce_last,
-                       same_free, same_partitions, signed_bits, start_partition, store, target)
+                       require_generation,
+                       same_free, same_partitions, signed_bits, start_partition, store)
 
 
 def _pattern_values(I, dst, pattern, offset, channel_multiplier):
@@ -192,8 +193,7 @@ def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
     src's nonzero elements plus ``index_offset``, then ``padding_val``, then the count (dst
     has one more element per partition than src). Other dst partitions are not modified."""
     I = "nonzero_with_count"
-    if target().generation < 3:
-        fail(f"{I}: needs NeuronCore-v3 or newer")
+    require_generation(I, 3, source="nki.isa.nonzero_with_count")
     onchip(I, "dst", dst, psum=False, why=" (GpSimd)")
     onchip(I, "src", src, psum=False, why=" (GpSimd)")
     same_partitions(I, "src", src, "dst", dst)

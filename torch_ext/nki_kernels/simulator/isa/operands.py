@@ -54,6 +54,36 @@ def target() -> Target:
     return current().target
 
 
+def generation_refusal(instr: str, version: int, feature: str = "", supported: bool | None = None,
+                       source: str = "", hint: str = "") -> str | None:
+    """The refusal of ``instr`` (or of its ``feature``, an option such as "dge_mode=hwdge") on
+    a target older than NeuronCore-v``version``, or None when the target has it. ``supported``
+    is the target's own capability flag where hardware.py keeps one (``has_mx``, ...): it
+    decides instead of the generation number. ``source`` names the AWS page the rule is from;
+    ``hint`` what to write instead. One message for every such rule: "<instr>: [<feature> ]needs
+    NeuronCore-vN (trnX) or newer[ (<source>)]; the target is <name>[: <hint>]"."""
+    tgt = target()
+    ok = tgt.generation >= version if supported is None else supported
+    if ok:
+        return None
+    from ..hardware import TARGETS   # (the family name of a NeuronCore version: v3 is trn2)
+
+    family = next((t.name for t in TARGETS.values() if t.generation == version), None)
+    what = f"{feature} needs" if feature else "needs"
+    core = f"NeuronCore-v{version} ({family})" if family else f"NeuronCore-v{version}"
+    cited = f" ({source})" if source else ""
+    fix = f": {hint}" if hint else ""
+    return f"{instr}: {what} {core} or newer{cited}; the target is {tgt.name}{fix}"
+
+
+def require_generation(instr: str, version: int, feature: str = "", supported: bool | None = None,
+                       source: str = "", hint: str = "") -> None:
+    """Refuse ``instr`` on a target older than NeuronCore-v``version`` (generation_refusal)."""
+    msg = generation_refusal(instr, version, feature, supported, source, hint)
+    if msg is not None:
+        fail(msg)
+
+
 def is_scalar(x) -> bool:
     return isinstance(x, numbers.Number) or (
         not isinstance(x, NkiTensor) and hasattr(x, "item") and getattr(x, "ndim", 1) == 0)

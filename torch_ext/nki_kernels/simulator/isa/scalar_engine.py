@@ -12,7 +12,7 @@ from ..context import current
 from ..tensor import NkiTensor
 from . import enums
 from .operands import (check_reduce_cmd, engine_of, f32, fail, free_elems, is_scalar, lanes, onchip,
-                       operand_vec, record, reduce_free, same_free, same_partitions, store,
+                       operand_vec, record, reduce_free, require_generation, same_free, same_partitions, store,
                        target, update_regs)
 
 
@@ -30,8 +30,8 @@ def _bias_scale(I, data, bias, scale):
             fail(f"{I}: bias dtype tfloat32 is not supported")
         b = operand_vec(I, "bias", bias, data)
     else:
-        if not target().activation_scalar_bias:
-            fail(f"{I}: bias must be a (P, 1) tile on NeuronCore-v2 (scalar bias needs v3+)")
+        require_generation(I, 3, "a scalar bias", supported=target().activation_scalar_bias,
+                           hint="bias must be a (P, 1) tile there")
         b = operand_vec(I, "bias", bias, data)
     return s, b
 
@@ -45,9 +45,7 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
     I = "activation"
     eng = engine_of(I, engine, ("scalar", "gpsimd"), "scalar")
     if eng == "gpsimd":
-        if target().generation < 4:
-            fail(f"{I}: engine=gpsimd needs NeuronCore-v4 or newer (nki.isa.activation, v2.33); "
-                 f"the target is {target().name}")
+        require_generation(I, 4, "engine=gpsimd", source="nki.isa.activation, v2.33")
         fail(f"{I}: engine=gpsimd (NeuronCore-v4+) is not supported by this simulator: no AWS "
              "figure prices an activation on GpSimd; use the Scalar engine")
     onchip(I, "dst", dst)

@@ -31,7 +31,7 @@ from __future__ import annotations
 from ..context import current
 from ..errors import DeadlockError
 from . import enums
-from .operands import fail, record, store, target, tensor_arg
+from .operands import fail, record, require_generation, store, tensor_arg
 
 # nisa.sendrecv with dma_engine.gpsimd_dma: "1024 bytes for 32-bit types, 512 bytes for
 # 16-bit types, 256 bytes for 8-bit types" per partition
@@ -47,8 +47,7 @@ def _state(run):
 
 def _needs_v3(instr):
     """Both instructions' docstrings: "Available only on NeuronCore-v3 or newer" (trn1 is v2)."""
-    if target().generation < 3:
-        fail(f"{instr}: needs NeuronCore-v3 or newer; the target is {target().name}")
+    require_generation(instr, 3, source=f"nki.isa.{instr}")
 
 
 def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=enums.dma_engine.dma,

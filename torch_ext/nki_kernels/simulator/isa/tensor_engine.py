@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import enums
-from .operands import (engine_of, f32, fail, free_elems, onchip, psum_state, record, store,
+from .operands import (engine_of, f32, fail, free_elems, onchip, psum_state, record, require_generation, store,
                        target, tensor_arg)
 
 
@@ -27,8 +27,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     sv, mv = f32(stationary), f32(moving)
     K = sv.shape[0]
     if double:
-        if not tgt.matmul_double_row:
-            fail(f"{I}: perf_mode double_row needs NeuronCore-v3 or newer")
+        require_generation(I, 3, "perf_mode double_row", supported=tgt.matmul_double_row)
         for role, t in (("stationary", stationary), ("moving", moving)):
             if not t.dtype.name.startswith("float8"):
                 fail(f"{I}: perf_mode double_row needs float8 {role}, got {t.dtype.name}")
@@ -221,8 +220,7 @@ def nc_matmul_mx(dst, stationary, moving, stationary_scale, moving_scale, tile_p
     elements of (stationary * its scale) x (moving * its scale)``, fp32 accumulation."""
     I = "nc_matmul_mx"
     tgt = target()
-    if not tgt.has_mx:
-        fail(f"{I}: needs NeuronCore-v4 (trn3); the target is {tgt.name}")
+    require_generation(I, 4, supported=tgt.has_mx, source="nki.isa.nc_matmul_mx")
     for role, t in (("stationary", stationary), ("moving", moving),
                     ("stationary_scale", stationary_scale), ("moving_scale", moving_scale)):
         onchip(I, role, t, psum=False, why=" (TensorE reads SBUF only)",

@@ -20,6 +20,7 @@ from . import enums
 from .alu import scalar_stage
 from .operands import (check_reduce_cmd, engine_of, f32, fail, free_elems, ints, lanes, max_rank,
                        no_psum_on_gpsimd, not_both_psum, onchip, operand_vec, record, reduce_free,
+                       require_generation,
                        same_free, same_partitions, start_partition, store, target,
                        vector_reduce_regs)
 
@@ -243,8 +244,7 @@ def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1,
     """Keep elements whose free index (+range_start) satisfies both comparisons with the
     per-partition bounds; others become on_false_value. Max-reduces into the accumulators."""
     I = "range_select"
-    if not target().has_range_select:
-        fail(f"{I}: needs NeuronCore-v3 or newer")
+    require_generation(I, 3, supported=target().has_range_select, source="nki.isa.range_select")
     onchip(I, "dst", dst)
     onchip(I, "on_true_tile", on_true_tile)
     same_partitions(I, "on_true_tile", on_true_tile, "dst", dst)
@@ -521,8 +521,7 @@ def quantize_mx(dst, src, dst_scale, name=None):
 
     I = "quantize_mx"
     tgt = target()
-    if not tgt.has_mx:
-        fail(f"{I}: needs NeuronCore-v4 (trn3); the target is {tgt.name}")
+    require_generation(I, 4, supported=tgt.has_mx, source="nki.isa.quantize_mx")
     for role, t in (("dst", dst), ("src", src), ("dst_scale", dst_scale)):
         onchip(I, role, t, psum=False, why=" (all tiles in SBUF)",
                quadrant_offsets=tgt.mx_scale_quadrant_offsets if role == "dst_scale" else ())
@@ -577,9 +576,7 @@ def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=enums.reduc
     """``dst = exp(src - max_value)`` on VectorE (NeuronCore-v4), optionally summed into the
     VectorE accumulators (nki.isa.exponential: reset_reduce / reduce / load_reduce)."""
     I = "exponential"
-    tgt = target()
-    if tgt.generation < 4:
-        fail(f"{I}: needs NeuronCore-v4 (trn3); the target is {tgt.name}")
+    require_generation(I, 4, source="nki.isa.exponential")
     onchip(I, "dst", dst)
     onchip(I, "src", src)
     same_partitions(I, "src", src, "dst", dst)
