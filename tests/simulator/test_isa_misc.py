@@ -198,6 +198,56 @@ def test_registers_and_loops(sim, mk):
     assert count[0] == 3
 
 
+def _register_docstring_examples(out):
+    """The v2.33 register_load and register_store examples, as one kernel: a bound of 1
+    loaded from a 1-D SBUF tensor, a counter stored into another and sent to HBM."""
+    import nki.isa as nisa
+    import nki.language as nl
+
+    computed_bound = nl.ones([1], dtype=nl.int32, buffer=nl.sbuf)  # bound of 1 in SBUF
+    loop_reg = nisa.register_alloc()
+    nisa.register_load(loop_reg, computed_bound)
+    counter_reg = nisa.register_alloc(0)
+    nl.fori_loop(0, loop_reg, lambda i: nisa.register_move(counter_reg, int(counter_reg) + 5))
+    result_tensor = nl.ndarray([1], dtype=nl.int32, buffer=nl.sbuf)
+    nisa.register_store(result_tensor, counter_reg)
+    nisa.dma_copy(out, result_tensor)
+    return out
+
+
+def test_register_docstring_examples_with_one_dim_sbuf_tensors_run_and_model():
+    # v2.33 nki.isa.register_load / register_store: "a NKI tensor with exactly one element
+    # (shape [1] or [1, 1])", their examples allocating shape [1] in SBUF
+    from nki_kernels import simulator
+    from nki_kernels.simulator.cost import estimate_trace
+
+    out = torch.full((1,), -77, dtype=torch.int32)
+    res = simulator.run(_register_docstring_examples, out)
+    assert res.outputs.tolist() == [5]          # one trip of the loop the loaded bound makes
+    # the cost model takes the 1-D tiles too: the DMA of 4 bytes to HBM at least
+    est = estimate_trace(res.trace, "trn2", allocations=res.allocations)
+    assert est.latency_us > 0 and est.instruction_counts.get("dma_copy") == 1
+
+
+def test_a_one_dim_on_chip_tensor_is_no_engine_operand(sim, mk):
+    _, nl, nisa = sim
+    t = nl.ndarray((4,), dtype=nl.float32, buffer=nl.sbuf)
+    assert t.shape == (4,)
+    for call in (lambda: nisa.memset(t, 1.0), lambda: nisa.tensor_copy(t, mk(torch.randn(4, 1))),
+                 lambda: nisa.activation(mk(torch.randn(4, 1)), nl.exp, t), lambda: nl.exp(t)):
+        with pytest.raises(NkiValidationError, match=r"is a 1-D on-chip tensor \(shape \(4,\)\).*reshape\(\(4, 1\)\)"):
+            call()
+    # its [P, 1] view is an ordinary tile, and nl.ones fills a 1-D tile through it
+    x = torch.randn(4, 1)
+    nisa.tensor_copy(t.reshape((4, 1)), mk(x))
+    assert torch.equal(t.values(), x.reshape(4))
+    ones = nl.ones((4,), dtype=nl.float32, buffer=nl.sbuf)
+    assert torch.equal(ones.values(), torch.ones(4))
+    assert t.reshape((4, 1)).reshape((4,)).shape == (4,)
+    with pytest.raises(NkiValidationError, match=r"must keep partition dim 1, got \(\)"):
+        nl.ndarray((1,), dtype=nl.float32, buffer=nl.sbuf).reshape(())
+
+
 def test_unsupported_names_raise_clearly(sim):
     _, nl, nisa = sim
     with pytest.raises(UnsupportedError, match="activate2"):

@@ -20,7 +20,8 @@ def test_new_memory_is_poisoned(sim):
 
 @pytest.mark.parametrize("shape, buffer, words", [
     ((256, 4), "sbuf", ["partition dim 256", "maximum 128"]),
-    ((64,), "sbuf", ["at least 2-D"]),
+    ((), "sbuf", ["at least one dim"]),
+    ((64,), "psum", ["at least 2 dims (1-D: SBUF only)"]),
     ((129, 4), "psum", ["partition dim 129"]),
 ])
 def test_on_chip_shape_rules(sim, shape, buffer, words):

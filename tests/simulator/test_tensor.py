@@ -272,7 +272,7 @@ def test_constructor_placeholder_follows_ndarray_shape_rules(sim):
     _, nl, _ = sim
     p = nl.NkiTensor((np.int64(128), np.int64(4)), nl.float32, None, name=None)
     assert (p.shape, p.name) == ((128, 4), "")
-    for shape, words in [((4,), "at least 2-D"), ((256, 4), "exceeds maximum 128"),
+    for shape, words in [((), "tuple of positive integers"), ((256, 4), "exceeds maximum 128"),
                          ((128, 10 ** 9), "bytes per partition")]:
         with pytest.raises(Exception, match=words):
             nl.NkiTensor(shape, nl.float32, None, buffer=nl.sbuf)

@@ -156,18 +156,22 @@ class Memory:
     # ------------------------------------------------------------------ allocation
     def check_shape(self, shape, dtype, region, name="", what="ndarray") -> tuple[int, ...]:
         """``shape`` as a tuple of ints, checked against the rules every tensor of ``region``
-        obeys: positive sizes; on chip at least 2-D, dim 0 (the partitions) <= the target's
-        partitions, and one partition's bytes within the memory."""
+        obeys: positive sizes; in SBUF at least 1-D, in PSUM 2-D; dim 0 (the partitions) <=
+        the target's partitions, and one partition's bytes within the memory. A 1-D SBUF
+        tensor holds one element per partition: the v2.33 register_load / register_store
+        examples allocate one (``nl.ones([1], dtype=nl.int32, buffer=nl.sbuf)``; both pages
+        say "HBM or SBUF"); the engines take it only as a [partition, free] view
+        (isa/operands.py onchip)."""
         shape = tuple(int(s) for s in shape)
         if any(s <= 0 for s in shape):
             raise NkiValidationError(f"{what}: shape {shape} must have positive sizes")
         kind = _KIND[region]
         if kind == "hbm":
             return shape
-        if len(shape) < 2:
+        if len(shape) < (1 if kind == "sbuf" else 2):
             raise NkiValidationError(
-                f"{what}: {kind} tensor {name or ''} shape {shape} must be at least 2-D "
-                "(dim 0 is the partition dim)")
+                f"{what}: {kind} tensor {name or ''} shape {shape} needs at least "
+                f"{'one dim' if kind == 'sbuf' else '2 dims (1-D: SBUF only)'} (dim 0 is the partition dim)")
         if shape[0] > self.target.partitions:
             raise NkiValidationError(
                 f"{what}: {kind} tensor partition dim {shape[0]} exceeds maximum "

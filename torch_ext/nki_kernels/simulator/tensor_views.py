@@ -129,10 +129,7 @@ class ShapeViews:
                 f"reshape: shape {shape} has {math.prod(shape)} elements, tensor "
                 f"{self.shape} has {n}")
         if self.on_chip:
-            if len(shape) < 2:
-                raise NkiValidationError(
-                    f"reshape: on-chip tensor needs >= 2 dims, got {shape}")
-            if shape[0] != self._data.shape[0]:
+            if not shape or shape[0] != self._data.shape[0]:
                 raise NkiValidationError(
                     f"reshape: on-chip tensor must keep partition dim {self._data.shape[0]}, "
                     f"got {shape}")

@@ -144,6 +144,12 @@ def onchip(instr, role, t, *, psum=True, sbuf=True, why="", quadrant_offsets=())
         fail(f"{instr}: {role} must be in SBUF, got PSUM{why}")
     if kind == "sbuf" and not sbuf:
         fail(f"{instr}: {role} must be in PSUM, got SBUF{why}")
+    if len(shape) < 2:
+        # a 1-D on-chip tensor (allowed for the register instructions and DMA: the v2.33
+        # register_load / register_store examples) is no engine tile: every documented
+        # engine operand is [partition, free...], so the simulator does not guess one
+        fail(f"{instr}: {role} is a 1-D on-chip tensor (shape {tuple(shape)}); engine instructions "
+             f"take [partition, free...] tiles: use {role}.reshape(({shape[0]}, 1))")
     # only a view of more than 4 free dimensions can merge to more than 4 (this runs for every
     # operand of every instruction); an out-of-bounds view raises IndexError when used
     if len(shape) > MAX_FREE_PATTERN_DIMS + 1 and not isinstance(t, OutOfBoundsView):

@@ -66,7 +66,8 @@ def _staging_shape(blocks) -> tuple[int, int]:
 def _filled(shape, value, dtype, buffer, name):
     t = allocate(as_shape(shape), dtype, buffer, name)
     if t.on_chip:
-        _isa.memset(t, value)
+        # a 1-D tile (one element per partition) is set through its [P, 1] view
+        _isa.memset(t if len(t.shape) > 1 else t.reshape((t.shape[0], 1)), value)
         return t
     # HBM: one memset of an SBUF staging tile, then one dma_copy per block
     blocks = _hbm_blocks(t)

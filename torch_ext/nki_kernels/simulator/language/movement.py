@@ -22,8 +22,8 @@ def load(src, dtype=None):
     shape = src.shape
     if len(shape) < 2:
         raise NkiValidationError(
-            f"load: src shape {shape} would make a {len(shape)}-D SBUF tile; SBUF tiles need "
-            "2 dims (partition, free): index or reshape the HBM tensor first")
+            f"load: src shape {shape} would make a {len(shape)}-D SBUF tile, which no engine "
+            "instruction takes (tiles are [partition, free...]): index or reshape the HBM tensor first")
     parts = current().target.partitions
     if shape[0] > parts:
         raise NkiValidationError(f"load: src partition dim {shape[0]} exceeds maximum {parts}")
