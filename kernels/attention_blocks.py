@@ -321,7 +321,7 @@ def transpose_p(facts, plan, p, pT, r, n):
         for i, (j, c) in enumerate(chunk):
             kc = min(P, n - c * P)
             nisa.nc_transpose(dst=tp[:kc, i, :r], data=p[:r, j, c * P:c * P + kc])
-        copy_on(pT[:, i0:i0 + len(chunk), :r], tp[:, 0:len(chunk), :r], plan.pick(*plan.copy_cycles(len(chunk) * r)))
+        copy_on(pT[:, i0:i0 + len(chunk), :r], tp[:, 0:len(chunk), :r], plan.pick(*plan.pt_copy_cycles(len(chunk) * r)))
     return tp
 
 

@@ -18,10 +18,10 @@ instruction its whole fixed cost (``vector_instr_cycles``).
 
 from dataclasses import dataclass
 
-import nki.isa as nisa
 import nki.language as nl
 
 from .attention_launch import FP32_BYTES, P, PSUM_BANK_BYTES
+from .engine_balance import VectorScalarBalance
 from .engine_costs import active as active_engine_costs
 from .tiling import cdiv
 
@@ -173,27 +173,24 @@ def _dst_dma_share(facts, kb, n_kb, head_batch, folded):
 
 
 class BwdBalance(nl.NKIObject):
-    """Running VectorE / ScalarE / GpSimd busy-time estimates of one backward program (ns),
-    in issue order, and the engines work either can do goes to: those that keep the
-    estimates most even (greedy list schedule)."""
+    """Running VectorE / ScalarE (``loads``: engine_balance.VectorScalarBalance) and GpSimd
+    busy-time estimates of one backward program (ns), in issue order, and the engines work
+    either can do goes to: those that keep the estimates most even (greedy list schedule)."""
 
     def __init__(self, facts, plan):
         self.costs = active_engine_costs()
-        self.vector_ns = 0.0
-        self.scalar_ns = 0.0
+        # spreading the share of the head batches whose dSᵀ the DMA transposes
+        # (plan.dst_dma_share)
+        self.loads = VectorScalarBalance(plan.dst_dma_share)
         self.gpsimd_ns = 0.0
         self.slot = -1
-        # this share of the head batches makes dSᵀ by DMA transposes (plan.dst_dma_share),
-        # spread by a credit
-        self.dma_share = plan.dst_dma_share
         self.itemsize = facts.itemsize
-        self.dma_credit = 0.0
 
     def use_dma(self, nu, r, m):
         """Whether the next head batch's dSᵀ (nu heads, r rows, m keys) is made by DMA
         transposes (dma_share, spread). Below an all-DMA share, a batch whose transposes
         would hold the queues more than twice as long as their data takes goes to TensorE."""
-        if 0 < self.dma_share < 1:
+        if 0 < self.loads.dma_share < 1:
             data = occ = 0.0
             for keys in (m // P * P, m % P):
                 if keys:
@@ -202,11 +199,7 @@ class BwdBalance(nl.NKIObject):
                     occ += self.costs.dma_occupancy_ns(d)
             if 2 * data < occ:
                 return False
-        self.dma_credit += self.dma_share
-        if self.dma_credit >= 0.5:
-            self.dma_credit -= 1.0
-            return True
-        return False
+        return self.loads.spread_share()
 
     def next_slot(self):
         """Index of the next extended Kᵀ / Vᵀ ring slot (folded mode)."""
@@ -215,22 +208,19 @@ class BwdBalance(nl.NKIObject):
 
     def charge(self, vector_cycles=0.0, scalar_cycles=0.0):
         """Account work that must run on VectorE / ScalarE (estimated cycles)."""
-        self.vector_ns += vector_cycles / self.costs.vector_ghz
-        self.scalar_ns += scalar_cycles / self.costs.scalar_ghz
+        self.loads.charge(vector_cycles, scalar_cycles)
+
+    def pick(self, vector_cycles, scalar_cycles):
+        """Engine for a PSUM -> SBUF copy either can do (VectorScalarBalance.pick)."""
+        return self.loads.pick(vector_cycles, scalar_cycles)
+
+    def copy_cycles(self, elems, sixteen):
+        """(VectorE, ScalarE) cycles of a PSUM -> SBUF copy (VectorScalarBalance.copy_cycles)."""
+        return self.loads.copy_cycles(elems, sixteen)
 
     def charge_gpsimd(self, cycles):
         """Account GpSimd work (estimated cycles, at GpSimd's clock)."""
         self.gpsimd_ns += cycles / self.costs.gpsimd_ghz
-
-    def pick(self, vector_cycles, scalar_cycles):
-        """The engine (nisa.engine) for work either can do (greedy list schedule)."""
-        tv = self.vector_ns + vector_cycles / self.costs.vector_ghz
-        ts = self.scalar_ns + scalar_cycles / self.costs.scalar_ghz
-        if max(tv, self.scalar_ns) <= max(self.vector_ns, ts):
-            self.vector_ns = tv
-            return nisa.engine.vector
-        self.scalar_ns = ts
-        return nisa.engine.scalar
 
     def pick_ds(self, m):
         """How dS = (dP - D_i) ⊙ P of m columns is made (attention_bwd._ds): 0 VectorE alone
@@ -239,20 +229,12 @@ class BwdBalance(nl.NKIObject):
         passes, both in SBUF); the way whose busier engine ends earlier. (Until session 61
         the VectorE way was charged 2 passes, the model's rule before 2026-12-02, so the
         ScalarE way was taken more often than the model's figures say it pays.)"""
-        c = self.costs
-        vector = self.vector_ns + (m + c.vector_instr_cycles) / c.vector_ghz
-        scalar = self.scalar_ns + (m + c.scalar_instr_cycles) / c.scalar_ghz
+        c, loads = self.costs, self.loads
+        vector = loads.vector_ns + (m + c.vector_instr_cycles) / c.vector_ghz
+        scalar = loads.scalar_ns + (m + c.scalar_instr_cycles) / c.scalar_ghz
         gpsimd = self.gpsimd_ns + (m / c.gpsimd_two_input_rate() + c.gpsimd_instr_cycles) / c.gpsimd_ghz
         if vector <= max(scalar, gpsimd):
-            self.vector_ns = vector
+            loads.vector_ns = vector
             return 0
-        self.scalar_ns, self.gpsimd_ns = scalar, gpsimd
+        loads.scalar_ns, self.gpsimd_ns = scalar, gpsimd
         return 1
-
-    def copy_cycles(self, elems, sixteen):
-        """(VectorE, ScalarE) cycles of a PSUM -> SBUF copy of ``elems`` per partition
-        (VectorE: 16-bit performance mode with one side in PSUM)."""
-        c = self.costs
-        rate = c.vector_psum_copy_rate(sixteen)
-        return (max(c.min_instruction_cycles, elems / rate) + c.vector_instr_cycles,
-                max(c.min_instruction_cycles, elems) + c.scalar_instr_cycles)

@@ -4,7 +4,8 @@ Only VectorE and ScalarE read PSUM, and every softmax needs a pass over the scor
 (the row max on VectorE, the exp on ScalarE). The remaining PSUM copies (Pᵀ blocks, output
 banks) can go to either: the planner keeps a running estimate of both engines' busy time
 (ns) over the launch, in issue order, and gives each copy to the one that keeps them most
-even. For 16-bit data it also decides which Pᵀ transposes go to the DMA queues instead.
+even (engine_balance.VectorScalarBalance, shared with the backward). For 16-bit data it
+also decides which Pᵀ transposes go to the DMA queues instead.
 Estimates use the cost model's figures for the generation being built for
 (engine_costs.active()); they steer speed, never results. The attention kernels charge each
 VectorE instruction its whole fixed cost (``vector_instr_cycles``), not the cost left in a
@@ -20,16 +21,13 @@ as before and trn1 (its overlap measured, 320 of 360 cycles) plans its attention
 slower (geomean of the 13 main-job attention rows at LNC=1; ViT-L +2.3 %).
 """
 
-import nki.isa as nisa
 import nki.language as nl
 
 from .attention_launch import FP32_BYTES, P, grouped_st_rows, unbiased_heads_per_batch
+from .engine_balance import VectorScalarBalance
 from .engine_costs import active as active_engine_costs
 from .tiling import cdiv
 
-# use_dma spreads the DMA transposes evenly: after i calls, round(i * dma_share) of them
-# went to the DMA (credit >= 0.5: round half up).
-DMA_CREDIT_ROUND = 0.5
 # _plan_dma_share searches the DMA share in steps of 1/20 of the launch's Pᵀ (5% steps: the
 # first-order estimate behind it cannot tell finer ones apart)...
 DMA_SHARE_STEPS = 20
@@ -38,8 +36,7 @@ DMA_SHARE_TIE_NS = 1e-9
 
 
 class EngineBalance(nl.NKIObject):
-    """Running VectorE/ScalarE load estimates of one launch and the choices made from them.
-
+    """The forward's VectorE/ScalarE load estimates and the choices made from them.
     Mutable by design (it follows the launch's instructions in issue order), unlike
     ``LaunchFacts``. Created once per launch, before the first instruction.
     """
@@ -47,11 +44,9 @@ class EngineBalance(nl.NKIObject):
     def __init__(self, facts):
         self.costs = active_engine_costs()
         self.itemsize = facts.itemsize
-        self.vector_ns = 0.0       # estimated VectorE busy time so far
-        self.scalar_ns = 0.0       # estimated ScalarE busy time so far
-        # share (0..1) of the launch's Pᵀ made by DMA transposes; 16-bit data only
-        self.dma_share = _plan_dma_share(facts, self.costs) if facts.dma_transpose else 0.0
-        self.dma_credit = 0.0
+        # the running VectorE / ScalarE estimates (engine_balance.py), spreading the share
+        # (0..1) of the launch's Pᵀ made by DMA transposes (16-bit data only)
+        self.loads = VectorScalarBalance(_plan_dma_share(facts, self.costs) if facts.dma_transpose else 0.0)
         # transposed-scores path: the launch's first query tile is still to come
         self.ts_first_tile = True
         # transposed-scores rows of grouped Sᵀ (several exps per batch): the row max split
@@ -60,22 +55,21 @@ class EngineBalance(nl.NKIObject):
 
     def charge(self, vector_cycles=0.0, scalar_cycles=0.0):
         """Account work that must run on VectorE / ScalarE (estimated cycles)."""
-        self.vector_ns += vector_cycles / self.costs.vector_ghz
-        self.scalar_ns += scalar_cycles / self.costs.scalar_ghz
+        self.loads.charge(vector_cycles, scalar_cycles)
 
     def pick(self, vector_cycles, scalar_cycles):
-        """Engine for a piece of work either can do (a PSUM->SBUF copy): the one that keeps
-        the launch's estimated VectorE and ScalarE loads most even (greedy list schedule)."""
-        tv = self.vector_ns + vector_cycles / self.costs.vector_ghz
-        ts = self.scalar_ns + scalar_cycles / self.costs.scalar_ghz
-        if max(tv, self.scalar_ns) <= max(self.vector_ns, ts):
-            self.vector_ns = tv
-            return nisa.engine.vector
-        self.scalar_ns = ts
-        return nisa.engine.scalar
+        """Engine for a PSUM -> SBUF copy either can do (VectorScalarBalance.pick)."""
+        return self.loads.pick(vector_cycles, scalar_cycles)
 
-    def copy_cycles(self, elems):
-        """(VectorE, ScalarE) cycles to copy ``elems`` per partition of Pᵀ out of PSUM."""
+    def pt_copy_cycles(self, elems):
+        """(VectorE, ScalarE) cycles to copy ``elems`` per partition of Pᵀ out of PSUM: the
+        passes and the fixed cost, without the model's MIN_II floor that ``copy_cycles``
+        (the backward's) applies. With the floor, 12 of 128 probe launches (16
+        shapes x bf16 / fp32 x causal or not x LNC 1 / 2; modeled trn2, session 68) placed
+        their copies differently, 10 of them slower (up to +4.8 %: fp32 B=1 H=4/2kv Sq=5
+        Sk=257 at LNC=1), geomean +0.1 %; the main job's rows did not move. Pᵀ copies under
+        the floor are short rows (Sq tails), where the greedy pick does better thinking them
+        cheaper."""
         c = self.costs
         rate = c.vector_psum_copy_rate(self.itemsize == 2)
         return (elems / rate + c.vector_instr_cycles, elems + c.scalar_instr_cycles)
@@ -83,11 +77,7 @@ class EngineBalance(nl.NKIObject):
     def use_dma(self):
         """Whether the next Pᵀ is made by DMA transposes: True for a share ``dma_share`` of
         the launch's successive Pᵀ, spread evenly (never for fp32: its share is 0)."""
-        self.dma_credit += self.dma_share
-        if self.dma_credit >= DMA_CREDIT_ROUND:
-            self.dma_credit -= 1.0
-            return True
-        return False
+        return self.loads.spread_share()
 
     def hilo_per_batch(self, last_tile):
         """Transposed scores: split the row max per batch of heads (True) or once for the

@@ -457,9 +457,9 @@ def test_the_ds_choice_prices_the_vector_way_as_the_cost_model_does():
         for ins in on_vector:
             m = next(r for r in ins.reads if r.role == "data").free_elems
             bal = plan_mod.BwdBalance(SimpleNamespace(itemsize=2), SimpleNamespace(dst_dma_share=0.0))
-            bal.scalar_ns = bal.gpsimd_ns = 1e9          # force the VectorE way, then read its charge
+            bal.loads.scalar_ns = bal.gpsimd_ns = 1e9    # force the VectorE way, then read its charge
             assert bal.pick_ds(m) == 0
-            charged = bal.vector_ns * bal.costs.vector_ghz
+            charged = bal.loads.vector_ns * bal.costs.vector_ghz
             assert charged == pytest.approx(compute_cost(ins, trn2).cycles)
 
 
