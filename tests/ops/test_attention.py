@@ -315,6 +315,45 @@ def test_masked_key_with_inf_or_nan_gives_what_torch_gives(monkeypatch, backend,
     _check_masked_special_key(monkeypatch, backend, where, value, kind)
 
 
+@pytest.mark.parametrize("backend", ["reference", "simulator"])
+@pytest.mark.parametrize("sk", [5, 15, 16, 40])
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_a_query_row_with_inf_or_nan_is_nan_on_both_backends(monkeypatch, backend, sk, dtype):
+    # Review, session 68: the reference backend (torch 2.13's CPU SDPA) wrote 0 for a query
+    # row holding NaN at fewer than 16 keys (its flash kernel took the NaN row max for a row
+    # with every key masked); the kernel, and torch at 16 keys or more, give NaN: its scores
+    # are NaN (inf: +-inf, whose max minus itself is NaN). Every other row stays right.
+    monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", backend)
+    q, k, v = make_qkv(1, 2, 2, 6, sk, 16, dtype=dtype)
+    q[0, 0, 1, 3] = float("nan")
+    q[0, 1, 4, 0] = float("inf")
+    keep = torch.ones(6, sk, dtype=torch.bool)
+    keep[1] = False                               # the NaN row's keys all masked: NaN still
+    for kwargs in ({}, {"is_causal": True}, {"attn_mask": keep}):
+        out = sdpa(q, k, v, **kwargs).float()
+        bad = torch.zeros(1, 2, 6, dtype=torch.bool)
+        bad[0, 0, 1] = bad[0, 1, 4] = True
+        assert out[bad].isnan().all(), kwargs
+        good_q = q.clone().masked_fill(bad.unsqueeze(-1), 0.0)
+        expected = _float64_sdpa(good_q, k, v, **kwargs)
+        atol, rtol = TOLERANCES[dtype]
+        torch.testing.assert_close(out[~bad], expected[~bad], atol=atol, rtol=rtol)
+
+
+def _float64_sdpa(q, k, v, attn_mask=None, is_causal=False):
+    """Attention in float64 by its definition (softmax(q kᵀ / sqrt(D) + bias) v), a fully
+    masked row 0 as the ops give it."""
+    q, k, v = q.double(), k.double(), v.double()
+    s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    keep = torch.ones(s.shape[-2:], dtype=torch.bool)
+    if is_causal:
+        keep = keep.tril()
+    if attn_mask is not None:
+        keep = keep & attn_mask
+    p = torch.softmax(s.masked_fill(~keep, float("-inf")), -1).nan_to_num(0.0)
+    return (p @ v).float()
+
+
 def _check_masked_special_key(monkeypatch, backend, where, value, kind):
     monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", backend)
     q, k, v = make_qkv(1, 2, 2, 5, 7, 16, dtype=F32)

@@ -67,7 +67,7 @@ def test_every_op_from_several_threads(monkeypatch, backend):
     def job(op_index):
         op, index = op_index
         args, kwargs, desc = build(op, THREAD_SEED, index)
-        problem = check(op, args, kwargs, OPS[op].run(args, kwargs))
+        problem = check(op, args, kwargs, OPS[op].run(args, kwargs), backend)
         return None if problem is None else f"{op} [{desc}]: {problem}\n  {reproduction(op, THREAD_SEED, index, backend)}"
 
     jobs = [(op, i) for i in range(CASES_PER_OP) for op in OPS]     # ops interleaved

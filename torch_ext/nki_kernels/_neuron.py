@@ -35,9 +35,12 @@ runs at its default of 2, and AWS "doesn't support setting the compiler flag to 
 LNC configuration than the Neuron Runtime environment variable" [LNC-CONFIG].
 
 Scalars. Every distinct non-tensor argument value is a new compile [TN-HOWTO]; ours are
-``eps`` (norms), ``scale``/``causal``/``layout`` (attention), the activation name and
-softmax's column budget. They are per-model constants, so a model compiles each kernel
-once per shape and value (README "Running on a Trainium host" lists them).
+``eps`` (norms), ``scale``/``causal``/``layout`` (attention), the activation name,
+softmax's column budget and what a launch returns or takes (``return_lse``,
+``save_stats``, ``with_bias``, ``transpose``). They are per-model constants, so a model
+compiles each kernel once per shape and value (README "Running on a Trainium host" lists
+them; a model run for training and for inference compiles attention's and layer_norm's
+forwards once for each).
 
 Sources (AWS Neuron documentation, awsdocs-neuron.readthedocs-hosted.com):
 [TN-HOWTO] /en/latest/torch/guides/how-to-work-with-nki.html (2026-10-15), "How NKI kernels

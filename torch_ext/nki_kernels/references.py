@@ -163,7 +163,9 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     inf/NaN makes its rows NaN (masking is additive). (Where torch's CPU SDPA departs from its
     contract, with a mask and ``is_causal`` on its math path or ``is_causal`` with
     ``scale <= 0``, causality is passed as a mask; a 1-D ``[Sk]`` mask, which it rejects, is
-    passed as ``[1, Sk]``.) A float32 mask is accepted with any
+    passed as ``[1, Sk]``; a query row holding inf or NaN, whose output torch's flash kernel
+    gives as 0 at fewer than 16 keys (float64 at fewer than 15), is NaN, as its scores are
+    inf/NaN and as the kernel gives it, masked or not.) A float32 mask is accepted with any
     query dtype. Returns ``query.dtype``; for q/k/v that are transposed views of
     ``[B, S, H, D]`` the output is such a view too.
     """
@@ -183,4 +185,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         is_causal = False
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
                                          enable_gqa=bool(enable_gqa))  # a SymBool when traced
+    # torch 2.13's CPU flash kernel takes a row whose max is NaN for a row with every key
+    # masked and writes 0 (at fewer than 16 keys, where it does not tile the keys)
+    out = out.masked_fill(~torch.isfinite(q).all(-1, keepdim=True), float("nan"))
     return out.to(query.dtype)
