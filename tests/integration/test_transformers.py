@@ -296,12 +296,58 @@ def test_flash_format_semantics(reference_backend):
     (torch.ones(2, 6, dtype=torch.bool), {"sliding_window": -2}, ValueError, "sliding_window=-2 must be an int >= 1"),
     (torch.ones(2, 6, dtype=torch.bool), {"sliding_window": 2.5}, TypeError, r"sliding_window must be an int, got 2\.5"),
     (None, {"is_causal": "no"}, TypeError, "is_causal must be a Python bool, got 'no'"),
+    (None, {"dropout": -0.1}, ValueError, r"dropout=-0\.1 must be a float in \[0, 1\]"),
+    (None, {"dropout": float("nan")}, ValueError, r"dropout=nan must be a float in \[0, 1\]"),
+    (None, {"dropout": 1.5}, ValueError, r"dropout=1\.5 must be a float in \[0, 1\]"),
+    # SDPA's format holds the window in its mask: None with a window shorter than the keys
+    # would silently attend past it (review, session 68)
+    (None, {"sliding_window": 3}, ValueError, r"sliding_window=3 with attention_mask=None in SDPA's format and 6 keys"),
+    (torch.ones(2, 6, dtype=torch.bool, device="meta"), {}, ValueError, "attention_mask is on meta, query on cpu"),
     (torch.zeros(2, 1, 6, 6, dtype=torch.int64), {}, TypeError, "attn_mask has dtype int64"),
 ])
 def test_rejects_what_it_cannot_compute(reference_backend, mask, kwargs, error, match):
     q, k, v = _qkv()
     with pytest.raises(error, match=match):
         nkt.nki_attention_forward(types.SimpleNamespace(is_causal=True), q, k, v, mask, **kwargs)
+
+
+def test_a_window_covering_every_key_needs_no_mask(reference_backend):
+    # transformers' sdpa_mask returns None exactly when the window covers every key
+    q, k, v = _qkv()
+    got, _ = nkt.nki_attention_forward(types.SimpleNamespace(is_causal=True), q, k, v, None, sliding_window=6)
+    torch.testing.assert_close(got, _sdpa(q, k, v, causal=True), atol=ATOL, rtol=RTOL)
+
+
+@pytest.mark.parametrize("which, value, error, match", [
+    ("query", "q", TypeError, "query must be a torch.Tensor, got str"),
+    ("query", lambda q: q[0], ValueError, r"query has shape \[4, 6, 16\]; .*4-D"),
+    ("key", lambda k: k[0], ValueError, r"key has shape \[2, 6, 16\]; .*4-D"),
+    ("value", lambda v: v.unsqueeze(0), ValueError, r"value has shape \[1, 2, 2, 6, 16\]; .*4-D"),
+])
+def test_rejects_qkv_that_are_not_4d_tensors(reference_backend, which, value, error, match):
+    # review, session 68: 3-D q/k/v ran and came back in the wrong layout ([H, D, S])
+    args = dict(zip(("query", "key", "value"), _qkv()))
+    args[which] = value(args[which]) if callable(value) else value
+    with pytest.raises(error, match=match):
+        nkt.nki_attention_forward(types.SimpleNamespace(is_causal=True), args["query"], args["key"], args["value"],
+                                  None)
+
+
+@pytest.mark.parametrize("cu, match", [
+    (torch.tensor([0, 3, 4], dtype=torch.int32), r"\[0, 3, 4\]: must start at 0, never decrease and end at 7"),
+    (torch.tensor([0, 5, 3, 7], dtype=torch.int32), r"\[0, 5, 3, 7\]: must start at 0, never decrease"),
+    (torch.tensor([2, 4, 7], dtype=torch.int32), r"\[2, 4, 7\]: must start at 0"),
+    (torch.tensor([0, 3, 7, 9], dtype=torch.int32), "end at 7"),
+    (torch.tensor([0.0, 3.0, 7.0]), r"\[0\.0, 3\.0, 7\.0\]: must be a 1-D integer tensor"),
+    (torch.tensor([[0, 3, 7]], dtype=torch.int32), r"tensor of shape \[1, 3\]: must be a 1-D integer tensor"),
+    (torch.tensor([7], dtype=torch.int32), r"\[7\]: must be a 1-D integer tensor of at least 2"),
+])
+def test_rejects_malformed_cu_seq_lens(reference_backend, cu, match):
+    # review, session 68: these built wrong sequence boundaries without an error
+    q, k, v = _qkv(b=1, sq=7, sk=7)
+    with pytest.raises(ValueError, match=match):
+        nkt.nki_attention_forward(types.SimpleNamespace(is_causal=True), q, k, v, None,
+                                  cu_seq_lens_q=cu, cu_seq_lens_k=cu)
 
 
 def test_packed_varlen_kwargs(reference_backend):

@@ -254,6 +254,7 @@ BAD = [
     ("dropout_range", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), dropout_p=1.5), ValueError, ["dropout_p=1.5", "[0, 1]"]),
     ("scale_type", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), scale="big"), TypeError, ["scale", "str"]),
     ("scale_inf", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), scale=float("inf")), ValueError, ["scale=inf", "finite"]),
+    ("scale_past_fp32", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), scale=-1e39), ValueError, ["scale=-1e+39", "float32", "3.40282e+38"]),
     ("dropout_type", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), dropout_p="0"), TypeError, ["dropout_p", "'0'", "str"]),
     ("causal_type", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), is_causal=1), TypeError, ["is_causal", "1", "int", "Python bool"]),
     ("causal_numpy_bool", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8), _q(1, 1, 4, 8), is_causal=np.bool_(True)), TypeError, ["is_causal", "True", "numpy.bool", "Python bool"]),

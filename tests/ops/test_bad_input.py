@@ -38,6 +38,11 @@ CASES = [
      ValueError, ["eps=nan", "finite"]),
     ("rms-eps-inf", lambda: nki_kernels.rms_norm(x768(3, 8), (8,), None, float("inf")),
      ValueError, ["eps=inf", "finite"]),
+    # finite as a Python float, infinite in fp32, where the kernels add it (review, session 68)
+    ("ln-eps-past-fp32", lambda: nki_kernels.layer_norm(x768(3, 8), (8,), eps=1e300),
+     ValueError, ["eps=1e+300", "float32", "3.40282e+38"]),
+    ("rms-eps-past-fp32", lambda: nki_kernels.rms_norm(x768(3, 8), (8,), None, 3.5e38),
+     ValueError, ["eps=3.5e+38", "float32"]),
     ("ln-shape-float", lambda: nki_kernels.layer_norm(x768(3, 4), 4.0),
      TypeError, ["normalized_shape", "4.0"]),
     # a float size is refused, never truncated to the int it would round to (4.7 -> 4)

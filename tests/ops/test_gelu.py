@@ -88,3 +88,23 @@ def test_cpu_backend_switch_rejects_unknown_value(monkeypatch):
     monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", "gpu")
     with pytest.raises(ValueError, match="NKI_KERNELS_CPU_BACKEND='gpu'"):
         nki_kernels.gelu(torch.randn(4))
+
+
+@pytest.mark.parametrize("backend", ["reference", "simulator"])
+def test_erf_gelu_of_infinities(monkeypatch, backend):
+    # README ("non-finite cases"): gelu(+inf) is +inf (float64 torch), which the kernel gives;
+    # torch 2.13's fp32 CPU erf-gelu gives NaN, and the reference backend is torch's. -inf
+    # gives NaN everywhere (-inf * Phi(-inf) = -inf * 0); finite values stay right.
+    monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", backend)
+    x = torch.randn(4, 130) * 3
+    x[0, 5], x[2, 77] = float("inf"), float("-inf")
+    out = nki_kernels.gelu(x)
+    exact = F.gelu(x.double())
+    assert exact[0, 5] == float("inf") and exact[2, 77].isnan()
+    if backend == "simulator":
+        assert out[0, 5] == float("inf")
+    else:                      # torch's fp32 result, NaN in 2.13 (a torch that mends it fails here)
+        assert F.gelu(x)[0, 5].isnan() and out[0, 5].isnan()
+    assert out[2, 77].isnan()
+    finite = torch.isfinite(x)
+    torch.testing.assert_close(out[finite].double(), exact[finite], atol=1e-5, rtol=1e-4)

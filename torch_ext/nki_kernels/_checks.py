@@ -9,6 +9,9 @@ from typing import Iterable
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# The largest finite float32: the kernels take eps and scale as fp32 values, so a Python
+# float beyond it would be infinite there.
+FP32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def check_float_tensor(name: str, tensor: object, dtypes: Iterable[torch.dtype] = FLOAT_DTYPES) -> None:

@@ -77,15 +77,26 @@ def nki_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Ten
       ``modeling_flash_attention_utils._flash_attention_forward``. A None mask is read this way
       only when the model's implementation name is registered with ``flash_attention_mask``.
 
-    Any other mask rank or dtype, ``softcap``, ``s_aux``, ``position_bias``, a paged cache or
-    ``dropout > 0`` raises with the reason. Runs, like every op, the NKI kernel on ``neuron``
-    tensors and the reference (or the simulator) on CPU.
+    Any other mask rank or dtype, ``softcap``, ``s_aux``, ``position_bias``, a paged cache,
+    ``dropout > 0``, q/k/v that are not 4-D tensors, malformed ``cu_seq_lens``, or a
+    ``sliding_window`` shorter than the keys with no mask in SDPA's format (its masks hold
+    the window; None would silently drop it) raises with the reason. Runs, like every op, the
+    NKI kernel on ``neuron`` tensors and the reference (or the simulator) on CPU.
     """
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__qualname__}")
+        if tensor.dim() != 4:
+            raise ValueError(f"{name} has shape {list(tensor.shape)}; the attention interface passes 4-D "
+                             "[B, heads, S, head_dim] tensors")
     for name, what in _UNSUPPORTED.items():
         if kwargs.get(name) is not None:
             raise ValueError(f"nki_attention_forward got {name}={_short(kwargs[name])}: the NKI attention kernel "
                              f"does not support {what}")
-    if _checks.check_real("dropout", dropout) != 0.0:
+    p = _checks.check_real("dropout", dropout)
+    if not 0.0 <= p <= 1.0:          # (NaN fails both)
+        raise ValueError(f"dropout={dropout!r} must be a float in [0, 1]")
+    if p != 0.0:
         raise NotImplementedError(f"dropout={dropout!r}: the NKI attention kernel has no dropout; run the model "
                                   "in eval mode (transformers then passes dropout=0.0)")
     if sliding_window is not None and _checks.check_index("sliding_window", sliding_window) < 1:
@@ -99,6 +110,13 @@ def nki_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Ten
         mask = _flash_mask(attention_mask, query, key, causal, sliding_window, kwargs)
     else:
         mask = attention_mask
+        if mask is None and sliding_window is not None and sk > sliding_window:
+            # transformers' SDPA masks hold the window (sdpa_mask returns None only where the
+            # window covers every key); applying one here would be a guess at its alignment
+            raise ValueError(f"sliding_window={sliding_window} with attention_mask=None in SDPA's format and "
+                             f"{sk} keys: the window is not applied without a mask; pass the 4-D mask "
+                             "transformers builds (it holds the window), or a 2-D key-padding mask for "
+                             "FlashAttention-2's semantics")
     out = scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
                                        is_causal=causal and mask is None and sq > 1, scale=scaling,
                                        enable_gqa=query.shape[1] != key.shape[1])
@@ -135,6 +153,9 @@ def _flash_mask(padding: Optional[torch.Tensor], query: torch.Tensor, key: torch
     None when plain SDPA ``is_causal`` (top-left) computes the same thing."""
     b, sq, sk = query.shape[0], query.shape[2], key.shape[2]
     if padding is not None:
+        if padding.device != query.device:
+            raise ValueError(f"attention_mask is on {padding.device}, query on {query.device}: a 2-D key-padding "
+                             "mask must be on the query's device")
         if padding.is_floating_point() or padding.is_complex():
             raise ValueError(f"attention_mask is a 2-D {str(padding.dtype).removeprefix('torch.')} tensor; a 2-D mask "
                              "is FlashAttention-2's key padding [B, L] and must be bool or 0/1 integers")
@@ -170,6 +191,20 @@ def _flash_mask(padding: Optional[torch.Tensor], query: torch.Tensor, key: torch
     return keep
 
 
+def _check_cu_seq_lens(cu: torch.Tensor, sk: int) -> None:
+    """FlashAttention-2's cumulative sequence lengths: a 1-D integer tensor from 0 to the
+    total length, never decreasing (varlen's cu_seqlens); anything else would cut the
+    packed row at wrong boundaries without an error."""
+    shown = cu.tolist()[:16] if isinstance(cu, torch.Tensor) and cu.dim() <= 1 else _short(cu)
+    if (not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.numel() < 2 or cu.is_floating_point()
+            or cu.is_complex() or cu.dtype == torch.bool):
+        raise ValueError(f"cu_seq_lens_q/k={shown}: must be a 1-D integer tensor of at least 2 offsets "
+                         "(0, then each sequence's end)")
+    if int(cu[0]) != 0 or int(cu[-1]) != sk or bool((cu[1:] < cu[:-1]).any()):
+        raise ValueError(f"cu_seq_lens_q/k={shown}: must start at 0, never decrease and end at {sk} (the "
+                         "packed row's length)")
+
+
 def _packed_segments(kwargs: dict, b: int, sq: int, sk: int) -> Optional[torch.Tensor]:
     """``[1, S]`` sequence index of each position of a packed batch (one row holding several
     sequences), from ``cu_seq_lens_q/k`` or from ``position_ids`` restarting; None if not packed."""
@@ -181,6 +216,7 @@ def _packed_segments(kwargs: dict, b: int, sq: int, sk: int) -> Optional[torch.T
             raise ValueError(f"cu_seq_lens_q={shown(cu_q)}, cu_seq_lens_k={shown(cu_k)}: the NKI attention takes "
                              "a packed batch only with both given and equal, in one row (B = 1) of as many "
                              f"queries as keys (got B={b}, Sq={sq}, Sk={sk})")
+        _check_cu_seq_lens(cu_k, sk)
         return torch.bucketize(torch.arange(sk, device=cu_k.device), cu_k[1:], right=True)[None]
     position_ids = kwargs.get("position_ids")
     # transformers' _is_packed_sequence: one row whose positions restart from their minimum

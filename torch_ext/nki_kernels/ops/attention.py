@@ -84,8 +84,9 @@ def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
     _checks.check_bool("enable_gqa", enable_gqa)
     if scale is not None:
         _checks.check_real("scale", scale, "a float or None")
-        if not math.isfinite(scale):
-            raise ValueError(f"scale={scale} must be finite")
+        if not math.isfinite(scale) or abs(scale) > _checks.FP32_MAX:
+            # (the kernel scales in fp32: past its range the scale is infinite there)
+            raise ValueError(f"scale={scale} must be finite in float32 (|scale| at most {_checks.FP32_MAX:.6g})")
 
     lead = query.shape[:-3]
     if key.shape[:-3] != lead or value.shape[:-3] != lead:

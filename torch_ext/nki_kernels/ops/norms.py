@@ -122,9 +122,11 @@ def _resolve_eps(eps: Optional[float], dtype: torch.dtype) -> float:
     if eps is None:
         return default_rms_eps(dtype)
     eps = _checks.check_real("eps", eps)
-    # a NaN or infinite eps turns every output into NaN or 0 (torch takes it silently)
-    if not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"eps={eps} must be finite and >= 0")
+    # a NaN or infinite eps turns every output into NaN or 0 (torch takes it silently); the
+    # kernels add it in fp32, where a Python float past fp32's range is infinite too
+    if not math.isfinite(eps) or eps < 0 or eps > _checks.FP32_MAX:
+        raise ValueError(f"eps={eps} must be finite and >= 0 (in float32, where the kernels add it: "
+                         f"at most {_checks.FP32_MAX:.6g})")
     return eps
 
 
