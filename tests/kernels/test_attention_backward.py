@@ -346,9 +346,9 @@ def test_kernel_rejects_mismatched_saved_tensors():
     grad_out, q, k, v, out, lse = args
     with simulator.activated():
         kernel = _kernel_sources.load("attention_bwd", "simulator").attention_bwd_kernel
-    with pytest.raises(Exception, match=r"lse .*expected \(1, 2, 10\)"):
+    with pytest.raises(AssertionError, match=r"lse .*expected \(1, 2, 10\)"):
         simulator.run(kernel[1], q, k, v, out, grad_out, lse[:, :, :9].contiguous(), scale=0.25)
-    with pytest.raises(Exception, match=r"do .*expected \(1, 2, 10, 16\)"):
+    with pytest.raises(AssertionError, match=r"do .*expected \(1, 2, 10, 16\)"):
         simulator.run(kernel[1], q, k, v, out, grad_out[:, :, :9].contiguous(), lse, scale=0.25)
 
 
