@@ -4,7 +4,10 @@ gelu (erf and tanh) against ``F.gelu``, silu against ``F.silu``.
 Shapes on Trainium: the ViT-B/16 and ViT-L/16 MLP activations at 224 px, batch 8 (1576
 tokens x 3072 / 4096), and a Llama-7B MLP gate (1024 tokens x 11008) for silu. bf16 inputs are scaled by
 0.5 so |y| < 2 (1 bf16 ulp <= 2**-7 is inside the runner's fixed atol=1e-2).
-These are the Trainium workloads; a CPU host runs CPU_WORKLOADS (below).
+These are the Trainium workloads, where the op runs the NKI kernel. A CPU host runs
+CPU_WORKLOADS (below) and times the op's reference path (PyTorch ops behind the custom op's
+dispatch; the bundled simulator with NKI_KERNELS_CPU_BACKEND=simulator), not a Trainium
+kernel: a CPU measurement of that path against eager, on that CPU.
 """
 
 import torch

@@ -4,7 +4,10 @@ Shapes: ViT-B/16 and ViT-L/16 at 224 px, batch 8 (197 * 8 = 1576 tokens), and wi
 (4096, 8192). bf16 workloads use a 0.1-scaled weight so outputs stay within |y| < 1: eager bf16 may
 round an intermediate the kernel keeps in fp32, and the differences (<= 2 ulp, 2**-7)
 must stay inside the runner's fixed atol=1e-2.
-These are the Trainium workloads; a CPU host runs CPU_WORKLOADS (below).
+These are the Trainium workloads, where the op runs the NKI kernel. A CPU host runs
+CPU_WORKLOADS (below) and times the op's reference path (PyTorch ops behind the custom op's
+dispatch; the bundled simulator with NKI_KERNELS_CPU_BACKEND=simulator), not a Trainium
+kernel: a CPU measurement of that path against eager, on that CPU.
 """
 
 import torch

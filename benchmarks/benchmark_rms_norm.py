@@ -5,7 +5,10 @@ Shapes: Llama-3-8B (hidden 4096) and -70B (8192) prefill chunks, and a 768-wide 
 1576 tokens. bf16 workloads use a 0.1-scaled weight so |y| < 1: eager bf16 rounds
 x * rstd before the weight product (the kernel rounds once), and those differences must
 stay inside the runner's fixed atol=1e-2.
-These are the Trainium workloads; a CPU host runs CPU_WORKLOADS (below).
+These are the Trainium workloads, where the op runs the NKI kernel. A CPU host runs
+CPU_WORKLOADS (below) and times the op's reference path (PyTorch ops behind the custom op's
+dispatch; the bundled simulator with NKI_KERNELS_CPU_BACKEND=simulator), not a Trainium
+kernel: a CPU measurement of that path against eager, on that CPU.
 """
 
 import torch

@@ -6,7 +6,10 @@ Shapes: Llama-3-8B prefill (32 query / 8 key heads, D = 128, 2048 positions) and
 output (``self.out``); bf16 q/k are scaled by 0.1 so |q_embed| < 1:
 eager bf16 rounds each product and the sum (the kernel rounds once), and the differences
 must stay inside the runner's fixed atol=1e-2.
-These are the Trainium workloads; a CPU host runs CPU_WORKLOADS (below).
+These are the Trainium workloads, where the op runs the NKI kernel. A CPU host runs
+CPU_WORKLOADS (below) and times the op's reference path (PyTorch ops behind the custom op's
+dispatch; the bundled simulator with NKI_KERNELS_CPU_BACKEND=simulator), not a Trainium
+kernel: a CPU measurement of that path against eager, on that CPU.
 """
 
 import torch

@@ -5,7 +5,10 @@ Shapes: a Llama-3-8B MLP gate (d = 14336) for a 1024-token chunk and a 768-wide 
 (d = 3072) for 1576 tokens. bf16 inputs are scaled by 0.15 so |y| < 1:
 eager bf16 rounds act(gate) before the product (the kernel rounds once), and the
 differences must stay inside the runner's fixed atol=1e-2.
-These are the Trainium workloads; a CPU host runs CPU_WORKLOADS (below).
+These are the Trainium workloads, where the op runs the NKI kernel. A CPU host runs
+CPU_WORKLOADS (below) and times the op's reference path (PyTorch ops behind the custom op's
+dispatch; the bundled simulator with NKI_KERNELS_CPU_BACKEND=simulator), not a Trainium
+kernel: a CPU measurement of that path against eager, on that CPU.
 """
 
 import torch

@@ -4,7 +4,10 @@ Shapes: ViT-B/16 attention scores at 224 px, batch 8 (8 x 12 heads x 197 rows of
 square 4096-long rows, rows of 32768 (longer than 8192: the kernel's online form) and Llama 3
 sampling at decode batch 8 (8 rows of the 128256-word vocabulary: the split form).
 Outputs are in [0, 1], so bf16 rounding stays inside the runner's fixed atol=1e-2.
-These are the Trainium workloads; a CPU host runs CPU_WORKLOADS (below).
+These are the Trainium workloads, where the op runs the NKI kernel. A CPU host runs
+CPU_WORKLOADS (below) and times the op's reference path (PyTorch ops behind the custom op's
+dispatch; the bundled simulator with NKI_KERNELS_CPU_BACKEND=simulator), not a Trainium
+kernel: a CPU measurement of that path against eager, on that CPU.
 """
 
 import torch
@@ -44,7 +47,7 @@ CPU_WORKLOADS = {
     "vit_b16_scores_fp32": (8 * 12 * 197, 197, torch.float32),
     "vit_b16_scores_bf16": (8 * 12 * 197, 197, torch.bfloat16),
     "rows1024_bf16": (1024, 4096, torch.bfloat16),
-    "long_rows32768_fp32": (128, 32768, torch.float32),
+    "long_rows32768_r128_fp32": (128, 32768, torch.float32),
 }
 
 WORKLOADS = TRAINIUM_WORKLOADS if _on_trainium() else CPU_WORKLOADS

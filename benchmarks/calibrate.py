@@ -990,6 +990,14 @@ def qor_report(rows: list[Row], values: dict[str, float], worst: int = 10, shown
     return "\n".join(lines)
 
 
+def _script_support():
+    """benchmarks/script_support.py (the scripts' shared output-path check)."""
+    spec = importlib.util.spec_from_file_location("_script_support", HERE / "script_support.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def write_csv(path: Path, rows: list[Row], values: dict[str, float]) -> None:
     """One line per modeled row: MODELED values next to the source's measurement."""
     engines = sorted({e for r in rows for e in engine_busy.get(r.id, {})})
@@ -1051,8 +1059,10 @@ def main(argv=None) -> int:
                     help="run only that split's rows (and the rows they are relative to)")
     ap.add_argument("--pairs", action="store_true", help="run only the QoR rows measured at both launch degrees "
                     "(both splits): the LNC=2-over-LNC=1 check")
-    ap.add_argument("--csv", default="", help="also write every modeled row (id, family, lnc, split, measured, "
-                    "modeled, error bar, reference: measured or why set aside, busy us per engine) to this CSV file, for plots and offline fits")
+    ap.add_argument("--csv", default=str(HERE.parent / "out" / "calibration.csv"),
+                    help="write every modeled row (id, family, lnc, split, measured, modeled, error bar, reference: "
+                    "measured or why set aside, busy us per engine) to this CSV file, for plots and offline fits "
+                    "(default out/calibration.csv)")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="model every row with this Target field at VALUE instead of hardware.py's "
                     "(repeatable; 'trn2:' scopes it to one target): a what-if, nothing fitted")
@@ -1070,6 +1080,9 @@ def main(argv=None) -> int:
         ap.error("--pairs selects nki-library QoR rows: pass --nkilib PATH")
     if not Path(args.data).is_file():
         ap.error(f"--data {args.data}: no such measurement file")
+    problem = args.csv and _script_support().output_path_error("--csv", args.csv)
+    if problem:
+        ap.error(problem)
     rows = load_rows(Path(args.data))
     qor: list[Row] = []
     if args.nkilib:
@@ -1175,8 +1188,9 @@ def main(argv=None) -> int:
         print(qor_report(qor, values))
         print(bar_coverage(qor, values))
     if args.csv:
+        Path(args.csv).parent.mkdir(parents=True, exist_ok=True)     # (out/ for the default)
         write_csv(Path(args.csv), rows + qor, {**public, **values})
-        print(f"wrote {args.csv}")
+        print(f"wrote {args.csv} (MODELED next to MEASURED)")
     return 0
 
 

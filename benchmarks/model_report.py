@@ -47,12 +47,16 @@ import torch
 from tqdm import tqdm
 
 from nki_kernels import _dispatch, registry, simulator
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))    # benchmarks/: its shared script support
+import script_support  # noqa: E402
 from nki_kernels.simulator.hardware import TARGETS, get_target
 from nki_kernels.simulator.cost import estimate_trace, time_range, variant
 from nki_kernels.simulator.cost.uncertainty import ENDS, end_latencies
 
 MODELED = "modeled (trn2)"
 MEASURED = "measured (CPU)"
+HOST_CPU = script_support.cpu_name()
 # max |out - ref| allowed per dtype for the report's check (the tests hold the strict ones):
 # bf16 outputs carry a final rounding of 2**-8 relative on values of magnitude up to ~4-8.
 CHECK_TOL = {torch.bfloat16: (6e-2, 2e-2), torch.float16: (1e-2, 1e-2), torch.float32: (1e-3, 1e-3)}
@@ -331,8 +335,9 @@ def run_case(case: Case, target: str, traces_dir: Path | None, lnc: int = 2) -> 
 
 
 def _eager_cpu_ms(case: Case, args, kwargs, repeats: int = 3) -> float:
-    """Median wall time of the eager PyTorch twin on this CPU, in the input dtype: what
-    the simulator's own wall time is compared with (measured, CPU; not Trainium)."""
+    """Median wall time of the eager PyTorch twin on this CPU, in the input dtype, at torch's
+    default thread count (the simulator runs single-threaded; the CSV records both), as a
+    scale for the simulator's own wall time (measured, CPU; not Trainium)."""
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -387,7 +392,7 @@ def _record(row: Row) -> dict:
         "op": c.op, "workload": c.name, "dtype": str(c.workload.dtype).removeprefix("torch."), "lnc": row.lnc,
         f"max_abs_err_{meas}": row.max_abs_err, f"sim_wall_s_{meas}": row.sim_wall_s,
         f"eager_cpu_ms_{meas}": row.eager_cpu_ms,
-        f"kernel_us_{mod}": row.modeled_us, f"limit_us_{mod}": row.limit_us, "limit_set_by": row.limit_bound,
+        f"kernel_us_{mod}": row.modeled_us, f"limit_us_{mod}": row.limit_us, f"limit_set_by_{mod}": row.limit_bound,
         f"efficiency_{mod}": row.efficiency, f"bound_by_{mod}": row.bound_by,
         f"bound_by_busy_fraction_{mod}": row.bound_busy, f"eager_us_{mod}": row.eager_us,
         f"speedup_{mod}": row.speedup, f"hbm_mb_{mod}": row.hbm_mb, "instructions": row.instructions,
@@ -397,13 +402,17 @@ def _record(row: Row) -> dict:
         "unbalanced": bool(row.lnc != 1 and row.imbalance > IMBALANCE_FLAG),
         f"kernel_low_us_{mod}": row.modeled_low_us, f"kernel_high_us_{mod}": row.modeled_high_us,
         f"speedup_low_{mod}": row.speedup_low, f"speedup_high_{mod}": row.speedup_high,
-        "kernel_range_us": _range_text(row.modeled_low_us, row.modeled_high_us, "{:.1f}"),
-        "speedup_range": _range_text(row.speedup_low, row.speedup_high, "{:.2f}x"),
+        f"kernel_range_us_{mod}": _range_text(row.modeled_low_us, row.modeled_high_us, "{:.1f}"),
+        f"speedup_range_{mod}": _range_text(row.speedup_low, row.speedup_high, "{:.2f}x"),
         "goal": row.target_text, "efficiency_goal": row.efficiency_target,
         "speedup_low_goal": c.speedup_target if c.speedup_target is not None else float("nan"),
         "meets_goal": row.meets,
         "status": row.status if row.meets is not False else "below target",
         "note": row.note, "trace": row.trace,
+        # what the measured columns were measured on: the simulator computes with one torch
+        # thread (simulator/interpreter.py), eager at torch's default count
+        f"host_cpu_{meas}": HOST_CPU, f"simulator_threads_{meas}": 1,
+        f"eager_threads_{meas}": torch.get_num_threads(),
     }
     for e in ("tensor", "vector", "scalar", "gpsimd", "dma"):
         rec[f"busy_us_{e}_{mod}"] = row.busy_us.get(e, float("nan"))
@@ -464,7 +473,8 @@ def write_markdown(rows: list[Row], records: list[dict], path: Path, target: str
         "",
         f"Kernel, limit and eager times are **{MODELED}**: the analytical cost model of a NeuronCore "
         "applied to the exact instructions each kernel issued in the simulator (docs/cost-model.md). "
-        f"Errors and wall times are **{MEASURED}**. Nothing here ran on a Trainium.",
+        f"Errors and wall times are **{MEASURED}**: {HOST_CPU}, the simulator on one torch thread, eager "
+        f"PyTorch on {torch.get_num_threads()}. Nothing here ran on a Trainium.",
         "",
         _lnc_sentence(rows[0].lnc if rows else 2),
         "",
@@ -546,7 +556,8 @@ def write_plot(records: list[dict], path: Path, target: str) -> bool:
         ax2.text(_value(r, "efficiency"), yi, f" {_value(r, 'efficiency'):.2f}", va="center", fontsize=7)
     ax1.set_xlabel(f"speedup over eager PyTorch [{MODELED}, lower bound; bars: error bar]")
     ax1.set_yticks(y, labels, fontsize=7)
-    ax1.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2)
+    # legends below the x-axis label (borderaxespad in font sizes), kept by bbox_inches="tight"
+    ax1.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0.0), borderaxespad=4.5, ncol=2)
     ax2.barh(y, [_value(r, "efficiency") for r in ok],
              color=["tab:green" if r["meets_goal"] else "tab:orange" for r in ok])
     ax2.scatter([r["efficiency_goal"] for r in ok], y, marker="|", s=160, color="tab:red", zorder=3,
@@ -558,10 +569,11 @@ def write_plot(records: list[dict], path: Path, target: str) -> bool:
     # the bar colours say whether the row meets its target (efficiency, and speedup where set)
     handles, _ = ax2.get_legend_handles_labels()
     handles += [Patch(color="tab:green", label="meets its target"), Patch(color="tab:orange", label="below its target")]
-    ax2.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=2)
+    ax2.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0.0), borderaxespad=4.5,
+               ncol=2)
     fig.suptitle(f"nki-kernels on {target} at LNC={ok[0]['lnc']}: MODELED by the cost model (not measured on hardware)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return True
 
@@ -596,10 +608,15 @@ def main(argv=None) -> int:
         if unknown:
             ap.error(f"--ops {sorted(unknown)} unknown; choose from {sorted(names)}")
         # an op's name selects its forward and backward rows; "<op> backward" the backward only
+        if not wanted:
+            ap.error(f"--ops {args.ops!r} names no op; choose from {sorted(names)}")
         cases = [c for c in cases if c.op in wanted or c.spec.name in wanted]
         if not cases:
             ap.error(f"--ops {args.ops!r}{' with --quick' if args.quick else ''} selects no workload "
                      "(silu and gelu_and_mul have no quick workload)")
+    problem = script_support.output_path_error("--out", args.out, folder=True)
+    if problem:
+        ap.error(problem)
     out = Path(args.out)
     traces = None if args.no_traces else out / "traces"
     out.mkdir(parents=True, exist_ok=True)

@@ -45,6 +45,9 @@ from nki_kernels import _dispatch, registry, simulator
 from nki_kernels.simulator.cost import estimate_trace, time_range
 from nki_kernels.simulator.errors import CapacityError
 
+# where the pairs go without --csv (out/ is the repository's output folder, git-ignored)
+DEFAULT_CSV = Path(__file__).resolve().parent.parent / "out" / "side_by_side.csv"
+
 # nki-library's test harness aliases these module names to the simulator's (test/utils/
 # simulation_setup.py); ours provides the first three, the others are not modelled yet.
 _NKI_NAMES = ("nki", "nki.language", "nki.isa")
@@ -503,10 +506,12 @@ def main(argv=None) -> int:
     ap.add_argument("--ops", default=",".join(known), help="comma-separated ops to compare (default: all)")
     ap.add_argument("--quick", action="store_true", help="one or two shapes per op")
     ap.add_argument("--markdown", default="", help="also write the table to this file")
-    ap.add_argument("--csv", default="", help="also write the pairs as CSV to this file (unrounded, whole notes)")
+    ap.add_argument("--csv", default=str(DEFAULT_CSV),
+                    help="write the pairs as CSV to this file, the file a plot is made from (unrounded, whole "
+                    "notes; default out/side_by_side.csv)")
     args = ap.parse_args(argv)
     for flag, value in (("--markdown", args.markdown), ("--csv", args.csv)):
-        if value and not Path(value).parent.is_dir():
+        if value and value != str(DEFAULT_CSV) and not Path(value).parent.is_dir():
             ap.error(f"{flag} {value}: folder {Path(value).parent} does not exist")
     ops = {o.strip() for o in args.ops.split(",") if o.strip()}
     if not ops:
@@ -541,8 +546,11 @@ def main(argv=None) -> int:
     print(text)
     if args.markdown:
         Path(args.markdown).write_text(text + "\n")
+        print(f"wrote {args.markdown}")
     if args.csv:
+        Path(args.csv).parent.mkdir(parents=True, exist_ok=True)     # (out/ for the default)
         write_csv(pairs, Path(args.csv), args.target, args.lnc, lib.commit)
+        print(f"wrote {args.csv} (MODELED, {args.target})")
     blocked = [p for p in pairs if p.aws.status == "blocked"]   # our simulator's gaps only
     if blocked:
         print(f"\n{len(blocked)} AWS kernel run(s) blocked in our simulator; first: {blocked[0].aws.note}")

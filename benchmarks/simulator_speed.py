@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
-import platform
 import statistics
 import sys
 import time
@@ -25,7 +23,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "torch_ext"))
+sys.path.insert(0, str(ROOT / "benchmarks"))     # its shared script support
 
+import script_support  # noqa: E402
 from nki_kernels import simulator  # noqa: E402
 
 # Shapes: the matmul is C[M, N] = A[K, M].T @ B[K, N] with K tiled by 128 (PSUM accumulation),
@@ -100,6 +100,9 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats {args.repeats}: at least 1 timed run per case")
+    problem = script_support.output_path_error("--out", args.out)
+    if problem:
+        ap.error(problem)
 
     torch.manual_seed(0)
     a_t = torch.randn(MM_K, MM_M).bfloat16()
@@ -130,21 +133,24 @@ def main(argv=None):
             torch.set_num_threads(threads)
         rows.append({
             "kernel": name, "shape": shape, "instructions": n_instr,
-            "sim_ms": round(sim_s * 1e3, 2), "sim_us_per_instruction": round(sim_s / n_instr * 1e6, 1),
-            "torch_eager_ms": round(torch_s * 1e3, 3), "sim_over_torch": round(sim_s / torch_s, 1),
+            "sim_wall_ms_measured_cpu": round(sim_s * 1e3, 2),
+            "sim_wall_us_per_instruction_measured_cpu": round(sim_s / n_instr * 1e6, 1),
+            "torch_eager_wall_ms_measured_cpu": round(torch_s * 1e3, 3), "sim_over_torch": round(sim_s / torch_s, 1),
             "max_abs_err": f"{err:.2e}", "torch_threads": 1,
-            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "cpu": script_support.cpu_name(), "cores": script_support.cores(),
         })
 
-    print("NKI simulator speed vs eager torch on the same CPU (median of repeats; both "
-          "single-threaded torch; sim ms = one simulator.run() incl. trace)")
-    header = f"{'kernel':12} {'shape':34} {'instr':>6} {'sim ms':>9} {'us/instr':>9} " \
+    print(f"NKI simulator speed vs eager torch, MEASURED on this CPU ({script_support.cpu_name()}, "
+          f"{script_support.cores()} cores; both single-threaded torch; median of repeats; wall ms = "
+          "one simulator.run() incl. trace; us/instr: CPU wall time per simulated instruction)")
+    header = f"{'kernel':12} {'shape':34} {'instr':>6} {'sim wall ms':>11} {'us/instr':>9} " \
              f"{'torch ms':>9} {'sim/torch':>10} {'max err':>9}"
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['kernel']:12} {r['shape']:34} {r['instructions']:>6} {r['sim_ms']:>9} "
-              f"{r['sim_us_per_instruction']:>9} {r['torch_eager_ms']:>9} {r['sim_over_torch']:>10} "
+        print(f"{r['kernel']:12} {r['shape']:34} {r['instructions']:>6} {r['sim_wall_ms_measured_cpu']:>11} "
+              f"{r['sim_wall_us_per_instruction_measured_cpu']:>9} {r['torch_eager_wall_ms_measured_cpu']:>9} "
+              f"{r['sim_over_torch']:>10} "
               f"{r['max_abs_err']:>9}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -152,7 +158,7 @@ def main(argv=None):
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    print(f"wrote {out}")
+    print(f"wrote {out} (MEASURED on this CPU)")
 
 
 if __name__ == "__main__":

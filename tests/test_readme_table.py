@@ -19,9 +19,9 @@ def _tool():
 
 
 ROW = {"op": "rms_norm", "workload": "W [3, 5]", "dtype": "bfloat16", "lnc": "2",
-       "kernel_us_modeled_trn2": "12.345", "kernel_range_us": "10.0-14.0", "limit_us_modeled_trn2": "9.87",
+       "kernel_us_modeled_trn2": "12.345", "kernel_range_us_modeled_trn2": "10.0-14.0", "limit_us_modeled_trn2": "9.87",
        "efficiency_modeled_trn2": "0.8", "bound_by_modeled_trn2": "dma", "eager_us_modeled_trn2": "98.7",
-       "speedup_modeled_trn2": "8.0", "speedup_range": "7.00x-9.00x", "lnc_ratio_modeled_trn2": "0.55",
+       "speedup_modeled_trn2": "8.0", "speedup_range_modeled_trn2": "7.00x-9.00x", "lnc_ratio_modeled_trn2": "0.55",
        "goal": "eff>=0.8", "status": "ok"}
 
 

@@ -50,11 +50,11 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         lines.append(
             f"| {r['op']} | {r['workload']} | {r['dtype']} "
-            f"| {_num(r['kernel_us_modeled_trn2'], '.1f')} ({r['kernel_range_us']}) "
+            f"| {_num(r['kernel_us_modeled_trn2'], '.1f')} ({r['kernel_range_us_modeled_trn2']}) "
             f"| {_num(r['limit_us_modeled_trn2'], '.1f')} "
             f"| {_num(r['efficiency_modeled_trn2'], '.2f')} | {r['bound_by_modeled_trn2']} "
             f"| {_num(r['eager_us_modeled_trn2'], '.1f')} "
-            f"| {_num(r['speedup_modeled_trn2'], '.2f')}x ({r['speedup_range']}) "
+            f"| {_num(r['speedup_modeled_trn2'], '.2f')}x ({r['speedup_range_modeled_trn2']}) "
             f"| {_num(r['lnc_ratio_modeled_trn2'], '.2f')} | {r['goal']} | {r['status']} |")
     return "\n".join(lines)
 

@@ -45,7 +45,7 @@ def test_report_writes_table_csv_markdown_plot_and_traces(report, tmp_path, caps
     assert low <= mid <= high and low < high
     s_low, s_mid, s_high = (float(row[f"speedup{k}_modeled_trn2"]) for k in ("_low", "", "_high"))
     assert s_low <= s_mid <= s_high
-    assert row["kernel_range_us"] == f"{low:.1f}-{high:.1f}"
+    assert row["kernel_range_us_modeled_trn2"] == f"{low:.1f}-{high:.1f}"
     assert float(row["max_abs_err_measured_cpu"]) < 0.1
     md = (tmp_path / "report.md").read_text()
     assert "modeled (trn2)" in md and "Where the time goes" in md
@@ -123,13 +123,23 @@ def test_unknown_op_is_an_error_naming_the_choices(report, tmp_path, capsys):
     assert "--ops ['nope'] unknown; choose from" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("ops", ["silu", ","], ids=["no-quick-workload", "empty"])
-def test_a_selection_of_no_workload_is_an_error_before_the_run(report, tmp_path, capsys, ops):
+@pytest.mark.parametrize("ops, message", [("silu", "selects no workload (silu and gelu_and_mul have no quick"),
+                                          (",", "--ops ',' names no op")], ids=["no-quick-workload", "empty"])
+def test_a_selection_of_no_workload_is_an_error_before_the_run(report, tmp_path, capsys, ops, message):
     # silu has no quick workload: the report used to run nothing, then fail writing its CSV
     with pytest.raises(SystemExit):
         report.main(["--ops", ops, "--quick", "--out", str(tmp_path / "out")])
-    assert "selects no workload" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_out_folder_that_cannot_be_made_is_an_error_before_the_run(report, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("x")
+    for out, message in ((tmp_path / "a_file", "a file is already there"),
+                         (tmp_path / "a_file" / "report", "a_file is a file, not a folder")):
+        with pytest.raises(SystemExit):
+            report.main(["--ops", "gelu", "--quick", "--out", str(out)])
+        assert message in capsys.readouterr().err
 
 
 def test_an_lnc1_report_says_its_columns_are_one_cores(report, tmp_path):
