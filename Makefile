@@ -35,8 +35,11 @@ sweep: setup
 fuzz: setup
 	$(PY) -m tests.fuzz $(ARGS)
 
+# ARGS go to the goal named on the command line: `make build ARGS="--id x"` to the builder,
+# `make benchmark ARGS=...` / `make publish-dry-run ARGS=--push` to kernels benchmark /
+# publish_hub.py (their build step then takes BUILD_ARGS, empty by default)
 build: setup
-	$(PY) tools/build_hub.py $(ARGS)
+	$(PY) tools/build_hub.py $(if $(filter build,$(MAKECMDGOALS)),$(ARGS),$(BUILD_ARGS))
 
 # `kernels benchmark` on the Hub tree: measured on this host (CPU-sized workloads on a CPU host)
 benchmark: build

@@ -48,6 +48,8 @@ else:  # pragma: no cover - the project targets 3.11, tomli is kernels' own fall
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "build"
 DEFAULT_REPORT = ROOT / "out" / "report" / "report.md"
+# The card's words where the modeled table is missing (publish_hub.py looks for them)
+NO_REPORT_NOTE = "The modeled table is not part of this build."
 
 # The backends a noarch (pure-Python) kernel can ship for here, and what each may depend on.
 # `kernels` rejects `nki` on any backend but neuron, so the CPU variant declares nothing.
@@ -106,11 +108,43 @@ class Config:
         return self.name.replace("-", "_")
 
 
+# The build.toml keys this builder reads (kernel-builder's edition-5 schema has more: a key
+# outside these, e.g. [general] python-depends, kernel-depends, upstream or [general.hub]
+# branch, would be silently dropped from the build, so it is refused instead).
+KNOWN_KEYS = {
+    "general": {"name", "version", "edition", "license", "backends", "hub", *SUPPORTED_BACKENDS},
+    "general.hub": {"repo-id"},
+    **{f"general.{b}": {"python-depends"} for b in SUPPORTED_BACKENDS},
+    "torch-noarch": set(),
+}
+
+
+def _refuse_unread_keys(data: dict, path: Path) -> None:
+    """BuildError for a table or key of build.toml this builder does not read."""
+    for table in sorted(set(data) - {"general", "torch-noarch"}):
+        raise BuildError(f"[{table}] in {path}: this builder reads only [general] and [torch-noarch]")
+    tables = {"general": data.get("general", {}), "torch-noarch": data.get("torch-noarch", {})}
+    general = tables["general"]
+    if isinstance(general, dict):
+        for sub in ("hub", *SUPPORTED_BACKENDS):
+            if isinstance(general.get(sub), dict):
+                tables[f"general.{sub}"] = general[sub]
+    for table, values in tables.items():
+        if not isinstance(values, dict):
+            raise BuildError(f"[{table}] in {path} is not a table")
+        unread = sorted(set(values) - KNOWN_KEYS[table])
+        if unread:
+            raise BuildError(f"[{table}] {', '.join(unread)} in {path}: not read by this builder "
+                             f"(it reads {', '.join(sorted(KNOWN_KEYS[table])) or 'no keys'}), so it would be "
+                             "silently dropped from the build")
+
+
 def read_config(path: Path) -> Config:
     """Parse and check build.toml (edition 5, noarch torch, cpu/neuron backends)."""
     if not path.is_file():
         raise BuildError(f"build configuration {path} does not exist")
     data = tomllib.loads(path.read_text(encoding="utf-8"))
+    _refuse_unread_keys(data, path)
     general = data.get("general", {})
     name = general.get("name")
     if not isinstance(name, str) or not re.fullmatch(r"[a-z][-a-z0-9]*[a-z0-9]", name):
@@ -254,6 +288,7 @@ def introspect(variant: Path) -> dict:
     interpreter so the build process registers no ops and writes no bytecode."""
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     env.pop("NKI_KERNELS_CPU_BACKEND", None)
+    variant = variant.resolve()      # the child runs in variant.parent: a relative path would resolve twice
     result = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--introspect", str(variant)],
         capture_output=True, text=True, env=env, cwd=str(variant.parent),
@@ -442,7 +477,7 @@ def render_card(config: Config, api: dict, report: str | None, benchmarks: list[
         ]
     else:
         lines += [
-            "The modeled table is not part of this build. In a clone of the project run "
+            f"{NO_REPORT_NOTE} In a checkout of the project run "
             "`make demo` (writes `out/report/report.md`), then `make build`.",
             "",
         ]
@@ -459,8 +494,10 @@ def render_card(config: Config, api: dict, report: str | None, benchmarks: list[
     lines += [
         "## Running the tests on a Trainium host",
         "",
+        "The tests are in the project's source tree, not in this Hub repository (it holds the "
+        "build). In a checkout of the source:",
+        "",
         "```bash",
-        "git clone <this project's repository> && cd nki-kernels",
         "make test    # creates .venv (torch 2.13), installs the package, runs the fast tier",
         "make sweep   # the wide shape sweep",
         "```",

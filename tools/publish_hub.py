@@ -224,6 +224,8 @@ def main(argv: list[str] | None = None, *, api_factory=_default_api_factory,
     parser.add_argument("--repo-id", help="default: build.toml [general.hub] repo-id")
     parser.add_argument("--push", action="store_true", help="upload (default: dry run, print the plan)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing v<version> branch")
+    parser.add_argument("--without-report", action="store_true",
+                        help="push a card without the modeled table (`make demo` before `make build` puts it in)")
     parser.add_argument("--token", help="Hugging Face token (default: HF_TOKEN / `hf auth login`)")
     parser.add_argument("--config", type=Path, default=ROOT / "build.toml")
     args = parser.parse_args(argv)
@@ -245,6 +247,13 @@ def main(argv: list[str] | None = None, *, api_factory=_default_api_factory,
             raise PublishError(f"{args.build_dir} is older than the sources ({len(stale)} files); run `make build` "
                                "again. Nothing was uploaded:\n  " + "\n  ".join(stale[:20]))
         print(plan.describe())
+        if build_hub.NO_REPORT_NOTE in (args.build_dir / "CARD.md").read_text(encoding="utf-8"):
+            if args.push and not args.without_report:
+                raise PublishError("CARD.md has no modeled table (run `make demo`, then `make build`), so the Hub "
+                                   "page would show no figures; pass --without-report to push it anyway. Nothing "
+                                   "was uploaded.")
+            print("warning: CARD.md has no modeled table (run `make demo`, then `make build`); --push refuses "
+                  "it without --without-report")
         if not args.push:
             print("dry run: nothing uploaded. Re-run with --push to upload"
                   + (" (--force to overwrite an existing version)." if not args.force else "."))

@@ -40,7 +40,6 @@ test to ``$NKI07_RESULTS``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.abc
 import importlib.machinery
 import importlib.util

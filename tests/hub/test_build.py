@@ -57,6 +57,14 @@ def test_build_toml_is_valid_edition_5_for_kernel_builder(build_hub):
         (('python-depends = ["nki"]', 'python-depends = ["nki", "numpy"]'), "['numpy'] not allowed"),
         (('name = "nki-kernels"', 'name = "NKI_kernels"'), "kebab-case"),
         (("[torch-noarch]", ""), "[torch-noarch]"),
+        # keys of kernel-builder's schema this builder does not read: refused, never dropped
+        (('license = "Apache-2.0"', 'license = "Apache-2.0"\npython-depends = ["einops"]'),
+         "[general] python-depends in"),
+        (('license = "Apache-2.0"', 'license = "Apache-2.0"\nupstream = "x/y"'), "[general] upstream in"),
+        (('repo-id = ', 'branch = "dev"\nrepo-id = '), "[general.hub] branch in"),
+        (('python-depends = ["nki"]', 'python-depends = ["nki"]\nkernel-depends = []'),
+         "[general.neuron] kernel-depends in"),
+        (("[torch-noarch]", "[torch-noarch]\nsrc = []\n[kernel.x]\nbackend = \"cpu\""), "[kernel] in"),
     ],
 )
 def test_build_rejects_bad_config(build_hub, tmp_path, edit, message):
@@ -211,15 +219,20 @@ def test_content_id_follows_the_sources(build_hub):
     assert build_hub.content_id(toml.replace(b"version = 1", b"version = 2"), sources) != base
 
 
-def test_make_build_command_writes_build_dir(tmp_path):
+@pytest.mark.parametrize("relative", [False, True], ids=["absolute-out", "relative-out"])
+def test_make_build_command_writes_build_dir(tmp_path, relative):
+    # a relative --out resolved twice (the card's introspection runs in the build folder)
+    # and failed with a half-written tree until session 68
     out = tmp_path / "cli-build"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "build_hub.py"), "--out", str(out), "--id", "cli"],
-        capture_output=True, text=True, cwd=ROOT,
+        [sys.executable, str(ROOT / "tools" / "build_hub.py"), "--out", "cli-build" if relative else str(out),
+         "--id", "cli"],
+        capture_output=True, text=True, cwd=tmp_path if relative else ROOT,
     )
     assert result.returncode == 0, result.stderr
     assert "_nki_kernels_cpu_cli" in result.stdout and "_nki_kernels_neuron_cli" in result.stdout
     assert not list(out.rglob("__pycache__"))  # the card's introspection writes no bytecode
+    assert (out / "CARD.md").is_file() and (out / "torch-cpu" / "metadata.json").is_file()
 
 
 # ------------------------------------------------------------------------------ card

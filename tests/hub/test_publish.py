@@ -114,7 +114,7 @@ def test_push_without_a_token_fails_clearly(publish_hub, default_build, capsys, 
 def test_push_uploads_the_version_branch_and_the_card(publish_hub, default_build, capsys):
     out, _ = default_build
     api = FakeHfApi(branches=["main"])
-    rc, factory_calls = _run(publish_hub, ["--build-dir", str(out), "--push", "--token", "hf_fake"], api=api)
+    rc, factory_calls = _run(publish_hub, ["--build-dir", str(out), "--push", "--token", "hf_fake", "--without-report"], api=api)
     assert rc == 0, capsys.readouterr().err
     assert factory_calls == ["hf_fake"]
     assert api.names() == ["create_repo", "list_repo_refs", "create_branch", "create_commit", "create_commit"]
@@ -130,7 +130,7 @@ def test_push_uploads_the_version_branch_and_the_card(publish_hub, default_build
 def test_push_refuses_to_overwrite_an_existing_version(publish_hub, default_build, capsys):
     out, _ = default_build
     api = FakeHfApi(branches=["main", "v1"])
-    rc, _ = _run(publish_hub, ["--build-dir", str(out), "--push", "--token", "hf_fake"], api=api)
+    rc, _ = _run(publish_hub, ["--build-dir", str(out), "--push", "--token", "hf_fake", "--without-report"], api=api)
     err = capsys.readouterr().err
     assert rc == 1
     assert "already has branch v1" in err and "--force" in err
@@ -141,7 +141,7 @@ def test_push_force_replaces_an_existing_version(publish_hub, default_build):
     out, _ = default_build
     stale = "build/torch-cpu/removed_op.py"
     api = FakeHfApi(branches=["main", "v1"], files=[".gitattributes", "README.md", stale])
-    rc, _ = _run(publish_hub, ["--build-dir", str(out), "--push", "--force", "--token", "hf_fake"], api=api)
+    rc, _ = _run(publish_hub, ["--build-dir", str(out), "--push", "--force", "--token", "hf_fake", "--without-report"], api=api)
     assert rc == 0
     assert "create_branch" not in api.names()
     v1 = api.commits()["v1"]
@@ -155,7 +155,7 @@ def test_an_invalid_build_is_never_uploaded(publish_hub, default_build, tmp_path
     shutil.copytree(out, broken, ignore=shutil.ignore_patterns("__pycache__"))
     (broken / "torch-neuron" / "activations.py").write_text("# edited after the build\n")
     api = FakeHfApi()
-    rc, _ = _run(publish_hub, ["--build-dir", str(broken), "--push", "--token", "hf_fake"], api=api)
+    rc, _ = _run(publish_hub, ["--build-dir", str(broken), "--push", "--token", "hf_fake", "--without-report"], api=api)
     err = capsys.readouterr().err
     assert rc == 1 and api.calls == []
     assert "torch-neuron: files differ from the metadata digest" in err and "activations.py" in err
@@ -173,7 +173,7 @@ def test_a_build_older_than_the_sources_is_never_uploaded(publish_hub, build_hub
     out = tmp_path / "build"
     build_hub.build(out, root=old_root, api=default_build[1]["api"])
     api = FakeHfApi()
-    rc, _ = _run(publish_hub, ["--build-dir", str(out), "--push", "--token", "hf_fake"], api=api)
+    rc, _ = _run(publish_hub, ["--build-dir", str(out), "--push", "--token", "hf_fake", "--without-report"], api=api)
     err = capsys.readouterr().err
     assert rc == 1 and api.calls == []
     assert "is older than the sources" in err
@@ -205,3 +205,19 @@ def test_publish_dry_run_command(default_build):
     )
     assert result.returncode == 0, result.stderr
     assert "branch v1:" in result.stdout and "dry run: nothing uploaded" in result.stdout
+
+
+def test_a_card_without_the_modeled_table_is_pushed_only_when_asked(publish_hub, build_hub, default_build,
+                                                                    tmp_path, capsys):
+    # the Hub page would show no figures: the dry run warns, --push refuses unless told
+    out = tmp_path / "build"
+    build_hub.build(out, report=None, api=default_build[1]["api"])
+    assert build_hub.NO_REPORT_NOTE in (out / "CARD.md").read_text()
+    rc, _ = _run(publish_hub, ["--build-dir", str(out)])
+    assert rc == 0 and "warning: CARD.md has no modeled table" in capsys.readouterr().out
+    api = FakeHfApi(branches=["main"])
+    rc, _ = _run(publish_hub, ["--build-dir", str(out), "--push", "--token", "hf_fake"], api=api)
+    assert rc == 1 and "pass --without-report" in capsys.readouterr().err
+    assert api.calls == []
+    rc, _ = _run(publish_hub, ["--build-dir", str(out), "--push", "--token", "hf_fake", "--without-report"], api=api)
+    assert rc == 0 and "create_commit" in api.names()
