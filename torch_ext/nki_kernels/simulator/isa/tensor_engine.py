@@ -27,7 +27,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     sv, mv = f32(stationary), f32(moving)
     K = sv.shape[0]
     if double:
-        require_generation(I, 3, "perf_mode double_row", supported=tgt.matmul_double_row)
+        require_generation(I, 3, "perf_mode double_row", supported=tgt.matmul_double_row,
+                           source="nki.isa.nc_matmul")
         for role, t in (("stationary", stationary), ("moving", moving)):
             if not t.dtype.name.startswith("float8"):
                 fail(f"{I}: perf_mode double_row needs float8 {role}, got {t.dtype.name}")
