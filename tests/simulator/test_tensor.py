@@ -135,7 +135,7 @@ def test_rearrange_splits_reorders_and_merges(sim):
     assert torch.equal(back.values(), x)
     with pytest.raises(NkiValidationError, match="not a view"):
         r.rearrange(("b", "w", "h"), ("b", ("w", "h")))
-    with pytest.raises(NkiValidationError, match="partition dim first"):
+    with pytest.raises(NkiValidationError, match=r"moves or splits the partition dim of on-chip \(128, 24\); it must stay first"):
         t.rearrange(("b", "f"), ("f", "b"))
     with pytest.raises(NkiValidationError, match="cannot split"):
         t.rearrange(("b", ("h", "w")), ("b", "h", "w"), {"h": 5})

@@ -157,7 +157,8 @@ class ShapeViews:
             raise NkiValidationError(
                 f"broadcast: dim {dim} has size {self._data.shape[dim]}, must be 1")
         if self.on_chip and dim == 0:
-            raise NkiValidationError("broadcast: cannot broadcast the partition dim of an on-chip tensor")
+            raise NkiValidationError(f"broadcast: dim 0 of on-chip {self.shape} is the partition dim, which a view "
+                                     "cannot broadcast; use nl.broadcast_to(x, shape), which copies across partitions")
         shape = list(self._data.shape)
         shape[dim] = int(size)
         return self._view(self._data.expand(shape))
@@ -184,7 +185,8 @@ class ShapeViews:
         if not 0 <= dim <= self.ndim:
             raise IndexError(f"expand_dim: dim {dim} out of range for shape {self.shape}")
         if self.on_chip and dim == 0:
-            raise NkiValidationError("expand_dim: cannot insert before the partition dim")
+            raise NkiValidationError(f"expand_dim: dim 0 of on-chip {self.shape} would go before the partition dim; "
+                                     "insert at 1 or later")
         return self._view(self._data.unsqueeze(dim))
 
     def squeeze_dim(self, dim: int) -> "NkiTensor":
@@ -207,7 +209,8 @@ class ShapeViews:
         if math.prod(shape) != n:
             raise NkiValidationError(f"reshape_dim: {shape} does not multiply to dim {dim} size {n}")
         if self.on_chip and dim == 0 and len(shape) != 1:
-            raise NkiValidationError("reshape_dim: cannot split the partition dim of an on-chip tensor")
+            raise NkiValidationError(f"reshape_dim: dim 0 of on-chip {self.shape} is the partition dim; it cannot "
+                                     f"be split into {shape}")
         new = self.shape[:dim] + shape + self.shape[dim + 1:]
         return self._view(self._data.unflatten(dim, shape) if new != self.shape else self._data)
 
@@ -215,7 +218,8 @@ class ShapeViews:
         s = self._dim(start_dim, "flatten_dims")
         e = self._dim(end_dim, "flatten_dims")
         if self.on_chip and s == 0:
-            raise NkiValidationError("flatten_dims: start_dim must be > 0 for an on-chip tensor")
+            raise NkiValidationError(f"flatten_dims: start_dim={start_dim} of on-chip {self.shape} takes in the "
+                                     "partition dim; it must be > 0")
         new = self.shape[:s] + (math.prod(self.shape[s:e + 1]),) + self.shape[e + 1:]
         try:
             return self._view(self._data.view(new))
@@ -275,8 +279,8 @@ class ShapeViews:
                                      f"of src_pattern {src_pattern} once each")
         if self.on_chip and (order[0] != names[0] or split_shape[0] != self.shape[0]
                              or not isinstance(dst_pattern[0], str)):
-            raise NkiValidationError("rearrange: on-chip tensors keep the partition dim first "
-                                     "and whole")
+            raise NkiValidationError(f"rearrange: {src_pattern} -> {dst_pattern} moves or splits the partition dim "
+                                     f"of on-chip {self.shape}; it must stay first and whole")
         try:
             d = self._data.view(split_shape) if tuple(split_shape) != self.shape else self._data
             d = d.permute([names.index(n) for n in order])
@@ -311,6 +315,10 @@ def _check_slice(k: slice, dim: int, n: int, shape) -> slice:
         start += n
     if stop < 0:
         stop += n
+    if 0 <= start and start == stop <= n:
+        # (an empty view on purpose is nl.ds(start, 0), which AWS's kernels use for an idle core)
+        raise IndexError(f"index [{s0}:{s1}] selects no element of dim {dim} (size {n}, shape {shape}); "
+                         "an empty view is written nl.ds(start, 0)")
     if not (0 <= start < stop <= n):
         raise IndexError(
             f"index [{s0}:{s1}] is out of bounds for dim {dim} with size {n} (shape {shape})")

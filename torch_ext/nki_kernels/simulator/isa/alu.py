@@ -199,8 +199,9 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     same_free(I, "data", data, "operand1", operand1)
     o0 = _ops.alu_of(_ops.resolve(op0, "op0"), I, "op0")
     o1 = _ops.alu_of(_ops.resolve(op1, "op1"), I, "op1")
-    if o0.bitvec or o1.bitvec:
-        fail(f"{I}: bitvec operators are not supported; op0 and op1 must be arithmetic")
+    for role, o in (("op0", o0), ("op1", o1)):
+        if o.bitvec:
+            fail(f"{I}: {role}={o!r} is a bitvec operator; op0 and op1 must be arithmetic")
     # "All input tiles can be any supported NKI data type" (nki.isa.scalar_tensor_tensor):
     # unlike tensor_scalar's, operand0 need not be float32.
     v = scalar_stage(I, o0, operand0, reverse0, f32(data), data, need_f32=False)
@@ -264,7 +265,7 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
     r = reduce_last(op.name, v.reshape(tuple(keep) + (-1,)))
     if negate:
         if op.bitvec:
-            fail(f"{I}: negate applies only to arithmetic operators")
+            fail(f"{I}: negate=True with the bitvec op {op!r}; negate applies only to arithmetic operators")
         r = -r
     store(I, dst, r)
     return record(I, "vector", [("data", data)], [("dst", dst)], data.size,

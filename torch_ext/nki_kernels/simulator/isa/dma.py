@@ -121,7 +121,7 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=enums.dge_mode.un
     dge_mode = _dge_mode("dma_transpose", dge_mode)
     _dma_options("dma_transpose", priority, dge_mode, None)
     if dst._alloc.kind != "sbuf":
-        fail("dma_transpose: dst must be in SBUF")
+        fail(f"dma_transpose: dst must be in SBUF, got {dst._alloc.kind.upper()}")
     _transpose_dge_rules(src, dge_mode, oob_mode)
     nd = src.ndim
     perm = next((p for p in target().dma_transpose_axes if len(p) == nd), None)
@@ -206,8 +206,9 @@ def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True,
     op = _ops.resolve(reduce_op, "reduce_op")
     if op.name != "add":
         fail(f"dma_compute: reduce_op {op!r} is not supported; only nl.add")
-    if scales is not None and any(float(s) != 1.0 for s in scales):
-        fail("dma_compute: all scales must be 1.0")
+    for i, s in enumerate(scales or ()):
+        if float(s) != 1.0:
+            fail(f"dma_compute: scales[{i}]={s}; every scale must be 1.0")
     srcs = list(srcs)
     most = target().dma_compute_max_sources
     if not 1 <= len(srcs) <= most:

@@ -243,8 +243,9 @@ def sequence_bounds(dst, segment_ids, name=None):
         fail(f"{I}: dst must hold 2 x {n} elements per partition (start and end of each), got "
              f"{free_elems(dst)}")
     seq = f32(segment_ids).reshape(-1).tolist()
-    if any(v < 0 for v in seq):
-        fail(f"{I}: segment ids must be non-negative")
+    negative = next((i for i, v in enumerate(seq) if v < 0), None)
+    if negative is not None:
+        fail(f"{I}: segment_ids element {negative} is {seq[negative]:g}; segment ids must be >= 0")
     start, end = [0] * n, [0] * n
     for i in range(n):
         if seq[i] == 0:

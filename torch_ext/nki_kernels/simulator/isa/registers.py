@@ -21,7 +21,8 @@ class VirtualRegister:
 
     def __int__(self):
         if self.value is None:
-            raise NkiValidationError("VirtualRegister read before it was written")
+            raise NkiValidationError("a VirtualRegister was read before any value was written to it: allocate it "
+                                     "with nisa.register_alloc(value), or register_load / register_move it first")
         return int(self.value)
 
     __index__ = __int__

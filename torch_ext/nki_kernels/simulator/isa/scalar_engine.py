@@ -27,7 +27,7 @@ def _bias_scale(I, data, bias, scale):
         b = 0.0
     elif isinstance(bias, NkiTensor):
         if bias.dtype.name == "tfloat32":
-            fail(f"{I}: bias dtype tfloat32 is not supported")
+            fail(f"{I}: bias dtype tfloat32 is not supported; use a float32 (P, 1) tile")
         b = operand_vec(I, "bias", bias, data)
     else:
         require_generation(I, 3, "a scalar bias", supported=target().activation_scalar_bias,

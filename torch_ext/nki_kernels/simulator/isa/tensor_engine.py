@@ -13,6 +13,15 @@ from .operands import (engine_of, f32, fail, free_elems, onchip, psum_state, rec
                        target, tensor_arg)
 
 
+def _refuse_uninitialized(instr, bad, dst, what):
+    """Refuse accumulating onto the PSUM locations ``bad`` marks (never initialized by a
+    ``what``): how many, and the first, in dst's shape."""
+    if bool(bad.any()):
+        first = tuple(int(i) for i in bad.nonzero()[0])
+        fail(f"{instr}: accumulate=True onto {int(bad.sum())} PSUM locations of dst {tuple(dst.shape)} (the first "
+             f"at {first}) that no previous {what} initialized (undefined on hardware; start with accumulate=False)")
+
+
 def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False,
               is_transpose=False, accumulate=None, tile_position=(), tile_size=(),
               perf_mode=enums.matmul_perf_mode.none, name=None):
@@ -47,7 +56,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     row_size, col_size = rows, cols
     if tile_position or tile_size:
         if not (tile_position and tile_size):
-            fail(f"{I}: tile_position and tile_size must be set together")
+            fail(f"{I}: tile_position={tile_position!r} and tile_size={tile_size!r}: both or neither must be set")
         row_size, col_size = (int(x) for x in tile_size)
         r0, c0 = (int(x) for x in tile_position)
         sizes = tgt.matmul_tile_sizes
@@ -114,9 +123,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     elif accumulate:
         # 0 = never written; 2 = last written by a non-matmul instruction (memset, copy)
         bad = (state == 0) if tgt.matmul_accumulate_onto_copies else (state != 1)
-        if bool(bad.any()):
-            fail(f"{I}: accumulate=True onto PSUM locations of dst that no previous matmul "
-                 "initialized (undefined on hardware; start with accumulate=False)")
+        _refuse_uninitialized(I, bad, dst, "matmul")
         value = f32(dst).reshape(M, N) + prod
         mode = "accumulate"
     else:
@@ -243,7 +250,7 @@ def nc_matmul_mx(dst, stationary, moving, stationary_scale, moving_scale, tile_p
     row_size = tgt.matmul_rows
     if tile_position or tile_size:
         if not (tile_position and tile_size):
-            fail(f"{I}: tile_position and tile_size must be set together")
+            fail(f"{I}: tile_position={tile_position!r} and tile_size={tile_size!r}: both or neither must be set")
         row_size, col_size = (int(x) for x in tile_size)
         r0, c0 = (int(x) for x in tile_position)
         if col_size != tgt.matmul_columns or c0 != 0:
@@ -270,8 +277,7 @@ def nc_matmul_mx(dst, stationary, moving, stationary_scale, moving_scale, tile_p
         acc = (state == 1).reshape(M, N)
         value = torch.where(acc, f32(dst).reshape(M, N) + prod, prod)
     elif accumulate:
-        if bool((state == 0).any()):
-            fail(f"{I}: accumulate=True onto PSUM locations no previous write initialized")
+        _refuse_uninitialized(I, state == 0, dst, "write")
         value = f32(dst).reshape(M, N) + prod
     else:
         value = prod

@@ -209,7 +209,8 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None,
     same_free(I, "on_true", on_true, "dst", dst)
     same_free(I, "on_true", on_true, "predicate", predicate)
     if on_true.dtype.name in ("tfloat32", "int32", "uint32"):
-        fail(f"{I}: on_true dtype {on_true.dtype.name} is not supported")
+        fail(f"{I}: on_true dtype {on_true.dtype.name} is not supported (tfloat32, int32 and uint32 are not; "
+             "its docstring)")
     if predicate.dtype.name not in ("int8", "uint8", "int16", "uint16"):
         fail(f"{I}: predicate dtype must be int8, uint8, int16 or uint16, got {predicate.dtype.name}")
     ro = _ops.alu_of(_ops.resolve(reduce_op, "reduce_op"), I, "reduce_op")
@@ -371,7 +372,8 @@ def nc_find_index8(dst, data, vals, name=None):
     onchip(I, "data", data)
     onchip(I, "vals", vals)
     if free_elems(vals) != 8 or free_elems(dst) != 8:
-        fail(f"{I}: vals and dst must have 8 elements per partition")
+        fail(f"{I}: vals has {free_elems(vals)} and dst {free_elems(dst)} elements per partition; both must "
+             "have 8")
     # docstring: "between 8 and 16,384 elements per partition"; output "uint16 or uint32"
     if not 8 <= free_elems(data) <= 16384:
         fail(f"{I}: data has {free_elems(data)} elements per partition; between 8 and 16384 are allowed")

@@ -63,7 +63,8 @@ def _binary(op: Op):
             raise refused
         xt, yt = isinstance(x, NkiTensor), isinstance(y, NkiTensor)
         if not (xt or yt):
-            raise NkiValidationError(f"nl.{op.name}: at least one of x, y must be a tile")
+            raise NkiValidationError(f"nl.{op.name}: at least one of x, y must be a tile, got x {type(x).__name__} "
+                                     f"and y {type(y).__name__}")
         if xt:
             check_tile(op.name, x, "x")
         if yt:
