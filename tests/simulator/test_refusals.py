@@ -63,6 +63,27 @@ def k_plain(x):
 
 # (id, target, code, error class, the message's start)
 CASES = [
+    ('isa.dma-empty-operand', 'trn2', "h=t((4,4),buf='shared_hbm'); nisa.dma_copy(h[:, nl.ds(0,0)], t((4,4))[:, nl.ds(0,0)])",
+     NkiValidationError, 'dma_copy: dst is empty (shape (4, 0)); a DMA needs elements'),
+    ('tensor_views-broadcast-to-view-size', 'trn2', "t((4,2)).broadcast_to((4,4))",
+     NkiValidationError, 'broadcast_to: dim 1 of size 2 cannot broadcast to 4'),
+    ('isa.vector_engine-tensor-scalar-reduce-reduce-op', 'trn2',
+     "x=t((4,4)); nisa.tensor_scalar_reduce(x, x, nl.add, 1.0, nl.subtract, t((4,1)))",
+     NkiValidationError, 'tensor_scalar_reduce: reduce_op nl.subtract is not supported (add, multiply, max, min)'),
+    ('isa.vector_engine-tensor-scalar-cumulative-op1', 'trn2',
+     "x=t((4,4)); nisa.tensor_scalar_cumulative(x, x, nl.add, nl.power, 1.0)",
+     NkiValidationError, 'tensor_scalar_cumulative: op1 nl.power must be add, subtract, multiply, maximum or minimum'),
+    ('isa.gpsimd-local-gather-dst-size', 'trn2', "nisa.local_gather(t((16,8)), t((16,4)), t((16,1),'uint16'))",
+     NkiValidationError, 'local_gather: dst has 8 elements per partition; 16 indices x 1 elements need 16'),
+    ('isa.gpsimd-sequence-bounds-dtype', 'trn2', "nisa.sequence_bounds(t((1,8),'bfloat16'), t((1,4)))",
+     NkiValidationError, 'sequence_bounds: dst dtype must be float32 or int32, got bfloat16'),
+    ('isa.tensor_engine-nc-matmul-mx-moving-size', 'trn3',
+     "nisa.nc_matmul_mx(t((32,4096),buf='psum'), t((32,32),'float8_e4m3fn_x4'), t((32,4097),'float8_e4m3fn_x4'), "
+     "t((32,32),'uint8'), t((32,4097),'uint8'))",
+     NkiValidationError, 'nc_matmul_mx: moving free size 4097 exceeds maximum 4096'),
+    ('isa.vector_engine-quantize-mx-partitions', 'trn3',
+     "nisa.quantize_mx(t((8,1),'float8_e4m3fn_x4'), t((8,4),'bfloat16'), t((8,1),'uint8'))",
+     NkiValidationError, 'quantize_mx: src partition dim 8 must be a multiple of 32 and at most 128'),
     ('tensor_views-empty-slice', 'trn2', "h=t((4,4),buf='shared_hbm'); h[:, 2:2]",
      IndexError, "index [2:2] selects no element of dim 1 (size 4, shape (4, 4)); an empty view is written nl.ds"),
     ('isa.__init__-memset-dst-is-in-hbm-fill-an-sbuf-tile-and-dma-c', 'trn2', "h=t((4,4),buf='shared_hbm'); h[...] = 1.0",
@@ -435,5 +456,6 @@ def test_refusal(target, code, error, message):
 
 
 def test_every_case_is_distinct():
+    # (two refusals may share a message: nl.broadcast_to and the view method broadcast_to)
     assert len({c[0] for c in CASES}) == len(CASES)
-    assert len({c[4] for c in CASES}) == len(CASES)
+    assert len({(c[1], c[2]) for c in CASES}) == len(CASES)       # (one call on two targets: two cases)
