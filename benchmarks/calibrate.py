@@ -70,6 +70,9 @@ from nki_kernels.simulator.cost.uncertainty import ENDS, variant
 from nki_kernels.simulator.hardware import TARGETS
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))                   # benchmarks/: its shared script support
+import script_support  # noqa: E402
+
 DATA = HERE / "calibration" / "measurements.toml"
 QOR = HERE / "calibration" / "nkilib_qor.toml"     # nki-library's references: need --nkilib
 KERNELS = HERE / "calibration" / "kernels"
@@ -990,14 +993,6 @@ def qor_report(rows: list[Row], values: dict[str, float], worst: int = 10, shown
     return "\n".join(lines)
 
 
-def _script_support():
-    """benchmarks/script_support.py (the scripts' shared output-path check)."""
-    spec = importlib.util.spec_from_file_location("_script_support", HERE / "script_support.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def write_csv(path: Path, rows: list[Row], values: dict[str, float]) -> None:
     """One line per modeled row: MODELED values next to the source's measurement."""
     engines = sorted({e for r in rows for e in engine_busy.get(r.id, {})})
@@ -1080,7 +1075,7 @@ def main(argv=None) -> int:
         ap.error("--pairs selects nki-library QoR rows: pass --nkilib PATH")
     if not Path(args.data).is_file():
         ap.error(f"--data {args.data}: no such measurement file")
-    problem = args.csv and _script_support().output_path_error("--csv", args.csv)
+    problem = args.csv and script_support.output_path_error("--csv", args.csv)
     if problem:
         ap.error(problem)
     rows = load_rows(Path(args.data))

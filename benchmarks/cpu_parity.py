@@ -28,6 +28,8 @@ import torch
 import nki_kernels
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))                   # benchmarks/: its shared script support
+import script_support  # noqa: E402
 # Workloads whose op keeps a stricter contract than eager's composition (one fp32 rounding
 # where eager rounds after every op; references.py): parity is not expected there.
 SINGLE_ROUNDING = {"SiluAndMulBenchmark", "GeluAndMulBenchmark", "RotaryBenchmark"}
@@ -77,15 +79,14 @@ def main(argv=None) -> int:
     files = sorted(p.stem.removeprefix("benchmark_") for p in HERE.glob("benchmark_*.py"))
     if only - set(files):
         ap.error(f"--only {sorted(only - set(files))} unknown; choose from {', '.join(files)}")
-    support = _load(HERE / "script_support.py")
-    problem = support.output_path_error("--csv", args.csv)
+    problem = script_support.output_path_error("--csv", args.csv)
     if problem:
         ap.error(problem)
     print(f"CPU default path vs eager torch, MEASURED on this CPU ({torch.get_num_threads()} threads), "
           f"best of {args.repeats} interleaved calls; backend={nki_kernels.cpu_backend()}")
     print(f"{'benchmark':<26} {'workload':<28} {'dtype':<9} {'op ms':>8} {'eager ms':>9} {'op/eager':>9}")
     worst, records = [], []
-    host = {"cpu": support.cpu_name(), "threads": torch.get_num_threads(),
+    host = {"cpu": script_support.cpu_name(), "threads": torch.get_num_threads(),
             "backend": nki_kernels.cpu_backend(), "repeats": args.repeats}
     for path in sorted(HERE.glob("benchmark_*.py")):
         if only and path.stem.removeprefix("benchmark_") not in only:

@@ -46,7 +46,7 @@ equally busy, and the DMA queues take part of the Pᵀ work when they have room:
              on TensorE (fp32); V and the output move as [128 rows, heads, D] blocks
              covering every head of a group in one transfer; for 16-bit data a share of
              Pᵀ is made by DMA transposes instead of TensorE + a PSUM copy
-             (EngineBalance.dma_share levels the DMA queues with VectorE/ScalarE).
+             (EngineBalance.loads.dma_share levels the DMA queues with VectorE/ScalarE).
 Transposed scores (attention_kernel with bf16, no mask, not causal, D <= 125, Dv <= 128,
     Sk <= 384, or Sk <= 768 with at least 4 query heads per core; attention_transposed.py):
     P is made directly as Pᵀ, with no Pᵀ

@@ -127,8 +127,8 @@ def _refuse_unread_keys(data: dict, path: Path) -> None:
     general = tables["general"]
     if isinstance(general, dict):
         for sub in ("hub", *SUPPORTED_BACKENDS):
-            if isinstance(general.get(sub), dict):
-                tables[f"general.{sub}"] = general[sub]
+            if sub in general:
+                tables[f"general.{sub}"] = general[sub]      # (a non-table value is refused below)
     for table, values in tables.items():
         if not isinstance(values, dict):
             raise BuildError(f"[{table}] in {path} is not a table")

@@ -65,6 +65,8 @@ def test_build_toml_is_valid_edition_5_for_kernel_builder(build_hub):
         (('python-depends = ["nki"]', 'python-depends = ["nki"]\nkernel-depends = []'),
          "[general.neuron] kernel-depends in"),
         (("[torch-noarch]", "[torch-noarch]\nsrc = []\n[kernel.x]\nbackend = \"cpu\""), "[kernel] in"),
+        # a value where a table belongs: a BuildError, not an AttributeError
+        (('backends = ["cpu", "neuron"]', 'backends = ["cpu", "neuron"]\ncpu = "x"'), "[general.cpu] in"),
     ],
 )
 def test_build_rejects_bad_config(build_hub, tmp_path, edit, message):

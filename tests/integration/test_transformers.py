@@ -341,6 +341,8 @@ def test_rejects_qkv_that_are_not_4d_tensors(reference_backend, which, value, er
     (torch.tensor([0.0, 3.0, 7.0]), r"\[0\.0, 3\.0, 7\.0\]: must be a 1-D integer tensor"),
     (torch.tensor([[0, 3, 7]], dtype=torch.int32), r"tensor of shape \[1, 3\]: must be a 1-D integer tensor"),
     (torch.tensor([7], dtype=torch.int32), r"\[7\]: must be a 1-D integer tensor of at least 2"),
+    (torch.tensor(7, dtype=torch.int32), r"tensor of shape \[\]: must be a 1-D integer tensor"),
+    ([0, 3, 7], r"\[0, 3, 7\]: must be a 1-D integer tensor"),
 ])
 def test_rejects_malformed_cu_seq_lens(reference_backend, cu, match):
     # review, session 68: these built wrong sequence boundaries without an error

@@ -75,6 +75,19 @@ def test_output_layout_follows_transposed_inputs(reference_backend):
     assert sdpa(q, k, v).is_contiguous()
 
 
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_the_reference_keeps_the_layout_and_torch_s_values(dtype):
+    # the reference itself (not only the op, which copies into the layout it promises) gives
+    # a transposed view for transposed-view inputs, bit-equal to torch's SDPA, its NaN-row
+    # correction included (review, session 68: a masked_fill made it contiguous)
+    from nki_kernels import references
+
+    q, k, v = make_qkv(2, 4, 4, 6, 6, 16, dtype=dtype, layout="bshd")
+    out = references.scaled_dot_product_attention(q, k, v)
+    assert out.transpose(1, 2).is_contiguous()
+    assert torch.equal(out, F.scaled_dot_product_attention(q, k, v))
+
+
 EMPTY = [  # (query shape, key shape, kwargs): some dim 0, as torch's SDPA takes them
     ((0, 2, 3, 8), (0, 2, 4, 8), {}),                       # B = 0
     ((1, 0, 3, 8), (1, 0, 4, 8), {}),                       # H = 0

@@ -244,8 +244,18 @@ def test_a_one_dim_on_chip_tensor_is_no_engine_operand(sim, mk):
     ones = nl.ones((4,), dtype=nl.float32, buffer=nl.sbuf)
     assert torch.equal(ones.values(), torch.ones(4))
     assert t.reshape((4, 1)).reshape((4,)).shape == (4,)
-    with pytest.raises(NkiValidationError, match=r"must keep partition dim 1, got \(\)"):
+    with pytest.raises(NkiValidationError, match=r"on-chip sbuf tensor needs >= 1 dims, got \(\)"):
         nl.ndarray((1,), dtype=nl.float32, buffer=nl.sbuf).reshape(())
+    # squeeze_dim agrees with reshape: SBUF may drop to 1-D, PSUM may not (review, session 68)
+    assert nl.ndarray((4, 1), dtype=nl.float32, buffer=nl.sbuf).squeeze_dim(1).shape == (4,)
+    psum = nl.ndarray((4, 1), dtype=nl.float32, buffer=nl.psum)
+    with pytest.raises(NkiValidationError, match=r"reshape: on-chip psum tensor needs >= 2 dims, got \(4,\)"):
+        psum.reshape((4,))
+    with pytest.raises(NkiValidationError, match=r"squeeze_dim: on-chip psum tensor \(4, 1\) must keep its partition dim and 2"):
+        psum.squeeze_dim(1)
+    # a single-pair access pattern is a 1-D view too: no engine operand either
+    with pytest.raises(NkiValidationError, match="is a 1-D on-chip tensor"):
+        nisa.memset(nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.sbuf).ap([[8, 4]]), 0.0)
 
 
 def test_unsupported_names_raise_clearly(sim):

@@ -186,6 +186,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
                                          enable_gqa=bool(enable_gqa))  # a SymBool when traced
     # torch 2.13's CPU flash kernel takes a row whose max is NaN for a row with every key
-    # masked and writes 0 (at fewer than 16 keys, where it does not tile the keys)
-    out = out.masked_fill(~torch.isfinite(q).all(-1, keepdim=True), float("nan"))
-    return out.to(query.dtype)
+    # masked and writes 0 (at fewer than 16 keys, where it does not tile the keys). A product
+    # with 1 (exact) or NaN per row keeps out's strides, so transposed-view inputs keep their
+    # output layout (a masked_fill or where makes it contiguous), and stays differentiable
+    row = torch.where(torch.isfinite(q).all(-1, keepdim=True), 1.0, float("nan")).to(out.dtype)
+    return (out * row).to(query.dtype)

@@ -191,18 +191,24 @@ def _flash_mask(padding: Optional[torch.Tensor], query: torch.Tensor, key: torch
     return keep
 
 
+def _shown_offsets(cu) -> str:
+    """A cu_seq_lens argument as an error shows it: its first 16 offsets, or what it is."""
+    if isinstance(cu, torch.Tensor) and cu.dim() == 1:
+        return str(cu.tolist()[:16])
+    return _short(cu)
+
+
 def _check_cu_seq_lens(cu: torch.Tensor, sk: int) -> None:
     """FlashAttention-2's cumulative sequence lengths: a 1-D integer tensor from 0 to the
     total length, never decreasing (varlen's cu_seqlens); anything else would cut the
-    packed row at wrong boundaries without an error."""
-    shown = cu.tolist()[:16] if isinstance(cu, torch.Tensor) and cu.dim() <= 1 else _short(cu)
+    packed row at wrong boundaries without an error. One read back of a bool."""
     if (not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.numel() < 2 or cu.is_floating_point()
             or cu.is_complex() or cu.dtype == torch.bool):
-        raise ValueError(f"cu_seq_lens_q/k={shown}: must be a 1-D integer tensor of at least 2 offsets "
-                         "(0, then each sequence's end)")
-    if int(cu[0]) != 0 or int(cu[-1]) != sk or bool((cu[1:] < cu[:-1]).any()):
-        raise ValueError(f"cu_seq_lens_q/k={shown}: must start at 0, never decrease and end at {sk} (the "
-                         "packed row's length)")
+        raise ValueError(f"cu_seq_lens_q/k={_shown_offsets(cu)}: must be a 1-D integer tensor of at least 2 "
+                         "offsets (0, then each sequence's end)")
+    if bool((cu[0] != 0) | (cu[-1] != sk) | (cu[1:] < cu[:-1]).any()):
+        raise ValueError(f"cu_seq_lens_q/k={_shown_offsets(cu)}: must start at 0, never decrease and end at "
+                         f"{sk} (the packed row's length)")
 
 
 def _packed_segments(kwargs: dict, b: int, sq: int, sk: int) -> Optional[torch.Tensor]:
@@ -210,13 +216,15 @@ def _packed_segments(kwargs: dict, b: int, sq: int, sk: int) -> Optional[torch.T
     sequences), from ``cu_seq_lens_q/k`` or from ``position_ids`` restarting; None if not packed."""
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is not None or cu_k is not None:
+        for cu in (cu_q, cu_k):
+            if cu is not None:
+                _check_cu_seq_lens(cu, sk)
         if cu_q is None or cu_k is None or not torch.equal(cu_q, cu_k) or b != 1 or sq != sk:
             def shown(cu):
                 return None if cu is None else cu.tolist()[:16]
             raise ValueError(f"cu_seq_lens_q={shown(cu_q)}, cu_seq_lens_k={shown(cu_k)}: the NKI attention takes "
                              "a packed batch only with both given and equal, in one row (B = 1) of as many "
                              f"queries as keys (got B={b}, Sq={sq}, Sk={sk})")
-        _check_cu_seq_lens(cu_k, sk)
         return torch.bucketize(torch.arange(sk, device=cu_k.device), cu_k[1:], right=True)[None]
     position_ids = kwargs.get("position_ids")
     # transformers' _is_packed_sequence: one row whose positions restart from their minimum

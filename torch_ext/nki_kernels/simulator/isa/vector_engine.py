@@ -209,8 +209,8 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None,
     same_free(I, "on_true", on_true, "dst", dst)
     same_free(I, "on_true", on_true, "predicate", predicate)
     if on_true.dtype.name in ("tfloat32", "int32", "uint32"):
-        fail(f"{I}: on_true dtype {on_true.dtype.name} is not supported (tfloat32, int32 and uint32 are not; "
-             "its docstring)")
+        fail(f"{I}: on_true dtype {on_true.dtype.name} is not supported (its docstring excludes tfloat32, int32 "
+             "and uint32)")
     if predicate.dtype.name not in ("int8", "uint8", "int16", "uint16"):
         fail(f"{I}: predicate dtype must be int8, uint8, int16 or uint16, got {predicate.dtype.name}")
     ro = _ops.alu_of(_ops.resolve(reduce_op, "reduce_op"), I, "reduce_op")
