@@ -115,6 +115,7 @@ def main(argv=None):
          torch_elementwise, (x, y)),
     ]
     rows = []
+    cpu, cores = script_support.cpu_name(), script_support.cores()     # (read once, recorded on every row)
     xs, ys = x[:, :256], y[:, :256]
     cases.append(("elementwise", f"{EW_ROWS}x256 fp32, [128,32] tiles", elementwise_kernel,
                   torch_elementwise, (xs.contiguous(), ys.contiguous()), {"tile_cols": 32}))
@@ -137,11 +138,11 @@ def main(argv=None):
             "sim_wall_us_per_instruction_measured_cpu": round(sim_s / n_instr * 1e6, 1),
             "torch_eager_wall_ms_measured_cpu": round(torch_s * 1e3, 3), "sim_over_torch": round(sim_s / torch_s, 1),
             "max_abs_err": f"{err:.2e}", "torch_threads": 1,
-            "cpu": script_support.cpu_name(), "cores": script_support.cores(),
+            "cpu": cpu, "cores": cores,
         })
 
-    print(f"NKI simulator speed vs eager torch, MEASURED on this CPU ({script_support.cpu_name()}, "
-          f"{script_support.cores()} cores; both single-threaded torch; median of repeats; wall ms = "
+    print(f"NKI simulator speed vs eager torch, MEASURED on this CPU ({cpu}, {cores} cores; both "
+          "single-threaded torch; median of repeats; wall ms = "
           "one simulator.run() incl. trace; us/instr: CPU wall time per simulated instruction)")
     header = f"{'kernel':12} {'shape':34} {'instr':>6} {'sim wall ms':>11} {'us/instr':>9} " \
              f"{'torch ms':>9} {'sim/torch':>10} {'max err':>9}"

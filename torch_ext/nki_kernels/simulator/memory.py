@@ -53,6 +53,11 @@ _KIND = {
     MemoryRegion.sbuf: "sbuf", MemoryRegion.psum: "psum",
     MemoryRegion.private_hbm: "hbm", MemoryRegion.shared_hbm: "hbm",
 }
+# The fewest dims an on-chip tensor or view of each kind has (dim 0 the partitions): SBUF
+# takes 1-D tensors, as the v2.33 register_load / register_store examples allocate them;
+# PSUM, where only engines write, keeps [partition, free...]. check_shape and the on-chip
+# views (tensor_views.py reshape, squeeze_dim) read it.
+MIN_ON_CHIP_DIMS = {"sbuf": 1, "psum": 2}
 _BY_STR = {"sbuf": MemoryRegion.sbuf, "psum": MemoryRegion.psum, "hbm": MemoryRegion.private_hbm,
            "private_hbm": MemoryRegion.private_hbm, "shared_hbm": MemoryRegion.shared_hbm}
 
@@ -168,7 +173,7 @@ class Memory:
         kind = _KIND[region]
         if kind == "hbm":
             return shape
-        if len(shape) < (1 if kind == "sbuf" else 2):
+        if len(shape) < MIN_ON_CHIP_DIMS[kind]:
             raise NkiValidationError(
                 f"{what}: {kind} tensor {name or ''} shape {shape} needs at least "
                 f"{'one dim' if kind == 'sbuf' else '2 dims (1-D: SBUF only)'} (dim 0 is the partition dim)")

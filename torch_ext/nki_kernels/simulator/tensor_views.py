@@ -14,6 +14,7 @@ import math
 import operator
 
 from .errors import NkiValidationError, UnsupportedError
+from .memory import MIN_ON_CHIP_DIMS
 
 
 class DynamicSlice:
@@ -129,11 +130,10 @@ class ShapeViews:
                 f"reshape: shape {shape} has {math.prod(shape)} elements, tensor "
                 f"{self.shape} has {n}")
         if self.on_chip:
-            if len(shape) < (1 if self._alloc.kind == "sbuf" else 2):
-                # (a 1-D view: SBUF only, as memory.check_shape allows 1-D tensors)
+            least = MIN_ON_CHIP_DIMS[self._alloc.kind]
+            if len(shape) < least:
                 raise NkiValidationError(
-                    f"reshape: on-chip {self._alloc.kind} tensor needs >= "
-                    f"{1 if self._alloc.kind == 'sbuf' else 2} dims, got {shape}")
+                    f"reshape: on-chip {self._alloc.kind} tensor needs >= {least} dims, got {shape}")
             if shape[0] != self._data.shape[0]:
                 raise NkiValidationError(
                     f"reshape: on-chip tensor must keep partition dim {self._data.shape[0]}, "
@@ -199,11 +199,12 @@ class ShapeViews:
         if self._data.shape[dim] != 1:
             raise NkiValidationError(
                 f"squeeze_dim: dim {dim} has size {self._data.shape[dim]}, must be 1")
-        least = 1 if self._alloc.kind == "sbuf" else 2      # (1-D: SBUF only, as reshape)
-        if self.on_chip and (dim == 0 or self.ndim <= least):
-            raise NkiValidationError(
-                f"squeeze_dim: on-chip {self._alloc.kind} tensor {self.shape} must keep its partition dim "
-                f"and {least} dim{'s' if least > 1 else ''}")
+        if self.on_chip:
+            least = MIN_ON_CHIP_DIMS[self._alloc.kind]
+            if dim == 0 or self.ndim <= least:
+                raise NkiValidationError(
+                    f"squeeze_dim: on-chip {self._alloc.kind} tensor {self.shape} must keep its partition dim "
+                    f"and {least} dim{'s' if least > 1 else ''}")
         return self._view(self._data.squeeze(dim))
 
     def reshape_dim(self, dim: int, shape) -> "NkiTensor":

@@ -13,6 +13,16 @@ from .operands import (engine_of, f32, fail, free_elems, onchip, psum_state, rec
                        target, tensor_arg)
 
 
+def _tile(instr, tile_position, tile_size):
+    """(row size, column size, first row, first column) of a TensorE tile given by both
+    arguments; refused when only one is set."""
+    if not (tile_position and tile_size):
+        fail(f"{instr}: tile_position={tile_position!r} and tile_size={tile_size!r}: both or neither must be set")
+    row_size, col_size = (int(x) for x in tile_size)
+    r0, c0 = (int(x) for x in tile_position)
+    return row_size, col_size, r0, c0
+
+
 def _refuse_uninitialized(instr, bad, dst, what):
     """Refuse accumulating onto the PSUM locations ``bad`` marks (never initialized by a
     ``what``): how many, and the first, in dst's shape."""
@@ -55,10 +65,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     rows, cols = tgt.matmul_rows, tgt.matmul_columns
     row_size, col_size = rows, cols
     if tile_position or tile_size:
-        if not (tile_position and tile_size):
-            fail(f"{I}: tile_position={tile_position!r} and tile_size={tile_size!r}: both or neither must be set")
-        row_size, col_size = (int(x) for x in tile_size)
-        r0, c0 = (int(x) for x in tile_position)
+        row_size, col_size, r0, c0 = _tile(I, tile_position, tile_size)
         sizes = tgt.matmul_tile_sizes
         if row_size not in sizes or col_size not in sizes:
             fail(f"{I}: tile_size {tuple(tile_size)} must use sizes from {sizes}")
@@ -249,10 +256,7 @@ def nc_matmul_mx(dst, stationary, moving, stationary_scale, moving_scale, tile_p
              f"a multiple of {q} and at most {tgt.matmul_rows}")
     row_size = tgt.matmul_rows
     if tile_position or tile_size:
-        if not (tile_position and tile_size):
-            fail(f"{I}: tile_position={tile_position!r} and tile_size={tile_size!r}: both or neither must be set")
-        row_size, col_size = (int(x) for x in tile_size)
-        r0, c0 = (int(x) for x in tile_position)
+        row_size, col_size, r0, c0 = _tile(I, tile_position, tile_size)
         if col_size != tgt.matmul_columns or c0 != 0:
             fail(f"{I}: only row tiling: tile_size column must be {tgt.matmul_columns} and "
                  f"tile_position column 0, got {tuple(tile_size)} / {tuple(tile_position)}")
