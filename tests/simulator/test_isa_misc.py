@@ -71,6 +71,26 @@ def test_tensor_scalar_cumulative(sim, mk, v):
     assert torch.equal(v(dst), torch.cummax(x, 1).values)
 
 
+@pytest.mark.parametrize("op", ["add", "multiply"])
+def test_tensor_scalar_cumulative_rounds_the_register_to_fp32_at_each_step(sim, mk, v, op):
+    # "reg = op1(op0(in_tensor[i], imm0), reg)" with VectorE's fp32 register: each step
+    # rounds to fp32 (torch's CPU cumsum / cumprod carry float64 and round only the output)
+    _, nl, nisa = sim
+    if op == "add":
+        x = torch.rand(4, 3000) * 1000
+    else:
+        x = 1 + (torch.rand(4, 3000) - 0.5) * 1e-2
+    dst = nl.ndarray((4, 3000), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar_cumulative(dst, mk(x), nl.multiply, getattr(nl, op), 1.0)
+    step = torch.add if op == "add" else torch.mul
+    ref = x.clone()
+    for i in range(1, 3000):
+        ref[:, i] = step(x[:, i], ref[:, i - 1])
+    assert torch.equal(v(dst), ref)
+    wide = (torch.cumsum if op == "add" else torch.cumprod)(x.double(), 1).float()
+    assert not torch.equal(ref, wide)       # the rows are long enough to tell the two apart
+
+
 def test_tensor_tensor_scan(sim, mk, v):
     _, nl, nisa = sim
     a, b = torch.rand(8, 12), torch.randn(8, 12)
@@ -165,6 +185,13 @@ def test_dropout_and_rng(sim, mk, v):
         nisa.dropout(ints, mk(torch.randint(1, 9, (64, 200)), "int32"), mk(torch.rand(64, 1), "bfloat16"))
     kept = v(dst) != 0
     assert torch.equal(v(dst)[kept], x[kept]) and 0.15 < 1 - kept.float().mean() < 0.35
+    # integers keep "their original values", also above 2**24 (no fp32 round trip)
+    big = torch.tensor([[16777217, 1073741827, 123456789, -2147483647]] * 4, dtype=torch.int32)
+    ints = nl.ndarray((4, 4), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dropout(ints, mk(big, "int32"), 0.0)
+    assert torch.equal(ints.values().to(torch.int64), big.to(torch.int64))
+    nisa.dropout(ints, mk(big, "int32"), 1.0)
+    assert torch.equal(ints.values().to(torch.int64), torch.zeros(4, 4, dtype=torch.int64))
     r = nl.ndarray((64, 8), dtype=nl.uint16, buffer=nl.sbuf)
     nisa.rng(r)
     vals = r.values().to(torch.int64).reshape(-1).double()

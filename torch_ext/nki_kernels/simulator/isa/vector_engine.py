@@ -142,15 +142,15 @@ def tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1=None,
         ctx.vector_regs[sl] = init.reshape(-1) if isinstance(init, torch.Tensor) else init
     start = ctx.vector_regs[sl].unsqueeze(1)
     cat = torch.cat([start, v], dim=1)
-    if o1.name == "subtract":
-        # reg = op1(op0(x[i], imm0), reg) = x'[i] - reg: not associative, one step per element
+    if o1.name in ("add", "subtract", "multiply"):
+        # reg = op1(op0(x[i], imm0), reg), one step per element with the fp32 register
+        # rounded at each step (VectorE computes "in float32 math"; torch's CPU cumsum and
+        # cumprod carry the sum in float64 and round only the output, which drifts from the
+        # register's value on long rows); subtract is also not associative: x'[i] - reg
+        step = {"add": torch.add, "multiply": torch.mul, "subtract": torch.sub}[o1.name]
         out = cat.clone()
         for i in range(1, cat.shape[1]):
-            out[:, i] = cat[:, i] - out[:, i - 1]
-    elif o1.name == "add":
-        out = torch.cumsum(cat, 1)
-    elif o1.name == "multiply":
-        out = torch.cumprod(cat, 1)
+            out[:, i] = step(cat[:, i], out[:, i - 1])
     elif o1.name == "maximum":
         out = torch.cummax(cat, 1).values
     else:
@@ -477,9 +477,12 @@ def dropout(dst, data, prob, name=None):
         fail(f"{I}: dst dtype {dst.dtype.name} must equal data dtype {data.dtype.name}")
     # "If data type of data is any of the integer types ... prob data type must be float32"
     p = operand_vec(I, "prob", prob, data, need_f32=data.dtype.is_int)
-    x = f32(data)
-    u = torch.rand(x.shape, generator=current().generator)
-    store(I, dst, torch.where(u < p, torch.zeros_like(x), x))  # no rescaling, as documented
+    u = torch.rand(data.shape, generator=current().generator)
+    # kept elements keep "their original values" (the docstring), no rescaling: selected on
+    # the stored bits, so integers above 2**24 do not pass through fp32
+    bits = data._data.reshape(data.shape)
+    kept = torch.where(u < p, torch.zeros_like(bits), bits)
+    store(I, dst, kept.reshape(dst.shape), raw=True)
     return record(I, "vector", [("data", data), ("prob", prob)], [("dst", dst)],
                   dst.size, {})
 
