@@ -180,6 +180,32 @@ def test_tiles_of_one_site_rotate_through_depth_buffers():
         assert s.start[3 * k + 1] >= s.finish[store_old] - 1e-12
 
 
+def test_a_write_after_the_first_read_also_waits_for_the_buffer_s_old_occupant():
+    # Tiles [128, 2C] of one site, each filled and read half by half: load A, read A, load
+    # B, read B. Tile 2's load of half B touches nothing its read of A touched, so only the
+    # rotation orders it after tile 0's read of half B (same physical bytes). ScalarE is
+    # kept busy first, so tile 0's reads run late and an unordered load would land early.
+    b = TraceBuilder()
+    allocs, at = [], {}
+    x, cols = new_alloc(), 1024
+    for _ in range(6):
+        b.activation(sbuf("dst", new_alloc(), (128, 8192)), sbuf("data", new_alloc(), (128, 8192)))
+    for k in range(3):
+        t = new_alloc()
+        allocs.append(AllocationSite(t, "sbuf", (("k.py", 10),), None))
+        for half in (0, 1):
+            part = dict(offset=half * cols, strides=(2 * cols, 1))
+            at[k, "load", half] = b.dma(sbuf("dst", t, (128, cols), **part),
+                                        hbm("src", x, (128, cols), offset=(2 * k + half) * 128 * cols)).index
+            at[k, "read", half] = b.activation(sbuf("dst", new_alloc(), (128, cols)),
+                                               sbuf("data", t, (128, cols), **part)).index
+    edges = set(rotation_edges(b.trace, allocs, 2))
+    assert (at[0, "read", 1], at[2, "load", 1]) in edges
+    assert (at[0, "read", 1], at[2, "read", 1]) not in edges     # reads follow their own tile's write
+    s = estimate_trace(b.trace, TRN2, allocations=allocs).schedule
+    assert s.start[at[2, "load", 1]] >= s.finish[at[0, "read", 1]] - 1e-12
+
+
 def test_more_buffers_prefetch_further_and_unbounded_buffers_are_the_old_model():
     trace, allocs, _ = _stream(16)
     t = {d: estimate_trace(trace, dataclasses.replace(TRN2, buffer_rotation_depth=d), allocations=allocs).latency_us

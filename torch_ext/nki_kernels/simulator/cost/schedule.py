@@ -343,7 +343,13 @@ def rotation_edges(trace, allocations, depth: int, target: Target | None = None)
     ago among those whose occupant is dead in program order (last access issued before the
     new tile's first access), or a fresh buffer when none is (the program keeps them all
     alive, so the compiler must give it its own). The new tile's accesses up to and
-    including its first read then wait for every access of the old occupant."""
+    including its first read, and every later write, then wait for every access of the old
+    occupant: a write after the first read (to a part that read did not touch) depends on
+    nothing of its own tile, and without the edge it could overwrite the physical buffer
+    while the old occupant's readers still run (until 2026-12-06 only the accesses up to
+    the first read waited: attention backward at Llama S=2048 causal and RMSNorm backward
+    at Llama-7B wrote early, 10 and 4 writes, modeled 0.6 / 0.4 % faster than the rule).
+    Later reads need no edge: each reads what one of these writes made."""
     if depth < 1:
         raise CostModelError(f"buffer_rotation_depth={depth}; expected at least 1")
     access, families = buffer_families(trace, allocations)
@@ -363,12 +369,12 @@ def rotation_edges(trace, allocations, depth: int, target: Target | None = None)
                 continue
             b = min(dead, key=lambda b: access[occupants[b]][-1][0])
             old = [i for i, _ in access[occupants[b]]]
-            initial = []
+            waiting, read_seen = [], False
             for i, is_read in acc:
-                initial.append(i)
-                if is_read:
-                    break
-            edges.extend((p, s) for s in initial for p in old)
+                if not read_seen or not is_read:
+                    waiting.append(i)
+                read_seen = read_seen or is_read
+            edges.extend((p, s) for s in waiting for p in old)
             occupants[b] = alloc
     return edges
 
