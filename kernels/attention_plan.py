@@ -71,8 +71,9 @@ class EngineBalance(nl.NKIObject):
         the floor are short rows (Sq tails), where the greedy pick does better thinking them
         cheaper."""
         c = self.costs
-        rate = c.vector_psum_copy_rate(self.itemsize == 2)
-        return (elems / rate + c.vector_instr_cycles, elems + c.scalar_instr_cycles)
+        sixteen = self.itemsize == 2
+        rate = c.vector_psum_copy_rate(sixteen)
+        return (elems / rate + c.vector_instr_cycles, elems / c.scalar_rate(sixteen) + c.scalar_instr_cycles)
 
     def use_dma(self):
         """Whether the next Pᵀ is made by DMA transposes: True for a share ``dma_share`` of
@@ -145,7 +146,7 @@ def _launch_work(facts, costs):
         e = cdiv(n, P) * r          # Pᵀ elements per partition: r columns per 128-key block
         rate = c.vector_psum_copy_rate(f.itemsize == 2)
         pt_v += units * e / rate / c.vector_ghz
-        pt_s += units * e / c.scalar_ghz
+        pt_s += units * e / c.scalar_rate(f.itemsize == 2) / c.scalar_ghz
         # DMA: one transfer for the full 128-key chunks and one for the tail chunk of a batch
         # of heads; a transpose spreads over all 16 queues, each held for its share's data
         # (plus hand-over) and at least the gap between transfers

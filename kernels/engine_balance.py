@@ -54,11 +54,13 @@ class VectorScalarBalance(nl.NKIObject):
     def copy_cycles(self, elems, sixteen):
         """(VectorE, ScalarE) cycles of a PSUM -> SBUF copy of ``elems`` per partition, by
         the cost model's rule: max(MIN_II, passes) + the engine's whole fixed cost (VectorE:
-        its 16-bit performance mode with one side in PSUM when ``sixteen``)."""
+        its 16-bit performance mode with one side in PSUM when ``sixteen``; ScalarE: its
+        16-bit rate, 2 elements per cycle on trn3, 1 elsewhere; until 2026-12-06 ScalarE
+        was charged 1 on trn3 too)."""
         c = self.costs
         rate = c.vector_psum_copy_rate(sixteen)
         return (max(c.min_instruction_cycles, elems / rate) + c.vector_instr_cycles,
-                max(c.min_instruction_cycles, elems) + c.scalar_instr_cycles)
+                max(c.min_instruction_cycles, elems / c.scalar_rate(sixteen)) + c.scalar_instr_cycles)
 
     def spread_share(self):
         """Whether this chance takes the DMA: True for a share ``dma_share`` of the launch's

@@ -21,7 +21,7 @@ class EngineCosts(nl.NKIObject):
     def __init__(self, vector_ghz, scalar_ghz, gpsimd_ghz, vector_psum_copy_16bit_rate, vector_instr_cycles,
                  scalar_instr_cycles, gpsimd_instr_cycles, vector_overlap_cycles, min_instruction_cycles,
                  vector_reduce_readout_cycles, dma_bytes_per_s, dma_transfer_gap_ns, dma_transfer_handoff_ns,
-                 dma_transpose_efficiency, sbuf_bytes_per_partition, gpsimd_pattern_cycles, tensor_ghz,
+                 dma_descriptor_bytes, dma_transpose_efficiency, sbuf_bytes_per_partition, gpsimd_pattern_cycles, tensor_ghz,
                  matmul_min_cycles, transpose_fp32_factor, matmul_latency_cycles, dependency_latency_cycles,
                  vector_16bit_rate, scalar_16bit_rate, vector_reduce_bf16_rate, vector_reciprocal_factor):
         # VectorE, ScalarE and GpSimd clocks (GHz): estimated cycles / clock = ns
@@ -67,6 +67,8 @@ class EngineCosts(nl.NKIObject):
         self.dma_bytes_per_s = dma_bytes_per_s
         self.dma_transfer_gap_ns = dma_transfer_gap_ns
         self.dma_transfer_handoff_ns = dma_transfer_handoff_ns
+        # bytes of data time each contiguous chunk (DMA descriptor) of a transfer adds
+        self.dma_descriptor_bytes = dma_descriptor_bytes
         self.dma_transpose_efficiency = dma_transpose_efficiency
         # SBUF bytes per partition (what a kernel may keep on chip at once)
         self.sbuf_bytes_per_partition = sbuf_bytes_per_partition
@@ -166,8 +168,11 @@ class EngineCosts(nl.NKIObject):
 
     def queue_data_ns(self, bytes_per_partition):
         """Data time (ns) of one DMA queue's share of a transfer over all 128 partitions
-        moving ``bytes_per_partition`` each: a core's 16 queues, 8 partitions apiece."""
-        return 8 * bytes_per_partition / (self.dma_bytes_per_s / 16 / 1e9)
+        moving ``bytes_per_partition`` each (one contiguous run per partition): a core's 16
+        queues, 8 partitions apiece, each partition's run a descriptor that adds
+        dma_descriptor_bytes (the model's data time; until 2026-12-06 the descriptors were
+        left out, 13 % of a [128, 64] bf16 transfer's data time)."""
+        return 8 * (bytes_per_partition + self.dma_descriptor_bytes) / (self.dma_bytes_per_s / 16 / 1e9)
 
     def dma_occupancy_ns(self, data_ns):
         """How long a queue is held by a transfer share whose data takes ``data_ns``."""
@@ -194,6 +199,7 @@ MIRRORS = {
     "dma_bytes_per_s": ("dma_bytes_per_s", 1),
     "dma_transfer_gap_ns": ("dma_transfer_gap_s", 1e9),
     "dma_transfer_handoff_ns": ("dma_transfer_handoff_s", 1e9),
+    "dma_descriptor_bytes": ("dma_descriptor_bytes", 1),
     "dma_transpose_efficiency": ("dma_transpose_sbuf_efficiency", 1),
     "sbuf_bytes_per_partition": ("sbuf_bytes_per_partition", 1),
     "tensor_ghz": ("tensor_hz", 1e-9),
@@ -211,7 +217,7 @@ _GEN2 = EngineCosts(vector_ghz=1.12, scalar_ghz=1.4, gpsimd_ghz=1.4, vector_psum
                     vector_instr_cycles=360.0, scalar_instr_cycles=100.0,
                     gpsimd_instr_cycles=360.0, vector_overlap_cycles=320.0, min_instruction_cycles=64,
                     vector_reduce_readout_cycles=64, dma_bytes_per_s=272e9,
-                    dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0,
+                    dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0, dma_descriptor_bytes=20.0,
                     dma_transpose_efficiency=0.5,
                     sbuf_bytes_per_partition=192 * 1024, gpsimd_pattern_cycles=150, tensor_ghz=2.8,
                     matmul_min_cycles=64, transpose_fp32_factor=4, matmul_latency_cycles=400,
@@ -222,7 +228,7 @@ _GEN3 = EngineCosts(vector_ghz=0.96, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum
                     vector_instr_cycles=100.0, scalar_instr_cycles=360.0,
                     gpsimd_instr_cycles=100.0, vector_overlap_cycles=60.0, min_instruction_cycles=64,
                     vector_reduce_readout_cycles=64, dma_bytes_per_s=368e9,
-                    dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0,
+                    dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0, dma_descriptor_bytes=20.0,
                     dma_transpose_efficiency=0.5,
                     sbuf_bytes_per_partition=224 * 1024, gpsimd_pattern_cycles=150, tensor_ghz=2.4,
                     matmul_min_cycles=64, transpose_fp32_factor=2, matmul_latency_cycles=400,
@@ -233,7 +239,7 @@ _GEN4 = EngineCosts(vector_ghz=1.2, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_
                     vector_instr_cycles=100.0, scalar_instr_cycles=360.0,
                     gpsimd_instr_cycles=100.0, vector_overlap_cycles=60.0, min_instruction_cycles=64,
                     vector_reduce_readout_cycles=64, dma_bytes_per_s=528e9,
-                    dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0,
+                    dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0, dma_descriptor_bytes=20.0,
                     dma_transpose_efficiency=0.5,
                     sbuf_bytes_per_partition=256 * 1024, gpsimd_pattern_cycles=150, tensor_ghz=2.4,
                     matmul_min_cycles=64, transpose_fp32_factor=2, matmul_latency_cycles=400,

@@ -96,6 +96,25 @@ def test_transpose_data_time_is_the_models(engine_costs):
 
 
 @pytest.mark.parametrize("name", sorted(TARGETS))
+@pytest.mark.parametrize("cols", [16, 64, 768, 4096])
+def test_queue_data_time_is_the_models(engine_costs, name, cols):
+    """queue_data_ns (the kernels' planning figure for one queue's share of a [128, F]
+    transfer) equals the data time the cost model gives a bf16 [128, cols] load, its
+    128 descriptors included (8 per queue)."""
+    from nki_kernels.simulator.cost import dma_cost
+    from tests.cost._build import TraceBuilder, hbm, new_alloc, sbuf
+
+    with simulator.activated(target=name):
+        c = engine_costs.active()
+    b = TraceBuilder()
+    ins = b.dma(sbuf("dst", new_alloc(), (128, cols), dtype="bfloat16"),
+                hbm("src", new_alloc(), (128, cols), dtype="bfloat16"))
+    cost = dma_cost(ins, TARGETS[name])
+    assert cost.descriptors == 128 and cost.queues == 16
+    assert c.queue_data_ns(cols * 2) == pytest.approx(cost.data_seconds * 1e9, rel=1e-9)
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
 def test_the_vector_gpsimd_share_evens_out_the_models_two_input_passes(engine_costs, name):
     """The share the elementwise kernels give VectorE (activation_and_mul, activation_backward)
     makes a two-input fp32 multiply over n elements per partition take as long on VectorE

@@ -10,8 +10,8 @@ from nki_kernels import _kernel_sources, simulator
 from nki_kernels.simulator.cost.model import compute_cost
 
 
-def _balance(share=0.0):
-    with simulator.activated(target="trn2"):
+def _balance(share=0.0, target="trn2"):
+    with simulator.activated(target=target):
         mod = _kernel_sources.load("engine_balance", "simulator")
         return mod.VectorScalarBalance(share)
 
@@ -43,15 +43,17 @@ def test_pick_keeps_the_two_engines_even_and_charges_the_one_it_picks():
         assert bal.vector_ns == pytest.approx(1460.0 / c.vector_ghz)
 
 
-@pytest.mark.parametrize("elems, sixteen", [(8, True), (64, False), (197, True), (512, False)])
-def test_copy_cycles_are_what_the_cost_model_charges_a_psum_copy(elems, sixteen):
+@pytest.mark.parametrize("target", ["trn1", "trn2", "trn3"])
+@pytest.mark.parametrize("elems, sixteen", [(8, True), (64, False), (197, True), (512, False), (512, True)])
+def test_copy_cycles_are_what_the_cost_model_charges_a_psum_copy(elems, sixteen, target):
     """VectorE: a tensor_copy out of PSUM (16-bit on both sides, as a TensorE transpose of
     16-bit data leaves it: the performance mode's half factor); ScalarE: the same copy as
-    activation(copy). Both floor at MIN_II (8 elements here)."""
+    activation(copy) (16-bit: 2 elements per cycle on trn3). Both floor at MIN_II (8
+    elements here)."""
     from nki_kernels.simulator.hardware import get_target
 
-    trn2 = get_target("trn2")
-    with simulator.activated(target="trn2") as nki:
+    hw = get_target(target)
+    with simulator.activated(target=target) as nki:
         nl, nisa = nki.language, nki.isa
         dtype = nl.bfloat16 if sixteen else nl.float32
         src = nl.ndarray((128, elems), dtype=dtype, buffer=nl.psum)
@@ -59,6 +61,6 @@ def test_copy_cycles_are_what_the_cost_model_charges_a_psum_copy(elems, sixteen)
         dst = nl.ndarray((128, elems), dtype=dtype, buffer=nl.sbuf)
         on_vector = nisa.tensor_copy(dst, src, engine=nisa.engine.vector).instruction
         on_scalar = nisa.activation(dst, nl.copy, src).instruction
-        vector, scalar = _balance().copy_cycles(elems, sixteen)
-    assert vector == pytest.approx(compute_cost(on_vector, trn2).cycles)
-    assert scalar == pytest.approx(compute_cost(on_scalar, trn2).cycles)
+        vector, scalar = _balance(target=target).copy_cycles(elems, sixteen)
+    assert vector == pytest.approx(compute_cost(on_vector, hw).cycles)
+    assert scalar == pytest.approx(compute_cost(on_scalar, hw).cycles)
