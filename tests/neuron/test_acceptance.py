@@ -175,8 +175,10 @@ def test_an_unknown_target_is_not_guessed(monkeypatch, capsys, tmp_path):
 
 
 @pytest.mark.parametrize("env, instance, want", [
-    ("trn3", None, "trn3"), ("", "trn2.48xlarge\n", "trn2"), ("", "trn2u.48xlarge", None),
-    ("", "m7i.large", None), ("trn1", None, None),
+    ("trn3", None, "trn3"), ("", "trn2.48xlarge\n", "trn2"), ("", "trn2u.48xlarge", "trn2"),
+    ("", "trn2n.48xlarge", "trn2"), ("gen3", None, "trn2"), ("GEN4", None, "trn3"), ("", "trn3pds.98xlarge", "trn3"),
+    ("", "m7i.large", None), ("trn1", None, None), ("", "trn1.32xlarge", None), ("", "trn20.large", None),
+    ("gen2", None, None),
 ])
 def test_detect_target(monkeypatch, tmp_path, env, instance, want):
     monkeypatch.setenv(acceptance.TARGET_ENV, env)

@@ -37,8 +37,9 @@ def toolchain(monkeypatch):
     return install
 
 
-def _environment(monkeypatch, lnc=None, cc_flags=None):
-    for var, value in ((_neuron.LNC_ENV, lnc), (_neuron.CC_FLAGS_ENV, cc_flags)):
+def _environment(monkeypatch, lnc=None, cc_flags=None, rt_size=None):
+    for var, value in ((_neuron.LNC_ENV, lnc), (_neuron.CC_FLAGS_ENV, cc_flags),
+                       (_neuron.RT_CORE_SIZE_ENV, rt_size)):
         if value is None:
             monkeypatch.delenv(var, raising=False)
         else:
@@ -82,6 +83,42 @@ def test_call_form_and_degree(monkeypatch, toolchain, lnc, cc_flags, form, degre
 ])
 def test_degrees_that_neuronx_cc_would_reject_raise_before_launch(monkeypatch, toolchain, lnc, cc_flags, words):
     _environment(monkeypatch, lnc, cc_flags)
+    kernel = RecordingKernel()
+    toolchain(kernel)
+    with pytest.raises(ValueError) as info:
+        _dispatch.run_on_neuron(activations.silu_kernel_call(torch.randn(4, 5)))
+    for word in words:
+        assert word in str(info.value)
+    assert kernel.events == []
+
+
+@pytest.mark.parametrize("lnc, cc_flags, rt_size, form, degree", [
+    (None, None, "2", "bracket", 2),       # the runtime's variable at neuronx-cc's default
+    ("2", None, "2", "plain", None),
+    ("1", None, "1", "plain", None),
+    (None, "--lnc=2", "2", "bracket", 2),
+])
+def test_the_runtime_s_core_size_variable_agreeing_changes_nothing(monkeypatch, toolchain, lnc, cc_flags,
+                                                                   rt_size, form, degree):
+    _environment(monkeypatch, lnc, cc_flags, rt_size)
+    kernel = RecordingKernel(compute=lambda x, **_: torch.nn.functional.gelu(x))
+    toolchain(kernel)
+    _dispatch.run_on_neuron(activations.gelu_kernel_call(torch.randn(3, 8)))
+    assert kernel.events[0][:2] == (form, degree)
+
+
+@pytest.mark.parametrize("lnc, cc_flags, rt_size, words", [
+    # NEURON_RT_VIRTUAL_CORE_SIZE=1 alone: the runtime at 1, neuronx-cc at its default 2
+    (None, None, "1", ["NEURON_RT_VIRTUAL_CORE_SIZE=1", "LNC=2", "neuronx-cc's default",
+                       "export NEURON_LOGICAL_NC_CONFIG=1"]),
+    ("2", None, "1", ["NEURON_RT_VIRTUAL_CORE_SIZE=1", "NEURON_LOGICAL_NC_CONFIG=2"]),
+    ("1", None, "2", ["NEURON_RT_VIRTUAL_CORE_SIZE=2", "LNC=1", "export NEURON_LOGICAL_NC_CONFIG=2"]),
+    (None, "--lnc=2", "1", ["NEURON_RT_VIRTUAL_CORE_SIZE=1", "NEURON_CC_FLAGS"]),
+    (None, None, "4", ["NEURON_RT_VIRTUAL_CORE_SIZE='4'", "expected 1 or 2"]),
+])
+def test_a_runtime_core_size_the_compiler_does_not_match_raises_before_launch(monkeypatch, toolchain, lnc,
+                                                                              cc_flags, rt_size, words):
+    _environment(monkeypatch, lnc, cc_flags, rt_size)
     kernel = RecordingKernel()
     toolchain(kernel)
     with pytest.raises(ValueError) as info:

@@ -34,6 +34,15 @@ as EVRF066's third cause would; so does a flag of 1 without the variable: the ru
 runs at its default of 2, and AWS "doesn't support setting the compiler flag to a different
 LNC configuration than the Neuron Runtime environment variable" [LNC-CONFIG].
 
+Runtime degree. The runtime also takes its degree from ``NEURON_RT_VIRTUAL_CORE_SIZE``
+(AWS's TorchNeuron profiling example launches with ``NEURON_RT_VIRTUAL_CORE_SIZE=2``
+[PROFILE]; the Neuron Explorer glossary: a VNC is "Configured via
+NEURON_RT_VIRTUAL_CORE_SIZE" [EXPLORER-GLOSSARY]). nki.jit does not read it, so it sets no
+launch form; where it is set and differs from the compiler's degree, the same rule of
+[LNC-CONFIG] applies and the launch raises, naming the variable to export (a
+``NEURON_RT_VIRTUAL_CORE_SIZE=1`` host would otherwise run ``kernel[2]`` launches on one-core
+logical cores, which the nki.jit reference says "will cause a runtime error").
+
 Scalars. Every distinct non-tensor argument value is a new compile [TN-HOWTO]; ours are
 ``eps`` (norms), ``scale``/``causal``/``layout`` (attention), the activation name,
 softmax's column budget and what a launch returns or takes (``return_lse``,
@@ -62,7 +71,12 @@ Sources (AWS Neuron documentation, awsdocs-neuron.readthedocs-hosted.com):
 [QS-NKI]   /en/latest/torch/get-started/quickstart-nki-kernel.html: Trn2 or Trn3, Python
            3.12-3.14; ``import torch_neuronx, nki`` checks both packages.
 [PROFILE]  tools/neuron-explorer/how-to-profile-workload.rst (2.32 sources):
-           ``torch.neuron.synchronize()`` ("Neuron is asynchronous").
+           ``torch.neuron.synchronize()`` ("Neuron is asynchronous"); its multi-rank
+           example runs ``NEURON_RT_NUM_CORES=4 NEURON_RT_VIRTUAL_CORE_SIZE=2 torchrun ...``.
+[EXPLORER-GLOSSARY] tools/neuron-explorer/glossary.rst (2.32 sources): VNC, "Configured via
+           ``NEURON_RT_VIRTUAL_CORE_SIZE``".
+[NXDI]     libraries/nxd-inference/developer_guides/weights-sharding-guide.rst (2.32 sources):
+           ``export NEURON_RT_VIRTUAL_CORE_SIZE=$LNC``.
 """
 
 from __future__ import annotations
@@ -78,6 +92,10 @@ import torch
 
 # AWS's variable for the degree of nki.jit launches and of the compiler [NKI-JIT], [LNC].
 LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
+# The Neuron runtime's own name for its degree (a "VNC", "Configured via
+# NEURON_RT_VIRTUAL_CORE_SIZE" [EXPLORER-GLOSSARY]; AWS's TorchNeuron profiling example and
+# NxD Inference's launches set it [PROFILE], [NXDI]); nki.jit does not read it [NKI-JIT].
+RT_CORE_SIZE_ENV = "NEURON_RT_VIRTUAL_CORE_SIZE"
 # neuronx-cc's extra flags; `--lnc=N` there overrides the compiler's degree [EVRF066].
 CC_FLAGS_ENV = "NEURON_CC_FLAGS"
 CC_LNC_FLAGS = ("--lnc", "-lnc", "--logical-nc-config")   # [NCC-REF], [LNC-CONFIG]
@@ -168,8 +186,34 @@ def _env_degree() -> int | None:
     return int(raw)
 
 
+def _runtime_variable_degree() -> int | None:
+    """The degree ``NEURON_RT_VIRTUAL_CORE_SIZE`` gives the runtime, or None when unset;
+    it must agree with the compiler's (module docstring, "Runtime degree")."""
+    raw = os.environ.get(RT_CORE_SIZE_ENV, "").strip()
+    if not raw:
+        return None
+    if raw not in ("1", "2"):
+        raise ValueError(f"{RT_CORE_SIZE_ENV}={raw!r} is not supported; expected 1 or 2")
+    return int(raw)
+
+
 def compiler_degree() -> int:
     """neuronx-cc's logical-core degree (see the module docstring); read at every call."""
+    degree = _compiler_degree()
+    runtime = _runtime_variable_degree()
+    if runtime is not None and runtime != degree:
+        env = _env_degree()
+        source = f"{LNC_ENV}={env}" if env is not None else (
+            f"{CC_FLAGS_ENV}" if _flag_degree(os.environ.get(CC_FLAGS_ENV, "")) is not None
+            else f"neuronx-cc's default (LNC={COMPILER_DEFAULT_LNC})")
+        raise ValueError(
+            f"{RT_CORE_SIZE_ENV}={runtime} runs the Neuron runtime at LNC={runtime} but the kernels "
+            f"compile at LNC={degree} ({source}); AWS supports only a compiler degree that matches the "
+            f"runtime's: export {LNC_ENV}={runtime}")
+    return degree
+
+
+def _compiler_degree() -> int:
     env = _env_degree()
     flag = _flag_degree(os.environ.get(CC_FLAGS_ENV, ""))
     if env is not None and flag is not None and env != flag:

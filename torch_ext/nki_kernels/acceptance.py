@@ -405,8 +405,16 @@ def run_case(spec: registry.OpSpec, work: registry.Workload, target: str, lnc: i
 
 # ---------------------------------------------------------------------------- the command
 
+# NEURON_PLATFORM_TARGET_OVERRIDE's values, "trn2|gen3" and "trn3|gen4" (the nki.jit
+# reference, aws-neuron-sdk nki/api/nki/__init__.py)
+TARGET_ALIASES = {"gen3": "trn2", "gen4": "trn3"}
+
+
 def detect_target() -> str | None:
-    """trn2 / trn3 from ``NEURON_PLATFORM_TARGET_OVERRIDE`` or the EC2 instance type, else None."""
+    """trn2 / trn3 from ``NEURON_PLATFORM_TARGET_OVERRIDE`` (a target or its gen3 / gen4
+    alias) or the EC2 instance type (any size of the trn2 / trn3 families and their
+    variants: trn2.48xlarge, trn2u.48xlarge, the Trn2 UltraServer's, in the trn2
+    architecture guide; trn3pds...), else None."""
     candidates = [os.environ.get(TARGET_ENV, "")]
     try:
         candidates.append(INSTANCE_TYPE_FILE.read_text())
@@ -414,8 +422,12 @@ def detect_target() -> str | None:
         pass
     for text in candidates:
         text = text.strip().lower()
+        if text in TARGET_ALIASES:
+            return TARGET_ALIASES[text]
+        family = text.partition(".")[0]
         for target in TARGETS:
-            if text == target or text.startswith(target + "."):   # "trn2" or "trn2.48xlarge"
+            # "trn2", "trn2.48xlarge", "trn2u.48xlarge", "trn2n.48xlarge"; not "trn20..."
+            if family == target or (family.startswith(target) and family[len(target):].isalpha()):
                 return target
     return None
 
