@@ -192,7 +192,7 @@ def test_a_write_after_the_first_read_also_waits_for_the_buffer_s_old_occupant()
         b.activation(sbuf("dst", new_alloc(), (128, 8192)), sbuf("data", new_alloc(), (128, 8192)))
     for k in range(3):
         t = new_alloc()
-        allocs.append(AllocationSite(t, "sbuf", (("k.py", 10),), None))
+        allocs.append(AllocationSite(t, "sbuf", (("k.py", 10),), None, nbytes=2 * cols * 2))
         for half in (0, 1):
             part = dict(offset=half * cols, strides=(2 * cols, 1))
             at[k, "load", half] = b.dma(sbuf("dst", t, (128, cols), **part),
@@ -202,6 +202,12 @@ def test_a_write_after_the_first_read_also_waits_for_the_buffer_s_old_occupant()
     edges = set(rotation_edges(b.trace, allocs, 2))
     assert (at[0, "read", 1], at[2, "load", 1]) in edges
     assert (at[0, "read", 1], at[2, "read", 1]) not in edges     # reads follow their own tile's write
+    # the later write waits for the old occupant's accesses to its own bytes only (the
+    # accesses up to the first read wait for all of them: the buffer changes hands)
+    assert (at[0, "read", 0], at[2, "load", 1]) not in edges
+    assert (at[0, "read", 1], at[2, "load", 0]) in edges
+    unsized = [dataclasses.replace(a, nbytes=None) for a in allocs]   # layouts unknown: every access
+    assert (at[0, "read", 0], at[2, "load", 1]) in set(rotation_edges(b.trace, unsized, 2))
     s = estimate_trace(b.trace, TRN2, allocations=allocs).schedule
     assert s.start[at[2, "load", 1]] >= s.finish[at[0, "read", 1]] - 1e-12
 

@@ -71,11 +71,18 @@ class Work:
     def terms(self, target: Target, cores: int = 1) -> dict[str, float]:
         """Seconds per resource of ``cores`` physical cores working together (a logical
         core of degree ``cores``: each has its own DMA engines, TensorE and ScalarE):
-        {"dma", "tensor", "scalar"}."""
+        {"dma", "tensor", "scalar"}. The cores of a logical core share one HBM stack ("Each
+        bank is shared by two physical NeuronCore-v3", the trn2 architecture guide), so
+        their DMA moves at most the stack's bandwidth together, as in the cost model's
+        schedule (trn2: 725 GB/s, not 2 x 368; until 2026-12-06 the limit took 2 x 368,
+        which no modeled kernel could reach)."""
         peak = target.tensor_peak_fp32_flops if self.fp32 else target.tensor_peak_bf16_flops
         per_cycle = target.scalar_elems_per_cycle_fp32 if self.fp32 else target.scalar_elems_per_cycle
+        dma = cores * target.dma_bytes_per_s
+        if cores > 1:
+            dma = min(dma, target.hbm_stack_bytes_per_s)
         return {
-            "dma": self.hbm_bytes / (cores * target.dma_bytes_per_s),
+            "dma": self.hbm_bytes / dma,
             "tensor": self.matmul_flops / (cores * peak),
             "scalar": self.transcendentals / (cores * target.scalar_hz * per_cycle),
         }

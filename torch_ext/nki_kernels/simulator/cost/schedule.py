@@ -343,18 +343,28 @@ def rotation_edges(trace, allocations, depth: int, target: Target | None = None)
     ago among those whose occupant is dead in program order (last access issued before the
     new tile's first access), or a fresh buffer when none is (the program keeps them all
     alive, so the compiler must give it its own). The new tile's accesses up to and
-    including its first read, and every later write, then wait for every access of the old
-    occupant: a write after the first read (to a part that read did not touch) depends on
-    nothing of its own tile, and without the edge it could overwrite the physical buffer
-    while the old occupant's readers still run (until 2026-12-06 only the accesses up to
-    the first read waited: attention backward at Llama S=2048 causal and RMSNorm backward
-    at Llama-7B wrote early, 10 and 4 writes, modeled 0.6 / 0.4 % faster than the rule).
-    Later reads need no edge: each reads what one of these writes made."""
+    including its first read then wait for every access of the old occupant (the address
+    rotation: the buffer changes hands). A later write of the new tile (to a part that first
+    read did not touch: a tile filled chunk by chunk) depends on nothing of its own tile, so
+    it waits for the old occupant's accesses to the same bytes (write after read on the
+    physical buffer; both tiles from one site have one layout, so their element offsets
+    compare; where the sizes differ, every access). Until 2026-12-06 such writes waited for
+    nothing and could overwrite the buffer while the old occupant's readers still ran
+    (attention backward at Llama S=2048 causal and RMSNorm backward at Llama-7B had 10 and
+    4, modeled 0.6 / 0.4 % too fast). Later reads need no edge: each reads what one of
+    these writes made."""
     if depth < 1:
         raise CostModelError(f"buffer_rotation_depth={depth}; expected at least 1")
     access, families = buffer_families(trace, allocations)
     depths = family_depths(families, access, allocations, depth, target) if target is not None else {}
+    size = {a.alloc_id: a.nbytes for a in allocations}
     edges: list[tuple[int, int]] = []
+
+    def footprints(index, alloc):
+        """(itemsize, region) of each operand of instruction ``index`` on tile ``alloc``."""
+        ins = trace[index]
+        return [(o.itemsize, region_of(o)) for o in (*ins.reads, *ins.writes) if o.alloc_id == alloc]
+
     for key, members in families.items():
         d = depths.get(key, depth)
         if len(members) <= d:
@@ -369,12 +379,22 @@ def rotation_edges(trace, allocations, depth: int, target: Target | None = None)
                 continue
             b = min(dead, key=lambda b: access[occupants[b]][-1][0])
             old = [i for i, _ in access[occupants[b]]]
-            waiting, read_seen = [], False
+            initial, later, read_seen = [], [], False
             for i, is_read in acc:
-                if not read_seen or not is_read:
-                    waiting.append(i)
+                if not read_seen:
+                    initial.append(i)
+                elif not is_read:
+                    later.append(i)
                 read_seen = read_seen or is_read
-            edges.extend((p, s) for s in waiting for p in old)
+            edges.extend((p, s) for s in initial for p in old)
+            if later:
+                same_layout = size.get(alloc) is not None and size.get(alloc) == size.get(occupants[b])
+                old_parts = [(p, footprints(p, occupants[b])) for p in old]
+                for s in later:
+                    mine = footprints(s, alloc)
+                    edges.extend(
+                        (p, s) for p, theirs in old_parts
+                        if not same_layout or any(ia != ib or ra.overlaps(rb) for ia, ra in mine for ib, rb in theirs))
             occupants[b] = alloc
     return edges
 
