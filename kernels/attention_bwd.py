@@ -19,7 +19,9 @@ Cut (attention_bwd_plan.py): a unit is one (batch, kv head) pair with its G quer
 Its query side (Qᵀ, dOᵀ, Q, dO, -lse, D_i and the fp32 dQ accumulators) stays in SBUF for
 a chunk of query tiles while the keys stream through in blocks of ``kb`` keys (256, or
 512 when D + Dv <= 256);
-per key block the dK | dV accumulators stay in PSUM for the whole chunk. A unit of one
+per key block the dK | dV accumulators stay in PSUM for the whole chunk, one slot of D + Dv
+rounded up to a power of two per (key tile, kv head), so no matmul's output crosses a PSUM
+bank (attention_bwd_plan.kv_slot_width). A unit of one
 chunk (every workload of the main job) writes dK, dV once per key block; with several
 chunks (long sequences) the partial dK | dV sums go through an fp32 HBM scratch the unit
 alone owns, and dQ is written per chunk.
@@ -243,7 +245,8 @@ def _kv_batch(f, plan, bal, tensors, b, hk0, a0, a1, t0, t1, k0, k1, key_bias, c
     kt = cdiv(n, P)
     na = a1 - a0
     W = f.D + f.Dv
-    kv_acc = nl.ndarray((P, plan.kt, plan.kv_batch, W), dtype=nl.float32, buffer=nl.psum)
+    # one slot of plan.kv_slot >= W columns per (key tile, kv head): no slot across a PSUM bank
+    kv_acc = nl.ndarray((P, plan.kt, plan.kv_batch, plan.kv_slot), dtype=nl.float32, buffer=nl.psum)
     started = 0          # key tiles of kv_acc a matmul has initialised
     valid = 0            # keys any query row of the chunk sees (causal: grows with the tile)
     hq0 = (a0 - hk0) * f.G                  # first query head of the batch, unit-relative
@@ -262,7 +265,7 @@ def _kv_batch(f, plan, bal, tensors, b, hk0, a0, a1, t0, t1, k0, k1, key_bias, c
                         q0, r, k0, m, key_bias, shared, diag, started, j == 0)
         started = max(started, cdiv(m, P))
         valid = max(valid, m)
-    _finish_kv(f, plan, bal, tensors, b, a0, a1, k0, k1, kv_acc[:, 0:kt, 0:na, :], valid, c, seen_before,
+    _finish_kv(f, plan, bal, tensors, b, a0, a1, k0, k1, kv_acc[:, 0:kt, 0:na, 0:W], valid, c, seen_before,
                None if staged is None else staged + (a0 - hk0,))
 
 

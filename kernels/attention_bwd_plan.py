@@ -107,9 +107,22 @@ class BwdPlan(nl.NKIObject):
     q_chunk: int             # query tiles per chunk
     n_chunks: int            # chunks per unit
     kv_batch: int            # kv heads whose dK | dV accumulate in one PSUM tile
+    kv_slot: int             # fp32 columns of one (key tile, kv head) dK | dV slot (kv_slot_width)
     head_batch: int          # query heads whose dSᵀ and dQ share one PSUM tile each
     folded: bool             # -lse and -D_i folded into the matmuls (FOLD_ROWS)
     dst_dma_share: float     # share of the head batches whose dSᵀ the DMA transposes
+
+
+def kv_slot_width(width):
+    """fp32 columns a (key tile, kv head) slot of the dK | dV accumulator takes for
+    ``width`` = D + Dv <= 512 columns: ``width`` rounded up to a power of two, so the slots
+    tile each PSUM bank (512 fp32) exactly and none straddles two. Each dK or dV matmul
+    writes into one slot, and "each nc_matmul can only write to a single PSUM bank"
+    (aws-neuron-sdk nki/guides/architecture/trainium_inferentia2_arch.rst); until session 69
+    the slots were packed at D + Dv, and head dims such as 72 (144 columns) had slots across
+    a bank boundary, which the simulator did not refuse then. D = Dv = 64 or 128 (128 or 256
+    columns) keep their packing."""
+    return 1 << (width - 1).bit_length()
 
 
 def q_side_bytes(facts):
@@ -143,8 +156,8 @@ def bwd_plan(facts, q_chunk=0):
         kv_group = max(1, min(f.Hkv, Q_SIDE_BUDGET // per_kv_head, KV_SIDE_BUDGET // kv_bytes, UNIT_MAX_KV_HEADS))
         chunk = f.n_q_tiles
     chunk = max(1, min(f.n_q_tiles, chunk))
-    W = f.D + f.Dv
-    kv_batch = max(1, min(kv_group, KV_ACC_BANKS * PSUM_BANK_BYTES // (kt * W * FP32_BYTES)))
+    slot = kv_slot_width(f.D + f.Dv)
+    kv_batch = max(1, min(kv_group, KV_ACC_BANKS * PSUM_BANK_BYTES // (kt * slot * FP32_BYTES)))
     # the dSᵀ tile of a head batch takes up to 2 banks where PSUM has room (not in folded
     # mode, whose S'' | dP'' tiles take 4), the dQ tile one
     tp_banks = 1 if folded else DST_BANKS
@@ -153,7 +166,7 @@ def bwd_plan(facts, q_chunk=0):
     head_batch = max(1, min(tp_banks * PSUM_BANK_BYTES // (kt * P * f.itemsize),
                             PSUM_BANK_BYTES // (f.D * FP32_BYTES), kv_batch * f.G))
     return BwdPlan(kb=kb, n_kb=n_kb, kt=kt, kv_group=kv_group, q_chunk=chunk,
-                   n_chunks=cdiv(f.n_q_tiles, chunk), kv_batch=kv_batch, head_batch=head_batch,
+                   n_chunks=cdiv(f.n_q_tiles, chunk), kv_batch=kv_batch, kv_slot=slot, head_batch=head_batch,
                    folded=folded, dst_dma_share=_dst_dma_share(f, kb, n_kb, head_batch, folded))
 
 

@@ -200,3 +200,30 @@ def test_integer_to_integer_copies_go_through_fp32(sim, mk):
     u32 = nl.ndarray((1, 6), dtype=nl.uint32, buffer=nl.hbm)
     nisa.dma_copy(dst=u32, src=x)
     assert u32.values().tolist() == [[300, 0, 0, 70000, 16777216, 5]]   # 2**24 + 1 rounds in fp32
+
+
+def test_a_tensore_output_must_fit_one_psum_bank(sim):
+    # "each nc_matmul can only write to a single PSUM bank" (trainium_inferentia2_arch.rst):
+    # a [128, 1024] fp32 PSUM tile holds two banks; a 512-column write from column 256
+    # straddles them, one from column 512 does not
+    nki, nl, nisa = sim
+    a = nl.ndarray((64, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+    b = nl.ndarray((64, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.memset(a, 1.0)
+    nisa.memset(b, 1.0)
+    p = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(p[:, 512:1024], a, b)
+    with pytest.raises(NkiValidationError, match=r"dst writes bytes \[1024, 3072\) of each PSUM partition, "
+                                                 r"across banks 0 to 1; .*one PSUM bank \(2048 bytes"):
+        nisa.nc_matmul(p[:, 256:768], a, b)
+    # a placed tile: its address counts (bank 1 starts at byte 2048)
+    q = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum, address=(0, 2048))
+    nisa.nc_matmul(q, a, b)
+    # TensorE transposes are matmuls: a bf16 [128, 128] transpose at column 960 of a 2-bank
+    # bf16 tile ends at byte 2176
+    t = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.psum)
+    src = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.memset(src, 2.0)
+    nisa.nc_transpose(t[:, 1024:1152], src)
+    with pytest.raises(NkiValidationError, match=r"nc_transpose: dst writes bytes \[1920, 2176\)"):
+        nisa.nc_transpose(t[:, 960:1088], src)

@@ -317,6 +317,33 @@ def convert_bits(bits: torch.Tensor, src_dtype, dst_dtype) -> torch.Tensor:
     return dst_dtype.to_bits(values)
 
 
+def require_one_psum_bank(instr, role, t: NkiTensor) -> None:
+    """TensorE writes one PSUM bank per instruction: "each nc_matmul can only write to a
+    single PSUM bank, which can only hold 512 FP32 elements per PSUM partition", and its
+    output tile "must fit into one PSUM bank per partition" (aws-neuron-sdk
+    nki/guides/architecture/trainium_inferentia2_arch.rst). A PSUM tensor starts at a bank
+    boundary (placed ones at their address, itself at a boundary), so the view's bytes
+    within its partition name the banks it touches. NeuronCore-v4's TensorE may fill all 8
+    banks (its moving free size, Target.matmul_moving_fmax, is 8 banks of fp32): no rule."""
+    tgt = target()
+    if type(t) is not NkiTensor or not t.size or tgt.matmul_moving_fmax * 4 > tgt.psum_bank_bytes:
+        return
+    a = t._alloc
+    d = t._data
+    es = d.element_size()
+    rel = d.storage_offset() * es - a.base_byte_offset
+    first = rel % a.part_stride if a.part_stride else rel
+    last = first + sum((n - 1) * st for n, st in zip(d.shape[1:], d.stride()[1:])) * es + es
+    if a.address is not None:
+        first, last = first + a.address[1], last + a.address[1]
+    bank = tgt.psum_bank_bytes
+    if first // bank != (last - 1) // bank:
+        fail(f"{instr}: {role} writes bytes [{first}, {last}) of each PSUM partition, across banks "
+             f"{first // bank} to {(last - 1) // bank}; a TensorE instruction's output must fit one PSUM bank "
+             f"({bank} bytes per partition: 'each nc_matmul can only write to a single PSUM bank'); "
+             f"split it at a bank boundary or allocate its PSUM tile apart")
+
+
 def psum_state(t: NkiTensor) -> torch.Tensor:
     """The PSUM accumulation state of view ``t``'s elements: an int view (one int of the
     element's size per element) of the allocation's state bytes (memory.py), which are

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from . import enums
-from .operands import (engine_of, f32, fail, free_elems, onchip, psum_state, record, require_generation, store,
+from .operands import (engine_of, f32, fail, free_elems, onchip, psum_state, record, require_generation,
+                       require_one_psum_bank, store,
                        target, tensor_arg)
 
 
@@ -110,6 +111,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     if "float8_e4m3" in names and "float8_e4m3fn" in names:
         fail(f"{I}: float8_e4m3 and float8_e4m3fn cannot be mixed in one matmul")
 
+    require_one_psum_bank(I, "dst", dst)
     exact_transpose = is_transpose and N == K and not double and torch.equal(mv, torch.eye(K))
     if exact_transpose:
         prod = sv.t()  # bit-accurate transpose (NaN/Inf pass through), as on NeuronCore-v3+
@@ -178,6 +180,8 @@ def nc_transpose(dst, data, engine=enums.engine.unknown, name=None):
         fail(f"{I}: dst dtype {dst.dtype.name} must equal data dtype {data.dtype.name}")
     if dst.shape[0] != F or free_elems(dst) != P:
         fail(f"{I}: dst shape {dst.shape} must be [{F}, {P}] (data {data.shape} transposed)")
+    if eng == "tensor":
+        require_one_psum_bank(I, "dst", dst)
     store(I, dst, data._data.reshape(P, F).t(), raw=True)  # same dtype: moves bits
     return record(I, eng, [("data", data)], [("dst", dst)], P * F, {"P": P, "F": F})
 
@@ -272,6 +276,7 @@ def nc_matmul_mx(dst, stationary, moving, stationary_scale, moving_scale, tile_p
         fail(f"{I}: moving free size {N} exceeds maximum {n_max}")
     if dst.shape[0] != M or free_elems(dst) != N:
         fail(f"{I}: dst shape {dst.shape} must be [{M}, {N}]")
+    require_one_psum_bank(I, "dst", dst)
     st = mx_values(stationary) * mx_scales(stationary_scale, K, M, "stationary_scale").unsqueeze(-1)
     mv = mx_values(moving) * mx_scales(moving_scale, K, N, "moving_scale").unsqueeze(-1)
     # the four packed elements extend the contraction: [K, M, 4] -> [4K, M]; fp32 math
