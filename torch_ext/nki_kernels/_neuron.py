@@ -177,24 +177,24 @@ def _flag_degree(flags: str) -> int | None:
     return found
 
 
-def _env_degree() -> int | None:
-    raw = os.environ.get(LNC_ENV, "").strip()
+def _variable_degree(name: str) -> int | None:
+    """The degree environment variable ``name`` sets (1 or 2), or None when unset."""
+    raw = os.environ.get(name, "").strip()
     if not raw:
         return None
     if raw not in ("1", "2"):
-        raise ValueError(f"{LNC_ENV}={raw!r} is not supported; expected 1 or 2")
+        raise ValueError(f"{name}={raw!r} is not supported; expected 1 or 2")
     return int(raw)
+
+
+def _env_degree() -> int | None:
+    return _variable_degree(LNC_ENV)
 
 
 def _runtime_variable_degree() -> int | None:
     """The degree ``NEURON_RT_VIRTUAL_CORE_SIZE`` gives the runtime, or None when unset;
     it must agree with the compiler's (module docstring, "Runtime degree")."""
-    raw = os.environ.get(RT_CORE_SIZE_ENV, "").strip()
-    if not raw:
-        return None
-    if raw not in ("1", "2"):
-        raise ValueError(f"{RT_CORE_SIZE_ENV}={raw!r} is not supported; expected 1 or 2")
-    return int(raw)
+    return _variable_degree(RT_CORE_SIZE_ENV)
 
 
 def compiler_degree() -> int:
