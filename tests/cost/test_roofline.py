@@ -109,7 +109,7 @@ def test_limits_follow_the_target():
 
 
 @pytest.mark.parametrize("spec, workload", CASES[:1] + CASES[5:6], ids=lambda x: getattr(x, "name", ""))
-def test_two_cores_halve_the_limit_and_the_eager_baseline(spec, workload):
+def test_two_cores_halve_compute_and_share_one_hbm_stack_in_the_limit_and_eager(spec, workload):
     # LNC=2: the kernel and every eager ATen op (compiled at the same degree) get two
     # cores' TensorE and ScalarE, and their DMA engines up to the HBM stack the two share
     # (trn2: 725 GB/s against 2 x 368)

@@ -212,6 +212,34 @@ def test_a_write_after_the_first_read_also_waits_for_the_buffer_s_old_occupant()
     assert s.start[at[2, "load", 1]] >= s.finish[at[0, "read", 1]] - 1e-12
 
 
+def test_a_later_instruction_that_reads_and_writes_the_tile_also_waits_for_the_old_occupant():
+    # [128, 3C] tiles of one site: load part 0, read it, load part 1, copy part 1 into part 2
+    # (reads and writes the tile), read part 2. Tile 2's copy writes the bytes tile 0's
+    # last read reads: it must wait for it, though it also reads its own tile.
+    b = TraceBuilder()
+    allocs, at = [], {}
+    x, cols = new_alloc(), 1024
+    for _ in range(6):
+        b.activation(sbuf("dst", new_alloc(), (128, 8192)), sbuf("data", new_alloc(), (128, 8192)))
+
+    def part(h):
+        return dict(offset=h * cols, strides=(3 * cols, 1))
+
+    for k in range(3):
+        t = new_alloc()
+        allocs.append(AllocationSite(t, "sbuf", (("k.py", 10),), None, nbytes=3 * cols * 2))
+        at[k, "load0"] = b.dma(sbuf("dst", t, (128, cols), **part(0)), hbm("src", x, (128, cols))).index
+        at[k, "read0"] = b.activation(sbuf("dst", new_alloc(), (128, cols)), sbuf("data", t, (128, cols), **part(0))).index
+        at[k, "load1"] = b.dma(sbuf("dst", t, (128, cols), **part(1)), hbm("src", x, (128, cols))).index
+        at[k, "copy"] = b.tensor_copy(sbuf("dst", t, (128, cols), **part(2)), sbuf("src", t, (128, cols), **part(1))).index
+        at[k, "read2"] = b.activation(sbuf("dst", new_alloc(), (128, cols)), sbuf("data", t, (128, cols), **part(2))).index
+    edges = set(rotation_edges(b.trace, allocs, 2))
+    assert (at[0, "read2"], at[2, "copy"]) in edges
+    assert (at[0, "read0"], at[2, "copy"]) not in edges      # other bytes
+    s = estimate_trace(b.trace, TRN2, allocations=allocs).schedule
+    assert s.start[at[2, "copy"]] >= s.finish[at[0, "read2"]] - 1e-12
+
+
 def test_more_buffers_prefetch_further_and_unbounded_buffers_are_the_old_model():
     trace, allocs, _ = _stream(16)
     t = {d: estimate_trace(trace, dataclasses.replace(TRN2, buffer_rotation_depth=d), allocations=allocs).latency_us

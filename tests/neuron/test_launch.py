@@ -77,8 +77,8 @@ def test_call_form_and_degree(monkeypatch, toolchain, lnc, cc_flags, form, degre
     (None, "--lnc", ["NEURON_CC_FLAGS", "--lnc ''"]),
     ("2", "-lnc=1", ["NEURON_LOGICAL_NC_CONFIG=2", "LNC=1", "NCC_EVRF066"]),
     # a flag of 1 alone: the runtime runs at its default 2, which AWS does not support
-    (None, "--lnc=1", ["NEURON_CC_FLAGS", "LNC=1", "NEURON_LOGICAL_NC_CONFIG is unset", "default LNC=2",
-                       "export NEURON_LOGICAL_NC_CONFIG=1"]),
+    (None, "--lnc=1", ["NEURON_CC_FLAGS", "LNC=1", "neither NEURON_LOGICAL_NC_CONFIG nor NEURON_RT_VIRTUAL_CORE_SIZE "
+                       "is set", "default LNC=2", "export NEURON_LOGICAL_NC_CONFIG=1"]),
     (None, "-O2 -lnc 1", ["LNC=1", "export NEURON_LOGICAL_NC_CONFIG=1"]),
 ])
 def test_degrees_that_neuronx_cc_would_reject_raise_before_launch(monkeypatch, toolchain, lnc, cc_flags, words):
@@ -101,6 +101,7 @@ def _assert_refused_before_launch(toolchain, words):
     ("2", None, "2", "plain", None),
     ("1", None, "1", "plain", None),
     (None, "--lnc=2", "2", "bracket", 2),
+    (None, "--lnc=1", "1", "bracket", 1),  # flag and runtime variable agree at 1
 ])
 def test_the_runtime_s_core_size_variable_agreeing_changes_nothing(monkeypatch, toolchain, lnc, cc_flags,
                                                                    rt_size, form, degree):
@@ -115,9 +116,11 @@ def test_the_runtime_s_core_size_variable_agreeing_changes_nothing(monkeypatch, 
     # NEURON_RT_VIRTUAL_CORE_SIZE=1 alone: the runtime at 1, neuronx-cc at its default 2
     (None, None, "1", ["NEURON_RT_VIRTUAL_CORE_SIZE=1", "LNC=2", "neuronx-cc's default",
                        "export NEURON_LOGICAL_NC_CONFIG=1"]),
-    ("2", None, "1", ["NEURON_RT_VIRTUAL_CORE_SIZE=1", "NEURON_LOGICAL_NC_CONFIG=2"]),
-    ("1", None, "2", ["NEURON_RT_VIRTUAL_CORE_SIZE=2", "LNC=1", "export NEURON_LOGICAL_NC_CONFIG=2"]),
-    (None, "--lnc=2", "1", ["NEURON_RT_VIRTUAL_CORE_SIZE=1", "NEURON_CC_FLAGS"]),
+    ("2", None, "1", ["NEURON_LOGICAL_NC_CONFIG=2 but NEURON_RT_VIRTUAL_CORE_SIZE=1", "must agree"]),
+    ("1", None, "2", ["NEURON_LOGICAL_NC_CONFIG=1 but NEURON_RT_VIRTUAL_CORE_SIZE=2", "must agree"]),
+    # the flag sets the compiler's degree: the advice names it, not the variable it overrides
+    (None, "--lnc=2", "1", ["NEURON_RT_VIRTUAL_CORE_SIZE=1", "NEURON_CC_FLAGS's --lnc 2",
+                            "set --lnc 1 in NEURON_CC_FLAGS (or remove it) and export NEURON_LOGICAL_NC_CONFIG=1"]),
     (None, None, "4", ["NEURON_RT_VIRTUAL_CORE_SIZE='4'", "expected 1 or 2"]),
 ])
 def test_a_runtime_core_size_the_compiler_does_not_match_raises_before_launch(monkeypatch, toolchain, lnc,

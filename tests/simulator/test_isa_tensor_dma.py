@@ -216,9 +216,12 @@ def test_a_tensore_output_must_fit_one_psum_bank(sim):
     with pytest.raises(NkiValidationError, match=r"dst writes bytes \[1024, 3072\) of each PSUM partition, "
                                                  r"across banks 0 to 1; .*one PSUM bank \(2048 bytes"):
         nisa.nc_matmul(p[:, 256:768], a, b)
-    # a placed tile: its address counts (bank 1 starts at byte 2048)
-    q = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum, address=(0, 2048))
-    nisa.nc_matmul(q, a, b)
+    # a placed tile: its bytes are counted from its address (banks 3 and 4 from byte 6144)
+    q = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.psum, address=(0, 6144))
+    nisa.nc_matmul(q[:, 512:1024], a, b)
+    with pytest.raises(NkiValidationError, match=r"dst writes bytes \[7168, 9216\) of each PSUM partition, "
+                                                 r"across banks 3 to 4"):
+        nisa.nc_matmul(q[:, 256:768], a, b)
     # TensorE transposes are matmuls: a bf16 [128, 128] transpose at column 960 of a 2-bank
     # bf16 tile ends at byte 2176
     t = nl.ndarray((128, 2048), dtype=nl.bfloat16, buffer=nl.psum)

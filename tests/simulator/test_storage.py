@@ -124,6 +124,9 @@ def test_packed_mx_types_move_as_bits_and_refuse_values(sim):
     assert torch.equal(copy.view(nl.uint8).values(), u.values())
     with pytest.raises(simulator.UnsupportedError, match="packs four values"):
         nisa.tensor_scalar(copy, x4, nl.add, 1.0)
+    # dropout keeps the bits of what it keeps, but a packed word is four values, not one
+    with pytest.raises(simulator.UnsupportedError, match="packs four values"):
+        nisa.dropout(copy, x4, 0.0)
 
 
 def test_host_outputs_keep_the_bits():

@@ -30,8 +30,8 @@ input shapes, data types, and non-tensor argument values of that call" (eager), 
 neuronx-cc's degree: ``--lnc``/``-lnc``/``--logical-nc-config`` in ``NEURON_CC_FLAGS`` if
 given, else ``NEURON_LOGICAL_NC_CONFIG``, else 2 (Trn2/Trn3 default [NCC-REF], [EVRF066];
 TorchNeuron runs on Trn2 and Trn3 only [QS-NKI]). A variable and a flag that disagree raise,
-as EVRF066's third cause would; so does a flag of 1 without the variable: the runtime then
-runs at its default of 2, and AWS "doesn't support setting the compiler flag to a different
+as EVRF066's third cause would; so does a flag of 1 without a runtime variable (below): the
+runtime then runs at its default of 2, and AWS "doesn't support setting the compiler flag to a different
 LNC configuration than the Neuron Runtime environment variable" [LNC-CONFIG].
 
 Runtime degree. The runtime also takes its degree from ``NEURON_RT_VIRTUAL_CORE_SIZE``
@@ -198,36 +198,39 @@ def _runtime_variable_degree() -> int | None:
 
 
 def compiler_degree() -> int:
-    """neuronx-cc's logical-core degree (see the module docstring); read at every call."""
-    degree = _compiler_degree()
-    runtime = _runtime_variable_degree()
-    if runtime is not None and runtime != degree:
-        env = _env_degree()
-        source = f"{LNC_ENV}={env}" if env is not None else (
-            f"{CC_FLAGS_ENV}" if _flag_degree(os.environ.get(CC_FLAGS_ENV, "")) is not None
-            else f"neuronx-cc's default (LNC={COMPILER_DEFAULT_LNC})")
-        raise ValueError(
-            f"{RT_CORE_SIZE_ENV}={runtime} runs the Neuron runtime at LNC={runtime} but the kernels "
-            f"compile at LNC={degree} ({source}); AWS supports only a compiler degree that matches the "
-            f"runtime's: export {LNC_ENV}={runtime}")
-    return degree
-
-
-def _compiler_degree() -> int:
+    """neuronx-cc's logical-core degree (see the module docstring); read at every call.
+    Raises where the compiler's degree and the runtime's would differ: the runtime's comes
+    from ``NEURON_LOGICAL_NC_CONFIG`` or ``NEURON_RT_VIRTUAL_CORE_SIZE`` (which must then
+    agree), else its default 2."""
     env = _env_degree()
+    runtime_var = _runtime_variable_degree()
     flag = _flag_degree(os.environ.get(CC_FLAGS_ENV, ""))
     if env is not None and flag is not None and env != flag:
         raise ValueError(
             f"{LNC_ENV}={env} but {CC_FLAGS_ENV} makes neuronx-cc use LNC={flag}; NKI 0.7 rejects a "
             "kernel whose degree differs from the compiler's (NCC_EVRF066): make them agree")
-    if env is None and flag is not None and flag != COMPILER_DEFAULT_LNC:
+    if env is not None and runtime_var is not None and env != runtime_var:
         raise ValueError(
-            f"{CC_FLAGS_ENV} makes neuronx-cc use LNC={flag} but {LNC_ENV} is unset, so the Neuron "
-            f"runtime runs at its default LNC={COMPILER_DEFAULT_LNC}; AWS supports only a compiler flag "
-            f"that matches the runtime's variable: export {LNC_ENV}={flag}")
-    if flag is not None:
-        return flag
-    return env if env is not None else COMPILER_DEFAULT_LNC
+            f"{LNC_ENV}={env} but {RT_CORE_SIZE_ENV}={runtime_var}: the two variables set the Neuron "
+            "runtime's degree and must agree (the kernels compile at the first)")
+    runtime = env if env is not None else runtime_var
+    degree = flag if flag is not None else (env if env is not None else COMPILER_DEFAULT_LNC)
+    if runtime is None and degree != COMPILER_DEFAULT_LNC:
+        raise ValueError(
+            f"{CC_FLAGS_ENV} makes neuronx-cc use LNC={flag} but neither {LNC_ENV} nor {RT_CORE_SIZE_ENV} "
+            f"is set, so the Neuron runtime runs at its default LNC={COMPILER_DEFAULT_LNC}; AWS supports only "
+            f"a compiler flag that matches the runtime's variable: export {LNC_ENV}={flag}")
+    if runtime is not None and runtime != degree:
+        if flag is not None:
+            source, fix = (f"{CC_FLAGS_ENV}'s --lnc {flag}",
+                           f"set --lnc {runtime} in {CC_FLAGS_ENV} (or remove it) and export {LNC_ENV}={runtime}")
+        else:
+            source, fix = f"neuronx-cc's default", f"export {LNC_ENV}={runtime}"
+        raise ValueError(
+            f"{RT_CORE_SIZE_ENV}={runtime} runs the Neuron runtime at LNC={runtime} but the kernels "
+            f"compile at LNC={degree} ({source}); AWS supports only a compiler degree that matches the "
+            f"runtime's: {fix}")
+    return degree
 
 
 def launch_form() -> tuple[str, int]:

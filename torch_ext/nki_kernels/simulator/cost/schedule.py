@@ -360,10 +360,12 @@ def rotation_edges(trace, allocations, depth: int, target: Target | None = None)
     size = {a.alloc_id: a.nbytes for a in allocations}
     edges: list[tuple[int, int]] = []
 
-    def footprints(index, alloc):
-        """(itemsize, region) of each operand of instruction ``index`` on tile ``alloc``."""
+    def footprints(index, alloc, written_only=False):
+        """(itemsize, region) of each operand of instruction ``index`` on tile ``alloc`` (of
+        its written operands only, with ``written_only``)."""
         ins = trace[index]
-        return [(o.itemsize, region_of(o)) for o in (*ins.reads, *ins.writes) if o.alloc_id == alloc]
+        operands = ins.writes if written_only else (*ins.reads, *ins.writes)
+        return [(o.itemsize, region_of(o)) for o in operands if o.alloc_id == alloc]
 
     for key, members in families.items():
         d = depths.get(key, depth)
@@ -383,15 +385,15 @@ def rotation_edges(trace, allocations, depth: int, target: Target | None = None)
             for i, is_read in acc:
                 if not read_seen:
                     initial.append(i)
-                elif not is_read:
-                    later.append(i)
+                elif footprints(i, alloc, written_only=True):
+                    later.append(i)      # a write, also one that reads the tile too
                 read_seen = read_seen or is_read
             edges.extend((p, s) for s in initial for p in old)
             if later:
                 same_layout = size.get(alloc) is not None and size.get(alloc) == size.get(occupants[b])
                 old_parts = [(p, footprints(p, occupants[b])) for p in old]
                 for s in later:
-                    mine = footprints(s, alloc)
+                    mine = footprints(s, alloc, written_only=True)
                     edges.extend(
                         (p, s) for p, theirs in old_parts
                         if not same_layout or any(ia != ib or ra.overlaps(rb) for ia, ra in mine for ib, rb in theirs))

@@ -331,8 +331,7 @@ def require_one_psum_bank(instr, role, t: NkiTensor) -> None:
     a = t._alloc
     d = t._data
     es = d.element_size()
-    rel = d.storage_offset() * es - a.base_byte_offset
-    first = rel % a.part_stride if a.part_stride else rel
+    _, first = _partition_and_byte(t)
     last = first + sum((n - 1) * st for n, st in zip(d.shape[1:], d.stride()[1:])) * es + es
     if a.address is not None:
         first, last = first + a.address[1], last + a.address[1]
@@ -342,6 +341,14 @@ def require_one_psum_bank(instr, role, t: NkiTensor) -> None:
              f"{first // bank} to {(last - 1) // bank}; a TensorE instruction's output must fit one PSUM bank "
              f"({bank} bytes per partition: 'each nc_matmul can only write to a single PSUM bank'); "
              f"split it at a bank boundary or allocate its PSUM tile apart")
+
+
+def _partition_and_byte(t: NkiTensor) -> tuple[int, int]:
+    """(first partition, byte within the partition) of on-chip view ``t``'s first element,
+    from its tensor's start."""
+    a = t._alloc
+    rel = t._data.storage_offset() * t._data.element_size() - a.base_byte_offset
+    return divmod(rel, a.part_stride) if a.part_stride else (0, rel)
 
 
 def psum_state(t: NkiTensor) -> torch.Tensor:
@@ -354,8 +361,7 @@ def psum_state(t: NkiTensor) -> torch.Tensor:
              "supported by the simulator")
     d = t._data
     es = d.element_size()
-    rel = d.storage_offset() * es - a.base_byte_offset     # bytes from the tensor's start
-    p, f = divmod(rel, a.part_stride)
+    p, f = _partition_and_byte(t)                          # from the tensor's start
     row = a.state.shape[1]
     strides = list(d.stride())
     if strides:

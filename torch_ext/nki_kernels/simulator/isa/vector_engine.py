@@ -477,6 +477,8 @@ def dropout(dst, data, prob, name=None):
         fail(f"{I}: dst dtype {dst.dtype.name} must equal data dtype {data.dtype.name}")
     # "If data type of data is any of the integer types ... prob data type must be float32"
     p = operand_vec(I, "prob", prob, data, need_f32=data.dtype.is_int)
+    if data.dtype.is_packed:
+        data.dtype.from_bits(data._data)   # raises: packed MX words have no element values
     u = torch.rand(data.shape, generator=current().generator)
     # kept elements keep "their original values" (the docstring), no rescaling: selected on
     # the stored bits, so integers above 2**24 do not pass through fp32
