@@ -180,16 +180,22 @@ def test_tiles_of_one_site_rotate_through_depth_buffers():
         assert s.start[3 * k + 1] >= s.finish[store_old] - 1e-12
 
 
+def _scalar_busy_first():
+    """A trace that keeps ScalarE busy ~45 us first (so the tiles' reads, on ScalarE, run
+    late and an unordered write would land before them): (builder, allocations list, index
+    dict, an HBM source, 1024 columns)."""
+    b = TraceBuilder()
+    for _ in range(6):
+        b.activation(sbuf("dst", new_alloc(), (128, 8192)), sbuf("data", new_alloc(), (128, 8192)))
+    return b, [], {}, new_alloc(), 1024
+
+
 def test_a_write_after_the_first_read_also_waits_for_the_buffer_s_old_occupant():
     # Tiles [128, 2C] of one site, each filled and read half by half: load A, read A, load
     # B, read B. Tile 2's load of half B touches nothing its read of A touched, so only the
     # rotation orders it after tile 0's read of half B (same physical bytes). ScalarE is
     # kept busy first, so tile 0's reads run late and an unordered load would land early.
-    b = TraceBuilder()
-    allocs, at = [], {}
-    x, cols = new_alloc(), 1024
-    for _ in range(6):
-        b.activation(sbuf("dst", new_alloc(), (128, 8192)), sbuf("data", new_alloc(), (128, 8192)))
+    b, allocs, at, x, cols = _scalar_busy_first()
     for k in range(3):
         t = new_alloc()
         allocs.append(AllocationSite(t, "sbuf", (("k.py", 10),), None, nbytes=2 * cols * 2))
@@ -216,11 +222,7 @@ def test_a_later_instruction_that_reads_and_writes_the_tile_also_waits_for_the_o
     # [128, 3C] tiles of one site: load part 0, read it, load part 1, copy part 1 into part 2
     # (reads and writes the tile), read part 2. Tile 2's copy writes the bytes tile 0's
     # last read reads: it must wait for it, though it also reads its own tile.
-    b = TraceBuilder()
-    allocs, at = [], {}
-    x, cols = new_alloc(), 1024
-    for _ in range(6):
-        b.activation(sbuf("dst", new_alloc(), (128, 8192)), sbuf("data", new_alloc(), (128, 8192)))
+    b, allocs, at, x, cols = _scalar_busy_first()
 
     def part(h):
         return dict(offset=h * cols, strides=(3 * cols, 1))
