@@ -78,11 +78,8 @@ class Work:
         which no modeled kernel could reach)."""
         peak = target.tensor_peak_fp32_flops if self.fp32 else target.tensor_peak_bf16_flops
         per_cycle = target.scalar_elems_per_cycle_fp32 if self.fp32 else target.scalar_elems_per_cycle
-        dma = cores * target.dma_bytes_per_s
-        if cores > 1:
-            dma = min(dma, target.hbm_stack_bytes_per_s)
         return {
-            "dma": self.hbm_bytes / dma,
+            "dma": self.hbm_bytes / (cores * target.dma_bytes_per_s * target.hbm_share(cores)),
             "tensor": self.matmul_flops / (cores * peak),
             "scalar": self.transcendentals / (cores * target.scalar_hz * per_cycle),
         }

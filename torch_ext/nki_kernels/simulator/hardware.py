@@ -361,6 +361,15 @@ class Target:
         return {"vector": self.vector_static_cycles, "scalar": self.scalar_static_cycles,
                 "gpsimd": self.gpsimd_static_cycles}[engine]
 
+    def hbm_share(self, cores: int) -> float:
+        """Share of its DMA bandwidth each of ``cores`` physical cores streaming together gets
+        from the HBM stack they share: min(1, stack / (cores x dma_bytes_per_s)); 1 for one
+        core (cost/schedule.py charges every HBM transfer of a launch at it; roofline.py
+        caps the limits with it)."""
+        if cores <= 1:
+            return 1.0
+        return min(1.0, self.hbm_stack_bytes_per_s / (cores * self.dma_bytes_per_s))
+
     @property
     def generation(self) -> int:
         """NeuronCore version number: 2 (trn1), 3 (trn2), 4 (trn3)."""

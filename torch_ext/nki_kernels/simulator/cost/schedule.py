@@ -704,8 +704,7 @@ def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
         core_lanes(_core(ins))
     # Two cores streaming at once share one HBM stack (static share: both assumed active).
     dma_cores = {_core(ins) for ins in trace if ins.engine == "dma"}
-    hbm_share = min(1.0, target.hbm_stack_bytes_per_s / (len(dma_cores) * target.dma_bytes_per_s)) \
-        if len(dma_cores) > 1 else 1.0
+    hbm_share = target.hbm_share(len(dma_cores))
     costs = []
     hbm_bytes = dma_bytes = 0
     for ins in trace:
