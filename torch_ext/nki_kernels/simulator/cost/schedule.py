@@ -385,15 +385,16 @@ def rotation_edges(trace, allocations, depth: int, target: Target | None = None)
             for i, is_read in acc:
                 if not read_seen:
                     initial.append(i)
-                elif footprints(i, alloc, written_only=True):
-                    later.append(i)      # a write, also one that reads the tile too
+                else:
+                    written = footprints(i, alloc, written_only=True)
+                    if written:          # a write, also one that reads the tile too
+                        later.append((i, written))
                 read_seen = read_seen or is_read
             edges.extend((p, s) for s in initial for p in old)
             if later:
                 same_layout = size.get(alloc) is not None and size.get(alloc) == size.get(occupants[b])
                 old_parts = [(p, footprints(p, occupants[b])) for p in old]
-                for s in later:
-                    mine = footprints(s, alloc, written_only=True)
+                for s, mine in later:
                     edges.extend(
                         (p, s) for p, theirs in old_parts
                         if not same_layout or any(ia != ib or ra.overlaps(rb) for ia, ra in mine for ib, rb in theirs))
