@@ -121,8 +121,9 @@ KNOWN_KEYS = {
 
 def _refuse_unread_keys(data: dict, path: Path) -> None:
     """BuildError for a table or key of build.toml this builder does not read."""
-    for table in sorted(set(data) - {"general", "torch-noarch"}):
-        raise BuildError(f"[{table}] in {path}: this builder reads only [general] and [torch-noarch]")
+    extra = sorted(set(data) - {"general", "torch-noarch"})
+    if extra:
+        raise BuildError(f"[{extra[0]}] in {path}: this builder reads only [general] and [torch-noarch]")
     tables = {"general": data.get("general", {}), "torch-noarch": data.get("torch-noarch", {})}
     general = tables["general"]
     if isinstance(general, dict):

@@ -191,19 +191,13 @@ def _env_degree() -> int | None:
     return _variable_degree(LNC_ENV)
 
 
-def _runtime_variable_degree() -> int | None:
-    """The degree ``NEURON_RT_VIRTUAL_CORE_SIZE`` gives the runtime, or None when unset;
-    it must agree with the compiler's (module docstring, "Runtime degree")."""
-    return _variable_degree(RT_CORE_SIZE_ENV)
-
-
 def compiler_degree() -> int:
     """neuronx-cc's logical-core degree (see the module docstring); read at every call.
     Raises where the compiler's degree and the runtime's would differ: the runtime's comes
     from ``NEURON_LOGICAL_NC_CONFIG`` or ``NEURON_RT_VIRTUAL_CORE_SIZE`` (which must then
     agree), else its default 2."""
     env = _env_degree()
-    runtime_var = _runtime_variable_degree()
+    runtime_var = _variable_degree(RT_CORE_SIZE_ENV)      # module docstring, "Runtime degree"
     flag = _flag_degree(os.environ.get(CC_FLAGS_ENV, ""))
     if env is not None and flag is not None and env != flag:
         raise ValueError(
