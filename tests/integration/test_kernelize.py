@@ -16,7 +16,7 @@ import nki_kernels
 from nki_kernels import layers
 from nki_kernels import transformers as nkt
 
-from ._models import CAUSAL_LM, VISION, build, padded_batch, perturb_norms, pixels
+from ._models import CAUSAL_LM, TEXT, VISION, build, padded_batch, perturb_norms, pixels
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -123,6 +123,58 @@ def test_gemma_norms_keep_their_own_forward(reference_backend):
     named = nkt.make_kernelizable(model)
     assert not any("RMSNorm" in n or "rotary" in n for n in named), named
     assert named == ["GELUTanh -> GeluTanh"]
+
+
+def test_layer_norm_subclasses_keep_their_own_forward(reference_backend):
+    """kernels reads the layer name off type(module), so every subclass of nn.LayerNorm
+    inherits it. The review found Nemotron's LayerNorm1P (weight + 1) silently replaced by
+    plain LayerNorm and ConvNext's channels-first LayerNorm crashing, once any model had
+    named nn.LayerNorm; the name now holds for nn.LayerNorm itself only."""
+    from transformers import ConvNextConfig, ConvNextModel, NemotronConfig, NemotronForCausalLM
+
+    nkt.kernelize(build(VISION["vit"]))                  # names nn.LayerNorm process-wide
+    convnext = ConvNextModel(ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[16, 32],
+                                            depths=[1, 1], image_size=32)).eval()
+    nemotron = build(lambda: NemotronForCausalLM(NemotronConfig(**{**TEXT, "hidden_act": "relu2"})))
+    images, ids = torch.randn(2, 3, 32, 32), torch.randint(3, 97, (2, 9))
+    for model, run in ((convnext, lambda m: m(images).last_hidden_state),
+                       (nemotron, lambda m: m(input_ids=ids).logits)):
+        perturb_norms(model)
+        with torch.no_grad():
+            expected = run(model)
+        nkt.kernelize(model)
+        replaced = {type(m).__name__ for m in model.modules() if "forward" in vars(m)}
+        subclasses = {type(m).__name__ for m in model.modules()
+                      if isinstance(m, torch.nn.LayerNorm) and type(m) is not torch.nn.LayerNorm}
+        assert subclasses and not subclasses & replaced, (subclasses, replaced)
+        with torch.no_grad():
+            torch.testing.assert_close(run(model), expected, atol=1e-5, rtol=1e-4)
+    assert "LayerNorm" in {type(m).__name__ for m in convnext.modules() if "forward" in vars(m)}
+
+
+def test_kernelized_llama_under_autocast(simulator_backend, kernel_calls):
+    """An fp32 Llama under torch.autocast(bf16): the rotary sees bf16 q/k from autocast's
+    linears beside fp32 cos/sin (eager promotes to fp32) and attention then gets fp32 q/k
+    beside a bf16 v (autocast casts SDPA's inputs to bf16). Both were refused as mixed
+    dtypes once kernelized (the review's finding); now the model runs and its logits agree
+    with eager's under autocast to bf16 rounding."""
+    model = build(CAUSAL_LM["llama"], "sdpa")
+    perturb_norms(model)
+    batch = padded_batch("left")
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = model(**batch.kwargs()).logits
+    model.set_attn_implementation("nki")
+    nkt.kernelize(model)
+    kernel_calls.clear()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got = model(**batch.kwargs()).logits
+    assert {"rotary_kernel", "attention_kernel"} <= set(kernel_calls), dict(kernel_calls)
+    assert got.dtype == expected.dtype == torch.bfloat16
+    # eager rounds every op's result to bf16 and the kernels round theirs once, at other
+    # places: the two differ by a few bf16 units (2**-8) of the logits' scale
+    valid = batch.valid
+    scale = expected[valid].float().abs().max()
+    torch.testing.assert_close(got[valid].float(), expected[valid].float(), atol=8 * 2**-8 * scale, rtol=0)
 
 
 def test_kernelize_for_training(simulator_backend, kernel_calls):

@@ -334,6 +334,17 @@ def _silu_gated(module: nn.Module) -> bool:
     return isinstance(getattr(module, "act_fn", None), (SiLUActivation, nn.SiLU))
 
 
+def _exactly(cls: type, condition=None):
+    """kernels' condition for a class named here: instances of ``cls`` itself (and
+    ``condition``). kernels reads the name and the condition off ``type(module)``, so a
+    subclass inherits both; transformers subclasses ``nn.LayerNorm`` with other forwards
+    (Nemotron's weight + 1, ConvNext's channels-first permute), which the package's
+    LayerNorm layer would silently replace."""
+    def condition_for(module: nn.Module) -> bool:
+        return type(module) is cls and (condition is None or condition(module))
+    return condition_for
+
+
 def make_kernelizable(model: nn.Module) -> list[str]:
     """Give the classes of ``model`` the kernel-layer names :func:`layer_mapping` maps, and
     wrap its family's ``apply_rotary_pos_emb`` as a kernels function layer; return what was
@@ -361,7 +372,7 @@ def make_kernelizable(model: nn.Module) -> list[str]:
         elif family is not None and cls.__name__ == FAMILIES[family][1]:
             name, condition = "SiluGatedMLP", _silu_gated
         if name is not None and "kernel_layer_name" not in vars(cls):
-            replace_kernel_forward_from_hub(cls, name, condition)
+            replace_kernel_forward_from_hub(cls, name, _exactly(cls, condition))
             named.append(f"{cls.__name__} -> {name}")
         modeling = sys.modules[cls.__module__]
         rope = getattr(modeling, "apply_rotary_pos_emb", None)
