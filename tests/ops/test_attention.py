@@ -65,6 +65,23 @@ def test_shapes_and_layouts_like_sdpa(monkeypatch, backend):
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("backend", ["reference", "simulator"])
+def test_autocast_casts_the_inputs_as_torch_sdpa_does(monkeypatch, backend):
+    """Under torch.autocast torch's SDPA casts its floating inputs to the autocast dtype (a
+    lower-precision op on CPU); the op does too, so fp32 q/k beside a bf16 v (an autocast
+    model after an fp32 rotary) run in bf16 instead of being refused as mixed dtypes."""
+    monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", backend)
+    q, k, v = make_qkv(2, 4, 2, 9, 13, 32, dtype=F32)
+    mask = torch.rand(2, 1, 9, 13) > 0.3
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = sdpa(q, k, v.bfloat16(), attn_mask=mask, enable_gqa=True)
+        expected = F.scaled_dot_product_attention(q, k, v.bfloat16(), attn_mask=mask, enable_gqa=True)
+    assert out.dtype == expected.dtype == torch.bfloat16
+    check_close(out, q.bfloat16(), k.bfloat16(), v.bfloat16(), mask)   # float64 math on the cast inputs
+    with pytest.raises(TypeError, match="value has dtype bfloat16 but query has float32"):
+        sdpa(q, k, v.bfloat16())                                         # outside autocast: refused
+
+
 def test_output_layout_follows_transposed_inputs(reference_backend):
     """q/k/v as transposed [B, S, H, D] views (transformers) give an output that is itself a
     transposed view, so out.transpose(1, 2) is contiguous [B, S, H, D] (no copy)."""

@@ -142,3 +142,30 @@ def test_rotary_16bit_rounds_once_like_the_reference(simulator_backend, dtype):
     q_ref, _ = _expected(q, q, cos, sin)
     assert torch.isfinite(q_out).all()
     assert_matches(q_out, q_ref, dtype)
+
+
+@pytest.mark.parametrize("q_dtype, table_dtype, out_dtype", [
+    (torch.bfloat16, torch.float32, torch.float32),    # fp32 model under torch.autocast(bf16)
+    (torch.float16, torch.bfloat16, torch.float32),    # torch promotes fp16 x bf16 to fp32
+    (torch.float32, torch.bfloat16, torch.float32),
+], ids=["bf16-q-fp32-tables", "fp16-q-bf16-tables", "fp32-q-bf16-tables"])
+def test_rotary_mixed_dtypes_promote_like_transformers(simulator_backend, q_dtype, table_dtype, out_dtype):
+    # transformers' q * cos + rotate_half(q) * sin promotes: the review found the op refusing
+    # a bf16 q with fp32 cos/sin, so a Llama under torch.autocast crashed once kernelized.
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as eager_rope
+
+    q = randn(2, 4, 37, 64, dtype=q_dtype, scale=3.0).requires_grad_()
+    k = randn(2, 2, 37, 64, dtype=q_dtype)
+    cos, sin = _cos_sin(2, 37, 64, table_dtype)
+    q_eager_in = q.detach().clone().requires_grad_()
+    q_out, k_out = nki_kernels.apply_rotary_pos_emb(q, k, cos, sin)
+    q_eager, k_eager = eager_rope(q_eager_in, k, cos, sin)
+    assert q_out.dtype == k_out.dtype == q_eager.dtype == k_eager.dtype == out_dtype
+    q_ref, k_ref = _expected(q.detach(), k, cos, sin)   # the widened inputs, float64 math
+    assert_matches(q_out.detach(), q_ref, out_dtype)
+    assert_matches(k_out.detach(), k_ref, out_dtype)
+    weight = randn(*q_out.shape, dtype=out_dtype)       # a non-uniform upstream gradient
+    (q_out * weight).sum().backward()
+    (q_eager * weight).sum().backward()
+    assert q.grad.dtype == q_dtype
+    assert_matches(q.grad, q_eager_in.grad.double(), q_dtype)

@@ -462,6 +462,26 @@ def _wants_kernel_backward(query, key, value, attn_mask) -> bool:
 
 # ---------------------------------------------------------------------------- public API
 
+def _autocast_inputs(query, key, value, attn_mask):
+    """Inside ``torch.autocast`` for the inputs' device, torch's SDPA is a lower-precision op:
+    autocast casts its floating inputs (float64 excepted) to the autocast dtype. This op takes
+    them the same way, so a model under autocast gets from it what SDPA gives (a bf16 q/k from
+    an fp32 rotary beside a bf16 v would otherwise be refused as mixed dtypes). Custom ops
+    are outside autocast's lists, hence the explicit cast."""
+    if not isinstance(query, torch.Tensor):
+        return query, key, value, attn_mask
+    device = query.device.type
+    if not (torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)):
+        return query, key, value, attn_mask
+    dtype = torch.get_autocast_dtype(device)
+
+    def cast(t):
+        eligible = isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+        return t.to(dtype) if eligible else t
+
+    return cast(query), cast(key), cast(value), cast(attn_mask)
+
+
 def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                  attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: Optional[float] = None,
@@ -473,7 +493,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     ``Sq`` and ``Sk`` may be 0 (an empty result, or zeros when ``Sk = 0``, as torch gives);
     ``H == Hkv``, or ``H`` a multiple of ``Hkv`` with ``enable_gqa=True`` (query head ``h``
     reads kv head ``h // (H // Hkv)``). Returns ``[..., H, Sq, Dv]`` in the input dtype.
-    dtypes: float32, bfloat16, float16 (all three the same).
+    dtypes: float32, bfloat16, float16 (all three the same). Under ``torch.autocast`` for
+    their device they are cast to the autocast dtype first, as torch's SDPA is.
 
     ``attn_mask`` broadcasts to ``[..., H, Sq, Sk]``: bool (True = attend) or additive float
     (float32 or the query dtype). ``is_causal`` keeps keys ``j <= i`` (top-left aligned);
@@ -503,6 +524,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     with PyTorch ops in fp32 (its gradient is [Sq, Sk]). Works under
     ``torch.compile(fullgraph=True)``, forward and backward (the ops have fake implementations).
     """
+    query, key, value, attn_mask = _autocast_inputs(query, key, value, attn_mask)
     _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if scale is None:
         scale = query.shape[-1] ** -0.5

@@ -40,7 +40,6 @@ def _check_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torc
             f"[B={batch}, H, S={seq}, D={dim}]; expected [S, D] = [{seq}, {dim}] or "
             f"[B, S, D] with B in (1, {batch})"
         )
-    _checks.check_same_dtype(q=q, k=k, cos=cos, sin=sin)
     _checks.check_same_device(q=q, k=k, cos=cos, sin=sin)
 
 
@@ -108,14 +107,21 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
 
     q: [B, Hq, S, D], k: [B, Hk, S, D] (Hq and Hk may differ), D even; cos/sin: [B, S, D],
     [1, S, D] or [S, D], broadcast over heads (``unsqueeze_dim=1`` in transformers' terms).
-    All four tensors share one float dtype. Returns ``(q_embed, k_embed)``; q or k may be
-    empty (e.g. zero heads). Numerics on every backend: products and sum in fp32, one
-    rounding to the input dtype (the kernel matches the reference bit for bit). Backward:
-    the same NKI kernel with the transposed rotation (d q, d k); gradients of cos / sin
-    recompute with PyTorch ops.
+    Float dtypes may differ: as in transformers' ``q * cos + rotate_half(q) * sin``, q_embed
+    has torch's promoted dtype of (q, cos, sin) and k_embed that of (k, cos, sin), so a bf16
+    q with fp32 cos/sin (an fp32 model under ``torch.autocast``) gives fp32 embeddings. The
+    kernel runs in the promotion of all four (each input widened exactly; none when they
+    agree). Returns ``(q_embed, k_embed)``; q or k may be empty (e.g. zero heads). Numerics
+    on every backend: products and sum in fp32, one rounding to the output dtype (the kernel
+    matches the reference bit for bit). Backward: the same NKI kernel with the transposed
+    rotation (d q, d k); gradients of cos / sin recompute with PyTorch ops.
     """
     _check_rotary(q, k, cos, sin)
-    return _rotary_op(q, k, cos, sin)
+    q_dtype = torch.promote_types(torch.promote_types(q.dtype, cos.dtype), sin.dtype)
+    k_dtype = torch.promote_types(torch.promote_types(k.dtype, cos.dtype), sin.dtype)
+    common = torch.promote_types(q_dtype, k_dtype)
+    q_embed, k_embed = _rotary_op(q.to(common), k.to(common), cos.to(common), sin.to(common))
+    return q_embed.to(q_dtype), k_embed.to(k_dtype)
 
 
 def _workload(name, b, h, hkv, s, d, **kw):
