@@ -311,6 +311,16 @@ def test_rejects_what_it_cannot_compute(reference_backend, mask, kwargs, error, 
         nkt.nki_attention_forward(types.SimpleNamespace(is_causal=True), q, k, v, mask, **kwargs)
 
 
+def test_output_attentions_warns_that_no_weights_come_back(reference_backend):
+    # as transformers' sdpa_attention_forward warns; the review found "nki" silent about it
+    q, k, v = _qkv()
+    with pytest.warns(UserWarning, match="does not return attention weights"):
+        out, weights = nkt.nki_attention_forward(types.SimpleNamespace(is_causal=True), q, k, v, None,
+                                                 output_attentions=True)
+    assert weights is None
+    torch.testing.assert_close(out, _sdpa(q, k, v, causal=True), atol=ATOL, rtol=RTOL)
+
+
 def test_a_window_covering_every_key_needs_no_mask(reference_backend):
     # transformers' sdpa_mask returns None exactly when the window covers every key
     q, k, v = _qkv()

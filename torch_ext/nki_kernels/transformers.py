@@ -26,6 +26,7 @@ kernels are imported by the functions that need them.
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Optional
 
 import torch
@@ -93,6 +94,11 @@ def nki_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Ten
         if kwargs.get(name) is not None:
             raise ValueError(f"nki_attention_forward got {name}={_short(kwargs[name])}: the NKI attention kernel "
                              f"does not support {what}")
+    if kwargs.get("output_attentions", False):
+        # as transformers' sdpa_attention_forward, which warns once: the kernel never forms
+        # the [Sq, Sk] probabilities, so the model's attentions come back None
+        warnings.warn("nki_attention_forward does not return attention weights (output_attentions=True "
+                      "gives None); use attn_implementation='eager' for them", stacklevel=2)
     p = _checks.check_real("dropout", dropout)
     if not 0.0 <= p <= 1.0:          # (NaN fails both)
         raise ValueError(f"dropout={dropout!r} must be a float in [0, 1]")
