@@ -194,7 +194,7 @@ class Target:
     dma_transfer_gap_s: float = 0.85e-6   # [F]
     # * hand-over: after a transfer's data an engine needs this before the next one's: a
     #   lone transfer's profiled duration is its data time (rows dma.single_*), but a stream
-    #   of 4 KiB-per-partition transfers reaches 96.6 % of the 32 KiB throughput, not 100 %
+    #   of 4 KiB-per-partition transfers reaches 96.7 % of the 32 KiB throughput, not 100 %
     #   (rows dma.curve.*). [F]: the curve alone fits 25 ns; with trn1's rows and VectorE's
     #   overlap the joint fit lands at 0 (train loss 0.00598 against 0.00604 at 25 ns; the
     #   4 KiB point models 99.6 % instead of 98.1 %).
