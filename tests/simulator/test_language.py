@@ -53,6 +53,17 @@ def test_unary_helpers(sim, mk, v, name, ref):
     torch.testing.assert_close(v(out), ref(x), atol=2e-6, rtol=2e-6)
 
 
+def test_rsqrt_helper_runs_on_gpsimd(sim, mk, v, last):
+    # NKI 0.5: nl.rsqrt "now runs on the GpSimd Engine for higher numerical precision and no
+    # longer accepts PSUM inputs" (migration guide); the PSUM refusal is in test_refusals.py
+    _, nl, _ = sim
+    x = torch.rand(64, 40) * 50 + 0.01
+    out = nl.rsqrt(mk(x))
+    assert (last().op, last().engine) == ("tensor_scalar", "gpsimd")
+    assert out.buffer == nl.sbuf and out.dtype == nl.float32
+    torch.testing.assert_close(v(out).double(), torch.rsqrt(x.double()), atol=0, rtol=2e-7)
+
+
 def test_binary_helper_broadcasts_and_dtype(sim, mk, v, last):
     _, nl, _ = sim
     x, col = torch.randn(64, 40), torch.randn(64, 1)

@@ -57,23 +57,41 @@ def test_a_register_index_is_read_when_the_instruction_runs(sim):
         h[reg, 0:4]
 
 
-def test_an_lnc2_kernel_cannot_return_a_private_hbm_tensor():
+@pytest.mark.parametrize("buffer", ["private_hbm", "hbm"])
+def test_a_kernel_cannot_return_a_private_hbm_tensor(buffer):
     # nl.private_hbm is "only visible to each individual kernel instance"; the LNC guide:
-    # "the inputs and outputs of the kernel should be stored in the Shared HBM"
+    # "the inputs and outputs of the kernel should be stored in the Shared HBM"; and at any
+    # degree the NKI 0.3 migration guide: "All kernel output (return) tensors must be
+    # allocated with buffer=nl.shared_hbm. Using nl.hbm for output tensors will cause
+    # compilation failures". A returned input is the caller's tensor and stays allowed.
     with simulator.activated("trn2") as nki:
         nl = nki.language
 
         @nki.jit
         def per_core(a):
-            out = nl.ndarray(a.shape, a.dtype, buffer=nl.private_hbm)
+            out = nl.ndarray(a.shape, a.dtype, buffer=getattr(nl, buffer))
             nl.store(out, nl.add(nl.load(a), float(nl.program_id(0) + 1)))
             return out
 
+        @nki.jit
+        def shared(a):
+            out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+            nl.store(out, nl.add(nl.load(a), 1.0))
+            return out
+
+        @nki.jit
+        def in_place(a):
+            nl.store(a, nl.add(nl.load(a), 1.0))
+            return a
+
         x = np.random.rand(4, 4).astype(np.float32)
-        with pytest.raises(NkiValidationError, match="private_hbm"):
+        with pytest.raises(NkiValidationError, match="core 0 is in private_hbm; an LNC=2"):
             nki.simulate(per_core[2])(x)
-        # one core alone may
-        np.testing.assert_allclose(nki.simulate(per_core)(x), x + 1.0)
+        with pytest.raises(NkiValidationError, match="output 0 is in private_hbm; a tensor a "
+                           "kernel returns must be allocated with buffer=nl.shared_hbm"):
+            nki.simulate(per_core)(x)
+        np.testing.assert_allclose(nki.simulate(shared)(x), x + 1.0)
+        np.testing.assert_allclose(nki.simulate(in_place)(x.copy()), x + 1.0)
 
 
 def test_dynamic_loops_take_a_positive_static_step_and_stay_out_of_no_reorder(sim):

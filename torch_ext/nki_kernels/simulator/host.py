@@ -11,6 +11,7 @@ import torch
 
 from . import dtypes as _dt
 from .errors import NkiValidationError
+from .memory import MemoryRegion
 from .tensor import NkiTensor
 from .tensor_alloc import from_torch
 
@@ -68,7 +69,8 @@ class Inputs:
 
     def outputs(self, result):
         """The kernel's return value with its HBM tensors as the callers' array type."""
-        return _convert(result, self.kind or "torch")
+        inputs = {id(t._alloc) for _, t in self.pairs}
+        return _convert(result, self.kind or "torch", inputs)
 
     def copy_back(self) -> None:
         """Update the caller's arrays the kernel wrote (aliased fp32 tensors already are)."""
@@ -105,16 +107,26 @@ def _to_numpy(t: NkiTensor):
     return dt.from_bits(d).numpy().astype(_dt.numpy_output_dtype(dt))
 
 
-def _convert(result, kind, index=0):
+def _convert(result, kind, inputs, index=0):
+    """``result`` with its tensors as ``kind`` arrays. A returned tensor the kernel allocated
+    must be in nl.shared_hbm: "All kernel output (return) tensors must be allocated with
+    buffer=nl.shared_hbm. Using nl.hbm for output tensors will cause compilation failures"
+    (aws-neuron-sdk nki/migration/index.rst, NKI 0.3). A returned input (ids in ``inputs``)
+    stays where the caller put it."""
     if isinstance(result, NkiTensor):
         if result.on_chip:
             raise NkiValidationError(
                 f"kernel output {index} is in {result.buffer.value}; kernel outputs must be "
                 "HBM tensors (nl.ndarray(..., buffer=nl.shared_hbm)) written with nl.store / "
                 "nisa.dma_copy")
+        if result.buffer is not MemoryRegion.shared_hbm and id(result._alloc) not in inputs:
+            raise NkiValidationError(
+                f"kernel output {index} is in {result.buffer.value}; a tensor a kernel returns "
+                "must be allocated with buffer=nl.shared_hbm (NKI 0.3 migration guide: nl.hbm "
+                "outputs fail to compile)")
         return _to_numpy(result) if kind == "numpy" else _to_torch(result)
     if isinstance(result, (tuple, list)):
-        return tuple(_convert(r, kind, i) for i, r in enumerate(result))
+        return tuple(_convert(r, kind, inputs, i) for i, r in enumerate(result))
     if isinstance(result, dict):
-        return {k: _convert(v, kind, k) for k, v in result.items()}
+        return {k: _convert(v, kind, inputs, k) for k, v in result.items()}
     return result

@@ -76,7 +76,14 @@ class Kernel:
 
 
 def jit(fn=None, **kwargs):
-    """``@nki.jit`` / ``@nki.jit(...)``: options are accepted and ignored by the simulator."""
+    """``@nki.jit`` / ``@nki.jit(...)``: options are accepted and ignored by the simulator,
+    except ``platform_target``, which NKI 0.3 made an error."""
+    if "platform_target" in kwargs:
+        # "Passing platform_target to @nki.jit raises an error in NKI 0.3.0"
+        # (aws-neuron-sdk nki/migration/index.rst)
+        raise NkiValidationError(
+            f"nki.jit: platform_target={kwargs['platform_target']!r} is not an option since "
+            "NKI 0.3; set NEURON_PLATFORM_TARGET_OVERRIDE instead (the migration guide)")
     if fn is None:
         return lambda f: Kernel(f, options=kwargs)
     return Kernel(fn, options=kwargs)

@@ -58,8 +58,8 @@ _KIND = {
 # PSUM, where only engines write, keeps [partition, free...]. check_shape and the on-chip
 # views (tensor_views.py reshape, squeeze_dim) read it.
 MIN_ON_CHIP_DIMS = {"sbuf": 1, "psum": 2}
-_BY_STR = {"sbuf": MemoryRegion.sbuf, "psum": MemoryRegion.psum, "hbm": MemoryRegion.private_hbm,
-           "private_hbm": MemoryRegion.private_hbm, "shared_hbm": MemoryRegion.shared_hbm}
+# the NKI 0.2 buffer strings, refused with the object to write instead (to_region)
+_BUFFER_STRINGS = ("sbuf", "psum", "hbm", "private_hbm", "shared_hbm")
 
 # torch integer dtype of each element size: PSUM accumulation state is kept in one of
 # these, laid out exactly like the data it describes (see psum_state in isa/operands.py).
@@ -69,8 +69,12 @@ STATE_DTYPE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 def to_region(buffer) -> MemoryRegion:
     if isinstance(buffer, MemoryRegion):
         return buffer
-    if isinstance(buffer, str) and buffer in _BY_STR:
-        return _BY_STR[buffer]
+    if isinstance(buffer, str) and buffer in _BUFFER_STRINGS:
+        # "nl.ndarray, nl.zeros, and other creation ops no longer accept strings for the
+        # buffer parameter" (aws-neuron-sdk nki/migration/index.rst, NKI 0.3)
+        raise NkiValidationError(
+            f"buffer={buffer!r} is a string; NKI 0.3 and later take the memory region object "
+            f"nl.{buffer} (the migration guide: creation ops no longer accept strings)")
     raise NkiValidationError(
         f"buffer={buffer!r} is not a memory region; use nl.sbuf, nl.psum, nl.hbm, "
         "nl.private_hbm or nl.shared_hbm")

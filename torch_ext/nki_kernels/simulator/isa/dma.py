@@ -31,7 +31,7 @@ def _direction(dst, src):
 
 def _dge_mode(instr, dge_mode) -> enums.dge_mode:
     """``dge_mode`` as a ``nisa.dge_mode`` member; AWS's nki-library passes the members' int
-    values (``_DGE_MODE_NONE = 3``, core/mlp/mlp_tkg/mlp_tkg_gate_up_projection.py)."""
+    values (``_DGE_MODE_NONE = 3``, core/subkernels/norm_tkg_utils.py @d2ad3a5)."""
     if isinstance(dge_mode, enums.dge_mode):
         return dge_mode
     if isinstance(dge_mode, int) and not isinstance(dge_mode, bool):

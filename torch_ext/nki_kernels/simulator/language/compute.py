@@ -4,7 +4,8 @@ attached to the op objects of ops.py), ``copy``, the reductions, ``softmax``,
 
 Every helper returns a NEW tile (SBUF unless said otherwise) and is executed as the ISA
 instruction(s) it lowers to, so a helper obeys exactly the rules of those instructions:
-unary math -> ``activation`` (ScalarE) or, for ALU-only ops, ``tensor_scalar``; binary ops
+unary math -> ``activation`` (ScalarE) or, for ALU-only ops, ``tensor_scalar`` (``rsqrt``: a
+GpSimd ``tensor_scalar``, as NKI 0.5 moved it); binary ops
 -> ``tensor_tensor`` (same shapes) or ``tensor_scalar`` (scalar or (P, 1) operand);
 reductions -> ``tensor_reduce``; ``nl.matmul`` -> ``nc_matmul``. Beta 2 has no ``mask=``.
 """
@@ -32,7 +33,22 @@ from .constants import float32, uint8
 
 
 def _unary(op: Op):
-    if op.act is not None:
+    if op.name == "rsqrt":
+        # NKI 0.5 moved nl.rsqrt to GpSimd: it "now runs on the GpSimd Engine for higher
+        # numerical precision and no longer accepts PSUM inputs" (aws-neuron-sdk
+        # nki/migration/index.rst, 0.4 -> 0.5 breaking changes); ScalarE's rsqrt stays
+        # reachable as nisa.activation(op=nl.rsqrt).
+        def fn(x, dtype=None):
+            check_tile(op.name, x)
+            if x.buffer is MemoryRegion.psum:
+                raise NkiValidationError(
+                    "nl.rsqrt: x is in PSUM; nl.rsqrt runs on the GpSimd engine, which cannot "
+                    "read PSUM (NKI 0.5 migration guide); use nisa.activation(op=nl.rsqrt) "
+                    "for a PSUM input")
+            out = new_tile(x.shape, dtype or x.dtype, op.name)
+            _isa.tensor_scalar(out, x, op, None, engine=_isa.engine.gpsimd)
+            return out
+    elif op.act is not None:
         def fn(x, dtype=None):
             check_tile(op.name, x)
             out = new_tile(x.shape, dtype or x.dtype, op.name)
