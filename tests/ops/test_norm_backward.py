@@ -127,6 +127,24 @@ def test_gradients_match_float64_autograd(monkeypatch, backend, kind, affine, sh
         _check(got, want, dtype, name, bf16_products=wide_fp16_weight and name == "dweight")
 
 
+@pytest.mark.parametrize("shape", [(7, 1000), (130, 4500)], ids=["7x1000", "130x4500"])
+@pytest.mark.parametrize("kind", ["rms_norm", "layer_norm"])
+def test_gradients_with_large_eps_on_small_variance_rows(simulator_backend, kind, shape):
+    # eps 0.1 against a variance (mean square) of ~1e-4: the rstd the backward recomputes is
+    # ~0.03 of the eps-free one. Mutation testing found RMSNorm's backward without its eps
+    # passing every test above (variances of ~4, where eps=1e-6 is invisible).
+    hidden = shape[-1]
+    x = _randn(*shape, dtype=torch.float32, scale=0.01)   # (no mean shift: fp32 centring would cost digits)
+    w = _randn(hidden, dtype=torch.float32, scale=0.5, shift=1.0)
+    dy = _randn(*shape, dtype=torch.float32)
+    ours_fn = getattr(nki_kernels, kind)
+    torch_fn = F.rms_norm if kind == "rms_norm" else (lambda x_, n, w_, eps: F.layer_norm(x_, n, w_, None, eps))
+    ours = _grads(lambda x_, w_: ours_fn(x_, (hidden,), w_, eps=0.1), [_leaf(x), _leaf(w)], [dy])
+    ref = _grads(lambda x_, w_: torch_fn(x_, (hidden,), w_, eps=0.1), [_f64(x), _f64(w)], [dy.double()])
+    for got, want, name in zip(ours, ref, ["dx", "dweight"]):
+        _check(got, want, torch.float32, name)
+
+
 @pytest.mark.parametrize("dtype, hidden, kernel", [
     (torch.bfloat16, norms.BACKWARD_MAX_HIDDEN, True),         # the kernel at its limit
     (torch.bfloat16, norms.BACKWARD_MAX_HIDDEN + 1, False),    # beyond: recompute (PyTorch ops)

@@ -52,6 +52,21 @@ def test_rms_norm_decode(simulator_backend, rows, hidden, dtype, affine):
     assert_matches(out, expected, dtype, rel=None if dtype != F16 else 2e-3)
 
 
+@pytest.mark.parametrize("rows", [1, ROW_LOOP, MAX_ROWS])
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_decode_large_eps_on_small_variance_rows(simulator_backend, op, rows):
+    # eps 0.1 against a (mean square or) variance of ~1e-4: the output is ~0.03 of the
+    # eps-free one. Mutation testing found the one-row RMSNorm path without its eps passing
+    # every test (their inputs have variances of ~1-4, where eps=1e-6 is invisible).
+    x = randn(rows, 4096, scale=0.01)
+    weight = randn(4096, scale=0.5, shift=1.0)
+    out = getattr(nki_kernels, op)(x, (4096,), weight, eps=0.1)
+    twin = getattr(references, op)
+    args = (None,) if op == "layer_norm" else ()      # layer_norm's bias
+    expected = twin(x.double(), (4096,), weight.double(), *args, 0.1, compute_dtype=torch.float64)
+    assert_matches(out, expected, F32)
+
+
 @pytest.mark.parametrize("rows, hidden, dtype", CASES, ids=[f"{r}x{h}-{str(d)[6:]}" for r, h, d in CASES])
 @pytest.mark.parametrize("affine", ["weight+bias", "weight", "bias", "none"])
 def test_layer_norm_decode(simulator_backend, rows, hidden, dtype, affine):

@@ -141,7 +141,11 @@ def test_layer_norm_stores_the_last_block_slot_by_slot_where_it_pays(target, row
     assert_matches(out, F.layer_norm(x64, (hidden,), w64, b64, 1e-5), dtype)
 
 
-@pytest.mark.parametrize("rows, hidden", [(5, 64), (2, 1000)], ids=["decode-rows", "prefill-rows"])
+SMALL_VARIANCE = [(5, 64), (2, 1000), (3, 9001)]
+SMALL_VARIANCE_IDS = ["decode-rows", "prefill-rows", "streamed-rows"]
+
+
+@pytest.mark.parametrize("rows, hidden", SMALL_VARIANCE, ids=SMALL_VARIANCE_IDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_layer_norm_large_eps_on_small_variance_rows(simulator_backend, rows, hidden, dtype):
     # eps 0.1 against a variance of ~1e-4: the output is ~0.03 of the eps-free one, so a
@@ -152,6 +156,35 @@ def test_layer_norm_large_eps_on_small_variance_rows(simulator_backend, rows, hi
     out = nki_kernels.layer_norm(x, (hidden,), weight, bias, eps=0.1)
     x64, w64, b64 = _f64(x, weight, bias)
     assert_matches(out, F.layer_norm(x64, (hidden,), w64, b64, eps=0.1), dtype)
+
+
+@pytest.mark.parametrize("rows, hidden", SMALL_VARIANCE, ids=SMALL_VARIANCE_IDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_rms_norm_large_eps_on_small_mean_square_rows(simulator_backend, rows, hidden, dtype):
+    # as the LayerNorm test above: eps 0.1 against a mean square of ~1e-4, so the output is
+    # ~0.03 of the eps-free one; mutation testing found the streamed path (hidden > 8192)
+    # without its eps passing the tests, whose inputs have a mean square of ~4
+    x = randn(rows, hidden, dtype=dtype, scale=0.01)
+    weight = randn(hidden, dtype=dtype, scale=0.5, shift=1.0)
+    out = nki_kernels.rms_norm(x, (hidden,), weight, eps=0.1)
+    x64, w64 = _f64(x, weight)
+    assert_matches(out, references.rms_norm(x64, (hidden,), w64, 0.1, compute_dtype=torch.float64), dtype)
+
+
+@pytest.mark.parametrize("rows, hidden", [(7, 1000), (130, 768), (3, 9001)])
+def test_rms_norm_16bit_rounds_once(simulator_backend, rows, hidden):
+    # statistics and the product with the weight in fp32, one rounding (README): the bf16
+    # output is the float64 result rounded to bf16 except within fp32's error (~2**-23
+    # relative) of a bf16 midpoint, ~1e-4 of the outputs at most. Mutation testing found the
+    # mean of squares kept in bf16 (12 % of the outputs one bf16 step off) inside the bf16
+    # tolerance of test_rms_norm.
+    x = randn(rows, hidden, dtype=torch.bfloat16, scale=2.0, shift=1.0)
+    weight = randn(hidden, dtype=torch.bfloat16, scale=0.5, shift=1.0)
+    out = nki_kernels.rms_norm(x, (hidden,), weight, eps=1e-6)
+    x64, w64 = _f64(x, weight)
+    expected = references.rms_norm(x64, (hidden,), w64, 1e-6, compute_dtype=torch.float64).to(torch.bfloat16)
+    off = (out != expected).float().mean().item()
+    assert off < 1e-3, f"{off:.2%} of the outputs are not the float64 result rounded once"
 
 
 @pytest.mark.parametrize("rows, hidden, dtype", GRID)

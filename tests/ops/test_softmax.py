@@ -25,6 +25,15 @@ def test_softmax(simulator_backend, rows, cols, dtype):
     assert_matches(nki_kernels.softmax(x), _expected(x), dtype)
 
 
+@pytest.mark.parametrize("rows, cols", [(700, 600), (513, 1000)])
+def test_softmax_rows_scaled_on_both_engines_take_their_own_sums(simulator_backend, rows, cols):
+    # fp32 blocks of several rows per partition in the per-row form, whose 1/sum scaling is
+    # split between VectorE and ScalarE by segments: mutation testing found ScalarE's
+    # segments reading row 0's 1/sum (off by up to 0.8) caught only by the sweep tier
+    x = randn(rows, cols, scale=4.0)
+    assert_matches(nki_kernels.softmax(x), _expected(x), torch.float32)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("rows, cols", [(3, 20000), pytest.param(130, 70001, marks=pytest.mark.sweep)])
 def test_softmax_long_rows_online(rows, cols, dtype):
