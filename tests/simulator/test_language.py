@@ -267,3 +267,17 @@ def test_tile_size_and_ranges(sim):
     assert list(reversed(seq)) == [8, 5, 2] and seq[1] == 5 and seq[-1] == 8
     assert list(seq[1:]) == [5, 8] and 5 in seq and 6 not in seq and len(seq) == 3
     assert math.isclose(nl.fp32.min, -3.4028235e38, rel_tol=1e-7)
+
+
+def test_device_print_prints_sbuf_and_hbm_tensors_now(sim, mk, capsys):
+    # "In CPU simulation, this prints immediately to stdout"; "Can be in SBUF or HBM" (the
+    # PSUM and non-string refusals are in test_refusals.py)
+    _, nl, nisa = sim
+    x = torch.tensor([[1.5, -2.25, 3.0], [0.5, 4.75, -1.125]])   # short decimals: torch prints them exactly
+    tile = mk(x)
+    hbm = nl.ndarray((2, 3), dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(hbm, tile)
+    for prefix, t in (("tile", tile), ("hbm", hbm)):
+        nl.device_print(prefix, t)
+        printed = capsys.readouterr().out
+        assert printed.startswith(prefix + " ") and "4.7500" in printed and "-1.1250" in printed

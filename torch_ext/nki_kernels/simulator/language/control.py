@@ -21,6 +21,7 @@ import operator
 from .. import isa as _isa
 from ..context import current
 from ..errors import NkiValidationError
+from ..memory import MemoryRegion
 from ..tensor import NkiTensor
 from ..tensor_views import DynamicSlice
 
@@ -164,4 +165,14 @@ def program_ndim():
 
 
 def device_print(print_prefix, tensor):
-    print(print_prefix, tensor.values().clone() if isinstance(tensor, NkiTensor) else tensor)
+    """Print ``print_prefix`` and the tensor's values now ("In CPU simulation, this prints
+    immediately to stdout"). The v2.33 docstring: print_prefix "must be a constant string",
+    tensor an NkiTensor that "Can be in SBUF or HBM"."""
+    if not isinstance(print_prefix, str):
+        raise NkiValidationError(f"device_print: print_prefix={print_prefix!r} must be a constant string")
+    if not isinstance(tensor, NkiTensor):
+        raise NkiValidationError(f"device_print: tensor must be an NKI tensor, got {type(tensor).__name__}")
+    if tensor.buffer is MemoryRegion.psum:
+        raise NkiValidationError("device_print: tensor is in PSUM; it can be in SBUF or HBM (copy it "
+                                 "to SBUF first)")
+    print(print_prefix, tensor.values().clone())
