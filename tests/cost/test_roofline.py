@@ -86,6 +86,12 @@ def test_single_aten_op_baselines_equal_the_limit():
         assert r.eager_us == pytest.approx(r.limit_us)
     ln = R.layer_norm(x, (768,), t(768), t(768))
     assert ln.limit_us <= ln.eager_us < 1.01 * ln.limit_us   # + fp32 mean/rstd per row
+    # native_layer_norm's bytes: x in, y out, weight and bias, and its fp32 mean and rstd
+    assert ln.eager_steps[0].work.hbm_bytes == 2 * 1576 * 768 * 2 + 2 * 768 * 2 + 2 * 1576 * 4
+    # softmax over another dim: one reciprocal per softmax row, rows = n / size of that dim
+    y = t(6, 1000, 40)
+    assert R.softmax(y, dim=1).work.transcendentals == 6 * 1000 * 40 + 6 * 40
+    assert R.softmax(y, dim=-1).work.transcendentals == 6 * 1000 * 40 + 6 * 1000
 
 
 CASES = [(spec, w) for spec in registry.ops() for w in spec.workloads]

@@ -63,6 +63,9 @@ def op_cases():
         ("softmax over the sharded dim", lambda x: nki_kernels.softmax(x, 1), (x,), (S(1),)),
         ("apply_rotary_pos_emb heads", nki_kernels.apply_rotary_pos_emb, (q, k, cos, sin), (S(1), S(1), R, R)),
         ("apply_rotary_pos_emb sequence", nki_kernels.apply_rotary_pos_emb, (q, k, cos, sin), (S(2), S(2), S(1), S(1))),
+        ("apply_rotary_pos_emb sequence, 2-D cos/sin", nki_kernels.apply_rotary_pos_emb, (q, k, cos[0], sin[0]),
+         (S(2), S(2), S(0), S(0))),
+        ("rms_norm over the sharded hidden dim", lambda x: nki_kernels.rms_norm(x, (32,), None, 1e-6), (x,), (S(2),)),
         ("sdpa GQA heads, causal", lambda q, k, v: nki_kernels.scaled_dot_product_attention(
             q, k, v, is_causal=True, enable_gqa=True), (q, k, v), (S(1), S(1), S(1))),
         ("sdpa batch + bool mask", lambda q, k, v, m: nki_kernels.scaled_dot_product_attention(

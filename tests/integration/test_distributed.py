@@ -68,7 +68,7 @@ def test_sequence_parallel_norms_get_dtensors(launched):
 
 def test_ops_on_dtensors(launched):
     ops = launched["ops"]
-    assert len(ops) == 14
+    assert len(ops) == 16
     for name, case in ops.items():
         assert case["max_diff"] < 1e-6, name      # shard-local computation: bitwise or nearly
     assert ops["rms_norm rows"]["placements"] == ["Shard(dim=1)"]
@@ -77,6 +77,9 @@ def test_ops_on_dtensors(launched):
     assert ops["softmax over the sharded dim"]["placements"] == ["Replicate()"]   # redistributed first
     assert ops["apply_rotary_pos_emb heads"]["placements"] == ["Shard(dim=1)", "Shard(dim=1)"]
     assert ops["apply_rotary_pos_emb sequence"]["placements"] == ["Shard(dim=2)", "Shard(dim=2)"]
+    assert ops["apply_rotary_pos_emb sequence, 2-D cos/sin"]["placements"] == ["Shard(dim=2)", "Shard(dim=2)"]
+    # a row split over its own hidden dim is gathered first (each rank needs whole rows)
+    assert ops["rms_norm over the sharded hidden dim"]["placements"] == ["Replicate()"]
     assert ops["sdpa GQA heads, causal"]["placements"] == ["Shard(dim=1)"]
     assert ops["sdpa batch + bool mask"]["placements"] == ["Shard(dim=0)"]
     assert ops["sdpa queries sharded"]["placements"] == ["Replicate()"]      # never split a sequence

@@ -272,3 +272,22 @@ def test_rms_norm_layer_takes_torch_rmsnorm_modules(local_repo, simulated_calls,
     got = layer.forward(module, x)
     assert simulated_calls, "the kernel did not run"
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_rms_norm_layer_returns_llamas_dtype_for_a_bf16_input_and_fp32_weight(local_repo, simulated_calls):
+    # LlamaRMSNorm returns weight * x.to(input_dtype): fp32 with an fp32 weight and bf16
+    # hidden states (a mixed-precision checkpoint); the layer must too (a review's mutant
+    # that returned the op's bf16 passed every other test)
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    module = LlamaRMSNorm(64, eps=1e-6)
+    with torch.no_grad():
+        module.weight.copy_(torch.randn(64) * 0.5 + 1.0)
+    x = torch.randn(3, 5, 64).bfloat16()
+    want = module(x)
+    got = local_repo[1].layers.RMSNorm.forward(module, x)
+    assert simulated_calls, "the kernel did not run"
+    assert got.dtype == want.dtype == torch.float32
+    # one rounding of the normalised value to bf16 in both (Llama rounds before the weight,
+    # the kernel after): they differ by up to one bf16 unit of the result
+    torch.testing.assert_close(got, want, atol=0, rtol=2 * 2**-8)

@@ -279,6 +279,13 @@ def test_flash_format_semantics(reference_backend):
     pos = torch.arange(4, 7)[:, None]
     keep = (torch.arange(7)[None, :] <= pos) & (torch.arange(7)[None, :] > pos - 3)
     torch.testing.assert_close(got, _sdpa(q, k, v, keep), atol=ATOL, rtol=RTOL)
+    # no mask at all, the model's implementation registered with FlashAttention-2's mask
+    # function (chunked prefill without padding): bottom-right causality too; SDPA's
+    # top-left default would give query 0 one key instead of five (a review's mutant)
+    flash_module = types.SimpleNamespace(is_causal=True, config=types.SimpleNamespace(_attn_implementation=FLASH_NAME))
+    got, _ = nkt.nki_attention_forward(flash_module, q, k, v, None)
+    keep = torch.arange(7)[None, :] <= torch.arange(4, 7)[:, None]
+    torch.testing.assert_close(got, _sdpa(q, k, v, keep), atol=ATOL, rtol=RTOL)
 
 
 @pytest.mark.parametrize("mask, kwargs, error, match", [

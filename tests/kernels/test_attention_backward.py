@@ -320,6 +320,24 @@ def test_opcheck_lse_and_backward_ops(request, backend):
                                                         None, True, 0.25))
 
 
+@pytest.mark.parametrize("backend", ["reference_backend", "simulator_backend"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_saved_lse_is_the_rows_logsumexp(request, backend, causal):
+    # the forward's second output (what the backward reads): logsumexp over the keys a row
+    # attends, float64 reference; a review's mutant dropping the causal mask from the
+    # reference backend's lse passed every test (the backward there recomputes)
+    request.getfixturevalue(backend)
+    q, k, v = make_qkv(1, 4, 2, 19, 23, 16, dtype=F32)
+    mask = make_mask("key_bool", 1, 4, 19, 23, F32)
+    _, lse = attention._sdpa_lse_op(q, k, v, mask, causal, 0.25)
+    s = (q.double() @ k.double().repeat_interleave(2, dim=1).transpose(-1, -2)) * 0.25
+    keep = mask.expand(1, 4, 19, 23)
+    if causal:
+        keep = keep & torch.ones(19, 23, dtype=torch.bool).tril()
+    expected = torch.logsumexp(s.masked_fill(~keep, float("-inf")), dim=-1)
+    torch.testing.assert_close(lse.double(), expected, atol=1e-5, rtol=1e-5)
+
+
 def test_compile_fullgraph_forward_and_backward(simulator_backend):
     def step(q, k, v):
         return nki_kernels.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).square().sum()

@@ -228,10 +228,19 @@ def test_degree_follows_neuron_logical_nc_config(monkeypatch):
         _dispatch.logical_core_degree(default=1, maximum=1)
 
 
+def test_the_backend_variable_is_read_case_insensitively_and_other_devices_are_refused(monkeypatch):
+    monkeypatch.setenv(_dispatch.CPU_BACKEND_ENV, " Simulator ")
+    assert _dispatch.cpu_backend() == "simulator"
+    # a device with no implementation (checked without one: the thunks never run)
+    for device in ("cuda", "mps", "meta"):
+        with pytest.raises(RuntimeError, match=f"no implementation for device {device}"):
+            _dispatch.run(lambda: pytest.fail("kernel"), lambda: pytest.fail("reference"), torch.device(device))
+
+
 # The neuron launch (call form, degree, arguments) is pinned in tests/neuron/test_launch.py.
 
 
-@pytest.mark.parametrize("env, degree", [(None, 2), ("1", 1)])
+@pytest.mark.parametrize("env, degree", [(None, 2), ("1", 1), ("2", 2)])
 def test_simulator_backend_launch_degree(monkeypatch, env, degree):
     if env is None:
         monkeypatch.delenv(_dispatch.LNC_ENV, raising=False)

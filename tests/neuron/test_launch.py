@@ -54,6 +54,7 @@ def _environment(monkeypatch, lnc=None, cc_flags=None, rt_size=None):
     (None, "-O2 --logical-nc-config 2 --verbose", "bracket", 2),
     ("2", "--lnc 2", "plain", None),                     # agreeing variable and flag
     ("1", "-lnc 1", "plain", None),                      # neuronx-cc's short form
+    (None, "--lnc 1 -O2 --lnc=2", "bracket", 2),         # repeated: the last one counts
 ])
 def test_call_form_and_degree(monkeypatch, toolchain, lnc, cc_flags, form, degree):
     _environment(monkeypatch, lnc, cc_flags)

@@ -82,6 +82,24 @@ def test_autocast_casts_the_inputs_as_torch_sdpa_does(monkeypatch, backend):
         sdpa(q, k, v.bfloat16())                                         # outside autocast: refused
 
 
+@pytest.mark.parametrize("backend", ["reference", "simulator"])
+def test_a_per_head_key_mask_matches_torch(monkeypatch, backend):
+    # a [B, H, 1, Sk] mask: one key mask per head, broadcast over the queries (the
+    # review's mutant that took it for a [B, 1, 1, Sk] key mask crashed on both backends)
+    monkeypatch.setenv("NKI_KERNELS_CPU_BACKEND", backend)
+    q, k, v = make_qkv(2, 3, 3, 7, 11, 16, dtype=F32)
+    mask = torch.rand(2, 3, 1, 11) > 0.3
+    mask[..., 0] = True                                   # every row keeps a key
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out = sdpa(*leaves, attn_mask=mask)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), atol=1e-5, rtol=1e-4)
+    out.sum().backward()
+    ref = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    F.scaled_dot_product_attention(*ref, attn_mask=mask).sum().backward()
+    for got, want in zip(leaves, ref):
+        torch.testing.assert_close(got.grad, want.grad, atol=1e-5, rtol=1e-4)
+
+
 def test_output_layout_follows_transposed_inputs(reference_backend):
     """q/k/v as transposed [B, S, H, D] views (transformers) give an output that is itself a
     transposed view, so out.transpose(1, 2) is contiguous [B, S, H, D] (no copy)."""
@@ -259,6 +277,11 @@ def _q(*shape, dtype=F32):
     return torch.randn(*shape).to(dtype)
 
 
+def _under_autocast(call):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return call()
+
+
 BAD = [
     ("batch", lambda: sdpa(_q(2, 2, 4, 8), _q(3, 2, 4, 8), _q(3, 2, 4, 8)), ValueError, ["batch", "(2, 2, 4, 8)", "(3, 2, 4, 8)"]),
     ("head_dim", lambda: sdpa(_q(1, 2, 4, 8), _q(1, 2, 4, 16), _q(1, 2, 4, 8)), ValueError, ["key head_dim 16", "query head_dim 8"]),
@@ -275,6 +298,11 @@ BAD = [
     ("int", lambda: sdpa(torch.ones(1, 1, 4, 8, dtype=torch.int64), _q(1, 1, 4, 8), _q(1, 1, 4, 8)), TypeError, ["query", "int64"]),
     ("mixed", lambda: sdpa(_q(1, 1, 4, 8), _q(1, 1, 4, 8, dtype=BF16), _q(1, 1, 4, 8)), TypeError, ["key", "bfloat16", "float32"]),
     ("float64", lambda: sdpa(*(_q(1, 1, 4, 8).double() for _ in range(3))), TypeError, ["query", "float64"]),
+    # autocast leaves float64 alone (as it does for torch's SDPA), so it is refused there too
+    ("float64_autocast", lambda: _under_autocast(lambda: sdpa(*(_q(1, 1, 4, 8).double() for _ in range(3)))),
+     TypeError, ["query", "float64"]),
+    ("mask_5d", lambda: sdpa(_q(1, 2, 4, 8), _q(1, 2, 5, 8), _q(1, 2, 5, 8), attn_mask=torch.ones(1, 1, 2, 4, 5, dtype=torch.bool)),
+     ValueError, ["attn_mask", "(1, 1, 2, 4, 5)", "[1, 2, 4, 5]"]),
     ("not_tensor", lambda: sdpa([1.0], _q(1, 1, 4, 8), _q(1, 1, 4, 8)), TypeError, ["query", "list"]),
     ("mask_shape", lambda: sdpa(_q(1, 2, 4, 8), _q(1, 2, 5, 8), _q(1, 2, 5, 8), attn_mask=torch.ones(4, 4, dtype=torch.bool)), ValueError, ["attn_mask", "(4, 4)", "[1, 2, 4, 5]"]),
     ("mask_dtype", lambda: sdpa(_q(1, 1, 4, 8, dtype=BF16), _q(1, 1, 4, 8, dtype=BF16), _q(1, 1, 4, 8, dtype=BF16), attn_mask=torch.zeros(4, 4, dtype=F16)), TypeError, ["attn_mask", "float16", "bfloat16"]),

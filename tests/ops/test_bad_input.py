@@ -24,6 +24,10 @@ CASES = [
      ValueError, ["normalized_shape=[4]", "[3, 8]"]),
     ("ln-shape-too-long", lambda: nki_kernels.layer_norm(x768(8), (2, 8)),
      ValueError, ["normalized_shape=[2, 8]", "[8]"]),
+    ("rms-eps-bool", lambda: nki_kernels.rms_norm(x768(3, 8), (8,), None, True),
+     TypeError, ["eps", "True", "bool"]),
+    ("gelu-float64", lambda: nki_kernels.gelu(torch.randn(3, 8, dtype=torch.float64)),
+     TypeError, ["float64"]),
     ("ln-shape-empty", lambda: nki_kernels.layer_norm(x768(3, 8), ()),
      ValueError, ["normalized_shape=()"]),
     ("ln-weight-size", lambda: nki_kernels.layer_norm(x768(3, 8), (8,), torch.ones(7)),
@@ -156,6 +160,30 @@ def test_norm_hidden_limit_on_kernel_path(simulator_backend, op):
     assert "65537" in str(info.value) and "65536" in str(info.value)
     # the size is named by what the op takes: fused_add_rms_norm has no normalized_shape
     assert ("input.shape[-1]" if op == "fused_add_rms_norm" else "prod(normalized_shape)") in str(info.value)
+
+
+def test_norm_hidden_limit_is_inclusive():
+    # 65536 itself is the kernels' largest row (its run is in the sweep tier): the launch is
+    # built, not refused
+    from nki_kernels.ops import norms
+
+    x = torch.randn(1, 65536)
+    for call in (lambda: norms.layer_norm_kernel_call(x, (65536,)),
+                 lambda: norms.rms_norm_kernel_call(x, (65536,), None, 1e-6),
+                 lambda: norms.fused_add_rms_norm_kernel_call(x, x, None, 1e-6)):
+        assert call().kernel
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_norm_edges_torch_accepts(simulator_backend, op):
+    # eps=0.0 (torch takes it) and a 1-D input that normalized_shape covers whole
+    x = torch.randn(8) * 2 + 0.5
+    fn = getattr(nki_kernels, op)
+    expected = getattr(torch.nn.functional, op)(x.double(), (8,), None, eps=0.0) if op == "rms_norm" \
+        else torch.nn.functional.layer_norm(x.double(), (8,), None, None, eps=0.0)
+    out = fn(x, (8,), eps=0.0)
+    assert out.shape == x.shape
+    torch.testing.assert_close(out.double(), expected, atol=2e-6, rtol=2e-6)
 
 
 def test_norm_hidden_limit_not_applied_to_reference(reference_backend):

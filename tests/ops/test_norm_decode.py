@@ -127,6 +127,8 @@ def test_decode_both_degrees_give_identical_outputs(op, rows):
 
 @pytest.mark.parametrize("rows, hidden, decode", [
     (norms.DECODE_WIDE_PICK_ROWS, 1024, True),              # wide rows: up to 64
+    (norms.DECODE_WIDE_PICK_ROWS, norms.DECODE_WIDE_HIDDEN, True),       # "wide" from this hidden on
+    (norms.DECODE_PICK_ROWS + 1, norms.DECODE_WIDE_HIDDEN - 128, False),
     (norms.DECODE_WIDE_PICK_ROWS + 1, 1024, False),
     (norms.DECODE_PICK_ROWS, 512, True),                    # narrower rows: up to 40
     (norms.DECODE_PICK_ROWS + 1, 512, False),

@@ -130,3 +130,11 @@ def test_attention_where_torchs_cpu_sdpa_departs_from_its_contract(reference_bac
     mask[..., 0] = True
     got = nki_kernels.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True, scale=scale)
     torch.testing.assert_close(got.double(), _attention_by_hand(q, k, v, keep & mask, scale), atol=2e-3, rtol=2e-3)
+
+
+def test_reference_rms_norm_default_eps_is_float32s_for_16bit_inputs():
+    # the benchmarks' baseline calls references.rms_norm directly: eps=None must be torch's
+    # (the opmath type's epsilon, float32's for bf16), not bf16's 0.0078 (a review's mutant)
+    x = (torch.randn(3, 8) * 0.05).bfloat16()
+    torch.testing.assert_close(references.rms_norm(x, (8,)), torch.nn.functional.rms_norm(x, (8,)),
+                               atol=0, rtol=0)

@@ -162,7 +162,8 @@ def registrar() -> Callable[[str], Callable[[Callable], Any]] | None:
 
 def _flag_degree(flags: str) -> int | None:
     """The degree an ``--lnc`` / ``-lnc`` / ``--logical-nc-config`` flag in ``flags`` sets,
-    if any."""
+    if any; given more than once, the last one (as a command-line parser takes a repeated
+    option; an assumption about neuronx-cc, not run on hardware)."""
     words = shlex.split(flags)
     found = None
     for i, word in enumerate(words):
