@@ -83,6 +83,28 @@ def test_tensor_engine_transpose_rule():
     assert compute_cost(b.trace[1], TARGETS["trn1"]).cycles == 96 * 4  # v2: no transpose mode
 
 
+def test_a_matmul_with_one_fp32_operand_runs_at_the_fp32_rate():
+    # read off the operands when the trace carries no fp32 attribute
+    b = TraceBuilder()
+    st = sbuf("stationary", new_alloc(), (128, 128), "float32")
+    b._add("nc_matmul", "tensor", [st, sbuf("moving", new_alloc(), (128, 512), "bfloat16")],
+           [psum("dst", new_alloc(), (128, 512))], K=128, M=128, N=512)
+    assert compute_cost(b.trace[0], TRN2).cycles == 512 * TRN2.matmul_fp32_factor
+
+
+def test_a_matmul_marked_is_transpose_is_priced_as_a_transpose():
+    # nc_matmul(is_transpose=True) against the identity is TensorE's transpose: the
+    # transpose rule max(P, min(64, F)), not a matmul's max(min(64, M), N)
+    # (the two rules agree in bf16; an fp32 transpose takes transpose mode's factor, a
+    # matmul fp32's four passes)
+    b = TraceBuilder()
+    data = sbuf("stationary", new_alloc(), (128, 40), "float32")
+    b._add("nc_matmul", "tensor", [data, sbuf("moving", new_alloc(), (128, 128), "float32")],
+           [psum("dst", new_alloc(), (40, 128), "float32")], is_transpose=True)
+    assert TRN2.transpose_fp32_factor != TRN2.matmul_fp32_factor
+    assert compute_cost(b.trace[0], TRN2).cycles == max(128, min(64, 40)) * TRN2.transpose_fp32_factor
+
+
 # ------------------------------------------------------------------ Vector/Scalar/GpSimd
 
 def _one(op_builder):
@@ -181,6 +203,15 @@ def test_tensor_tensor_with_one_psum_input_costs_n():
                                         psum("data1", new_alloc(), (128, 512)),
                                         sbuf("data2", new_alloc(), (128, 512), "float32")))
     assert tt.cycles == 512 + S
+    # performance mode needs both inputs in SBUF: 16-bit inputs both in PSUM run at the
+    # rate of two SBUF inputs without it
+    both = _one(lambda b: b.tensor_tensor(sbuf("dst", new_alloc(), (128, 512), "bfloat16"),
+                                          psum("data1", new_alloc(), (128, 512), "bfloat16"),
+                                          psum("data2", new_alloc(), (128, 512), "bfloat16")))
+    sbuf16 = _one(lambda b: b.tensor_tensor(sbuf("dst", new_alloc(), (128, 512), "bfloat16"),
+                                            sbuf("data1", new_alloc(), (128, 512), "bfloat16"),
+                                            sbuf("data2", new_alloc(), (128, 512), "bfloat16")))
+    assert both.cycles - S == (sbuf16.cycles - S) * TRN2.vector_perf_mode_half
 
 
 def test_scalar_tensor_tensor_prices_its_inputs_like_tensor_tensor():
@@ -407,6 +438,10 @@ def test_dma_with_few_partitions_uses_few_queues():
     b.dma(sbuf("dst", new_alloc(), (128, 4 * 1024)), hbm("src", new_alloc(), (128, 4 * 1024)))
     narrow, wide = dma_cost(b.trace[0], TRN2), dma_cost(b.trace[1], TRN2)
     assert (narrow.queues, wide.queues) == (1, 16)
+    # a partial engine's partitions still take an engine: 12 partitions -> 2, 129 -> capped
+    b.dma(sbuf("dst", new_alloc(), (12, 1024)), hbm("src", new_alloc(), (12, 1024)))
+    b.dma(sbuf("dst", new_alloc(), (100, 1024)), hbm("src", new_alloc(), (100, 1024)))
+    assert (dma_cost(b.trace[2], TRN2).queues, dma_cost(b.trace[3], TRN2).queues) == (2, 13)
     assert narrow.bytes == wide.bytes and narrow.descriptors == 8 and wide.descriptors == 128
     per_desc = TRN2.dma_descriptor_bytes / _per_queue_bw()
     # same bytes per queue x 16; the narrow tile's 8 long rows have fewer descriptors
@@ -430,6 +465,25 @@ def test_a_casting_copy_moves_the_bytes_of_its_larger_side():
     b._add("dma_copy", "dma", [sbuf("src", new_alloc(), (128, 512), "float32")],
            [hbm("dst", new_alloc(), (128, 512), "bfloat16")], bytes=128 * 512 * 2, src_bytes=128 * 512 * 4)
     assert dma_cost(b.trace[0], TRN2).bytes == 128 * 512 * 4
+    # and the other way: bf16 in, fp32 out (the written side is the larger)
+    b._add("dma_copy", "dma", [hbm("src", new_alloc(), (128, 512), "bfloat16")],
+           [sbuf("dst", new_alloc(), (128, 512), "float32")], bytes=128 * 512 * 4, src_bytes=128 * 512 * 2)
+    assert dma_cost(b.trace[1], TRN2).bytes == 128 * 512 * 4
+    # a trace without the byte counts: the operands' sizes, the larger side
+    b._add("dma_copy", "dma", [hbm("src", new_alloc(), (128, 512), "bfloat16")],
+           [sbuf("dst", new_alloc(), (128, 512), "float32")])
+    assert dma_cost(b.trace[2], TRN2).bytes == 128 * 512 * 4
+
+
+def test_a_dma_transpose_runs_at_the_documented_fraction_of_its_source_s_copy_rate():
+    # [A2]: HBM -> SBUF up to 90 % of the copy throughput, SBUF -> SBUF up to 50 %
+    b = TraceBuilder()
+    for src in (hbm("src", new_alloc(), (64, 128)), sbuf("src", new_alloc(), (64, 128))):
+        b._add("dma_transpose", "dma", [src], [sbuf("dst", new_alloc(), (128, 64))], bytes=128 * 64 * 2)
+    from_hbm, from_sbuf = dma_cost(b.trace[0], TRN2), dma_cost(b.trace[1], TRN2)
+    share = 128 * 64 * 2 / TRN2.dma_queues
+    assert from_hbm.data_seconds == pytest.approx(share / (_per_queue_bw() * TRN2.dma_transpose_hbm_efficiency))
+    assert from_sbuf.data_seconds == pytest.approx(share / (_per_queue_bw() * TRN2.dma_transpose_sbuf_efficiency))
 
 
 def test_small_transfers_are_bound_by_the_transfer_gap_not_the_bandwidth():

@@ -671,6 +671,35 @@ def test_every_generation_issues_independent_vector_instructions_trn1s_interval_
     assert est.schedule.start[1] == pytest.approx(first - target.vector_overlap_cycles / target.vector_hz)
 
 
+def test_an_instruction_waits_for_the_latest_of_its_producers():
+    # the consumer reads a long ScalarE result issued first and a short VectorE one issued
+    # second: it is ready when the later-finishing one (the first) is done, whatever order
+    # its dependencies come in
+    b = TraceBuilder()
+    long_out, short_out = new_alloc(), new_alloc()
+    b.activation(sbuf("dst", long_out, (128, 8192), "float32"), sbuf("data", new_alloc(), (128, 8192), "float32"))
+    b.tensor_copy(sbuf("dst", short_out, (128, 8), "float32"), sbuf("src", new_alloc(), (128, 8), "float32"))
+    b.tensor_tensor(sbuf("dst", new_alloc(), (128, 8), "float32"), sbuf("data1", long_out, (128, 8), "float32"),
+                    sbuf("data2", short_out, (128, 8), "float32"))
+    sched = estimate_trace(b.trace).schedule
+    assert sched.finish[0] > sched.finish[1]
+    assert sched.ready[2] >= sched.finish[0] and sched.start[2] >= sched.finish[0]
+
+
+def test_an_in_place_update_still_waits_the_result_latency_of_its_producer():
+    # the consumer reads and rewrites the producer's tile: the read-after-write edge keeps
+    # the write-back latency even though a write-after-write edge joins the same pair
+    b = TraceBuilder()
+    t = new_alloc()
+    b.activation(sbuf("dst", t, (128, 512), "float32"), sbuf("data", new_alloc(), (128, 512), "float32"))
+    b.tensor_tensor(sbuf("dst", t, (128, 512), "float32"), sbuf("data1", t, (128, 512), "float32"),
+                    sbuf("data2", new_alloc(), (128, 512), "float32"))
+    sched = estimate_trace(b.trace).schedule
+    latency = TRN2.dependency_latency_cycles / TRN2.scalar_hz
+    assert latency > 0
+    assert sched.ready[1] == pytest.approx(sched.finish[0] + latency)
+
+
 # ----------------------------------------------------------------------------- two cores
 
 def _two_core_trace(rows_core1: int):
@@ -717,6 +746,18 @@ def test_two_streaming_cores_share_the_hbm_stack():
     assert est.schedule.costs[0].data_seconds == pytest.approx(alone.data_seconds / share)
     one_core = estimate_trace(trace[:16])
     assert one_core.schedule.costs[0].data_seconds == pytest.approx(alone.data_seconds)
+    # the stack is HBM's: a transfer between on-chip buffers of the same launch is not slowed
+    b = TraceBuilder()
+    for core in (0, 1):
+        for _ in range(8):
+            b._add("dma_copy", "dma", [hbm("src", new_alloc(), (128, 2048))], [sbuf("dst", new_alloc(), (128, 2048))],
+                   bytes=128 * 2048 * 2, core=core)
+        b._add("dma_copy", "dma", [sbuf("src", new_alloc(), (128, 2048))], [sbuf("dst", new_alloc(), (128, 2048))],
+               bytes=128 * 2048 * 2, core=core)
+    both = estimate_trace(b.trace)
+    on_chip = [i for i, ins in enumerate(b.trace) if ins.reads[0].buffer == "sbuf"]
+    assert both.schedule.costs[on_chip[0]].data_seconds == pytest.approx(dma_cost(b.trace[on_chip[0]], TRN2).data_seconds)
+    assert both.schedule.costs[0].data_seconds == pytest.approx(alone.data_seconds / share)
 
 
 def _exchange_trace(busy_rows: int):
