@@ -43,8 +43,19 @@ def test_rewrites_the_block_between_the_markers_and_nothing_else(tmp_path):
     forward, backward = text.split("between")
     assert "| rms_norm |" in forward and "| rms_norm backward |" in backward
     assert "rms_norm backward" not in forward
-    assert "| rms_norm | W [3, 5] | bfloat16 | 12.3 (10.0-14.0) | 9.9 | 0.80 | dma | 98.7 | 8.00x (7.00x-9.00x) | 0.55 |" in text
-    assert "modeled" in text and "LNC=2" in text
+    assert ("| rms_norm | W [3, 5] | bfloat16 | 12.3 (10.0-14.0) | 9.9 | 0.80 | dma | 98.7 | 8.00x (7.00x-9.00x) "
+            "| 0.55 | eff>=0.8 | ok |") in text
+    assert "modeled" in text and "LNC=2: both NeuronCores" in text
+
+
+def test_an_lnc1_report_says_one_core():
+    assert "LNC=1: one NeuronCore;" in _tool().table([{**ROW, "lnc": "1"}])
+
+
+def test_markers_in_the_wrong_order_are_an_error():
+    tool = _tool()
+    with pytest.raises(ValueError, match="modeled-table"):
+        tool.rewrite(f"{tool.END}\nx\n{tool.BEGIN}\n", "table")
 
 
 def test_a_readme_without_the_markers_is_an_error():

@@ -46,6 +46,11 @@ def test_report_writes_table_csv_markdown_plot_and_traces(report, tmp_path, caps
     s_low, s_mid, s_high = (float(row[f"speedup{k}_modeled_trn2"]) for k in ("_low", "", "_high"))
     assert s_low <= s_mid <= s_high
     assert row["kernel_range_us_modeled_trn2"] == f"{low:.1f}-{high:.1f}"
+    assert row["speedup_range_modeled_trn2"] == f"{s_low:.2f}x-{s_high:.2f}x"
+    # the LNC=1 column is the one-core run, and the ratio is of the two
+    lnc1 = float(row["kernel_us_lnc1_modeled_trn2"])
+    assert lnc1 != mid and float(row["lnc_ratio_modeled_trn2"]) == pytest.approx(mid / lnc1, rel=1e-3)
+    assert f"{lnc1:.1f}" in printed
     assert float(row["max_abs_err_measured_cpu"]) < 0.1
     md = (tmp_path / "report.md").read_text()
     assert "modeled (trn2)" in md and "Where the time goes" in md

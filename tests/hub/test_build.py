@@ -65,6 +65,10 @@ def test_build_toml_is_valid_edition_5_for_kernel_builder(build_hub):
         (('python-depends = ["nki"]', 'python-depends = ["nki"]\nkernel-depends = []'),
          "[general.neuron] kernel-depends in"),
         (("[torch-noarch]", "[torch-noarch]\nsrc = []\n[kernel.x]\nbackend = \"cpu\""), "[kernel] in"),
+        # the values kernels and the Hub read: a version >= 1, a license, an owner/name repo id
+        (("version = 1", "version = 0"), "version"),
+        (('license = "Apache-2.0"', 'license = ""'), "license"),
+        (('repo-id = "nki-kernels/nki-kernels"', 'repo-id = "not a repo"'), "repo-id"),
         # a value where a table belongs: a BuildError, not an AttributeError
         (('backends = ["cpu", "neuron"]', 'backends = ["cpu", "neuron"]\ncpu = "x"'), "[general.cpu] in"),
     ],
@@ -80,6 +84,9 @@ def test_build_rejects_bad_config(build_hub, tmp_path, edit, message):
 def test_build_rejects_bad_id_and_out(build_hub, tmp_path):
     with pytest.raises(build_hub.BuildError, match=r"--id='Bad_Id'"):
         build_hub.build(tmp_path / "b", unique_id="Bad_Id", api={})
+    # a valid prefix is not enough: the id becomes part of a torch op namespace
+    with pytest.raises(build_hub.BuildError, match=r"--id='abc-X'"):
+        build_hub.build(tmp_path / "b", unique_id="abc-X", api={})
     with pytest.raises(build_hub.BuildError, match="would overwrite"):
         build_hub.build(ROOT, unique_id="x", api={})
 
@@ -226,15 +233,19 @@ def test_make_build_command_writes_build_dir(tmp_path, relative):
     # a relative --out resolved twice (the card's introspection runs in the build folder)
     # and failed with a half-written tree until session 68
     out = tmp_path / "cli-build"
+    report = tmp_path / "report.md"
+    report.write_text("# Modeled report\n\n| op | modeled µs |\n|---|---|\n| gelu | 3.25 |\n")
     result = subprocess.run(
         [sys.executable, str(ROOT / "tools" / "build_hub.py"), "--out", "cli-build" if relative else str(out),
-         "--id", "cli"],
+         "--id", "cli", "--repo-id", "me/other", "--report", str(report)],
         capture_output=True, text=True, cwd=tmp_path if relative else ROOT,
     )
     assert result.returncode == 0, result.stderr
     assert "_nki_kernels_cpu_cli" in result.stdout and "_nki_kernels_neuron_cli" in result.stdout
     assert not list(out.rglob("__pycache__"))  # the card's introspection writes no bytecode
     assert (out / "CARD.md").is_file() and (out / "torch-cpu" / "metadata.json").is_file()
+    card = (out / "CARD.md").read_text()          # the flags reach the card
+    assert 'get_kernel("me/other"' in card and "| gelu | 3.25 |" in card
 
 
 # ------------------------------------------------------------------------------ card
@@ -258,6 +269,9 @@ def test_card(default_build):
     else:
         assert "make demo" in card
     assert "Running the tests on a Trainium host" in card
+    # the Hub's front matter takes SPDX ids in lower case; versions are v<major> branches
+    assert "\nlicense: apache-2.0\n" in card
+    assert 'revision="v1"' in card                      # build.toml: version = 1
 
 
 def test_card_embeds_the_modeled_report(build_hub, tmp_path):
