@@ -180,6 +180,27 @@ def test_tiles_of_one_site_rotate_through_depth_buffers():
         assert s.start[3 * k + 1] >= s.finish[store_old] - 1e-12
 
 
+def test_a_rotated_tile_s_first_write_waits_for_every_access_of_the_old_occupant():
+    # each tile is loaded, then read on ScalarE and on VectorE; with two buffers, tile 2's
+    # load takes tile 0's buffer and must wait for both reads, whichever finishes last (the
+    # ScalarE read, issued first, is the longer here), not only for the last-issued one
+    b = TraceBuilder()
+    allocs, at, x = [], {}, new_alloc()
+    for k in range(3):
+        t = new_alloc()
+        allocs.append(AllocationSite(t, "sbuf", (("k.py", 20),), None, nbytes=2048 * 4))
+        at[k, "load"] = b.dma(sbuf("dst", t, (128, 2048), "float32"),
+                              hbm("src", x, (128, 2048), "float32", offset=k * 128 * 2048)).index
+        at[k, "scalar"] = b.activation(sbuf("dst", new_alloc(), (128, 2048), "float32"),
+                                       sbuf("data", t, (128, 2048), "float32")).index
+        at[k, "vector"] = b.tensor_copy(sbuf("dst", new_alloc(), (128, 8), "float32"),
+                                        sbuf("src", t, (128, 8), "float32")).index
+    edges = set(rotation_edges(b.trace, allocs, 2))
+    assert {(at[0, "scalar"], at[2, "load"]), (at[0, "vector"], at[2, "load"])} <= edges
+    sched = estimate_trace(b.trace, TRN2, allocations=allocs).schedule
+    assert sched.start[at[2, "load"]] >= max(sched.finish[at[0, "scalar"]], sched.finish[at[0, "vector"]]) - 1e-12
+
+
 def _scalar_busy_first():
     """A trace that keeps ScalarE busy ~45 us first (so the tiles' reads, on ScalarE, run
     late and an unordered write would land before them): (builder, allocations list, index
