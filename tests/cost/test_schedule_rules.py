@@ -692,6 +692,22 @@ def test_every_generation_issues_independent_vector_instructions_trn1s_interval_
     assert est.schedule.start[1] == pytest.approx(first - target.vector_overlap_cycles / target.vector_hz)
 
 
+def test_readiness_is_the_latest_producer_plus_its_own_latency():
+    # a producer that finishes first can still release its consumer last: a matmul's
+    # result latency (made long here) outlasts a longer VectorE producer finishing after it
+    slow = dataclasses.replace(TRN2, matmul_latency_cycles=10**6, tensor_throttle_start_rate=None)
+    b = TraceBuilder()
+    mm_out, vec_out = new_alloc(), new_alloc()
+    b.matmul(psum("dst", mm_out, (128, 64)), sbuf("stationary", new_alloc(), (128, 128)),
+             sbuf("moving", new_alloc(), (128, 64)))
+    b.tensor_copy(sbuf("dst", vec_out, (128, 8192), "float32"), sbuf("src", new_alloc(), (128, 8192), "float32"))
+    b.tensor_tensor(sbuf("dst", new_alloc(), (128, 64), "float32"), psum("data1", mm_out, (128, 64)),
+                    sbuf("data2", vec_out, (128, 64), "float32"))
+    sched = estimate_trace(b.trace, slow).schedule
+    assert sched.finish[0] < sched.finish[1]
+    assert sched.ready[2] == pytest.approx(sched.finish[0] + 10**6 / slow.tensor_hz)
+
+
 def test_an_instruction_waits_for_the_latest_of_its_producers():
     # the consumer reads a long ScalarE result issued first and a short VectorE one issued
     # second: it is ready when the later-finishing one (the first) is done, whatever order
