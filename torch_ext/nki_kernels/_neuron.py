@@ -188,16 +188,12 @@ def _variable_degree(name: str) -> int | None:
     return int(raw)
 
 
-def _env_degree() -> int | None:
-    return _variable_degree(LNC_ENV)
-
-
 def compiler_degree() -> int:
     """neuronx-cc's logical-core degree (see the module docstring); read at every call.
     Raises where the compiler's degree and the runtime's would differ: the runtime's comes
     from ``NEURON_LOGICAL_NC_CONFIG`` or ``NEURON_RT_VIRTUAL_CORE_SIZE`` (which must then
     agree), else its default 2."""
-    env = _env_degree()
+    env = _variable_degree(LNC_ENV)
     runtime_var = _variable_degree(RT_CORE_SIZE_ENV)      # module docstring, "Runtime degree"
     flag = _flag_degree(os.environ.get(CC_FLAGS_ENV, ""))
     if env is not None and flag is not None and env != flag:
@@ -232,7 +228,7 @@ def launch_form() -> tuple[str, int]:
     """``("env", n)``: plain call, the degree comes from ``NEURON_LOGICAL_NC_CONFIG``;
     ``("bracket", n)``: ``kernel[n](...)`` at neuronx-cc's degree."""
     degree = compiler_degree()
-    return ("env", degree) if _env_degree() is not None else ("bracket", degree)
+    return ("env", degree) if _variable_degree(LNC_ENV) is not None else ("bracket", degree)
 
 
 def launch(kernel, tensors: Sequence[Any], static: dict[str, Any]) -> Any:
