@@ -14,6 +14,8 @@ or a parametrized table, run through ``simulate``) and name its test in ``COVERE
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 
@@ -80,7 +82,8 @@ COVERED = {
     **{f"autocomp_attention:{k}[copy_engine=scalar][version={v}]": "test_autocomp_attention_is_softmax_qk_times_v"
        for k, vs in (("three_pass", ("c3", "c4", "c5")), ("fused", ("c8", "c9", "c10"))) for v in vs},
     **{f"autocomp_sd_attention:sd_attention[copy_engine=scalar][version={v}]":
-       "test_autocomp_sd_attention_is_softmax_scaled_qk_times_v" for v in ("tutorial", "best")},
+       "test_autocomp_sd_attention_is_softmax_scaled_qk_times_v"
+       for v in ("tutorial", "c1", "c2", "c3", "c4", "c5", "best")},
     **{f"optimization_guide_matmul:matmul[version={v}]": "test_optimization_guide_matmuls_multiply"
        for v in ("v2", "v3", "v5")},
 }
@@ -855,7 +858,9 @@ def test_autocomp_attention_rejects_bad_versions_shapes_and_engines(calibrate, k
 # out [S, 64] = softmax((q * 0.125) @ k^T) @ v, q, k, v [S, 64] fp32 in [0, 1) (the harness's
 # inputs, np.random.rand). The reference is float64 with the casts the harness's
 # mixed_precision=True path declares: q, k, v and the probabilities in bf16 (pe_in_dt), and
-# for "best" the QK^T row buffer too; the row sum taken before the probabilities' cast. What
+# for candidates 4-6 ("c4", "c5", "best") the QK^T row buffer too; the row sum taken before
+# the probabilities' cast (every candidate: a VectorE sum of the fp32 exp, or ScalarE's
+# reduce registers, which add the exp before its output cast). What
 # is left: fp32 accumulation (64-term scores, S-term sums: ~1e-6 relative) and the rare
 # element where fp32 and float64 round to neighbouring bf16 values. One such flip moves an
 # output by at most 2**-8 x p_j (a probability) or (e**(2**-7 |s_j|) - 1) x p_j (a score,
@@ -874,19 +879,72 @@ def _sd_attention_reference(q, k, v, bf16_scores):
 
 
 @pytest.mark.parametrize("copy_engine", ["scalar", "vector"])
-@pytest.mark.parametrize("version", ["tutorial", "best"])
+@pytest.mark.parametrize("version", ["tutorial", "c1", "c2", "c3", "c4", "c5", "best"])
 def test_autocomp_sd_attention_is_softmax_scaled_qk_times_v(calibrate, version, copy_engine):
     seq, d_head = 384, 64
     q, k, v = (torch.rand(seq, d_head) for _ in range(3))
     out = simulate(calibrate, "autocomp_sd_attention:sd_attention", "trn1", q=q, k=k, v=v, version=version,
                    copy_engine=copy_engine).outputs
     assert out.shape == (seq, d_head) and out.dtype == torch.float32
-    ref = _sd_attention_reference(q, k, v, bf16_scores=(version == "best"))
+    ref = _sd_attention_reference(q, k, v, bf16_scores=version in ("c4", "c5", "best"))
     torch.testing.assert_close(out.double(), ref, atol=5e-4, rtol=0)
 
 
+def _sd_stream(calibrate, version):
+    """(op, engine, first write's dtype, shape, buffer) of each instruction version issues at
+    seq 384 (three query tiles), copies on ScalarE, in issue order."""
+    q, k, v = (torch.rand(384, 64) for _ in range(3))
+    res = simulate(calibrate, "autocomp_sd_attention:sd_attention", "trn1", q=q, k=k, v=v, version=version,
+                   copy_engine="scalar")
+    return [(i.op, i.engine, i.writes[0].dtype, i.writes[0].shape, i.writes[0].buffer) for i in res.trace]
+
+
+def _sd_diff(a, b):
+    """What stream b issues more (+n) and fewer (-n) of than stream a."""
+    ca, cb = collections.Counter(a), collections.Counter(b)
+    return {**dict(cb - ca), **{x: -n for x, n in (ca - cb).items()}}
+
+
+def test_autocomp_sd_attention_candidates_are_their_parents_streams_with_one_step_each(calibrate):
+    # the module docstring's steps 1-6, on the issued streams (per query tile: x 3 here)
+    s = {v: _sd_stream(calibrate, v) for v in ("tutorial", "c1", "c2", "c3", "c4", "c5", "best")}
+    exp_f32 = ("activation", "scalar", "float32", (128, 384), "sbuf")       # tutorial's exp, c3's
+    row_sum = ("tensor_reduce", "vector", "float32", (128, 1), "sbuf")
+    # 1: exp (fp32) + VectorE row sum + cast copy -> one exp writing bf16 with the sum in
+    # ScalarE's reduce registers, zeroed by a VectorE memset (the cast copy's key is the exp's)
+    assert _sd_diff(s["tutorial"], s["c1"]) == {exp_f32: -3, row_sum: -3,
+                                                 ("memset", "vector", "float32", (128, 1), "sbuf"): 3}
+    # 2: the same instructions in another order; 3: the exp writes fp32 again, the cast copy back
+    assert _sd_diff(s["c1"], s["c2"]) == {} and s["c1"] != s["c2"]
+    assert _sd_diff(s["c2"], s["c3"]) == {exp_f32: 3}
+    # 4: the 9 QK^T copies write bf16; the exp writes bf16, no cast copy
+    assert _sd_diff(s["c3"], s["c4"]) == {exp_f32: -3,
+                                           ("activation", "scalar", "float32", (128, 128), "sbuf"): -9,
+                                           ("activation", "scalar", "bfloat16", (128, 128), "sbuf"): 9}
+    # 5: P stationary ([128 q, d] matmuls); broadcast copy, PSUM copy, divisor transpose,
+    # multiply and transposing store -> one VectorE tensor_scalar and a plain store
+    assert _sd_diff(s["c4"], s["c5"]) == {
+        ("nc_matmul", "tensor", "float32", (128, 64), "psum"): 9, ("nc_matmul", "tensor", "float32", (64, 128), "psum"): -9,
+        ("tensor_scalar", "vector", "float32", (128, 64), "sbuf"): 3,
+        ("activation", "scalar", "float32", (128, 64), "sbuf"): -3,
+        ("activation", "scalar", "float32", (64, 128), "sbuf"): -3,
+        ("nc_transpose", "tensor", "float32", (64, 128), "psum"): -3,
+        ("tensor_tensor", "vector", "float32", (64, 128), "sbuf"): -3,
+        ("dma_copy", "dma", "float32", (128, 64), "hbm"): 3, ("dma_copy", "dma", "float32", (64, 128), "hbm"): -3}
+    # 6: the causal-mask path only
+    assert s["c5"] == s["best"]
+    # the load loops: V, Q, K (0-1); V, then Q and K interleaved (2); V, Q, K per tile (3-6).
+    # V: one casting DMA; Q: DMA transpose, cast copy, x 0.125; K: DMA transpose, cast copy
+    V, Q, K = ["dma_copy"], ["dma_transpose", "activation", "tensor_scalar"], ["dma_transpose", "activation"]
+    loads = {v: [x[0] for x in st[:st.index(next(x for x in st if x[0] == "nc_matmul"))]] for v, st in s.items()}
+    assert loads["tutorial"] == loads["c1"] == V * 3 + Q * 3 + K * 3
+    assert loads["c2"] == V * 3 + (Q + K) * 3
+    assert loads["c3"] == loads["c4"] == loads["c5"] == loads["best"] == (V + Q + K) * 3
+
+
 @pytest.mark.parametrize("version, shapes, dtype, copy_engine, message", [
-    ("c6", [(256, 64)] * 3, torch.float32, "scalar", r"version='c6'; expected 'tutorial' or 'best'"),
+    ("c6", [(256, 64)] * 3, torch.float32, "scalar",
+     r"version='c6'; expected 'tutorial', 'c1', 'c2', 'c3', 'c4', 'c5' or 'best'"),
     ("best", [(256, 64)] * 3, torch.float32, "gpsimd", r"copy_engine='gpsimd'; expected 'scalar' or 'vector'"),
     ("tutorial", [(300, 64)] * 3, torch.float32, "scalar", r"q.shape\[0\] \(seq\)=300 must be a positive multiple of 128"),
     ("best", [(256, 192)] * 3, torch.float32, "scalar", r"q.shape\[1\] \(d_head\)=192 must be at most 128"),
