@@ -287,6 +287,28 @@ def test_training_forward_saves_each_rows_mean_and_rstd(simulator_backend, rows,
     assert float(((stats[:, 1].double() - rstd) / rstd).abs().max()) < 2e-6
 
 
+def test_training_statistics_keep_the_inputs_row_dims(simulator_backend):
+    # [B, S, H] input: stats [B, S, 2] (sharding.py shards them along the input's row dims,
+    # e.g. a sequence-parallel Shard(1)); row (b, s)'s are the statistics of x[b, s], and the
+    # backward takes them in that layout (the kernel reads them as [B*S, 2]). The float64
+    # bounds as in the test above.
+    from nki_kernels.ops import norms
+
+    x = randn(3, 5, 200, dtype=torch.bfloat16, scale=3.0, shift=2.0)
+    weight, bias = _affine(200, "weight+bias", torch.bfloat16)
+    out, stats = norms._layer_norm_train_op(x, [200], weight, bias, 1e-5)
+    assert stats.shape == (3, 5, 2) and stats.dtype == torch.float32
+    x64 = x.double()
+    mean, rstd = x64.mean(dim=-1), torch.rsqrt(x64.var(dim=-1, unbiased=False) + 1e-5)
+    assert float(((stats[..., 0].double() - mean).abs() / x64.abs().amax(dim=-1)).max()) < 2e-6
+    assert float(((stats[..., 1].double() - rstd) / rstd).abs().max()) < 2e-6
+    dy = randn(3, 5, 200, dtype=torch.bfloat16)
+    dx, dw, db = norms._layer_norm_backward_op(dy, x, stats, [200], weight, bias, 1e-5)
+    flat = norms._layer_norm_backward_op(dy.reshape(15, 200), x.reshape(15, 200), stats.reshape(15, 2), [200],
+                                         weight, bias, 1e-5)
+    assert torch.equal(dx, flat[0].reshape(3, 5, 200)) and torch.equal(dw, flat[1]) and torch.equal(db, flat[2])
+
+
 @pytest.mark.parametrize("rows, hidden, stores_per_core", [
     (2048, 4096, [1, 1]),       # 8 blocks of one row per partition per core: one run each
     (1576, 768, [1, 2]),        # 2 blocks of 3 rows per partition; core 1 also the 40-row tail
@@ -379,11 +401,13 @@ def test_layer_norm_backward_kernel_reads_the_saved_statistics():
     (torch.zeros(7, 2, dtype=torch.float64), r"stats: shape \(7, 2\) torch.float64; expected \(7, 2\) torch.float32"),
     (torch.zeros(6, 2), r"stats: shape \(6, 2\) torch.float32; expected \(7, 2\) torch.float32"),
     (torch.zeros(7), r"stats: shape \(7,\) torch.float32; expected \(7, 2\) torch.float32"),
-], ids=["fp64", "rows", "1-d"])
+    # a [1, 7, 64] input's statistics keep its row dims: [N, 2] is refused
+    (torch.zeros(7, 2), r"stats: shape \(7, 2\) torch.float32; expected \(1, 7, 2\) torch.float32"),
+], ids=["fp64", "rows", "1-d", "flat"])
 def test_layer_norm_backward_rejects_statistics_of_another_shape_or_dtype(stats, match):
     from nki_kernels.ops import norms
 
-    x = randn(7, 64, dtype=torch.bfloat16)
+    x = randn(1, 7, 64, dtype=torch.bfloat16) if "1, 7, 2" in match else randn(7, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=match):
         norms.layer_norm_backward_kernel_call(x, x, stats, (64,), None, None, 1e-5)
     with pytest.raises(ValueError, match=match):

@@ -67,9 +67,10 @@ def layer_norm(input: torch.Tensor, normalized_shape, weight=None, bias=None, ep
 def layer_norm_stats(input: torch.Tensor, normalized_shape, eps: float = 1e-5,
                      compute_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Per row of ``input`` viewed as [N, prod(normalized_shape)]: ``(mean, rsqrt(var + eps))``
-    (population variance) as an [N, 2] float32 tensor, computed in the compute dtype: the
-    statistics ``native_layer_norm`` saves for its backward, and what the NKI kernel's
-    ``save_stats`` returns."""
+    (population variance), float32, computed in the compute dtype and shaped as input's row
+    dims + (2,) (an [N, 2] tensor for a 2-D input): the statistics ``native_layer_norm``
+    saves for its backward, and what the training op returns from the NKI kernel's
+    ``save_stats``."""
     cd = _resolve(compute_dtype, input)
     hidden = 1
     for d in normalized_shape:
@@ -77,7 +78,8 @@ def layer_norm_stats(input: torch.Tensor, normalized_shape, eps: float = 1e-5,
     x = input.to(cd).reshape(-1, hidden)
     mean = x.mean(dim=1)
     rstd = torch.rsqrt(((x - mean[:, None]) ** 2).mean(dim=1) + eps)
-    return torch.stack([mean, rstd], dim=1).to(torch.float32)
+    rows = input.shape[:input.dim() - len(tuple(normalized_shape))]
+    return torch.stack([mean, rstd], dim=1).to(torch.float32).reshape(*rows, 2)
 
 
 def rms_norm(input: torch.Tensor, normalized_shape, weight=None, eps=None,

@@ -139,6 +139,13 @@ def _row_count(input: torch.Tensor, normalized_shape: Sequence[int]) -> int:
     return input.numel() // max(1, _hidden(normalized_shape))
 
 
+def _stats_shape(input: torch.Tensor, normalized_shape: Sequence[int]) -> tuple[int, ...]:
+    """Shape of layer_norm's saved statistics: input's row dims (all but the normalized ones)
+    and (mean, rstd). Laid out by row dims, not as [N, 2], so a shard of the input along any
+    row dim (a sequence-parallel Shard(1)) is the same shard of its statistics (sharding.py)."""
+    return (*input.shape[:input.dim() - len(normalized_shape)], 2)
+
+
 def _decode_shape(rows: int, hidden: int) -> bool:
     """Whether [rows, hidden] goes to kernels/norm_decode.py: a shape it takes (H a multiple
     of 128, DECODE_MAX_ROWS, DECODE_MAX_ELEMENTS) where it is modeled faster than the row
@@ -217,17 +224,17 @@ def layer_norm_train_kernel_call(input: torch.Tensor, normalized_shape: Sequence
                                  eps: float = 1e-5) -> _dispatch.KernelCall:
     """The NKI launch of the training forward: kernels/layer_norm.py with ``save_stats``
     (the row kernel at every row count: the decode kernel saves no statistics), returning
-    (output, stats [N, 2] fp32: mean and rstd per row)."""
+    (output, stats [*row dims, 2] fp32: mean and rstd per row, ``_stats_shape``)."""
     hidden = _hidden(normalized_shape)
     _check_backward_hidden(hidden, input.dtype)
     call = layer_norm_kernel_call(input, normalized_shape, weight, bias, eps)
-    shape = input.shape
+    shape, stats_shape = input.shape, _stats_shape(input, normalized_shape)
     return _dispatch.KernelCall("layer_norm", "layer_norm_kernel", call.tensors, {**call.static, "save_stats": True},
-                                finish=lambda outs: (outs[0].reshape(shape), outs[1]))
+                                finish=lambda outs: (outs[0].reshape(shape), outs[1].reshape(stats_shape)))
 
 
 def _layer_norm_stats_fake(input: torch.Tensor, normalized_shape: Sequence[int]) -> torch.Tensor:
-    return input.new_empty((_row_count(input, normalized_shape), 2), dtype=torch.float32)
+    return input.new_empty(_stats_shape(input, normalized_shape), dtype=torch.float32)
 
 
 def _layer_norm_train_reference(input, normalized_shape, weight, bias, eps, compute_dtype=None):
@@ -239,9 +246,10 @@ def _layer_norm_train(input: torch.Tensor, normalized_shape: List[int], weight: 
                       bias: Optional[torch.Tensor], eps: float) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
-def _check_stats(stats: torch.Tensor, rows: int) -> None:
-    if tuple(stats.shape) != (rows, 2) or stats.dtype != torch.float32:
-        raise ValueError(f"stats: shape {tuple(stats.shape)} {stats.dtype}; expected ({rows}, 2) torch.float32, "
+def _check_stats(stats: torch.Tensor, input: torch.Tensor, normalized_shape: Sequence[int]) -> None:
+    expected = _stats_shape(input, normalized_shape)
+    if tuple(stats.shape) != expected or stats.dtype != torch.float32:
+        raise ValueError(f"stats: shape {tuple(stats.shape)} {stats.dtype}; expected {expected} torch.float32, "
                          "the (mean, rstd) per row the training forward (layer_norm_train) saves")
 
 
@@ -253,8 +261,8 @@ def layer_norm_backward_kernel_call(grad_output: torch.Tensor, input: torch.Tens
     hidden = _hidden(normalized_shape)
     _check_backward_hidden(hidden, input.dtype)
     tensors = [_rows_view(grad_output, hidden), _rows_view(input, hidden)]
-    _check_stats(stats, tensors[1].shape[0])
-    tensors.append(stats.contiguous())
+    _check_stats(stats, input, normalized_shape)
+    tensors.append(stats.reshape(-1, 2).contiguous())          # the kernel reads [N, 2]
     if weight is not None:
         tensors.append(weight.reshape(hidden))
     shape = input.shape
@@ -279,7 +287,7 @@ def _layer_norm_backward_reference(grad_output, input, stats, normalized_shape, 
                                    compute_dtype=None):
     """The reference backend's backward: the statistics recomputed from ``input`` (PyTorch
     math; ``stats`` is checked, not read), so it is also differentiable (double backward)."""
-    _check_stats(stats, _row_count(input, normalized_shape))
+    _check_stats(stats, input, normalized_shape)
     return backward_references.layer_norm_backward(grad_output, input, normalized_shape, weight, bias, eps,
                                                    compute_dtype=compute_dtype)
 
