@@ -3,12 +3,16 @@
     python -m torch.distributed.run --standalone --nproc_per_node 2 _distributed_llama.py CHECKPOINT RESULT.json
 
 1. Every op on DTensor inputs (``nki_kernels.sharding`` rules): sharded results equal the
-   unsharded op's, and the output keeps the input's sharding.
+   unsharded op's, and the output keeps the input's sharding; with inputs that require grad
+   (the training forwards and the backward ops), the gradients equal the unsharded ones.
 2. A tiny Llama (CHECKPOINT) under transformers' tensor-parallel plan, ``attn_implementation="nki"``
    and ``nki_kernels.transformers.kernelize``: logits, greedy ``generate()``, a training loss and
    gradients against the unsharded sdpa model.
 3. The same model with sequence-parallel norms (DTensor inputs to ``rms_norm``): kernelize
-   after sharding is refused with a clear error; kernelize first, then shard, matches.
+   after sharding is refused with a clear error; kernelize first, then shard, matches, in
+   inference and in a training step (loss and gradients; the gradients against the same
+   plan without kernels: transformers' norm-only sequence-parallel plan doubles the norm
+   weights' gradients at 2 ranks, kernels or not).
 
 Rank 0 writes the measured differences to RESULT.json; the test asserts on them.
 """
@@ -75,16 +79,38 @@ def op_cases():
     ]
 
 
+def _as_tuple(x):
+    return x if isinstance(x, tuple) else (x,)
+
+
+def _op_grads(call, inputs, placements, mesh, grads):
+    """Input gradients of call's outputs against ``grads`` (full tensors, one per output), on
+    full tensors (mesh None) or on DTensors distributed with ``placements``; the float inputs
+    require grad."""
+    def leaf(t, p):
+        t = t.clone() if mesh is None else distribute_tensor(t.clone(), mesh, [p])
+        return t.requires_grad_(t.is_floating_point())
+    leaves = [leaf(t, p) for t, p in zip(inputs, placements)]
+    outs = _as_tuple(call(*leaves))
+    gs = [g if mesh is None else distribute_tensor(g, mesh, list(o.placements)) for g, o in zip(grads, outs)]
+    torch.autograd.backward(outs, gs)
+    return [t.grad for t in leaves if t.requires_grad]
+
+
 def check_ops(mesh) -> dict:
     results = {}
     torch.manual_seed(1)           # the same inputs on both ranks
     for name, call, inputs, placements in op_cases():
         expected = call(*inputs)
         sharded = call(*(distribute_tensor(t, mesh, [p]) for t, p in zip(inputs, placements)))
-        outs = sharded if isinstance(sharded, tuple) else (sharded,)
-        exps = expected if isinstance(expected, tuple) else (expected,)
+        outs, exps = _as_tuple(sharded), _as_tuple(expected)
+        grads = [torch.randn_like(e) for e in exps]
+        want = _op_grads(call, inputs, placements, None, grads)
+        got = _op_grads(call, inputs, placements, mesh, grads)
         results[name] = {"max_diff": max(_max_diff(o, e) for o, e in zip(outs, exps)),
-                         "placements": [repr(o.placements[0]) for o in outs]}
+                         "placements": [repr(o.placements[0]) for o in outs],
+                         "grad_max_diff": max(_max_diff(g, w) for g, w in zip(got, want)),
+                         "grad_placements": [repr(g.placements[0]) for g in got]}
     return results
 
 
@@ -125,7 +151,7 @@ def tensor_parallel(checkpoint, batch, labels, expected) -> dict:
             "kernelized": model.model.norm.forward.__func__ is nki_kernels.layers.RMSNorm.forward}
 
 
-def sequence_parallel_norms(checkpoint, batch, expected) -> dict:
+def sequence_parallel_norms(checkpoint, batch, labels, expected) -> dict:
     from transformers import AutoModelForCausalLM
     from transformers.distributed.configuration_utils import DistributedConfig
 
@@ -138,10 +164,21 @@ def sequence_parallel_norms(checkpoint, batch, expected) -> dict:
     except ValueError as err:
         refused = str(err)
     # right order: kernelize, then shard (transformers' two loading steps, run by hand)
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementation="nki").eval()
-    nkt.kernelize(model)
-    config, _, mesh_manager = type(model).prepare_distribute_model(config)
-    model = type(model).maybe_distribute_model(model, config, mesh_manager)
+    def sharded(kernelized):
+        model = AutoModelForCausalLM.from_pretrained(checkpoint, attn_implementation="nki" if kernelized else "sdpa")
+        if kernelized:
+            nkt.kernelize(model.eval())
+        plan, _, mesh_manager = type(model).prepare_distribute_model(DistributedConfig(tp_size=2, tp_plan=SP_PLAN))
+        return type(model).maybe_distribute_model(model, plan, mesh_manager)
+
+    def train_step(model):
+        model.train()
+        loss = model(**batch.kwargs(), labels=labels).loss
+        loss = loss.full_tensor() if isinstance(loss, DTensor) else loss
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    model = sharded(kernelized=True).eval()
     seen = []
     real = nki_kernels.layers.rms_norm
 
@@ -153,11 +190,19 @@ def sequence_parallel_norms(checkpoint, batch, expected) -> dict:
     try:
         with torch.no_grad():
             got = model(**batch.kwargs()).logits
+        # a training step: the norms' backward ops on DTensors (sharding.py's backward rules)
+        loss, grads = train_step(model)
     finally:
         nki_kernels.layers.rms_norm = real
     got = got.full_tensor() if isinstance(got, DTensor) else got
+    eager_loss, eager_grads = train_step(sharded(kernelized=False))
+    assert set(grads) == set(eager_grads)
     return {"refused_wrong_order": refused, "rms_norm_inputs": sorted(set(seen)),
-            "logits_max_diff": float((got - expected[0])[batch.valid].abs().max())}
+            "logits_max_diff": float((got - expected[0])[batch.valid].abs().max()),
+            "loss_diff": abs(float(loss) - float(expected[2])),
+            "grad_max_diff": max(_max_diff(grads[n], eager_grads[n]) for n in grads),
+            "norm_grad_ratio_unsharded": float(grads["model.norm.weight"].full_tensor().norm()
+                                               / expected[3]["model.norm.weight"].norm())}
 
 
 def main(checkpoint: str, result_path: str) -> None:
@@ -170,7 +215,7 @@ def main(checkpoint: str, result_path: str) -> None:
     result = {"world_size": None}
     result["tensor_parallel"] = tensor_parallel(checkpoint, batch, labels, expected)
     result["world_size"] = dist.get_world_size()
-    result["sequence_parallel_norms"] = sequence_parallel_norms(checkpoint, batch, expected)
+    result["sequence_parallel_norms"] = sequence_parallel_norms(checkpoint, batch, labels, expected)
     result["ops"] = check_ops(init_device_mesh("cpu", (dist.get_world_size(),)))
     result["wall_s"] = time.perf_counter() - start
     if dist.get_rank() == 0:

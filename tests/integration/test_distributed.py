@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nki_kernels import registry, sharding
+from nki_kernels import _custom_op, registry, sharding
 
 from ._models import CAUSAL_LM
 
@@ -26,7 +26,11 @@ SCRIPT = Path(__file__).with_name("_distributed_llama.py")
 
 
 def test_every_op_has_a_sharding_rule():
-    assert set(sharding.RULES) == {spec.name for spec in registry.ops()}
+    # every custom op of the package: the registry's, their training forwards and their
+    # backward ops (without a rule, an op given a DTensor raises)
+    defined = {name.partition("::")[2] for name in _custom_op.registered_with}
+    assert {spec.name for spec in registry.ops()} < defined
+    assert set(sharding.RULES) == defined
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +68,13 @@ def test_sequence_parallel_norms_get_dtensors(launched):
     assert "before sharding" in sp["refused_wrong_order"]
     assert sp["rms_norm_inputs"] == ["DTensor[Shard(dim=1)]"]      # each norm's input, all layers
     assert sp["logits_max_diff"] < 1e-5
+    # training: the norms' backward on DTensors, weight gradients summed over the ranks'
+    # rows, as the same plan gives without kernels (eager RMSNorm on DTensors). That plan
+    # alone (norms only, no parallel linears) doubles the norm weights' gradients against
+    # the unsharded model, kernels or not: transformers' behaviour, recorded, not ours
+    assert sp["loss_diff"] < 1e-5
+    assert sp["grad_max_diff"] < 1e-5
+    assert abs(sp["norm_grad_ratio_unsharded"] - 2) < 1e-3
 
 
 def test_ops_on_dtensors(launched):
@@ -71,7 +82,13 @@ def test_ops_on_dtensors(launched):
     assert len(ops) == 16
     for name, case in ops.items():
         assert case["max_diff"] < 1e-6, name      # shard-local computation: bitwise or nearly
+        # gradients through the training forwards and backward ops; a weight's gradient over
+        # sharded rows is the ranks' partial sums added (fp32, another order: ~1e-6)
+        assert case["grad_max_diff"] < 1e-5, name
     assert ops["rms_norm rows"]["placements"] == ["Shard(dim=1)"]
+    assert ops["rms_norm rows"]["grad_placements"] == ["Shard(dim=1)", "Partial(sum)"]   # dx, dw
+    assert ops["layer_norm"]["grad_placements"] == ["Shard(dim=0)", "Partial(sum)", "Partial(sum)"]
+    assert ops["sdpa GQA heads, causal"]["grad_placements"] == ["Shard(dim=1)"] * 3
     assert ops["rms_norm (6, 32) over Shard(0)"]["placements"] == ["Shard(dim=0)"]
     assert ops["fused_add_rms_norm"]["placements"] == ["Shard(dim=1)", "Shard(dim=1)"]
     assert ops["softmax over the sharded dim"]["placements"] == ["Replicate()"]   # redistributed first

@@ -7,7 +7,8 @@ placements happen to choose it. Here every option of every rule is simulated the
 DTensor runs it: each input is given to each of ``size`` ranks as its placement says
 (``Shard(d)``: ``torch.chunk`` along d, ranks past the last chunk empty; ``Replicate()``:
 whole), the op runs on each rank's pieces, and the ranks' outputs, put together as the
-output placements say, must be the op of the whole inputs. A second check names the dims
+output placements say (``Partial()``: added up, a weight's gradient over sharded rows), must
+be the op of the whole inputs. A second check names the dims
 each rule must offer (the op's row / batch / head dims: where sharding is free).
 """
 
@@ -22,7 +23,7 @@ from nki_kernels import sharding
 from nki_kernels._ops import ops
 
 _dtensor = pytest.importorskip("torch.distributed.tensor")
-Replicate, Shard = _dtensor.Replicate, _dtensor.Shard
+Replicate, Shard, Partial = _dtensor.Replicate, _dtensor.Shard, _dtensor.Partial
 
 
 class _Spec:
@@ -70,10 +71,15 @@ def _check_every_option(name, args, size=2):
         for i, (p, want) in enumerate(zip(out_placements, whole)):
             if isinstance(p, Replicate):
                 got = per_rank[0][i]
+            elif isinstance(p, Partial):
+                got = sum(r[i] for r in per_rank)
             else:
                 got = torch.cat([r[i] for r in per_rank], dim=p.dim)
-            # each rank computes its rows with the op itself: the same arithmetic as the whole
-            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6,
+            # each rank computes its rows with the op itself: the same arithmetic as the whole,
+            # but a Partial sum adds the ranks' row sums in another order (fp32: ~1e-6 of the
+            # 24 terms' magnitude)
+            atol = 1e-5 if isinstance(p, Partial) else 1e-6
+            torch.testing.assert_close(got, want, atol=atol, rtol=1e-6,
                                        msg=lambda m: f"{name} {out_placements} <- {in_placements}: {m}")
     return options
 
@@ -118,6 +124,41 @@ def _cases():
         ("sdpa [Sq, Sk] mask", "scaled_dot_product_attention", (q, k, v, seq_mask, False, 0.25), {0, 1}),
         # one kv head cannot be split over 2 ranks: batch only
         ("sdpa MQA", "scaled_dot_product_attention", (q, k[:, :1], v[:, :1], None, False, 0.25), {0}),
+    ] + _training_cases()
+
+
+def _training_cases():
+    """The training forwards and the backward ops autograd calls on DTensors (sharding.py)."""
+    x, dy = _x(4, 6, 32), _x(4, 6, 32)
+    w, b = torch.randn(32) * 0.3 + 1, torch.randn(32)
+    q, k, v = _x(2, 4, 6, 16), _x(2, 2, 6, 16), _x(2, 2, 6, 16)
+    keep4 = torch.rand(2, 1, 6, 6) > 0.3
+    keep4[..., 0] = True
+    out, lse = ops.scaled_dot_product_attention_lse.default(q, k, v, None, True, 0.25)
+    out_m, lse_m = ops.scaled_dot_product_attention_lse.default(q, k, v, keep4, False, 0.25)
+    _, stats = ops.layer_norm_train.default(x, [32], w, b, 1e-5)
+    _, stats2 = ops.layer_norm_train.default(x, [6, 32], None, None, 1e-5)
+    cos, sin = _x(2, 6, 16), _x(2, 6, 16)
+    gated = _x(4, 6, 16)
+    return [
+        ("layer_norm_train", "layer_norm_train", (x, [32], w, b, 1e-5), {0, 1}),
+        ("layer_norm_train over (6, 32)", "layer_norm_train", (x, [6, 32], None, None, 1e-5), {0}),
+        ("sdpa_lse GQA causal", "scaled_dot_product_attention_lse", (q, k, v, None, True, 0.25), {0, 1}),
+        ("rms_norm_backward", "rms_norm_backward", (dy, x, [32], w, 1e-6), {0, 1}),
+        ("rms_norm_backward no weight", "rms_norm_backward", (dy, x, [32], None, 1e-6), {0, 1}),
+        ("fused_add_rms_norm_backward", "fused_add_rms_norm_backward", (dy, dy * 0.5, x, w, 1e-6), {0, 1}),
+        ("layer_norm_backward", "layer_norm_backward", (dy, x, stats, [32], w, b, 1e-5), {0, 1}),
+        ("layer_norm_backward over (6, 32)", "layer_norm_backward", (dy, x, stats2, [6, 32], None, None, 1e-5), {0}),
+        ("gelu_backward", "gelu_backward", (dy, x, "tanh"), {0, 1, 2}),
+        ("silu_backward", "silu_backward", (dy, x), {0, 1, 2}),
+        ("silu_and_mul_backward", "silu_and_mul_backward", (gated, x), {0, 1}),
+        ("gelu_and_mul_backward", "gelu_and_mul_backward", (gated, x, "none"), {0, 1}),
+        ("softmax_backward dim 1", "softmax_backward", (dy, torch.softmax(x, 1), 1), {0, 2}),
+        ("rotary backward", "apply_rotary_pos_emb_backward", (q, k, cos, sin), {0, 1, 2}),
+        ("sdpa backward GQA causal", "scaled_dot_product_attention_backward",
+         (_x(2, 4, 6, 16), q, k, v, out, lse, None, True, 0.25), {0, 1}),
+        ("sdpa backward [B, 1, Sq, Sk] mask", "scaled_dot_product_attention_backward",
+         (_x(2, 4, 6, 16), q, k, v, out_m, lse_m, keep4, False, 0.25), {0, 1}),
     ]
 
 
@@ -127,6 +168,10 @@ CASES = _cases()
 @pytest.mark.parametrize("name, args, dims", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_every_option_of_a_rule_is_shard_local(reference_backend, name, args, dims):
     options = _check_every_option(name, args)
+    if name.endswith("_backward") and any(isinstance(p, Partial) for outs, _ in options for p in outs):
+        # a parameter's gradient: Partial exactly where the rows are sharded
+        for outs, ins in options:
+            assert isinstance(outs[1], Partial) == isinstance(ins[0], Shard), (name, outs, ins)
     # a replicated option first (DTensor's fallback), and exactly the op's free dims
     assert all(isinstance(p, Replicate) for p in options[0][0])
     assert _offered(options) == dims, f"{name}: offers {sorted(_offered(options))}, expected {sorted(dims)}"

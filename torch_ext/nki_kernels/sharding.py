@@ -9,7 +9,10 @@ redistributes the inputs to it (torch 2.13,
 ``torch.distributed.tensor.experimental.register_sharding``, marked experimental). Every op
 then runs shard-locally on the local tensors: a rule only lists shardings under which the op
 of the shards IS the shard of the op (rows of a norm, elements of an activation, batch or
-heads of attention).
+heads of attention). Every op of the namespace has one, the training forwards and the
+backward ops autograd calls included, so training on DTensors works too: a weight's or
+bias's gradient over sharded rows is ``Partial()`` (each rank's rows' share, added up when
+DTensor redistributes it).
 
 :func:`register_rules` registers them for this package's op namespace (a Hub build has its
 own); it imports torch.distributed.tensor (~0.7 s), so the package calls it only once that
@@ -51,6 +54,16 @@ def _placements():
     from torch.distributed.tensor import Replicate, Shard
 
     return Replicate(), Shard
+
+
+def _param_grad(t):
+    """Placement of a weight's / bias's gradient when the rows are sharded: each rank sums its
+    own rows' terms, so the ranks' results add up to the gradient (``Partial()``, as DTensor's
+    rule for aten's layer_norm backward gives); an absent parameter's empty gradient is
+    ``Replicate()``."""
+    from torch.distributed.tensor import Partial, Replicate
+
+    return Replicate() if t is None else Partial()
 
 
 def _rows(input, extra_dims: int, params: list):
@@ -143,7 +156,90 @@ def _scaled_dot_product_attention(query, key, value, attn_mask, is_causal, scale
     return rules
 
 
-# op name (its function's) -> rule; tests/integration check that every op of the registry has one
+# The training forwards and the backward ops autograd calls (a DTensor input that requires
+# grad takes them: without rules, training under a sharding plan fails). Row-wise and
+# element-wise ops shard as their forwards; a weight's or bias's gradient sums over the rows,
+# so it is Partial where the rows are sharded (_param_grad).
+
+def _rms_norm_backward(grad_output, input, normalized_shape, weight, eps):
+    replicate, shard = _placements()
+    params = [None, _param(weight), None]
+    rules = [([replicate, replicate], [replicate, replicate] + params)]
+    rules += [([shard(d), _param_grad(weight)], [shard(d), shard(d)] + params)
+              for d in range(input.ndim - len(normalized_shape))]
+    return rules
+
+
+def _fused_add_rms_norm_backward(grad_output, grad_total, total, weight, eps):
+    """grads (of the output y and of the sum x + residual) and the saved sum: rows."""
+    replicate, shard = _placements()
+    params = [_param(weight), None]
+    rules = [([replicate, replicate], [replicate] * 3 + params)]
+    rules += [([shard(d), _param_grad(weight)], [shard(d)] * 3 + params) for d in range(total.ndim - 1)]
+    return rules
+
+
+def _layer_norm_train(input, normalized_shape, weight, bias, eps):
+    """(output, stats [*row dims, 2]): the statistics shard with the input's row dims."""
+    replicate, shard = _placements()
+    params = [None, _param(weight), _param(bias), None]
+    rules = [([replicate, replicate], [replicate] + params)]
+    rules += [([shard(d), shard(d)], [shard(d)] + params) for d in range(input.ndim - len(normalized_shape))]
+    return rules
+
+
+def _layer_norm_backward(grad_output, input, stats, normalized_shape, weight, bias, eps):
+    replicate, shard = _placements()
+    params = [None, _param(weight), _param(bias), None]
+    rules = [([replicate] * 3, [replicate] * 3 + params)]
+    rules += [([shard(d), _param_grad(weight), _param_grad(bias)], [shard(d)] * 3 + params)
+              for d in range(input.ndim - len(normalized_shape))]
+    return rules
+
+
+def _elementwise_backward(grad_output, input, *rest):
+    """gelu / silu backward: every element alone (``rest``: non-tensor arguments)."""
+    replicate, shard = _placements()
+    extra = [None] * len(rest)
+    return [([replicate], [replicate, replicate] + extra)] + [
+        ([shard(d)], [shard(d), shard(d)] + extra) for d in range(input.ndim)]
+
+
+def _gated_backward(grad_output, input, *rest):
+    """silu_and_mul / gelu_and_mul backward: dy [..., d] and x [..., 2d]: any dim but the last."""
+    replicate, shard = _placements()
+    extra = [None] * len(rest)
+    return [([replicate], [replicate, replicate] + extra)] + [
+        ([shard(d)], [shard(d), shard(d)] + extra) for d in range(input.ndim - 1)]
+
+
+def _softmax_backward(grad_output, output, dim):
+    replicate, shard = _placements()
+    dim = dim % output.ndim
+    return [([replicate], [replicate, replicate, None])] + [
+        ([shard(d)], [shard(d), shard(d), None]) for d in range(output.ndim) if d != dim]
+
+
+def _scaled_dot_product_attention_lse(query, key, value, attn_mask, is_causal, scale):
+    """(output, lse [B, H, Sq]): the forward's options, lse sharded as the output."""
+    return [([outs[0], outs[0]], ins)
+            for outs, ins in _scaled_dot_product_attention(query, key, value, attn_mask, is_causal, scale)]
+
+
+def _scaled_dot_product_attention_backward(grad_out, query, key, value, out, lse, attn_mask, is_causal, scale):
+    """dq, dk, dv from (dO, q, k, v, O, lse): the forward's batch or heads (a kv head's query
+    heads are on its rank, so its dk / dv are whole there)."""
+    rules = []
+    for outs, ins in _scaled_dot_product_attention(query, key, value, attn_mask, is_causal, scale):
+        p = outs[0]
+        q, k, v, mask = ins[:4]
+        rules.append(([q, k, v], [p, q, k, v, p, p, mask, None, None]))
+    return rules
+
+
+# op name -> rule, for every op of the namespace: the registry's ops (by their functions'
+# names), their training forwards and their backward ops. tests/integration check that every
+# op has one.
 RULES = {
     "rms_norm": _rms_norm,
     "layer_norm": _layer_norm,
@@ -155,4 +251,16 @@ RULES = {
     "softmax": _softmax,
     "apply_rotary_pos_emb": _apply_rotary_pos_emb,
     "scaled_dot_product_attention": _scaled_dot_product_attention,
+    "layer_norm_train": _layer_norm_train,
+    "scaled_dot_product_attention_lse": _scaled_dot_product_attention_lse,
+    "rms_norm_backward": _rms_norm_backward,
+    "fused_add_rms_norm_backward": _fused_add_rms_norm_backward,
+    "layer_norm_backward": _layer_norm_backward,
+    "gelu_backward": _elementwise_backward,
+    "silu_backward": _elementwise_backward,
+    "silu_and_mul_backward": _gated_backward,
+    "gelu_and_mul_backward": _gated_backward,
+    "softmax_backward": _softmax_backward,
+    "apply_rotary_pos_emb_backward": _apply_rotary_pos_emb,
+    "scaled_dot_product_attention_backward": _scaled_dot_product_attention_backward,
 }
