@@ -90,3 +90,33 @@ def test_workloads_are_checked_against_float64_unless_declared():
     # by default (Workload.reference_dtype); a workload opts into float32 explicitly
     work = registry.Workload("w", lambda g: ((torch.randn(2, 3, generator=g),), {}))
     assert work.reference_dtype == torch.float64
+
+
+@pytest.mark.parametrize("target, degree", [("trn1", 1), ("trn2", 2)])
+def test_the_simulator_launch_follows_the_active_target(simulator_backend, monkeypatch, target, degree):
+    # an op inside simulator.activated(target) launches at that target's degree (trn1: LNC=1
+    # only; it raised "degree 2 exceeds the maximum 1 of trn1" when the degree came from the
+    # default target), unless NEURON_LOGICAL_NC_CONFIG says otherwise
+    import nki_kernels
+    from nki_kernels import simulator
+
+    monkeypatch.delenv(_dispatch.LNC_ENV, raising=False)
+    launched = []
+    real = _dispatch.simulator_kernel
+
+    def spy(call):
+        kernels = real(call)
+
+        class Degrees:
+            def __getitem__(self, lnc):
+                launched.append(lnc)
+                return kernels[lnc]
+        return Degrees()
+
+    monkeypatch.setattr(_dispatch, "simulator_kernel", spy)
+    x, w = torch.randn(5, 256), torch.randn(256)
+    with simulator.activated(target):
+        out = nki_kernels.rms_norm(x, (256,), w, 1e-6)
+    assert launched == [degree]
+    ref = torch.nn.functional.rms_norm(x.double(), (256,), w.double(), 1e-6)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)   # fp32 row sums: ~1e-6

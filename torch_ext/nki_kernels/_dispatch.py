@@ -101,11 +101,13 @@ def simulator_kernel(call: KernelCall):
 
 def run_simulated(call: KernelCall, lnc: int | None = None) -> Any:
     """Run the NKI kernel of ``call`` in the bundled simulator on CPU tensors, at degree
-    ``lnc`` (default: ``logical_core_degree()`` for the simulator's default target)."""
+    ``lnc`` (default: ``logical_core_degree()`` for the calling thread's simulator target:
+    ``simulator.activated(target)``'s inside one, else the default, trn2)."""
     from . import simulator
+    from .simulator import context
 
     if lnc is None:
-        target = simulator.SimParams().target
+        target = context.current().target
         lnc = logical_core_degree(default=target.max_logical_cores, maximum=target.max_logical_cores)
     kernel = simulator_kernel(call)[lnc]
     inputs = tuple(t.detach().contiguous() for t in call.tensors)
