@@ -81,3 +81,54 @@ def test_simulator_speed_refuses_no_repeats(capsys):
     with pytest.raises(SystemExit):
         speed.main(["--repeats", "0"])
     assert "--repeats 0: at least 1 timed run per case" in capsys.readouterr().err
+
+
+def _workloads(path):
+    module = _load(path)
+    return [(cls, m.removeprefix("benchmark_")) for cls in vars(module).values()
+            if isinstance(cls, type) and cls.__module__ == module.__name__
+            for m in sorted(dir(cls)) if m.startswith("benchmark_")]
+
+
+@pytest.mark.parametrize("path", SPLIT, ids=lambda p: p.stem)
+def test_each_cpu_workload_s_op_matches_its_eager_twin_as_the_runner_checks(path, monkeypatch):
+    # `kernels benchmark` compares the op's self.out with verify_<workload>()'s eager result
+    # (torch.allclose, atol=1e-2): a verify computing another function, or an op leaving
+    # self.out unset, fails on the runner; here it fails first
+    import nki_kernels
+
+    if hasattr(torch, "neuron"):
+        monkeypatch.delattr(torch, "neuron")
+    for cls, workload in _workloads(path):
+        torch.manual_seed(0)
+        bench = cls()
+        bench.kernel, bench.device = nki_kernels, "cpu"
+        getattr(bench, f"setup_{workload}")()
+        before = bench.out
+        getattr(bench, f"benchmark_{workload}")()
+        reference = getattr(bench, f"verify_{workload}")()
+        assert bench.out is not before, (cls.__name__, workload)
+        assert isinstance(reference, torch.Tensor) and reference.shape == bench.out.shape, (cls.__name__, workload)
+        assert torch.allclose(bench.out.float(), reference.float(), atol=1e-2), (cls.__name__, workload)
+
+
+def test_cpu_name_is_the_model_name_line_of_cpuinfo(monkeypatch):
+    # the host recorded beside every measured figure: /proc/cpuinfo's "model name", not its
+    # "model" (a number) nor the field's name
+    support = _load(ROOT / "benchmarks" / "script_support.py")
+    text = ("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 85\n"
+            "model name\t: Intel(R) Xeon(R) Platinum 8259CL CPU @ 2.50GHz\nstepping\t: 7\n")
+    monkeypatch.setattr(support, "Path", lambda p: type("P", (), {"read_text": lambda self: text})())
+    assert support.cpu_name() == "Intel(R) Xeon(R) Platinum 8259CL CPU @ 2.50GHz"
+
+
+def test_output_path_errors_name_what_is_in_the_way(tmp_path):
+    support = _load(ROOT / "benchmarks" / "script_support.py")
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "d").mkdir()
+    assert support.output_path_error("--csv", str(tmp_path / "new.csv")) is None
+    assert support.output_path_error("--out", str(tmp_path / "d"), folder=True) is None
+    assert support.output_path_error("--out", str(tmp_path / "d" / "sub" / "deeper"), folder=True) is None
+    assert "a folder is already there" in support.output_path_error("--csv", str(tmp_path / "d"))
+    assert "a file is already there" in support.output_path_error("--out", str(tmp_path / "f"), folder=True)
+    assert "is a file, not a folder" in support.output_path_error("--csv", str(tmp_path / "f" / "x.csv"))

@@ -69,6 +69,8 @@ def test_a_long_note_is_cut_visibly_in_the_table_and_kept_whole_in_the_csv(sbs, 
     assert rows[0]["aws_note"] == note and rows[0]["aws_status"] == "blocked"
     assert rows[0]["ours_over_aws"] == "" and rows[0]["ours_at_least_as_fast"] == ""
     assert float(rows[1]["ours_us_modeled_trn2"]) == 10.0 and float(rows[1]["aws_high_us_modeled_trn2"]) == 14.0
+    assert (float(rows[1]["ours_low_us_modeled_trn2"]), float(rows[1]["ours_high_us_modeled_trn2"])) == (8.0, 12.0)
+    assert (float(rows[1]["aws_us_modeled_trn2"]), float(rows[1]["aws_low_us_modeled_trn2"])) == (11.0, 9.0)
     assert float(rows[1]["ours_over_aws"]) == pytest.approx(10.0 / 11.0)
     assert rows[1]["ours_at_least_as_fast"] == "yes" and rows[1]["nkilib_commit"] == "abc123"
 
@@ -136,3 +138,17 @@ def test_single_kernel_rows_compare_ours_with_the_aws_kernel(sbs, rows, op, kern
     assert pair.op == op and pair.aws.kernel == kernel
     assert pair.ours.status == pair.aws.status == "ok", (pair.ours.note, pair.aws.note)
     assert pair.ours.low <= pair.ours.us <= pair.ours.high and pair.aws.low <= pair.aws.us <= pair.aws.high
+
+
+def test_the_table_says_modeled_on_both_sides_and_states_the_ratio_and_the_claim(sbs):
+    faster, slower = _pair(sbs, (10.0, 8.0, 12.0), (11.0, 9.0, 14.0)), _pair(sbs, (12.0, 10.0, 15.0), (11.0, 9.0, 14.0))
+    header, rule, *rows = sbs.table([faster, slower], "trn3").splitlines()
+    assert "ours, modeled (trn3) us" in header and "nki-library, modeled (trn3) us" in header
+    assert "measured" not in header
+    assert rows[0] == f"| op | shape | 10.0 (8.0-12.0) | aws_kernel | 11.0 (9.0-14.0) | {10.0 / 11.0:.2f} | yes |"
+    assert rows[1] == f"| op | shape | 12.0 (10.0-15.0) | aws_kernel | 11.0 (9.0-14.0) | {12.0 / 11.0:.2f} | no |"
+
+
+def test_a_note_that_fits_the_cell_is_not_cut(sbs):
+    side = sbs.Side("blocked", note="y" * (70 - len("blocked: ")))
+    assert side.text() == "blocked: " + "y" * 61 and len(side.text()) == 70

@@ -6,6 +6,7 @@ marked slow; ``-m sweep`` covers them all and re-fits the free parameters."""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import os
 import re
@@ -821,3 +822,163 @@ def test_the_error_bars_hold_the_held_out_latency_measurements(calibrate, public
         f"outside {[r.id for r in held if r.id not in inside]}")
     # the check can fail: the parameter ranges alone hold fewer than the promise
     assert sum(calibrate.inside_bar(r, values[r.id]) for r in held) < BAR_HELD_OUT_MIN
+
+
+# ----------------------------------------------------------------------------- the script's report and files
+
+def test_the_public_report_states_errors_bars_and_orders_as_the_rows_give_them(calibrate, monkeypatch):
+    # four stated rows: a held-out row modeled 30 % low and outside its bar, one 10 % high
+    # inside it, a train row, and a known miss (left out of every figure but its own line)
+    def row(id, measured, split, group="", miss=""):
+        r = _row(calibrate, id, measured, group=group)
+        r.split, r.known_miss, r.source = split, miss, f"source of {id}"
+        return r
+
+    rows = [row("low", 100.0, "test", "g"), row("high", 200.0, "test", "g"), row("fit", 50.0, "train"),
+            row("miss", 100.0, "test", miss="a stated reason why the model misses this row by far")]
+    values = {"low": 70.0, "high": 220.0, "fit": 55.0, "miss": 300.0}
+    monkeypatch.setattr(calibrate, "bars", {"low": (60.0, 80.0), "high": (190.0, 230.0), "miss": (290.0, 310.0)})
+    text = calibrate.report(rows, values, band=(0.5, 2.0))
+    lines = {line.split()[0]: line for line in text.splitlines() if line.split() and line.split()[0] in values}
+    assert "-30%" in lines["low"] and "+10%" in lines["high"] and "+200%" in lines["miss"]   # modeled / measured - 1
+    # the bar widened by the band holds "low" (30-160); the parameter ranges alone do not
+    assert "30-160" in lines["low"] and " OUT " not in lines["low"]
+    assert calibrate.report(rows, values, band=(1.0, 1.0)).count(" OUT  ") == 2     # low and miss
+    # the known miss is in no summary: 2 held-out rows (30 % and 10 %), 1 train row
+    assert "test: 2 rows, mean |error| 20%, rms 22%, max 30%" in text
+    assert "train: 1 rows, mean |error| 10%, rms 10%, max 10%" in text
+    assert "held-out rows outside +-25%: low" in text and "held-out rows outside +-50%: none" in text
+    assert "test: 2 latency rows; measurement inside the error bar: 2 (x0.50 .. x2.00 model-error band), " \
+           "1 (parameter ranges alone)" in text
+    assert "rank g: measured low < high; modeled low < high: same order" in text
+    assert "known miss miss (+200%): a stated reason" in text
+    swapped = calibrate.report(rows, {**values, "low": 250.0}, band=(1.0, 1.0))
+    assert "rank g: measured low < high; modeled high < low: DIFFERENT ORDER" in swapped
+
+
+def test_the_fit_takes_the_grid_value_that_fits_the_train_rows_only(calibrate, monkeypatch):
+    # the queued-transfer cadence models exactly the DMA gap (above): a train copy measured at
+    # 1.0 us must fit the gap to 1.0 us; a held-out copy measured at 0.6 us must not pull it
+    rows = {r.id: r for r in calibrate.load_rows()}
+    base = rows["dma.tiny_transfer_interval_trn1"]
+    train = dataclasses.replace(base, id="cadence_train", split="train", measured=1.0, known_miss="", run=None)
+    held = dataclasses.replace(base, id="cadence_test", split="test", measured=0.6, known_miss="", run=None)
+    grid = [0.6e-6, 0.8e-6, 1.0e-6, 1.2e-6]
+    assert TARGETS["trn1"].dma_transfer_gap_s not in grid
+    monkeypatch.setattr(calibrate, "FREE_PARAMETERS", {"dma_transfer_gap_s": grid})
+    assert calibrate.fit([held, train]) == {"dma_transfer_gap_s": pytest.approx(1.0e-6)}
+
+
+def test_the_csv_writes_each_row_s_measurement_model_error_bar_launch_and_reference(calibrate, monkeypatch, tmp_path):
+    rows = [_row(calibrate, "nkilib.fam.a", 40.0), _row(calibrate, "nkilib.fam.b", 80.0)]
+    rows[1].unmeasured = "copied: its reference 80000000 is also that of other work"
+    monkeypatch.setattr(calibrate, "bars", {"nkilib.fam.a": (44.0, 61.0)})
+    monkeypatch.setattr(calibrate, "launches", {"nkilib.fam.a": (2, 17.5)})
+    monkeypatch.setattr(calibrate, "engine_busy", {"nkilib.fam.a": {"vector": 30.0}})
+    path = tmp_path / "c.csv"
+    calibrate.write_csv(path, rows, {"nkilib.fam.a": 50.0, "nkilib.fam.b": 60.0})
+    a, b = csv.DictReader(path.open())
+    assert (float(a["measured"]), float(a["modeled"])) == (40.0, 50.0)
+    assert float(a["error"]) == pytest.approx(0.25) and float(b["error"]) == pytest.approx(-0.25)
+    assert (float(a["bar_low_modeled"]), float(a["bar_high_modeled"])) == (44.0, 61.0)
+    assert float(a["launch_us_modeled"]) == 17.5 and float(b["launch_us_modeled"]) == 0.0
+    assert (a["reference"], b["reference"]) == ("measured", "copied")
+    assert (a["family"], a["lnc"], float(a["busy_us_vector_modeled"])) == ("fam", "2", 30.0)
+
+
+def test_the_run_writes_the_selected_split_with_the_rows_it_is_relative_to(calibrate, tmp_path, capsys):
+    # --only picks the DMA curve's 1... rows and the device-side add; --split test keeps the
+    # held-out ones and the 32 KiB row the 128 B point is a percentage of
+    out = tmp_path / "cal.csv"
+    assert calibrate.main(["--only", "dma.curve.1,device.quickstart", "--split", "test", "--csv", str(out)]) == 0
+    printed = capsys.readouterr().out
+    got = {r["id"]: r for r in csv.DictReader(out.open())}
+    assert set(got) == {"dma.curve.128", "dma.curve.32768", "device.quickstart_add_4x3_fp16"}
+    fresh = {r.id: r for r in calibrate.load_rows()}
+    device = fresh["device.quickstart_add_4x3_fp16"]
+    rec = got[device.id]
+    assert float(rec["measured"]) == device.measured and rec["split"] == "test"
+    assert float(rec["modeled"]) == pytest.approx(calibrate.modeled([device])[device.id], rel=1e-5)
+    assert float(rec["error"]) == pytest.approx(float(rec["modeled"]) / device.measured - 1, abs=1e-4)
+    assert float(rec["bar_low_modeled"]) <= float(rec["modeled"]) <= float(rec["bar_high_modeled"])
+    assert got["dma.curve.128"]["unit"] == "percent" and got["dma.curve.128"]["bar_low_modeled"] == ""
+    # the curve's points are percentages of the 32 KiB stream's rate: 128 B transfers reach a
+    # fraction of it, as measured; the reference row is 100 % of itself
+    assert float(got["dma.curve.128"]["modeled"]) < 100.0 and float(got["dma.curve.128"]["measured"]) < 100.0
+    assert float(got["dma.curve.32768"]["modeled"]) == pytest.approx(100.0)
+    assert "fitted on the train rows" not in printed and f"wrote {out} (MODELED next to MEASURED)" in printed
+
+
+def test_skip_slow_and_a_what_if_reach_the_run(calibrate, tmp_path, monkeypatch, capsys):
+    real = calibrate.load_rows
+
+    def load(path=calibrate.DATA):      # the 64 B curve point marked slow
+        rows = real(path)
+        for r in rows:
+            r.slow = r.slow or r.id == "dma.curve.64"
+        return rows
+
+    monkeypatch.setattr(calibrate, "load_rows", load)
+    out = tmp_path / "cal.csv"
+    calibrate.main(["--only", "dma.curve.6,dma.curve.3", "--skip-slow", "--set", "dma_descriptor_bytes=40",
+                    "--csv", str(out)])
+    assert {r["id"] for r in csv.DictReader(out.open())} == {"dma.curve.32768", "dma.curve.32"}
+    printed = capsys.readouterr().out
+    # a what-if is not a fit: the report must not say its values were fitted
+    assert "what-if, not fitted: every row modeled with dma_descriptor_bytes = 40" in printed
+    assert "fitted on the train rows" not in printed
+
+
+def test_an_error_bar_never_excludes_the_central_value_at_either_end(calibrate, monkeypatch):
+    # re-schedules at both ends that both finish earlier than the central one (list
+    # scheduling can): the bar still reaches the central value, and a measurement there is inside
+    r = _row(calibrate, "nkilib.fam.r", 100.0)
+    monkeypatch.setattr(calibrate, "bars", {r.id: (40.0, 60.0)})
+    assert calibrate.bar_of(r, 100.0) == (40.0, 100.0)
+    assert calibrate.inside_bar(r, 100.0)
+    band = TARGETS["trn2"].model_error_band
+    assert calibrate.bar_of(r, 100.0, None) == pytest.approx((40.0 * band[0], 100.0 * band[1]))
+
+
+def test_the_lnc_and_family_lines_count_what_they_say(calibrate):
+    def row(id, measured, lnc, args):
+        return dataclasses.replace(_row(calibrate, id, measured, lnc), args=args)
+
+    rows = [row("nkilib.fam_a.v1", 100.0, 1, {"x": 1}), row("nkilib.fam_a.v2", 60.0, 2, {"x": 1}),
+            row("nkilib.fam_a.w1", 100.0, 1, {"x": 2}), row("nkilib.fam_a.w2", 50.0, 2, {"x": 2}),
+            row("nkilib.fam_b.only2", 10.0, 2, {"x": 3})]
+    # measured speedups 1.67x and 2x; modeled 2x and 2.2x: the model gains more on both
+    values = {"nkilib.fam_a.v1": 100.0, "nkilib.fam_a.v2": 50.0, "nkilib.fam_a.w1": 110.0,
+              "nkilib.fam_a.w2": 50.0, "nkilib.fam_b.only2": 12.0}
+    text = "\n".join(calibrate.lnc_report(rows, values))
+    assert "model gains more than measured on 2/2" in text
+    under = {**values, "nkilib.fam_a.v1": 60.0, "nkilib.fam_a.w1": 80.0}     # 1.2x and 1.6x: less on both
+    assert "model gains more than measured on 0/2" in "\n".join(calibrate.lnc_report(rows, under))
+    # per-degree lines split a family measured at both degrees, not one measured at one
+    report = calibrate.qor_report(rows, values).splitlines()
+    fam_b = next(i for i, line in enumerate(report) if line.strip().startswith("fam_b"))
+    assert not report[fam_b + 1].strip().startswith("LNC=")
+    fam_a = next(i for i, line in enumerate(report) if line.strip().startswith("fam_a"))
+    assert report[fam_a + 1].strip().startswith("LNC=1") and report[fam_a + 2].strip().startswith("LNC=2")
+
+
+def test_instruction_quantities_are_a_mean_slot_and_a_chain_s_interval(calibrate):
+    row = _row(calibrate, "q", 1.0)
+    trace = [types.SimpleNamespace(index=i, op="activation") for i in range(4)]
+    slots = [types.SimpleNamespace(op="activation", engine="scalar", lane="scalar", start=a * 1e-6, end=b * 1e-6)
+             for a, b in ((0, 1), (1, 3), (3, 6))]
+    est = types.SimpleNamespace(trace=trace, schedule=types.SimpleNamespace(
+        slots=slots, finish={0: 1e-6, 1: 3e-6, 2: 6e-6, 3: 10e-6}))
+    # slots of 1, 2 and 3 us: 2 us each on average; four results 1, 3, 6, 10 us: 3 us apart
+    assert calibrate.quantity(dataclasses.replace(row, quantity="op_slot_us:activation"), est) == pytest.approx(2.0)
+    assert calibrate.quantity(dataclasses.replace(row, quantity="chain_interval_us:activation"), est) == pytest.approx(3.0)
+
+
+def test_relative_rows_have_no_error_bar_and_hand_set_means_whole_microseconds(calibrate):
+    # a percentage of another row has no latency bar (its kernel is not even run for one)
+    rel = dataclasses.replace(_row(calibrate, "nkilib.f.rel", 90.0), unit="percent", relative_to="nkilib.f.ref")
+    assert calibrate.bar_ends([rel]) == {}
+    # 53.4 us (53400000 cycles) is a reading's precision; 92 us exactly is the hand-set figure
+    rows = [_ref_row(calibrate, "nkilib.h.a", "53400000", {"s": 1}, 10),
+            _ref_row(calibrate, "nkilib.h.b", "92000000", {"s": 2}, 11)]
+    assert set(calibrate.reference_problems(rows)) == {"nkilib.h.b"}
