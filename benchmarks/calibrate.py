@@ -999,7 +999,8 @@ def write_csv(path: Path, rows: list[Row], values: dict[str, float]) -> None:
     with open(path, "w", newline="") as f:
         out = csv.writer(f)
         out.writerow(["id", "family", "target", "lnc", "split", "quantity", "unit", "measured", "modeled",
-                      "error", "launch_us_modeled", "bar_low_modeled", "bar_high_modeled", "reference"]
+                      "error", "launch_us_modeled", "bar_low_modeled", "bar_high_modeled", "range_low_modeled",
+                      "range_high_modeled", "reference"]
                      + [f"busy_us_{e}_modeled" for e in engines])
         for r in rows:
             if r.id not in values:
@@ -1008,6 +1009,10 @@ def write_csv(path: Path, rows: list[Row], values: dict[str, float]) -> None:
             launch = launches[r.id][1] if r.id in launches else 0.0
             out.writerow([r.id, family(r), r.target, r.lnc, r.split, r.quantity, r.unit, r.measured,
                           f"{values[r.id]:.6g}", f"{values[r.id] / r.measured - 1:+.4f}", f"{launch:.6g}"]
+                         # the error bar the report prints (bar_of: never narrower than the central
+                         # value, widened by the target's model_error_band), then the parameter
+                         # ranges alone (what fit_band starts from)
+                         + ([f"{b:.6g}" for b in bar_of(r, values[r.id], None)] if r.id in bars else ["", ""])
                          + ([f"{b:.6g}" for b in bars[r.id]] if r.id in bars else ["", ""])
                          + [r.unmeasured.partition(":")[0] or "measured"]
                          + [f"{busy.get(e, 0.0):.6g}" for e in engines])
@@ -1055,7 +1060,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", action="store_true", help="run only the QoR rows measured at both launch degrees "
                     "(both splits): the LNC=2-over-LNC=1 check")
     ap.add_argument("--csv", default=str(HERE.parent / "out" / "calibration.csv"),
-                    help="write every modeled row (id, family, lnc, split, measured, modeled, error bar, reference: "
+                    help="write every modeled row (id, family, lnc, split, measured, modeled, error bar as printed "
+                    "and the parameter ranges alone, reference: "
                     "measured or why set aside, busy us per engine) to this CSV file, for plots and offline fits "
                     "(default out/calibration.csv)")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",

@@ -880,7 +880,10 @@ def test_the_csv_writes_each_row_s_measurement_model_error_bar_launch_and_refere
     a, b = csv.DictReader(path.open())
     assert (float(a["measured"]), float(a["modeled"])) == (40.0, 50.0)
     assert float(a["error"]) == pytest.approx(0.25) and float(b["error"]) == pytest.approx(-0.25)
-    assert (float(a["bar_low_modeled"]), float(a["bar_high_modeled"])) == (44.0, 61.0)
+    # the bar the report prints (trn2's model-error band around the ranges) and the ranges alone
+    band = TARGETS["trn2"].model_error_band
+    assert (float(a["bar_low_modeled"]), float(a["bar_high_modeled"])) == pytest.approx((44.0 * band[0], 61.0 * band[1]))
+    assert (float(a["range_low_modeled"]), float(a["range_high_modeled"])) == (44.0, 61.0)
     assert float(a["launch_us_modeled"]) == 17.5 and float(b["launch_us_modeled"]) == 0.0
     assert (a["reference"], b["reference"]) == ("measured", "copied")
     assert (a["family"], a["lnc"], float(a["busy_us_vector_modeled"])) == ("fam", "2", 30.0)
@@ -901,6 +904,12 @@ def test_the_run_writes_the_selected_split_with_the_rows_it_is_relative_to(calib
     assert float(rec["modeled"]) == pytest.approx(calibrate.modeled([device])[device.id], rel=1e-5)
     assert float(rec["error"]) == pytest.approx(float(rec["modeled"]) / device.measured - 1, abs=1e-4)
     assert float(rec["bar_low_modeled"]) <= float(rec["modeled"]) <= float(rec["bar_high_modeled"])
+    # the CSV's bar is the one the report prints, and says the same of the measurement
+    low, high = float(rec["bar_low_modeled"]), float(rec["bar_high_modeled"])
+    line = next(x for x in printed.splitlines() if x.startswith(device.id))
+    assert f"{low:.4g}-{high:.4g}" in line
+    assert (low <= device.measured <= high) == (" OUT " not in line)
+    assert float(rec["range_low_modeled"]) >= low and float(rec["range_high_modeled"]) <= high
     assert got["dma.curve.128"]["unit"] == "percent" and got["dma.curve.128"]["bar_low_modeled"] == ""
     # the curve's points are percentages of the 32 KiB stream's rate: 128 B transfers reach a
     # fraction of it, as measured; the reference row is 100 % of itself
