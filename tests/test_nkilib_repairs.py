@@ -69,3 +69,31 @@ def test_the_listed_module_imports_with_the_stray_block_dropped(repairs, fake_ch
     # modules not listed get no repair
     with pytest.raises(IndentationError):
         importlib.import_module("nkilib_src.nkilib.core.mlp.other")
+
+
+def _stray(name, tail_lines):
+    """A function whose docstring is followed by an indented stray tail (the defect)."""
+    tail = "".join(f"        {line}\n" for line in tail_lines)
+    return f'def {name}(x):\n    """{name}."""\n\n{tail}    """\n    return x + {len(name)}\n\n\n'
+
+
+def _import_repaired(repairs, fake_checkout, monkeypatch, source):
+    (fake_checkout / "mlp.py").write_text(source)
+    with pytest.raises(IndentationError):
+        compile(source, "mlp.py", "exec")
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    repairs.install()
+    return importlib.import_module("nkilib_src.nkilib.core.mlp.mlp")
+
+
+def test_up_to_three_stray_blocks_are_dropped(repairs, fake_checkout, monkeypatch):
+    source = "".join(_stray(n, ["TKG mode:", "- FP8"]) for n in ("a", "bb", "ccc"))
+    mod = _import_repaired(repairs, fake_checkout, monkeypatch, source)
+    assert (mod.a(1), mod.bb(1), mod.ccc(1)) == (2, 3, 4)
+
+
+def test_a_stray_block_ends_at_a_line_that_is_only_a_closing_quote(repairs, fake_checkout, monkeypatch):
+    # lines of the tail that quote triple quotes inline do not end it
+    tail = ['Use """ for docstrings.', 'x = """a"""', 'And """ again.', "last line"]
+    mod = _import_repaired(repairs, fake_checkout, monkeypatch, _stray("mlp", tail))
+    assert mod.mlp(1) == 4 and mod.mlp.__doc__ == "mlp."

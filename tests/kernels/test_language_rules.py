@@ -397,3 +397,83 @@ def test_an_attribute_named_like_a_jitted_global_is_not_a_call_of_it():
         _run(_kernel(lambda: scale_rows()))      # a nested jitted kernel: inlined, allowed
     finally:
         del scale_rows, _holder
+
+
+_DOOMED = 1
+
+
+def _drop_global():
+    global _DOOMED
+    del _DOOMED
+
+
+def test_deleting_a_module_global_is_rejected():
+    with pytest.raises(kernel_rules.KernelRuleError, match="module global '_DOOMED'.*pure functions"):
+        _run(_kernel(lambda: _drop_global()))
+    assert _DOOMED == 1
+
+
+def _class_body_uses_a_plain_class():
+    class Holder(NKIObject):
+        kind = _Plain          # a name the class body loads (LOAD_NAME), not the function
+
+    return Holder
+
+
+def test_a_class_named_in_a_nested_class_body_is_checked():
+    with pytest.raises(kernel_rules.KernelRuleError, match="class _Plain .*derives from object"):
+        _run(_kernel(lambda: _class_body_uses_a_plain_class()))
+
+
+# a sibling module of this test's package, as a kernel package's helper module would be
+_sibling = types.ModuleType(f"{__package__}._rules_sibling")
+exec("def impure():\n    global counter\n    counter = 1\n\n\ndef plain():\n    return 2\n",
+     _sibling.__dict__)
+
+
+def test_a_sibling_module_s_function_called_as_a_method_is_checked():
+    _run(_kernel(lambda: _sibling.plain()))
+    with pytest.raises(kernel_rules.KernelRuleError, match="impure .*assigns the module global 'counter'"):
+        _run(_kernel(lambda: _sibling.impure()))
+    assert not hasattr(_sibling, "counter")
+
+
+class _ImpureBase(NKIObject):
+    def bump(self):
+        global _CALLS
+        _CALLS += 1
+
+
+class _ImpureChild(_ImpureBase):
+    pass
+
+
+def test_methods_inherited_from_a_user_base_class_are_checked():
+    with pytest.raises(kernel_rules.KernelRuleError, match="bump .*assigns the module global '_CALLS'"):
+        _run(_kernel(lambda: _ImpureChild()))
+    assert _CALLS == 0
+
+
+class _ImpureProperty(NKIObject):
+    @property
+    def size(self):
+        global _CALLS
+        _CALLS += 1
+        return 1
+
+
+def test_property_functions_are_checked():
+    with pytest.raises(kernel_rules.KernelRuleError, match="size .*assigns the module global '_CALLS'"):
+        _run(_kernel(lambda: _ImpureProperty().size))
+    assert _CALLS == 0
+
+
+def test_argument_classes_inside_lists_and_of_the_standard_library():
+    import fractions
+
+    kernel = _kernel(lambda: None)
+    _run(kernel, config=[_Config(), 3])
+    _run(kernel, config=fractions.Fraction(1, 3))      # the standard library's: not a user class
+    for config in ([_Config(), _Plain()], (_Plain(),)):
+        with pytest.raises(kernel_rules.KernelRuleError, match="class _Plain .*an argument of"):
+            _run(kernel, config=config)

@@ -55,6 +55,8 @@ def test_defaults_and_frozen():
     ({"poison_int": -1}, r"poison_int=-1 must be an integer in \[0, 127\]"),
     ({"poison_int": 2.0}, r"poison_int=2.0 must be an integer"),
     ({"seed": -3}, r"seed=-3 must be an integer in \[0, 2\*\*64\)"),
+    ({"seed": 2**64}, r"seed=18446744073709551616 must be an integer in \[0, 2\*\*64\)"),
+    ({"poison_float": True}, r"poison_float=True must be a real number"),
 ])
 def test_invalid_options_name_argument_value_and_limit(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -115,3 +117,11 @@ def test_activated_params_apply_to_nl_calls_and_simulate():
         assert torch.equal(nl.ndarray((2, 2), dtype=nl.float32).values(), torch.full((2, 2), 1.5))
         f, _ = nki.simulate(_poisoned)(torch.randn(2, 3))
         assert torch.equal(f, torch.full((2, 3), 1.5))
+
+
+def test_the_limits_of_the_options_are_inclusive():
+    x = torch.randn(2, 3)
+    f, i = simulator.run(_poisoned, x, params=SimParams(poison_int=0, poison_float=0.0)).outputs
+    assert torch.equal(i, torch.zeros((2, 3), dtype=torch.int32)) and torch.equal(f, torch.zeros(2, 3))
+    assert SimParams(poison_int=127).poison_int == 127
+    assert SimParams(seed=2**64 - 1).seed == 2**64 - 1

@@ -193,3 +193,31 @@ def test_float64_input_is_rejected_with_the_argument_name():
 
 def test_estimate_is_exported():
     assert callable(simulator.estimate)
+
+
+def test_trace_operands_describe_what_an_instruction_touches():
+    def kernel(x):
+        import nki.isa as nisa
+        import nki.language as nl
+
+        t = nl.ndarray((4, 6), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(t, x[:, 2:8])
+        out = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(out, x)
+        # a reinterpreting view: bf16 elements 1..4 of row 1 are bytes 34..41 of the fp32
+        # tensor, so fp32 elements 8..10 (not a whole number of them)
+        b = nl.ndarray((1, 4), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(b, out.view(nl.bfloat16)[1:2, 1:5])
+        return out
+
+    x = torch.randn(4, 8)
+    r = simulator.run(kernel, x)
+    assert torch.equal(r.outputs, x)
+    load = r.trace[0]
+    src, dst = load.reads[0], load.writes[0]
+    # HBM: one partition of every element; SBUF: shape[0] partitions of prod(shape[1:])
+    assert (src.buffer, src.partitions, src.free_elems, src.nbytes) == ("hbm", 1, 24, 96)
+    assert (dst.buffer, dst.partitions, dst.free_elems, dst.nbytes) == ("sbuf", 4, 6, 96)
+    assert src.span == (2, 8 * 3 + 7 + 1) and src.strides == (8, 1) and src.offset == 2
+    view = r.trace[2].reads[0]
+    assert view.span == (8, 11) and view.strides == () and view.nbytes == 8

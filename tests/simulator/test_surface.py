@@ -147,3 +147,117 @@ def test_jit_accepts_the_07_config_objects():
                     specialization_config=nki.compiler.SpecializationConfig())
         x = torch.randn(2, 3)
         assert torch.equal(k(x), x + 1)
+
+
+def test_every_documented_collective_exists_and_is_refused():
+    # the functions of the nki.collectives reference (AWS Neuron docs, nki.collectives)
+    documented = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_v",
+                  "collective_permute", "collective_permute_implicit",
+                  "collective_permute_implicit_reduce",
+                  "collective_permute_implicit_current_processing_rank_id", "rank_id")
+    with simulator.activated("trn2") as nki:
+        import nki.collectives as cc
+
+        for name in documented:
+            assert name in cc.__all__
+            with pytest.raises(simulator.UnsupportedError, match=rf"nki.collectives.{name}: collectives "
+                                                                 "between ranks are not simulated"):
+                getattr(nki.collectives, name)()
+
+
+def test_nki_isa_and_nki_language_are_packages():
+    # nki.isa.constants and nki.language.dtypes are submodules: their parents are packages,
+    # so a missing submodule is "No module named ...", not "... is not a package"
+    import importlib
+
+    with simulator.activated("trn2"):
+        for parent in ("nki", "nki.isa", "nki.language"):
+            with pytest.raises(ModuleNotFoundError, match=rf"^No module named '{parent}.nope'$"):
+                importlib.import_module(f"{parent}.nope")
+
+
+def _harness_names():
+    return {k: v for k, v in sys.modules.items()
+            if k == "nki" or k.startswith(("nki.", "nki_cpu_simulator", "neuronxcc"))}
+
+
+def _restore_harness_names(saved):
+    for k in list(_harness_names()):
+        del sys.modules[k]
+    sys.modules.update(saved)
+
+
+def test_install_aws_harness_replaces_a_stranger_and_leaves_what_it_must():
+    import types
+
+    saved = _harness_names()
+    sim = simulator.nki_modules()
+    try:
+        for k in list(_harness_names()):
+            del sys.modules[k]
+        stranger = types.ModuleType("nki_cpu_simulator")   # a stale package of that name
+        own_nki = types.ModuleType("nki")
+        real = types.ModuleType("neuronxcc")               # an installed neuronxcc
+        real.__file__ = "/site-packages/neuronxcc/__init__.py"
+        sys.modules.update({"nki_cpu_simulator": stranger, "nki": own_nki, "neuronxcc": real})
+        simulator.install_aws_harness(alias_nki=False)
+        pkg = sys.modules["nki_cpu_simulator"]
+        assert pkg is not stranger and pkg.__simulator__ and pkg.nki is sim["nki"]
+        assert sys.modules["nki_cpu_simulator.nki.isa"] is sim["nki.isa"]
+        assert sys.modules["nki"] is own_nki and "nki.isa" not in sys.modules   # not aliased
+        simulator.install_aws_harness()
+        assert sys.modules["nki"] is sim["nki"]
+        assert sys.modules["neuronxcc"] is real and not hasattr(real, "nki")  # never shadowed
+        assert "neuronxcc.nki.typing" not in sys.modules
+    finally:
+        _restore_harness_names(saved)
+
+
+def test_compile_config_defaults_are_the_documented_ones():
+    # nki.compiler.CompileConfig reference: nki_alloc_fallback "On by default", prefetch_auto
+    # "Off by default", address rotation AUTO
+    with simulator.activated("trn2") as nki:
+        cfg = nki.compiler.CompileConfig()
+        assert cfg.nki_alloc_fallback is True and cfg.prefetch_auto is False
+        assert cfg.address_rotation is nki.compiler.AddressRotation.AUTO
+
+
+def test_nki_isa_constants_holds_every_isa_enum():
+    import enum
+
+    with simulator.activated("trn2") as nki:
+        import nki.isa.constants as constants
+
+        enums = [n for n in nki.isa.__all__
+                 if isinstance(getattr(nki.isa, n), type) and issubclass(getattr(nki.isa, n), enum.Enum)]
+        assert {"oob_mode", "dge_mode", "dma_engine"} <= set(enums)
+        for name in enums:
+            assert getattr(constants, name) is getattr(nki.isa, name)
+
+
+@pytest.mark.parametrize("var, value, target", [
+    ("NKI_NC_VERSION", "gen2", "trn1"), ("NKI_NC_VERSION", "Gen3", "trn2"),
+    ("NEURON_PLATFORM_TARGET_OVERRIDE", "inf2", "trn1"), ("NEURON_PLATFORM_TARGET_OVERRIDE", "TRN3", "trn3"),
+])
+def test_cpu_simulate_takes_the_target_from_the_environment(monkeypatch, var, value, target):
+    # nki.jit docs: NEURON_PLATFORM_TARGET_OVERRIDE "trn1|inf2|gen2", "trn2|gen3", "trn3|gen4"
+    for name in ("NKI_NC_VERSION", "NEURON_PLATFORM_TARGET_OVERRIDE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(var, value)
+    x = np.random.default_rng().standard_normal((4, 8)).astype(np.float32)
+    with simulator.activated("trn2"):
+        out = harness.cpu_simulate(_add_one)[1](x=x)
+    assert np.array_equal(out, x + 1) and harness.last_result().target == target
+
+
+def test_cpu_simulate_takes_the_degree_of_a_bracketed_kernel():
+    x = np.random.default_rng().standard_normal((4, 8)).astype(np.float32)
+    with simulator.activated("trn2") as nki:
+        assert np.array_equal(harness.cpu_simulate(nki.jit(_add_one)[2])(x=x), x + 1)
+        assert {i.attrs.get("core") for i in harness.last_result().trace} == {0, 1}
+        assert np.array_equal(harness.cpu_simulate(nki.jit(_add_one)[2])[1](x=x), x + 1)
+        assert {i.attrs.get("core") for i in harness.last_result().trace} == {None}
+        for bad in (0, 4):
+            with pytest.raises(simulator.NkiValidationError, match=rf"cpu_simulate\(kernel\)\[{bad}\]: "
+                                                                  "the logical-core degree must be 1 or 2"):
+                harness.cpu_simulate(_add_one)[bad]

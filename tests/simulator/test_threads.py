@@ -121,3 +121,68 @@ def test_an_error_in_one_thread_leaves_the_others_running():
     for outs in _run_in_threads(job)[1:]:
         for out in outs:
             torch.testing.assert_close(out, _reference(x, 3.0, "trn2"), rtol=1e-6, atol=1e-6)
+
+
+def test_the_last_run_to_end_restores_the_setting_the_first_run_found():
+    # run A starts (its thread, and the process default new threads start from, drop to one
+    # torch thread); run B starts in a thread made meanwhile, so B finds 1; A ends first,
+    # B last: B must restore what A found, not the 1 it found itself
+    before = torch.get_num_threads()
+    found = before + 2
+    torch.set_num_threads(found)
+    a_running, b_running, a_done = threading.Event(), threading.Event(), threading.Event()
+    after = {}
+
+    def kernel(x, started, wait_for):
+        import nki.language as nl
+
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.load(x))
+        started.set()
+        assert wait_for.wait(30)
+        return out
+
+    def run_a():
+        x = torch.randn(4, 4)
+        assert torch.equal(simulator.run(kernel, x, a_running, b_running).outputs, x)
+        a_done.set()
+
+    def run_b():
+        assert a_running.wait(30)
+        x = torch.randn(4, 4)
+        assert torch.equal(simulator.run(kernel, x, b_running, a_done).outputs, x)
+        after["b"] = torch.get_num_threads()
+
+    try:
+        threads = [threading.Thread(target=run_a)]
+        threads[0].start()
+        assert a_running.wait(30)
+        threads.append(threading.Thread(target=run_b))
+        threads[1].start()
+        for t in threads:
+            t.join(60)
+        assert after == {"b": found}
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_contexts_exited_out_of_order_are_refused():
+    # in a thread of its own: the refused exit leaves that thread's context stack behind
+    seen = []
+
+    def body():
+        outer, inner = simulator.activated("trn2"), simulator.activated("trn3")
+        outer.__enter__()
+        inner.__enter__()
+        try:
+            outer.__exit__(None, None, None)
+        except RuntimeError as err:
+            seen.append(str(err))
+        inner.__exit__(None, None, None)
+
+    before = {name: sys.modules.get(name) for name in ("nki", "nki.language", "nki.isa")}
+    t = threading.Thread(target=body)
+    t.start()
+    t.join(30)
+    assert seen == ["simulator context stack corrupted (contexts exited out of order in one thread)"]
+    assert {name: sys.modules.get(name) for name in before} == before
