@@ -739,3 +739,42 @@ def test_both_cores_must_allocate_the_same_shared_tensors():
     with pytest.raises(NkiValidationError, match=r"core 1's shared_hbm tensor #0 \(4, 4\) bfloat16 differs "
                                                  r"from core 0's \(4, 4\) float32"):
         simulator.run(kernel, torch.zeros(1, 1), params=LNC2)
+
+
+def _step0_store(x, per_core):
+    """Both cores store x into out, then store through a step-0 view of out (its columns all
+    land on column 0, the last one wins): the same values on both cores, or (``per_core``)
+    values scaled by the core's number."""
+    import nki.isa as nisa
+    import nki.language as nl
+
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm, name="out")
+    t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(t, x)
+    nisa.dma_copy(out, t)
+    if per_core:
+        nisa.tensor_scalar(t, t, nl.multiply, float(nl.program_id(0) + 2))
+    R, C = x.shape
+    nisa.dma_copy(out.ap([[C, R], [0, C]]), t)
+    return out
+
+
+def test_a_step0_store_of_the_same_values_on_both_cores_is_no_race():
+    # races.py: two cores writing the same bits give the same memory in either order; the
+    # step-0 destination (the last write to each repeated address wins) is no exception
+    x = torch.randn(2, 4)
+    want = x.clone()
+    want[:, 0] = x[:, -1]
+    assert torch.equal(simulator.run(_step0_store, x, False).outputs, want)  # LNC=1
+    assert torch.equal(simulator.run(_step0_store, x, False, params=LNC2).outputs, want)
+    with pytest.raises(RaceError, match=r"out \(2, 4\) float32, bytes 0\.\.19: both cores write different"):
+        simulator.run(_step0_store, x, True, params=LNC2)
+
+
+def test_the_largest_seed_runs_at_lnc2():
+    # SimParams takes any seed in [0, 2**64); core 1's random state must not overflow it
+    x = torch.zeros(1, 1)
+    top = 2**64 - 1
+    one = simulator.run(_random_bits, x, params=SimParams(seed=top)).outputs
+    two = simulator.run(_random_bits, x, params=SimParams(seed=top, logical_cores=2)).outputs
+    assert torch.equal(two[0], one[0]) and not torch.equal(two[1], two[0])

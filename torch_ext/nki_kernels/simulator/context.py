@@ -64,8 +64,9 @@ class Context:
         self.sequential_iterations: list[tuple[int, int]] = []
         self.sequential_loops_seen = 0
         self.no_reorder_depth = 0     # nested nl.no_reorder() blocks open on this core
-        # each core's engines have their own random state; core 0 starts from the seed
-        self.generator = torch.Generator().manual_seed(self.params.seed + program_id)
+        # each core's engines have their own random state; core 0 starts from the seed (core
+        # 1 from the next 64-bit seed, wrapping: SimParams allows any seed below 2**64)
+        self.generator = torch.Generator().manual_seed((self.params.seed + program_id) % (1 << 64))
         run.cores.append(self)
 
     @property

@@ -55,13 +55,20 @@ class RaceTracker:
             return None
         return dst._data.clone()
 
-    def after_store(self, dst, old) -> None:
-        """Remember which elements of ``dst`` the store changed (bit for bit)."""
+    def after_store(self, dst, old, view=None) -> None:
+        """Remember which elements of ``dst`` the store changed (bit for bit). ``view``: the
+        destination the instruction names, when ``dst`` is its reduction to one element per
+        address (a step-0 view: each repeated address holds its last write); what is
+        remembered is keyed and shaped by ``view``, the operand the trace records."""
         if old is None:
             return
         new = dst._data
-        self._changed[id(dst)] = _bits(new) != _bits(old)
-        self._written[id(dst)] = _bits(new).clone()
+        changed, written = _bits(new) != _bits(old), _bits(new).clone()
+        if view is not None and view is not dst:
+            shape = tuple(view._data.shape)
+            changed, written, dst = changed.expand(shape), written.expand(shape), view
+        self._changed[id(dst)] = changed
+        self._written[id(dst)] = written
 
     def after_store_indirect(self, dst, old, new) -> None:
         """The same for a store through a run-time access pattern (elements in the view's

@@ -260,6 +260,7 @@ def store(instr, dst: NkiTensor, value: torch.Tensor, matmul=False, raw=False) -
         bits = bits.expand(dst.shape) if bits.numel() == 1 else bits.reshape(dst.shape)
         dst._store_bits(bits)
         return
+    view = dst  # the operand the instruction names (the race check keys on it)
     d = dst._data
     v = value
     if v.shape != d.shape and v.numel() == d.numel():
@@ -291,7 +292,7 @@ def store(instr, dst: NkiTensor, value: torch.Tensor, matmul=False, raw=False) -
     elif a.kind == "hbm":
         a.written = True
         if races is not None:
-            races.after_store(dst, old)
+            races.after_store(dst, old, view)
 
 
 def cast_copy(instr, dst: NkiTensor, src: NkiTensor) -> None:
