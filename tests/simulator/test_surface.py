@@ -261,3 +261,55 @@ def test_cpu_simulate_takes_the_degree_of_a_bracketed_kernel():
             with pytest.raises(simulator.NkiValidationError, match=rf"cpu_simulate\(kernel\)\[{bad}\]: "
                                                                   "the logical-core degree must be 1 or 2"):
                 harness.cpu_simulate(_add_one)[bad]
+
+
+def _groups_in_kernel(x):
+    # a kernel builds its replica group from the partition op (the v2.33 API) and passes it on
+    import nki.collectives as cc
+    import nki.language as nl
+
+    group = cc.ReplicaGroup.from_partition_op(8, cc.rg_partition_op.mod, 2)
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    nl.store(out, t if len(group.replica_groups) == 2 else t + 1)
+    return out
+
+
+@pytest.mark.parametrize("op, operand, groups", [
+    # the v2.33 nki.collectives.ReplicaGroup page's three examples over 8 ranks
+    ("bitwise_and", 0, [[0, 1, 2, 3, 4, 5, 6, 7]]),
+    ("div", 4, [[0, 1, 2, 3], [4, 5, 6, 7]]),
+    ("mod", 4, [[0, 4], [1, 5], [2, 6], [3, 7]]),
+    # rank & 2 in {0, 2}: ranks 0, 1, 4, 5 and 2, 3, 6, 7; rank // 3: three lists, the last short
+    ("bitwise_and", 2, [[0, 1, 4, 5], [2, 3, 6, 7]]),
+    ("div", 3, [[0, 1, 2], [3, 4, 5], [6, 7]]),
+])
+def test_replica_group_from_partition_op(op, operand, groups):
+    with simulator.activated("trn2") as nki:
+        import nki.collectives as cc
+
+        group = cc.ReplicaGroup.from_partition_op(8, getattr(cc.rg_partition_op, op), operand)
+        assert group.replica_groups == groups
+        assert sorted(r for g in group.replica_groups for r in g) == list(range(8))
+        x = torch.randn(4, 6)
+        assert torch.equal(nki.jit(_groups_in_kernel)(x), x)
+
+
+@pytest.mark.parametrize("args, match", [
+    ((0, "div", 4), r"world_size=0 must be an integer >= 1"),
+    ((8, "div", 0), r"operand=0 must be an integer >= 1"),
+    ((8, "mod", -1), r"operand=-1 must be an integer >= 1"),
+    ((8, "bitwise_and", -1), r"operand=-1 must be an integer >= 0"),
+    ((8.0, "div", 4), r"world_size=8.0 must be an integer >= 1"),
+    ((8, "div", True), r"operand=True must be an integer >= 1"),
+    ((8, "div_str", 4), r"op='div' must be an rg_partition_op \(rg_partition_op.bitwise_and, "
+                        r"rg_partition_op.div, rg_partition_op.mod\)"),
+])
+def test_replica_group_from_partition_op_refuses_bad_arguments(args, match):
+    with simulator.activated("trn2"):
+        import nki.collectives as cc
+
+        world_size, op, operand = args
+        op = "div" if op == "div_str" else getattr(cc.rg_partition_op, op)
+        with pytest.raises(ValueError, match=match):
+            cc.ReplicaGroup.from_partition_op(world_size, op, operand)
