@@ -81,13 +81,6 @@ class Context:
     def shared_hbm(self) -> list:
         return self.run.shared_hbm
 
-    def core(self, program_id: int) -> "Context":
-        """The context of another physical core of this run (created on first use)."""
-        for c in self.run.cores:
-            if c.program_id == program_id:
-                return c
-        return Context(run=self.run, program_id=program_id)
-
     def shared_hbm_tensor(self, shape, dtype, region, name, fill):
         """This core's next shared_hbm allocation: the same tensor as the other core's
         allocation of the same rank (created by whichever core gets there first)."""
