@@ -66,13 +66,17 @@ def _param_grad(t):
     return Replicate() if t is None else Partial()
 
 
-def _rows(input, extra_dims: int, params: list):
-    """Shard any dim of ``input`` but its last ``extra_dims`` (each row is computed alone);
-    ``params``: the placement of every other argument (``Replicate()`` for a weight, None for
-    a non-tensor or an absent tensor)."""
+def _rows(input, extra_dims: int, params: list, *, inputs: int = 1, outputs: int = 1, grads: tuple = ()):
+    """Shard any dim of ``input`` but its last ``extra_dims`` (each row is computed alone):
+    the first ``inputs`` arguments (shaped like ``input``, or like it but for the last dim)
+    and the first ``outputs`` results shard alike. ``params``: the placement of every other
+    argument (``Replicate()`` for a weight, None for a non-tensor or an absent tensor);
+    ``grads``: the parameters (or None) whose gradients follow the row results
+    (``_param_grad`` where the rows are sharded)."""
     replicate, shard = _placements()
-    rules = [([replicate], [replicate] + params)]
-    rules += [([shard(d)], [shard(d)] + params) for d in range(input.ndim - extra_dims)]
+    rules = [([replicate] * (outputs + len(grads)), [replicate] * inputs + params)]
+    rules += [([shard(d)] * outputs + [_param_grad(g) for g in grads], [shard(d)] * inputs + params)
+              for d in range(input.ndim - extra_dims)]
     return rules
 
 
@@ -90,10 +94,7 @@ def _layer_norm(input, normalized_shape, weight, bias, eps):
 
 
 def _fused_add_rms_norm(input, residual, weight, eps):
-    replicate, shard = _placements()
-    rules = [([replicate, replicate], [replicate, replicate, _param(weight), None])]
-    rules += [([shard(d), shard(d)], [shard(d), shard(d), _param(weight), None]) for d in range(input.ndim - 1)]
-    return rules
+    return _rows(input, 1, [_param(weight), None], inputs=2, outputs=2)
 
 
 def _gelu(input, approximate):
@@ -162,55 +163,32 @@ def _scaled_dot_product_attention(query, key, value, attn_mask, is_causal, scale
 # so it is Partial where the rows are sharded (_param_grad).
 
 def _rms_norm_backward(grad_output, input, normalized_shape, weight, eps):
-    replicate, shard = _placements()
-    params = [None, _param(weight), None]
-    rules = [([replicate, replicate], [replicate, replicate] + params)]
-    rules += [([shard(d), _param_grad(weight)], [shard(d), shard(d)] + params)
-              for d in range(input.ndim - len(normalized_shape))]
-    return rules
+    return _rows(input, len(normalized_shape), [None, _param(weight), None], inputs=2, grads=(weight,))
 
 
 def _fused_add_rms_norm_backward(grad_output, grad_total, total, weight, eps):
     """grads (of the output y and of the sum x + residual) and the saved sum: rows."""
-    replicate, shard = _placements()
-    params = [_param(weight), None]
-    rules = [([replicate, replicate], [replicate] * 3 + params)]
-    rules += [([shard(d), _param_grad(weight)], [shard(d)] * 3 + params) for d in range(total.ndim - 1)]
-    return rules
+    return _rows(total, 1, [_param(weight), None], inputs=3, grads=(weight,))
 
 
 def _layer_norm_train(input, normalized_shape, weight, bias, eps):
     """(output, stats [*row dims, 2]): the statistics shard with the input's row dims."""
-    replicate, shard = _placements()
-    params = [None, _param(weight), _param(bias), None]
-    rules = [([replicate, replicate], [replicate] + params)]
-    rules += [([shard(d), shard(d)], [shard(d)] + params) for d in range(input.ndim - len(normalized_shape))]
-    return rules
+    return _rows(input, len(normalized_shape), [None, _param(weight), _param(bias), None], outputs=2)
 
 
 def _layer_norm_backward(grad_output, input, stats, normalized_shape, weight, bias, eps):
-    replicate, shard = _placements()
-    params = [None, _param(weight), _param(bias), None]
-    rules = [([replicate] * 3, [replicate] * 3 + params)]
-    rules += [([shard(d), _param_grad(weight), _param_grad(bias)], [shard(d)] * 3 + params)
-              for d in range(input.ndim - len(normalized_shape))]
-    return rules
+    return _rows(input, len(normalized_shape), [None, _param(weight), _param(bias), None], inputs=3,
+                 grads=(weight, bias))
 
 
 def _elementwise_backward(grad_output, input, *rest):
     """gelu / silu backward: every element alone (``rest``: non-tensor arguments)."""
-    replicate, shard = _placements()
-    extra = [None] * len(rest)
-    return [([replicate], [replicate, replicate] + extra)] + [
-        ([shard(d)], [shard(d), shard(d)] + extra) for d in range(input.ndim)]
+    return _rows(input, 0, [None] * len(rest), inputs=2)
 
 
 def _gated_backward(grad_output, input, *rest):
     """silu_and_mul / gelu_and_mul backward: dy [..., d] and x [..., 2d]: any dim but the last."""
-    replicate, shard = _placements()
-    extra = [None] * len(rest)
-    return [([replicate], [replicate, replicate] + extra)] + [
-        ([shard(d)], [shard(d), shard(d)] + extra) for d in range(input.ndim - 1)]
+    return _rows(input, 1, [None] * len(rest), inputs=2)
 
 
 def _softmax_backward(grad_output, output, dim):
