@@ -134,11 +134,6 @@ def _rows_view(t: torch.Tensor, hidden: int) -> torch.Tensor:
     return t.reshape(-1, hidden)
 
 
-def _row_count(input: torch.Tensor, normalized_shape: Sequence[int]) -> int:
-    """Rows of ``input`` viewed as [N, prod(normalized_shape)] (0 for an empty input)."""
-    return input.numel() // max(1, _hidden(normalized_shape))
-
-
 def _stats_shape(input: torch.Tensor, normalized_shape: Sequence[int]) -> tuple[int, ...]:
     """Shape of layer_norm's saved statistics: input's row dims (all but the normalized ones)
     and (mean, rstd). Laid out by row dims, not as [N, 2], so a shard of the input along any

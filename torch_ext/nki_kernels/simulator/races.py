@@ -55,20 +55,16 @@ class RaceTracker:
             return None
         return dst._data.clone()
 
-    def after_store(self, dst, old, view=None) -> None:
-        """Remember which elements of ``dst`` the store changed (bit for bit). ``view``: the
-        destination the instruction names, when ``dst`` is its reduction to one element per
-        address (a step-0 view: each repeated address holds its last write); what is
-        remembered is keyed and shaped by ``view``, the operand the trace records."""
+    def after_store(self, view, dst, old) -> None:
+        """Remember which elements of ``view``, the destination the instruction names (the
+        operand the trace records), the store changed (bit for bit). ``dst`` is what was
+        written: ``view`` itself, or its reduction to one element per address (a step-0
+        view: each repeated address holds its last write), broadcast back to ``view``."""
         if old is None:
             return
-        new = dst._data
-        changed, written = _bits(new) != _bits(old), _bits(new).clone()
-        if view is not None and view is not dst:
-            shape = tuple(view._data.shape)
-            changed, written, dst = changed.expand(shape), written.expand(shape), view
-        self._changed[id(dst)] = changed
-        self._written[id(dst)] = written
+        new, shape = dst._data, tuple(view._data.shape)
+        self._changed[id(view)] = (_bits(new) != _bits(old)).expand(shape)
+        self._written[id(view)] = _bits(new).clone().expand(shape)
 
     def after_store_indirect(self, dst, old, new) -> None:
         """The same for a store through a run-time access pattern (elements in the view's

@@ -292,7 +292,7 @@ def store(instr, dst: NkiTensor, value: torch.Tensor, matmul=False, raw=False) -
     elif a.kind == "hbm":
         a.written = True
         if races is not None:
-            races.after_store(dst, old, view)
+            races.after_store(view, dst, old)
 
 
 def cast_copy(instr, dst: NkiTensor, src: NkiTensor) -> None:
