@@ -461,9 +461,12 @@ def matmul_add_rmsnorm(x_tensor, w_tensor, eps, z_tensor, g_tensor):
     tile of K: the beta-1 ``nl.matmul(x_tile, w_tile)`` takes x with M on partitions, so the
     compiler inserts a TensorE transpose of the [128, 128] x slice into PSUM and a copy to
     SBUF before the matmul, one per matmul (the profile's transpose_flops, 2048 transposes,
-    say it did not hoist them out of the N loop); the copies and the PSUM -> SBUF result
-    copies go to ScalarE (``nl.copy`` leaves the engine to the compiler: 2048 + 128 copies
-    fit ScalarE's 16.8 % active, not VectorE's 12.4 %). Then per block: load z, VectorE add,
+    say it did not hoist them out of the N loop). The transposes are matmuls against an fp32
+    identity loaded once from HBM (nc_matmul is_transpose), as in add_rmsnorm_matmul, whose
+    profile's HBM reads count that identity for the same compiler-inserted transposes (until
+    2026-12-06 this port used nc_transpose, which loads none); the copies and the PSUM ->
+    SBUF result copies go to ScalarE (``nl.copy`` leaves the engine to the compiler: 2048 +
+    128 copies fit ScalarE's 16.8 % active, not VectorE's 12.4 %). Then per block: load z, VectorE add,
     ScalarE square, VectorE sum over the row, / N and + eps (VectorE), ScalarE rsqrt,
     VectorE multiply by the [128, 1] reciprocal and by g, one store.
 
@@ -485,6 +488,7 @@ def matmul_add_rmsnorm(x_tensor, w_tensor, eps, z_tensor, g_tensor):
             raise ValueError(f"matmul_add_rmsnorm: {name}={value} must be a multiple of {tile} "
                              "(beta-1's tiles, no remainder handling)")
     out = nl.ndarray((M, N), dtype=x_tensor.dtype, buffer=nl.shared_hbm)
+    ident = nl.shared_identity_matrix(P, dtype=nl.float32)
     g_t = _broadcast_on_tensore(g_tensor)
     w_t = nl.ndarray((tk, K // tk, N), dtype=w_tensor.dtype, buffer=nl.sbuf)
     for n in range(N // tn):
@@ -499,8 +503,9 @@ def matmul_add_rmsnorm(x_tensor, w_tensor, eps, z_tensor, g_tensor):
         for n in range(N // tn):
             acc = nl.ndarray((tm, tn), dtype=nl.float32, buffer=nl.psum)
             for k in range(K // tk):
-                xT_ps = nl.ndarray((tk, tm), dtype=x_tensor.dtype, buffer=nl.psum)
-                nisa.nc_transpose(dst=xT_ps, data=x_t[:, k * tk:(k + 1) * tk], engine=nisa.engine.tensor)
+                xT_ps = nl.ndarray((tk, tm), dtype=nl.float32, buffer=nl.psum)
+                nisa.nc_matmul(dst=xT_ps, stationary=x_t[:, k * tk:(k + 1) * tk], moving=ident,
+                               is_transpose=True)
                 xT = nl.ndarray((tk, tm), dtype=x_tensor.dtype, buffer=nl.sbuf)
                 nisa.activation(dst=xT, op=nl.copy, data=xT_ps)
                 nisa.nc_matmul(dst=acc, stationary=xT, moving=w_t[:, k, n * tn:(n + 1) * tn])
