@@ -1,5 +1,5 @@
-"""Ports of NKIBench kernels (zhang677/AccelOpt @2dbeab40, NKIBench/kernels/*_0.py and
-samples/nki/*_optimized.py), measured on trn1.32xlarge in fp32 (hw-measurements.md 10).
+"""Ports of NKIBench kernels (zhang677/AccelOpt @2dbeab40, NKIBench/kernels/*_0.py, and
+samples/nki/rope_optimized.py @8b58afd, a later commit: 2dbeab40 holds its profile), measured on trn1.32xlarge in fp32 (hw-measurements.md 10).
 
 Our own beta-2 code (NKI 0.7) that issues the instruction sequence of each beta-1 kernel:
 the same tiles, loop order, instructions and engines. Where the beta-1 code left a
@@ -70,9 +70,10 @@ def rope_baseline(x_in, cos, sin):
     move the same HBM bytes). That ScalarE time is work the compiler adds, not the copy;
     had the compiler added as much to the baseline, the copies on ScalarE (~224 us) would
     have made it ~835 us. GpSimd's 0.7 % (32 us) has no room for them either, so the copy
-    runs on VectorE (modeled 3266 us, was 3005 with it on ScalarE; VectorE busy 3235 against
+    runs on VectorE (modeled 3266 us then, 3005 with it on ScalarE; VectorE busy 3235 against
     the measured 3104, was 2974; at the refitted overlap, docs/cost-model.md, 3202 and
-    3171).
+    3171; these figures predate the sequential-loop rule below, under which the row models
+    5252 us: docs/cost-model.md "Beta-1 sequential loops").
 
     The source loops over tiles with a plain Python ``range``, which the beta-1 compiler
     replaced with ``sequential_range`` ("much more conservative loop-level optimizations
@@ -123,8 +124,9 @@ def rope_optimized(x_in, cos, sin):
     product that reads it); the profile's HBM reads (268,435,456 B = x, cos and sin once)
     show the compiler merged the identical ones, so the port loads each of the four
     [64, 2048] operands once (until 2026-12-02 it issued all eight; VectorE bounds the
-    kernel either way: modeled 2887 us both). Its tile loop is a plain Python ``range``, as
-    in rope_baseline: a beta-1 sequential loop."""
+    kernel either way: modeled 2887 us both, before the sequential-loop rule; 3620 us under
+    it). Its tile loop is a plain Python ``range``, as in rope_baseline: a beta-1 sequential
+    loop."""
     d_head, seq = x_in.shape
     half = d_head // 2
     ts = 2048
@@ -169,8 +171,9 @@ def adamw(theta, g, m, v):
     512-column half fifteen instructions in the beta-1 order; one store. The beta-1 kernel
     leaves the engine of its seven tensor_scalar products/sums to the compiler: they run on
     ScalarE here, because the profile's ScalarE 61.6 % busy (1.23 ms, 3.6 us per half) is
-    eight ~0.45 us ScalarE instructions per half (silu's profile: 0.47 us per 512-column
-    activation), not the single sqrt. The element-wise tensor-tensor ops (nl.add/subtract/
+    about eight ~0.45 us ScalarE instructions per half (silu's profile: 0.47 us per
+    512-column activation), not the single sqrt (the port issues nine there: the seven, the
+    sqrt and the reciprocal). The element-wise tensor-tensor ops (nl.add/subtract/
     multiply) run on VectorE (the profile: VectorE 90 %, GpSimd 0.6 %); nisa.reciprocal runs
     on ScalarE, as in every port (module docstring)."""
     rows_total, cols = theta.shape
