@@ -47,7 +47,7 @@ SHARED_COST_RANGES: tuple[tuple[str, float, float], ...] = (
 VECTOR_ISSUE_CYCLES = 40.0
 # trn1's fixed costs per instruction (optimistic, pessimistic)
 TRN1_STATIC_RANGES: tuple[tuple[str, float, float], ...] = (
-    ("scalar_static_cycles", 60.0, 160.0),   # [S][A1] ~60 .. perf guide fig16 (hw-measurements.md: 1-element ACTIVATE 159 ns = 223 cycles = 64 + 159)
+    ("scalar_static_cycles", 60.0, 160.0),   # [A1] ~60 .. perf guide fig16 (hw-measurements.md: 1-element ACTIVATE 159 ns = 223 cycles = 64 + 159)
     ("vector_static_cycles", 100.0, 380.0),  # [P] ~100 .. perf guide fig17 (hw-measurements.md): tensor_tensor 2N + ~380
     ("gpsimd_static_cycles", 100.0, 380.0),  # as VectorE (no GpSimd measurement)
 )
@@ -74,14 +74,19 @@ class Target:
     tensor_peak_fp32_flops: float
     scalar_elems_per_cycle: int   # 16-bit data (trn3: 256 for bf16/fp16/fp8)
     # memory system [D][DB][A2]
-    dma_bytes_per_s: float        # practical DMA bandwidth per core
+    # DMA bandwidth per core: [D]'s table ("theoretical peak DMA bandwidth": 17 / 23 / 33 B/ns,
+    # 272 / 368 / 528 GB/s), also [DB]'s "peak"; the same [D] page elsewhere says 27.2 GB/s per
+    # engine for v2/v3 (38.4 for v4), [A1] 27 GiB/s: the documents disagree, the model takes
+    # the table (the error bar's pessimistic end is 10 % short of it)
+    dma_bytes_per_s: float
     dma_queues: int               # DMA engines a transfer is spread over
 
     # ---- per-instruction cost rules of cost/model.py ------------------------------------
     # Cycles are cycles of the engine running the instruction. Source keys as in
     # docs/hardware.md: [S] the "Estimated instruction cost" texts of the nki.isa
     # docstrings (Neuron 2.20-2.26); [P] the NKI performance guide (static instruction
-    # overhead ~100 cycles; dependent 1-element instructions ~266 ScalarE cycles apart);
+    # overhead ~100 cycles; dependent 1-element instructions "around 189 ns (264 ScalarE
+    # cycles on NC-v2)" apart);
     # [A1]/[A2]/[A3] the Trainium/Inferentia2, Trainium2, Trainium3 architecture guides;
     # [D] the DMA overview (16 DMA engines, 8 partitions each); [H] AWS's
     # neuron-agentic-development profiling rule rsqrt-engine-tradeoff-and-psum; [X] Neuron
@@ -91,8 +96,8 @@ class Target:
     # (docs/cost-model.md "Calibration").
     min_instruction_cycles: int = 64        # [S] MIN_II of VectorE/ScalarE (applied to GpSimd too)
     # Fixed engine occupancy of every Vector/Scalar/GpSimd instruction on top of
-    # max(MIN_II, N), per engine and per generation. [S][A1] say ~60 cycles (SBUF access
-    # init) and [P] "~100 cycles"; the profiles measure more, and differently per engine and
+    # max(MIN_II, N), per engine and per generation. [A1] says ~60 cycles ("a static
+    # overhead approximately 60 cycles on NeuronCore-v2", its tensor access overhead) and [P] "~100 cycles"; the profiles measure more, and differently per engine and
     # generation: a 1-element ACTIVATE occupies trn1's ScalarE 223 cycles (perf-guide
     # fig16) and NKIBench's trn1 ScalarE busy times want ~100, while trn2's ScalarE exp
     # measures N + ~350 at two sizes (DMA overview figures, rows scalar.exp_*); VectorE
@@ -172,8 +177,13 @@ class Target:
     scalar_elems_per_cycle_fp32: int = 128  # [A3] ScalarE 128 elem/cycle for 32-bit types on every generation
     # ALU "transcendental" ops (power, rsqrt, reciprocal) in tensor_scalar/tensor_tensor/...
     # are iterative on VectorE/GpSimd, unlike ScalarE's activation tables:
-    alu_transcendental_factor_vector: int = 8  # [S] VectorE reciprocal ~8N, applied to each such op
-    alu_transcendental_factor_gpsimd: int = 4  # [H] GpSimd ~4 cycles per element (4x ScalarE's rate)
+    # [S] gives max(MIN_II, 8N) for VectorE's `reciprocal` instruction only; applying it to
+    # every such ALU op (power, rsqrt, reciprocal inside tensor_scalar / tensor_tensor) is our
+    # extrapolation: no cost text prices them
+    alu_transcendental_factor_vector: int = 8
+    # [H] GpSimd ~4 cycles per element (4x ScalarE's rate); second-hand: the rule's text is
+    # quoted by a digest of AWS's agent rules, not read here (docs/hardware.md [H])
+    alu_transcendental_factor_gpsimd: int = 4
 
     # ---- DMA rules of cost/model.py (docs/cost-model.md "DMA") -------------------------
     # A transfer is spread over ceil(P / 8) of the dma_queues engines [D]; each engine
@@ -200,8 +210,9 @@ class Target:
     #   4 KiB point models 99.6 % instead of 98.1 %).
     dma_transfer_handoff_s: float = 0.0   # [F]
     # * queues: each DMA engine serves 16 queues; transfers within a queue run in order,
-    #   transfers of different queues are "scheduled in a round robin fashion" [D] ("DMA
-    #   Queues"). The transfer gap is a queue's (a stream of one queue's transfers is what
+    #   transfers of different queues are "scheduled in a round robin fashion (for
+    #   NeuronCore-v2 and v3)" [D] ("DMA Queues"; on v4 "based on the queue QoS configured",
+    #   which no document details: trn3 takes the same rule). The transfer gap is a queue's (a stream of one queue's transfers is what
     #   the curve of [D] measured); the engine's bandwidth is shared. Which queue a transfer
     #   takes is the compiler's choice ("typically tied to the trigger engine" [D]); the model
     #   gives every SBUF allocation site its own queue (a loop's transfers of one site stay
@@ -222,8 +233,11 @@ class Target:
     dma_transpose_hbm_efficiency: float = 0.9   # [A2] HBM->SBUF DMA transpose: up to 90% of DMA throughput
     dma_transpose_sbuf_efficiency: float = 0.5  # [A2] SBUF->SBUF DMA transpose: up to 50%
     # The two physical cores of a logical core have their own 16 DMA engines each [D] but
-    # share one HBM stack [L] ("Each bank is shared by two physical NeuronCore-v3");
-    # per-stack bandwidth = chip HBM bandwidth / stacks [C] (trn2: 2.9 TB/s / 4 stacks).
+    # share one HBM stack ("Each bank is shared by two physical NeuronCore-v3": aws-neuron-sdk
+    # about-neuron/arch/neuron-features/logical-neuroncore-config.rst, which also gives "four
+    # 24GB HBM banks"; [I] core_barrier: "two NeuronCores that share the same HBM stack");
+    # per-stack bandwidth = chip HBM bandwidth [C] / the stacks [A2][A3] ("4 HBM stacks"):
+    # trn2 2.9 TB/s / 4 ([A2] says 3 TB/s).
     # Both cores streaming get min(1, stack / (2 x dma_bytes_per_s)) of their DMA bandwidth.
     hbm_stack_bytes_per_s: float = 725e9
     # ---- TensorE's current (dI/dt) throttle (cost/schedule.py; docs/cost-model.md) ------
@@ -269,8 +283,8 @@ class Target:
     # Tiles allocated at the same place of a kernel (the same source line and call path) in
     # successive loop iterations share this many physical buffers, rotated: tile k waits
     # until every instruction touching tile k - depth is done. More when the program keeps
-    # more of them alive. [A1]/migration guide: "the compiler could choose to allocate 2
-    # physical tiles"; nki-library's allocator double-buffers ("interleave_degree=2").
+    # more of them alive. The NKI migration guide (nki/migration/index.rst): "the compiler
+    # could choose to allocate 2 physical tiles"; nki-library's allocator double-buffers ("interleave_degree=2").
     buffer_rotation_depth: int = 2
     # ---- the compiler that built a measured kernel ---------------------------------------
     # True only for ports of beta-1 kernels (calibrate.py, rows with compiler = "beta1"): their
@@ -385,7 +399,8 @@ TARGETS: dict[str, Target] = {
         tensor_peak_bf16_flops=92e12, tensor_peak_fp32_flops=23e12,
         scalar_elems_per_cycle=128,
         dma_bytes_per_s=272e9, dma_queues=16,
-        # [C] 820 GB/s of HBM for the chip's two cores (no LNC=2 on trn1: never shared)
+        # [A1] "2 HBM stacks ... 820 GB/s": the chip's total for its two cores, not a stack's
+        # ([C] says "820 GiB/sec"); no LNC=2 on trn1, so it never binds
         hbm_stack_bytes_per_s=820e9,
         # [A2] transpose mode and VectorE performance mode are new in NeuronCore-v3.
         transpose_fp32_factor=4, vector_perf_mode_full=1, vector_perf_mode_half=1,
@@ -417,7 +432,7 @@ TARGETS: dict[str, Target] = {
         tensor_peak_bf16_flops=79e12, tensor_peak_fp32_flops=20e12,
         scalar_elems_per_cycle=256,
         dma_bytes_per_s=528e9, dma_queues=16,
-        # [C] 4.9 TB/s over 4 stacks (the NKI trn3 guide says 4.7 TB/s: 1.18 TB/s)
+        # [C] 4.9 TB/s over the 4 stacks of [A3] (which says 4.7 TB/s: 1.18 TB/s per stack)
         hbm_stack_bytes_per_s=1.225e12,
         # [I] NeuronCore-v4: the moving tile may fill all 8 PSUM banks (4096 fp32 / 8192
         # bf16 elements), dst may be bf16, OCP float8_e4m3fn operands, accumulate onto
