@@ -28,7 +28,10 @@ PSUM read's (modeled 2656 us against 3124). Until 2026-12-02 the port broadcast 
 stride-0 DMA into SBUF (Mamba v2 at 4096 channels modeled +51 %). Versions differ in loop
 order, reuse and tiling:
 
-* v1: states outer, channel tiles inner; every operand loaded per (state, tile);
+* v1: states outer, channel tiles inner; every operand loaded per (state, tile), delta, A
+  and u each from a line of its own (its own allocation site, as the source's three tiles;
+  until audit s72 one line loaded all three, one rotating buffer family: 177.7 us modeled
+  at 256 channels, 157.8 us since) and in the source's order (delta, A, exp, u, B);
 * v2: channel tiles outer; delta and u loaded once per tile, reused across states;
 * v3: v2 with the sequence in 512-column chunks, the scan carried between chunks;
 * autocomp_v2: v2 with delta * u computed once per channel tile (Autocomp's second kernel,
@@ -94,15 +97,21 @@ def _delta_u(delta_t, u_t):
     return dU
 
 
-def _state_step(acc, delta_t, u_t, a_col, b_row, c_row, init, ones, dU=None):
-    """One (tile, state[, chunk]) step; returns the scan result (for a carried state).
-    ``dU``: delta * u computed once per tile by the caller (autocomp_v2), else here."""
+def _state_step(acc, delta_t, u_t, a_col, b_row, c_row, init, ones, dU=None, u_src=None):
+    """One (tile, state[, chunk]) step in the tutorial source's order (exp; [u's load;] B's
+    load; delta * u; B's broadcast; deltaBu; the scan; C's load and broadcast; scanC; acc +=);
+    returns the scan result (for a carried state). ``dU``: delta * u computed once per tile by
+    the caller (autocomp_v2/v3), else here. ``u_src``: v1's u, loaded here, after the exp, as
+    the source loads it (``u_t`` is then None)."""
     n = delta_t.shape[1]
     dA = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=dA, op=nl.exp, data=delta_t, scale=a_col)
-    b_t = _row_on_partitions(b_row, ones)
+    if u_src is not None:
+        u_t = _load(u_src)
+    b_sb = _load(b_row)
     if dU is None:
         dU = _delta_u(delta_t, u_t)
+    b_t = _broadcast(b_sb, ones)
     dBu = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=dBu, data1=dU, data2=b_t, op=nl.multiply, engine=nisa.engine.vector)
     h = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
@@ -144,8 +153,12 @@ def mamba(delta, u, a, b, c, version):
         for s in range(states):
             for t in range(tiles):
                 rows = slice(t * P, (t + 1) * P)
-                _state_step(accs[t], _load(delta[rows, :]), _load(u[rows, :]), _load(a[rows, s:s + 1]),
-                            b[s:s + 1, :], c[s:s + 1, :], 0.0, ones)
+                # delta, A and u each from a line of its own: a tile's allocation site is its
+                # line (the buffer rotation), and the source loads them into three variables
+                delta_t = _load(delta[rows, :])
+                a_col = _load(a[rows, s:s + 1])
+                _state_step(accs[t], delta_t, None, a_col, b[s:s + 1, :], c[s:s + 1, :], 0.0, ones,
+                            u_src=u[rows, :])
         for t in range(tiles):
             nisa.dma_copy(dst=out[t * P:(t + 1) * P, :], src=accs[t])
     elif version in ("v2", "v3", "autocomp_v2", "autocomp_v3"):
