@@ -263,7 +263,10 @@ def _autocomp_chunked(delta, u, a, b, c, out, ones, double_buffered):
                         nisa.dma_copy(dst=bufs[(s + 1) % 2][0], src=b[s + 1:s + 2, f0:f1])
                         nisa.dma_copy(dst=bufs[(s + 1) % 2][1], src=c[s + 1:s + 2, f0:f1])
                 else:
-                    b_row, c_row = _load(b[s:s + 1, f0:f1]), _load(c[s:s + 1, f0:f1])
+                    # a line each: a tile's allocation site is its line, and the source's B_i
+                    # and C_i are two tiles (one line made them one rotating buffer family)
+                    b_row = _load(b[s:s + 1, f0:f1])
+                    c_row = _load(c[s:s + 1, f0:f1])
                 b_t = _broadcast(b_row, ones)
                 c_t = _broadcast(c_row, ones)
                 dBu = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
