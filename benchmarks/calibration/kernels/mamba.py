@@ -250,8 +250,12 @@ def _autocomp_chunked(delta, u, a, b, c, out, ones, double_buffered):
             acc = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.psum)
             nisa.memset(dst=acc, value=0.0, engine=nisa.engine.vector)
             if double_buffered:
-                bufs = [(nl.ndarray((1, n), dtype=b.dtype, buffer=nl.sbuf),
-                         nl.ndarray((1, n), dtype=c.dtype, buffer=nl.sbuf)) for _ in range(2)]
+                # four lines, four allocation sites, as the source's B_buf0, B_buf1, C_buf0, C_buf1
+                b_buf0 = nl.ndarray((1, n), dtype=b.dtype, buffer=nl.sbuf)
+                b_buf1 = nl.ndarray((1, n), dtype=b.dtype, buffer=nl.sbuf)
+                c_buf0 = nl.ndarray((1, n), dtype=c.dtype, buffer=nl.sbuf)
+                c_buf1 = nl.ndarray((1, n), dtype=c.dtype, buffer=nl.sbuf)
+                bufs = [(b_buf0, c_buf0), (b_buf1, c_buf1)]
                 nisa.dma_copy(dst=bufs[0][0], src=b[0:1, f0:f1])
                 nisa.dma_copy(dst=bufs[0][1], src=c[0:1, f0:f1])
             for s in state_loop(states):
