@@ -97,12 +97,14 @@ def _delta_u(delta_t, u_t):
     return dU
 
 
-def _state_step(acc, delta_t, u_t, a_col, b_row, c_row, init, ones, dU=None, u_src=None):
+def _state_step(acc, delta_t, u_t, a_col, b_row, c_row, init, ones, dU=None, u_src=None, carry=None):
     """One (tile, state[, chunk]) step in the tutorial source's order (exp; [u's load;] B's
     load; delta * u; B's broadcast; deltaBu; the scan; C's load and broadcast; scanC; acc +=);
     returns the scan result (for a carried state). ``dU``: delta * u computed once per tile by
     the caller (autocomp_v2/v3), else here. ``u_src``: v1's u, loaded here, after the exp, as
-    the source loads it (``u_t`` is then None)."""
+    the source loads it (``u_t`` is then None). ``carry``: v3's and AccelOpt's carried state, a
+    [P, 1] column the scan's last column is copied into (VectorE) right after the scan, where
+    the sources copy it (before C's load and scanC)."""
     n = delta_t.shape[1]
     dA = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=dA, op=nl.exp, data=delta_t, scale=a_col)
@@ -116,6 +118,8 @@ def _state_step(acc, delta_t, u_t, a_col, b_row, c_row, init, ones, dU=None, u_s
     nisa.tensor_tensor(dst=dBu, data1=dU, data2=b_t, op=nl.multiply, engine=nisa.engine.vector)
     h = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor_scan(dst=h, data0=dA, data1=dBu, initial=init, op0=nl.multiply, op1=nl.add)
+    if carry is not None:
+        nisa.tensor_copy(dst=carry, src=h[:, n - 1:n], engine=nisa.engine.vector)
     c_t = _row_on_partitions(c_row, ones)
     sc = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=sc, data1=h, data2=c_t, op=nl.multiply, engine=nisa.engine.vector)
@@ -164,11 +168,16 @@ def mamba(delta, u, a, b, c, version):
     elif version in ("v2", "v3", "autocomp_v2", "autocomp_v3"):
         for t in range(tiles):
             rows = slice(t * P, (t + 1) * P)
-            acc = _zeroed((P, seq))
+            autocomp = version.startswith("autocomp")
+            # the accumulator's nl.zeros where each source has it: before the loads (the tutorial),
+            # after delta * u and (autocomp_v3) A's load (Autocomp's kernels)
+            acc = None if autocomp else _zeroed((P, seq))
             delta_t = _load(delta[rows, :])
             u_t = _load(u[rows, :])
-            dU = _delta_u(delta_t, u_t) if version.startswith("autocomp") else None
+            dU = _delta_u(delta_t, u_t) if autocomp else None
             a_block = _load(a[rows, :]) if version == "autocomp_v3" else None   # A once per tile
+            if acc is None:
+                acc = _zeroed((P, seq))
             for s in range(states):
                 a_col = a_block[:, s:s + 1] if a_block is not None else _load(a[rows, s:s + 1])
                 if version != "v3":     # v2, autocomp_v2/v3 (dU given): the whole sequence per step
@@ -178,9 +187,8 @@ def mamba(delta, u, a, b, c, version):
                 nisa.memset(dst=carry, value=0.0)
                 for k in range(seq // CHUNK):
                     cols = slice(k * CHUNK, (k + 1) * CHUNK)
-                    h = _state_step(acc[:, cols], delta_t[:, cols], u_t[:, cols], a_col, b[s:s + 1, cols],
-                                    c[s:s + 1, cols], carry, ones)
-                    nisa.tensor_copy(dst=carry, src=h[:, CHUNK - 1:CHUNK], engine=nisa.engine.vector)
+                    _state_step(acc[:, cols], delta_t[:, cols], u_t[:, cols], a_col, b[s:s + 1, cols],
+                                c[s:s + 1, cols], carry, ones, carry=carry)
             nisa.dma_copy(dst=out[rows, :], src=acc)
     elif version == "accelopt":
         carries = [nl.ndarray((P, states), dtype=nl.float32, buffer=nl.sbuf) for _ in range(tiles)]
@@ -196,10 +204,8 @@ def mamba(delta, u, a, b, c, version):
                 delta_t = _load(delta[rows, cols])
                 u_t = _load(u[rows, cols])
                 for s in range(states):
-                    h = _state_step(accs[t], delta_t, u_t, _load(a[rows, s:s + 1]), b[s:s + 1, cols],
-                                    c[s:s + 1, cols], carries[t][:, s:s + 1], ones)
-                    nisa.tensor_copy(dst=carries[t][:, s:s + 1], src=h[:, CHUNK - 1:CHUNK],
-                                     engine=nisa.engine.vector)
+                    _state_step(accs[t], delta_t, u_t, _load(a[rows, s:s + 1]), b[s:s + 1, cols],
+                                c[s:s + 1, cols], carries[t][:, s:s + 1], ones, carry=carries[t][:, s:s + 1])
             for t in range(tiles):
                 nisa.dma_copy(dst=out[t * P:(t + 1) * P, cols], src=accs[t])
     elif version in ("autocomp_v4", "autocomp_v5"):
