@@ -97,7 +97,8 @@ class Target:
     min_instruction_cycles: int = 64        # [S] MIN_II of VectorE/ScalarE (applied to GpSimd too)
     # Fixed engine occupancy of every Vector/Scalar/GpSimd instruction on top of
     # max(MIN_II, N), per engine and per generation. [A1] says ~60 cycles ("a static
-    # overhead approximately 60 cycles on NeuronCore-v2", its tensor access overhead) and [P] "~100 cycles"; the profiles measure more, and differently per engine and
+    # overhead approximately 60 cycles on NeuronCore-v2", its tensor access overhead) and
+    # [P] "~100 cycles"; the profiles measure more, and differently per engine and
     # generation: a 1-element ACTIVATE occupies trn1's ScalarE 223 cycles (perf-guide
     # fig16) and NKIBench's trn1 ScalarE busy times want ~100, while trn2's ScalarE exp
     # measures N + ~350 at two sizes (DMA overview figures, rows scalar.exp_*); VectorE
