@@ -773,6 +773,21 @@ def gated(rows: list[Row]) -> list[Row]:
     return [r for r in rows if not r.known_miss and not r.unmeasured]
 
 
+# Rank groups the model is known to misorder, with the cause (docs/cost-model.md "Ranking
+# exceptions"). The gated check skips them and tests/cost/test_calibration.py checks that
+# each one still misorders, so an exception that the model comes to order goes.
+RANK_EXCEPTIONS = {
+    "mamba.c4096_s512": (
+        "the model charges the tutorial's v2 VectorE stream above its profile (durations +16 %, "
+        "active time +26 %: the profile's instructions are shorter and overlap more than the "
+        "model's rule lets them; it also counts ~0.7 VectorE instructions per (tile, state) "
+        "the source does not issue) and v1's about as measured, so it models the pair within "
+        "0.2 % where v2 measured 31 % faster; until 2026-12-06 a port defect (v1's three loads "
+        "sharing one rotating buffer family) held v1 1 % behind, so the order it printed was "
+        "not evidence"),
+}
+
+
 def rankings(rows: list[Row], values: dict[str, float]) -> list[tuple[str, list[str], list[str], bool]]:
     """(group, measured order, modeled order, same) per rank_group (fastest first). ``same``:
     every pair measured more than RANK_TIE apart is modeled in the measured order (pairs
@@ -830,7 +845,9 @@ def report(rows: list[Row], values: dict[str, float], params: dict | None = None
         lines.append(bar_coverage(rows, values, band))
     for g, measured, model, same in rankings(rows, values):
         lines.append(f"rank {g}: measured {' < '.join(measured)}; modeled {' < '.join(model)}: "
-                     f"{'same order' if same else 'DIFFERENT ORDER'} (times within {RANK_TIE:.0%} are ties)")
+                     f"{'same order' if same else 'DIFFERENT ORDER'} (times within {RANK_TIE:.0%} are ties)"
+                     + (f"; a known ranking exception: {RANK_EXCEPTIONS[g]}" if g in RANK_EXCEPTIONS and not same
+                        else ""))
     for r in rows:
         if r.known_miss:
             lines.append(f"known miss {r.id} ({errs[r.id]:+.0%}): {r.known_miss}")

@@ -32,7 +32,8 @@ def _check(calibrate, rows, values=None):
     assert not outside, f"held-out rows outside +-{calibrate.HELD_OUT_BAND:.0%}: {outside}"
     mean = sum(abs(errs[r.id]) for r in held) / len(held)
     assert mean <= calibrate.HELD_OUT_MEAN_BAND, f"held-out mean |error| {mean:.0%}"
-    wrong = [(g, m, o) for g, m, o, same in calibrate.rankings(rows, values) if not same]
+    wrong = [(g, m, o) for g, m, o, same in calibrate.rankings(rows, values)
+             if not same and g not in calibrate.RANK_EXCEPTIONS]
     assert not wrong, f"variants ordered differently from the measurements: {wrong}"
     return values
 
@@ -170,6 +171,20 @@ def test_the_model_stays_within_the_band_on_the_held_out_measurements(calibrate,
     errs = calibrate.errors(rows, wrong)
     assert any(abs(errs[r.id]) > calibrate.HELD_OUT_BAND for r in rows if r.split == "test")
     assert values
+
+
+def test_each_ranking_exception_still_misorders_and_says_why(calibrate, public_modeled):
+    # an exception excuses one named rank group, with its cause; once the model orders the
+    # group as measured, the exception must go (so the gated check covers it again)
+    rows, values = public_modeled
+    order = {g: same for g, _, _, same in calibrate.rankings(calibrate.gated(rows), values)}
+    for group, cause in calibrate.RANK_EXCEPTIONS.items():
+        assert group in order, f"{group}: no such rank group among the fast rows"
+        assert not order[group], f"{group} is now modeled in the measured order: drop its exception"
+        assert len(cause) > 80, group
+    # the report says which misorder is a known exception
+    text = calibrate.report(rows, values)
+    assert "a known ranking exception" in text
 
 
 @pytest.mark.sweep
