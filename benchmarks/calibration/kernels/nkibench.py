@@ -1,5 +1,6 @@
 """Ports of NKIBench kernels (zhang677/AccelOpt @2dbeab40, NKIBench/kernels/*_0.py, and
-samples/nki/rope_optimized.py @8b58afd, a later commit: 2dbeab40 holds its profile), measured on trn1.32xlarge in fp32 (hw-measurements.md 10).
+samples/nki/rope_optimized.py @8b58afd, a later commit: 2dbeab40 holds its profile),
+measured on trn1.32xlarge in fp32 (hw-measurements.md 10).
 
 Our own beta-2 code (NKI 0.7) that issues the instruction sequence of each beta-1 kernel:
 the same tiles, loop order, instructions and engines. Where the beta-1 code left a
