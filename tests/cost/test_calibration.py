@@ -185,6 +185,9 @@ def test_each_ranking_exception_still_misorders_and_says_why(calibrate, public_m
     # the report says which misorder is a known exception
     text = calibrate.report(rows, values)
     assert "a known ranking exception" in text
+    # and which fitted values are measured but not taken (PENDING_REFIT), with hardware.py's
+    for name, value in calibrate.PENDING_REFIT.items():
+        assert f"pending refit: {name} = {value:g} on the train rows" in text
 
 
 @pytest.mark.sweep
@@ -204,6 +207,12 @@ def test_the_fitted_parameters_are_the_ones_in_hardware_py(calibrate):
         scope, field = calibrate.scoped(name)
         # a bare name is shared by every generation; "trnN:field" is that target's own
         for t in [TARGETS[scope]] if scope else TARGETS.values():
+            if name in calibrate.PENDING_REFIT:
+                # measured and documented, not taken yet: the fit must still give exactly the
+                # listed value, and hardware.py must not hold it yet
+                assert value == pytest.approx(calibrate.PENDING_REFIT[name]), name
+                assert getattr(t, field) != pytest.approx(value), f"{name} taken: drop it from PENDING_REFIT"
+                continue
             assert getattr(t, field) == pytest.approx(value), f"{t.name}.{field}"
             if field == "vector_static_cycles":   # GpSimd takes VectorE's number
                 assert t.gpsimd_static_cycles == pytest.approx(value), t.name
