@@ -44,6 +44,8 @@ SHARED_COST_RANGES: tuple[tuple[str, float, float], ...] = (
 # Cycles an independent VectorE instruction adds behind another beyond its streaming:
 # vector_static_cycles - vector_overlap_cycles, measured on trn1 (360 - 320, [F] the Mamba
 # v1 profile pair) and carried to the generations that have no measurement of their own.
+# Since 2026-12-06 the corrected train rows fit 400 - 320 = 80, a refit not yet taken
+# (benchmarks/calibrate.py PENDING_REFIT; docs/cost-model.md "The port audit of 2026-12-06").
 VECTOR_ISSUE_CYCLES = 40.0
 # trn1's fixed costs per instruction (optimistic, pessimistic)
 TRN1_STATIC_RANGES: tuple[tuple[str, float, float], ...] = (
