@@ -70,15 +70,6 @@ def _load(src):
     return t
 
 
-def _row_on_partitions(row_hbm, ones):
-    """[P, n] PSUM broadcast of a [1, n] HBM row: the row on one partition, then ones^T @ row
-    on TensorE, one matmul per PSUM bank (512 fp32 columns)."""
-    n = row_hbm.shape[1]
-    row = nl.ndarray((1, n), dtype=row_hbm.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=row, src=row_hbm)
-    return _broadcast(row, ones)
-
-
 def _broadcast(row, ones):
     """[P, n] PSUM broadcast of a [1, n] SBUF row: ones^T @ row on TensorE, one matmul per
     PSUM bank (512 fp32 columns)."""
@@ -120,7 +111,7 @@ def _state_step(acc, delta_t, u_t, a_col, b_row, c_row, init, ones, dU=None, u_s
     nisa.tensor_tensor_scan(dst=h, data0=dA, data1=dBu, initial=init, op0=nl.multiply, op1=nl.add)
     if carry is not None:
         nisa.tensor_copy(dst=carry, src=h[:, n - 1:n], engine=nisa.engine.vector)
-    c_t = _row_on_partitions(c_row, ones)
+    c_t = _broadcast(_load(c_row), ones)
     sc = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=sc, data1=h, data2=c_t, op=nl.multiply, engine=nisa.engine.vector)
     nisa.tensor_tensor(dst=acc, data1=acc, data2=sc, op=nl.add, engine=nisa.engine.vector)
