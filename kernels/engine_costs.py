@@ -214,8 +214,8 @@ DERIVED = ("vector_stream_cycles",)
 
 # NeuronCore-v2 (trn1), -v3 (trn2), -v4 (trn3)
 _GEN2 = EngineCosts(vector_ghz=1.12, scalar_ghz=1.4, gpsimd_ghz=1.4, vector_psum_copy_16bit_rate=1,
-                    vector_instr_cycles=360.0, scalar_instr_cycles=100.0,
-                    gpsimd_instr_cycles=360.0, vector_overlap_cycles=320.0, min_instruction_cycles=64,
+                    vector_instr_cycles=400.0, scalar_instr_cycles=100.0,
+                    gpsimd_instr_cycles=400.0, vector_overlap_cycles=320.0, min_instruction_cycles=64,
                     vector_reduce_readout_cycles=64, dma_bytes_per_s=272e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0, dma_descriptor_bytes=20.0,
                     dma_transpose_efficiency=0.5,
@@ -225,8 +225,8 @@ _GEN2 = EngineCosts(vector_ghz=1.12, scalar_ghz=1.4, gpsimd_ghz=1.4, vector_psum
                     vector_16bit_rate=1, scalar_16bit_rate=1, vector_reduce_bf16_rate=2,
                     vector_reciprocal_factor=8)
 _GEN3 = EngineCosts(vector_ghz=0.96, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_copy_16bit_rate=2,
-                    vector_instr_cycles=100.0, scalar_instr_cycles=360.0,
-                    gpsimd_instr_cycles=100.0, vector_overlap_cycles=60.0, min_instruction_cycles=64,
+                    vector_instr_cycles=150.0, scalar_instr_cycles=360.0,
+                    gpsimd_instr_cycles=150.0, vector_overlap_cycles=70.0, min_instruction_cycles=64,
                     vector_reduce_readout_cycles=64, dma_bytes_per_s=368e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0, dma_descriptor_bytes=20.0,
                     dma_transpose_efficiency=0.5,
@@ -236,8 +236,8 @@ _GEN3 = EngineCosts(vector_ghz=0.96, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum
                     vector_16bit_rate=4, scalar_16bit_rate=1, vector_reduce_bf16_rate=2,
                     vector_reciprocal_factor=8)
 _GEN4 = EngineCosts(vector_ghz=1.2, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_copy_16bit_rate=2,
-                    vector_instr_cycles=100.0, scalar_instr_cycles=360.0,
-                    gpsimd_instr_cycles=100.0, vector_overlap_cycles=60.0, min_instruction_cycles=64,
+                    vector_instr_cycles=150.0, scalar_instr_cycles=360.0,
+                    gpsimd_instr_cycles=150.0, vector_overlap_cycles=70.0, min_instruction_cycles=64,
                     vector_reduce_readout_cycles=64, dma_bytes_per_s=528e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0, dma_descriptor_bytes=20.0,
                     dma_transpose_efficiency=0.5,

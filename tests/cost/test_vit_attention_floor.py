@@ -45,7 +45,7 @@ def _tiles_per_bank():
     return (get_target("trn2").psum_bank_bytes // FP32) // SEQ      # 2 score rows of 197
 
 
-@pytest.mark.parametrize("heads,floor_us", [(12, 40.6), (16, 54.1)])
+@pytest.mark.parametrize("heads,floor_us", [(12, 39.6), (16, 52.7)])
 def test_this_kernel_s_row_maxes_alone_exceed_what_the_vit_target_allows(heads, floor_us):
     # this kernel: one head per 128-query tile (197 queries: 2 tiles), two heads' scores per
     # one-bank reduce (kernels/attention_transposed.py)
@@ -65,7 +65,7 @@ def test_cross_head_tiles_with_multi_bank_reduces_are_not_excluded():
     allowed_us = _eager_low_us(12) / TARGET_SPEEDUP
     one_bank = _row_max_floor_us(tiles, _tiles_per_bank())
     two_banks = _row_max_floor_us(tiles, 2 * _tiles_per_bank())
-    assert (tiles, round(one_bank, 1), round(two_banks, 1)) == (74, 31.3, 24.7)
+    assert (tiles, round(one_bank, 1), round(two_banks, 1)) == (74, 30.5, 24.1)
     assert two_banks < allowed_us < one_bank
 
 

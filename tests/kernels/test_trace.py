@@ -210,8 +210,10 @@ def test_rms_norm_splits_its_normalisation_by_the_active_generations_costs(targe
     # kernels/rms_norm.py _weighted_shares: the shares of the three normalisation paths
     # come from the generation's figures (engine_costs.py), not from constants swept on
     # trn2 (0.5 / 0.3 until session 62): [640, 4096] bf16 with a weight (one row per
-    # partition: the split is by columns) takes 0.55 / 0.2 / 0.25 on trn1, 0.55 / 0.4 /
-    # 0.05 on trn2 and 0.55 / 0.15 / 0.3 on trn3, every block alike. The result is the
+    # partition: the split is by columns) takes 0.55 / 0.2 / 0.25 on trn1, 0.55 / 0.35 /
+    # 0.1 on trn2 and 0.55 / 0.1 / 0.35 on trn3 (0.55 / 0.4 / 0.05 and 0.55 / 0.15 / 0.3
+    # until the refit of 2026-12-06 made their VectorE instructions 150 cycles, 80 of them
+    # behind an independent one), every block alike. The result is the
     # float64 reference's rounded once, whichever path made each column. (The programs' last
     # blocks are made in two column chunks, each split in the row's shares.)
     rows, hidden = 640, 4096
@@ -221,7 +223,7 @@ def test_rms_norm_splits_its_normalisation_by_the_active_generations_costs(targe
         kernel = _dispatch.simulator_kernel(call)
     lnc = 1 if target == "trn1" else 2
     result = simulator.run(kernel[lnc], *call.tensors, target=target, **call.static)
-    expected = {"trn1": (0.55, 0.2), "trn2": (0.55, 0.4), "trn3": (0.55, 0.15)}[target]
+    expected = {"trn1": (0.55, 0.2), "trn2": (0.55, 0.35), "trn3": (0.55, 0.1)}[target]
     paths = _rms_norm_paths(result.trace, hidden)
     total = sum(paths.values())
     assert total == rows // 128 * hidden               # every row's columns, once (all programs)
@@ -370,10 +372,14 @@ def test_rms_norm_backward_splits_its_work_as_the_cost_model_prices_it(dtype, ro
         torch.testing.assert_close(dw.double(), ref_dw, atol=tol * ref_dw.abs().max().item(), rtol=tol)
     # (product share, dx share) per generation: the model's engines differ (trn1 has no
     # 16-bit performance mode; trn3's ScalarE reads 16-bit data at twice trn2's rate)
-    expected = {(torch.bfloat16, False): {"trn1": (0.45, 0.0), "trn2": (0.6, 0.55), "trn3": (0.65, 0.4)},
-                (torch.bfloat16, True): {"trn1": (0.15, 1.0), "trn2": (0.95, 0.3), "trn3": (1.0, 0.4)},
-                (torch.float32, False): {"trn1": (0.5, 0.0), "trn2": (0.45, 0.0), "trn3": (0.5, 0.3)},
-                (torch.float32, True): {"trn1": (0.2, 1.0), "trn2": (0.1, 1.0), "trn3": (0.25, 1.0)}}
+    # (since the refit of 2026-12-06: trn1 VectorE 360 -> 400 cycles, trn2 / trn3 100 -> 150
+    # with an issue interval of 80, 40 before; until then bf16 rms_norm trn2 (0.6, 0.55),
+    # trn3 (0.65, 0.4), fused trn2 (0.95, 0.3), trn3 (1.0, 0.4), fp32 rms_norm trn1 (0.5, 0.0),
+    # trn3 (0.5, 0.3), fp32 fused trn1 (0.2, 1.0))
+    expected = {(torch.bfloat16, False): {"trn1": (0.45, 0.0), "trn2": (0.6, 0.45), "trn3": (0.7, 0.3)},
+                (torch.bfloat16, True): {"trn1": (0.15, 1.0), "trn2": (1.0, 0.2), "trn3": (1.0, 0.35)},
+                (torch.float32, False): {"trn1": (0.45, 0.0), "trn2": (0.45, 0.0), "trn3": (0.5, 0.2)},
+                (torch.float32, True): {"trn1": (0.15, 1.0), "trn2": (0.1, 1.0), "trn3": (0.25, 1.0)}}
     assert shares == expected[(dtype, fused)]
 
 
@@ -552,17 +558,19 @@ def test_layer_norm_backward_places_its_row_sums_by_engine_time_and_chain():
     # where sum(g) and sum(q) go (VectorE: one tensor_reduce per block; ScalarE: one
     # accumulating copy per row), _row_sums_on_vector's estimate: (g, q) on VectorE. Rows of
     # 768 and 1024 (ViT; 2 and 1 per partition): both on ScalarE, whose per-row sums keep
-    # the block's chain short and VectorE free; 256 and 128 columns (4 and 8 rows, ScalarE's
-    # 360-cycle fixed cost per row against VectorE's 40 in a stream): both on VectorE; fp32
-    # 1000: both on ScalarE. trn1 (ScalarE's fixed cost 100 cycles): ScalarE at 128 columns
-    # too.
+    # the block's chain short and VectorE free; 128 columns (8 rows, ScalarE's 360-cycle
+    # fixed cost per row against VectorE's 80 in a stream): both on VectorE; 256 columns (4
+    # rows): sum(q) on VectorE, sum(g) on ScalarE (both on VectorE until the refit of
+    # 2026-12-06 doubled VectorE's issue interval, 40 -> 80 cycles, and made an isolated
+    # instruction 150 cycles, 100 before); fp32 1000: both on
+    # ScalarE. trn1 (ScalarE's fixed cost 100 cycles): ScalarE at 128 columns too.
     from nki_kernels import _kernel_sources
 
     mod = _kernel_sources.load("layer_norm_backward", "simulator")
     with simulator.activated(target="trn2"):
         assert mod._row_sums_on_vector(2, 768, True, True) == (False, False)
         assert mod._row_sums_on_vector(1, 1024, True, True) == (False, False)
-        assert mod._row_sums_on_vector(4, 256, True, True) == (True, True)
+        assert mod._row_sums_on_vector(4, 256, True, True) == (False, True)
         assert mod._row_sums_on_vector(8, 128, True, True) == (True, True)
         assert mod._row_sums_on_vector(1, 1000, False, True) == (False, False)
     with simulator.activated(target="trn1"):
@@ -621,17 +629,17 @@ def test_layer_norm_16bit_statistics_split_follows_the_engines_costs():
     # kernels/layer_norm.py _scalar_stats_share: the mean of two balances of a slot's
     # statistics between ScalarE (two passes and an rsqrt) and VectorE (bn_stats, bn_aggr;
     # then ScalarE's rsqrt). Worked by hand for trn2, 256 columns, 8 rows per partition, no
-    # weight (ns; ScalarE 1.2 GHz and 360 cycles per instruction, VectorE 0.96 GHz and 100,
-    # 60 of which overlap an independent successor): ScalarE pass (256 + 360) / 1.2 = 513.3,
-    # rsqrt (64 + 360) / 1.2 = 353.3, S = 1380.0; VectorE bn_stats (256 + 40) / 0.96 =
-    # 308.3, bn_aggr (64 + 40) / 0.96 = 108.3, V = 416.7; y (256 / 4 + 40) / 0.96 = 108.3.
-    # Latency (V - r) / (S - r + V) = 0.0439, throughput (V + y - r) / (S - r + V) = 0.1189:
-    # 0.0814.
+    # weight (ns; ScalarE 1.2 GHz and 360 cycles per instruction, VectorE 0.96 GHz and 150,
+    # 70 of which overlap an independent successor since the refit of 2026-12-06; 100 and 60
+    # before): ScalarE pass (256 + 360) / 1.2 = 513.3, rsqrt (64 + 360) / 1.2 = 353.3, S =
+    # 1380.0; VectorE bn_stats (256 + 80) / 0.96 = 350.0, bn_aggr (64 + 80) / 0.96 = 150.0,
+    # V = 500.0; y (256 / 4 + 80) / 0.96 = 150.0. Latency (V - r) / (S - r + V) = 0.0961,
+    # throughput (V + y - r) / (S - r + V) = 0.1943: 0.1452 (0.0814 before).
     from nki_kernels import _kernel_sources
 
     mod = _kernel_sources.load("layer_norm", "simulator")
     with simulator.activated(target="trn2"):
-        assert mod._scalar_stats_share(8, 256, 0) == pytest.approx(0.0814, abs=1e-3)
+        assert mod._scalar_stats_share(8, 256, 0) == pytest.approx(0.1452, abs=1e-3)
         short, long_rows = mod._scalar_stats_share(8, 256, 2), mod._scalar_stats_share(1, 4096, 2)
         # ScalarE's 360-cycle fixed cost is most of a short row's pass: short rows mostly on VectorE
         assert short < 0.35 < long_rows

@@ -42,16 +42,19 @@ SHARED_COST_RANGES: tuple[tuple[str, float, float], ...] = (
     ("vector_overlap_cycles", 380.0, 0.0),
 )
 # Cycles an independent VectorE instruction adds behind another beyond its streaming:
-# vector_static_cycles - vector_overlap_cycles, measured on trn1 (360 - 320, [F] the Mamba
+# vector_static_cycles - vector_overlap_cycles, measured on trn1 (400 - 320, [F] the Mamba
 # v1 profile pair) and carried to the generations that have no measurement of their own.
-# Since 2026-12-06 the corrected train rows fit 400 - 320 = 80, a refit not yet taken
-# (benchmarks/calibrate.py PENDING_REFIT; docs/cost-model.md "The port audit of 2026-12-06").
-VECTOR_ISSUE_CYCLES = 40.0
+# 40 (360 - 320) until the refit of 2026-12-06 that followed the port audit's fix of the v1
+# port (its three loads in buffers of their own; docs/cost-model.md "The port audit of
+# 2026-12-06 and the refit it asked for").
+VECTOR_ISSUE_CYCLES = 80.0
 # trn1's fixed costs per instruction (optimistic, pessimistic)
 TRN1_STATIC_RANGES: tuple[tuple[str, float, float], ...] = (
     ("scalar_static_cycles", 60.0, 160.0),   # [A1] ~60 .. perf guide fig16 (hw-measurements.md: 1-element ACTIVATE 159 ns = 223 cycles = 64 + 159)
-    ("vector_static_cycles", 100.0, 380.0),  # [P] ~100 .. perf guide fig17 (hw-measurements.md): tensor_tensor 2N + ~380
-    ("gpsimd_static_cycles", 100.0, 380.0),  # as VectorE (no GpSimd measurement)
+    # [P] ~100 .. the fitted value, 400 ([F] since the refit of 2026-12-06; until then perf
+    # guide fig17's tensor_tensor 2N + ~380, hw-measurements.md, the largest figure)
+    ("vector_static_cycles", 100.0, 400.0),
+    ("gpsimd_static_cycles", 100.0, 400.0),  # as VectorE (no GpSimd measurement)
 )
 
 
@@ -110,10 +113,12 @@ class Target:
     # trn1's VectorE and ScalarE on the trn1 busy-time and instruction rows of
     # measurements.toml, trn2's ScalarE on its exp rows, trn2's VectorE on the train rows
     # of nki-library's QoR vectors (no public trn2 VectorE figure isolates it). GpSimd has
-    # no measurement on any generation and takes VectorE's number. Defaults: trn2's.
-    vector_static_cycles: float = 100.0
+    # no measurement on any generation and takes VectorE's number. Defaults: trn2's (its
+    # VectorE 100 until the refit of 2026-12-06: the QoR train rows' loss is flat from 100 to
+    # 350 cycles at the doubled issue interval, 0.0340 to 0.0344, and least at 150).
+    vector_static_cycles: float = 150.0
     scalar_static_cycles: float = 360.0
-    gpsimd_static_cycles: float = 100.0
+    gpsimd_static_cycles: float = 150.0
     # VectorE "streams data ... in a deeply pipelined fashion" [A1]: the last of an
     # instruction's fixed cycles are its pipeline draining, and the next instruction can
     # start streaming then if it does not read what this one writes. The profiles of the
@@ -121,13 +126,13 @@ class Target:
     # @72825d50) show it: VectorE is active 1.19x-1.50x shorter than its instructions'
     # durations added up. This many cycles (at most the engine's fixed cost) of a VectorE
     # instruction overlap an independent successor's. [F] on trn1 (rows mamba.v1.c256_s512.*,
-    # the one profile pair in the train split): 320 of 360, so an independent instruction
-    # issued behind another adds VECTOR_ISSUE_CYCLES (40) cycles beyond its streaming. No
+    # the one profile pair in the train split): 320 of 400, so an independent instruction
+    # issued behind another adds VECTOR_ISSUE_CYCLES (80) cycles beyond its streaming. No
     # trn2/trn3 figure measures the overlap; they take trn1's issue interval (the same
-    # pipelined engine, [A1][A2]): 100 - 40 = 60. The QoR train rows agree that it is not 0
-    # (loss 0.0379 at 0, 0.0355 at 60; docs/cost-model.md "Calibration") but cannot place
-    # it: their loss keeps falling as VectorE gets cheaper, as with the fixed cost.
-    vector_overlap_cycles: float = 100.0 - VECTOR_ISSUE_CYCLES
+    # pipelined engine, [A1][A2]): 150 - 80 = 70 (100 - 40 = 60 before the refit of
+    # 2026-12-06). The QoR train rows agreed that it is not 0 (loss 0.0379 at 0, 0.0355 at
+    # 60; docs/cost-model.md "Calibration") but cannot place it.
+    vector_overlap_cycles: float = 150.0 - VECTOR_ISSUE_CYCLES
     # The kernels plan with this figure on every generation (kernels/engine_costs.py), the
     # attention kernels with the whole fixed cost (kernels/attention_plan.py says why). Until
     # session 59 they planned with it only where measured (trn1), with none on trn2 and trn3;
@@ -279,9 +284,10 @@ class Target:
     # them for comparisons with whole-launch measurements. nki-library's collector counts
     # "setup/teardown opcodes" in the CycleCount it reports, and a device-side time of a
     # whole tiny NEFF (nrtpy's tutorial: the NKI quickstart's add kernel, 3.2 us; row
-    # device.quickstart_add_4x3_fp16) holds none of the 26 us.
-    launch_overhead_s: float = 26e-6       # [F] every launch
-    second_core_launch_s: float = 2e-6     # [F] added when the launch runs on two physical cores
+    # device.quickstart_add_4x3_fp16) holds none of the 24 us.
+    # 26 + 2 us until the refit of 2026-12-06 (trn2 VectorE 100 -> 150 cycles beside them)
+    launch_overhead_s: float = 24e-6       # [F] every launch
+    second_core_launch_s: float = 4e-6     # [F] added when the launch runs on two physical cores
     # ---- finite buffering (cost/schedule.py "Buffers") ----------------------------------
     # Tiles allocated at the same place of a kernel (the same source line and call path) in
     # successive loop iterations share this many physical buffers, rotated: tile k waits
@@ -303,8 +309,9 @@ class Target:
         # [M] the reading precision (+-2 %) of the two trn2 exp figures: 128x128 -> 342,
         # 4x4096 -> up to 445 cycles
         ("scalar_static_cycles", 340.0, 450.0),
-        # [F] the QoR train rows' fit (at [P]'s ~100, the grid's floor: attention_cte's rows
-        # pull it there) .. the value mlp_cte's rows alone would fit (250-300)
+        # [P]'s ~100 (the QoR train rows' fit until the refit of 2026-12-06, the grid's
+        # floor: attention_cte's rows pull it there; 150 since) .. the value mlp_cte's rows
+        # alone would fit (250-300)
         ("vector_static_cycles", 100.0, 300.0),
         ("gpsimd_static_cycles", 100.0, 300.0),    # as VectorE (no GpSimd measurement)
     ) + SHARED_COST_RANGES
@@ -312,10 +319,11 @@ class Target:
     # multiplied by the first factor and its pessimistic end by the second
     # (cost.uncertainty.time_range). [F] benchmarks/calibrate.py fit_band: the factors that
     # put 90 % of nki-library's QoR train rows (whole-launch latencies measured on trn2)
-    # inside their bar, 5 % falling out at each end (the parameter ranges alone held 47 of
-    # those 77 rows); the same band serves every generation (no other generation has
-    # whole-kernel train rows). docs/cost-model.md "Error bars".
-    model_error_band: tuple[float, float] = (0.90, 1.17)
+    # inside their bar, 5 % falling out at each end (the parameter ranges alone hold 47 of
+    # the 68 measured ones); the same band serves every generation (no other generation has
+    # whole-kernel train rows). (0.90, 1.17) until the refit of 2026-12-06.
+    # docs/cost-model.md "Error bars".
+    model_error_band: tuple[float, float] = (0.92, 1.14)
 
     # ---- ISA limits the simulator's rules check (isa/, language/) ------------------------
     # Defaults are trn2's; each generation overrides what its docs say differs. Sources
@@ -409,7 +417,7 @@ TARGETS: dict[str, Target] = {
         transpose_fp32_factor=4, vector_perf_mode_full=1, vector_perf_mode_half=1,
         # [X] gives the TensorE current throttle for Trn2 and Trn3 only
         tensor_throttle_start_rate=None,
-        vector_static_cycles=360.0, scalar_static_cycles=100.0, gpsimd_static_cycles=360.0,
+        vector_static_cycles=400.0, scalar_static_cycles=100.0, gpsimd_static_cycles=400.0,
         vector_overlap_cycles=320.0,
         cost_ranges=TRN1_STATIC_RANGES + SHARED_COST_RANGES,
         # [I] NeuronCore-v2: no 32-row matmul tiles, no fp8 double_row, no ScalarE copy,
