@@ -392,7 +392,15 @@ def _decode_batch(facts, plan, tensors, all_pairs, p0, p1, qT_all, kT, x, bias, 
     if keys is not None:
         return o, m
     res = nl.ndarray((P, pb, Dv), dtype=facts.dtype, buffer=nl.sbuf)
-    evict(facts, plan, o, res[:n], pb, n)
+    # VectorE normalises (the row sums' reciprocals and one multiply from PSUM), not the
+    # engine the launch's VectorE / ScalarE balance points to: the balance sees neither
+    # GpSimd's share of the other path (ScalarE copies the bank, GpSimd scales it) nor that
+    # this eviction ends the batch's chain. With the balance, trn2's VectorE at 150 cycles
+    # (the refit of 2026-12-06) sent these evictions to ScalarE + GpSimd; modeled trn2 LNC=2,
+    # VectorE is as fast or faster on every decode shape of the side-by-side table (0 to -5 %
+    # central; B=8 H=4/1kv S=4096 32.3 -> 31.3 us) and on the main job's Llama decode row
+    # (108.5 -> 107.3 us).
+    evict(facts, plan, o, res[:n], pb, n, vector=True)
     for j0, j1 in runs:                                # one store per run
         nisa.dma_copy(dst=_run_rows(facts, tensors.out, pairs, j0, j1, 0, n), src=res[:n, j0:j1, :])
 
