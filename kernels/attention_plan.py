@@ -17,7 +17,8 @@ start after an idle gap on the ViT rows, 61-63 % on the Llama rows, all in decod
 SigLIP's). Planned with the stream figure (session 59), the main job's attention rows moved
 -3.0 % (SigLIP) to +2.0 % (Llama S=2048 causal), ViT-L +1.6 %, and the ViT rows' error bars'
 pessimistic ends rose (ViT-B 64.3 -> 68.0 us); with the whole fixed cost trn2 and trn3 plan
-as before and trn1 (its overlap measured, 320 of 360 cycles) plans its attention 0.2 %
+as before and trn1 (its overlap measured, 320 of 360 cycles then, of 400 since the refit of
+2026-12-06) plans its attention 0.2 %
 slower (geomean of the 13 main-job attention rows at LNC=1; ViT-L +2.3 %).
 """
 
