@@ -470,13 +470,14 @@ def test_streamed_rms_norm_keeps_two_row_tiles_in_one_allocation_where_they_fit(
 def test_rotary_vector_share_follows_the_active_generations_costs():
     # heads of at most a PSUM bank: the whole-head cut that evens out VectorE's and GpSimd's
     # estimated times for the group (kernels/engine_costs.py). Worked by hand for trn2, 16
-    # heads of 128 (ns; VectorE 0.96 GHz, 100 cycles per instruction of which 60 overlap an
-    # independent successor; GpSimd 1.2 GHz and 100): VectorE for c heads: b's two halves
-    # 2 x (64c + 40) / 0.96, then per bank of up to 4 heads a, (128w + 40) / 0.96, and
-    # a + b, which reads a, (128w + 100) / 0.96 (w heads). GpSimd for n heads: 2 x (64n /
-    # 0.5 + 100) / 1.2 + 2 x (128n / 0.5 + 100) / 1.2. Cut 9: 4121 / 4813, cut 10: 4521 /
-    # 4173, cut 11: 4921 / 3533: 10 (the least maximum). For 8 key heads: 1829 / 2893 at 4
-    # (b 2 x 296, a 552, a + b 612), 2375 / 2253 at 5, 2775 / 1613 at 6: 5. Wider heads
+    # heads of 128 (ns; VectorE 0.96 GHz, 150 cycles per instruction of which 70 overlap an
+    # independent successor since the refit of 2026-12-06; GpSimd 1.2 GHz and 150): VectorE
+    # for c heads: b's two halves 2 x (64c + 80) / 0.96, then per bank of up to 4 heads a,
+    # (128w + 80) / 0.96, and a + b, which reads a, (128w + 150) / 0.96 (w heads). GpSimd for
+    # n heads: 2 x (64n / 0.5 + 150) / 1.2 + 2 x (128n / 0.5 + 150) / 1.2. Cut 9: 4485 / 4980,
+    # cut 10: 4885 / 4340, cut 11: 5285 / 3700: 10 (the least maximum). For 8 key heads:
+    # 2006 / 3060 at 4 (b 700, a 617, a + b 690), 2646 / 2420 at 5, 3046 / 1780 at 6: 5 (the
+    # same cuts at 100 / 60 cycles before the refit: 4521 / 4173 at 10, 2375 / 2253 at 5). Wider heads
     # (D > 512) keep the per-element share, rounded to the nearest head (SBUF path, one
     # instruction per pass for the group).
     from nki_kernels import _kernel_sources
