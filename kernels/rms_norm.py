@@ -134,7 +134,8 @@ def _weighted_shares(per, cols, sixteen, fused):
     1.39 ns bf16 HBM traffic takes (2 B read + 2 B written at 368 GB/s over 128 partitions);
     trn1 the same shares; trn3 (r = 2) a = 0.5, g = 0. The fixed costs move it (ScalarE's
     360 cycles per instruction on trn2 and trn3): a 4096-column bf16 row takes 0.55 / 0.35
-    on trn2, 0.55 / 0.1 on trn3 (0.55 / 0.4 and 0.55 / 0.15 until the refit of 2026-12-06); [P, 4, 512] blocks 2 rows VectorE, 2 GpSimd, none ScalarE
+    on trn2, 0.55 / 0.1 on trn3 (0.55 / 0.4 and 0.55 / 0.15 until the refit of 2026-12-06);
+    [P, 4, 512] blocks 2 rows VectorE, 2 GpSimd, none ScalarE
     on trn2, 3 / 1 / 0 on trn3. The fused add is left out of the second key because it runs
     before the statistics, not beside the normalisation: with one key (the busiest engine,
     the add counted) fused_add_rms_norm modeled +2.4 % geomean on trn2 and +3.4 % on trn3

@@ -648,7 +648,8 @@ def _split_groups_pay(n_groups, cols, bf16_max):
     from 2873 bf16 / 2249 fp32 columns for 2 groups a part (33-64 rows), 5995 / 4692 for 4
     (a 128-row tile per core), 12239 / 9578 for 8 (2651 / 2057, 5506 / 4309, 11217 / 8778
     until the refit of 2026-12-06 made trn2's VectorE instructions 150 cycles, 80 of them
-    behind an independent one; 2585 / 2023, 5440 / 4257, 11150 / 8726 until session 59, when the row tiles' estimates began to count VectorE's pipeline
+    behind an independent one; 2585 / 2023, 5440 / 4257, 11150 / 8726 until session 59,
+    when the row tiles' estimates began to count VectorE's pipeline
     overlap: fp32 [64, 2051] now takes row tiles, 14.5 us, where groups model 9.4).
     Modeled trn2 LNC=2, us, row tiles -> groups (session 53): bf16 [128, 4096] 17.6 -> 11.5, [256, 32000] 65.3 -> 51.2, [1024,
     32000] 215.7 -> 189.6, [64, 128256] 254.8 -> 51.2; fp32 [300, 24576] 145.1 -> 91.5.

@@ -477,9 +477,9 @@ def test_rotary_vector_share_follows_the_active_generations_costs():
     # n heads: 2 x (64n / 0.5 + 150) / 1.2 + 2 x (128n / 0.5 + 150) / 1.2. Cut 9: 4485 / 4980,
     # cut 10: 4885 / 4340, cut 11: 5285 / 3700: 10 (the least maximum). For 8 key heads:
     # 2006 / 3060 at 4 (b 700, a 617, a + b 690), 2646 / 2420 at 5, 3046 / 1780 at 6: 5 (the
-    # same cuts at 100 / 60 cycles before the refit: 4521 / 4173 at 10, 2375 / 2253 at 5). Wider heads
-    # (D > 512) keep the per-element share, rounded to the nearest head (SBUF path, one
-    # instruction per pass for the group).
+    # same cuts at 100 / 60 cycles before the refit: 4521 / 4173 at 10, 2375 / 2253 at 5).
+    # Wider heads (D > 512) keep the per-element share, rounded to the nearest head (SBUF
+    # path, one instruction per pass for the group).
     from nki_kernels import _kernel_sources
 
     mod = _kernel_sources.load("rotary", "simulator")

@@ -411,9 +411,9 @@ def test_fused_add_rms_norm_backward_gives_gpsimd_a_share_of_the_programs_first_
     # 0.5. The later blocks split by _block_plan: 16-bit all on VectorE (GpSimd's t and
     # + dtotal keep it the busier engine), fp32 0.1 with all of dx = t * r + dtotal on
     # VectorE (0.55 until the refit of 2026-12-06 doubled VectorE's issue interval; until
-    # session 62 all products on VectorE for every dtype, dx on ScalarE and GpSimd). The first block's dtotal is loaded
-    # after the weight, which its g waits for. At LNC=1 the program's first block is the
-    # first part's; the gradients stay float64-close.
+    # session 62 all products on VectorE for every dtype, dx on ScalarE and GpSimd). The
+    # first block's dtotal is loaded after the weight, which its g waits for. At LNC=1 the
+    # program's first block is the first part's; the gradients stay float64-close.
     hidden, rows = 2048, 768
     x, dy, dtotal = (_randn(rows, hidden, dtype=dtype) for _ in range(3))
     weight = _randn(hidden, dtype=dtype, scale=0.5, shift=1.0)

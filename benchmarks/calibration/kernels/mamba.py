@@ -30,8 +30,8 @@ order, reuse and tiling:
 
 * v1: states outer, channel tiles inner; every operand loaded per (state, tile), delta, A
   and u each from a line of its own (its own allocation site, as the source's three tiles;
-  until the port audit of 2026-12-06 one line loaded all three, one rotating buffer family: 177.7 us modeled
-  at 256 channels, 157.8 us since) and in the source's order (delta, A, exp, u, B);
+  until the port audit of 2026-12-06 one line loaded all three, one rotating buffer family:
+  177.7 us modeled at 256 channels, 157.8 us since) and in the source's order (delta, A, exp, u, B);
 * v2: channel tiles outer; delta and u loaded once per tile, reused across states;
 * v3: v2 with the sequence in 512-column chunks, the scan carried between chunks;
 * autocomp_v2: v2 with delta * u computed once per channel tile (Autocomp's second kernel,

@@ -48,6 +48,9 @@ SHARED_COST_RANGES: tuple[tuple[str, float, float], ...] = (
 # port (its three loads in buffers of their own; docs/cost-model.md "The port audit of
 # 2026-12-06 and the refit it asked for").
 VECTOR_ISSUE_CYCLES = 80.0
+# trn2's (and trn3's) VectorE / GpSimd fixed cost per instruction, [F] on nki-library's QoR
+# train rows (Target.vector_static_cycles says how); its overlap follows from it.
+TRN2_VECTOR_STATIC_CYCLES = 150.0
 # trn1's fixed costs per instruction (optimistic, pessimistic)
 TRN1_STATIC_RANGES: tuple[tuple[str, float, float], ...] = (
     ("scalar_static_cycles", 60.0, 160.0),   # [A1] ~60 .. perf guide fig16 (hw-measurements.md: 1-element ACTIVATE 159 ns = 223 cycles = 64 + 159)
@@ -116,9 +119,9 @@ class Target:
     # no measurement on any generation and takes VectorE's number. Defaults: trn2's (its
     # VectorE 100 until the refit of 2026-12-06: the QoR train rows' loss is flat from 100 to
     # 350 cycles at the doubled issue interval, 0.0340 to 0.0344, and least at 150).
-    vector_static_cycles: float = 150.0
+    vector_static_cycles: float = TRN2_VECTOR_STATIC_CYCLES
     scalar_static_cycles: float = 360.0
-    gpsimd_static_cycles: float = 150.0
+    gpsimd_static_cycles: float = TRN2_VECTOR_STATIC_CYCLES
     # VectorE "streams data ... in a deeply pipelined fashion" [A1]: the last of an
     # instruction's fixed cycles are its pipeline draining, and the next instruction can
     # start streaming then if it does not read what this one writes. The profiles of the
@@ -132,7 +135,7 @@ class Target:
     # pipelined engine, [A1][A2]): 150 - 80 = 70 (100 - 40 = 60 before the refit of
     # 2026-12-06). The QoR train rows agreed that it is not 0 (loss 0.0379 at 0, 0.0355 at
     # 60; docs/cost-model.md "Calibration") but cannot place it.
-    vector_overlap_cycles: float = 150.0 - VECTOR_ISSUE_CYCLES
+    vector_overlap_cycles: float = TRN2_VECTOR_STATIC_CYCLES - VECTOR_ISSUE_CYCLES
     # The kernels plan with this figure on every generation (kernels/engine_costs.py), the
     # attention kernels with the whole fixed cost (kernels/attention_plan.py says why). Until
     # session 59 they planned with it only where measured (trn1), with none on trn2 and trn3;
