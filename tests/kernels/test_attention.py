@@ -350,6 +350,45 @@ def test_softmax_planning_prices_the_row_max_as_the_cost_model_does(mask_kind, c
     assert planned == pytest.approx(modeled)
 
 
+def _last_evictions(res, dv):
+    """Per core, the engine of the launch's last normalisation of an output bank: "vector"
+    (VectorE's reciprocal of the row sums, then one multiply from PSUM) or "scalar" (ScalarE
+    copies O | rowsum, Dv + 1 columns, out of PSUM; GpSimd then scales)."""
+    last = {}
+    for ins in res.trace:
+        core = ins.attrs.get("core", 0)
+        if ins.op == "reciprocal" and ins.engine == "vector":
+            last[core] = "vector"
+        elif (ins.op == "activation" and ins.attrs.get("func") == "copy"
+              and ins.reads[0].buffer == "psum" and ins.reads[0].shape[-1] == dv + 1):
+            last[core] = "scalar"
+    return last
+
+
+@pytest.mark.parametrize("case, lnc", [
+    ((1, 2, 2, 33, 40, 64, F32), 1),      # single pass, one unit
+    ((1, 2, 2, 33, 40, 64, F32), 2),      # single pass, one unit per core
+    ((1, 4, 2, 5, 257, 80, F32), 1),      # single pass, GQA, short query tile
+    ((2, 3, 3, 129, 129, 72, F32), 2),    # single pass, several units per core, a tail tile
+    ((1, 2, 1, 300, 1100, 128, BF16), 2),  # single pass, bf16 past the transposed path's keys
+    ((2, 12, 12, 197, 197, 64, BF16), 2),  # transposed scores (ViT-B)
+], ids=["single-fp32-lnc1", "single-fp32-lnc2", "single-gqa-lnc1", "single-units-lnc2", "single-bf16-lnc2",
+        "transposed-lnc2"])
+def test_last_unit_normalises_on_vector(simulator_backend, case, lnc):
+    """Each core's last normalisation of an unmasked launch is on VectorE, whatever the
+    VectorE / ScalarE balance says: it ends the launch, and the ScalarE path (copy, then
+    GpSimd's scaling) is a chain of two engines the balance does not price (docs/attention.md;
+    on the single-pass path since 2026-12-06, 22 of 23 launches a probe grid moved modeled
+    faster). Earlier evictions still follow the balance."""
+    b, h, hkv, sq, sk, d, dtype = case
+    q, k, v = make_qkv(b, h, hkv, sq, sk, d, dtype=dtype)
+    call = attention.attention_kernel_call(q, k, v)
+    kernel = _dispatch.simulator_kernel(call)[lnc]
+    res = simulator.run(kernel, *[t.contiguous() for t in call.tensors], target="trn2", **call.static)
+    assert _last_evictions(res, d) == {core: "vector" for core in range(lnc)}
+    check_close(call.finish_outputs(res.outputs), q, k, v)
+
+
 @pytest.mark.parametrize("s, every_batch", [(449, True), (197, False)], ids=["keys449", "keys197"])
 def test_row_max_split_per_batch_on_grouped_rows(simulator_backend, s, every_batch):
     """The transposed-scores path moves each query tile's hi + mid + lo with one DMA
