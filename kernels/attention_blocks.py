@@ -377,19 +377,15 @@ def bf16_triple(x, hi, mid, lo, rest):
 
 def evict(facts, plan, o, out, nb, r, vector=False, rowsum=None):
     """out[:, j, :] = O_j / rowsum_j for nb heads in PSUM o (per_o = 512 // (Dv + 1) heads
-    per bank), one bank at a time, on VectorE (the row sums' reciprocals, one multiply)
-    when ``vector`` or when the planner says it is less loaded, else ScalarE
-    copies the bank to SBUF and GpSimd scales all its heads at once (see divide).  out:
-    [r, nb, Dv] SBUF (output dtype). ``rowsum``: an [r, nb] fp32 SBUF view that also
-    receives the row sums (GpSimd copy of the sums the reciprocals are taken of), for the
-    lse."""
+    per bank), one bank at a time, on VectorE (normalise_on_vector) when ``vector`` or when
+    the planner says it is less loaded, else ScalarE copies the bank to SBUF and GpSimd
+    scales all its heads at once (see divide).  out: [r, nb, Dv] SBUF (output dtype).
+    ``rowsum``: an [r, nb] fp32 SBUF view that also receives the row sums (GpSimd copy of
+    the sums the reciprocals are taken of), for the lse."""
     Dv = facts.Dv
     w = Dv + 1
     per_o = PSUM_BANK_FP32 // w
     o_raw = nl.ndarray((P, nb, w), dtype=nl.float32, buffer=nl.sbuf)
-    # the row sums go to SBUF before their reciprocals only where they are floored (a user
-    # mask) or kept for the lse; else VectorE takes the reciprocals straight from PSUM (v2.33
-    # nki.isa.reciprocal: "Both the input data and output dst tiles can be in SBUF or PSUM")
     keep_sums = facts.guard_empty_rows or rowsum is not None
     sums = nl.ndarray((P, nb, 1), dtype=nl.float32, buffer=nl.sbuf) if keep_sums else None
     inv = nl.ndarray((P, nb, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -410,21 +406,9 @@ def evict(facts, plan, o, out, nb, r, vector=False, rowsum=None):
                 vector_cycles += c.vector_instr_cycles + c.min_instruction_cycles
             eng = plan.pick(vector_cycles, g * w + c.scalar_instr_cycles)
         if eng == nisa.engine.vector:
-            # the reciprocals of the row sums (floored at TINY first with a user mask:
-            # all-masked rows give 0; the floored sums kept for the lse), then one multiply
-            # with O straight from PSUM: O times 1 / rowsum, as the GpSimd path (divide)
-            # makes it with its power of -1 (both exactly 1 / x here; on hardware the two
-            # engines' reciprocals may differ in the last bit, not measured)
-            recip_of = bank[:, :, Dv:w]
-            if keep_sums:
-                nisa.tensor_scalar(dst=sums[:r, g0:g0 + g, :], data=recip_of, op0=nl.maximum,
-                                   operand0=TINY if facts.guard_empty_rows else -FLT_MAX)
-                recip_of = sums[:r, g0:g0 + g, :]
-            nisa.reciprocal(dst=inv[:r, g0:g0 + g, :], data=recip_of)
-            nisa.tensor_tensor(dst=out[:, g0:g0 + g, :], data1=bank[:, :, 0:Dv],
-                               data2=inv[:r, g0:g0 + g, :].broadcast(2, Dv), op=nl.multiply)
-            if rowsum is not None:
-                nisa.tensor_copy(dst=rowsum[:, g0:g0 + g], src=sums[:r, g0:g0 + g, 0], engine=nisa.engine.gpsimd)
+            normalise_on_vector(facts, out[:, g0:g0 + g, :], bank, inv[:r, g0:g0 + g, :],
+                                None if sums is None else sums[:r, g0:g0 + g, :],
+                                None if rowsum is None else rowsum[:, g0:g0 + g])
             continue
         nisa.activation(dst=o_raw[:r, g0:g0 + g, :], op=nl.copy, data=bank)
         if rowsum is not None:
@@ -432,10 +416,43 @@ def evict(facts, plan, o, out, nb, r, vector=False, rowsum=None):
         divide(facts, out[:, g0:g0 + g, :], o_raw[:r, g0:g0 + g, :], r)
 
 
-def normalize(facts, dst, o, r, rowsum=None):
+def normalise_on_vector(facts, dst, bank, inv, sums=None, rowsum=None):
+    """dst = O / rowsum for the heads of one PSUM bank, on VectorE: the reciprocals of the
+    row sums, then one multiply with O straight from PSUM (O times 1 / rowsum, as the GpSimd
+    path (divide) makes it with its power of -1; both exactly 1 / x here; on hardware the two
+    engines' reciprocals may differ in the last bit, not measured). bank: [r, g, Dv + 1] fp32
+    PSUM (O | rowsum); dst: [r, g, Dv] SBUF; inv: [r, g, 1] fp32 SBUF for the reciprocals.
+    The row sums go to ``sums`` ([r, g, 1] fp32 SBUF) before their reciprocals where they
+    are floored (a user mask: all-masked rows give 0) or kept for the lse (``rowsum``: an
+    [r, g] fp32 SBUF view, GpSimd copy); else VectorE takes the reciprocals straight from PSUM
+    (v2.33 nki.isa.reciprocal: "Both the input data and output dst tiles can be in SBUF or
+    PSUM")."""
+    Dv = facts.Dv
+    recip_of = bank[:, :, Dv:Dv + 1]
+    if facts.guard_empty_rows or rowsum is not None:
+        assert sums is not None, "normalise_on_vector: the row sums are kept here; pass sums"
+        nisa.tensor_scalar(dst=sums, data=recip_of, op0=nl.maximum,
+                           operand0=TINY if facts.guard_empty_rows else -FLT_MAX)
+        recip_of = sums
+    nisa.reciprocal(dst=inv, data=recip_of)
+    nisa.tensor_tensor(dst=dst, data1=bank[:, :, 0:Dv], data2=inv.broadcast(2, Dv), op=nl.multiply)
+    if rowsum is not None:
+        nisa.tensor_copy(dst=rowsum, src=sums[:, :, 0], engine=nisa.engine.gpsimd)
+
+
+def normalize(facts, dst, o, r, rowsum=None, vector=False):
     """dst[:r] = O / rowsum (FlashAttention-2: normalise once, after P·V).  ScalarE moves
-    O | rowsum ([128, Dv + 1] fp32 PSUM) to SBUF, GpSimd scales (see divide).
-    ``rowsum``: an [r, 1] fp32 SBUF view that also receives the row sum (GpSimd), for the lse."""
+    O | rowsum ([128, Dv + 1] fp32 PSUM) to SBUF, GpSimd scales (see divide); with
+    ``vector`` (the launch's last unit) VectorE normalises straight from PSUM instead
+    (normalise_on_vector: a shorter chain to end the launch on). ``rowsum``: an [r, 1] fp32
+    SBUF view that also receives the row sum (GpSimd), for the lse."""
+    if vector:
+        inv = nl.ndarray((P, 1, 1), dtype=nl.float32, buffer=nl.sbuf)
+        keep_sums = facts.guard_empty_rows or rowsum is not None
+        sums = nl.ndarray((P, 1, 1), dtype=nl.float32, buffer=nl.sbuf) if keep_sums else None
+        normalise_on_vector(facts, dst.reshape((r, 1, facts.Dv)), o[:r].reshape((r, 1, facts.Dv + 1)), inv[:r],
+                            None if sums is None else sums[:r], rowsum)
+        return
     raw = nl.ndarray((P, facts.Dv + 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=raw[:r], op=nl.copy, data=o[:r])
     if rowsum is not None:

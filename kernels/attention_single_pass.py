@@ -62,16 +62,18 @@ def single_pass_group(facts, plan, tensors, b, hk0, hk1, tiles, key_bias, last):
                 bias = tile_bias(f, tensors.mask, b, hq, q0, r, 0, n, key_bias) if f.mask_per_head else shared
                 qv, kv_view, kv, ov = unit(hq)
                 _biased_unit(f, plan, qv, kv_view, vals, kv, ov, bias, diag, r, n,
-                             lse=None if stage is None else (stage, t - t0, hq - h0))
+                             lse=None if stage is None else (stage, t - t0, hq - h0),
+                             last=last and t == tiles[1] - 1 and hq == h1 - 1)
         store_rows(f, tensors.out, o_sb, b, h0, h1, s0, s1)
         if stage is not None:
             stage.store(tensors.lse, b, h0, s0, s1)
 
 
-def _biased_unit(facts, plan, qT, kT, vals, kv, out_tile, bias, diag, r, n, lse=None):
+def _biased_unit(facts, plan, qT, kT, vals, kv, out_tile, bias, diag, r, n, lse=None, last=False):
     """One (head, query tile) with a mask or causal: S, masked row max, exp, P·V, O / rowsum
     into out_tile [r, Dv] SBUF.  qT / kT: [[dc, r]] / [[dc, n]] per head-dim piece;
-    bias / diag: see row_max.  lse: (LseStage, tile, head) receiving the row statistics."""
+    bias / diag: see row_max.  lse: (LseStage, tile, head) receiving the row statistics;
+    last: the program's last unit, normalised on VectorE (see _unbiased_batch)."""
     s = scores(qT, kT, r, n)
     p, neg_max, z = row_max(facts, s, r, n, bias, diag)
     if lse is not None:
@@ -81,7 +83,8 @@ def _biased_unit(facts, plan, qT, kT, vals, kv, out_tile, bias, diag, r, n, lse=
     # ScalarE also copies O | rowsum (Dv + 1 columns) out of PSUM in normalize
     plan.charge(v_cyc, s_cyc + facts.Dv + 1 + active_engine_costs().scalar_instr_cycles)
     o = unit_pv(facts, plan, p, vals, kv, r, n)
-    normalize(facts, out_tile, o, r, rowsum=None if lse is None else lse[0].rowsum_view(lse[1], lse[2], 1, r))
+    normalize(facts, out_tile, o, r, rowsum=None if lse is None else lse[0].rowsum_view(lse[1], lse[2], 1, r),
+              vector=last)
 
 
 def _unbiased_batch(facts, plan, units, vals, out, r, n, lse=None, last=False):
@@ -98,13 +101,14 @@ def _unbiased_batch(facts, plan, units, vals, out, r, n, lse=None, last=False):
     * Pᵀ: transpose_p (DMA, or TensorE + PSUM copies on VectorE/ScalarE).
     * O | rowsum = P·[V | 1] (ones column in V), then evict normalises (FlashAttention-2:
       once, after P·V), one PSUM bank of outputs at a time. The program's last batch
-      (``last``) normalises on VectorE, as the transposed path's last unit does: its
-      eviction ends the launch's chain, and the other path (ScalarE copies the bank,
-      GpSimd scales it) is a chain of two engines the VectorE / ScalarE balance does not
-      price. Modeled trn2 (fwd_probe grid of 128 launches: 16 shapes x bf16 / fp32 x
-      causal or not x LNC 1 / 2; 2026-12-06): 23 launches change, 22 faster (up to -6 %,
-      fp32 B=1 H=2 S=33 Sk=40 LNC=1 7.55 -> 7.10 us), one slower (fp32 B=1 H=16 S=65
-      LNC=2 +1.7 %), geomean over the grid -0.4 %.
+      (``last``) normalises on VectorE, as the transposed path's last unit, the decode
+      path and the last masked unit (_biased_unit) do: its eviction ends the launch, and
+      the other path (ScalarE copies the bank, GpSimd scales it) is a chain of two engines
+      the VectorE / ScalarE balance does not price. Modeled trn2 (fwd_probe grid of 128
+      launches: 16 shapes x bf16 / fp32 x causal or not x LNC 1 / 2; 2026-12-06): with the
+      masked units' rule, 78 launches change, 76 faster (up to -6 %, fp32 B=1 H=2 S=33
+      Sk=40 LNC=1 7.55 -> 7.10 us), two slower (fp32 B=1 H=16 S=65 LNC=2 +1.7 %, fp32 causal
+      B=1 H=4 Sq=1 Sk=2048 LNC=2 +0.4 %), geomean over the grid -1.3 %.
 
     ``units``: (qᵀ, kᵀ, kv index) per head, qᵀ / kᵀ lists of [dc, r] / [dc, n] views per
     head-dim piece; ``out``: [r, heads, Dv] SBUF

@@ -365,28 +365,39 @@ def _last_evictions(res, dv):
     return last
 
 
-@pytest.mark.parametrize("case, lnc", [
-    ((1, 2, 2, 33, 40, 64, F32), 1),      # single pass, one unit
-    ((1, 2, 2, 33, 40, 64, F32), 2),      # single pass, one unit per core
-    ((1, 4, 2, 5, 257, 80, F32), 1),      # single pass, GQA, short query tile
-    ((2, 3, 3, 129, 129, 72, F32), 2),    # single pass, several units per core, a tail tile
-    ((1, 2, 1, 300, 1100, 128, BF16), 2),  # single pass, bf16 past the transposed path's keys
-    ((2, 12, 12, 197, 197, 64, BF16), 2),  # transposed scores (ViT-B)
+@pytest.mark.parametrize("case, lnc, mask_kind, causal", [
+    ((1, 2, 2, 33, 40, 64, F32), 1, None, False),       # single pass, one unit
+    ((1, 2, 2, 33, 40, 64, F32), 2, None, False),       # single pass, one unit per core
+    ((1, 4, 2, 5, 257, 80, F32), 1, None, False),       # single pass, GQA, short query tile
+    ((2, 3, 3, 129, 129, 72, F32), 2, None, False),     # single pass, several units per core, a tail tile
+    ((1, 2, 1, 300, 1100, 128, BF16), 2, None, False),  # single pass, bf16 past the transposed path's keys
+    ((2, 12, 12, 197, 197, 64, BF16), 2, None, False),  # transposed scores (ViT-B)
+    ((1, 2, 2, 197, 197, 64, BF16), 1, None, True),     # single pass, causal (one unit per head and tile)
+    ((2, 3, 3, 129, 129, 72, F32), 2, None, True),      # the same at LNC=2, a tail tile
+    ((2, 2, 2, 70, 90, 64, BF16), 2, "key_bool", False),  # key padding (all-masked rows floored)
+    ((1, 2, 2, 70, 70, 32, F32), 1, "finfo_min", False),  # a transformers-style [b, 1, sq, sk] mask
 ], ids=["single-fp32-lnc1", "single-fp32-lnc2", "single-gqa-lnc1", "single-units-lnc2", "single-bf16-lnc2",
-        "transposed-lnc2"])
-def test_last_unit_normalises_on_vector(simulator_backend, case, lnc):
-    """Each core's last normalisation of an unmasked launch is on VectorE, whatever the
-    VectorE / ScalarE balance says: it ends the launch, and the ScalarE path (copy, then
-    GpSimd's scaling) is a chain of two engines the balance does not price (docs/attention.md;
-    on the single-pass path since 2026-12-06, 22 of 23 launches a probe grid moved modeled
-    faster). Earlier evictions still follow the balance."""
+        "transposed-lnc2", "causal-lnc1", "causal-lnc2", "key-mask-lnc2", "finfo-mask-lnc1"])
+def test_last_unit_normalises_on_vector(simulator_backend, case, lnc, mask_kind, causal):
+    """Each core's last normalisation is on VectorE, whatever the VectorE / ScalarE balance
+    says (unmasked batches) and although the masked and causal units normalise on ScalarE +
+    GpSimd: it ends the launch, and that path (copy, then GpSimd's scaling) is a chain of two
+    engines the balance does not price (docs/attention.md; on the single-pass path since
+    2026-12-06: of a 128-launch probe grid, 76 modeled faster, by up to 6 %, two slower, by
+    at most 1.7 %). Earlier normalisations still follow the balance or the masked path."""
     b, h, hkv, sq, sk, d, dtype = case
     q, k, v = make_qkv(b, h, hkv, sq, sk, d, dtype=dtype)
-    call = attention.attention_kernel_call(q, k, v)
+    mask = make_mask(mask_kind, b, h, sq, sk, dtype)
+    call = attention.attention_kernel_call(q, k, v, attn_mask=mask, is_causal=causal)
     kernel = _dispatch.simulator_kernel(call)[lnc]
     res = simulator.run(kernel, *[t.contiguous() for t in call.tensors], target="trn2", **call.static)
-    assert _last_evictions(res, d) == {core: "vector" for core in range(lnc)}
-    check_close(call.finish_outputs(res.outputs), q, k, v)
+    last = _last_evictions(res, d)
+    assert last == {core: "vector" for core in range(lnc)}
+    if causal or mask_kind:
+        # the other units still take the masked path's ScalarE copy (the test sees both kinds)
+        assert sum(ins.op == "activation" and ins.attrs.get("func") == "copy" and ins.reads[0].buffer == "psum"
+                   and ins.reads[0].shape[-1] == d + 1 for ins in res.trace) > 0
+    check_close(call.finish_outputs(res.outputs), q, k, v, mask, causal)
 
 
 @pytest.mark.parametrize("s, every_batch", [(449, True), (197, False)], ids=["keys449", "keys197"])
