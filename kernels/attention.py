@@ -39,7 +39,12 @@ equally busy, and the DMA queues take part of the Pᵀ work when they have room:
              to SBUF; each PSUM bank of outputs either normalised by VectorE (the row
              sums' reciprocals, then one multiply) or copied by ScalarE and scaled by
              GpSimd, all its heads at once (the sums' power of -1, then one multiply: NKI's
-             ISA has no divide) (FlashAttention-2: one normalisation, after P·V).
+             ISA has no divide) (FlashAttention-2: one normalisation, after P·V). Masked
+             and causal units always take the ScalarE + GpSimd path, except that the
+             program's last unit (and every bank of the transposed path's last unit and of
+             the decode path) is normalised by VectorE: it ends the launch, and the other
+             path chains two engines. The flash path normalises its SBUF accumulators on
+             GpSimd (divide).
     GpSimd   the exp biases, that normalisation, the causal tile (affine_select),
              constants.
     DMA      Qᵀ and Kᵀ arrive transposed (dma_transpose, 16-bit dtypes) or are transposed

@@ -450,7 +450,7 @@ def normalize(facts, dst, o, r, rowsum=None, vector=False):
         inv = nl.ndarray((P, 1, 1), dtype=nl.float32, buffer=nl.sbuf)
         keep_sums = facts.guard_empty_rows or rowsum is not None
         sums = nl.ndarray((P, 1, 1), dtype=nl.float32, buffer=nl.sbuf) if keep_sums else None
-        normalise_on_vector(facts, dst.reshape((r, 1, facts.Dv)), o[:r].reshape((r, 1, facts.Dv + 1)), inv[:r],
+        normalise_on_vector(facts, dst.expand_dim(1), o[:r].expand_dim(1), inv[:r],   # one head: [r, 1, ...]
                             None if sums is None else sums[:r], rowsum)
         return
     raw = nl.ndarray((P, facts.Dv + 1), dtype=nl.float32, buffer=nl.sbuf)

@@ -21,7 +21,8 @@ from .tiling import cdiv
 def single_pass_group(facts, plan, tensors, b, hk0, hk1, tiles, key_bias, last):
     """Attention of batch b, kv heads hk0:hk1 and their query heads for query tiles
     tiles = (t0, t1), all Sk keys at once (``last``: the program's last unit, whose last
-    unmasked batch normalises on VectorE: see _unbiased_batch).
+    batch of unmasked heads or last masked / causal unit normalises on VectorE: see
+    _unbiased_batch).
 
     Kᵀ [D, kv heads, Sk] and V [128, key tiles, kv heads, Dv+1] are loaded once; queries
     go by chunks of facts.q_chunk tiles: Qᵀ [D, q heads, rows] in, outputs
@@ -80,11 +81,14 @@ def _biased_unit(facts, plan, qT, kT, vals, kv, out_tile, bias, diag, r, n, lse=
         lse[0].put_neg_max(lse[1], lse[2], neg_max[:r], r)
     row_exp(p, z, r, n, neg_max)
     v_cyc, s_cyc = softmax_cycles(n, bias, diag)
-    # ScalarE also copies O | rowsum (Dv + 1 columns) out of PSUM in normalize
+    # ScalarE also copies O | rowsum (Dv + 1 columns) out of PSUM in normalize; charged so
+    # for the program's last unit too, whose normalisation VectorE does: pricing VectorE
+    # there instead steers that unit's Pᵀ copies worse (modeled trn2, 21 of the 128 probe
+    # launches slower, up to +5.2 %, geomean +0.26 %; the review of 2026-12-06)
     plan.charge(v_cyc, s_cyc + facts.Dv + 1 + active_engine_costs().scalar_instr_cycles)
     o = unit_pv(facts, plan, p, vals, kv, r, n)
-    normalize(facts, out_tile, o, r, rowsum=None if lse is None else lse[0].rowsum_view(lse[1], lse[2], 1, r),
-              vector=last)
+    rowsum = None if lse is None else lse[0].rowsum_view(lse[1], lse[2], 1, r)
+    normalize(facts, out_tile, o, r, rowsum=rowsum, vector=last)
 
 
 def _unbiased_batch(facts, plan, units, vals, out, r, n, lse=None, last=False):
@@ -145,4 +149,5 @@ def _unbiased_batch(facts, plan, units, vals, out, r, n, lse=None, last=False):
     for j, (_, _, kv) in enumerate(units):
         pv(o[:r, j // per_o, (j % per_o) * w:(j % per_o + 1) * w], pT[:, j * nkc:(j + 1) * nkc, :],
            vals, kv, r, n)
-    evict(f, plan, o, out, nb, r, vector=last, rowsum=None if lse is None else lse[0].rowsum_view(lse[1], lse[2], nb, r))
+    rowsum = None if lse is None else lse[0].rowsum_view(lse[1], lse[2], nb, r)
+    evict(f, plan, o, out, nb, r, vector=last, rowsum=rowsum)
