@@ -386,7 +386,7 @@ def evict(facts, plan, o, out, nb, r, vector=False, rowsum=None):
     w = Dv + 1
     per_o = PSUM_BANK_FP32 // w
     o_raw = nl.ndarray((P, nb, w), dtype=nl.float32, buffer=nl.sbuf)
-    keep_sums = facts.guard_empty_rows or rowsum is not None
+    keep_sums = keeps_row_sums(facts, rowsum)
     sums = nl.ndarray((P, nb, 1), dtype=nl.float32, buffer=nl.sbuf) if keep_sums else None
     inv = nl.ndarray((P, nb, 1), dtype=nl.float32, buffer=nl.sbuf)
     for g0 in range(0, nb, per_o):
@@ -416,6 +416,13 @@ def evict(facts, plan, o, out, nb, r, vector=False, rowsum=None):
         divide(facts, out[:, g0:g0 + g, :], o_raw[:r, g0:g0 + g, :], r)
 
 
+def keeps_row_sums(facts, rowsum):
+    """Whether VectorE's normalisation copies the row sums to SBUF before their reciprocals:
+    where they are floored (a user mask: all-masked rows give 0) or kept for the lse
+    (``rowsum``); the callers allocate ``sums`` for normalise_on_vector by it."""
+    return facts.guard_empty_rows or rowsum is not None
+
+
 def normalise_on_vector(facts, dst, bank, inv, sums=None, rowsum=None):
     """dst = O / rowsum for the heads of one PSUM bank, on VectorE: the reciprocals of the
     row sums, then one multiply with O straight from PSUM (O times 1 / rowsum, as the GpSimd
@@ -429,7 +436,7 @@ def normalise_on_vector(facts, dst, bank, inv, sums=None, rowsum=None):
     PSUM")."""
     Dv = facts.Dv
     recip_of = bank[:, :, Dv:Dv + 1]
-    if facts.guard_empty_rows or rowsum is not None:
+    if keeps_row_sums(facts, rowsum):
         assert sums is not None, "normalise_on_vector: the row sums are kept here; pass sums"
         nisa.tensor_scalar(dst=sums, data=recip_of, op0=nl.maximum,
                            operand0=TINY if facts.guard_empty_rows else -FLT_MAX)
@@ -448,7 +455,7 @@ def normalize(facts, dst, o, r, rowsum=None, vector=False):
     SBUF view that also receives the row sum (GpSimd), for the lse."""
     if vector:
         inv = nl.ndarray((P, 1, 1), dtype=nl.float32, buffer=nl.sbuf)
-        keep_sums = facts.guard_empty_rows or rowsum is not None
+        keep_sums = keeps_row_sums(facts, rowsum)
         sums = nl.ndarray((P, 1, 1), dtype=nl.float32, buffer=nl.sbuf) if keep_sums else None
         normalise_on_vector(facts, dst.expand_dim(1), o[:r].expand_dim(1), inv[:r],   # one head: [r, 1, ...]
                             None if sums is None else sums[:r], rowsum)
