@@ -32,7 +32,8 @@ equally busy, and the DMA queues take part of the Pᵀ work when they have room:
              the row sum of the same rounded P that multiplies V); Pᵀ by 128x128 transposes.
     VectorE  z = -scale·S straight from PSUM into SBUF with the row max in the same
              instruction (tensor_scalar_reduce, one per head); masked columns: -(scale·S
-             + mask) first, then the reduce.
+             + mask) first, then the reduce. Rows past 1024 keys without a user mask
+             come in PSUM pieces of <= 1024 keys (S_PIECE_KEYS), one reduce each.
     ScalarE  P = exp(scale·S - scale·max), read as -z from SBUF (matmul dtype).
     VectorE or ScalarE (whichever the launch's running estimate says is less loaded,
              EngineBalance.pick in attention_plan.py): each PSUM bank of Pᵀ blocks copied
@@ -45,7 +46,8 @@ equally busy, and the DMA queues take part of the Pᵀ work when they have room:
              the decode path) is normalised by VectorE: it ends the launch, and the other
              path chains two engines. The flash path normalises its SBUF accumulators on
              GpSimd (divide).
-    GpSimd   the exp biases, that normalisation, the causal tile (affine_select),
+    GpSimd   the exp biases (the min of a row's pieces' parts; the clamp where a row can
+             be masked everywhere), that normalisation, the causal tile (affine_select),
              constants.
     DMA      Qᵀ and Kᵀ arrive transposed (dma_transpose, 16-bit dtypes) or are transposed
              on TensorE (fp32); V and the output move as [128 rows, heads, D] blocks

@@ -15,6 +15,15 @@ from .tiling import cdiv
 
 FLT_MAX = 3.4028234663852886e38   # largest fp32: the clamp of a row max (see row_max)
 TINY = 1e-30                      # guard for all-masked rows: 0 / max(0, TINY) = 0
+# Keys per PSUM piece of a score row (scores, row_max), at most: 2 banks. A row of up to
+# 2048 keys (4 of PSUM's 8 banks) in one tile keeps one buffer beside Pᵀ's and O's banks, so
+# the next unit's S matmuls waited for VectorE's whole pass over this row, and VectorE then
+# waited for them; in pieces, each rotating two 2-bank buffers, a piece's matmuls run while
+# VectorE reads the one before. Each extra piece costs a VectorE reduce and a GpSimd min.
+# Rows under a user mask stay whole: their masked pass is two VectorE passes, of which only
+# the first reads PSUM, so the next row's matmuls already overlap the second (split too,
+# they modeled up to +12.6 % slower, trn2 fp32 B=1 H=8/2kv S=2048 key padding).
+S_PIECE_KEYS = 2 * PSUM_BANK_FP32
 # fp32 transposes of 128 rows per PSUM bank (4): one bank holds [d, 4, 128] fp32
 FP32_PSUM_BLOCKS_PER_BANK = PSUM_BANK_BYTES // (P * FP32_BYTES)
 
@@ -176,21 +185,38 @@ def _contract(dst, q_pieces, k_pieces, c0, c1):
         nisa.nc_matmul(dst=dst, stationary=qc, moving=kc[:, c0:c1], accumulate=i > 0)
 
 
-def scores(qT, kT, r, n):
-    """S = Q·Kᵀ (TensorE) for r query rows and n keys: [128, n] fp32 PSUM (rows :r), 512 keys
-    per matmul.  qT: [[dc, r]] and kT: [[dc, >= n]] SBUF, one per head-dim piece."""
-    s = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.psum)
-    for c0 in range(0, n, MATMUL_MAX_N):
-        c1 = min(n, c0 + MATMUL_MAX_N)
-        _contract(s[:r, c0:c1], qT, kT, c0, c1)
-    return s
+def score_pieces(n, bias=None):
+    """(k0, k1) key ranges of the PSUM pieces ``scores`` makes a row of n keys in: the fewest
+    pieces of at most S_PIECE_KEYS keys, of even widths with bounds on 128-key tiles (a short
+    last piece modeled slower: 1024 + 76 keys of n = 1100), or one piece under a user mask
+    (``bias``: see S_PIECE_KEYS)."""
+    if bias is not None:
+        return [(0, n)]
+    k = cdiv(n, S_PIECE_KEYS)
+    bounds = [min(n, cdiv(n * i // k, P) * P) for i in range(k)] + [n]
+    return [(bounds[i], bounds[i + 1]) for i in range(k)]
+
+
+def scores(qT, kT, r, n, bias=None):
+    """S = Q·Kᵀ (TensorE) for r query rows and n keys, 512 keys per matmul, as PSUM pieces of
+    at most S_PIECE_KEYS keys: a list of (k0, k1, [128, k1 - k0] fp32 PSUM tile), rows :r
+    (one piece up to S_PIECE_KEYS keys, or under a user mask: ``bias``, see row_max).  qT:
+    [[dc, r]] and kT: [[dc, >= n]] SBUF, one per head-dim piece."""
+    pieces = []
+    for k0, k1 in score_pieces(n, bias):
+        s = nl.ndarray((P, k1 - k0), dtype=nl.float32, buffer=nl.psum)
+        for c0 in range(k0, k1, MATMUL_MAX_N):
+            c1 = min(k1, c0 + MATMUL_MAX_N)
+            _contract(s[:r, c0 - k0:c1 - k0], qT, kT, c0, c1)
+        pieces.append((k0, k1, s))
+    return pieces
 
 
 def row_max(facts, s, r, n, bias=None, diag=None):
     """-rowmax of scale·S + mask, in fp32 (scaled units), for the exp that follows, and the
     row itself moved out of PSUM.
 
-    s: [128, n] fp32 PSUM scores (rows :r).  Masking, one of:
+    s: the PSUM pieces of ``scores`` (rows :r).  Masking, one of:
       bias: [128, n] fp32 SBUF additive tile (user mask, causal folded in);
       diag: (c, cb) for causal without a user mask: columns [0, c) are visible to every
             row, columns [c, n) get the additive causal tile cb ([128, n - c] SBUF view);
@@ -198,39 +224,67 @@ def row_max(facts, s, r, n, bias=None, diag=None):
     VectorE reads PSUM once, writing z = -(scale·S) to SBUF fp32 and reducing its min
     (min(-scale·S) = -max(scale·S), so either sign of scale works); masked columns take two
     VectorE passes instead (scale·S + mask from PSUM into z, then z negated with its min
-    reduced).  The exp then reads z from SBUF, not
-    S from PSUM: S's PSUM buffer is free once VectorE has read it, so the next unit's
-    matmuls overlap this unit's exp (causal rows past 1024 keys fill 4 of the 8 banks: one
-    buffer, no rotation).  Modeled trn2 LNC=2, Llama causal GQA: S=2048 261.4 -> 165.4 us,
-    S=4096 1934.4 -> 1166.0 us.
+    reduced); one reduce per piece and kind of column, and GpSimd takes the min of the
+    pieces' parts.  The exp then reads z from SBUF, not S from PSUM: each piece's PSUM
+    buffer is free once VectorE has read it, so the next unit's matmuls overlap this unit's
+    exp (modeled trn2 LNC=2, Llama causal GQA: S=2048 261.4 -> 165.4 us, S=4096 1934.4 ->
+    1166.0 us), and with the row in pieces, a piece's matmuls overlap VectorE's pass over
+    the one before (see S_PIECE_KEYS).
     Returns (p, neg_max, z): p a [128, n] SBUF tile for P, neg_max [128, 1] fp32 clamped
     <= FLT_MAX (a row masked everywhere then gives exp(-inf) = 0), z [128, n] SBUF fp32."""
     p = nl.ndarray((P, n), dtype=facts.dtype, buffer=nl.sbuf)
     neg_max = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     z = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
-    if bias is None and diag is None:
-        nisa.tensor_scalar_reduce(dst=z[:r], data=s[:r, 0:n], op0=nl.multiply, operand0=-facts.scale,
-                                  reduce_op=nl.minimum, reduce_res=neg_max[:r])
-        return p, neg_max, z
-    c, cb = (0, bias) if diag is None else diag
-    parts = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.sbuf)   # -max of [0, c), of [c, n)
-    if c:
-        nisa.tensor_scalar_reduce(dst=z[:r, 0:c], data=s[:r, 0:c], op0=nl.multiply,
-                                  operand0=-facts.scale, reduce_op=nl.minimum, reduce_res=parts[:r, 0:1])
-    if c < n:
-        nisa.scalar_tensor_tensor(dst=z[:r, c:n], data=s[:r, c:n], op0=nl.multiply, operand0=facts.scale,
-                                  op1=nl.add, operand1=cb[:r, 0:n - c])
-        nisa.tensor_scalar_reduce(dst=z[:r, c:n], data=z[:r, c:n], op0=nl.multiply, operand0=-1.0,
-                                  reduce_op=nl.minimum, reduce_res=parts[:r, 1:2])
-    if c and c < n:
-        nisa.tensor_tensor(dst=neg_max[:r], data1=parts[:r, 0:1], data2=parts[:r, 1:2], op=nl.minimum,
-                           engine=nisa.engine.gpsimd)
-        src = neg_max
-    else:
-        src = parts[:, 0:1] if c else parts[:, 1:2]
-    nisa.tensor_scalar(dst=neg_max[:r], data=src[:r], op0=nl.minimum, operand0=FLT_MAX,
-                       engine=nisa.engine.gpsimd)
+    row_max_into(facts, s, z, neg_max, r, n, bias, diag)
     return p, neg_max, z
+
+
+def row_max_into(facts, s, z, neg_max, r, n, bias=None, diag=None):
+    """row_max's instructions, into given tiles: z [128, n] fp32 SBUF view, neg_max [128, 1]
+    fp32 SBUF view (s, r, n, bias, diag: as row_max)."""
+    c, cb = (n, None) if bias is None and diag is None else ((0, bias) if diag is None else diag)
+    reduces = row_max_passes([(k0, k1) for k0, k1, _ in s], c)
+    # A row can be masked everywhere only under a user mask or when no column is visible to
+    # every row (c == 0: a flash key block past the tile's first query); its -max is then
+    # +inf, clamped to FLT_MAX. Otherwise one part reduces straight into neg_max.
+    clamp = bias is not None or c == 0
+    direct = len(reduces) == 1 and not clamp
+    parts = neg_max if direct else nl.ndarray((P, max(2, len(reduces))), dtype=nl.float32, buffer=nl.sbuf)
+    for i, (j, a, e, is_masked) in enumerate(reduces):
+        k0, _, tile = s[j]
+        if not is_masked:
+            nisa.tensor_scalar_reduce(dst=z[:r, a:e], data=tile[:r, a - k0:e - k0], op0=nl.multiply,
+                                      operand0=-facts.scale, reduce_op=nl.minimum, reduce_res=parts[:r, i:i + 1])
+            continue
+        nisa.scalar_tensor_tensor(dst=z[:r, a:e], data=tile[:r, a - k0:e - k0], op0=nl.multiply,
+                                  operand0=facts.scale, op1=nl.add, operand1=cb[:r, a - c:e - c])
+        nisa.tensor_scalar_reduce(dst=z[:r, a:e], data=z[:r, a:e], op0=nl.multiply, operand0=-1.0,
+                                  reduce_op=nl.minimum, reduce_res=parts[:r, i:i + 1])
+    if direct:
+        return
+    src = parts[:, 0:1]
+    if len(reduces) > 1:
+        # GpSimd: the min of the parts, one pair at a time (NKI's tensor_reduce is VectorE's)
+        for i in range(1, len(reduces)):
+            nisa.tensor_tensor(dst=neg_max[:r], data1=src[:r], data2=parts[:r, i:i + 1], op=nl.minimum,
+                               engine=nisa.engine.gpsimd)
+            src = neg_max
+    if clamp:
+        nisa.tensor_scalar(dst=neg_max[:r], data=src[:r], op0=nl.minimum, operand0=FLT_MAX,
+                           engine=nisa.engine.gpsimd)
+
+
+def row_max_passes(pieces, c):
+    """row_max's reduces, in order: (piece index, first column, end column, masked) for the
+    visible columns [0, c) and the masked ones [c, ...) of each (k0, k1) piece (the masked
+    ones also take a VectorE pass that adds the mask before their reduce)."""
+    passes = []
+    for i, (k0, k1) in enumerate(pieces):
+        if k0 < min(k1, c):
+            passes.append((i, k0, min(k1, c), False))
+        if max(k0, c) < k1:
+            passes.append((i, max(k0, c), k1, True))
+    return passes
 
 
 def row_exp(p, z, r, n, neg_max):
@@ -242,18 +296,21 @@ def row_exp(p, z, r, n, neg_max):
 def softmax_cycles(n, bias, diag):
     """(VectorE, ScalarE) cycles of row_max + row_exp for one unit (for EngineBalance.charge),
     as the cost model prices row_max's instructions: VectorE one pass over the unmasked
-    columns (a tensor_scalar_reduce) and two over the masked ones (scale·S + mask with S in
-    PSUM, one pass; then a tensor_scalar_reduce), each reduce's accumulator read-out and each
-    instruction's fixed cost; ScalarE each column once in one exp. Like the planner's other
+    columns (a tensor_scalar_reduce per PSUM piece) and two over the masked ones (scale·S +
+    mask with S in PSUM, one pass; then a tensor_scalar_reduce), each reduce's accumulator
+    read-out and each instruction's fixed cost (row_max_passes); ScalarE each column once in
+    one exp. GpSimd's min of the pieces' parts is not charged (the balance is VectorE's and
+    ScalarE's). Like the planner's other
     charges it leaves out the 64-cycle instruction minimum (MIN_II), which a causal tile's
     first, one-column part would take: charged, it modeled trn2 LNC=2 B=1 H=4 S=1500 D=128
     causal 64.9 -> 67.2 us. (Until session 61 the masked columns were charged three passes
     and no read-out: row_max's older form.)"""
-    masked = n if bias is not None else (n - diag[0] if diag is not None else 0)
+    c0 = 0 if bias is not None else (diag[0] if diag is not None else n)   # first masked column
+    passes = row_max_passes(score_pieces(n, bias), c0)
+    reduces, masks = len(passes), sum(1 for p in passes if p[3])
     c = active_engine_costs()
-    reduces = int(masked < n) + int(masked > 0)
-    vector = (n + masked + reduces * c.vector_reduce_readout_cycles
-              + c.vector_instr_cycles * (reduces + int(masked > 0)))
+    vector = (n + (n - c0) + reduces * c.vector_reduce_readout_cycles
+              + c.vector_instr_cycles * (reduces + masks))
     scalar = n + c.scalar_instr_cycles
     return vector, scalar
 

@@ -67,7 +67,7 @@ def _flash_unit(facts, plan, qT, kT, vals, kv, acc, run_neg_max, bias, diag, r, 
     O | rowsum, SBUF fp32) and run_neg_max ([128, 1] -running max, scaled units, SBUF fp32).
     qT: [[dc, r]]; kT: [[dc, n]] SBUF per head-dim piece; bias / diag: see row_max; first:
     the first key block."""
-    s = scores(qT, kT, r, n)
+    s = scores(qT, kT, r, n, bias)
     p, blk, z = row_max(facts, s, r, n, bias, diag)
     v_cyc, s_cyc = softmax_cycles(n, bias, diag)
     if first:

@@ -18,8 +18,9 @@ PSUM_BANK_BYTES = nl.tile_size.psum_bank_fmax_bytes
 PSUM_BANK_FP32 = nl.tile_size.psum_bank_fmax
 PSUM_BANKS = nl.tile_size.psum_num_banks    # PSUM banks per partition (16 KiB / 2 KiB on trn1-trn3)
 MATMUL_MAX_N = nl.tile_size.gemm_moving_fmax   # moving free size of one nc_matmul (512)
-# flash: keys per block. A [128, 2048] fp32 score row takes 4 of the 8 PSUM banks, the same
-# budget as the single pass (limits.ATTENTION_SINGLE_PASS_MAX_KEYS).
+# flash: keys per block. A [128, 2048] fp32 score row takes 4 of the 8 PSUM banks (two
+# rotating 2-bank pieces, attention_blocks.S_PIECE_KEYS), the same budget as the single pass
+# (limits.ATTENTION_SINGLE_PASS_MAX_KEYS).
 KEY_BLOCK = 2048
 # Unmasked head batches (single pass): PSUM banks for the scores of the batch's heads side
 # by side, and for their outputs O | rowsum; with up to 2 banks of Pᵀ blocks in flight the

@@ -75,7 +75,7 @@ def _biased_unit(facts, plan, qT, kT, vals, kv, out_tile, bias, diag, r, n, lse=
     into out_tile [r, Dv] SBUF.  qT / kT: [[dc, r]] / [[dc, n]] per head-dim piece;
     bias / diag: see row_max.  lse: (LseStage, tile, head) receiving the row statistics;
     last: the program's last unit, normalised on VectorE (see _unbiased_batch)."""
-    s = scores(qT, kT, r, n)
+    s = scores(qT, kT, r, n, bias)
     p, neg_max, z = row_max(facts, s, r, n, bias, diag)
     if lse is not None:
         lse[0].put_neg_max(lse[1], lse[2], neg_max[:r], r)

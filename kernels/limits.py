@@ -47,7 +47,8 @@ SOFTMAX_RESIDENT_BYTES = 128 * 1024
 # <= 257 fp32 columns, within one PSUM bank (512). 256 covers Gemma 2/3.
 ATTENTION_MAX_HEAD_DIM = 256
 # attention: the single-pass kernel keeps a [128, Sk] fp32 score row in 4 of the 8 PSUM
-# banks (512 fp32 each); longer key sequences use the flash kernel.
+# banks (512 fp32 each: two rotating pieces of up to 1024 keys, or one tile under a user
+# mask; attention_blocks.S_PIECE_KEYS); longer key sequences use the flash kernel.
 ATTENTION_SINGLE_PASS_MAX_KEYS = 2048
 
 # Norms for a few rows (kernels/norm_decode.py, token generation): the hidden-on-partitions

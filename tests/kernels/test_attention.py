@@ -405,6 +405,79 @@ def test_last_unit_normalises_on_vector(simulator_backend, case, lnc, mask_kind,
     check_close(call.finish_outputs(res.outputs), q, k, v, mask, causal)
 
 
+@pytest.mark.parametrize("case, lnc, mask_kind, causal", [
+    ((1, 2, 1, 1100, 1100, 64, BF16), 2, None, True),        # single pass, causal: pieces 512 + 588
+    ((1, 1, 1, 1536, 1536, 128, F32), 1, None, True),        # single pass, fp32: 768 + 768
+    ((1, 2, 2, 130, 2500, 64, BF16), 2, None, False),         # flash, no mask: blocks of 2048 (1024 + 1024) + 452
+    ((1, 1, 1, 2300, 2300, 64, BF16), 2, None, True),         # flash, causal
+    ((1, 2, 2, 100, 2048, 64, BF16), 1, "key_float", False),  # a user mask: the row stays whole
+    ((1, 2, 2, 70, 1300, 64, F32), 2, "finfo_min", False),    # the same, per-row mask
+], ids=["causal-1100", "causal-fp32-1536", "flash-2500", "flash-causal", "key-mask-2048", "finfo-mask-1300"])
+def test_long_score_rows_in_pieces(simulator_backend, case, lnc, mask_kind, causal):
+    """The single-pass causal and the flash paths make a score row of more than
+    S_PIECE_KEYS keys (1024) as PSUM pieces of at most that many (2 banks; even widths on
+    128-key bounds), each with its own VectorE reduce(s) and GpSimd taking the min of their
+    parts: a whole row of up to
+    2048 keys (4 banks) kept one PSUM buffer, so VectorE's pass over it and the next row's
+    matmuls ran in turn (modeled trn2 LNC=2, Llama B=1 H=8/2kv S=2048 causal 183.5 -> 157.8
+    us). Under a user mask the row stays one tile (its second VectorE pass, over SBUF,
+    already overlaps the next row's matmuls). The row max must still be the max over the
+    whole row, masked columns included: in the bf16 cases a few keys of the second piece
+    carry logits large enough that an exp stabilised by another piece's max overflows
+    (float64 reference)."""
+    piece_bytes = 2 * get_target("trn2").psum_bank_bytes      # S_PIECE_KEYS = 1024 fp32 keys
+    assert _kernel_sources.load("attention_blocks", "simulator").S_PIECE_KEYS * 4 == piece_bytes
+    b, h, hkv, sq, sk, d, dtype = case
+    q, k, v = make_qkv(b, h, hkv, sq, sk, d, dtype=dtype)
+    if dtype == BF16:
+        # keys 1030..1039 (second piece) 128x larger: the rows' max is there, and an exp
+        # stabilised by any other piece's max overflows (scaled logits past 100; exp
+        # overflows fp32 past 88). bf16 only: in fp32, rounding scaled logits of ~100 is
+        # ~1e-5 relative in the weights, the fp32 tolerance itself, as in the one-piece kernel
+        k[:, :, 1030:1040, :] = (k[:, :, 1030:1040, :].float() * 128).to(dtype)
+    mask = make_mask(mask_kind, b, h, sq, sk, dtype)
+    call = attention.attention_kernel_call(q, k, v, attn_mask=mask, is_causal=causal)
+    kernel = _dispatch.simulator_kernel(call)[lnc]
+    res = simulator.run(kernel, *[t.contiguous() for t in call.tensors], target="trn2", **call.static)
+    psum = {a.alloc_id: a.nbytes for a in res.allocations if a.buffer == "psum"}
+    # the PSUM tiles VectorE's row-max passes read
+    reduced = {op.alloc_id for ins in res.trace if ins.engine == "vector"
+               and ins.op in ("tensor_scalar_reduce", "scalar_tensor_tensor")
+               for op in ins.reads if op.buffer == "psum"}
+    if mask_kind is None:
+        assert max(psum.values()) <= piece_bytes
+        widest = max(psum[a] for a in reduced)
+        assert piece_bytes // 2 < widest <= piece_bytes     # the long rows did take 2-bank pieces
+    else:
+        assert max(psum[a] for a in reduced) == sk * 4
+    check_close(call.finish_outputs(res.outputs), q, k, v, mask, causal)
+
+
+def test_flash_key_block_inside_a_query_tile_masks_whole_rows(simulator_backend):
+    """row_max clamps a row's -max to FLT_MAX only where the row can be masked everywhere: a
+    user mask, or a causal block with no column visible to every row. With the default key
+    block (2048) the latter never happens, and causal units, whose first column every row
+    sees, issue no clamp (one GpSimd instruction less on each unit's path to the exp); a key
+    block that is not a multiple of 128 (200, a static argument of flash_attention_kernel)
+    can start inside a query tile (k0 = 200 for rows 128..255), and there the clamp keeps
+    row_max's -max finite (the flash update's min with the running -max, finite since the
+    first block, would also absorb a +inf)."""
+    q, k, v = make_qkv(1, 1, 1, 2100, 2100, 64, dtype=BF16)
+    call = attention.attention_kernel_call(q, k, v, is_causal=True)
+    assert call.kernel == "flash_attention_kernel"
+    kernel = _dispatch.simulator_kernel(call)[1]
+    res = simulator.run(kernel, *[t.contiguous() for t in call.tensors], target="trn2",
+                        **{**call.static, "key_block": 200})
+    # the clamps: GpSimd's one-column minimum (its other tensor_scalar, the sums' power of -1
+    # in divide, reads [r, heads, 1])
+    clamps = [ins for ins in res.trace if ins.op == "tensor_scalar" and ins.engine == "gpsimd"
+              and ins.attrs.get("op0") == "minimum" and len(ins.reads[0].shape) == 2]
+    # blocks starting inside a query tile: k0 = 200 i for q0 < k0 <= q0 + 127
+    inside = sum(1 for k0 in range(0, 2100, 200) for q0 in range(0, 2100, 128) if q0 < k0 <= min(2099, q0 + 127))
+    assert len(clamps) == inside > 0
+    check_close(call.finish_outputs(res.outputs), q, k, v, None, True)
+
+
 @pytest.mark.parametrize("s, every_batch", [(449, True), (197, False)], ids=["keys449", "keys197"])
 def test_row_max_split_per_batch_on_grouped_rows(simulator_backend, s, every_batch):
     """The transposed-scores path moves each query tile's hi + mid + lo with one DMA
