@@ -10,7 +10,7 @@ import nki.isa as nisa
 import nki.language as nl
 
 from .attention_blocks import (causal_diagonal, evict, head_views, load_transposed, load_values, normalize, pv,
-                               row_exp, row_max, scores, scores_side_by_side,
+                               row_exp, row_max, row_max_into, score_pieces, scores, scores_side_by_side,
                                softmax_cycles, store_rows, tile_bias, transpose_p, unit_pv)
 from .attention_launch import P, PSUM_BANK_FP32, unbiased_heads_per_batch
 from .attention_lse import LseStage
@@ -101,7 +101,9 @@ def _unbiased_batch(facts, plan, units, vals, out, r, n, lse=None, last=False):
 
     * S = Q·Kᵀ for every head side by side in PSUM (a bank holds 512 // n heads); per
       head, one VectorE pass moves the row to SBUF as z = -scale·S and takes its min
-      (-scale·max), and ScalarE computes P = exp(-z - scale·max) from SBUF.
+      (-scale·max), and ScalarE computes P = exp(-z - scale·max) from SBUF. A row past
+      S_PIECE_KEYS keys (one head per batch) comes in PSUM pieces, a VectorE pass each and
+      GpSimd's min of their parts (row_max_into, as the masked units' rows).
     * Pᵀ: transpose_p (DMA, or TensorE + PSUM copies on VectorE/ScalarE).
     * O | rowsum = P·[V | 1] (ones column in V), then evict normalises (FlashAttention-2:
       once, after P·V), one PSUM bank of outputs at a time. The program's last batch
@@ -120,7 +122,6 @@ def _unbiased_batch(facts, plan, units, vals, out, r, n, lse=None, last=False):
     the row statistics (return_lse)."""
     f = facts
     nb = len(units)
-    _, _, views = scores_side_by_side([(qv, kv_view) for qv, kv_view, _ in units], r, n)
     # Per head, VectorE moves the row to SBUF fp32 as z = -scale·S and reduces its min
     # (= -max of scale·S, either sign of scale); ScalarE's exp reads z, not PSUM, so the
     # score banks are free once VectorE has read them and the next batch's matmuls overlap
@@ -128,9 +129,17 @@ def _unbiased_batch(facts, plan, units, vals, out, r, n, lse=None, last=False):
     # H=16 S=729: 184.4 -> 150.4 us; B=4 H=16 S=512 D=64: 232.7 -> 146.3 us.
     z = nl.ndarray((P, nb, n), dtype=nl.float32, buffer=nl.sbuf)
     neg_max = nl.ndarray((P, nb), dtype=nl.float32, buffer=nl.sbuf)
-    for j in range(nb):
-        nisa.tensor_scalar_reduce(dst=z[:r, j, :], data=views[j][:r], op0=nl.multiply, operand0=-f.scale,
-                                  reduce_op=nl.minimum, reduce_res=neg_max[:r, j:j + 1])
+    pieces = len(score_pieces(n))
+    if pieces > 1:
+        # one head (a row past one PSUM bank); past S_PIECE_KEYS keys it comes in PSUM pieces,
+        # as the masked units' rows do (row_max)
+        (qv, kv_view, _), = units
+        row_max_into(f, scores(qv, kv_view, r, n), z[:, 0, :], neg_max[:, 0:1], r, n)
+    else:
+        _, _, views = scores_side_by_side([(qv, kv_view) for qv, kv_view, _ in units], r, n)
+        for j in range(nb):
+            nisa.tensor_scalar_reduce(dst=z[:r, j, :], data=views[j][:r], op0=nl.multiply, operand0=-f.scale,
+                                      reduce_op=nl.minimum, reduce_res=neg_max[:r, j:j + 1])
     if lse is not None:
         lse[0].put_neg_max(lse[1], lse[2], neg_max[:r, 0:nb], r)
     nkc = cdiv(n, P)
@@ -140,7 +149,7 @@ def _unbiased_batch(facts, plan, units, vals, out, r, n, lse=None, last=False):
     pT = nl.ndarray((P, nb * nkc, P), dtype=f.dtype, buffer=nl.sbuf)
     # VectorE: the reduces (n columns per head); ScalarE: the exps
     c = active_engine_costs()
-    plan.charge(nb * (n + c.vector_instr_cycles), nb * (n + c.scalar_instr_cycles))
+    plan.charge(nb * (n + pieces * c.vector_instr_cycles), nb * (n + c.scalar_instr_cycles))
     in_flight = transpose_p(f, plan, p, pT, r, n)   # noqa: F841 (PSUM held until P·V)
     # O | rowsum = P·[V | 1]: head j at bank j // per_o, columns (j % per_o) * (Dv + 1)
     w = f.Dv + 1

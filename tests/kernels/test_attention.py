@@ -408,13 +408,16 @@ def test_last_unit_normalises_on_vector(simulator_backend, case, lnc, mask_kind,
 @pytest.mark.parametrize("case, lnc, mask_kind, causal", [
     ((1, 2, 1, 1100, 1100, 64, BF16), 2, None, True),        # single pass, causal: pieces 512 + 588
     ((1, 1, 1, 1536, 1536, 128, F32), 1, None, True),        # single pass, fp32: 768 + 768
+    ((1, 2, 1, 300, 1100, 64, BF16), 1, None, False),         # single pass, no mask (past the transposed path)
+    ((1, 1, 1, 200, 2048, 64, F32), 2, None, False),          # the same, fp32: 1024 + 1024
     ((1, 2, 2, 130, 2500, 64, BF16), 2, None, False),         # flash, no mask: blocks of 2048 (1024 + 1024) + 452
     ((1, 1, 1, 2300, 2300, 64, BF16), 2, None, True),         # flash, causal
     ((1, 2, 2, 100, 2048, 64, BF16), 1, "key_float", False),  # a user mask: the row stays whole
     ((1, 2, 2, 70, 1300, 64, F32), 2, "finfo_min", False),    # the same, per-row mask
-], ids=["causal-1100", "causal-fp32-1536", "flash-2500", "flash-causal", "key-mask-2048", "finfo-mask-1300"])
+], ids=["causal-1100", "causal-fp32-1536", "unmasked-1100", "unmasked-fp32-2048", "flash-2500", "flash-causal",
+        "key-mask-2048", "finfo-mask-1300"])
 def test_long_score_rows_in_pieces(simulator_backend, case, lnc, mask_kind, causal):
-    """The single-pass causal and the flash paths make a score row of more than
+    """The single-pass (causal or unmasked) and flash paths make a score row of more than
     S_PIECE_KEYS keys (1024) as PSUM pieces of at most that many (2 banks; even widths on
     128-key bounds), each with its own VectorE reduce(s) and GpSimd taking the min of their
     parts: a whole row of up to
