@@ -21,8 +21,9 @@ TINY = 1e-30                      # guard for all-masked rows: 0 / max(0, TINY) 
 # waited for them; in pieces, each rotating two 2-bank buffers, a piece's matmuls run while
 # VectorE reads the one before. Each extra piece costs a VectorE reduce and a GpSimd min.
 # Rows under a user mask stay whole: their masked pass is two VectorE passes, of which only
-# the first reads PSUM, so the next row's matmuls already overlap the second (split too,
-# they modeled up to +12.6 % slower, trn2 fp32 B=1 H=8/2kv S=2048 key padding LNC=1).
+# the first reads PSUM, so the next row's matmuls can overlap the second; split too, 24
+# key-padding launches of 1100-2500 keys modeled -14 % to +13 % (trn2, geomean +0.8 %; 10
+# of the 12 bf16 ones slower; fp32 B=1 H=8/2kv S=2048 LNC=1 +12.6 %).
 S_PIECE_KEYS = 2 * PSUM_BANK_FP32
 # fp32 transposes of 128 rows per PSUM bank (4): one bank holds [d, 4, 128] fp32
 FP32_PSUM_BLOCKS_PER_BANK = PSUM_BANK_BYTES // (P * FP32_BYTES)
@@ -187,10 +188,10 @@ def _contract(dst, q_pieces, k_pieces, c0, c1):
 
 def score_pieces(n, bias=None):
     """(k0, k1) key ranges of the PSUM pieces ``scores`` makes a row of n keys in: the fewest
-    pieces of at most S_PIECE_KEYS keys, of even widths with bounds on 128-key tiles, or one
-    piece under a user mask (``bias``: see S_PIECE_KEYS). Even widths modeled 0.7 % faster
-    than bounds at multiples of S_PIECE_KEYS (geomean of 32 causal / unmasked launches with
-    1100-2500 keys, trn2; n = 1100 takes 640 + 460 keys rather than 1024 + 76)."""
+    pieces of at most S_PIECE_KEYS keys, each bound at its even share of n rounded up to a
+    128-key tile, or one piece under a user mask (``bias``: see S_PIECE_KEYS). Modeled 0.7 %
+    faster than bounds at multiples of S_PIECE_KEYS (geomean of 32 causal / unmasked
+    launches with 1100-2500 keys, trn2; n = 1100 takes 640 + 460 keys rather than 1024 + 76)."""
     if bias is not None:
         return [(0, n)]
     k = cdiv(n, S_PIECE_KEYS)
@@ -231,8 +232,9 @@ def row_max(facts, s, r, n, bias=None, diag=None):
     exp (modeled trn2 LNC=2, Llama causal GQA: S=2048 261.4 -> 165.4 us, S=4096 1934.4 ->
     1166.0 us), and with the row in pieces, a piece's matmuls overlap VectorE's pass over
     the one before (see S_PIECE_KEYS).
-    Returns (p, neg_max, z): p a [128, n] SBUF tile for P, neg_max [128, 1] fp32 clamped
-    <= FLT_MAX (a row masked everywhere then gives exp(-inf) = 0), z [128, n] SBUF fp32."""
+    Returns (p, neg_max, z): p a [128, n] SBUF tile for P, neg_max [128, 1] fp32 <= FLT_MAX
+    (clamped where a row can be masked everywhere, which then gives exp(-inf) = 0; elsewhere
+    every row has a column visible, so it is finite), z [128, n] SBUF fp32."""
     p = nl.ndarray((P, n), dtype=facts.dtype, buffer=nl.sbuf)
     neg_max = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     z = nl.ndarray((P, n), dtype=nl.float32, buffer=nl.sbuf)
