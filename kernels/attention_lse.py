@@ -2,9 +2,9 @@
 
 For query row i of head h, ``lse = log(sum_j exp(scale * S_ij + mask_ij))`` in fp32, i.e.
 ``-neg_max + log(rowsum)`` with the forward's running statistics: ``neg_max`` the negated
-row max (scaled units, <= FLT_MAX: clamped where a row can be masked everywhere) and ``rowsum`` the sum of the row's P (the
-ones column of P·[V | 1]). The backward recomputes ``P = exp(scale * S + mask - lse)``
-(FlashAttention-2), so no [Sq, Sk] tensor is kept.
+row max (scaled units, <= FLT_MAX: clamped where a row can be masked everywhere) and
+``rowsum`` the sum of the row's P (the ones column of P·[V | 1]). The backward recomputes
+``P = exp(scale * S + mask - lse)`` (FlashAttention-2), so no [Sq, Sk] tensor is kept.
 
 A row whose keys are all masked (-inf) has rowsum 0: the log is taken of rowsum + TINY
 (exact for every other row, whose rowsum is >= 1: its max element contributes exp(0)), so
