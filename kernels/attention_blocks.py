@@ -245,7 +245,7 @@ def row_max(facts, s, r, n, bias=None, diag=None):
 def row_max_into(facts, s, z, neg_max, r, n, bias=None, diag=None):
     """row_max's instructions, into given tiles: z [128, n] fp32 SBUF view, neg_max [128, 1]
     fp32 SBUF view (s, r, n, bias, diag: as row_max)."""
-    c, cb = (n, None) if bias is None and diag is None else ((0, bias) if diag is None else diag)
+    c, cb = row_masking(n, bias, diag)
     reduces = row_max_passes([(k0, k1) for k0, k1, _ in s], c)
     # A row can be masked everywhere only under a user mask or when no column is visible to
     # every row (c == 0: a flash key block past the tile's first query); its -max is then
@@ -266,15 +266,22 @@ def row_max_into(facts, s, z, neg_max, r, n, bias=None, diag=None):
     if direct:
         return
     src = parts[:, 0:1]
-    if len(reduces) > 1:
-        # GpSimd: the min of the parts, one pair at a time (NKI's tensor_reduce is VectorE's)
-        for i in range(1, len(reduces)):
-            nisa.tensor_tensor(dst=neg_max[:r], data1=src[:r], data2=parts[:r, i:i + 1], op=nl.minimum,
-                               engine=nisa.engine.gpsimd)
-            src = neg_max
+    # GpSimd: the min of the parts, one pair at a time (NKI's tensor_reduce is VectorE's)
+    for i in range(1, len(reduces)):
+        nisa.tensor_tensor(dst=neg_max[:r], data1=src[:r], data2=parts[:r, i:i + 1], op=nl.minimum,
+                           engine=nisa.engine.gpsimd)
+        src = neg_max
     if clamp:
         nisa.tensor_scalar(dst=neg_max[:r], data=src[:r], op0=nl.minimum, operand0=FLT_MAX,
                            engine=nisa.engine.gpsimd)
+
+
+def row_masking(n, bias, diag):
+    """(c, cb) of a row of n keys: columns [0, c) are visible to every row, columns [c, n)
+    take the additive tile cb (bias / diag: see row_max; no mask: c = n, cb None)."""
+    if bias is not None:
+        return 0, bias
+    return diag if diag is not None else (n, None)
 
 
 def row_max_passes(pieces, c):
@@ -308,7 +315,7 @@ def softmax_cycles(n, bias, diag):
     first, one-column part would take: charged, it modeled trn2 LNC=2 B=1 H=4 S=1500 D=128
     causal 64.9 -> 67.2 us. (Until session 61 the masked columns were charged three passes
     and no read-out: row_max's older form.)"""
-    c0 = 0 if bias is not None else (diag[0] if diag is not None else n)   # first masked column
+    c0 = row_masking(n, bias, diag)[0]     # first masked column
     passes = row_max_passes(score_pieces(n, bias), c0)
     reduces, masks = len(passes), sum(1 for p in passes if p[3])
     c = active_engine_costs()

@@ -132,14 +132,14 @@ def _unbiased_batch(facts, plan, units, vals, out, r, n, lse=None, last=False):
     pieces = len(score_pieces(n))
     if pieces > 1:
         # one head (a row past one PSUM bank); past S_PIECE_KEYS keys it comes in PSUM pieces,
-        # as the masked units' rows do (row_max)
+        # as the masked units' rows do
         (qv, kv_view, _), = units
-        row_max_into(f, scores(qv, kv_view, r, n), z[:, 0, :], neg_max[:, 0:1], r, n)
+        rows = [scores(qv, kv_view, r, n)]
     else:
         _, _, views = scores_side_by_side([(qv, kv_view) for qv, kv_view, _ in units], r, n)
-        for j in range(nb):
-            nisa.tensor_scalar_reduce(dst=z[:r, j, :], data=views[j][:r], op0=nl.multiply, operand0=-f.scale,
-                                      reduce_op=nl.minimum, reduce_res=neg_max[:r, j:j + 1])
+        rows = [[(0, n, view)] for view in views]          # each head's row: one piece
+    for j, row in enumerate(rows):
+        row_max_into(f, row, z[:, j, :], neg_max[:, j:j + 1], r, n)
     if lse is not None:
         lse[0].put_neg_max(lse[1], lse[2], neg_max[:r, 0:nb], r)
     nkc = cdiv(n, P)
