@@ -8,7 +8,8 @@ independent of ``nki_kernels.references``. Magnitude limits per op (``max_log10`
 op's fp32 intermediates finite, which is where torch's fp32 result (and so "the
 reference") is defined: beyond them torch itself overflows (rms_norm's x**2, for one).
 Special values are drawn only where torch defines the result the same way in fp32 and in
-float64 (e.g. not gelu(+inf): NaN in torch's fp32 erf gelu, inf in float64; not inf/NaN in
+float64 (e.g. not gelu(+inf): NaN or +inf in torch's fp32 erf gelu depending on the machine,
+inf in float64; not inf/NaN in
 an attention key: issue 14 changes how the reference backend treats masked ones).
 """
 

@@ -257,7 +257,7 @@ def test_local_layer_repository_and_kernelize(build_with_id, monkeypatch):
         def forward(self, x):
             return self.act(self.norm(x))
 
-    build = build_with_id("layers")
+    build = build_with_id("hublayers")
     mapping = {
         name: {"cpu": LocalLayerRepository(repo_path=build, layer_name=name)} for name in ("RMSNorm", "SiluAndMul")
     }
@@ -267,7 +267,7 @@ def test_local_layer_repository_and_kernelize(build_with_id, monkeypatch):
     eager = model(x)
     with use_kernel_mapping(mapping):
         model = kernelize(model, mode=Mode.INFERENCE, device="cpu")
-    hub_module = sys.modules["_nki_kernels_cpu_layers"]
+    hub_module = sys.modules["_nki_kernels_cpu_hublayers"]
     assert model.norm.forward.__func__ is hub_module.layers.RMSNorm.forward
     assert model.act.forward.__func__ is hub_module.layers.SiluAndMul.forward
     out = model(x)
