@@ -252,7 +252,7 @@ def row_max_into(facts, s, z, neg_max, r, n, bias=None, diag=None):
     # +inf, clamped to FLT_MAX. Otherwise one part reduces straight into neg_max.
     clamp = bias is not None or c == 0
     direct = len(reduces) == 1 and not clamp
-    parts = neg_max if direct else nl.ndarray((P, max(2, len(reduces))), dtype=nl.float32, buffer=nl.sbuf)
+    parts = neg_max if direct else nl.ndarray((P, len(reduces)), dtype=nl.float32, buffer=nl.sbuf)
     for i, (j, a, e, is_masked) in enumerate(reduces):
         k0, _, tile = s[j]
         if not is_masked:
