@@ -57,16 +57,14 @@ def _define_rms_norm_twin():
 
 
 @pytest.fixture(autouse=True)
-def _twins_leave_the_package_registry():
-    """A twin is a test's op: when the test ends its entry leaves
-    ``_custom_op.registered_with``, which lists the package's ops for the rest of the run
-    (tests/integration/test_distributed.py checks each has a sharding rule, and under
-    ``pytest -n`` this file can run before that one). torch keeps the op itself: an op
-    cannot be unregistered, and _define_rms_norm_twin takes a fresh name each time."""
-    before = set(_custom_op.registered_with)
-    yield
-    for name in [n for n in _custom_op.registered_with if n not in before and "::neuron_test_" in n]:
-        del _custom_op.registered_with[name]
+def _twins_leave_the_package_registry(monkeypatch):
+    """A twin is a test's op: each test registers into a copy of
+    ``_custom_op.registered_with`` (define_op writes the module's dict), so the package's
+    list of its ops is as before once the test ends (tests/integration/test_distributed.py
+    checks each has a sharding rule, and under ``pytest -n`` this file can run before that
+    one). torch keeps the op itself: an op cannot be unregistered, and _define_rms_norm_twin
+    takes a fresh name each time."""
+    monkeypatch.setattr(_custom_op, "registered_with", dict(_custom_op.registered_with))
 
 
 @pytest.fixture
