@@ -879,7 +879,10 @@ def _part_groups(r0, rows, cols, max_cols, dtype):
     most = max(1, min(SPLIT_MAX_ROWS, PARTITIONS // cdiv(cols, max_cols)))
     while most >= 1:
         bounds = _split_groups(rows, most)
-        segments = [_split_segments(group_rows, cols, max_cols, bf16_max) for _, group_rows in bounds]
+        # groups differ in size by at most one row: plan each size once (a part of 80,000
+        # one-column rows has 2,500 groups of 32 rows, then 5,000 of 16, ... 80,000 of 1)
+        by_size = {n: _split_segments(n, cols, max_cols, bf16_max) for n in {n for _, n in bounds}}
+        segments = [by_size[group_rows] for _, group_rows in bounds]
         if all(seg is not None for seg in segments):
             # ragged groups (their rows loaded and stored one by one) are priced as LNC=1
             # runs them: both parts' groups in turn
@@ -887,8 +890,10 @@ def _part_groups(r0, rows, cols, max_cols, dtype):
             if len(bounds) > 1 and not _split_groups_pay(priced, cols, bf16_max):
                 return None
             groups = []
+            chunks = {seg[1]: cdiv(seg[1], _split_chunk_count(seg[1], itemsize(dtype), bf16_max, len(bounds)))
+                      for seg in set(segments)}
             for (offset, group_rows), seg in zip(bounds, segments):
-                chunk = cdiv(seg[1], _split_chunk_count(seg[1], itemsize(dtype), bf16_max, len(bounds)))
+                chunk = chunks[seg[1]]
                 groups.append((r0 + offset, group_rows) + seg + (chunk,))
             return groups
         most //= 2
