@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 # (atol, rtol) per dtype, and why:
@@ -54,3 +56,24 @@ def hbm_races(trace) -> list[str]:
             if crossed:
                 races.append(f"allocation {alloc}: {len(crossed)} elements core {a} writes and core {b} reads")
     return races
+
+
+def attention_registries():
+    """transformers' two process-wide attention registries (AttentionInterface,
+    AttentionMaskInterface): the name -> function tables ``attn_implementation`` reads."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    return (AttentionInterface._global_mapping, AttentionMaskInterface._global_mapping)
+
+
+@contextlib.contextmanager
+def attention_registries_restored():
+    """Register attention functions inside this block; on leaving it, transformers'
+    registries hold exactly what they held before (restored in place: every
+    ``ALL_ATTENTION_FUNCTIONS``-style instance reads the class-wide table)."""
+    saved = [(table, dict(table)) for table in attention_registries()]
+    try:
+        yield
+    finally:
+        for table, before in saved:
+            table.clear()
+            table.update(before)

@@ -83,11 +83,10 @@ def test_eager_autograd_counts_matmul_flops():
     assert sum(s.matmul_flops for s in steps) == 2 * (2 * 64 * 16 * 32)   # d a and d b
 
 
-def test_report_has_a_backward_row_after_each_forward_row():
-    import sys
+def test_report_has_a_backward_row_after_each_forward_row(monkeypatch):
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import model_report
 
     cases = model_report.grid(quick=False)

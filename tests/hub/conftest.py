@@ -22,12 +22,15 @@ TOOLS = ROOT / "tools"
 def _load_tool(name: str):
     if name in sys.modules:
         return sys.modules[name]
-    if str(TOOLS) not in sys.path:
-        sys.path.insert(0, str(TOOLS))  # publish_hub imports its sibling build_hub
-    spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
+    path = list(sys.path)
+    sys.path.insert(0, str(TOOLS))  # publish_hub imports its sibling build_hub
+    try:
+        spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)   # publish_hub puts its folder on sys.path too
+    finally:
+        sys.path[:] = path     # the tool modules are in sys.modules now
     return module
 
 

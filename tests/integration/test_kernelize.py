@@ -15,6 +15,7 @@ import torch
 import nki_kernels
 from nki_kernels import layers
 from nki_kernels import transformers as nkt
+from tests._helpers import attention_registries_restored
 
 from ._models import CAUSAL_LM, TEXT, VISION, build, padded_batch, perturb_norms, pixels
 
@@ -39,7 +40,9 @@ FAMILIES = {**{f: CAUSAL_LM[f] for f in ("llama", "qwen2", "qwen3", "mistral")},
 
 @pytest.fixture(autouse=True, scope="module")
 def _registered():
-    nkt.register()
+    with attention_registries_restored():
+        nkt.register()
+        yield
 
 
 def _inputs(family):

@@ -23,7 +23,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 import nki_kernels
 from nki_kernels import transformers as nkt
 from nki_kernels.ops import attention as attention_op
-from tests._helpers import rel_error
+from tests._helpers import attention_registries_restored, rel_error
 
 from ._models import CAUSAL_LM, DUAL_ENCODER, VISION, build, padded_batch, perturb_norms, pixels
 
@@ -34,9 +34,12 @@ BACKENDS = ["reference", "simulator"]
 
 @pytest.fixture(autouse=True, scope="module")
 def _registered():
-    nkt.register()
-    AttentionInterface.register(FLASH_NAME, nkt.nki_attention_forward)
-    AttentionMaskInterface.register(FLASH_NAME, flash_attention_mask)
+    # every name this module registers (here and in its tests) is gone when it ends
+    with attention_registries_restored():
+        nkt.register()
+        AttentionInterface.register(FLASH_NAME, nkt.nki_attention_forward)
+        AttentionMaskInterface.register(FLASH_NAME, flash_attention_mask)
+        yield
 
 
 @pytest.fixture(params=BACKENDS)

@@ -417,7 +417,7 @@ def test_large_shapes_fit_trn2_and_match(case):
     _check_grads(grads, _float64_grads(q, k, v, mask, causal, grad_out), dtype)
 
 
-def test_tiny_vit_training_step_runs_the_backward_kernel(simulator_backend, monkeypatch):
+def test_tiny_vit_training_step_runs_the_backward_kernel(simulator_backend, monkeypatch, restored_attention_registries):
     """A tiny ViT fine-tuning step (train mode, attn_implementation="nki", simulator): loss
     and every parameter gradient as with "sdpa", and the attention backward kernel ran
     (once per layer). fp32: tolerances of tests/integration/test_transformers.py."""
