@@ -188,7 +188,9 @@ def _cores_touch_disjoint_bytes(accs) -> bool:
     size = max(a[6] for a in accs)
     masks: dict[tuple, torch.Tensor] = {}
     for a in accs:
-        mask = masks.setdefault((a[0], a[3]), torch.zeros(size, dtype=torch.bool))
+        mask = masks.get((a[0], a[3]))
+        if mask is None:   # one per (core, kind): setdefault would zero a new one per access
+            mask = masks[(a[0], a[3])] = torch.zeros(size, dtype=torch.bool)
         starts = _byte_offsets(a[7])
         for k in range(a[7][2]):
             mask[starts + k] = True
