@@ -65,7 +65,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from nki_kernels import simulator
 from nki_kernels.simulator.cost import estimate_trace
-from nki_kernels.simulator.cost.schedule import _covered, dependencies
+from nki_kernels.simulator.cost.schedule import Conflicts, _covered, conflicts, dependencies
 from nki_kernels.simulator.cost.uncertainty import ENDS, variant
 from nki_kernels.simulator.hardware import TARGETS
 
@@ -431,6 +431,7 @@ _runs: dict[tuple, object] = {}
 engine_busy: dict[str, dict[str, float]] = {}   # row id -> the last modeled run's busy µs per engine
 launches: dict[str, tuple[int, float]] = {}    # latency row id -> (physical cores, launch us included)
 _preds: dict[tuple, list] = {}   # a run's dependencies per (latencies, buffer depth)
+_conflicts: dict[int, Conflicts] = {}   # a run's conflicts (schedule.conflicts: no Target number changes them)
 # latency row id -> (low, high): the row re-scheduled with every uncertain number at its
 # optimistic and at its pessimistic end (cost.uncertainty.variant), launch cost included;
 # the target's model_error_band is not applied here (bar_ends)
@@ -560,6 +561,13 @@ def quantity(row: Row, est) -> float:
     raise ValueError(f"{row.id}: quantity={row.quantity!r} is not known")
 
 
+def conflicts_of(res) -> Conflicts:
+    """The conflicts of a simulator run's trace, found once per run (``_conflicts``)."""
+    if id(res) not in _conflicts:
+        _conflicts[id(res)] = conflicts(res.trace, res.allocations)
+    return _conflicts[id(res)]
+
+
 def modeled(rows: list[Row], params: dict | None = None) -> dict[str, float]:
     """The model's value of every row (relative rows: percent of their reference row)."""
     params = params or {}
@@ -571,7 +579,7 @@ def modeled(rows: list[Row], params: dict | None = None) -> dict[str, float]:
         key = (id(res), target.dependency_latency_cycles, target.matmul_latency_cycles,
                target.buffer_rotation_depth, target.beta1_sequential_loops)
         if key not in _preds:
-            _preds[key] = dependencies(res.trace, target, res.allocations)
+            _preds[key] = dependencies(res.trace, target, res.allocations, conflicts_of(res))
         est = estimate_trace(res.trace, target, allocations=res.allocations, preds=_preds[key])
         engine_busy[row.id] = dict(est.engine_busy_us)
         raw[row.id] = quantity(row, est)
@@ -599,8 +607,11 @@ def bar_ends(rows: list[Row], params: dict | None = None) -> dict[str, tuple[flo
             continue
         res = run_row(row)
         target = target_with(row.target, params, row.compiler)
-        ends = [quantity(row, estimate_trace(res.trace, variant(target, end), allocations=res.allocations))
-                for end in ENDS]
+        ends = []
+        for end in ENDS:
+            at_end = variant(target, end)
+            preds = dependencies(res.trace, at_end, res.allocations, conflicts_of(res))
+            ends.append(quantity(row, estimate_trace(res.trace, at_end, allocations=res.allocations, preds=preds)))
         out[row.id] = (min(ends), max(ends))
     bars.update(out)
     return out
@@ -872,6 +883,7 @@ def forget(row: Row) -> None:
             del _runs[key]
         for key in [k for k in _preds if k[0] == id(row.run)]:
             del _preds[key]
+        _conflicts.pop(id(row.run), None)
         row.run = None
 
 

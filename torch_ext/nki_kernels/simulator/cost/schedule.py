@@ -203,18 +203,42 @@ class _Placement:
         return _rectangle(p0 + first, p0 + last + 1, b0, b1)
 
 
-def dependencies(trace, target: Target, allocations=None) -> list[dict[int, float]]:
-    """Per instruction: {predecessor index: extra latency in seconds}. With
-    ``allocations`` (``trace.AllocationSite`` records), also the buffer-rotation edges and
-    the edges between explicitly placed tiles over the same bytes."""
+class Conflicts:
+    """What ``dependencies`` finds in a trace that no Target number changes: per instruction
+    (issue order) the earlier instructions it reads a result of (``raw``, in the order the
+    walk meets them, repeats kept) and those whose reads or writes its writes overlap
+    (``war``), and each instruction's engine. Built once by ``conflicts`` and reused for
+    every target a trace is re-scheduled on (the error bars' two ends, the calibration's
+    fits): the footprint comparisons are most of a dependency walk's time."""
+
+    __slots__ = ("raw", "war", "engines", "sendrecv")
+
+    def __init__(self, raw, war, engines, sendrecv):
+        self.raw: list[list[int]] = raw
+        self.war: list[list[int]] = war
+        self.engines: list[str] = engines
+        self.sendrecv: list[int] = sendrecv      # positions of sendrecv instructions
+
+
+def _state(states: dict[int, _AllocState], alloc: int) -> _AllocState:
+    """The accesses so far of ``alloc`` (made on its first access only)."""
+    state = states.get(alloc)
+    if state is None:
+        state = states[alloc] = _AllocState()
+    return state
+
+
+def conflicts(trace, allocations=None) -> Conflicts:
+    """The trace's read-after-write and write-after-read/write pairs (``Conflicts``), with
+    ``allocations`` (``trace.AllocationSite`` records) also those between explicitly placed
+    tiles over the same bytes."""
     allocs: dict[int, _AllocState] = {}
-    exchanges: dict[tuple, list[int]] = {}  # sendrecv positions not yet matched, per direction
     placement = _Placement(allocations)
     phys: dict[int, _AllocState] = {}      # placed tile -> its accesses as physical bytes
-    preds: list[dict[int, float]] = []
-    engine_of: dict[int, str] = {}
-    first_reader: dict[int, int] = {}      # instruction -> the first one that reads its result
-    track_readers = target.beta1_sequential_loops   # only rule 1b asks for first_reader
+    raw: list[list[int]] = []
+    war: list[list[int]] = []
+    engines: list[str] = []
+    sendrecv: list[int] = []
 
     def access(o):
         """(allocation, footprint, physical footprint if the tile shares bytes, else None)."""
@@ -235,33 +259,54 @@ def dependencies(trace, target: Target, allocations=None) -> list[dict[int, floa
     for pos, ins in enumerate(trace):
         if ins.index != pos:
             raise CostModelError(f"trace is not in issue order: position {pos} holds instruction {ins.index}")
-        mine: dict[int, float] = {}
         reads = [access(o) for o in ins.reads]
         writes = [access(o) for o in ins.writes]
+        raw.append([p for alloc, reg, preg in reads for p in earlier(alloc, reg, preg, "writers_of")])
+        war.append([p for alloc, reg, preg in writes for p in earlier(alloc, reg, preg, "users_of")])
         for alloc, reg, preg in reads:
-            for p in earlier(alloc, reg, preg, "writers_of"):
-                if track_readers:
-                    first_reader.setdefault(p, pos)
-                lat = dependency_latency_seconds(engine_of[p], target)
-                if mine.get(p, -1.0) < lat:
-                    mine[p] = lat
-        for alloc, reg, preg in writes:
-            for p in earlier(alloc, reg, preg, "users_of"):
-                if p not in mine:
-                    mine[p] = 0.0
-        mine.pop(pos, None)
-        for alloc, reg, preg in reads:
-            allocs.setdefault(alloc, _AllocState()).add_read(reg, pos)
+            _state(allocs, alloc).add_read(reg, pos)
             if preg is not None:
-                phys.setdefault(alloc, _AllocState()).add_read(preg, pos)
+                _state(phys, alloc).add_read(preg, pos)
         for alloc, reg, preg in writes:
-            allocs.setdefault(alloc, _AllocState()).add_write(reg, pos)
+            _state(allocs, alloc).add_write(reg, pos)
             if preg is not None:
-                phys.setdefault(alloc, _AllocState()).add_write(preg, pos)
-        engine_of[pos] = ins.engine
-        preds.append(mine)
+                _state(phys, alloc).add_write(preg, pos)
+        engines.append(ins.engine)
         if ins.op == "sendrecv":
-            _pair_exchange(ins, pos, exchanges, preds)
+            sendrecv.append(pos)
+    return Conflicts(raw, war, engines, sendrecv)
+
+
+def dependencies(trace, target: Target, allocations=None, found: Conflicts | None = None) -> list[dict[int, float]]:
+    """Per instruction: {predecessor index: extra latency in seconds}. With
+    ``allocations`` (``trace.AllocationSite`` records), also the buffer-rotation edges and
+    the edges between explicitly placed tiles over the same bytes. ``found``: the trace's
+    ``conflicts(trace, allocations)`` when already computed (they hold for every target)."""
+    if found is None:
+        found = conflicts(trace, allocations)
+    trace = trace if isinstance(trace, list) else list(trace)
+    if len(found.raw) != len(trace):
+        raise CostModelError(f"found: conflicts of {len(found.raw)} instructions for a trace of {len(trace)}")
+    latency = {engine: dependency_latency_seconds(engine, target) for engine in set(found.engines)}
+    preds: list[dict[int, float]] = []
+    first_reader: dict[int, int] = {}      # instruction -> the first one that reads its result
+    track_readers = target.beta1_sequential_loops   # only rule 1b asks for first_reader
+    for pos, (raw, war) in enumerate(zip(found.raw, found.war)):
+        mine: dict[int, float] = {}
+        for p in raw:
+            if track_readers:
+                first_reader.setdefault(p, pos)
+            lat = latency[found.engines[p]]
+            if mine.get(p, -1.0) < lat:
+                mine[p] = lat
+        for p in war:
+            if p not in mine:
+                mine[p] = 0.0
+        mine.pop(pos, None)
+        preds.append(mine)
+    exchanges: dict[tuple, list[int]] = {}  # sendrecv positions not yet matched, per direction
+    for pos in found.sendrecv:
+        _pair_exchange(trace[pos], pos, exchanges, preds)
     if allocations:
         for p, s in rotation_edges(trace, allocations, int(target.buffer_rotation_depth), target):
             preds[s].setdefault(p, 0.0)
@@ -557,6 +602,9 @@ class Schedule:
     # per physical core: seconds TensorE's current throttle added to its instructions
     # (hardware.py tensor_throttle_*; 0 where the target has none)
     tensor_throttle: dict[int, float] = field(default_factory=dict)
+    # the trace's conflicts when this schedule found them (re-schedules of the trace reuse
+    # them: cost/uncertainty.py)
+    conflicts: "Conflicts | None" = field(default=None, repr=False)
 
     def detail(self, index: int) -> dict:
         """What the model charged instruction ``index`` (for traces and debugging)."""
@@ -681,8 +729,10 @@ def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
     only on the dependency latencies and the buffer depth of ``target``)."""
     trace = list(trace)
     n = len(trace)
+    found = None
     if preds is None:
-        preds = dependencies(trace, target, allocations)
+        found = conflicts(trace, allocations)
+        preds = dependencies(trace, target, allocations, found)
     succs: list[list[tuple[int, float]]] = [[] for _ in range(n)]
     missing = [0] * n
     for i, mine in enumerate(preds):
@@ -938,4 +988,4 @@ def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
     names = [lane.name for c in cores.values() for lane in list(c[0].values()) + c[1]]
     return Schedule(slots, start, finish, latency, busy, queue_busy, hbm_bytes, dma_bytes, names,
                     costs, ready_at, core_busy, dict(sorted(core_finish.items())),
-                    {k: throttle_s.get(k, 0.0) for k in sorted(cores)})
+                    {k: throttle_s.get(k, 0.0) for k in sorted(cores)}, found)

@@ -60,12 +60,19 @@ def end_latencies(est, target: str | Target | None = None) -> dict[str, float]:
     uncertain number at that end ("optimistic", "pessimistic"), as scheduled (not clamped
     to the central value)."""
     from .estimate import estimate_trace  # estimate.py imports nothing from here
+    from .schedule import conflicts, dependencies
 
     if est.trace is None:
         raise ValueError("this Estimate kept no trace to re-schedule")
     tgt = get_target(target if target is not None else est.target)
-    return {end: estimate_trace(est.trace, variant(tgt, end), allocations=est.allocations).latency_us
-            for end in ENDS}
+    # the trace's conflicts hold at both ends: the central schedule's, else walked once here
+    found = getattr(est.schedule, "conflicts", None) or conflicts(est.trace, est.allocations)
+    out = {}
+    for end in ENDS:
+        at_end = variant(tgt, end)
+        preds = dependencies(est.trace, at_end, est.allocations, found)
+        out[end] = estimate_trace(est.trace, at_end, allocations=est.allocations, preds=preds).latency_us
+    return out
 
 
 def widened(low: float, high: float, target: str | Target) -> tuple[float, float]:
