@@ -431,7 +431,9 @@ _runs: dict[tuple, object] = {}
 engine_busy: dict[str, dict[str, float]] = {}   # row id -> the last modeled run's busy µs per engine
 launches: dict[str, tuple[int, float]] = {}    # latency row id -> (physical cores, launch us included)
 _preds: dict[tuple, list] = {}   # a run's dependencies per (latencies, buffer depth)
-_conflicts: dict[int, Conflicts] = {}   # a run's conflicts (schedule.conflicts: no Target number changes them)
+# a run's conflicts (schedule.conflicts: no Target number changes them), with the run
+# itself, so an id reused after a run is gone never finds another run's conflicts
+_conflicts: dict[int, tuple[object, Conflicts]] = {}
 # latency row id -> (low, high): the row re-scheduled with every uncertain number at its
 # optimistic and at its pessimistic end (cost.uncertainty.variant), launch cost included;
 # the target's model_error_band is not applied here (bar_ends)
@@ -563,9 +565,10 @@ def quantity(row: Row, est) -> float:
 
 def conflicts_of(res) -> Conflicts:
     """The conflicts of a simulator run's trace, found once per run (``_conflicts``)."""
-    if id(res) not in _conflicts:
-        _conflicts[id(res)] = conflicts(res.trace, res.allocations)
-    return _conflicts[id(res)]
+    entry = _conflicts.get(id(res))
+    if entry is None or entry[0] is not res:
+        entry = _conflicts[id(res)] = (res, conflicts(res.trace, res.allocations))
+    return entry[1]
 
 
 def modeled(rows: list[Row], params: dict | None = None) -> dict[str, float]:

@@ -58,19 +58,26 @@ def hbm_races(trace) -> list[str]:
     return races
 
 
-def attention_registries():
-    """transformers' two process-wide attention registries (AttentionInterface,
-    AttentionMaskInterface): the name -> function tables ``attn_implementation`` reads."""
+def attention_registries() -> dict[str, dict]:
+    """transformers' process-wide attention registries, by name: the class-wide name ->
+    function tables of AttentionInterface and AttentionMaskInterface (``register`` writes
+    there) and the local tables of their module instances ALL_ATTENTION_FUNCTIONS and
+    ALL_MASK_ATTENTION_FUNCTIONS (item assignment writes there)."""
     from transformers import AttentionInterface, AttentionMaskInterface
-    return (AttentionInterface._global_mapping, AttentionMaskInterface._global_mapping)
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    return {"AttentionInterface": AttentionInterface._global_mapping,
+            "AttentionMaskInterface": AttentionMaskInterface._global_mapping,
+            "ALL_ATTENTION_FUNCTIONS (local)": ALL_ATTENTION_FUNCTIONS._local_mapping,
+            "ALL_MASK_ATTENTION_FUNCTIONS (local)": ALL_MASK_ATTENTION_FUNCTIONS._local_mapping}
 
 
 @contextlib.contextmanager
 def attention_registries_restored():
     """Register attention functions inside this block; on leaving it, transformers'
-    registries hold exactly what they held before (restored in place: every
-    ``ALL_ATTENTION_FUNCTIONS``-style instance reads the class-wide table)."""
-    saved = [(table, dict(table)) for table in attention_registries()]
+    registries (``attention_registries``) hold exactly what they held before, restored in
+    place (every instance reads the class-wide tables)."""
+    saved = [(table, dict(table)) for table in attention_registries().values()]
     try:
         yield
     finally:

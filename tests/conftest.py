@@ -3,7 +3,6 @@ test module leaves attention functions registered in transformers."""
 
 from __future__ import annotations
 
-import sys
 import zlib
 
 import pytest
@@ -18,27 +17,23 @@ def _seeded(request):
     yield
 
 
-def _our_attention_functions() -> set[tuple[int, str]]:
-    """(registry, name) of every function of this package (a module of ``nki_kernels`` or of
-    a loaded build of it) in transformers' attention registries, if transformers is loaded."""
-    if "transformers" not in sys.modules:
-        return set()
-    from tests._helpers import attention_registries
-    return {(i, name) for i, table in enumerate(attention_registries()) for name, fn in table.items()
-            if "nki_kernels" in (getattr(fn, "__module__", "") or "")}
-
-
 @pytest.fixture(autouse=True, scope="module")
-def _no_attention_functions_left_registered():
-    """A test module adds none of this package's functions to transformers' process-wide
-    attention registries for good (register inside ``restored_attention_registries`` or
-    tests/_helpers.py ``attention_registries_restored``): the suite runs its files in any
-    order on several processes, and a name one file registers would otherwise decide whether
-    another file's test passes."""
-    registered = _our_attention_functions()
-    yield
-    added = sorted(name for _, name in _our_attention_functions() - registered)
-    assert not added, f"this test module left {added} in transformers' attention registries"
+def _no_attention_names_left_registered():
+    """A test module leaves transformers' attention registries as it found them: it
+    registers inside ``restored_attention_registries`` (or tests/_helpers.py
+    ``attention_registries_restored``). The suite runs its files in any order on several
+    processes, and a name one file leaves registered would otherwise decide whether another
+    file's test passes. Imports transformers (once per process) so that the starting tables
+    are known; names registered while a test module is imported are not seen."""
+    from tests._helpers import attention_registries, attention_registries_restored
+
+    before = {name: set(table) for name, table in attention_registries().items()}
+    with attention_registries_restored():      # a leaking module's names go: the next starts clean
+        yield
+        added = {name: sorted(set(table) - before[name]) for name, table in attention_registries().items()}
+    added = {name: names for name, names in added.items() if names}
+    assert not added, (f"this test module left names in transformers' attention registries: {added} (register "
+                       "inside the restored_attention_registries fixture or tests._helpers.attention_registries_restored)")
 
 
 @pytest.fixture

@@ -204,20 +204,22 @@ class _Placement:
 
 
 class Conflicts:
-    """What ``dependencies`` finds in a trace that no Target number changes: per instruction
-    (issue order) the earlier instructions it reads a result of (``raw``, in the order the
-    walk meets them, repeats kept) and those whose reads or writes its writes overlap
-    (``war``), and each instruction's engine. Built once by ``conflicts`` and reused for
-    every target a trace is re-scheduled on (the error bars' two ends, the calibration's
-    fits): the footprint comparisons are most of a dependency walk's time."""
+    """What ``dependencies`` finds in a trace that no Target number changes, per instruction
+    in issue order: the earlier instructions it reads a result of (``reads_from``: read after
+    write) and those whose reads or writes its writes overlap (``writes_over``: write after
+    read or write), each in the order the walk meets them, repeats kept; each instruction's
+    engine (``engines``); and the positions of the LNC=2 exchanges (``sendrecv``), which
+    ``dependencies`` pairs. Built once by ``conflicts`` and reused for every target a trace is
+    re-scheduled on (the error bars' two ends, the calibration's fits): the footprint
+    comparisons are most of a dependency walk's time."""
 
-    __slots__ = ("raw", "war", "engines", "sendrecv")
+    __slots__ = ("reads_from", "writes_over", "engines", "sendrecv")
 
-    def __init__(self, raw, war, engines, sendrecv):
-        self.raw: list[list[int]] = raw
-        self.war: list[list[int]] = war
+    def __init__(self, reads_from, writes_over, engines, sendrecv):
+        self.reads_from: list[list[int]] = reads_from
+        self.writes_over: list[list[int]] = writes_over
         self.engines: list[str] = engines
-        self.sendrecv: list[int] = sendrecv      # positions of sendrecv instructions
+        self.sendrecv: list[int] = sendrecv
 
 
 def _state(states: dict[int, _AllocState], alloc: int) -> _AllocState:
@@ -235,8 +237,8 @@ def conflicts(trace, allocations=None) -> Conflicts:
     allocs: dict[int, _AllocState] = {}
     placement = _Placement(allocations)
     phys: dict[int, _AllocState] = {}      # placed tile -> its accesses as physical bytes
-    raw: list[list[int]] = []
-    war: list[list[int]] = []
+    reads_from: list[list[int]] = []
+    writes_over: list[list[int]] = []
     engines: list[str] = []
     sendrecv: list[int] = []
 
@@ -261,8 +263,8 @@ def conflicts(trace, allocations=None) -> Conflicts:
             raise CostModelError(f"trace is not in issue order: position {pos} holds instruction {ins.index}")
         reads = [access(o) for o in ins.reads]
         writes = [access(o) for o in ins.writes]
-        raw.append([p for alloc, reg, preg in reads for p in earlier(alloc, reg, preg, "writers_of")])
-        war.append([p for alloc, reg, preg in writes for p in earlier(alloc, reg, preg, "users_of")])
+        reads_from.append([p for alloc, reg, preg in reads for p in earlier(alloc, reg, preg, "writers_of")])
+        writes_over.append([p for alloc, reg, preg in writes for p in earlier(alloc, reg, preg, "users_of")])
         for alloc, reg, preg in reads:
             _state(allocs, alloc).add_read(reg, pos)
             if preg is not None:
@@ -274,7 +276,7 @@ def conflicts(trace, allocations=None) -> Conflicts:
         engines.append(ins.engine)
         if ins.op == "sendrecv":
             sendrecv.append(pos)
-    return Conflicts(raw, war, engines, sendrecv)
+    return Conflicts(reads_from, writes_over, engines, sendrecv)
 
 
 def dependencies(trace, target: Target, allocations=None, found: Conflicts | None = None) -> list[dict[int, float]]:
@@ -282,24 +284,25 @@ def dependencies(trace, target: Target, allocations=None, found: Conflicts | Non
     ``allocations`` (``trace.AllocationSite`` records), also the buffer-rotation edges and
     the edges between explicitly placed tiles over the same bytes. ``found``: the trace's
     ``conflicts(trace, allocations)`` when already computed (they hold for every target)."""
+    trace = trace if isinstance(trace, list) else list(trace)
     if found is None:
         found = conflicts(trace, allocations)
-    trace = trace if isinstance(trace, list) else list(trace)
-    if len(found.raw) != len(trace):
-        raise CostModelError(f"found: conflicts of {len(found.raw)} instructions for a trace of {len(trace)}")
+    if len(found.reads_from) != len(trace):
+        # the only check possible: conflicts of another trace of this length pass unnoticed
+        raise CostModelError(f"found: conflicts of {len(found.reads_from)} instructions for a trace of {len(trace)}")
     latency = {engine: dependency_latency_seconds(engine, target) for engine in set(found.engines)}
     preds: list[dict[int, float]] = []
     first_reader: dict[int, int] = {}      # instruction -> the first one that reads its result
     track_readers = target.beta1_sequential_loops   # only rule 1b asks for first_reader
-    for pos, (raw, war) in enumerate(zip(found.raw, found.war)):
+    for pos, (reads_from, writes_over) in enumerate(zip(found.reads_from, found.writes_over)):
         mine: dict[int, float] = {}
-        for p in raw:
+        for p in reads_from:
             if track_readers:
                 first_reader.setdefault(p, pos)
             lat = latency[found.engines[p]]
             if mine.get(p, -1.0) < lat:
                 mine[p] = lat
-        for p in war:
+        for p in writes_over:
             if p not in mine:
                 mine[p] = 0.0
         mine.pop(pos, None)
@@ -604,7 +607,7 @@ class Schedule:
     tensor_throttle: dict[int, float] = field(default_factory=dict)
     # the trace's conflicts when this schedule found them (re-schedules of the trace reuse
     # them: cost/uncertainty.py)
-    conflicts: "Conflicts | None" = field(default=None, repr=False)
+    conflicts: "Conflicts | None" = field(default=None, repr=False, compare=False)
 
     def detail(self, index: int) -> dict:
         """What the model charged instruction ``index`` (for traces and debugging)."""
@@ -725,14 +728,14 @@ def _dma_site_queues(trace, allocations, target: Target) -> dict[int, int]:
 def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
     """List-schedule ``trace`` (instructions in issue order) on ``target``; ``allocations``
     (where each on-chip tile was allocated) turns on finite buffering. ``preds``: the
-    trace's ``dependencies(trace, target, allocations)`` when already computed (they depend
-    only on the dependency latencies and the buffer depth of ``target``)."""
+    trace's ``dependencies(trace, target, allocations)`` when already computed for this
+    ``target`` (its latencies, buffer depth, memory sizes and beta-1 flag shape them)."""
     trace = list(trace)
     n = len(trace)
-    found = None
+    found_conflicts = None
     if preds is None:
-        found = conflicts(trace, allocations)
-        preds = dependencies(trace, target, allocations, found)
+        found_conflicts = conflicts(trace, allocations)
+        preds = dependencies(trace, target, allocations, found_conflicts)
     succs: list[list[tuple[int, float]]] = [[] for _ in range(n)]
     missing = [0] * n
     for i, mine in enumerate(preds):
@@ -988,4 +991,4 @@ def schedule(trace, target: Target, allocations=None, preds=None) -> Schedule:
     names = [lane.name for c in cores.values() for lane in list(c[0].values()) + c[1]]
     return Schedule(slots, start, finish, latency, busy, queue_busy, hbm_bytes, dma_bytes, names,
                     costs, ready_at, core_busy, dict(sorted(core_finish.items())),
-                    {k: throttle_s.get(k, 0.0) for k in sorted(cores)}, found)
+                    {k: throttle_s.get(k, 0.0) for k in sorted(cores)}, found_conflicts)

@@ -66,7 +66,8 @@ def end_latencies(est, target: str | Target | None = None) -> dict[str, float]:
         raise ValueError("this Estimate kept no trace to re-schedule")
     tgt = get_target(target if target is not None else est.target)
     # the trace's conflicts hold at both ends: the central schedule's, else walked once here
-    found = getattr(est.schedule, "conflicts", None) or conflicts(est.trace, est.allocations)
+    found = est.schedule.conflicts if est.schedule is not None else None
+    found = found or conflicts(est.trace, est.allocations)
     out = {}
     for end in ENDS:
         at_end = variant(tgt, end)
