@@ -28,7 +28,9 @@ demo: setup
 
 # The suite runs on TEST_WORKERS processes (pytest-xdist), all of a test file's tests on one
 # of them (--dist loadfile: a file's module fixtures are built once). On one process it took
-# 13 min 51 s on the 2-core CI machine of 2026-12-06, on two 8 min 07 s to 9 min 53 s.
+# 13 min 51 s on the 2-core CI machine of 2026-12-06, on two 8 min 07 s to 9 min 53 s; on two
+# 8 min 13 s to 8 min 37 s there on 2026-12-07, after that day's simulator and cost-model
+# speed-ups.
 # TEST_WORKERS=0 runs it in this process (pytest's own order; needed for ARGS=--pdb).
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
