@@ -422,13 +422,11 @@ def test_hub_function_path_needs_kernels_0_18_2():
         model.set_attn_implementation(HUB_NAME)
 
 
-def test_hub_function_path_gets_the_sdpa_mask(backend, monkeypatch, tmp_path):
-    # transformers registers the Hub name and remembers the loaded kernel process-wide: give
-    # this test its own registries and loader state
+def test_hub_function_path_gets_the_sdpa_mask(backend, monkeypatch, tmp_path, restored_attention_registries):
+    # transformers registers the Hub name and remembers the loaded kernel process-wide: the
+    # registries are restored after this test (the fixture), the loader state here
     from transformers import modeling_flash_attention_utils as flash_utils
 
-    for interface in (AttentionInterface, AttentionMaskInterface):
-        monkeypatch.setattr(interface, "_global_mapping", dict(interface._global_mapping))
     for name in ("_loaded_implementation", "_flash_fn", "_flash_varlen_fn", "_flash_with_kvcache_fn", "_pad_fn",
                  "_unpad_fn", "_process_flash_kwargs_fn", "_process_with_kvcache_kwargs_fn"):
         monkeypatch.setattr(flash_utils, name, None if name == "_loaded_implementation" else getattr(flash_utils, name))
