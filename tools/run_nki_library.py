@@ -452,7 +452,11 @@ def _run_file(checkout: Path, test_file: str, selections, args, out: Path):
                                        str(checkout / "src"), str(ROOT / "torch_ext"),
                                        env.get("PYTHONPATH", "")]),
     })
-    cmd = [sys.executable, "-m", "pytest", "-p", "run_nki_library",
+    # -p no:xdist: one process per test file, as the runner budgets it; and pytest-xdist (in
+    # this project's dev extra since 2026-12-06) would register the pytest_configure_node
+    # hookspec after the plugin's _XdistSpecs has (its pytest_addhooks runs first), which
+    # pytest refuses ("already registered"), failing every file before a kernel runs
+    cmd = [sys.executable, "-m", "pytest", "-p", "run_nki_library", "-p", "no:xdist",
            f"test/integration/nkilib/{test_file}", "--test-mode", "simulation",
            "--platform-target", args.target, "-q", "-p", "no:cacheprovider", "-o",
            "log_cli=false", "--no-header", "-rN", "-x" if args.stop else "-q"]
