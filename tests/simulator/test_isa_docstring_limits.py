@@ -114,6 +114,19 @@ def test_dma_transpose_dge_rules(sim, mk):
         with pytest.raises(NkiValidationError, match=message):
             nisa.dma_transpose(nl.ndarray((64, bad.shape[0]), dtype=nl.bfloat16, buffer=nl.sbuf), bad_view,
                                axes=(1, 0))
+    # "When src is 4D: len(src[1]) or len(src[2]) must be 1": [rows, 1, 2, 8] gathers and
+    # transposes; [rows, 2, 2, 8] is refused
+    table4 = mk(torch.randn(64, 2, 2, 8), "bfloat16", "hbm")
+    rows16 = torch.randperm(64)[:16]
+    idx16 = mk(rows16.reshape(16, 1), "uint32")
+    one = table4.ap(pattern=[[32, 16], [16, 1], [8, 2], [1, 8]], vector_offset=idx16, indirect_dim=0)
+    got = nl.ndarray((8, 1, 2, 16), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_transpose(got, one, axes=(3, 1, 2, 0))
+    assert torch.equal(got.values(), table4.values()[rows16][:, 0:1].permute(3, 1, 2, 0))
+    both = table4.ap(pattern=[[32, 16], [16, 2], [8, 2], [1, 8]], vector_offset=idx16, indirect_dim=0)
+    with pytest.raises(NkiValidationError, match=r"4-D indirect transpose needs src.shape\[1\] or "
+                                                 r"src.shape\[2\] to be 1, got src shape \(16, 2, 2, 8\)"):
+        nisa.dma_transpose(nl.ndarray((8, 2, 2, 16), dtype=nl.bfloat16, buffer=nl.sbuf), both, axes=(3, 1, 2, 0))
     # oob_mode=skip "Only valid when src uses indirect indexing"
     with pytest.raises(NkiValidationError, match="oob_mode=skip is only valid when src uses indirect"):
         nisa.dma_transpose(nl.ndarray((96, 16), dtype=nl.bfloat16, buffer=nl.sbuf), src,
@@ -163,6 +176,16 @@ def test_tensor_scalar_cumulative_subtract_and_refusals(sim, mk):
                                       reduce_cmd=nisa.reduce_cmd.load_reduce)
     with pytest.raises(NkiValidationError, match="op0 .* must be an arithmetic operator"):
         nisa.tensor_scalar_cumulative(dst, mk(x), nl.bitwise_and, nl.add, 1)
+    # a comparison is an arithmetic operator ("Supported Math Operators for NKI ISA"): a
+    # running count of the elements above 0.25
+    nisa.tensor_scalar_cumulative(dst, mk(x), nl.greater, nl.add, 0.25)
+    assert torch.equal(dst.values(), (x > 0.25).to(torch.float32).cumsum(1))
+    # the register commands its pseudo-code names: reset_reduce, reduce, load_reduce; reset and
+    # idle would leave the register as the previous instruction left it
+    for cmd in (nisa.reduce_cmd.reset, nisa.reduce_cmd.idle):
+        with pytest.raises(NkiValidationError, match=f"reduce_cmd=.*{cmd.name}.* is not supported "
+                                                     r"\(reset_reduce, reduce, load_reduce\)"):
+            nisa.tensor_scalar_cumulative(dst, mk(x), nl.add, nl.add, 0.0, reduce_cmd=cmd)
 
 
 def test_tensor_scalar_reduce_refuses_what_its_docstring_does_not_support(sim, mk):

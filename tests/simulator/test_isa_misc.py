@@ -311,6 +311,21 @@ def test_find_index8_takes_successive_occurrences_of_a_repeated_value(sim, mk):
         nisa.nc_find_index8(nl.ndarray((1, 8), dtype=nl.float32, buffer=nl.sbuf), mk(data), mk(vals))
     with pytest.raises(NkiValidationError, match="data has 4 elements per partition; between 8 and 16384"):
         nisa.nc_find_index8(found, mk(data[:, :4]), mk(vals))
+    # "The data tensor can be up to 3-dimensional, while the vals tensor must be up to
+    # 3-dimensional"; dst "a 2D tile ... [par_dim, 8]": a 3-D data is found as flattened
+    found3 = nl.ndarray((1, 8), dtype=nl.uint32, buffer=nl.sbuf)
+    nisa.nc_find_index8(found3, mk(data.reshape(1, 3, 4)), mk(vals.reshape(1, 2, 4)))
+    assert found3.values().tolist() == [[1, 3, 5, 7, 2, 9, 4, 0xFFFFFFFF]]
+    with pytest.raises(NkiValidationError, match=r"data has rank 4 \(1, 3, 2, 2\); at most 3"):
+        nisa.nc_find_index8(found, mk(data.reshape(1, 3, 2, 2)), mk(vals))
+    with pytest.raises(NkiValidationError, match=r"vals has rank 4 \(1, 2, 2, 2\); at most 3"):
+        nisa.nc_find_index8(found, mk(data), mk(vals.reshape(1, 2, 2, 2)))
+    with pytest.raises(NkiValidationError, match=r"dst must be 2-D \[partitions, 8\], got shape \(1, 2, 4\)"):
+        nisa.nc_find_index8(nl.ndarray((1, 2, 4), dtype=nl.uint32, buffer=nl.sbuf), mk(data), mk(vals))
+    # nc_match_replace8's vals: "the 8 values per partition to match"
+    with pytest.raises(NkiValidationError, match="vals has 4 elements per partition; it must have 8"):
+        nisa.nc_match_replace8(nl.ndarray((1, 12), dtype=nl.float32, buffer=nl.sbuf), mk(data),
+                               mk(vals[:, :4]), 0.0)
 
 
 def test_dma_options_follow_their_documented_limits(sim, mk):

@@ -149,8 +149,9 @@ def _transpose_dge_rules(src, dge_mode, oob_mode=enums.oob_mode.error) -> None:
     For 3-d/4-d input tiles, src.shape[0] must be in {1, 2, 4, 8, 16} and (src.shape[0] *
     src.shape[-2]) % 16 == 0", "src.shape[-1] <= 128", "src.dtype is 2 bytes". An indirect
     one (src indexed by an SBUF vector) is lowered to a software DGE transpose: only unknown
-    and swdge, "src.shape[-1] <= 128", "src.dtype is 2 bytes", "src tensor must be on HBM",
-    "TRN2+ only", and of its indices (the view's vector_offset): "must be 2-d", "indices.shape[0]
+    and swdge, "When src is 4D: len(src[1]) or len(src[2]) must be 1" (read as src.shape[1]
+    or src.shape[2]), "src.shape[-1] <= 128", "src.dtype is 2 bytes", "src tensor must be on
+    HBM", "TRN2+ only", and of its indices (the view's vector_offset): "must be 2-d", "indices.shape[0]
     must be in [16, 128] and divisible by 16", "indices.dtype is np.uint32", "must be on SBUF",
     "indices.shape[0] * indices.shape[1] must be >= src.shape[0]", "src.shape[0] must be
     divisible by 16"; ``oob_mode.skip`` "Only valid when src uses indirect indexing". With
@@ -179,6 +180,9 @@ def _transpose_dge_rules(src, dge_mode, oob_mode=enums.oob_mode.error) -> None:
         if src._alloc.kind != "hbm":
             fail(f"{I}: an indirect transpose reads src from HBM, got {src._alloc.kind}")
         require_generation(I, 3, "an indirect transpose", source="nki.isa.dma_transpose")
+        if len(shape) == 4 and shape[1] != 1 and shape[2] != 1:
+            fail(f"{I}: a 4-D indirect transpose needs src.shape[1] or src.shape[2] to be 1, got src shape "
+                 f"{shape}")
         idx = src._vector
         ishape = tuple(idx.shape)
         if len(ishape) != 2:

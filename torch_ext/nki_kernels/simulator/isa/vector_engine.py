@@ -119,18 +119,25 @@ def tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1=None,
     same_free(I, "src", src, "dst", dst)
     # NKI 0.7 docstring: "Scalar operation (op0) must be an arithmetic op", "Reduction
     # operation (op1) is limited to add, subtract, mult, max, min", "INT32/UINT32 are not
-    # supported as input/output dtypes (ISA limitation)", imm0 and imm1 "Must be FP32 datatype"
+    # supported as input/output dtypes (ISA limitation)", imm0 and imm1 "Must be FP32 datatype".
+    # The comparisons are arithmetic operators too (the "Supported Math Operators for NKI ISA"
+    # table, nki.api.shared: only the bitvec ones are not), as tensor_scalar_reduce takes them
     o0 = _ops.alu_of(_ops.resolve(op0, "op0"), I, "op0")
     o1 = _ops.alu_of(_ops.resolve(op1, "op1"), I, "op1")
-    if o0.bitvec or o0.compare:
-        fail(f"{I}: op0 {o0!r} must be an arithmetic operator (e.g. nl.add, nl.multiply)")
+    if o0.bitvec:
+        fail(f"{I}: op0 {o0!r} must be an arithmetic operator (e.g. nl.add, nl.multiply), not a bitvec one")
     if o1.name not in ("add", "subtract", "multiply", "maximum", "minimum"):
         fail(f"{I}: op1 {o1!r} must be add, subtract, multiply, maximum or minimum")
     for role, t in (("src", src), ("dst", dst)):
         if t.dtype.name in ("int32", "uint32"):
             fail(f"{I}: {role} dtype {t.dtype.name} is not supported (INT32/UINT32 are an ISA "
                  f"limitation of this instruction)")
+    # its pseudo-code and "Accumulator behavior" name reset_reduce, load_reduce and reduce only
+    # (reset and idle would leave the register as the last instruction left it: refused)
     cmd = check_reduce_cmd(I, reduce_cmd)
+    ok_cmds = (enums.reduce_cmd.reset_reduce, enums.reduce_cmd.reduce, enums.reduce_cmd.load_reduce)
+    if cmd not in ok_cmds:
+        fail(f"{I}: reduce_cmd={cmd!r} is not supported (reset_reduce, reduce, load_reduce)")
     v = scalar_stage(I, o0, imm0, False, f32(src), src).reshape(src.shape[0], -1)
     ctx = current()
     sl = lanes(src)
@@ -371,6 +378,11 @@ def nc_find_index8(dst, data, vals, name=None):
     onchip(I, "dst", dst)
     onchip(I, "data", data)
     onchip(I, "vals", vals)
+    # "The data tensor can be up to 3-dimensional, while the vals tensor must be up to
+    # 3-dimensional"; dst "a 2D tile ... with shape [par_dim, 8]" (nki.isa.nc_find_index8)
+    max_rank(I, 3, ("data", data), ("vals", vals))
+    if len(dst.shape) != 2:
+        fail(f"{I}: dst must be 2-D [partitions, 8], got shape {tuple(dst.shape)}")
     if free_elems(vals) != 8 or free_elems(dst) != 8:
         fail(f"{I}: vals has {free_elems(vals)} and dst {free_elems(dst)} elements per partition; both must "
              "have 8")
@@ -401,6 +413,9 @@ def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None):
     onchip(I, "data", data)
     onchip(I, "vals", vals)
     same_free(I, "data", data, "dst", dst)
+    # vals: "tensor containing the 8 values per partition to match" (nki.isa.nc_match_replace8)
+    if free_elems(vals) != 8:
+        fail(f"{I}: vals has {free_elems(vals)} elements per partition; it must have 8")
     P = data.shape[0]
     x = f32(data).reshape(P, -1).clone()
     v = f32(vals).reshape(P, 8)
