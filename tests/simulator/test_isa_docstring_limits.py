@@ -138,6 +138,40 @@ def test_dma_transpose_dge_rules(sim, mk):
             nki1.isa.dma_transpose(d1, t1, dge_mode=nki1.isa.dge_mode.hwdge)
 
 
+def test_indirect_transpose_with_2d_indices_reads_them_column_by_column(sim, mk):
+    # nki.isa.dma_transpose, "Indirect transpose example with 2D indices (indices.shape=[128,
+    # N] where N > 1)": "flat_indices = indices.T.flatten()[:src.shape[0]]", "gathered =
+    # src[flat_indices, :]", "dst = gathered.T"; "When indices.shape[1] > 1: indices.shape[0]
+    # must be exactly 128"
+    _, nl, nisa = sim
+    table = mk(torch.randn(512, 128), "bfloat16", "hbm")
+    chosen = torch.randperm(512)[:256]
+    indices = chosen.reshape(2, 128).t().contiguous()          # [128, 2]: column 0 first
+    idx = mk(indices, "uint32")
+    view = table.ap(pattern=[[128, 256], [1, 128]], vector_offset=idx, indirect_dim=0)
+    dst = nl.ndarray((128, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_transpose(dst, view, axes=(1, 0))
+    flat = indices.t().reshape(-1)
+    assert torch.equal(dst.values(), table.values()[flat].t())
+    assert not torch.equal(flat, indices.reshape(-1))           # row-major order would differ
+    # fewer gathered rows than indices: the first src.shape[0] of the flat order
+    part = table.ap(pattern=[[128, 160], [1, 128]], vector_offset=idx, indirect_dim=0)
+    dst160 = nl.ndarray((128, 160), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_transpose(dst160, part, axes=(1, 0))
+    assert torch.equal(dst160.values(), table.values()[flat[:160]].t())
+    narrow = mk(chosen[:128].reshape(64, 2), "uint32")
+    view64 = table.ap(pattern=[[128, 128], [1, 128]], vector_offset=narrow, indirect_dim=0)
+    with pytest.raises(NkiValidationError, match=r"indices of 2 columns need exactly 128 partitions.*"
+                                                 r"got shape \(64, 2\)"):
+        nisa.dma_transpose(nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf), view64, axes=(1, 0))
+    # a copy takes one offset per partition: 2-D indices are documented for transposes only
+    with pytest.raises(NkiValidationError, match=r"dma_copy: src's vector_offset has shape \(128, 2\)"):
+        nisa.dma_copy(nl.ndarray((256, 128), dtype=nl.bfloat16, buffer=nl.hbm), view)
+    with pytest.raises(NkiValidationError, match=r"must have shape \(P, 1\) or \(P, N\), got \(128, 2, 1\)"):
+        table.ap(pattern=[[128, 256], [1, 128]], vector_offset=mk(indices.reshape(128, 2, 1), "uint32"),
+                 indirect_dim=0)
+
+
 def test_nc_stream_shuffle_mask_range_and_start_partitions(sim, mk):
     # "shuffle_mask[i] indicates which input partition ... within each 32-partition quadrant"
     # (or 255); "If num_active_partitions is 64, src_start_partition/dst_start_partition must

@@ -363,7 +363,7 @@ class NkiTensor(ShapeViews):
                 if self.on_chip:
                     raise NkiValidationError("ap: vector_offset indexes an HBM tensor; this "
                                              f"tensor is in {self.buffer.value}")
-                vo = _offset_tensor("ap", "vector_offset", vector_offset)
+                vo = _offset_tensor("ap", "vector_offset", vector_offset, columns=True)
                 return _indirect_view(self, pat, start, vector=vo, vector_stride=stride,
                                       dtype=dt, what="ap(vector_offset=...)",
                                       extent=self.shape[0])
@@ -407,14 +407,20 @@ def _is_dynamic(x) -> bool:
     return isinstance(x, NkiTensor) or type(x).__name__ == "VirtualRegister"
 
 
-def _offset_tensor(fn, role, t) -> NkiTensor:
+def _offset_tensor(fn, role, t, columns=False) -> NkiTensor:
+    """An SBUF tile of integer offsets, shape (P, 1); with ``columns`` (``ap``'s
+    vector_offset) also (P, N): dma_transpose's 2-D indices, read column by column
+    (IndirectView.vector_rows)."""
     if not isinstance(t, NkiTensor) or not t.on_chip:
         raise NkiValidationError(f"{fn}: {role} must be an SBUF tensor of per-partition "
                                  f"offsets, shape (P, 1); got {t!r}")
     if not t.dtype.is_int:
         raise NkiValidationError(f"{fn}: {role} must hold integer offsets, got {t.dtype.name}")
+    if columns and len(t.shape) == 2:
+        return t
     if math.prod(t.shape[1:]) != 1:
-        raise NkiValidationError(f"{fn}: {role} must have shape (P, 1), got {t.shape}")
+        raise NkiValidationError(f"{fn}: {role} must have shape (P, 1){' or (P, N)' if columns else ''}, "
+                                 f"got {t.shape}")
     return t
 
 
@@ -614,6 +620,19 @@ class IndirectView(_PatternOnly):
     def is_indirect(self) -> bool:
         return True
 
+    def vector_columns(self) -> int:
+        """Columns of the vector_offset tile (1 for a (P, 1) tile; 0 without one)."""
+        if self._vector is None:
+            return 0
+        return math.prod(self._vector.shape[1:])
+
+    def vector_rows(self) -> torch.Tensor:
+        """The offsets, one per row of dim 0, as int64: a (P, N) tile read column by column
+        ("flat_indices = indices.T.flatten()", nki.isa.dma_transpose; "Hardware uses
+        column-major flattening"), which for (P, 1) is the tile's order."""
+        v = self._vector.values().to(torch.int64)
+        return v.reshape(v.shape[0], -1).t().reshape(-1)
+
     def _start_partition(self) -> int:
         t = self._root_of
         return max(0, self._start) // t._free_size(self.dtype) if t.on_chip else 0
@@ -639,7 +658,7 @@ class IndirectView(_PatternOnly):
         for st, n in rest:
             idx = idx.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st
         if self._vector is not None:
-            rows = self._vector.values().reshape(-1)[:pat[0][1]].to(torch.int64)
+            rows = self.vector_rows()[:pat[0][1]]
             if rows.numel() < pat[0][1]:
                 raise NkiValidationError(
                     f"{self._what}: vector_offset has {rows.numel()} offsets for "
@@ -672,7 +691,7 @@ class IndirectView(_PatternOnly):
         _, _, row_ok = self.resolve()
         pat = self._pattern
         if self._vector is not None:
-            vo = self._vector.values().reshape(-1)[:pat[0][1]].to(torch.int64)
+            vo = self.vector_rows()[:pat[0][1]]
             starts = self._start + vo * self._vstride
             inner = pat[1:]
         else:

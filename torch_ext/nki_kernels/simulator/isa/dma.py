@@ -75,6 +75,12 @@ def dma_copy(dst, src, priority=None, oob_mode=enums.oob_mode.error,
         fail(f"dma_copy: dst has {n_dst} elements {dst.shape} but src has {n_src} {src.shape}")
     if not isinstance(oob_mode, enums.oob_mode):
         fail(f"dma_copy: oob_mode={oob_mode!r} is not a nisa.oob_mode member")
+    for role, t in (("src", src), ("dst", dst)):
+        if isinstance(t, IndirectView) and t.vector_columns() > 1:
+            # 2-D index tiles are documented for dma_transpose only (nki.isa.dma_transpose's
+            # "Indirect transpose example with 2D indices"); a copy gathers one row per partition
+            fail(f"dma_copy: {role}'s vector_offset has shape {tuple(t._vector.shape)}; a copy takes one "
+                 "offset per partition, shape (P, 1) (2-D indices are a dma_transpose feature)")
     if isinstance(src, IndirectView) or isinstance(dst, IndirectView):
         _indirect_copy(dst, src, skip=oob_mode is enums.oob_mode.skip)
     else:
@@ -154,7 +160,8 @@ def _transpose_dge_rules(src, dge_mode, oob_mode=enums.oob_mode.error) -> None:
     HBM", "TRN2+ only", and of its indices (the view's vector_offset): "must be 2-d", "indices.shape[0]
     must be in [16, 128] and divisible by 16", "indices.dtype is np.uint32", "must be on SBUF",
     "indices.shape[0] * indices.shape[1] must be >= src.shape[0]", "src.shape[0] must be
-    divisible by 16"; ``oob_mode.skip`` "Only valid when src uses indirect indexing". With
+    divisible by 16", "When indices.shape[1] > 1: indices.shape[0] must be exactly 128" (the
+    flat indices are then read column by column: IndirectView.vector_rows); ``oob_mode.skip`` "Only valid when src uses indirect indexing". With
     dge_mode unknown the compiler picks the lowering, so a direct
     transpose's hwdge rules are not checked then. AWS's own nki-library issues direct
     transposes with dge_mode none (core/mlp/mlp_tkg/mlp_tkg_gate_up_projection.py @d2ad3a5,
@@ -193,6 +200,9 @@ def _transpose_dge_rules(src, dge_mode, oob_mode=enums.oob_mode.error) -> None:
             fail(f"{I}: the indices' dtype must be uint32, got {idx.dtype.name}")
         if idx._alloc.kind != "sbuf":
             fail(f"{I}: the indices must be in SBUF, got {idx._alloc.kind.upper()}")
+        if ishape[1] > 1 and ishape[0] != 128:
+            fail(f"{I}: indices of {ishape[1]} columns need exactly 128 partitions (\"When indices.shape[1] > 1: "
+                 f"indices.shape[0] must be exactly 128\"), got shape {ishape}")
         if shape[0] % 16 or ishape[0] * ishape[1] < shape[0]:
             fail(f"{I}: an indirect transpose needs src.shape[0] a multiple of 16 and at most "
                  f"indices.shape[0] * indices.shape[1] ({ishape[0] * ishape[1]}), got src shape {shape}")
