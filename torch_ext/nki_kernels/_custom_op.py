@@ -97,6 +97,24 @@ def _in_fake_layout(result, fake: Callable, args: tuple):
     return fixed if isinstance(result, tuple) else fixed[0]
 
 
+def _own_outputs(result, args: tuple):
+    """``result`` with every output that is a view of a tensor the op made (the kernel
+    backends' ``finish`` reshapes the kernel's [rows, hidden] output back to the input's
+    shape) returned as a tensor of its own, sharing that memory (``detach``: no copy).
+    Returned as a view, autograd marked it as the view of a custom op's output and refused
+    in-place changes to it (``y.add_(1)`` after rms_norm: "Output 0 of GeneratedBackwardFor...
+    is a view and is being modified inplace"), which torch's own ops and the reference
+    backend allow. A view of an argument's memory is left as it is (an op must not hide
+    that it aliases an input)."""
+    outs = result if isinstance(result, tuple) else (result,)
+    if all(o is None or o._base is None for o in outs):
+        return result
+    inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+    own = tuple(o if o is None or o._base is None or o.untyped_storage().data_ptr() in inputs
+                else o.detach() for o in outs)
+    return own if isinstance(result, tuple) else own[0]
+
+
 def define_op(stub: Callable, *, kernel_call: Callable, reference: Callable, fake: Callable,
               grad_reference: Callable, is_empty: Callable | None = None,
               backward: KernelBackward | None = None):
@@ -123,7 +141,7 @@ def define_op(stub: Callable, *, kernel_call: Callable, reference: Callable, fak
             return fake(*args)
         result = _dispatch.run(lambda: kernel_call(**dict(zip(names, args))),
                                lambda: reference(*args), _first_tensor(args).device)
-        return _in_fake_layout(result, fake, args)
+        return _own_outputs(_in_fake_layout(result, fake, args), args)
 
     body.__name__, body.__qualname__, body.__module__ = stub.__name__, stub.__qualname__, stub.__module__
     body.__signature__ = signature

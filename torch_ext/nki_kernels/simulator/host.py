@@ -50,8 +50,10 @@ class Inputs:
                 raise TypeError(f"argument {name}: the simulator takes CPU tensors, got {x.device}")
             self.kind = self.kind or "torch"
             dt = _input_dtype(x.dtype, name)
-            if x.dtype == torch.float32 and x.is_contiguous():
-                # zero-copy: the HBM tensor IS the caller's fp32 tensor (in-place semantics)
+            if x.dtype == torch.float32 and x.is_contiguous() and not x.is_inference():
+                # zero-copy: the HBM tensor IS the caller's fp32 tensor (in-place semantics);
+                # not an inference tensor, which the run cannot write in place (its modes:
+                # interpreter._plain_torch_modes), so that one is copied and copied back
                 t = from_torch(x.detach(), dt, region, name, alias=True)
             else:
                 t = from_torch(x.detach(), dt, region, name)
@@ -78,7 +80,8 @@ class Inputs:
             if t._alloc.written and not (isinstance(orig, torch.Tensor)
                                          and orig.data_ptr() == t._alloc.base.data_ptr()):
                 if isinstance(orig, torch.Tensor):
-                    with torch.no_grad():
+                    # an inference tensor can be written in place only in inference mode
+                    with torch.no_grad(), torch.inference_mode(orig.is_inference()):
                         orig.copy_(_to_torch(t).to(orig.dtype))
                 else:
                     orig[...] = _to_numpy(t).astype(orig.dtype)

@@ -157,6 +157,20 @@ def _one_torch_thread():
                 torch.set_num_threads(restore)
 
 
+@contextlib.contextmanager
+def _plain_torch_modes():
+    """The simulator computes with plain CPU tensors whatever torch modes its caller is in.
+    torch's inference mode, grad mode and autocast state are per thread, and an LNC=2
+    launch runs each core in a thread of its own, which starts without them, while LNC=1
+    runs in the caller's thread: without this, a run under ``torch.inference_mode()`` made
+    inference tensors that the core threads could not write in place (a RuntimeError at
+    LNC=2), and a run under ``torch.autocast("cpu")`` computed its fp32 matmuls in bf16 at
+    LNC=1 only (another result than LNC=2's). So the caller's thread and every core thread
+    run with inference mode off, no autograd recording and CPU autocast off."""
+    with torch.inference_mode(False), torch.no_grad(), torch.autocast("cpu", enabled=False):
+        yield
+
+
 # ---------------------------------------------------------------------------- LNC=2 cores
 class _Aborted(BaseException):
     """Unwinds a core whose partner failed (never reaches the caller)."""
@@ -270,9 +284,10 @@ def run_kernel(kernel, args, kwargs, params: SimParams | None = None, launch: bo
     kernel_rules.check_kernel(fn, args, kwargs)  # NKI 0.7 language rules (kernel_rules.py)
     params = params if params is not None else current().params
     grid = params.lnc_for(degree)
-    run = Run(params, grid, bracketed=degree is not None)
-    ctx = Context(run=run, program_id=0)
-    with _one_torch_thread():
+    with _one_torch_thread(), _plain_torch_modes():
+        # the run's state (core 0's registers included) is made in the plain modes too
+        run = Run(params, grid, bracketed=degree is not None)
+        ctx = Context(run=run, program_id=0)
         push(ctx)
         try:
             region = MemoryRegion.shared_hbm if grid > 1 else MemoryRegion.private_hbm
@@ -315,7 +330,8 @@ def _run_cores(run: Run, fn, wargs, wkwargs):
         push(c)
         c.in_kernel = True
         try:
-            return fn(*wargs, **wkwargs)
+            with _plain_torch_modes():      # this core's thread: the caller's modes, see above
+                return fn(*wargs, **wkwargs)
         except BaseException as err:
             if isinstance(err, Exception) and run.grid > 1 and hasattr(err, "add_note"):
                 err.add_note(f"(raised by core {pid} of the LNC={run.grid} launch)")
