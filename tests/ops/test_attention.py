@@ -438,6 +438,17 @@ def test_where_torch_sdpa_itself_falls_short(monkeypatch, backend):
     out = sdpa(q, k, v, attn_mask=keep)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=keep.expand(3, 5))
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+    # a 0-d mask broadcasts too (it raised IndexError on the reference backend alone, and with
+    # is_causal was taken there, review of 2026-12-07): True keeps every key, False none (a
+    # row with no key gives 0, as documented), with and without is_causal
+    for causal in (False, True):
+        plain = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        torch.testing.assert_close(sdpa(q, k, v, attn_mask=torch.tensor(True), is_causal=causal), plain,
+                                   atol=1e-5, rtol=1e-4)
+        none = sdpa(q, k, v, attn_mask=torch.tensor(False), is_causal=causal)
+        assert torch.equal(none, torch.zeros_like(none))
+        shifted = sdpa(q, k, v, attn_mask=torch.tensor(0.75), is_causal=causal)   # softmax ignores a shift
+        torch.testing.assert_close(shifted, plain, atol=1e-5, rtol=1e-4)
     out = sdpa(q, k, v, is_causal=True, scale=0.0)
     visible_mean = v.cumsum(-2)[..., :3, :] / torch.arange(1, 4).view(3, 1)
     torch.testing.assert_close(out, visible_mean, atol=1e-5, rtol=1e-4)

@@ -164,8 +164,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     the values); ``is_causal`` (top-left) combines with ``attn_mask``; a masked key holding
     inf/NaN makes its rows NaN (masking is additive). (Where torch's CPU SDPA departs from its
     contract, with a mask and ``is_causal`` on its math path or ``is_causal`` with
-    ``scale <= 0``, causality is passed as a mask; a 1-D ``[Sk]`` mask, which it rejects, is
-    passed as ``[1, Sk]``; a query row holding inf or NaN, whose output torch's flash kernel
+    ``scale <= 0``, causality is passed as a mask; a 1-D ``[Sk]`` or 0-d mask, which it
+    rejects, is passed as ``[1, Sk]`` or ``[1, 1]``; a query row holding inf or NaN, whose output torch's flash kernel
     gives as 0 at fewer than 16 keys (float64 at fewer than 15), is NaN, as its scores are
     inf/NaN and as the kernel gives it, masked or not.) A float32 mask is accepted with any
     query dtype. Returns ``query.dtype``; for q/k/v that are transposed views of
@@ -178,8 +178,9 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     mask = attn_mask
     if mask is not None and mask.is_floating_point() and cd != query.dtype:
         mask = mask.to(cd)       # SDPA takes bool, float32 or the query dtype
-    if mask is not None and mask.dim() == 1:
-        mask = mask.unsqueeze(0)      # torch 2.13's CPU SDPA raises IndexError on a 1-D [Sk] mask
+    if mask is not None and mask.dim() < 2:
+        # torch 2.13's CPU SDPA raises IndexError on a 1-D [Sk] or 0-d mask, which broadcast
+        mask = mask.reshape((1,) * (2 - mask.dim()) + tuple(mask.shape))
     if is_causal and (mask is not None or (scale is not None and scale <= 0)):
         # torch 2.13's CPU SDPA refuses a mask with is_causal on its math path (e.g. Dv != D,
         # float16) and returns NaN for is_causal with scale <= 0: give it causality as a mask
