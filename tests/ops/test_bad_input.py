@@ -134,6 +134,18 @@ CASES = [
     ("rope-integer", lambda: nki_kernels.apply_rotary_pos_emb(torch.ones(1, 2, 5, 8, dtype=torch.int32),
                                                              _q(1, 2, 5, 8), _q(5, 8), _q(5, 8)),
      TypeError, ["q", "int32"]),
+    # ---- layouts: the kernels read strided memory (a sparse input failed inside the
+    # simulator naming no argument; audit of 2026-12-07)
+    ("gelu-sparse", lambda: nki_kernels.gelu(_q(3, 8).to_sparse()),
+     TypeError, ["input", "torch.sparse_coo", "torch.strided"]),
+    ("ln-weight-sparse", lambda: nki_kernels.layer_norm(x768(3, 8), (8,), torch.ones(8).to_sparse()),
+     TypeError, ["weight", "torch.sparse_coo"]),
+    ("sdpa-key-sparse", lambda: nki_kernels.scaled_dot_product_attention(_q(1, 2, 3, 8), _q(1, 2, 5, 8).to_sparse(),
+                                                                         _q(1, 2, 5, 8)),
+     TypeError, ["key", "torch.sparse_coo"]),
+    ("sdpa-mask-sparse", lambda: nki_kernels.scaled_dot_product_attention(
+        _q(1, 2, 3, 8), _q(1, 2, 5, 8), _q(1, 2, 5, 8), attn_mask=torch.ones(3, 5, dtype=torch.bool).to_sparse()),
+     TypeError, ["attn_mask", "torch.sparse_coo"]),
 ]
 
 

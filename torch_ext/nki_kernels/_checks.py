@@ -15,13 +15,23 @@ FP32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def check_float_tensor(name: str, tensor: object, dtypes: Iterable[torch.dtype] = FLOAT_DTYPES) -> None:
-    """Raise TypeError unless ``tensor`` is a torch.Tensor of one of ``dtypes``."""
+    """Raise TypeError unless ``tensor`` is a dense torch.Tensor of one of ``dtypes``."""
     dtypes = tuple(dtypes)
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    check_dense(name, tensor)
     if tensor.dtype not in dtypes:
         allowed = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
         raise TypeError(f"{name} has dtype {_dtype_name(tensor)}; supported: {allowed}")
+
+
+def check_dense(name: str, tensor: torch.Tensor) -> None:
+    """Raise TypeError unless ``tensor`` has torch's dense layout (``torch.strided``): the
+    kernels read memory by strides; a sparse or nested tensor failed inside the simulator
+    with an error naming no argument."""
+    if tensor.layout != torch.strided:
+        raise TypeError(f"{name} has layout {tensor.layout}; the kernels take dense tensors (torch.strided), "
+                        f"e.g. {name}.to_dense()")
 
 
 def _dtype_name(t: torch.Tensor) -> str:

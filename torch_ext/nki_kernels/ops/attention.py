@@ -66,6 +66,8 @@ def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
     _checks.check_same_dtype(query=query, key=key, value=value)
     if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
         raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    if attn_mask is not None:
+        _checks.check_dense("attn_mask", attn_mask)
     _checks.check_same_device(query=query, key=key, value=value, attn_mask=attn_mask)
     for name, t in (("query", query), ("key", key), ("value", value)):
         _dims(name, t)
