@@ -138,6 +138,8 @@ CASES = [
     # simulator naming no argument; audit of 2026-12-07)
     ("gelu-sparse", lambda: nki_kernels.gelu(_q(3, 8).to_sparse()),
      TypeError, ["input", "torch.sparse_coo", "torch.strided"]),
+    ("softmax-nested", lambda: nki_kernels.softmax(torch.nested.nested_tensor([_q(2, 8), _q(3, 8)]), dim=-1),
+     TypeError, ["input", "nested tensor"]),
     ("ln-weight-sparse", lambda: nki_kernels.layer_norm(x768(3, 8), (8,), torch.ones(8).to_sparse()),
      TypeError, ["weight", "torch.sparse_coo"]),
     ("sdpa-key-sparse", lambda: nki_kernels.scaled_dot_product_attention(_q(1, 2, 3, 8), _q(1, 2, 5, 8).to_sparse(),

@@ -29,6 +29,9 @@ def check_dense(name: str, tensor: torch.Tensor) -> None:
     """Raise TypeError unless ``tensor`` has torch's dense layout (``torch.strided``): the
     kernels read memory by strides; a sparse or nested tensor failed inside the simulator
     with an error naming no argument."""
+    if tensor.is_nested:
+        raise TypeError(f"{name} is a nested tensor; the kernels take dense tensors (torch.strided), "
+                        f"e.g. {name}.to_padded_tensor(0.0) or one call per component")
     if tensor.layout != torch.strided:
         raise TypeError(f"{name} has layout {tensor.layout}; the kernels take dense tensors (torch.strided), "
                         f"e.g. {name}.to_dense()")
