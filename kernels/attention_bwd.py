@@ -352,7 +352,7 @@ def _head(f, plan, bal, qT, doT, q_rows, do_rows, di, neg_lse, kT, vT, kv_acc, t
         nisa.affine_select(dst=p[:r, c:m], pattern=[[-1, m - c]], channel_multiplier=1, on_true_tile=p[:r, c:m],
                            on_false_value=0.0, cmp_op=nl.greater_equal, offset=q0 - k0 - c)
         bal.charge(scalar_cycles=m + bal.costs.scalar_instr_cycles)
-        bal.charge_gpsimd(m - c + bal.costs.gpsimd_pattern_cycles + bal.costs.gpsimd_instr_cycles)
+        bal.charge_gpsimd(m - c + bal.costs.gpsimd_pattern_cycles)     # startup included
         cu, cb = m, None
     else:
         cu, cb = (0, bias) if bias is not None else (diag if diag is not None else (m, None))

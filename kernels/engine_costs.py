@@ -47,8 +47,8 @@ class EngineCosts(nl.NKIObject):
         self.vector_instr_cycles = vector_instr_cycles
         self.scalar_instr_cycles = scalar_instr_cycles
         self.gpsimd_instr_cycles = gpsimd_instr_cycles
-        # GpSimd iota / affine_select: this many cycles plus one per element (their own
-        # pattern generator; on top of gpsimd_instr_cycles)
+        # GpSimd iota / affine_select: this many cycles plus one per element, the whole
+        # instruction (the 150 is its startup, "GPSIMD_START": no gpsimd_instr_cycles on top)
         self.gpsimd_pattern_cycles = gpsimd_pattern_cycles
         # cycles of a VectorE instruction's fixed cost that overlap the next one when the
         # next does not depend on it (VectorE's pipeline): the model's figure (trn1

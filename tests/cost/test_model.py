@@ -239,6 +239,89 @@ def test_scalar_tensor_tensor_prices_its_inputs_like_tensor_tensor():
     assert _one(lambda b: all_bf16(b, "scalar_tensor_tensor")).cycles == 2 * 512 + S
 
 
+def test_scalar_tensor_tensor_bf16_subtract_then_multiply_is_one_pass():
+    # "N: data and operand1 are both bfloat16, op0=nl.subtract and op1=nl.multiply, and N is
+    # even; 2*N otherwise" [S] scalar_tensor_tensor
+    def stt(n=512, data_dtype="bfloat16", op1="multiply", op0="subtract"):
+        return _one(lambda b: b._add(
+            "scalar_tensor_tensor", "vector",
+            [sbuf("data", new_alloc(), (128, n), data_dtype), sbuf("operand0", new_alloc(), (128, 1), "float32"),
+             sbuf("operand1", new_alloc(), (128, n), "bfloat16")],
+            [sbuf("dst", new_alloc(), (128, n), "bfloat16")], op0=op0, op1=op1)).cycles
+
+    assert stt() == 512 + S
+    assert stt(n=511) == 2 * 511 + S                   # N odd
+    assert stt(data_dtype="float32") == 2 * 512 + S    # data not bf16
+    assert stt(op1="add") == 2 * 512 + S
+    assert stt(op0="add") == 2 * 512 + S
+
+
+def test_tensor_copy_predicated_with_one_side_in_psum_is_one_pass():
+    # "max(MIN_II, N): If src is from SBUF and predicate is from PSUM or the other way
+    # around"; "max(MIN_II, 2N)" otherwise [S] tensor_copy_predicated
+    def pred(src_buf, pred_buf):
+        return _one(lambda b: b._add(
+            "tensor_copy_predicated", "vector",
+            [src_buf("src", new_alloc(), (128, 512), "float32"), pred_buf("predicate", new_alloc(), (128, 512), "uint8")],
+            [sbuf("dst", new_alloc(), (128, 512), "float32")])).cycles
+
+    assert pred(sbuf, psum) == 512 + S
+    assert pred(psum, sbuf) == 512 + S
+    assert pred(sbuf, sbuf) == 2 * 512 + S
+
+
+def test_trn1_halves_an_instruction_whose_operand_strides_past_16_bytes():
+    # NeuronCore-v2 "Access pattern" [A1]: "If the most-minor F dimension stride exceeds 16
+    # bytes, the achievable bandwidth of each tensor read/write interface will be half of
+    # the peak bandwidth ... roughly 50% performance hit"; a 16-byte stride (4 fp32 elements)
+    # still runs at the peak; the v3/v4 guides state no such rule
+    trn1 = TARGETS["trn1"]
+
+    def copy(step, target, engine="vector", dtype="float32"):
+        b = TraceBuilder()
+        b._add("tensor_copy", engine, [sbuf("src", new_alloc(), (128, 256), dtype, strides=(4096, step))],
+               [sbuf("dst", new_alloc(), (128, 256), dtype)])
+        return compute_cost(b.trace[0], target).cycles - target.static_cycles(engine)
+
+    assert copy(1, trn1) == copy(4, trn1) == 256                # 4 and 16 bytes
+    assert copy(5, trn1) == 2 * 256                              # 20 bytes
+    assert copy(9, trn1, dtype="bfloat16") == 2 * 256            # 18 bytes
+    assert copy(8, trn1, dtype="bfloat16") == 256                # 16 bytes
+    assert copy(5, trn1, engine="scalar") == 2 * 256
+    assert copy(5, trn1, engine="gpsimd") == 2 * 256
+    # a strided destination counts too (each read/write interface)
+    b = TraceBuilder()
+    b._add("tensor_copy", "vector", [sbuf("src", new_alloc(), (128, 256), "float32")],
+           [sbuf("dst", new_alloc(), (128, 256), "float32", strides=(4096, 8))])
+    assert compute_cost(b.trace[0], trn1).cycles == 2 * 256 + trn1.vector_static_cycles
+    assert copy(5, TRN2) == 256          # trn2: no such rule (and fp32 has no performance mode)
+
+
+def test_a_tfloat32_matmul_runs_at_the_bf16_rate():
+    # "max(min(64, N_stationary), N_moving)" for "float8_e4m3/float8_e5m2/bfloat16/float16/
+    # tfloat32", "4 * ..." for "float32" [S] nc_matmul: the simulator recorded tfloat32
+    # operands as fp32 (four passes) until 2026-12-07; the trace is the simulator's own
+    import torch
+
+    from nki_kernels import simulator
+
+    cycles = {}
+    for dtype in ("bfloat16", "tfloat32", "float32"):
+        with simulator.activated("trn2") as nki:
+            nl, nisa = nki.language, nki.isa
+            st = nl.ndarray((128, 128), dtype=getattr(nl, dtype), buffer=nl.sbuf)
+            mv = nl.ndarray((128, 512), dtype=getattr(nl, dtype), buffer=nl.sbuf)
+            nisa.memset(dst=st, value=0.5)
+            nisa.memset(dst=mv, value=0.25)
+            out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+            nisa.nc_matmul(dst=out, stationary=st, moving=mv)
+            matmul = simulator.current_trace()[-1]
+            assert torch.equal(out.values(), torch.full((128, 512), 16.0))
+        cycles[dtype] = compute_cost(matmul, TRN2_STEADY).cycles
+    assert cycles["tfloat32"] == cycles["bfloat16"] == 512
+    assert cycles["float32"] == 4 * 512
+
+
 def _reduce(data_dtype, dst_dtype, op="add"):
     return _one(lambda b: b.tensor_reduce(sbuf("dst", new_alloc(), (128, 1), dst_dtype),
                                           sbuf("data", new_alloc(), (128, 2048), data_dtype), op=op))
@@ -310,13 +393,15 @@ def _gather(n_valid, n_elem, dtype):
 
 def test_local_gather_pays_its_start_and_loop_cycles():
     # [S] local_gather: 150 + V x E x C, C = ((28 + 4E) / (4E)) / min(4 / dtype_size, E)
-    # cycles per element: one element per index costs (28 + 4) / 4 = 8 cycles per index
-    assert _gather(128, 1, "float32").cycles == 150 + 128 * 8 + SG
-    assert _gather(128, 1, "bfloat16").cycles == 150 + 128 * 8 + SG
+    # cycles per element: one element per index costs (28 + 4) / 4 = 8 cycles per index; the
+    # 150 is the instruction's startup, so GpSimd's fixed cost is not added on top (it was
+    # until 2026-12-07)
+    assert _gather(128, 1, "float32").cycles == 150 + 128 * 8
+    assert _gather(128, 1, "bfloat16").cycles == 150 + 128 * 8
     # 4 bf16 elements per index: a 4-byte word takes 2 of them, so C = (44 / 16) / 2
-    assert _gather(16, 4, "bfloat16").cycles == pytest.approx(150 + 16 * 4 * (44 / 16) / 2 + SG)
+    assert _gather(16, 4, "bfloat16").cycles == pytest.approx(150 + 16 * 4 * (44 / 16) / 2)
     # 32 fp32 elements: one per word, C = 156 / 128
-    assert _gather(8, 32, "float32").cycles == pytest.approx(150 + 8 * 32 * 156 / 128 + SG)
+    assert _gather(8, 32, "float32").cycles == pytest.approx(150 + 8 * 32 * 156 / 128)
 
 
 def test_local_gather_without_its_index_count_is_refused():
@@ -386,10 +471,19 @@ def test_an_alu_power_with_one_psum_input_is_n_times_eight():
     assert _one(lambda b: tt(b, sbuf)).cycles == 8 * 2 * 512 + S
 
 
-def test_gpsimd_iota_is_150_plus_n():
+def test_gpsimd_iota_and_affine_select_are_150_plus_n_with_their_startup():
+    # "GPSIMD_START + N ... GPSIMD_START is the instruction startup overhead on GpSimdE,
+    # roughly 150 engine cycles" [S]: AWS's cost is the whole instruction's, so the engine's
+    # fixed cost is not added on top (it was until 2026-12-07: 150 + N + 150 on trn2), at
+    # any fixed cost
     cost = _one(lambda b: b.iota(sbuf("dst", new_alloc(), (128, 300), "float32")))
-    assert cost.cycles == 150 + 300 + SG
-    assert cost.seconds == pytest.approx((150 + 300 + SG) / TRN2.gpsimd_hz)
+    assert cost.cycles == 150 + 300
+    assert cost.seconds == pytest.approx((150 + 300) / TRN2.gpsimd_hz)
+    b = TraceBuilder()
+    b._add("affine_select", "gpsimd", [sbuf("on_true_tile", new_alloc(), (128, 200), "float32")],
+           [sbuf("dst", new_alloc(), (128, 200), "float32")])
+    for tgt in (TRN2, dataclasses.replace(TRN2, gpsimd_static_cycles=3000.0)):
+        assert compute_cost(b.trace[0], tgt).cycles == 150 + 200
 
 
 def test_each_engine_pays_its_own_fixed_cost():

@@ -179,6 +179,15 @@ class Target:
     reduce_bf16_speedup: int = 2            # [S] tensor_reduce N/2: add/max, bf16 input and output
     vector_perf_mode_full: int = 4          # [A2] 4x: tensor_copy/tensor_scalar, 16-bit, all SBUF, contiguous
     vector_perf_mode_half: int = 2          # [A2] 2x: same strided, or with one side in PSUM; tensor_tensor 16-bit SBUF
+    # [A1] NeuronCore-v2 "Access pattern": "When the most-minor F dimension stride is less
+    # than 16 bytes, SBUF/PSUM ... can supply a peak bandwidth of 128 elements/cycle ... If
+    # the most-minor F dimension stride exceeds 16 bytes, the achievable bandwidth of each
+    # tensor read/write interface will be half of the peak bandwidth, which translates to
+    # roughly 50% performance hit on the instructions": a Vector/Scalar/GpSimd instruction
+    # with an on-chip operand strided past strided_access_max_bytes runs this many times
+    # longer. trn1 only: the v3/v4 guides state no such rule (1: none)
+    strided_access_factor: float = 1.0
+    strided_access_max_bytes: int = 16
     # tensor_copy/tensor_scalar writing an 8-bit float (fp8) from 16-bit inputs take the mode
     # too. [A2] names BF16/FP16 ("input and output data types do not need to match"); an fp8
     # output is narrower than either, and AWS's fp8 quantization kernel measures it: nki-library's
@@ -418,6 +427,7 @@ TARGETS: dict[str, Target] = {
         hbm_stack_bytes_per_s=820e9,
         # [A2] transpose mode and VectorE performance mode are new in NeuronCore-v3.
         transpose_fp32_factor=4, vector_perf_mode_full=1, vector_perf_mode_half=1,
+        strided_access_factor=2.0,
         # [X] gives the TensorE current throttle for Trn2 and Trn3 only
         tensor_throttle_start_rate=None,
         vector_static_cycles=400.0, scalar_static_cycles=100.0, gpsimd_static_cycles=400.0,

@@ -45,10 +45,15 @@ ScalarE (``scalar_hz``)
 
 GpSimd (``gpsimd_hz``)
     ``iota``/``affine_select``: ``150 + N``; ``local_gather`` ``150 + V x E x C`` (V indices
-    per core, E elements each, C cycles per element from the docstring's formula); other
-    instructions as VectorE without its performance mode, x4 with an ALU
-    ``power``/``rsqrt``/``reciprocal`` op (~4x slower than ScalarE's rsqrt); plus
+    per core, E elements each, C cycles per element from the docstring's formula): AWS's
+    whole cost, its 150 the instruction's startup ("GPSIMD_START"), so no fixed cost is
+    added to them; other instructions as VectorE without its performance mode, x4 with an
+    ALU ``power``/``rsqrt``/``reciprocal`` op (~4x slower than ScalarE's rsqrt); plus
     ``gpsimd_static_cycles``.
+
+NeuronCore-v2 (trn1), every Vector/Scalar/GpSimd instruction: x2 when an SBUF/PSUM
+operand's most minor free dimension steps more than 16 bytes ("roughly 50% performance
+hit", the trn1 architecture guide's "Access pattern" [A1]; ``strided_access_factor``).
 
 DMA (16 engines per core, called queues here, ``dma_bytes_per_s / 16`` each)
     A transfer is spread over ``ceil(P / 8)`` queues (each DMA engine serves 8 SBUF
@@ -216,6 +221,21 @@ def _innermost_contiguous(operand) -> bool:
     return not free or free[-1][1] == 1
 
 
+def _widest_innermost_stride_bytes(ins) -> int:
+    """The largest step in bytes, over the instruction's SBUF/PSUM operands, of the most
+    minor free dimension of more than one element (0 when none steps: one-element rows,
+    operands recorded without strides)."""
+    widest = 0
+    for o in ins.reads + ins.writes:
+        strides = getattr(o, "strides", ())
+        if o.buffer == "hbm" or not strides or len(strides) != len(o.shape):
+            continue
+        free = [st for size, st in list(zip(o.shape, strides))[1:] if size != 1]
+        if free:
+            widest = max(widest, abs(free[-1]) * o.itemsize)
+    return widest
+
+
 def _attr(ins, *names, default=None):
     for name in names:
         if name in ins.attrs:
@@ -365,14 +385,20 @@ def _vector_pass_cycles(ins, target: Target) -> tuple[float, str]:
     passes = max(1, len(full))
     cycles = passes * n
     rule = f"{passes} input pass{'es' if passes > 1 else ''} x N"
-    two_inputs = op in ("tensor_tensor", "scalar_tensor_tensor") and len(full) == 2
+    two_inputs = op in ("tensor_tensor", "scalar_tensor_tensor", "tensor_copy_predicated") and len(full) == 2
     bufs = sorted(o.buffer for o in full) if two_inputs else []
     one_in_psum = bufs == ["psum", "sbuf"]
     if one_in_psum:
         # tensor_tensor: "If one input tile is in PSUM and the other is in SBUF, N Vector
         # Engine cycles" [S]; scalar_tensor_tensor has "approximately the same latency as a
-        # regular tensor_tensor instruction" (its NKI 0.7 docstring, nki/api/nki/isa)
+        # regular tensor_tensor instruction" (its NKI 0.7 docstring, nki/api/nki/isa);
+        # tensor_copy_predicated: "max(MIN_II, N)" "If src is from SBUF and predicate is from
+        # PSUM or the other way around", else "max(MIN_II, 2N)" [S]
         cycles, rule = n, f"{op} N (one input in PSUM)"
+    elif op == "scalar_tensor_tensor" and _stt_bf16_subtract_multiply(ins, n):
+        # "N: data and operand1 are both bfloat16, op0=nl.subtract and op1=nl.multiply, and N
+        # is even; 2*N otherwise" [S] scalar_tensor_tensor
+        cycles, rule = n, "scalar_tensor_tensor N (bf16 subtract then multiply)"
     alu = _alu_transcendental(ins)
     if alu:
         # the ALU op's factor applies to the instruction's passes as priced above
@@ -402,6 +428,16 @@ def _vector_pass_cycles(ins, target: Target) -> tuple[float, str]:
         if speed > 1:
             return cycles / speed, rule + f" /{speed} perf mode" + ("" if contiguous else " (strided)")
     return cycles, rule
+
+
+def _stt_bf16_subtract_multiply(ins, n: int) -> bool:
+    """scalar_tensor_tensor's one-pass case [S]: data and operand1 bf16, (data - operand0) *
+    operand1, an even N."""
+    roles = {o.role: o for o in ins.reads}
+    data, other = roles.get("data"), roles.get("operand1")
+    return (data is not None and other is not None and data.dtype == other.dtype == "bfloat16"
+            and _op_name(_attr(ins, "op0")) == "subtract" and _op_name(_attr(ins, "op1")) == "multiply"
+            and n % 2 == 0)
 
 
 def _exponential_cycles(ins, n: int, target: Target) -> tuple[float, str]:
@@ -481,9 +517,20 @@ def compute_cost(ins, target: Target) -> InstructionCost:
         else:
             raise CostModelError(f"instruction {ins.index} ({ins.op}): engine={engine!r}; "
                                  f"expected one of {ENGINES}")
-        static = target.static_cycles(engine)
+        # iota, affine_select and local_gather: AWS's cost is the whole instruction's,
+        # "GPSIMD_START + N" with "GPSIMD_START ... the instruction startup overhead on
+        # GpSimdE, roughly 150 engine cycles" [S] (the formulas above), so the engine's
+        # fixed cost is not added a second time
+        stride = _widest_innermost_stride_bytes(ins)
+        if target.strided_access_factor > 1 and stride > target.strided_access_max_bytes:
+            # NeuronCore-v2: an operand strided past 16 bytes halves its interface's
+            # bandwidth, "roughly 50% performance hit on the instructions" [A1]
+            cycles *= target.strided_access_factor
+            rule += f" x{target.strided_access_factor:g} stride {stride} B"
+        own_start = engine == "gpsimd" and (ins.op in _PATTERN_OPS or ins.op == "local_gather")
+        static = 0.0 if own_start else target.static_cycles(engine)
         cycles = max(target.min_instruction_cycles, cycles) + static
-        rule += f", min {target.min_instruction_cycles}, +{static:g} static"
+        rule += f", min {target.min_instruction_cycles}, " + ("startup included" if own_start else f"+{static:g} static")
         _, lanes = _main_free(ins)
     return InstructionCost(engine, cycles, cycles / engine_hz(target, engine), rule, lanes)
 

@@ -142,7 +142,9 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         store(I, dst, stationary._data.reshape(K, M).t().reshape(d.shape), matmul=True, raw=True)
     else:
         store(I, dst, value.reshape(d.shape), matmul=True)
-    is_f32 = names[0] in f32ish or names[1] in f32ish
+    # four passes for float32 only: "max(min(64, N_stationary), N_moving)" for "float8_e4m3/
+    # float8_e5m2/bfloat16/float16/tfloat32", "4 * ..." for "float32" [S] nc_matmul
+    is_f32 = "float32" in (names[0], names[1])
     return record(I, "tensor", [("stationary", stationary), ("moving", moving)], [("dst", dst)],
                   2 * K * (2 if double else 1) * M * N,
                   {"K": K * (2 if double else 1), "M": M, "N": N, "fp32": is_f32,
