@@ -299,6 +299,11 @@ def test_flash_format_semantics(reference_backend):
     (None, {"softcap": 30.0}, ValueError, "softcap=30.0"),
     (None, {"s_aux": torch.zeros(4)}, ValueError, "s_aux=tensor of shape \\[4\\].*sinks"),
     (None, {"position_bias": torch.zeros(1, 4, 6, 6)}, ValueError, "position_bias"),
+    # sparse attention's selected keys: transformers folds them into the mask for "eager" and
+    # "sdpa" only and passes them to any other name (modeling_deepseek_v32); ignored, the
+    # layer ran dense (an audit of 2026-12-07)
+    (None, {"indices": torch.zeros(2, 6, 4, dtype=torch.int64)}, ValueError, r"indices=tensor of shape \[2, 6, 4\].*sparse"),
+    (None, {"block_indices": torch.zeros(2, 1, 2, dtype=torch.int64)}, ValueError, "block_indices=.*block-sparse"),
     (None, {"dropout": 0.1}, NotImplementedError, r"dropout=0\.1: .*eval mode"),
     (None, {"dropout": "0"}, TypeError, r"dropout must be a float, got '0' \(str\)"),
     (torch.tensor([[1, 0, 1, 1, 1, 1], [5, 0, -3, 1, 1, 1]]), {}, ValueError, r"values \[-3, 0, 1, 5\].*only 0.*and 1"),
@@ -390,7 +395,8 @@ def test_packed_varlen_kwargs(reference_backend):
 
 def test_sdpa_format_contract(simulator_backend):
     """Direct call with transformers' arguments: [B, H, S, D] in, ([B, S, H, D], None) out,
-    no copy for transposed views, causal only without a mask (top-left, as SDPA)."""
+    contiguous, no copy for transposed views, causal only without a mask (bottom-right with
+    fewer queries than keys)."""
     module = types.SimpleNamespace(is_causal=True)
     q, k, v = _qkv(sq=10, sk=10, d=32)
     out, weights = nkt.nki_attention_forward(module, q, k, v, None, scaling=0.2)
@@ -407,6 +413,23 @@ def test_sdpa_format_contract(simulator_backend):
     # one decode query: every key
     out, _ = nkt.nki_attention_forward(module, q[:, :, -1:], k, v, None)
     torch.testing.assert_close(out, _sdpa(q[:, :, -1:], k, v), atol=ATOL, rtol=RTOL)
+    # contiguous [B, H, S, D] inputs (q after rotary, k/v from a cache): the output is
+    # contiguous too, as transformers' attention functions return it (AFMoE, Dory and JetMoE
+    # .view() it; an audit of 2026-12-07)
+    qc, kc, vc = (t.contiguous() for t in (q, k, v))
+    out, _ = nkt.nki_attention_forward(module, qc, kc, vc, None)
+    assert out.is_contiguous() and out.shape == (2, 10, 4, 32)
+    torch.testing.assert_close(out.view(2, 10, -1), _sdpa(q, k, v, causal=True).reshape(2, 10, -1),
+                               atol=ATOL, rtol=RTOL)
+    # fewer queries than keys with no mask: the last Sq positions, bottom-right causal (sdpa_mask
+    # returns None only for Sq == Sk, so this is a model that kept the last queries of a
+    # None-mask layer: Gemma4's KV-shared layers under logits_to_keep); SDPA's top-left
+    # is_causal would show query 0 one key
+    last = q[:, :, -4:]
+    out, _ = nkt.nki_attention_forward(module, last, k, v, None)
+    bottom_right = torch.ones(4, 10, dtype=torch.bool).tril(diagonal=6)
+    torch.testing.assert_close(out, _sdpa(last, k, v, bottom_right), atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(out, _sdpa(q, k, v, causal=True)[:, -4:], atol=ATOL, rtol=RTOL)
 
 
 # ------------------------------------------------------------------------------ Hub function path

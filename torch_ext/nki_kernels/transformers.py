@@ -50,6 +50,13 @@ _UNSUPPORTED = {
     "s_aux": "attention sinks (s_aux)",
     "position_bias": "an additive position bias (T5-style); use attn_implementation='sdpa'",
     "block_table": "a paged KV cache (continuous batching)",
+    # transformers folds a sparse-attention indexer's top-k keys into the mask only for the
+    # names "eager" and "sdpa"; any other implementation gets them as these kwargs
+    # (modeling_deepseek_v32 and the models copied from it; minimax_m3_vl's block_indices)
+    "indices": "sparse attention's selected keys (indices: DeepSeek-V3.2-style indexers); use "
+               "attn_implementation='sdpa', which folds them into the mask",
+    "block_indices": "block-sparse attention's selected key blocks (block_indices); use "
+                     "attn_implementation='sdpa'",
 }
 
 
@@ -68,8 +75,12 @@ def nki_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Ten
     * SDPA / eager (``sdpa_mask`` / ``eager_mask``, what :func:`register` installs): None, or
       4-D ``[B|1, 1|H, Sq, Sk]`` bool (True = attend) or additive float (float32 or the query
       dtype). The mask already holds causality, padding, sliding window and packed sequences;
-      None means causal (top-left, as SDPA) when ``Sq > 1`` and the layer is causal
-      (``is_causal`` if given, else ``module.is_causal``), else full attention.
+      None means causal when ``Sq > 1`` and the layer is causal (``is_causal`` if given, else
+      ``module.is_causal``), else full attention. Causal with fewer queries than keys is
+      bottom-right aligned: ``sdpa_mask`` returns None only for ``Sq == Sk`` (or one query),
+      so such a call comes from a model that kept the last Sq queries of a None-mask layer
+      (Gemma4's KV-shared layers under ``logits_to_keep``, which skip that for the name
+      "sdpa" alone, whose top-left ``is_causal`` would show each query the first keys).
     * FlashAttention-2 (``flash_attention_mask``, what transformers registers for a Hub
       ``"<repo>:<function>"``): None, or 2-D ``[B, L]`` key padding (bool or 0/1 ints, True = real
       token, ``L <= Sk``, keys from ``L`` on ignored). Causality is bottom-right aligned (the Sq
@@ -79,7 +90,7 @@ def nki_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Ten
       only when the model's implementation name is registered with ``flash_attention_mask``.
 
     Any other mask rank or dtype, ``softcap``, ``s_aux``, ``position_bias``, a paged cache,
-    ``dropout > 0``, q/k/v that are not 4-D tensors, malformed ``cu_seq_lens``, or a
+    sparse attention's ``indices`` / ``block_indices``, ``dropout > 0``, q/k/v that are not 4-D tensors, malformed ``cu_seq_lens``, or a
     ``sliding_window`` shorter than the keys with no mask in SDPA's format (its masks hold
     the window; None would silently drop it) raises with the reason. Runs, like every op, the
     NKI kernel on ``neuron`` tensors and the reference (or the simulator) on CPU.
@@ -123,10 +134,16 @@ def nki_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Ten
                              f"{sk} keys: the window is not applied without a mask; pass the 4-D mask "
                              "transformers builds (it holds the window), or a 2-D key-padding mask for "
                              "FlashAttention-2's semantics")
+        if mask is None and causal and 1 < sq < sk:
+            # the last Sq of Sk positions (see the docstring): bottom-right causality
+            kv = torch.arange(sk, device=query.device)
+            mask = kv[None, :] <= torch.arange(sk - sq, sk, device=query.device)[:, None]
     out = scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
                                        is_causal=causal and mask is None and sq > 1, scale=scaling,
                                        enable_gqa=query.shape[1] != key.shape[1])
-    return out.transpose(1, 2), None
+    # [B, Sq, H, D] contiguous, as transformers' own attention functions return it (models
+    # .view() it: AFMoE, Dory, JetMoE); no copy when q/k/v were transposed [B, S, H, D] views
+    return out.transpose(1, 2).contiguous(), None
 
 
 def _short(value) -> str:
