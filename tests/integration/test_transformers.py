@@ -129,6 +129,24 @@ def test_generate_is_token_identical(backend, family):
     assert torch.equal(got, expected)
 
 
+def test_static_cache_prefill_without_padding_is_top_left(reference_backend):
+    """An unpadded prompt into a static cache: sdpa_mask gives attention_mask=None with the
+    prompt's queries against the cache's whole length (its empty slots past the prompt), which
+    SDPA's top-left is_causal masks (masking_utils._ignore_causal_mask_sdpa). A bottom-right
+    reading, tried in a review of 2026-12-07 for Gemma4's sliced queries, attended the empty
+    slots: other tokens than sdpa's."""
+    reference, model = _pair(CAUSAL_LM["llama"])
+    ids = torch.randint(3, 90, (2, 7))
+    args = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, cache_implementation="static",
+                output_scores=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        expected = reference.generate(input_ids=ids, **args)
+        got = model.generate(input_ids=ids, **args)
+    assert torch.equal(got.sequences, expected.sequences)
+    for a, b in zip(got.scores, expected.scores):
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=RTOL)
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize("family", list(DUAL_ENCODER))
 def test_dual_encoders_match_sdpa(backend, family, side):
@@ -395,8 +413,8 @@ def test_packed_varlen_kwargs(reference_backend):
 
 def test_sdpa_format_contract(simulator_backend):
     """Direct call with transformers' arguments: [B, H, S, D] in, ([B, S, H, D], None) out,
-    contiguous, no copy for transposed views, causal only without a mask (bottom-right with
-    fewer queries than keys)."""
+    contiguous, no copy for transposed views, causal only without a mask (top-left, as
+    SDPA)."""
     module = types.SimpleNamespace(is_causal=True)
     q, k, v = _qkv(sq=10, sk=10, d=32)
     out, weights = nkt.nki_attention_forward(module, q, k, v, None, scaling=0.2)
@@ -421,15 +439,12 @@ def test_sdpa_format_contract(simulator_backend):
     assert out.is_contiguous() and out.shape == (2, 10, 4, 32)
     torch.testing.assert_close(out.view(2, 10, -1), _sdpa(q, k, v, causal=True).reshape(2, 10, -1),
                                atol=ATOL, rtol=RTOL)
-    # fewer queries than keys with no mask: the last Sq positions, bottom-right causal (sdpa_mask
-    # returns None only for Sq == Sk, so this is a model that kept the last queries of a
-    # None-mask layer: Gemma4's KV-shared layers under logits_to_keep); SDPA's top-left
-    # is_causal would show query 0 one key
-    last = q[:, :, -4:]
-    out, _ = nkt.nki_attention_forward(module, last, k, v, None)
-    bottom_right = torch.ones(4, 10, dtype=torch.bool).tril(diagonal=6)
-    torch.testing.assert_close(out, _sdpa(last, k, v, bottom_right), atol=ATOL, rtol=RTOL)
-    torch.testing.assert_close(out, _sdpa(q, k, v, causal=True)[:, -4:], atol=ATOL, rtol=RTOL)
+    # fewer queries than keys with no mask: top-left, as SDPA's is_causal, which sdpa_mask
+    # relies on when it returns None for a prefill into an empty static cache (the keys past
+    # the prompt are unused slots): query i sees keys 0..i
+    first = q[:, :, :4]
+    out, _ = nkt.nki_attention_forward(module, first, k, v, None)
+    torch.testing.assert_close(out, _sdpa(first, k[:, :, :4], v[:, :, :4], causal=True), atol=ATOL, rtol=RTOL)
 
 
 # ------------------------------------------------------------------------------ Hub function path

@@ -75,12 +75,14 @@ def nki_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Ten
     * SDPA / eager (``sdpa_mask`` / ``eager_mask``, what :func:`register` installs): None, or
       4-D ``[B|1, 1|H, Sq, Sk]`` bool (True = attend) or additive float (float32 or the query
       dtype). The mask already holds causality, padding, sliding window and packed sequences;
-      None means causal when ``Sq > 1`` and the layer is causal (``is_causal`` if given, else
-      ``module.is_causal``), else full attention. Causal with fewer queries than keys is
-      bottom-right aligned: ``sdpa_mask`` returns None only for ``Sq == Sk`` (or one query),
-      so such a call comes from a model that kept the last Sq queries of a None-mask layer
-      (Gemma4's KV-shared layers under ``logits_to_keep``, which skip that for the name
-      "sdpa" alone, whose top-left ``is_causal`` would show each query the first keys).
+      None means causal (top-left, as SDPA) when ``Sq > 1`` and the layer is causal
+      (``is_causal`` if given, else ``module.is_causal``), else full attention. Top-left is
+      what ``sdpa_mask`` relies on when it returns None for fewer queries than keys: a
+      prefill into an empty static cache, whose keys past the prompt are unused slots
+      (``masking_utils._ignore_causal_mask_sdpa``). Model code that tests the name "sdpa"
+      and assumes another alignment for other names is not followed: Gemma4's KV-shared
+      layers under ``logits_to_keep > 1`` with no padding keep the last queries of a
+      None-mask layer for every name but "sdpa" (README, "transformers").
     * FlashAttention-2 (``flash_attention_mask``, what transformers registers for a Hub
       ``"<repo>:<function>"``): None, or 2-D ``[B, L]`` key padding (bool or 0/1 ints, True = real
       token, ``L <= Sk``, keys from ``L`` on ignored). Causality is bottom-right aligned (the Sq
@@ -134,10 +136,6 @@ def nki_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Ten
                              f"{sk} keys: the window is not applied without a mask; pass the 4-D mask "
                              "transformers builds (it holds the window), or a 2-D key-padding mask for "
                              "FlashAttention-2's semantics")
-        if mask is None and causal and 1 < sq < sk:
-            # the last Sq of Sk positions (see the docstring): bottom-right causality
-            kv = torch.arange(sk, device=query.device)
-            mask = kv[None, :] <= torch.arange(sk - sq, sk, device=query.device)[:, None]
     out = scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout,
                                        is_causal=causal and mask is None and sq > 1, scale=scaling,
                                        enable_gqa=query.shape[1] != key.shape[1])
