@@ -337,7 +337,7 @@ def _decode_batch(facts, plan, tensors, all_pairs, p0, p1, qT_all, kT, x, bias, 
                 nisa.tensor_tensor(dst=x[:, j], data1=x[:, j], data2=bias[:, row].expand_dim(2).broadcast(2, n),
                                    op=nl.add, engine=nisa.engine.gpsimd)
     elif row_bias is not None:
-        nisa.tensor_tensor(dst=x, data1=x, data2=row_bias.reshape((P, pb, n, T)).permute(0, 1, 3, 2), op=nl.add,
+        nisa.tensor_tensor(dst=x, data1=x, data2=row_bias.reshape((P, pb, n, T)).permute((0, 1, 3, 2)), op=nl.add,
                            engine=nisa.engine.gpsimd)
     elif tail_bias is not None:
         last = x[:, :, T - 1, :]
@@ -346,7 +346,7 @@ def _decode_batch(facts, plan, tensors, all_pairs, p0, p1, qT_all, kT, x, bias, 
 
     # ---- row max m: per lane over the key tiles, then over the 128 lanes (transposed)
     lane_max = nl.ndarray((P, pb, n), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=lane_max, op=nl.maximum, data=x.permute(0, 1, 3, 2), axis=3)
+    nisa.tensor_reduce(dst=lane_max, op=nl.maximum, data=x.permute((0, 1, 3, 2)), axis=3)
     lane_max_t = nl.ndarray((N, P), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_transpose(dst=lane_max_t, data=lane_max.reshape((P, N)))
     m = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -440,8 +440,8 @@ def _run_rows(facts, t, pairs, j0, j1, s0, s1):
     if b0 == b1:
         return facts.rows(t, b0, h0, h1 + 1, s0, s1)
     if facts.layout == "bhsd":
-        return t[b0:b1 + 1, h0, s0:s1, :].permute(1, 0, 2)
-    return t[b0:b1 + 1, s0:s1, h0, :].permute(1, 0, 2)
+        return t[b0:b1 + 1, h0, s0:s1, :].permute((1, 0, 2))
+    return t[b0:b1 + 1, s0:s1, h0, :].permute((1, 0, 2))
 
 
 def _key_bias(facts, mask, pairs, keys=None):
@@ -480,7 +480,7 @@ def _keys_on_partitions(dst, src):
     T = cdiv(Sk, P)
     full = Sk // P
     if full == T:
-        nisa.dma_copy(dst=dst, src=src.reshape((R, P, T)).permute(1, 0, 2))
+        nisa.dma_copy(dst=dst, src=src.reshape((R, P, T)).permute((1, 0, 2)))
         return
     for c0 in range(0, T, P):
         c1 = min(T, c0 + P)
@@ -489,7 +489,7 @@ def _keys_on_partitions(dst, src):
         if f1 < c1:
             nisa.memset(dst=rows, value=NEG_INF, engine=nisa.engine.gpsimd)
         if f1 > c0:
-            nisa.dma_copy(dst=rows[0:f1 - c0], src=src[:, c0 * P:f1 * P].reshape((R, f1 - c0, P)).permute(1, 0, 2))
+            nisa.dma_copy(dst=rows[0:f1 - c0], src=src[:, c0 * P:f1 * P].reshape((R, f1 - c0, P)).permute((1, 0, 2)))
         if f1 < c1:
             nisa.dma_copy(dst=rows[f1 - c0:c1 - c0, :, 0:Sk - full * P], src=src[:, full * P:Sk].expand_dim(0))
         per_bank = PSUM_BANK_FP32 // (c1 - c0)

@@ -123,13 +123,13 @@ class LaunchFacts(nl.NKIObject):
         """HBM view [s1-s0, h1-h0, d] of q/k/v/out for batch b, heads h0:h1, rows s0:s1."""
         if self.layout == "bshd":
             return t[b, s0:s1, h0:h1, :]
-        return t[b, h0:h1, s0:s1, :].permute(1, 0, 2)
+        return t[b, h0:h1, s0:s1, :].permute((1, 0, 2))
 
     def tiles(self, t, b, h0, h1, s0, s1):
         """HBM view [128, n_tiles, h1-h0, d] of the full 128-row tiles in rows s0:s1."""
         n = (s1 - s0) // P
         return self.rows(t, b, h0, h1, s0, s0 + n * P).reshape(
-            (n, P, h1 - h0, t.shape[-1])).permute(1, 0, 2, 3)
+            (n, P, h1 - h0, t.shape[-1])).permute((1, 0, 2, 3))
 
     def out_shape(self):
         """Shape of the HBM output in the launch's layout."""

@@ -70,7 +70,7 @@ class LseStage(nl.NKIObject):
 
 def lse_rows(lse, b, h0, h1, s0, s1):
     """HBM view [s1-s0, h1-h0] of lse[b, h0:h1, s0:s1] (rows on the first axis)."""
-    return lse[b, h0:h1, s0:s1].permute(1, 0)
+    return lse[b, h0:h1, s0:s1].permute((1, 0))
 
 
 def store_lse(lse, tile, b, h0, h1, s0, s1):
@@ -79,7 +79,7 @@ def store_lse(lse, tile, b, h0, h1, s0, s1):
     n = s1 - s0
     full = n // P
     if full:
-        view = lse_rows(lse, b, h0, h1, s0, s0 + full * P).reshape((full, P, h1 - h0)).permute(1, 0, 2)
+        view = lse_rows(lse, b, h0, h1, s0, s0 + full * P).reshape((full, P, h1 - h0)).permute((1, 0, 2))
         nisa.dma_copy(dst=view, src=tile[:, 0:full, :])
     tail = n - full * P
     if tail:
@@ -91,7 +91,7 @@ def load_lse(lse, tile, b, h0, h1, s0, s1):
     n = s1 - s0
     full = n // P
     if full:
-        view = lse_rows(lse, b, h0, h1, s0, s0 + full * P).reshape((full, P, h1 - h0)).permute(1, 0, 2)
+        view = lse_rows(lse, b, h0, h1, s0, s0 + full * P).reshape((full, P, h1 - h0)).permute((1, 0, 2))
         nisa.dma_copy(dst=tile[:, 0:full, :], src=view)
     tail = n - full * P
     if tail:

@@ -162,12 +162,12 @@ def gemm_k_coalesced(lhsT, rhs, group_n):
         for nb in range(N // (TILE_N * group_n)):
             accs = [nl.ndarray((P, TILE_N), dtype=nl.float32, buffer=nl.psum) for _ in range(group_n)]
             lt = nl.ndarray((P, kt, P), dtype=lhsT.dtype, buffer=nl.sbuf)          # [k, K tile, m]
-            nisa.dma_copy(dst=lt, src=lhsT[:, m * P:(m + 1) * P].reshape((kt, P, P)).permute(1, 0, 2))
+            nisa.dma_copy(dst=lt, src=lhsT[:, m * P:(m + 1) * P].reshape((kt, P, P)).permute((1, 0, 2)))
             rts = []
             for j in range(group_n):
                 n0 = (nb * group_n + j) * TILE_N
                 rt = nl.ndarray((P, kt, TILE_N), dtype=rhs.dtype, buffer=nl.sbuf)   # [k, K tile, n]
-                nisa.dma_copy(dst=rt, src=rhs[:, n0:n0 + TILE_N].reshape((kt, P, TILE_N)).permute(1, 0, 2))
+                nisa.dma_copy(dst=rt, src=rhs[:, n0:n0 + TILE_N].reshape((kt, P, TILE_N)).permute((1, 0, 2)))
                 rts.append(rt)
             for k in range(kt):
                 for j in range(group_n):

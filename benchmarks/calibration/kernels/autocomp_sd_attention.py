@@ -290,7 +290,7 @@ def _pv_vT(out, rows, probs, recip, trans_v, n, d_head, copy_engine):
     nisa.tensor_tensor(dst=attn_res_div, data1=attn_res_sbuf, data2=div_t, op=nl.multiply,
                        engine=nisa.engine.vector)
     # nl.store(out[iq * 128 + if_out, ip_out]): d on partitions, a transposing store
-    nisa.dma_copy(dst=out[rows, :].permute(1, 0), src=attn_res_div)
+    nisa.dma_copy(dst=out[rows, :].permute((1, 0)), src=attn_res_div)
 
 
 def _pv_p(out, rows, probs, recip, trans_v, n, d_head, copy_engine):
