@@ -40,7 +40,7 @@ import nki.isa as nisa
 import nki.language as nl
 
 from .attention_blocks import FLT_MAX, divide, evict, load_transposed
-from .attention_launch import DECODE_RESIDENT_KEYS, KEY_BLOCK, NEG_INF, P, PSUM_BANK_FP32
+from .attention_launch import DECODE_RESIDENT_KEYS, KEY_BLOCK, NEG_INF, P, PSUM_BANK_FP32, decode_stream_key_tiles
 from .tiling import DMA_SATURATING_BYTES, cdiv
 
 # SBUF of one batch of pairs, per partition: Kᵀ and V (16-bit), x (fp32) and Pᵀ; two
@@ -224,15 +224,15 @@ def _resident_scores(facts, x, kT, qT, blocked):
 
 
 def _streamed_scores(facts, tensors, x, pair, qT, blocked, k0=0):
-    """x [128, 1, T, n] = scale·Sᵀ of one pair with its Kᵀ streamed in blocks of up to
-    KEY_BLOCK keys (a rotating [D, tiles, 128] SBUF buffer, one DMA transpose each), a PSUM
-    bank of key tiles per block. Blocked keys: the block of tiles t0:t1 holds keys p·T + t
+    """x [128, 1, T, n] = scale·Sᵀ of one pair with its Kᵀ streamed in blocks of
+    decode_stream_key_tiles key tiles (a rotating [D, tiles, 128] SBUF buffer, one DMA
+    transpose each, at least DECODE_STREAM_BLOCK_BYTES), a PSUM bank of key tiles per block. Blocked keys: the block of tiles t0:t1 holds keys p·T + t
     (partition p of the key tile), so its DMA reads rows t0:t1 of K viewed [128, T, D]."""
     b, h = pair
     D = facts.D
     T, n = x.shape[2], x.shape[3]
     Sk = min(facts.Sk - k0, T * P)                            # this range's keys: k0 .. k0 + Sk
-    per_block = min(KEY_BLOCK // P, PSUM_BANK_FP32 // n)
+    per_block = decode_stream_key_tiles(D, facts.itemsize, n)
     rows = facts.rows(tensors.k, b, h, h + 1, k0, k0 + Sk)    # [Sk, 1, D]
     for t0 in range(0, T, per_block):
         t1 = min(T, t0 + per_block)

@@ -27,6 +27,7 @@ DECODE = [
     # past DECODE_RESIDENT_KEYS: one pair at a time, Kᵀ streamed in blocks one pair ahead
     (2, 4, 1, 5, 10240, 128, 128, BF16, "bhsd", "key_bool"),  # AWS's tkg table: 4 heads x 5 tokens, blocked keys
     (1, 2, 2, 3, 9000, 64, 64, F16, "bshd", None),            # 9000 keys: a 40-key tail tile, natural order
+    (2, 3, 1, 7, 10240, 64, 64, BF16, "bhsd", "key_bool"),    # D = 64: 4096-key Kᵀ blocks, blocked keys, a half block
     (3, 2, 1, 7, 4097, 128, 96, BF16, "bhsd", "key_float"),   # 3 pairs over 2 cores, Dv != D
     # one pair at LNC=2: each core takes half of the keys, core 0 combines (split-KV)
     (1, 4, 1, 1, 16384, 128, 128, BF16, "bhsd", "key_bool"),  # batch-1 long-context decode
