@@ -226,7 +226,8 @@ def _resident_scores(facts, x, kT, qT, blocked):
 def _streamed_scores(facts, tensors, x, pair, qT, blocked, k0=0):
     """x [128, 1, T, n] = scale·Sᵀ of one pair with its Kᵀ streamed in blocks of
     decode_stream_key_tiles key tiles (a rotating [D, tiles, 128] SBUF buffer, one DMA
-    transpose each, at least DECODE_STREAM_BLOCK_BYTES), a PSUM bank of key tiles per block. Blocked keys: the block of tiles t0:t1 holds keys p·T + t
+    transpose each, DECODE_STREAM_BLOCK_BYTES where its caps allow), a PSUM bank of key
+    tiles per block. Blocked keys: the block of tiles t0:t1 holds keys p·T + t
     (partition p of the key tile), so its DMA reads rows t0:t1 of K viewed [128, T, D]."""
     b, h = pair
     D = facts.D

@@ -78,14 +78,15 @@ DECODE_MAX_ROWS = 32
 # 1024 the 2048-key rows lose (B=1 H=4/1kv 9.6 -> 11.3).
 DECODE_RESIDENT_KEYS = 2048
 DECODE_STREAM_BYTES = 80 * 1024
-# A streamed pair's Kᵀ comes in DMA transposes of at least DECODE_STREAM_BLOCK_BYTES (up
-# to DECODE_STREAM_MAX_KEYS keys, 8 KiB per partition in 16 bits, and a PSUM bank of the
-# block's scores): each transfer holds its queues for the transfer gap at least (0.85 us, 1.3
-# at the error bar's pessimistic end: docs/cost-model.md "DMA"), so smaller ones are
-# gap-bound. 2048 keys at D = 128 (until 2026-12-07 every D), 4096 at D = 64. Modeled trn2
-# LNC=2, central (error bar) us, 2048 -> 4096 keys at D = 64: B=4 H=3/1kv s=7 S=16384 51.3
-# (45.1-74.6) -> 51.4 (45.1-68.6), B=4 H=1/1kv s=5 S=10240 24.8 (20.0-38.1) -> 24.5
-# (20.0-34.9). At D = 128 4096 keys were mixed (B=1 H=4/1kv S=8192 17.2 -> 17.7, B=1 H=8/1kv
+# A streamed pair's Kᵀ comes in DMA transposes of DECODE_STREAM_BLOCK_BYTES where the caps
+# allow (at most DECODE_STREAM_MAX_KEYS keys, 8 KiB per partition in 16 bits, and one PSUM
+# bank of the block's scores, 512 // rows key tiles: past 16 rows a D = 64 block is 256 KiB
+# still, and at D <= 32 the key cap holds it below): each transfer holds its queues for the
+# transfer gap at least (0.85 us, 1.3 at the error bar's pessimistic end: docs/cost-model.md
+# "DMA"), so smaller ones are gap-bound. 2048 keys at D = 128 (until 2026-12-07 every D),
+# 4096 at D = 64. Modeled trn2 LNC=2, central (error bar) us, 2048 -> 4096 keys at D = 64:
+# B=4 H=3/1kv s=7 S=16384 51.3 (45.1-74.6) -> 51.4 (45.1-68.6), B=4 H=1/1kv s=5 S=10240 24.8
+# (20.0-38.1) -> 24.4 (20.0-34.9). At D = 128 4096 keys were mixed (B=1 H=4/1kv S=8192 17.2 -> 17.7, B=1 H=8/1kv
 # S=24576 31.1 -> 29.3), so D = 128 keeps 2048.
 DECODE_STREAM_BLOCK_BYTES = 512 * 1024
 DECODE_STREAM_MAX_KEYS = 4096

@@ -296,6 +296,21 @@ def test_trn1_halves_an_instruction_whose_operand_strides_past_16_bytes():
     assert compute_cost(b.trace[0], trn1).cycles == 2 * 256 + trn1.vector_static_cycles
     assert copy(5, TRN2) == 256          # trn2: no such rule (and fp32 has no performance mode)
 
+    # the per-element work doubles, not the minimum (64), a read-out or GpSimd's startup
+    def one(op, engine, n, reads_extra=(), writes_extra=(), **attrs):
+        b = TraceBuilder()
+        b._add(op, engine, [sbuf("data", new_alloc(), (128, n), "float32", strides=(4096, 5))] + list(reads_extra),
+               [sbuf("dst", new_alloc(), (128, n), "float32")] + list(writes_extra), **attrs)
+        own_start = op == "affine_select"
+        return compute_cost(b.trace[0], trn1).cycles - (0 if own_start else trn1.static_cycles(engine))
+
+    assert one("tensor_copy", "vector", 8) == 64                       # max(64, 2 x 8)
+    assert one("activation", "scalar", 8) == 64                        # ScalarE's max(64, N) too
+    assert one("activation", "scalar", 48, writes_extra=[sbuf("reduce_res", new_alloc(), (128, 1), "float32")]) \
+        == 96 + trn1.activation_readout_cycles                         # the read-out is not doubled
+    assert one("tensor_scalar_reduce", "vector", 100) == 200 + trn1.vector_reduce_readout_cycles
+    assert one("affine_select", "gpsimd", 8) == 150 + 16               # the 150 startup once
+
 
 def test_a_tfloat32_matmul_runs_at_the_bf16_rate():
     # "max(min(64, N_stationary), N_moving)" for "float8_e4m3/float8_e5m2/bfloat16/float16/

@@ -115,11 +115,11 @@ class ShapeViews:
                 keep += 1
         return self._view(self._data[tuple(tkey)])
 
-    def reshape(self, shape) -> "NkiTensor":
+    def reshape(self, shape, *extra) -> "NkiTensor":
         # "def reshape(self, shape: tuple[int, ...])" (the nki.language stub, aws-neuron-sdk
         # nki/api/nki/language/__init__.py): one tuple, as AWS's kernels call it; the torch-style
         # reshape(a, b) is a TypeError there, so it is one here (Python's own, extra arguments)
-        shape = _dims_tuple("reshape", "shape", shape)
+        shape = _dims_tuple("reshape", "shape", shape, extra)
         n = self._data.numel()
         if shape.count(-1) == 1:
             known = math.prod(s for s in shape if s != -1)
@@ -146,11 +146,11 @@ class ShapeViews:
                 f"reshape: the layout of this view (shape {self.shape}, strides "
                 f"{self.strides}) is incompatible with shape {shape}") from None
 
-    def permute(self, dims) -> "NkiTensor":
+    def permute(self, dims, *extra) -> "NkiTensor":
         # "def permute(self, dims: tuple[int, ...])", "t.permute((0, 2, 1))" (the nki.language
         # stub): the torch-style permute(0, 2, 1) fails there when the kernel is traced; until
         # 2026-12-07 the simulator took both, and the attention kernels used the torch form
-        dims = _dims_tuple("permute", "dims", dims)
+        dims = _dims_tuple("permute", "dims", dims, extra)
         if sorted(dims) != list(range(self.ndim)):
             raise NkiValidationError(f"permute: {dims} is not a permutation of range({self.ndim})")
         if self.on_chip and dims[0] != 0:
@@ -335,12 +335,13 @@ def _check_slice(k: slice, dim: int, n: int, shape) -> slice:
     return slice(start, stop, step)
 
 
-def _dims_tuple(method: str, role: str, value) -> tuple:
+def _dims_tuple(method: str, role: str, value, extra=()) -> tuple:
     """``value`` as a tuple of ints: the one tuple (or list) argument of ``reshape`` /
-    ``permute`` in the nki.language stub's signatures. An int alone is a TypeError, as
-    Python's len() of it would be when AWS's toolchain traces the kernel."""
-    if not isinstance(value, (tuple, list)):
+    ``permute`` in the nki.language stub's signatures. torch's separate ints (``extra``) or
+    an int alone are a TypeError, as they are when AWS's toolchain traces the kernel."""
+    if extra or not isinstance(value, (tuple, list)):
         example = "(0, 2, 1)" if method == "permute" else "(128, 4, 64)"
-        raise TypeError(f"{method}({role}): {role} must be a tuple of ints, e.g. t.{method}({example}); got "
-                        f"{value!r} (the nki.language signature takes one tuple, not torch's separate ints)")
+        given = ", ".join(repr(v) for v in (value,) + tuple(extra))
+        raise TypeError(f"{method}({role}): {role} must be one tuple of ints, e.g. t.{method}({example}); got "
+                        f"{method}({given}) (the nki.language signature takes one tuple, not torch's separate ints)")
     return tuple(operator.index(v) for v in value)

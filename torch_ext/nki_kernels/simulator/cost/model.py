@@ -345,7 +345,30 @@ def vector_engine_cost(ins, target: Target) -> tuple[float, str]:
     return cycles, rule
 
 
+def _strided_factor(ins, target: Target) -> tuple[float, str]:
+    """(factor, rule note) of NeuronCore-v2's strided access: an SBUF/PSUM operand whose most
+    minor free dimension steps more than 16 bytes halves its interface's bandwidth, "roughly
+    50% performance hit on the instructions" [A1] "Access pattern". It scales an
+    instruction's per-element work, not its minimum, read-out or startup."""
+    stride = _widest_innermost_stride_bytes(ins)
+    if target.strided_access_factor > 1 and stride > target.strided_access_max_bytes:
+        return target.strided_access_factor, f" x{target.strided_access_factor:g} stride {stride} B"
+    return 1.0, ""
+
+
 def _vector_pass_cycles(ins, target: Target) -> tuple[float, str]:
+    f, note = _strided_factor(ins, target)
+    if ins.op == "tensor_scalar_reduce":
+        n, _ = _main_free(ins)
+        r = target.vector_reduce_readout_cycles
+        return (max(target.min_instruction_cycles, n * f) + r,
+                f"tensor_scalar_reduce max(64, N) +{r} read-out" + note)
+    cycles, rule = _vector_stream_cycles(ins, target)
+    return cycles * f, rule + note
+
+
+def _vector_stream_cycles(ins, target: Target) -> tuple[float, str]:
+    """VectorE's per-element work of one instruction (not tensor_scalar_reduce's)."""
     n, _ = _main_free(ins)
     op = ins.op
     if op == "reciprocal":
@@ -373,9 +396,6 @@ def _vector_pass_cycles(ins, target: Target) -> tuple[float, str]:
             f = target.memset_zero_16bit_speedup
             return n / f, f"memset of zero into 16-bit N/{f}"
         return n, "memset N"
-    if op == "tensor_scalar_reduce":
-        r = target.vector_reduce_readout_cycles
-        return max(target.min_instruction_cycles, n) + r, f"tensor_scalar_reduce max(64, N) +{r} read-out"
     if op == "quantize_mx":
         r = target.quantize_mx_elems_per_lane
         return n / r, f"quantize_mx N/{r}"
@@ -456,8 +476,9 @@ def scalar_engine_cost(ins, target: Target) -> tuple[float, str]:
     narrow = _all_narrow(_data_operands(_full_inputs(ins, n), ins))   # trn2: 128 either way
     per_cycle = target.scalar_elems_per_cycle if narrow else target.scalar_elems_per_cycle_fp32
     rate = max(1.0, per_cycle / target.partitions)
-    cycles = max(target.min_instruction_cycles, n / rate)
-    rule = "activation max(64, N)" if rate == 1 else f"activation max(64, N/{rate:g})"
+    f, note = _strided_factor(ins, target)
+    cycles = max(target.min_instruction_cycles, n * f / rate)
+    rule = ("activation max(64, N)" if rate == 1 else f"activation max(64, N/{rate:g})") + note
     readout = any(o.role == "reduce_res" for o in ins.writes) or bool(_attr(ins, "reduce_res", default=False))
     if readout:
         cycles += target.activation_readout_cycles
@@ -487,18 +508,21 @@ def _local_gather_cycles(ins, target: Target) -> tuple[float, str]:
 
 
 def gpsimd_engine_cost(ins, target: Target) -> tuple[float, str]:
+    sf, note = _strided_factor(ins, target)
     if ins.op == "local_gather":
-        return _local_gather_cycles(ins, target)
+        start = target.local_gather_start_cycles
+        cycles, rule = _local_gather_cycles(ins, target)
+        return start + (cycles - start) * sf, rule + note
     n, _ = _main_free(ins)
     if ins.op in _PATTERN_OPS:
-        return target.gpsimd_pattern_cycles + n, f"{ins.op} {target.gpsimd_pattern_cycles} + N"
+        return target.gpsimd_pattern_cycles + n * sf, f"{ins.op} {target.gpsimd_pattern_cycles} + N" + note
     passes = max(1, len(_full_inputs(ins, n)))
     rule = f"{passes} input pass{'es' if passes > 1 else ''} x N"
     alu = _alu_transcendental(ins)
     if alu:
         f = target.alu_transcendental_factor_gpsimd
-        return passes * n * f, rule + f" x{f} ALU {alu}"
-    return passes * n, rule
+        return passes * n * f * sf, rule + f" x{f} ALU {alu}" + note
+    return passes * n * sf, rule + note
 
 
 def compute_cost(ins, target: Target) -> InstructionCost:
@@ -521,12 +545,6 @@ def compute_cost(ins, target: Target) -> InstructionCost:
         # "GPSIMD_START + N" with "GPSIMD_START ... the instruction startup overhead on
         # GpSimdE, roughly 150 engine cycles" [S] (the formulas above), so the engine's
         # fixed cost is not added a second time
-        stride = _widest_innermost_stride_bytes(ins)
-        if target.strided_access_factor > 1 and stride > target.strided_access_max_bytes:
-            # NeuronCore-v2: an operand strided past 16 bytes halves its interface's
-            # bandwidth, "roughly 50% performance hit on the instructions" [A1]
-            cycles *= target.strided_access_factor
-            rule += f" x{target.strided_access_factor:g} stride {stride} B"
         own_start = engine == "gpsimd" and (ins.op in _PATTERN_OPS or ins.op == "local_gather")
         static = 0.0 if own_start else target.static_cycles(engine)
         cycles = max(target.min_instruction_cycles, cycles) + static
