@@ -330,7 +330,7 @@ def _run_cores(run: Run, fn, wargs, wkwargs):
         push(c)
         c.in_kernel = True
         try:
-            with _plain_torch_modes():      # this core's thread: the caller's modes, see above
+            with _plain_torch_modes():      # this core's own thread: the same plain modes
                 return fn(*wargs, **wkwargs)
         except BaseException as err:
             if isinstance(err, Exception) and run.grid > 1 and hasattr(err, "add_note"):
