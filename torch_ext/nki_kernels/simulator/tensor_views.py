@@ -118,7 +118,7 @@ class ShapeViews:
     def reshape(self, shape, *extra) -> "NkiTensor":
         # "def reshape(self, shape: tuple[int, ...])" (the nki.language stub, aws-neuron-sdk
         # nki/api/nki/language/__init__.py): one tuple, as AWS's kernels call it; the torch-style
-        # reshape(a, b) is a TypeError there, so it is one here (Python's own, extra arguments)
+        # reshape(a, b) is a TypeError there, so it is one here (_dims_tuple names the form)
         shape = _dims_tuple("reshape", "shape", shape, extra)
         n = self._data.numel()
         if shape.count(-1) == 1:

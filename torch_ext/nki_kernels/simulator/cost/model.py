@@ -208,32 +208,32 @@ def _copy_perf_mode_operands(operands, target: Target) -> bool:
                                   for o in operands)
 
 
-def _innermost_contiguous(operand) -> bool:
-    """Whether ``operand``'s innermost (most minor) free dimension is physically contiguous:
-    stride 1 element, size-1 dimensions skipped. A tile without a free dimension of more
-    than one element is contiguous; so is an operand recorded without strides (a view read
-    at run time or reinterpreted as another element size: nothing says otherwise)."""
+def _innermost_step(operand) -> int | None:
+    """The step, in elements, of ``operand``'s innermost (most minor) free dimension of more
+    than one element (size-1 dimensions skipped); None for a tile without such a dimension
+    or an operand recorded without strides (a view read at run time or reinterpreted as
+    another element size: nothing says how it steps)."""
     strides = getattr(operand, "strides", ())
     shape = tuple(operand.shape)
     if not strides or len(strides) != len(shape):
-        return True
-    free = [(size, st) for size, st in list(zip(shape, strides))[1:] if size != 1]
-    return not free or free[-1][1] == 1
+        return None
+    free = [st for size, st in list(zip(shape, strides))[1:] if size != 1]
+    return free[-1] if free else None
+
+
+def _innermost_contiguous(operand) -> bool:
+    """Whether ``operand``'s innermost free dimension is physically contiguous: stride 1
+    element, or no step known (``_innermost_step``)."""
+    step = _innermost_step(operand)
+    return step is None or step == 1
 
 
 def _widest_innermost_stride_bytes(ins) -> int:
     """The largest step in bytes, over the instruction's SBUF/PSUM operands, of the most
-    minor free dimension of more than one element (0 when none steps: one-element rows,
-    operands recorded without strides)."""
-    widest = 0
-    for o in ins.reads + ins.writes:
-        strides = getattr(o, "strides", ())
-        if o.buffer == "hbm" or not strides or len(strides) != len(o.shape):
-            continue
-        free = [st for size, st in list(zip(o.shape, strides))[1:] if size != 1]
-        if free:
-            widest = max(widest, abs(free[-1]) * o.itemsize)
-    return widest
+    minor free dimension of more than one element (0 when none steps)."""
+    steps = [abs(step) * o.itemsize for o in ins.reads + ins.writes
+             if o.buffer != "hbm" and (step := _innermost_step(o)) is not None]
+    return max(steps, default=0)
 
 
 def _attr(ins, *names, default=None):
@@ -350,8 +350,10 @@ def _strided_factor(ins, target: Target) -> tuple[float, str]:
     minor free dimension steps more than 16 bytes halves its interface's bandwidth, "roughly
     50% performance hit on the instructions" [A1] "Access pattern". It scales an
     instruction's per-element work, not its minimum, read-out or startup."""
+    if target.strided_access_factor <= 1:          # trn2, trn3: no such rule, nothing to scan
+        return 1.0, ""
     stride = _widest_innermost_stride_bytes(ins)
-    if target.strided_access_factor > 1 and stride > target.strided_access_max_bytes:
+    if stride > target.strided_access_max_bytes:
         return target.strided_access_factor, f" x{target.strided_access_factor:g} stride {stride} B"
     return 1.0, ""
 
@@ -486,7 +488,7 @@ def scalar_engine_cost(ins, target: Target) -> tuple[float, str]:
     return cycles, rule
 
 
-def _local_gather_cycles(ins, target: Target) -> tuple[float, str]:
+def _local_gather_cycles(ins, target: Target, strided: float = 1.0) -> tuple[float, str]:
     """[S] local_gather: "150 + (num_valid_indices * num_elem_per_idx)/C GpSimd Engine
     cycles, where C = ((28 + t * num_elem_per_idx)/(t * num_elem_per_idx)) /
     min(4/dtype_size, num_elem_per_idx)", t = 4. C as written is cycles per gathered
@@ -504,15 +506,14 @@ def _local_gather_cycles(ins, target: Target) -> tuple[float, str]:
     per_word = min(4 / src.itemsize, e)
     c = (target.local_gather_loop_cycles + t * e) / (t * e) / per_word
     start = target.local_gather_start_cycles
-    return start + v * e * c, f"local_gather {start} + V x E x {c:.3g}"
+    return start + v * e * c * strided, f"local_gather {start} + V x E x {c:.3g}"
 
 
 def gpsimd_engine_cost(ins, target: Target) -> tuple[float, str]:
     sf, note = _strided_factor(ins, target)
     if ins.op == "local_gather":
-        start = target.local_gather_start_cycles
-        cycles, rule = _local_gather_cycles(ins, target)
-        return start + (cycles - start) * sf, rule + note
+        cycles, rule = _local_gather_cycles(ins, target, sf)
+        return cycles, rule + note
     n, _ = _main_free(ins)
     if ins.op in _PATTERN_OPS:
         return target.gpsimd_pattern_cycles + n * sf, f"{ins.op} {target.gpsimd_pattern_cycles} + N" + note
