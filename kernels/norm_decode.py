@@ -276,11 +276,17 @@ def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
     VectorE sums the squares; TensorE accumulates var + eps = eps + mean(c**2) - m2**2 in one
     PSUM tile; y = (c - m2) (* weight on GpSimd) meanwhile; rstd = max(var + eps, eps) ** -0.5;
     out = y * rstd (+ bias: per row in one scalar_tensor_tensor up to PER_ROW_MAX_ROWS rows,
-    else on GpSimd)."""
+    else on GpSimd). Where GpSimd taking some rows' element-wise steps is modeled sooner
+    (_split_rows), _layer_rows_split instead."""
     n_rows, h1 = x_tile.shape[1], x_tile.shape[2]
     if n_rows == 1:
         _layer_one_row(x_tile, out_tile, weight_tile, bias_tile, cols, eps)
         return
+    if n_rows > PER_ROW_MAX_ROWS:
+        vector_rows = _split_rows(n_rows, h1, weight_tile is not None, bias_tile is not None)
+        if vector_rows < n_rows:
+            _layer_rows_split(x_tile, out_tile, weight_tile, bias_tile, cols, eps, vector_rows)
+            return
     inv, neg_first = _mean_matrix(cols), _neg_first()
     var_eps = _eps_in_psum(neg_first, 0, n_rows, eps)                 # PSUM [128, N]: eps
     mean = _x_row_means(inv, x_tile)                                   # PSUM [128, N]: m
@@ -320,6 +326,120 @@ def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
     nisa.tensor_tensor(dst=centred, data1=centred, data2=_along_h1(rstd, h1), op=nl.multiply)
     nisa.tensor_tensor(dst=out_tile, data1=centred, data2=_along_rows(bias_tile, n_rows), op=nl.add,
                        engine=nisa.engine.gpsimd)
+
+
+def _vectors_in_psum(h1, vector_tiles):
+    """fp32 PSUM copies [128, H1] (H1 <= one PSUM bank of fp32) of weight / bias (None stays
+    None) made by ScalarE, so that VectorE's y * weight and + bias read one input from PSUM
+    (N cycles, not 2N: the cost model's tensor_tensor rule, [S])."""
+    copies = []
+    for v in vector_tiles:
+        if v is None:
+            copies.append(None)
+            continue
+        ps = nl.ndarray((PARTITIONS, h1), dtype=nl.float32, buffer=nl.psum)
+        nisa.activation(dst=ps, op=nl.copy, data=v)
+        copies.append(ps)
+    return copies
+
+
+def _split_rows(n_rows, h1, has_weight, has_bias):
+    """How many of the program's rows VectorE takes for the element-wise steps (c = x - m,
+    y = c - m2, y * weight, y * rstd, + bias) in _layer_rows_split; GpSimd takes the rest
+    (n_rows: none, the all-rows form of _layer_all). VectorE's sums of c and c**2 wait for
+    every row's c, and the output for every row's last step, so the two engines are
+    balanced on those steps alone (engine_costs.py: the cost model's figures): VectorE
+    reads its statistics, and weight / bias where they fit one PSUM bank, from PSUM (one
+    input pass per step; two where weight / bias stay in SBUF); GpSimd reads two inputs per
+    step and waits for ScalarE's SBUF copies of m and rstd (an instruction and its
+    dependency latency each; m2's copy is made while VectorE sums the squares)."""
+    c = active_engine_costs()
+    copies = 2 * (c.instruction_ns("scalar", n_rows) + c.dependency_ns("scalar"))
+    vector_passes = [1, 1, 1] + [1 if h1 <= nl.tile_size.psum_fmax else 2] * (has_weight + has_bias)
+    n_steps = 3 + has_weight + has_bias
+    # the all-rows form: VectorE's three steps over every row (statistics from PSUM), and
+    # GpSimd's * weight and + bias between them, each waiting for the one before
+    all_rows = (3 * c.instruction_ns("vector", n_rows * h1)
+                + (has_weight + has_bias) * c.instruction_ns("gpsimd", n_rows * h1, rate=c.gpsimd_two_input_rate()))
+    best, best_time = n_rows, all_rows
+    for a in range(n_rows - 1, -1, -1):
+        g = n_rows - a
+        vector = sum(c.instruction_ns("vector", a * h1, rate=1 / p) for p in vector_passes) if a else 0.0
+        gpsimd = copies + n_steps * c.instruction_ns("gpsimd", g * h1, rate=c.gpsimd_two_input_rate())
+        # the copies also queue on ScalarE beside c**2 and m2**2: the split must save more
+        # than they cost once more
+        t = max(vector, gpsimd) + copies
+        if t < best_time:
+            best, best_time = a, t
+    return best
+
+
+def _layer_rows_split(x_tile, out_tile, weight_tile, bias_tile, cols, eps, a):
+    """More than PER_ROW_MAX_ROWS rows in the program. Statistics as in _layer_all (sum(x),
+    the sums of c and c**2 on VectorE over all rows, c**2 on ScalarE, TensorE over the
+    partitions); the element-wise steps c = x - m, y = c - m2, y * weight, y * rstd, + bias
+    split by rows between VectorE (rows [0, a)) and GpSimd (rows [a, N)), which work at
+    once (_split_rows picks a). GpSimd cannot read PSUM: ScalarE copies its rows' m, m2 and
+    rstd to SBUF. Each element takes the same fp32 operations in the same order on either
+    engine (and as in the per-row and one-row forms), so the split changes no bit."""
+    n_rows, h1 = x_tile.shape[1], x_tile.shape[2]
+    inv, neg_first = _mean_matrix(cols), _neg_first()
+    var_eps = _eps_in_psum(neg_first, 0, n_rows, eps)                 # PSUM [128, N]: eps
+    vectors_fit_psum = h1 <= nl.tile_size.psum_fmax
+    g_rows = slice(a, n_rows)
+
+    def gpsimd_copy(stat):
+        """[128, N - a] fp32 SBUF copy of GpSimd's rows of a PSUM statistic (ScalarE)."""
+        tile = nl.ndarray((PARTITIONS, n_rows - a), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=tile, op=nl.copy, data=stat[:, g_rows])
+        return tile
+
+    mean = _x_row_means(inv, x_tile)                                   # PSUM [128, N]: m
+    centred = nl.ndarray((PARTITIONS, n_rows, h1), dtype=nl.float32, buffer=nl.sbuf)
+    if a:
+        nisa.tensor_tensor(dst=centred[:, 0:a, :], data1=x_tile[:, 0:a, :], data2=_along_h1(mean[:, 0:a], h1),
+                           op=nl.subtract)
+    if a < n_rows:
+        mean_g = gpsimd_copy(mean)
+        nisa.tensor_tensor(dst=centred[:, g_rows, :], data1=x_tile[:, g_rows, :], data2=_along_h1(mean_g, h1),
+                           op=nl.subtract, engine=nisa.engine.gpsimd)
+    squares = nl.ndarray((PARTITIONS, n_rows, h1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=squares, op=nl.square, data=centred)
+    sum_c = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
+    sum_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=sum_c, op=nl.add, data=centred, axis=2)
+    nisa.tensor_reduce(dst=sum_sq, op=nl.add, data=squares, axis=2)
+    m2 = _row_means(inv, sum_c)                                        # PSUM [128, N]: m2
+    m2_g = gpsimd_copy(m2) if a < n_rows else None
+    m2_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=m2_sq, op=nl.square, data=m2)
+    nisa.nc_matmul(dst=var_eps, stationary=inv, moving=sum_sq, accumulate=True)       # + mean(c**2)
+    nisa.nc_matmul(dst=var_eps, stationary=neg_first, moving=m2_sq, accumulate=True)  # - m2**2
+    # ScalarE's copies of weight / bias for VectorE, issued after the statistics' ScalarE
+    # steps (in order on the engine: these are needed last)
+    weight_v, bias_v = (_vectors_in_psum(h1, (weight_tile, bias_tile)) if vectors_fit_psum
+                        else (weight_tile, bias_tile))
+    # rstd = max(var + eps, eps) ** -0.5 (the max: var = mean(c**2) - m2**2 can round below
+    # 0 for constant rows of large values, where eps cannot lift it), into PSUM
+    rstd = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.psum)
+    nisa.tensor_scalar(dst=rstd, data=var_eps, op0=nl.maximum, operand0=float(eps), op1=nl.power, operand1=-0.5)
+    parts = []
+    if a:
+        parts.append((slice(0, a), a, nisa.engine.vector, m2[:, 0:a], rstd[:, 0:a], weight_v, bias_v))
+    if a < n_rows:
+        parts.append((g_rows, n_rows - a, nisa.engine.gpsimd, m2_g, gpsimd_copy(rstd), weight_tile, bias_tile))
+    for rows, n, engine, m2_part, rstd_part, weight_part, bias_part in parts:
+        c = centred[:, rows, :]
+        nisa.tensor_tensor(dst=c, data1=c, data2=_along_h1(m2_part, h1), op=nl.subtract, engine=engine)
+        if weight_part is not None:
+            nisa.tensor_tensor(dst=c, data1=c, data2=_along_rows(weight_part, n), op=nl.multiply, engine=engine)
+        if bias_part is None:
+            nisa.tensor_tensor(dst=out_tile[:, rows, :], data1=c, data2=_along_h1(rstd_part, h1), op=nl.multiply,
+                               engine=engine)
+            continue
+        nisa.tensor_tensor(dst=c, data1=c, data2=_along_h1(rstd_part, h1), op=nl.multiply, engine=engine)
+        nisa.tensor_tensor(dst=out_tile[:, rows, :], data1=c, data2=_along_rows(bias_part, n), op=nl.add,
+                           engine=engine)
 
 
 def _layer_one_row(x_tile, out_tile, weight_tile, bias_tile, cols, eps):

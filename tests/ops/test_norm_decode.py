@@ -125,6 +125,42 @@ def test_decode_both_degrees_give_identical_outputs(op, rows):
     assert torch.equal(one, two), "LNC=2 differs from LNC=1"
 
 
+# (rows, hidden, dtype, affine) whose programs give GpSimd some rows' element-wise steps
+# (norm_decode._split_rows) at LNC=2 and at LNC=1: an odd count, fp32's two-pass rows, the
+# widest rows (weight / bias too wide for a PSUM copy: VectorE reads them from SBUF)
+SPLIT_CASES = [(64, 8192, F16, "weight+bias"), (33, 8192, BF16, "weight"), (40, 4096, F32, "bias"),
+               (48, 16384, BF16, "none")]
+
+
+def _gpsimd_tensor_tensors(call, lnc):
+    kernel = _dispatch.simulator_kernel(call)[lnc]
+    res = simulator.run(kernel, *[t.contiguous() for t in call.tensors], **call.static)
+    return res.outputs, sum(1 for ins in res.trace if ins.engine == "gpsimd" and ins.op == "tensor_tensor")
+
+
+@pytest.mark.parametrize("rows, hidden, dtype, affine", SPLIT_CASES,
+                         ids=[f"{r}x{h}-{str(d)[6:]}-{a}" for r, h, d, a in SPLIT_CASES])
+def test_layer_norm_decode_rows_split_between_vector_and_gpsimd(rows, hidden, dtype, affine):
+    # a large mean (the two-pass statistics keep the variance exact) and both degrees: the
+    # split changes which engine computes a row, never its fp32 operations, so LNC=1 and
+    # LNC=2 (other splits) give the same bits, and both match float64
+    x = randn(rows, hidden, dtype=dtype, scale=2.0, shift=300.0 if dtype == F32 else 30.0)
+    w = randn(hidden, dtype=dtype) if "weight" in affine else None
+    b = randn(hidden, dtype=dtype) if "bias" in affine else None
+    call = norms.layer_norm_kernel_call(x, (hidden,), w, b, 1e-5)
+    assert call.module == "norm_decode"
+    (one, g_one), (two, g_two) = _gpsimd_tensor_tensors(call, 1), _gpsimd_tensor_tensors(call, 2)
+    # the all-rows form gives GpSimd only * weight and + bias; a split adds c = x - m,
+    # y = c - m2 and y * rstd for GpSimd's rows, in every program
+    affine_steps = (w is not None) + (b is not None)
+    assert g_one >= 3 + affine_steps and g_two >= 2 * (3 + affine_steps), (g_one, g_two)
+    assert not torch.isnan(two).any(), "an element no program wrote"
+    assert torch.equal(one, two), "LNC=2 differs from LNC=1"
+    expected = references.layer_norm(x.double(), (hidden,), None if w is None else w.double(),
+                                     None if b is None else b.double(), 1e-5, compute_dtype=torch.float64)
+    assert_matches(one, expected, dtype, rel=None if dtype != F16 else 2e-3)
+
+
 @pytest.mark.parametrize("rows, hidden, decode", [
     (norms.DECODE_WIDE_PICK_ROWS, 1024, True),              # wide rows: up to 64
     (norms.DECODE_WIDE_PICK_ROWS, norms.DECODE_WIDE_HIDDEN, True),       # "wide" from this hidden on
