@@ -253,18 +253,20 @@ def norm_pairs(lib: NkiLibrary, op: str, target: str, lnc: int, quick: bool) -> 
     return pairs
 
 
-ROPE_SEQ = (128, 512, 2048, 4096)
+# (batch, q heads, kv heads, S): Llama-7B heads at four lengths, then the few-head case of
+# nki-library's own rope_hf test table (test_rope_hf.py ROPE_HF_TEST_CASES (4, 1, 1, 512, 128))
+ROPE_SHAPES = ((1, 32, 8, 128), (1, 32, 8, 512), (1, 32, 8, 2048), (1, 32, 8, 4096), (4, 1, 1, 512))
 
 
-def _rope_inputs(seed: str, s: int):
-    """Fresh q [1, 32, s, 128], k [1, 8, s, 128], cos and sin [1, s, 128] (bf16, Llama-7B
-    heads), the row's shape text and the generator (for further inputs)."""
+def _rope_inputs(seed: str, s: int, batch: int = 1, q_heads: int = 32, kv_heads: int = 8):
+    """Fresh q [B, Hq, s, 128], k [B, Hk, s, 128], cos and sin [B, s, 128] (bf16; by default
+    Llama-7B heads), the row's shape text and the generator (for further inputs)."""
     gen = torch.Generator().manual_seed(zlib.crc32(seed.encode()))
-    q = _rand((1, 32, s, 128), torch.bfloat16, gen)
-    k = _rand((1, 8, s, 128), torch.bfloat16, gen)
-    cos = _rand((1, s, 128), torch.bfloat16, gen)
-    sin = _rand((1, s, 128), torch.bfloat16, gen)
-    return q, k, cos, sin, f"q [1, 32, {s}, 128], k [1, 8, {s}, 128] bf16", gen
+    q = _rand((batch, q_heads, s, 128), torch.bfloat16, gen)
+    k = _rand((batch, kv_heads, s, 128), torch.bfloat16, gen)
+    cos = _rand((batch, s, 128), torch.bfloat16, gen)
+    sin = _rand((batch, s, 128), torch.bfloat16, gen)
+    return q, k, cos, sin, f"q [{batch}, {q_heads}, {s}, 128], k [{batch}, {kv_heads}, {s}, 128] bf16", gen
 
 
 def rope_pairs(lib: NkiLibrary, target: str, lnc: int, quick: bool) -> list[Pair]:
@@ -276,8 +278,9 @@ def rope_pairs(lib: NkiLibrary, target: str, lnc: int, quick: bool) -> list[Pair
     * rope: x [d, B, heads, S] with cos/sin of the first half [d/2, B, S], one launch per
       tensor, times added (our inputs permuted to its layout, outside the timed kernel)."""
     pairs = []
-    for s in ((512,) if quick else ROPE_SEQ):
-        q, k, cos, sin, shape, _ = _rope_inputs(f"rope{s}", s)
+    for batch, q_heads, kv_heads, s in (ROPE_SHAPES[1:2] if quick else ROPE_SHAPES):
+        seed = f"rope{s}" if (batch, q_heads, kv_heads) == (1, 32, 8) else f"rope{batch}{q_heads}{kv_heads}{s}"
+        q, k, cos, sin, shape, _ = _rope_inputs(seed, s, batch, q_heads, kv_heads)
         ours = _ours("apply_rotary_pos_emb", (q, k, cos, sin), {}, target, lnc)
         hf = Pair("apply_rotary_pos_emb", shape, ours)
         hf.aws = lib.run("core.embeddings.rope_hf", "rope_hf", target, lnc, q=q, k=k, q_out=torch.zeros_like(q),
@@ -319,7 +322,9 @@ def rope_backward_pairs(lib: NkiLibrary, target: str, lnc: int, quick: bool) -> 
 def attention_pairs(lib: NkiLibrary, target: str, lnc: int, quick: bool) -> list[Pair]:
     """Prefill attention: ours (SDPA) vs AWS's attention_cte (heads folded into the batch,
     q [B*H, S, d] with tp_q, k [B*H, d, S], v [B*H, S, d], fp32 softmax)."""
-    shapes = [(8, 12, 197, 64, False), (1, 8, 2048, 128, True)]
+    # ViT-B/16 batch 8, Llama causal, and a vision encoder's from nki-library's own
+    # attention_cte table (no_cp_vnc_param_unit [2, 2, 577, 577, 88, bf16, tp_q])
+    shapes = [(8, 12, 197, 64, False), (1, 8, 2048, 128, True), (1, 2, 577, 88, False)]
     if quick:
         shapes = shapes[:1]
     pairs = []
@@ -350,6 +355,9 @@ DECODE_ATTENTION = (
     (1, 4, 1, 2048, 128), (4, 8, 1, 1024, 128), (8, 4, 1, 4096, 128), (32, 8, 1, 2048, 128),
     (1, 4, 1, 8192, 128), (1, 4, 1, 16384, 128), (1, 8, 1, 24576, 128),
     (3, 4, 1, 16384, 128), (5, 4, 1, 8192, 128),
+    # more query rows per kv head, from the same table (AttnTKGConfig(4, 8, 7, 3072, ...) and
+    # (4, 10, 5, 5376, ...), without the sink): 56 and 50 rows, past our decode path's 32
+    (4, 8, 7, 3072, 64), (4, 10, 5, 5376, 64),
 )
 
 
@@ -432,8 +440,9 @@ def _ours_backward(op: str, args, kwargs, target: str, lnc: int) -> Side:
 def attention_backward_pairs(lib: NkiLibrary, target: str, lnc: int, quick: bool) -> list[Pair]:
     """Attention backward: ours (dQ, dK, dV from Q, K, V, O, dO and the fp32 lse) vs AWS's
     attention_bwd (q/k/v/o/dy as [B, H, d, S], lse [B, H, 128, S / 128]); shapes from AWS's
-    own test table (a non-causal 16-head 1024 and a causal GQA Llama 2048)."""
-    shapes = [(1, 16, 16, 1024, 64, False), (1, 8, 2, 2048, 128, True)]
+    own test table (a non-causal 16-head 1024, a causal GQA Llama 2048 and GPT-2's causal 12
+    heads, test_cases_misc (1, 12, 12, 1024, 64))."""
+    shapes = [(1, 16, 16, 1024, 64, False), (1, 8, 2, 2048, 128, True), (1, 12, 12, 1024, 64, True)]
     if quick:
         shapes = shapes[:1]
     pairs = []

@@ -18,7 +18,12 @@ Layout:
     tile) the cos/sin rows [P, D] are loaded once and used for every q and k head. A head
     group is the HBM view x[b, h0:h0+G, s0:s0+P, :] permuted to [P, G, D] (one DMA of G*D
     elements per partition; G*D <= HEAD_COLS, HEAD_COLS_WIDE for D > 512). cos/sin are
-    broadcast over the G heads by a stride-0 view, never copied.
+    broadcast over the G heads by a stride-0 view, never copied. When q and k have one head
+    each, a unit is a block of position tiles instead (as many as one PSUM bank holds as
+    fp32 cos / sin: 4 at D = 128), whose tiles take the heads' place on the G axis, with
+    cos / sin per tile: one transfer per block, where one head's 128 positions (32 KiB in
+    bf16 at D = 128) would pay the DMA's per-transfer cost each (modeled trn2 LNC=2, q and
+    k [4, 1, 512, 128] bf16: 42.1 -> 12.1 us; nki-library's rope_hf 22.6).
 Engines, per head group (started one group ahead: the load and GpSimd's first products,
 then the previous group's paths and store). Heads of at most a PSUM bank (D <= 512):
     ScalarE  cos and the signed sin copied to fp32 PSUM tables once per position tile
@@ -159,41 +164,57 @@ def _swap_times_sin(prod_sin, x_tile, sin_b, g0, g1, half, dim, engine=nisa.engi
                        data2=sin_b[:, g0:g1, half:dim], op=nl.multiply, engine=engine)
 
 
-def _psum_tables(cos_tile, signed_sin, parts, dim):
-    """(cos, signed sin) as fp32 [parts, dim] PSUM tiles (ScalarE copies, exact), for the
-    VectorE path: a VectorE tensor_tensor with one input in PSUM and the other in SBUF
-    makes one pass, with both in SBUF two."""
+def _psum_tables(cos_tile, signed_sin):
+    """(cos, signed sin) as fp32 PSUM tiles of their shape ([parts, tiles, dim]; ScalarE
+    copies, exact), for the VectorE path: a VectorE tensor_tensor with one input in PSUM and
+    the other in SBUF makes one pass, with both in SBUF two."""
     tables = []
     for src in (cos_tile, signed_sin):
-        table = nl.ndarray((parts, dim), dtype=nl.float32, buffer=nl.psum)
+        table = nl.ndarray(src.shape, dtype=nl.float32, buffer=nl.psum)
         nisa.activation(dst=table, op=nl.copy, data=src)
         tables.append(table)
     return tuple(tables)
 
 
-def _start_group(dst_hbm, src_hbm, b, h0, group, s0, parts, dim, cos_tile, signed_sin, tables):
-    """First half of one head group, dst[b, h0:h0+group, s0:s0+parts, :] = rope(src[...]):
-    load x and, on GpSimd, make b = swap(x) * sin for the heads whose path needs GpSimd's b
-    first: the VectorE path's without PSUM tables, else the GpSimd path's own (the caller
-    issues it one group ahead of ``_finish_group``)."""
-    src_view = src_hbm[b, h0:h0 + group, s0:s0 + parts, :].permute((1, 0, 2))   # [P, G, D]
+def _block_view(t, b, h0, group, s0, parts, tiles):
+    """[P, G, D] view of HBM ``t`` [B, H, S, D]: heads h0..h0+G at positions s0..s0+P, or
+    (``tiles`` > 1, one head) the ``tiles`` position tiles s0 + j*P .. s0 + (j+1)*P as the G
+    axis."""
+    if tiles > 1:
+        return t[b, h0, s0:s0 + tiles * parts, :].reshape((tiles, parts, t.shape[3])).permute((1, 0, 2))
+    return t[b, h0:h0 + group, s0:s0 + parts, :].permute((1, 0, 2))
+
+
+def _per_column(table, group, tiles):
+    """A [P, tiles, D] cos / sin tile (or table) as the [P, G, D] operand of a group: itself
+    when its position tiles are the group's columns (``tiles`` > 1), else its one tile
+    broadcast over the G heads (stride 0)."""
+    return table if tiles > 1 else table.broadcast(1, group)
+
+
+def _start_group(dst_hbm, src_hbm, b, h0, group, s0, parts, tiles, dim, cos_tile, signed_sin, tables):
+    """First half of one head group, dst[b, h0:h0+group, s0:s0+parts, :] = rope(src[...])
+    (``tiles`` > 1: one head, G = ``tiles`` position tiles, _block_view): load x and, on
+    GpSimd, make b = swap(x) * sin for the heads whose path needs GpSimd's b first: the
+    VectorE path's without PSUM tables, else the GpSimd path's own (the caller issues it
+    one group ahead of ``_finish_group``)."""
     x_tile = nl.ndarray((parts, group, dim), dtype=src_hbm.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=x_tile, src=src_view)
-    cos_b = cos_tile.expand_dim(1).broadcast(1, group)     # [P, G, D], stride 0 over heads
-    sin_b = signed_sin.expand_dim(1).broadcast(1, group)
+    nisa.dma_copy(dst=x_tile, src=_block_view(src_hbm, b, h0, group, s0, parts, tiles))
+    cos_b = _per_column(cos_tile, group, tiles)
+    sin_b = _per_column(signed_sin, group, tiles)
     prod_sin = nl.ndarray((parts, group, dim), dtype=nl.float32, buffer=nl.sbuf)
     split = _vector_heads(group, dim)
     if tables is None:
         _swap_times_sin(prod_sin, x_tile, sin_b, 0, split[0], dim // 2, dim)
     else:
         _swap_times_sin(prod_sin, x_tile, sin_b, split[0], group, dim // 2, dim)
-    return (dst_hbm, b, h0, group, s0, parts, dim, x_tile, cos_b, sin_b, prod_sin, split, tables)
+    return (dst_hbm, b, h0, group, s0, parts, tiles, dim, x_tile, cos_b, sin_b, prod_sin, split, tables)
 
 
 def _finish_group(state):
     """Second half of a head group: the rest of b, both paths' a = x * cos and out = a + b
     (fp32, rounded once to the output dtype, as the reference), the store."""
-    dst_hbm, b, h0, group, s0, parts, dim, x_tile, cos_b, sin_b, prod_sin, (cut, step, a_buffer), tables = state
+    dst_hbm, b, h0, group, s0, parts, tiles, dim, x_tile, cos_b, sin_b, prod_sin, (cut, step, a_buffer), tables = state
     if tables is None:
         _swap_times_sin(prod_sin, x_tile, sin_b, cut, group, dim // 2, dim)
     out_tile = nl.ndarray((parts, group, dim), dtype=dst_hbm.dtype, buffer=nl.sbuf)
@@ -201,13 +222,13 @@ def _finish_group(state):
     # then out = a + b rounded to the output dtype
     if tables is not None and cut:
         # b = swap(x) * sin for all of VectorE's heads at once (SBUF; the sin table in PSUM)
-        sin_p = tables[1].expand_dim(1).broadcast(1, cut)
+        sin_p = _per_column(tables[1], group, tiles)
         _swap_times_sin(prod_sin, x_tile, sin_p, 0, cut, dim // 2, dim, engine=nisa.engine.vector)
     for g0 in range(0, cut, step):
         g1 = min(cut, g0 + step)
         a = nl.ndarray((parts, step, dim), dtype=nl.float32, buffer=a_buffer)
         # cos from its PSUM table (one pass) or from SBUF (two)
-        cos_v = cos_b[:, g0:g1, :] if tables is None else tables[0].expand_dim(1).broadcast(1, g1 - g0)
+        cos_v = (cos_b if tables is None else _per_column(tables[0], group, tiles))[:, g0:g1, :]
         nisa.tensor_tensor(dst=a[:, 0:g1 - g0, :], data1=x_tile[:, g0:g1, :], data2=cos_v, op=nl.multiply)
         nisa.tensor_tensor(dst=out_tile[:, g0:g1, :], data1=a[:, 0:g1 - g0, :], data2=prod_sin[:, g0:g1, :],
                            op=nl.add)
@@ -218,8 +239,7 @@ def _finish_group(state):
                            op=nl.multiply, engine=nisa.engine.gpsimd)
         nisa.tensor_tensor(dst=out_tile[:, cut:group, :], data1=a, data2=prod_sin[:, cut:group, :],
                            op=nl.add, engine=nisa.engine.gpsimd)
-    dst_view = dst_hbm[b, h0:h0 + group, s0:s0 + parts, :].permute((1, 0, 2))
-    nisa.dma_copy(dst=dst_view, src=out_tile)
+    nisa.dma_copy(dst=_block_view(dst_hbm, b, h0, group, s0, parts, tiles), src=out_tile)
 
 
 def _rope(pairs, cos, sin, transpose=False):
@@ -230,38 +250,70 @@ def _rope(pairs, cos, sin, transpose=False):
     cos_batch = cos.shape[0]
     half = dim // 2
     group_max = max(1, (HEAD_COLS if dim <= PSUM_BANK_FP32 else HEAD_COLS_WIDE) // dim)
-    # work units: (batch, 128-position tile); at LNC=2 each program takes half of them
-    n_pos_tiles = cdiv(seq, PARTITIONS)
-    unit_lo, unit_hi = program_share(batch * n_pos_tiles)
+    # work units: (batch, block of position tiles); at LNC=2 each program takes half of them
+    units = []
+    for b in range(batch):
+        for s0, tiles, parts in _position_blocks(seq, _tiles_per_block(pairs, dim, group_max)):
+            units.append((b, s0, tiles, parts))
+    unit_lo, unit_hi = program_share(len(units))
     pending = None      # the head group started last, finished after the next one starts
     for unit in range(unit_lo, unit_hi):
-        b, s0 = unit // n_pos_tiles, (unit % n_pos_tiles) * PARTITIONS
+        b, s0, tiles, parts = units[unit]
         bc = b if cos_batch > 1 else 0
-        parts = min(PARTITIONS, seq - s0)
-        cos_tile = nl.ndarray((parts, dim), dtype=cos.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=cos_tile, src=cos[bc, s0:s0 + parts, :])
-        sin_tile = nl.ndarray((parts, dim), dtype=sin.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=sin_tile, src=sin[bc, s0:s0 + parts, :])
-        # signed sin, multiplied into swap_halves(src), in sin's dtype, once per position
-        # tile (negation is exact): (-sin[:D/2], sin[D/2:]); transposed (sin[D/2:], -sin[:D/2])
-        signed_sin = nl.ndarray((parts, dim), dtype=sin.dtype, buffer=nl.sbuf)
+        cos_tile = nl.ndarray((parts, tiles, dim), dtype=cos.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=cos_tile, src=_block_view(cos.expand_dim(1), bc, 0, 1, s0, parts, tiles)
+                      if tiles > 1 else cos[bc, s0:s0 + parts, :].expand_dim(1))
+        sin_tile = nl.ndarray((parts, tiles, dim), dtype=sin.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=sin_tile, src=_block_view(sin.expand_dim(1), bc, 0, 1, s0, parts, tiles)
+                      if tiles > 1 else sin[bc, s0:s0 + parts, :].expand_dim(1))
+        # signed sin, multiplied into swap_halves(src), in sin's dtype, once per block of
+        # position tiles (negation is exact): (-sin[:D/2], sin[D/2:]); transposed
+        # (sin[D/2:], -sin[:D/2])
+        signed_sin = nl.ndarray((parts, tiles, dim), dtype=sin.dtype, buffer=nl.sbuf)
         lo, hi = (0, half), (half, dim)
         # (destination half, source half) of the negated and of the copied piece
         (neg_dst, neg_src), (copy_dst, copy_src) = ((hi, lo), (lo, hi)) if transpose else ((lo, lo), (hi, hi))
-        nisa.tensor_scalar(dst=signed_sin[:, neg_dst[0]:neg_dst[1]], data=sin_tile[:, neg_src[0]:neg_src[1]],
+        nisa.tensor_scalar(dst=signed_sin[:, :, neg_dst[0]:neg_dst[1]], data=sin_tile[:, :, neg_src[0]:neg_src[1]],
                            op0=nl.multiply, operand0=-1.0)
-        nisa.tensor_copy(dst=signed_sin[:, copy_dst[0]:copy_dst[1]], src=sin_tile[:, copy_src[0]:copy_src[1]])
-        tables = _psum_tables(cos_tile, signed_sin, parts, dim) if dim <= PSUM_BANK_FP32 else None
+        nisa.tensor_copy(dst=signed_sin[:, :, copy_dst[0]:copy_dst[1]], src=sin_tile[:, :, copy_src[0]:copy_src[1]])
+        tables = _psum_tables(cos_tile, signed_sin) if dim <= PSUM_BANK_FP32 else None
         for src, dst in pairs:
             heads = src.shape[1]
             for h0 in range(0, heads, group_max):
-                group = min(group_max, heads - h0)
-                started = _start_group(dst, src, b, h0, group, s0, parts, dim, cos_tile, signed_sin, tables)
+                group = tiles if tiles > 1 else min(group_max, heads - h0)
+                started = _start_group(dst, src, b, h0, group, s0, parts, tiles, dim, cos_tile, signed_sin, tables)
                 if pending is not None:
                     _finish_group(pending)
                 pending = started
     if pending is not None:
         _finish_group(pending)
+
+
+def _tiles_per_block(pairs, dim, group_max):
+    """Position tiles per work unit: 1, or, when every tensor has one head (its groups would
+    hold one head, G*D columns: a transfer each of a few KiB, and the DMA's per-transfer
+    cost would dominate), as many as a group's columns take (HEAD_COLS) and one PSUM bank
+    holds as fp32 cos / sin tables: the tiles then play the heads' part (_block_view)."""
+    if dim > PSUM_BANK_FP32 or any(src.shape[1] != 1 for src, _ in pairs):
+        return 1
+    return max(1, min(group_max, PSUM_BANK_FP32 // dim))
+
+
+def _position_blocks(seq, tiles):
+    """(s0, tiles, parts) of the blocks of one sequence: runs of ``tiles`` full 128-position
+    tiles, then the rest one tile at a time (the last may hold fewer than 128 positions)."""
+    blocks = []
+    full = seq // PARTITIONS
+    s0 = 0
+    if tiles > 1:
+        for _ in range(full // tiles):
+            blocks.append((s0, tiles, PARTITIONS))
+            s0 += tiles * PARTITIONS
+    while s0 < seq:
+        parts = min(PARTITIONS, seq - s0)
+        blocks.append((s0, 1, parts))
+        s0 += parts
+    return blocks
 
 
 @nki.jit

@@ -169,3 +169,31 @@ def test_rotary_mixed_dtypes_promote_like_transformers(simulator_backend, q_dtyp
     (q_eager * weight).sum().backward()
     assert q.grad.dtype == q_dtype
     assert_matches(q.grad, q_eager_in.grad.double(), q_dtype)
+
+
+@pytest.mark.parametrize("seq, dim, dtype, shared, units", [(700, 128, torch.bfloat16, False, 3),
+                                                           (1100, 64, torch.float32, True, 2)],
+                         ids=["S700-D128-bf16", "S1100-D64-fp32-shared-cos"])
+def test_rotary_one_head_tensors_take_blocks_of_position_tiles(simulator_backend, seq, dim, dtype, shared, units):
+    # q and k of one head each: a work unit is a block of position tiles (D = 128: 4 tiles,
+    # D = 64: 8, a PSUM bank of fp32 tables), then the rest one tile at a time, so one
+    # transfer carries a block's positions: 700 = 4 x 128 | 128 | 60 and 1100 = 8 x 128 | 76
+    # are ``units`` units per sequence (6 and 9 with one tile each)
+    from nki_kernels import _dispatch, registry, simulator
+
+    batch = 2
+    q, k = randn(batch, 1, seq, dim, dtype=dtype), randn(batch, 1, seq, dim, dtype=dtype, scale=2.0)
+    cos, sin = _cos_sin(batch, seq, dim, dtype, shared=shared)
+    q_out, k_out = nki_kernels.apply_rotary_pos_emb(q, k, cos, sin)
+    q_ref, k_ref = _expected(q, k, cos, sin)
+    assert_matches(q_out, q_ref, dtype)
+    assert_matches(k_out, k_ref, dtype)
+    call = registry.get("apply_rotary_pos_emb").kernel_call(q, k, cos, sin)
+    runs = [simulator.run(_dispatch.simulator_kernel(call)[lnc], *[t.contiguous() for t in call.tensors],
+                          **call.static) for lnc in (1, 2)]
+    for a, b in zip(runs[0].outputs, runs[1].outputs):
+        assert torch.equal(a, b), "LNC=2 differs from LNC=1"
+    # six transfers per unit: cos, sin, q and k in; q and k out
+    dmas = sum(1 for ins in runs[0].trace if ins.op == "dma_copy")
+    assert dmas == 6 * batch * units
+

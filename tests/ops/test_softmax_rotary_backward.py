@@ -88,8 +88,8 @@ def _rope(b, h, hk, s, d, dtype, halves="repeated"):
 
 @pytest.mark.parametrize("backend", ["simulator", "reference"])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("dims", [(2, 4, 2, 9, 16), (1, 3, 1, 130, 64), (1, 2, 2, 128, 128)],
-                         ids=["gqa-9", "gqa-130", "tile-exact"])
+@pytest.mark.parametrize("dims", [(2, 4, 2, 9, 16), (1, 3, 1, 130, 64), (1, 2, 2, 128, 128), (2, 1, 1, 700, 128)],
+                         ids=["gqa-9", "gqa-130", "tile-exact", "one-head-blocks"])
 @pytest.mark.parametrize("halves", ["repeated", "distinct"])
 def test_rotary_gradients(monkeypatch, backend, dtype, dims, halves):
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf
