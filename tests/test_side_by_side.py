@@ -152,3 +152,19 @@ def test_the_table_says_modeled_on_both_sides_and_states_the_ratio_and_the_claim
 def test_a_note_that_fits_the_cell_is_not_cut(sbs):
     side = sbs.Side("blocked", note="y" * (70 - len("blocked: ")))
     assert side.text() == "blocked: " + "y" * 61 and len(side.text()) == 70
+
+
+@pytest.mark.skipif(not HAVE_CHECKOUT, reason="needs an aws-neuron/nki-library checkout (set NKILIB_CHECKOUT)")
+def test_a_plain_function_sub_kernel_launches_at_the_tables_lnc(sbs):
+    # layernorm_tkg is a plain function (other kernels call it); with shard_on_h=True each
+    # core takes half of H and exchanges its partial sums with the other core (sendrecv),
+    # which only an LNC=2 launch can do: run as a plain call it ran at LNC=1 and deadlocked
+    lib = sbs.NkiLibrary(NKILIB_CHECKOUT)
+    gen = torch.Generator().manual_seed(11)
+    x, w, b = (sbs._rand(shape, torch.float16, gen) for shape in ((2, 8, 3072), (1, 3072), (1, 3072)))
+    side = lib.run("core.subkernels.layernorm_tkg", "layernorm_tkg", "trn2", 2, input=x, gamma=w, beta=b,
+                   output=torch.zeros((128, 16, 24), dtype=torch.float16), eps=1e-6, shard_on_h=True)
+    assert (side.status, side.kernel) == ("ok", "layernorm_tkg"), side.note
+    plain = lib.function("core.subkernels.layernorm_tkg", "layernorm_tkg", "trn2")
+    with pytest.raises(TypeError, match="not an nki.jit kernel, so it cannot be launched at lnc=2"):
+        lib.run_kernel(plain, "layernorm_tkg", "trn2", 2, input=x)
