@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from types import SimpleNamespace
 
@@ -142,6 +143,25 @@ def test_column_slices_of_a_tile_do_not_overlap_but_their_hulls_do():
     hull_l = SimpleNamespace(shape=left.shape, span=left.span)   # no offset/strides: hull only
     hull_r = SimpleNamespace(shape=right.shape, span=right.span)
     assert region_of(hull_l).overlaps(region_of(hull_r))
+
+
+def _elements(view):
+    """Every element offset ``view`` touches (brute force, the reference for region_of)."""
+    return {view.offset + sum(i * st for i, st in zip(index, view.strides))
+            for index in itertools.product(*(range(s) for s in view.shape))}
+
+
+@pytest.mark.parametrize("offset, meet", [(8, False), (7, True), (24, False), (20, True)])
+def test_runs_of_two_strided_views_overlap_only_where_they_share_elements(offset, meet):
+    # [4, 2, 8] with strides (64, 16, 1): 8 runs of 8 in two strided dimensions (the general
+    # multi-run form, no closed-form pattern). At offsets 8 and 24 the other view's runs
+    # start where this view's end (touching, no element shared); at 7 and 20 they share
+    # elements. Mutation testing found touching runs counted as overlapping unnoticed.
+    a, b = _view((4, 2, 8), (64, 16, 1)), _view((4, 2, 8), (64, 16, 1), offset=offset)
+    assert region_of(a).pattern is None and not region_of(a).single
+    assert bool(_elements(a) & _elements(b)) == meet
+    assert region_of(a).overlaps(region_of(b)) == meet
+    assert region_of(b).overlaps(region_of(a)) == meet
 
 
 def test_contiguous_views_are_one_run_and_cover_their_parts():

@@ -474,6 +474,19 @@ def test_alu_power_rsqrt_reciprocal_are_iterative_on_vector_and_gpsimd():
     assert _one(lambda b: ts(b, "gpsimd", "multiply")).cycles == 512 + SG
 
 
+def test_vector_reciprocal_instruction_is_eight_n():
+    # nisa.reciprocal on VectorE: "max(MIN_II, 8N)" [S] (hardware.py
+    # vector_reciprocal_factor), plus VectorE's fixed cycles; mutation testing found the
+    # rule doubled unnoticed (only the ALU ops that borrow it were pinned)
+    def recip(b, n):
+        b._add("reciprocal", "vector", [sbuf("data", new_alloc(), (128, n), "float32")],
+               [sbuf("dst", new_alloc(), (128, n), "float32")])
+
+    assert TRN2.vector_reciprocal_factor == 8
+    assert _one(lambda b: recip(b, 512)).cycles == TRN2.vector_reciprocal_factor * 512 + S
+    assert _one(lambda b: recip(b, 4)).cycles == TRN2.min_instruction_cycles + S     # 32 < MIN_II
+
+
 def test_an_alu_power_with_one_psum_input_is_n_times_eight():
     # the two rules compose: one input in PSUM is N ([S] tensor_tensor), and the ALU power
     # op makes each element 8 cycles on VectorE: 8N, not 8 x 2N

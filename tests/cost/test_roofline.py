@@ -80,6 +80,46 @@ def test_rms_norm_eager_is_its_aten_decomposition():
     assert "_to_copy" not in [s.work.name.split(" ")[0] for s in f32.eager_steps]
 
 
+def _aten_traffic(fn, *args):
+    """(op name, bytes read + written) of each non-view ATen op ``fn`` runs: the eager
+    baseline's steps, measured from torch's own dispatch, not from roofline.py."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    def nbytes(x):
+        if isinstance(x, (list, tuple)):
+            return sum(nbytes(y) for y in x)
+        return x.numel() * x.element_size() if isinstance(x, torch.Tensor) else 0
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.steps = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if not func.is_view:
+                self.steps.append((func.overloadpacket.__name__, nbytes(args) + nbytes(out)))
+            return out
+
+    with Record() as rec:
+        fn(*args)
+    return rec.steps
+
+
+@pytest.mark.parametrize("dtype", [BF16, torch.float32], ids=["bf16", "fp32"])
+def test_rotary_eager_is_transformers_rotate_half_aten_traffic(dtype):
+    # transformers' apply_rotary_pos_emb per tensor: mul, neg, cat (rotate_half), mul, add,
+    # each through HBM; mutation testing found a dropped step (the cat) unnoticed
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as eager_rope
+
+    q, k, cos, sin = t(2, 8, 33, 64, dtype=dtype), t(2, 2, 33, 64, dtype=dtype), \
+        t(2, 33, 64, dtype=dtype), t(2, 33, 64, dtype=dtype)
+    r = R.apply_rotary_pos_emb(q, k, cos, sin)
+    steps = [(s.work.name.split(" ")[0], s.work.hbm_bytes) for s in r.eager_steps]
+    assert steps == _aten_traffic(eager_rope, q, k, cos, sin)
+    assert [name for name, _ in steps] == ["mul", "neg", "cat", "mul", "add"] * 2
+
+
 def test_single_aten_op_baselines_equal_the_limit():
     x = t(1576, 768)
     for r in (R.gelu(x), R.softmax(x)):

@@ -128,6 +128,26 @@ def test_gemma_norms_keep_their_own_forward(reference_backend):
     assert named == ["GELUTanh -> GeluTanh"]
 
 
+def test_a_llama_mlp_with_another_activation_keeps_its_own_forward(reference_backend):
+    """LlamaMLP is named SiluGatedMLP only for instances whose act_fn is SiLU: a Llama
+    configured with hidden_act="gelu" keeps its MLP's forward (the package's layer would
+    compute silu(gate) * up) and its logits; its norms are still replaced."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = build(lambda: LlamaForCausalLM(LlamaConfig(**{**TEXT, "hidden_act": "gelu"})))
+    perturb_norms(model)
+    ids = torch.randint(3, 97, (2, 9))
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+    nkt.kernelize(model)
+    layer0 = model.model.layers[0]
+    assert "forward" not in vars(layer0.mlp)
+    assert layer0.input_layernorm.forward.__func__ is layers.RMSNorm.forward
+    with torch.no_grad():
+        # the reference backend's layers against eager fp32 ops: rounding order only
+        torch.testing.assert_close(model(input_ids=ids).logits, expected, atol=1e-5, rtol=1e-4)
+
+
 def test_layer_norm_subclasses_keep_their_own_forward(reference_backend):
     """kernels reads the layer name off type(module), so every subclass of nn.LayerNorm
     inherits it. The review found Nemotron's LayerNorm1P (weight + 1) silently replaced by

@@ -309,6 +309,20 @@ def test_flash_format_semantics(reference_backend):
     torch.testing.assert_close(got, _sdpa(q, k, v, keep), atol=ATOL, rtol=RTOL)
 
 
+def test_flash_format_non_causal_sliding_window(reference_backend):
+    """A non-causal layer (is_causal False) with a window: FlashAttention-2's window (w-1, w-1)
+    keeps the keys within w - 1 positions on either side of the query (every other window
+    test is causal, where the keys after the query are masked anyway)."""
+    module = types.SimpleNamespace(is_causal=False)
+    q, k, v = _qkv(sq=6, sk=6)
+    got, _ = nkt.nki_attention_forward(module, q, k, v, torch.ones(2, 6, dtype=torch.bool), sliding_window=3)
+    i, j = torch.arange(6)[:, None], torch.arange(6)[None, :]
+    keep = (i - j).abs() <= 2
+    torch.testing.assert_close(got, _sdpa(q, k, v, keep), atol=ATOL, rtol=RTOL)
+    # the window matters on these inputs: full attention is far from it
+    assert (_sdpa(q, k, v) - got).abs().max() > 1e-2
+
+
 @pytest.mark.parametrize("mask, kwargs, error, match", [
     (torch.ones(2, 6, 6, dtype=torch.bool), {}, ValueError, r"shape \[2, 6, 6\].*4-D.*2-D"),
     (torch.ones(2, 6), {}, ValueError, "2-D float32 tensor.*bool or 0/1"),

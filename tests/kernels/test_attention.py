@@ -47,6 +47,9 @@ FAST = [
     (1, 4, 2, 130, 2100, 256, 256, BF16, "bhsd", "full_float", False),  # flash, D = 256
     (1, 3, 3, 65, 65, 256, 256, F16, "bhsd", None, False),           # fp16
     (1, 2, 2, 33, 100, 96, 256, BF16, "bhsd", None, False),          # transposed-scores D, Dv = 256
+    # fp32: Qᵀ, Kᵀ transposed on TensorE 4 heads to a PSUM bank; 8 heads a group (one
+    # batch per core at LNC=2) take a second bank (mutation testing: heads 4-7 untested)
+    (2, 8, 8, 65, 130, 64, 64, F32, "bshd", None, False),
 ]
 
 

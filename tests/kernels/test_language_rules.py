@@ -468,6 +468,29 @@ def test_property_functions_are_checked():
     assert _CALLS == 0
 
 
+class _ImpureStatic(NKIObject):
+    @staticmethod
+    def bump():
+        global _CALLS
+        _CALLS += 1
+
+
+class _ImpureClassMethod(NKIObject):
+    @classmethod
+    def bump(cls):
+        global _CALLS
+        _CALLS += 1
+
+
+@pytest.mark.parametrize("klass", [_ImpureStatic, _ImpureClassMethod], ids=["staticmethod", "classmethod"])
+def test_static_and_class_methods_are_checked(klass):
+    # the class's members are walked when the kernel uses the class, the function inside a
+    # staticmethod / classmethod wrapper too (mutation testing: nothing else checked them)
+    with pytest.raises(kernel_rules.KernelRuleError, match="bump .*assigns the module global '_CALLS'"):
+        _run(_kernel(lambda: klass()))
+    assert _CALLS == 0
+
+
 def test_argument_classes_inside_lists_and_of_the_standard_library():
     import fractions
 

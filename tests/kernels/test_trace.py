@@ -438,6 +438,30 @@ def test_layer_norm_backward_makes_a_share_of_dx_on_vector_as_the_model_prices_i
         torch.testing.assert_close(got.double(), ref, atol=2 ** -6 * ref.abs().max().item(), rtol=2 ** -6)
 
 
+def test_layer_norm_backward_keeps_t_in_fp32_between_gpsimd_and_scalar():
+    # kernels/norm_backward_dx.py split_dx, three-engine way: GpSimd's t = a + g is fp32 and
+    # ScalarE's dx = t * r reads it, so dx is rounded once (module docstring). Mutation
+    # testing found t in the input dtype (a second bf16 rounding) inside the numeric tests'
+    # bf16 tolerance: the trace pins t's dtype.
+    from nki_kernels import references
+
+    rows, hidden = 130, 1000
+    x, dy = torch.randn(rows, hidden).bfloat16(), torch.randn(rows, hidden).bfloat16()
+    w, b = (1 + 0.5 * torch.randn(hidden)).bfloat16(), torch.randn(hidden).bfloat16()
+    stats = references.layer_norm_stats(x, (hidden,), 1e-5)
+    result = _run(norms.layer_norm_backward_kernel_call(dy, x, stats, (hidden,), w, b, 1e-5))
+    sums = [i for i in result.trace if i.engine == "gpsimd" and i.op == "tensor_tensor"
+            and i.attrs.get("op") == "add"]
+    assert sums
+    for t_maker in sums:
+        assert [o.dtype for o in t_maker.reads] == ["bfloat16", "bfloat16"]
+        assert t_maker.writes[0].dtype == "float32"
+        # the ScalarE activation that reads this t writes dx in bf16
+        readers = [i for i in result.trace if i.engine == "scalar" and i.op == "activation"
+                   and any(o.alloc_id == t_maker.writes[0].alloc_id for o in i.reads)]
+        assert readers and all(i.writes[0].dtype == "bfloat16" for i in readers)
+
+
 def test_streamed_rms_norm_keeps_two_row_tiles_in_one_allocation_where_they_fit():
     # kernels/rms_norm.py _rms_norm_streamed: rows past 8192 columns kept in SBUF between
     # the two passes load their chunks into slots of one allocation, the row tiles taking

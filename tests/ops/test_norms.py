@@ -488,6 +488,23 @@ def test_streamed_rows(simulator_backend, rows, hidden, dtype):
                                                compute_dtype=torch.float64), dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("rows, hidden", [(3, 8193), (130, 16384)])
+def test_streamed_fused_add_rms_norm_with_weight_and_large_eps(simulator_backend, rows, hidden, dtype):
+    # the streamed path (hidden > 8192) of fused_add_rms_norm with a weight and eps 0.1
+    # against a mean square of ~2e-4 (the output is ~0.045 of the eps-free one): mutation
+    # testing found its weight and its eps each dropped without test_streamed_rows (no
+    # weight, eps 1e-6 on a mean square of ~10) noticing
+    x = randn(rows, hidden, dtype=dtype, scale=0.01)
+    residual = randn(rows, hidden, dtype=dtype, scale=0.01)
+    weight = randn(hidden, dtype=dtype, scale=0.5, shift=1.0)
+    normed, total = nki_kernels.fused_add_rms_norm(x, residual, weight, 0.1)
+    expected_total = (x.double() + residual.double()).to(dtype)
+    assert torch.equal(total, expected_total)
+    t64, w64 = _f64(expected_total, weight)
+    assert_matches(normed, references.rms_norm(t64, (hidden,), w64, 0.1, compute_dtype=torch.float64), dtype)
+
+
 @pytest.mark.parametrize("affine", ["none", "bias"])
 def test_streamed_layer_norm_without_weight_and_with_a_large_mean(simulator_backend, affine):
     # bn_stats pieces combined over the whole row: a mean 1e4 times the spread is kept

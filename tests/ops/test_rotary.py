@@ -78,6 +78,21 @@ def test_rotary_arbitrary_tables_and_noncontiguous_q(simulator_backend):
     assert_matches(k_out, k_ref, torch.float32)
 
 
+@pytest.mark.parametrize("dim", [768, 1026])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_rotary_wide_heads(simulator_backend, dim, dtype):
+    # D > 512: a head does not fit a PSUM bank, so no PSUM tables; the VectorE path reads
+    # cos from SBUF broadcast over the group's heads (mutation testing found that read
+    # swapped for the signed sin unnoticed: every other test has D <= 128). D = 1026: a
+    # half of 513, not a multiple of anything.
+    q, k = randn(2, 4, 9, dim, dtype=dtype), randn(2, 2, 9, dim, dtype=dtype, scale=2.0)
+    cos, sin = _cos_sin(2, 9, dim, dtype)
+    q_out, k_out = nki_kernels.apply_rotary_pos_emb(q, k, cos, sin)
+    q_ref, k_ref = _expected(q, k, cos, sin)
+    assert_matches(q_out, q_ref, dtype)
+    assert_matches(k_out, k_ref, dtype)
+
+
 def test_rotary_matches_transformers(simulator_backend):
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_rope
 

@@ -175,6 +175,37 @@ def test_out_of_range_rows_raise_or_are_skipped_by_oob_mode():
     assert (out[1] == -1).all() and (out[3] == -1).all()  # skipped: dst keeps its values
 
 
+def _gather_and_copy_int8(a, offsets):
+    import nki.isa as nisa
+    import nki.language as nl
+
+    idx = nl.ndarray((offsets.shape[0], 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=idx, src=offsets)
+    gathered = nl.ndarray((offsets.shape[0], a.shape[1]), dtype=nl.int8, buffer=nl.sbuf)
+    nisa.dma_copy(dst=gathered, src=a.ap([[a.shape[1], offsets.shape[0]], [1, a.shape[1]]],
+                                         vector_offset=idx, indirect_dim=0))
+    direct = nl.ndarray(a.shape, dtype=nl.int8, buffer=nl.sbuf)
+    nisa.dma_copy(dst=direct, src=a)
+    outs = [nl.ndarray(t.shape, dtype=nl.int8, buffer=nl.shared_hbm) for t in (gathered, direct)]
+    for out, t in zip(outs, (gathered, direct)):
+        nisa.dma_copy(out, t)
+    return tuple(outs)
+
+
+def test_indirect_copy_casts_as_the_direct_copy_does():
+    # dma_copy casts "first ... from src.dtype to float32, then from float32 to dst.dtype"
+    # (docs/simulator.md "Casts"): int32 300 -> int8 saturates to 127 (a bit truncation
+    # would give 44), through a run-time row offset as through a plain copy
+    a = torch.randint(-1000, 1000, (6, 5), dtype=torch.int32)
+    a[0, :2] = torch.tensor([300, -300], dtype=torch.int32)
+    rows = torch.tensor([[4], [0], [2]], dtype=torch.int32)
+    gathered, direct = simulator.run(_gather_and_copy_int8, a, rows).outputs
+    expected = a.clamp(-128, 127).to(torch.int8)
+    assert expected[0, :2].tolist() == [127, -128]
+    assert torch.equal(direct, expected)
+    assert torch.equal(gathered, expected[[4, 0, 2]])
+
+
 def _scatter_kernel(src, rows, out):
     import nki.isa as nisa
     import nki.language as nl

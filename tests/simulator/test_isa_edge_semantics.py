@@ -157,6 +157,22 @@ def test_matmul_without_accumulate_overwrites_a_tile_no_matmul_wrote(sim, mk):
     torch.testing.assert_close(f64(dst), a.double().t() @ b.double(), atol=1e-5, rtol=1e-5)
 
 
+def test_matmul_without_accumulate_decides_per_psum_element(sim, mk):
+    # docs/simulator.md "Matmul": with accumulate=None, per PSUM element, the first matmul
+    # write overwrites and later matmul writes add; a matmul over a tile that an earlier
+    # matmul wrote only in part adds on those columns and overwrites the rest
+    _, nl, nisa = sim
+    a, b1, b2 = torch.randn(8, 4), torch.randn(8, 3), torch.randn(8, 6)
+    dst = nl.ndarray((4, 6), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst[:, 0:3], mk(a), mk(b1))
+    nisa.nc_matmul(dst, mk(a), mk(b2))
+    a64 = a.double().t()
+    expected = a64 @ b2.double()
+    expected[:, 0:3] += a64 @ b1.double()
+    # fp32 products and sums of 8 terms of ~N(0, 1): well inside 1e-5
+    torch.testing.assert_close(f64(dst), expected, atol=1e-5, rtol=1e-5)
+
+
 def test_dma_transpose_of_a_3d_tile_reverses_its_axes(sim, mk):
     _, nl, nisa = sim
     x = torch.randn(2, 3, 4)

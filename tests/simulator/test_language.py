@@ -214,6 +214,20 @@ def test_broadcast_to_and_load_transpose2d(sim, mk, v):
     assert t.shape == (100, 40) and torch.equal(v(t), x.T)
 
 
+@pytest.mark.parametrize("src_dtype, dtype", [("bfloat16", "float32"), ("float32", "bfloat16")])
+def test_load_transpose2d_with_a_dtype_returns_the_cast_tile(sim, src_dtype, dtype):
+    # dtype=: the transposed tile in that dtype (a tensor_copy after the DMA transpose,
+    # rounding once to nearest); mutation testing found the uncast tile returned unnoticed
+    _, nl, _ = sim
+    x = torch.randn(40, 100)
+    h = nl.ndarray((40, 100), dtype=getattr(nl, src_dtype), buffer=nl.shared_hbm)
+    h.dtype.assign(h._data, x)
+    t = nl.load_transpose2d(h, dtype=getattr(nl, dtype))
+    assert t.shape == (100, 40) and t.dtype == getattr(nl, dtype)
+    stored = x.to(getattr(torch, src_dtype))
+    assert torch.equal(t.values(), stored.to(getattr(torch, dtype)).T)
+
+
 def test_load_store_rules(sim, mk):
     _, nl, _ = sim
     h = nl.ndarray((256, 4), dtype=nl.float32, buffer=nl.shared_hbm)
