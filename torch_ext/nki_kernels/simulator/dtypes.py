@@ -24,8 +24,12 @@ Rounding rules (the hardware's are not all documented; what is assumed is said h
 * float -> integer: round-to-nearest-even, then SATURATE to the integer range, NaN -> 0
   (the docs say only "cast"; saturation is the assumption, the official numpy simulator
   would wrap). bool_: nonzero -> 1.
-* integer -> narrower integer: WRAP (two's complement bit truncation), since the docs say
-  integer/bitvec operations treat elements "as bit patterns without any data type casting".
+* integer -> narrower integer, when ``to_bits`` encodes an integer instruction's result:
+  WRAP (two's complement bit truncation), since the docs say integer/bitvec operations
+  treat elements "as bit patterns without any data type casting". A copy from one dtype to
+  another (dma_copy, tensor_copy, an indirect DMA) goes through fp32 instead
+  (operands.convert_bits), so an integer narrowed by a copy SATURATES (int32 300 -> int8
+  127; docs/simulator.md "Casts").
 """
 
 from __future__ import annotations
