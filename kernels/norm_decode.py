@@ -45,7 +45,10 @@ the per-element arithmetic (below, and limits.py):
         _row_sums_per_row) and sums each row's squares on ScalarE, and ends with one
         y * rstd + bias per row (limits.py says why that keeps the bits). A per-row
         LayerNorm chain like RMSNorm's was 0.15 us slower at 1-2 rows at the central cost
-        (limits.py).
+        (limits.py). Where the cost figures say so (_split_rows: more rows of wider H),
+        LayerNorm's element-wise steps (c = x - m, c - m2, * weight, * rstd, + bias) are
+        split by rows between VectorE and GpSimd, which work at once
+        (_layer_rows_split; the same fp32 operations per element, so no bit changes).
     one row in a program (LayerNorm: 1 token, 2 at LNC=2): the per-row statistics above, but
         one matmul gives m2 and mean(c**2) + eps together and one VectorE instruction makes
         var + eps from them, so no matmul waits on m2**2; ScalarE makes -y meanwhile
