@@ -92,13 +92,14 @@ NORM_DECODE_ROW_LOOP_MAX_ROWS = 2
 # each row's sums are ready one fixed overhead sooner than after a VectorE pass over all rows
 # and a reduce, which is most of a 2-row step (modeled trn2, LNC=2, fp16 LayerNorm [4, H]
 # with weight and bias, us, 2026-12-01 at the per-engine fixed costs: H = 2048 5.53 -> 5.47,
-# 8192 6.09 -> 5.80; nki-library's layernorm_tkg at [4, 4096]: ours 5.5 (3.9-7.2), AWS's
+# 8192 6.09 -> 5.80; nki-library's layernorm_tkg at [4, 4096], run at LNC=1 then (the
+# side-by-side script launched it as a plain call until 2026-12-07): ours 5.5 (3.9-7.2), AWS's
 # 5.7 (4.2-7.4)). A third row makes the per-row chain longer than the all-rows pass
 # ([6, 2048] at LNC=2: 6.08 against 5.59 us; [6, 8192] level, 6.62 against 6.64). Since
 # the cost model charges tensor_scalar_reduce its accumulator read-out (2026-12-02, its ISA
 # cost text), the rows' sums come per row only where that is sooner than one pass and one
 # reduce over the rows (norm_decode._row_sums_per_row: [4, 4096] 5.55 (3.76-7.36) -> 5.52
-# (3.76-7.33) us, under AWS's 5.72 (4.22-7.35) again; [4, 8192] stays per row, 5.84).
+# (3.76-7.33) us, under AWS's 5.72 (4.22-7.35), at LNC=1, again; [4, 8192] stays per row, 5.84).
 # Chosen by the program's rows,
 # unlike ROW_LOOP above, because both forms do the same fp32 operations per element: c = x - m
 # and its sum over the H / 128 elements of a partition on VectorE (tensor_scalar_reduce, or

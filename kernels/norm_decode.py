@@ -355,10 +355,15 @@ def _split_rows(n_rows, h1, has_weight, has_bias):
     reads its statistics, and weight / bias where they fit one PSUM bank, from PSUM (one
     input pass per step; two where weight / bias stay in SBUF); GpSimd reads two inputs per
     step and waits for ScalarE's SBUF copies of m and rstd (an instruction and its
-    dependency latency each; m2's copy is made while VectorE sums the squares)."""
+    dependency latency each; m2's copy is made while VectorE sums the squares). A split
+    counts only where it is sooner than the all-rows form by more than the copies of m and
+    rstd take (they queue on ScalarE beside c**2 and m2**2, which the estimate does not
+    schedule), and where GpSimd's instructions would do at least their fixed cost's worth
+    of elements. ScalarE's PSUM copies of weight and bias for VectorE are not priced: they
+    run while x loads."""
     c = active_engine_costs()
     copies = 2 * (c.instruction_ns("scalar", n_rows) + c.dependency_ns("scalar"))
-    vector_passes = [1, 1, 1] + [1 if h1 <= nl.tile_size.psum_fmax else 2] * (has_weight + has_bias)
+    vector_passes = [1, 1, 1] + [1 if h1 <= nl.tile_size.psum_bank_fmax else 2] * (has_weight + has_bias)
     n_steps = 3 + has_weight + has_bias
     # the all-rows form: VectorE's three steps over every row (statistics from PSUM), and
     # GpSimd's * weight and + bias between them, each waiting for the one before
@@ -367,6 +372,10 @@ def _split_rows(n_rows, h1, has_weight, has_bias):
     best, best_time = n_rows, all_rows
     for a in range(n_rows - 1, -1, -1):
         g = n_rows - a
+        if g * h1 / c.gpsimd_two_input_rate() < c.gpsimd_instr_cycles:
+            # GpSimd's instructions would be mostly their fixed cost (modeled trn2 LNC=1,
+            # fp32 [64, 768]: 11 rows of 6 elements, 10.36 -> 10.70 us with them)
+            continue
         vector = sum(c.instruction_ns("vector", a * h1, rate=1 / p) for p in vector_passes) if a else 0.0
         gpsimd = copies + n_steps * c.instruction_ns("gpsimd", g * h1, rate=c.gpsimd_two_input_rate())
         # the copies also queue on ScalarE beside c**2 and m2**2: the split must save more
@@ -388,7 +397,7 @@ def _layer_rows_split(x_tile, out_tile, weight_tile, bias_tile, cols, eps, a):
     n_rows, h1 = x_tile.shape[1], x_tile.shape[2]
     inv, neg_first = _mean_matrix(cols), _neg_first()
     var_eps = _eps_in_psum(neg_first, 0, n_rows, eps)                 # PSUM [128, N]: eps
-    vectors_fit_psum = h1 <= nl.tile_size.psum_fmax
+    vectors_fit_psum = h1 <= nl.tile_size.psum_bank_fmax
     g_rows = slice(a, n_rows)
 
     def gpsimd_copy(stat):

@@ -110,15 +110,18 @@ def _run(call, lnc):
     return simulator.run(kernel, *[t.contiguous() for t in call.tensors], **call.static).outputs
 
 
-@pytest.mark.parametrize("rows", [2, 3, ROW_LOOP + 1, MAX_ROWS - 1])
+@pytest.mark.parametrize("rows, hidden", [(2, 384), (3, 384), (ROW_LOOP + 1, 384), (MAX_ROWS - 1, 384),
+                                         (5, 8192), (7, 8192), (9, 8192), (17, 8192)])
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
-def test_decode_both_degrees_give_identical_outputs(op, rows):
+def test_decode_both_degrees_give_identical_outputs(op, rows, hidden):
     # both paths, odd and even splits: the path follows the total row count, so each row
-    # gets the same instructions whichever program takes it
-    x = randn(rows, 384, dtype=BF16, shift=3.0)
-    w, b = randn(384, dtype=BF16), randn(384, dtype=BF16)
-    call = (norms.rms_norm_kernel_call(x, (384,), w, 1e-6) if op == "rms_norm"
-            else norms.layer_norm_kernel_call(x, (384,), w, b, 1e-5))
+    # gets the same instructions whichever program takes it. The odd counts at H = 8192
+    # give the programs' row-mean matmuls other widths than LNC=1's (a review found them
+    # differing in the last bit while the simulator's fp32 matmul depended on the width)
+    x = randn(rows, hidden, dtype=BF16, shift=3.0)
+    w, b = randn(hidden, dtype=BF16), randn(hidden, dtype=BF16)
+    call = (norms.rms_norm_kernel_call(x, (hidden,), w, 1e-6) if op == "rms_norm"
+            else norms.layer_norm_kernel_call(x, (hidden,), w, b, 1e-5))
     assert call.module == "norm_decode"
     one, two = _run(call, 1), _run(call, 2)
     assert not torch.isnan(two).any(), "an element no program wrote"
@@ -126,8 +129,9 @@ def test_decode_both_degrees_give_identical_outputs(op, rows):
 
 
 # (rows, hidden, dtype, affine) whose programs give GpSimd some rows' element-wise steps
-# (norm_decode._split_rows) at LNC=2 and at LNC=1: an odd count, fp32's two-pass rows, the
-# widest rows (weight / bias too wide for a PSUM copy: VectorE reads them from SBUF)
+# (norm_decode._split_rows) at LNC=2 and at LNC=1: weight and bias, weight only (an odd
+# count), bias only (fp32's two-pass rows), neither (the widest H the decode kernel takes
+# at 48 rows)
 SPLIT_CASES = [(64, 8192, F16, "weight+bias"), (33, 8192, BF16, "weight"), (40, 4096, F32, "bias"),
                (48, 16384, BF16, "none")]
 

@@ -173,6 +173,22 @@ def test_matmul_without_accumulate_decides_per_psum_element(sim, mk):
     torch.testing.assert_close(f64(dst), expected, atol=1e-5, rtol=1e-5)
 
 
+def test_a_matmul_columns_bits_do_not_depend_on_the_moving_width(sim, mk):
+    # TensorE makes each output column from its own moving column: the same column against
+    # 7 moving columns or alone gives the same bits (torch's fp32 product, which blocks its
+    # sums by the width, gave other bits here; a kernel splitting rows over two programs
+    # then differed between LNC=1 and LNC=2), and each is the float64 sum rounded once
+    _, nl, nisa = sim
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(128, 128, generator=g), torch.randn(128, 7, generator=g) * 1000
+    wide = nl.ndarray((128, 7), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(wide, mk(a), mk(b))
+    alone = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(alone, mk(a), mk(b[:, 0:1].contiguous()))
+    assert torch.equal(wide.values()[:, 0:1], alone.values())
+    assert torch.equal(wide.values(), (a.double().t() @ b.double()).float())
+
+
 def test_dma_transpose_of_a_3d_tile_reverses_its_axes(sim, mk):
     _, nl, nisa = sim
     x = torch.randn(2, 3, 4)

@@ -33,6 +33,17 @@ def _refuse_uninitialized(instr, bad, dst, what):
              f"at {first}) that no previous {what} initialized (undefined on hardware; start with accumulate=False)")
 
 
+def _columns_alone(a, b):
+    """``a @ b`` for fp32 ``a`` [M, K] and ``b`` [K, N] with each output element as TensorE
+    makes it, from its own row of ``a`` and column of ``b`` alone: the products summed in
+    float64 (exactly, for K <= 512 fp32 products: each has at most 48 significant bits) and
+    rounded once to fp32. torch's fp32 product blocks its sums by the matrices' shapes, so
+    an output column's bits depended on how many columns the moving tile had (a kernel
+    splitting rows over two programs gave other bits at LNC=2 than at LNC=1: [128, 128]
+    stationary against 7 moving columns or 1, found in a review, 2026-12-07)."""
+    return (a.double() @ b.double()).float()
+
+
 def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False,
               is_transpose=False, accumulate=None, tile_position=(), tile_size=(),
               perf_mode=enums.matmul_perf_mode.none, name=None):
@@ -116,7 +127,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     if exact_transpose:
         prod = sv.t()  # bit-accurate transpose (NaN/Inf pass through), as on NeuronCore-v3+
     else:
-        prod = sv.t() @ mv  # fp32 products and fp32 accumulation
+        prod = _columns_alone(sv.t(), mv)
     state = psum_state(dst)
     d = dst._data
     if accumulate is None:
@@ -281,7 +292,7 @@ def nc_matmul_mx(dst, stationary, moving, stationary_scale, moving_scale, tile_p
     st = mx_values(stationary) * mx_scales(stationary_scale, K, M, "stationary_scale").unsqueeze(-1)
     mv = mx_values(moving) * mx_scales(moving_scale, K, N, "moving_scale").unsqueeze(-1)
     # the four packed elements extend the contraction: [K, M, 4] -> [4K, M]; fp32 math
-    prod = st.permute(0, 2, 1).reshape(4 * K, M).t() @ mv.permute(0, 2, 1).reshape(4 * K, N)
+    prod = _columns_alone(st.permute(0, 2, 1).reshape(4 * K, M).t(), mv.permute(0, 2, 1).reshape(4 * K, N))
     state = psum_state(dst)
     if accumulate is None:
         acc = (state == 1).reshape(M, N)
