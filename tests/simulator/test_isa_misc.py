@@ -151,17 +151,23 @@ def test_gathers_and_max8(sim, mk, v):
     assert torch.equal(found.values(), torch.topk(data, 8, 1).indices)
 
 
-def test_nc_match_replace8(sim, mk, v):
+def _check_match_replace8(sim, mk, v, data, vals, replaced, expected_idx):
+    """nc_match_replace8 of ``vals`` in ``data`` [4, n]: the ``replaced`` columns become -1,
+    and dst_idx holds ``expected_idx`` on every row."""
     _, nl, nisa = sim
-    data = torch.randn(4, 20)
-    vals = data[:, [3, 7, 1, 0, 9, 11, 15, 19]]
-    dst = nl.ndarray((4, 20), dtype=nl.float32, buffer=nl.sbuf)
+    dst = nl.ndarray(tuple(data.shape), dtype=nl.float32, buffer=nl.sbuf)
     idx = nl.ndarray((4, 8), dtype=nl.uint32, buffer=nl.sbuf)
     nisa.nc_match_replace8(dst, mk(data), mk(vals), -1.0, dst_idx=idx)
     ref = data.clone()
-    ref[:, [3, 7, 1, 0, 9, 11, 15, 19]] = -1.0
+    ref[:, replaced] = -1.0
     assert torch.equal(v(dst), ref)
-    assert torch.equal(idx.values(), torch.tensor([3, 7, 1, 0, 9, 11, 15, 19]).expand(4, 8))
+    assert torch.equal(idx.values(), torch.tensor(expected_idx).expand(4, 8))
+
+
+def test_nc_match_replace8(sim, mk, v):
+    data = torch.randn(4, 20)
+    cols = [3, 7, 1, 0, 9, 11, 15, 19]
+    _check_match_replace8(sim, mk, v, data, data[:, cols], cols, cols)
 
 
 def test_nc_match_replace8_pairs_duplicate_vals_with_distinct_positions(sim, mk, v):
@@ -170,17 +176,10 @@ def test_nc_match_replace8_pairs_duplicate_vals_with_distinct_positions(sim, mk,
     # matched position goes to the highest dst_idx slot: its example, data [1, 2, 3, 4, 8 x 7]
     # and vals [3, 8 x 7], gives dst_idx [2, 10, 9, 8, 7, 6, 5, 4]. Here with random values
     # in place of 3 and 8; every duplicate is replaced.
-    _, nl, nisa = sim
     data = torch.randn(4, 11)
     data[:, 4:] = data[:, 4:5]                      # one value seven times
     vals = torch.cat([data[:, 2:3], data[:, 4:5].expand(4, 7)], 1)
-    dst = nl.ndarray((4, 11), dtype=nl.float32, buffer=nl.sbuf)
-    idx = nl.ndarray((4, 8), dtype=nl.uint32, buffer=nl.sbuf)
-    nisa.nc_match_replace8(dst, mk(data), mk(vals), -1.0, dst_idx=idx)
-    ref = data.clone()
-    ref[:, [2, 4, 5, 6, 7, 8, 9, 10]] = -1.0
-    assert torch.equal(v(dst), ref)
-    assert torch.equal(idx.values(), torch.tensor([2, 10, 9, 8, 7, 6, 5, 4]).expand(4, 8))
+    _check_match_replace8(sim, mk, v, data, vals, [2, 4, 5, 6, 7, 8, 9, 10], [2, 10, 9, 8, 7, 6, 5, 4])
 
 
 def test_nc_stream_shuffle(sim, mk, v):
