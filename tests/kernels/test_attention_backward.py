@@ -69,7 +69,19 @@ def _grad_case(case, scale=None):
                                                    enable_gqa=h != hkv)
     grad_out = torch.randn(out.shape).to(dtype)
     out.backward(grad_out)
-    _check_grads([q.grad, k.grad, v.grad], _float64_grads(q, k, v, mask, causal, grad_out, scale), dtype)
+    want = _float64_grads(q, k, v, mask, causal, grad_out, scale)
+    if sk == 1 and mask is None:
+        # softmax over one key is 1 whatever the score, so dq and dk are exactly 0 and a
+        # relative error has no scale; the kernel's are what dS = P (dP - D) keeps of two fp32
+        # sums of D terms (dO . v and dO . O, O = v): each within D * 2**-24 of its terms
+        # (the simulator's matmul and VectorE sum them in other orders)
+        s = scale if scale is not None else 1 / math.sqrt(d)
+        residue = 2 * d * 2.0 ** -24 * float(grad_out.abs().max() * v.abs().max()) * s
+        assert float(q.grad.abs().max()) <= residue * float(k.abs().max()), "dq is not 0"
+        assert float(k.grad.abs().max()) <= residue * float(q.abs().max()), "dk is not 0"
+        _check_grads([v.grad], want[2:], dtype, names="v")
+        return
+    _check_grads([q.grad, k.grad, v.grad], want, dtype)
 
 
 @pytest.mark.parametrize("case", FAST, ids=_id)

@@ -26,10 +26,11 @@ GRAD_REL_ERROR = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3
 GRAD_MAX_ERROR = {torch.float32: 1e-5, torch.bfloat16: 4e-2, torch.float16: 8e-3}
 
 
-def check_grads(got, want, dtype):
-    """dq, dk, dv (``got``) against their float64 references (``want``) at ``dtype``'s
-    bounds above; a NaN is an element the kernel never wrote (the simulator's poison)."""
-    for name, g, w in zip("qkv", got, want):
+def check_grads(got, want, dtype, names="qkv"):
+    """dq, dk, dv (``got``; or the gradients ``names`` lists) against their float64
+    references (``want``) at ``dtype``'s bounds above; a NaN is an element the kernel never
+    wrote (the simulator's poison)."""
+    for name, g, w in zip(names, got, want, strict=True):
         assert g is not None and g.dtype == dtype and g.shape == w.shape, name
         assert not torch.isnan(g).any(), f"d{name}: NaN (an element the kernel never wrote?)"
         err = rel_error(g, w)
