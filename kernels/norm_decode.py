@@ -360,7 +360,7 @@ def _split_rows(n_rows, h1, has_weight, has_bias):
     rstd take (they queue on ScalarE beside c**2 and m2**2, which the estimate does not
     schedule), and where GpSimd's instructions would do at least their fixed cost's worth
     of elements. ScalarE's PSUM copies of weight and bias for VectorE are not priced: they
-    run while x loads."""
+    can run while x loads."""
     c = active_engine_costs()
     copies = 2 * (c.instruction_ns("scalar", n_rows) + c.dependency_ns("scalar"))
     vector_passes = [1, 1, 1] + [1 if h1 <= nl.tile_size.psum_bank_fmax else 2] * (has_weight + has_bias)
@@ -427,8 +427,9 @@ def _layer_rows_split(x_tile, out_tile, weight_tile, bias_tile, cols, eps, a):
     nisa.activation(dst=m2_sq, op=nl.square, data=m2)
     nisa.nc_matmul(dst=var_eps, stationary=inv, moving=sum_sq, accumulate=True)       # + mean(c**2)
     nisa.nc_matmul(dst=var_eps, stationary=neg_first, moving=m2_sq, accumulate=True)  # - m2**2
-    # ScalarE's copies of weight / bias for VectorE, issued after the statistics' ScalarE
-    # steps (in order on the engine: these are needed last)
+    # ScalarE's copies of weight / bias for VectorE (needed last; the compiler's scheduler
+    # may run them as soon as weight / bias arrive, as the cost model does: docs/cost-model.md
+    # "Program order per engine")
     weight_v, bias_v = (_vectors_in_psum(h1, (weight_tile, bias_tile)) if vectors_fit_psum
                         else (weight_tile, bias_tile))
     # rstd = max(var + eps, eps) ** -0.5 (the max: var = mean(c**2) - m2**2 can round below
