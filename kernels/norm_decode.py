@@ -240,6 +240,16 @@ def _centre_rows(x_tile, centred, mean, sum_c, sum_sq):
                         reduce_op=nl.add, reduce_res=_col(sum_sq, r), reduce_cmd=nisa.reduce_cmd.reset_reduce)
 
 
+def _centred_sums(centred, sum_c, sum_sq):
+    """Per partition and row, the sums of c and of c**2 over H1 into ``sum_c`` / ``sum_sq``
+    [128, N] (c = ``centred`` [128, N, H1], fp32): c**2 on ScalarE while VectorE sums c, then
+    VectorE sums the squares."""
+    squares = nl.ndarray(centred.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=squares, op=nl.square, data=centred)
+    nisa.tensor_reduce(dst=sum_c, op=nl.add, data=centred, axis=2)
+    nisa.tensor_reduce(dst=sum_sq, op=nl.add, data=squares, axis=2)
+
+
 def _neg_first():
     """[128, 128] fp32 stationary: -1 on partition 0, 0 elsewhere (GpSimd memsets): adds minus
     row 0 of the moving tile (exactly) to every partition's accumulator."""
@@ -300,10 +310,7 @@ def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
         _centre_rows(x_tile, centred, mean, sum_c, sum_sq)
     else:
         nisa.tensor_tensor(dst=centred, data1=x_tile, data2=_along_h1(mean, h1), op=nl.subtract)
-        squares = nl.ndarray((PARTITIONS, n_rows, h1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=squares, op=nl.square, data=centred)
-        nisa.tensor_reduce(dst=sum_c, op=nl.add, data=centred, axis=2)
-        nisa.tensor_reduce(dst=sum_sq, op=nl.add, data=squares, axis=2)
+        _centred_sums(centred, sum_c, sum_sq)
     m2 = _row_means(inv, sum_c)                                        # PSUM [128, N]: m2
     m2_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=m2_sq, op=nl.square, data=m2)
@@ -415,12 +422,9 @@ def _layer_rows_split(x_tile, out_tile, weight_tile, bias_tile, cols, eps, a):
         mean_g = gpsimd_copy(mean)
         nisa.tensor_tensor(dst=centred[:, g_rows, :], data1=x_tile[:, g_rows, :], data2=_along_h1(mean_g, h1),
                            op=nl.subtract, engine=nisa.engine.gpsimd)
-    squares = nl.ndarray((PARTITIONS, n_rows, h1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=squares, op=nl.square, data=centred)
     sum_c = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
     sum_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_reduce(dst=sum_c, op=nl.add, data=centred, axis=2)
-    nisa.tensor_reduce(dst=sum_sq, op=nl.add, data=squares, axis=2)
+    _centred_sums(centred, sum_c, sum_sq)
     m2 = _row_means(inv, sum_c)                                        # PSUM [128, N]: m2
     m2_g = gpsimd_copy(m2) if a < n_rows else None
     m2_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)

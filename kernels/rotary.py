@@ -52,7 +52,7 @@ import nki.isa as nisa
 import nki.language as nl
 
 from .engine_costs import active as active_engine_costs
-from .tiling import PARTITIONS, cdiv, program_share
+from .tiling import PARTITIONS, program_share
 
 # Elements per partition of one head group: 2048 = 16 heads x 128 (4 KiB bf16, 8 KiB fp32
 # per transfer: at the 4 KiB per partition where the DMA overview's curve saturates, 96.6 %).
@@ -261,12 +261,11 @@ def _rope(pairs, cos, sin, transpose=False):
     for unit in range(unit_lo, unit_hi):
         b, s0, tiles, parts = units[unit]
         bc = b if cos_batch > 1 else 0
+        # cos / sin [Bc, S, D] as one-head tensors: the unit's [P, tiles, D]
         cos_tile = nl.ndarray((parts, tiles, dim), dtype=cos.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=cos_tile, src=_block_view(cos.expand_dim(1), bc, 0, 1, s0, parts, tiles)
-                      if tiles > 1 else cos[bc, s0:s0 + parts, :].expand_dim(1))
+        nisa.dma_copy(dst=cos_tile, src=_block_view(cos.expand_dim(1), bc, 0, 1, s0, parts, tiles))
         sin_tile = nl.ndarray((parts, tiles, dim), dtype=sin.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=sin_tile, src=_block_view(sin.expand_dim(1), bc, 0, 1, s0, parts, tiles)
-                      if tiles > 1 else sin[bc, s0:s0 + parts, :].expand_dim(1))
+        nisa.dma_copy(dst=sin_tile, src=_block_view(sin.expand_dim(1), bc, 0, 1, s0, parts, tiles))
         # signed sin, multiplied into swap_halves(src), in sin's dtype, once per block of
         # position tiles (negation is exact): (-sin[:D/2], sin[D/2:]); transposed
         # (sin[D/2:], -sin[:D/2])

@@ -105,9 +105,13 @@ def test_layer_norm_decode_constant_rows(simulator_backend, rows):
     torch.testing.assert_close(out, b.expand(rows, hidden), atol=1e-6, rtol=0)
 
 
-def _run(call, lnc):
+def _result(call, lnc):
     kernel = _dispatch.simulator_kernel(call)[lnc]
-    return simulator.run(kernel, *[t.contiguous() for t in call.tensors], **call.static).outputs
+    return simulator.run(kernel, *[t.contiguous() for t in call.tensors], **call.static)
+
+
+def _run(call, lnc):
+    return _result(call, lnc).outputs
 
 
 @pytest.mark.parametrize("rows, hidden", [(2, 384), (3, 384), (ROW_LOOP + 1, 384), (MAX_ROWS - 1, 384),
@@ -137,8 +141,7 @@ SPLIT_CASES = [(64, 8192, F16, "weight+bias"), (33, 8192, BF16, "weight"), (40, 
 
 
 def _gpsimd_tensor_tensors(call, lnc):
-    kernel = _dispatch.simulator_kernel(call)[lnc]
-    res = simulator.run(kernel, *[t.contiguous() for t in call.tensors], **call.static)
+    res = _result(call, lnc)
     return res.outputs, sum(1 for ins in res.trace if ins.engine == "gpsimd" and ins.op == "tensor_tensor")
 
 
