@@ -20,13 +20,14 @@ Statistics:
     [128, N] fp32; TensorE sums them over the partitions: stationary [128, 128] all 1/H,
     moving the partials -> [128, N] fp32 PSUM, every partition holding each row's mean (an
     fp32 matmul). The engines read these means straight from PSUM.
-    LayerNorm takes two passes: the mean m, then the sums of c = x - m and of c**2; the
-    small residual mean m2 = mean(c) corrects the first pass (var = mean(c**2) - m2**2,
-    y = c - m2), so rows with a large mean keep an exact variance (like the row kernel's
-    ScalarE path). TensorE also adds eps and -m2**2 into the PSUM tile the rstd step
-    reads (one VectorE max(., eps) ** -0.5: the clamp keeps a variance that rounds below
-    0 from giving NaN); for a program of one row, TensorE adds eps, and VectorE subtracts
-    m2**2 (below).
+    LayerNorm centres each row on a value K (_row_shifts: fp32 rows their mean, a first
+    pass; 16-bit rows the mean of 128 samples of the row, one matmul from x), then takes
+    the sums of c = x - K and of c**2; the residual mean m2 = mean(c) corrects for K
+    (var = mean(c**2) - m2**2, y = c - m2), so rows with a large mean keep their variance
+    (K near the mean: little of mean(c**2) cancels; _row_shifts bounds it). TensorE also
+    adds eps and -m2**2 into the PSUM tile the rstd step reads (one VectorE
+    max(., eps) ** -0.5: the clamp keeps a variance that rounds below 0 from giving NaN);
+    for a program of one row, TensorE adds eps, and VectorE subtracts m2**2 (below).
 RMSNorm has two paths, chosen by the total row count (not by a program's share, so LNC=1
 and LNC=2 give the same bits); LayerNorm's forms are chosen by a program's share and keep
 the per-element arithmetic (below, and limits.py):
@@ -46,7 +47,7 @@ the per-element arithmetic (below, and limits.py):
         y * rstd + bias per row (limits.py says why that keeps the bits). A per-row
         LayerNorm chain like RMSNorm's was 0.15 us slower at 1-2 rows at the central cost
         (limits.py). Where the cost figures say so (_split_rows: more rows of wider H),
-        LayerNorm's element-wise steps (c = x - m, c - m2, * weight, * rstd, + bias) are
+        LayerNorm's element-wise steps (c = x - K, c - m2, * weight, * rstd, + bias) are
         split by rows between VectorE and GpSimd, which work at once
         (_layer_rows_split; the same fp32 operations per element, so no bit changes).
     one row in a program (LayerNorm: 1 token, 2 at LNC=2): the per-row statistics above, but
@@ -210,7 +211,7 @@ def rms_norm_decode_kernel(x, weight=None, eps=1e-6):
 # ----------------------------------------------------------------------------- LayerNorm
 
 def _row_sums_per_row(n_rows, h1):
-    """Whether c = x - m and its per-partition sums are sooner from one tensor_scalar_reduce
+    """Whether c = x - K and its per-partition sums are sooner from one tensor_scalar_reduce
     per row (a pass plus the accumulator read-out each, its ISA cost text "max(MIN_II, N) +
     MIN_II") than from one tensor_tensor over all rows and one tensor_reduce (two dependent
     passes): VectorE cycles, the cost model's figures (engine_costs.py). Either way the same
@@ -221,22 +222,22 @@ def _row_sums_per_row(n_rows, h1):
     return per_row <= 2 * (max(ii, n_rows * h1) + fixed)
 
 
-def _centre_rows(x_tile, centred, mean, sum_c, sum_sq):
-    """c = x - m with its per-partition sums on VectorE, per row or over all rows
-    (_row_sums_per_row); per row, the sum of (m - x)**2 = c**2 on ScalarE's accumulator
-    (square with bias m, scale -1 on x: the same fp32 value as c**2). ``mean``: [128, n]
+def _centre_rows(x_tile, centred, shift, sum_c, sum_sq):
+    """c = x - K with its per-partition sums on VectorE, per row or over all rows
+    (_row_sums_per_row); per row, the sum of (K - x)**2 = c**2 on ScalarE's accumulator
+    (square with bias K, scale -1 on x: the same fp32 value as c**2). ``shift`` (K): [128, n]
     PSUM; ``sum_c``, ``sum_sq``: [128, n] SBUF."""
     n_rows, h1 = x_tile.shape[1], x_tile.shape[2]
     if _row_sums_per_row(n_rows, h1):
         for r in range(n_rows):
             nisa.tensor_scalar_reduce(dst=centred[:, r, :], data=x_tile[:, r, :], op0=nl.subtract,
-                                      operand0=_col(mean, r), reduce_op=nl.add, reduce_res=_col(sum_c, r))
+                                      operand0=_col(shift, r), reduce_op=nl.add, reduce_res=_col(sum_c, r))
     else:
-        nisa.tensor_tensor(dst=centred, data1=x_tile, data2=_along_h1(mean, h1), op=nl.subtract)
+        nisa.tensor_tensor(dst=centred, data1=x_tile, data2=_along_h1(shift, h1), op=nl.subtract)
         nisa.tensor_reduce(dst=sum_c, op=nl.add, data=centred, axis=2)
     discard = nl.ndarray((PARTITIONS, h1), dtype=nl.float32, buffer=nl.sbuf)
     for r in range(n_rows):
-        nisa.activation(dst=discard, op=nl.square, data=x_tile[:, r, :], scale=-1.0, bias=_col(mean, r),
+        nisa.activation(dst=discard, op=nl.square, data=x_tile[:, r, :], scale=-1.0, bias=_col(shift, r),
                         reduce_op=nl.add, reduce_res=_col(sum_sq, r), reduce_cmd=nisa.reduce_cmd.reset_reduce)
 
 
@@ -282,9 +283,33 @@ def _x_row_means(inv, x_tile):
     return _row_means(inv, sums)
 
 
+def _row_shifts(inv, x_tile):
+    """[128, n] fp32 PSUM: the value K each row of x [128, n, H1] is centred on (c = x - K),
+    on every partition. The statistics are exact for any K (var = mean(c**2) - mean(c)**2,
+    y = c - mean(c)); K only bounds how much mean(c)**2 cancels.
+
+    fp32 x: the row's mean (VectorE sums over H1, TensorE over the partitions): the
+    two-pass variance, mean(c) ~ rounding.
+    16-bit x: the mean of the row's 128 samples x[p, r, 0] (columns 0, H1, 2*H1, ...), one
+    TensorE matmul straight from x (stationary all 1/128 in x's dtype, exact), so no VectorE
+    pass over x comes first. By Cauchy-Schwarz (K - mean)**2 <= (H / 128) * var, so
+    mean(c**2) <= (1 + H1) * var: the variance keeps all but log2(1 + H1) <= 7 of fp32's 24
+    bits (H <= 16384), ~2**-17 relative, a few hundredths of a bf16 / fp16 ulp
+    (tests/ops/test_norm_decode.py puts the samples 60 sigma out). A one-pass E[x**2] -
+    E[x]**2 loses up to 2 * log2(|mean| / std) bits instead (AWS's layernorm_tkg,
+    nki-library core/subkernels/layernorm_tkg.py "Var(X) = E[X^2] - E[X]^2")."""
+    if x_tile.dtype == nl.float32:
+        return _x_row_means(inv, x_tile)
+    sample_mean = nl.ndarray((PARTITIONS, PARTITIONS), dtype=x_tile.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=sample_mean, value=1.0 / PARTITIONS)
+    shifts = nl.ndarray((PARTITIONS, x_tile.shape[1]), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=shifts, stationary=sample_mean, moving=x_tile[:, :, 0])
+    return shifts
+
+
 def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
-    """Two rows or more in the program (one: _layer_one_row): sum(x) on VectorE; c = x - m
-    (m read from PSUM); c**2 on ScalarE while VectorE sums c (a program of at most
+    """Two rows or more in the program (one: _layer_one_row): K (_row_shifts); c = x - K
+    (K read from PSUM); c**2 on ScalarE while VectorE sums c (a program of at most
     PER_ROW_MAX_ROWS rows: per row, _centre_rows); m2 = mean(c) and m2**2 (ScalarE) while
     VectorE sums the squares; TensorE accumulates var + eps = eps + mean(c**2) - m2**2 in one
     PSUM tile; y = (c - m2) (* weight on GpSimd) meanwhile; rstd = max(var + eps, eps) ** -0.5;
@@ -302,14 +327,14 @@ def _layer_all(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
             return
     inv, neg_first = _mean_matrix(cols), _neg_first()
     var_eps = _eps_in_psum(neg_first, 0, n_rows, eps)                 # PSUM [128, N]: eps
-    mean = _x_row_means(inv, x_tile)                                   # PSUM [128, N]: m
+    shift = _row_shifts(inv, x_tile)                                    # PSUM [128, N]: K
     centred = nl.ndarray((PARTITIONS, n_rows, h1), dtype=nl.float32, buffer=nl.sbuf)
     sum_c = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
     sum_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
     if n_rows <= PER_ROW_MAX_ROWS:
-        _centre_rows(x_tile, centred, mean, sum_c, sum_sq)
+        _centre_rows(x_tile, centred, shift, sum_c, sum_sq)
     else:
-        nisa.tensor_tensor(dst=centred, data1=x_tile, data2=_along_h1(mean, h1), op=nl.subtract)
+        nisa.tensor_tensor(dst=centred, data1=x_tile, data2=_along_h1(shift, h1), op=nl.subtract)
         _centred_sums(centred, sum_c, sum_sq)
     m2 = _row_means(inv, sum_c)                                        # PSUM [128, N]: m2
     m2_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
@@ -354,16 +379,16 @@ def _vectors_in_psum(h1, vector_tiles):
 
 
 def _split_rows(n_rows, h1, has_weight, has_bias):
-    """How many of the program's rows VectorE takes for the element-wise steps (c = x - m,
+    """How many of the program's rows VectorE takes for the element-wise steps (c = x - K,
     y = c - m2, y * weight, y * rstd, + bias) in _layer_rows_split; GpSimd takes the rest
     (n_rows: none, the all-rows form of _layer_all). VectorE's sums of c and c**2 wait for
     every row's c, and the output for every row's last step, so the two engines are
     balanced on those steps alone (engine_costs.py: the cost model's figures): VectorE
     reads its statistics, and weight / bias where they fit one PSUM bank, from PSUM (one
     input pass per step; two where weight / bias stay in SBUF); GpSimd reads two inputs per
-    step and waits for ScalarE's SBUF copies of m and rstd (an instruction and its
+    step and waits for ScalarE's SBUF copies of K and rstd (an instruction and its
     dependency latency each; m2's copy is made while VectorE sums the squares). A split
-    counts only where it is sooner than the all-rows form by more than the copies of m and
+    counts only where it is sooner than the all-rows form by more than the copies of K and
     rstd take (they queue on ScalarE beside c**2 and m2**2, which the estimate does not
     schedule), and where GpSimd's instructions would do at least their fixed cost's worth
     of elements. ScalarE's PSUM copies of weight and bias for VectorE are not priced: they
@@ -394,11 +419,11 @@ def _split_rows(n_rows, h1, has_weight, has_bias):
 
 
 def _layer_rows_split(x_tile, out_tile, weight_tile, bias_tile, cols, eps, a):
-    """More than PER_ROW_MAX_ROWS rows in the program. Statistics as in _layer_all (sum(x),
+    """More than PER_ROW_MAX_ROWS rows in the program. Statistics as in _layer_all (K,
     the sums of c and c**2 on VectorE over all rows, c**2 on ScalarE, TensorE over the
-    partitions); the element-wise steps c = x - m, y = c - m2, y * weight, y * rstd, + bias
+    partitions); the element-wise steps c = x - K, y = c - m2, y * weight, y * rstd, + bias
     split by rows between VectorE (rows [0, a)) and GpSimd (rows [a, N)), which work at
-    once (_split_rows picks a). GpSimd cannot read PSUM: ScalarE copies its rows' m, m2 and
+    once (_split_rows picks a). GpSimd cannot read PSUM: ScalarE copies its rows' K, m2 and
     rstd to SBUF. Each element takes the same fp32 operations in the same order on either
     engine (and as in the per-row and one-row forms), so the split changes no bit."""
     n_rows, h1 = x_tile.shape[1], x_tile.shape[2]
@@ -413,14 +438,14 @@ def _layer_rows_split(x_tile, out_tile, weight_tile, bias_tile, cols, eps, a):
         nisa.activation(dst=tile, op=nl.copy, data=stat[:, g_rows])
         return tile
 
-    mean = _x_row_means(inv, x_tile)                                   # PSUM [128, N]: m
+    shift = _row_shifts(inv, x_tile)                                    # PSUM [128, N]: K
     centred = nl.ndarray((PARTITIONS, n_rows, h1), dtype=nl.float32, buffer=nl.sbuf)
     if a:
-        nisa.tensor_tensor(dst=centred[:, 0:a, :], data1=x_tile[:, 0:a, :], data2=_along_h1(mean[:, 0:a], h1),
+        nisa.tensor_tensor(dst=centred[:, 0:a, :], data1=x_tile[:, 0:a, :], data2=_along_h1(shift[:, 0:a], h1),
                            op=nl.subtract)
     if a < n_rows:
-        mean_g = gpsimd_copy(mean)
-        nisa.tensor_tensor(dst=centred[:, g_rows, :], data1=x_tile[:, g_rows, :], data2=_along_h1(mean_g, h1),
+        shift_g = gpsimd_copy(shift)
+        nisa.tensor_tensor(dst=centred[:, g_rows, :], data1=x_tile[:, g_rows, :], data2=_along_h1(shift_g, h1),
                            op=nl.subtract, engine=nisa.engine.gpsimd)
     sum_c = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
     sum_sq = nl.ndarray((PARTITIONS, n_rows), dtype=nl.float32, buffer=nl.sbuf)
@@ -479,10 +504,10 @@ def _layer_one_row(x_tile, out_tile, weight_tile, bias_tile, cols, eps):
     h1 = x_tile.shape[2]
     inv, neg_first = _mean_matrix(cols), _neg_first()
     stats = _eps_in_psum(neg_first, 1, 1, eps)                         # PSUM [128, 2]: [0, eps]
-    mean = _x_row_means(inv, x_tile)                                   # PSUM [128, 1]: m
+    shift = _row_shifts(inv, x_tile)                                    # PSUM [128, 1]: K
     centred = nl.ndarray((PARTITIONS, 1, h1), dtype=nl.float32, buffer=nl.sbuf)
     partials = nl.ndarray((PARTITIONS, 2), dtype=nl.float32, buffer=nl.sbuf)  # [sum c, sum c**2]
-    _centre_rows(x_tile, centred, mean, partials[:, 0:1], partials[:, 1:2])
+    _centre_rows(x_tile, centred, shift, partials[:, 0:1], partials[:, 1:2])
     nisa.nc_matmul(dst=stats, stationary=inv, moving=partials, accumulate=True)  # [m2, mean(c**2) + eps]
     m2, mean_sq_eps = _col(stats, 0), _col(stats, 1)
     var_eps = nl.ndarray((PARTITIONS, 1), dtype=nl.float32, buffer=nl.sbuf)

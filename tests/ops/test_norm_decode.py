@@ -93,6 +93,45 @@ def test_layer_norm_decode_large_mean(simulator_backend, rows, hidden):
     assert_matches(out, expected, F32)
 
 
+@pytest.mark.parametrize("rows", [1, ROW_LOOP + 1, 40])
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_layer_norm_decode_16bit_large_mean(simulator_backend, rows, dtype):
+    # 16-bit rows are centred on the mean of 128 of their samples (norm_decode._row_shifts),
+    # not on 0: fp16 rows of mean 1e4 and std 8 (fp16's step there) would lose ~20 of the
+    # variance's 24 bits to a one-pass E[x**2] - E[x]**2 in fp32 ((1e4 / 8)**2 ~ 2**20; with
+    # the shift set to 0 this fails at every row count). bf16 (step 64 at 1e4) cannot hold a
+    # mean more than ~2**8 std out, where a one-pass variance stays within bf16's tolerance:
+    # its rows check the path, not the shift
+    std = 8.0 if dtype == F16 else 64.0
+    x = randn(rows, 4096, dtype=dtype, scale=std, shift=1e4)
+    w, b = randn(4096, dtype=dtype), randn(4096, dtype=dtype)
+    out = nki_kernels.layer_norm(x, (4096,), w, b, 1e-5)
+    expected = references.layer_norm(x.double(), (4096,), w.double(), b.double(), 1e-5,
+                                     compute_dtype=torch.float64)
+    assert_matches(out, expected, dtype, rel=None if dtype != F16 else 2e-3)
+
+
+@pytest.mark.parametrize("rows", [1, PER_ROW, 40])
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_layer_norm_decode_16bit_samples_far_from_the_mean(simulator_backend, rows, dtype):
+    # the shift K of 16-bit rows is the mean of columns 0, H1, 2*H1, ... (one per partition);
+    # with those 60 std out, K is ~sqrt(H1) std from the row's mean, near the bound
+    # (K - mean)**2 <= H1 * var that _row_shifts' error estimate rests on: mean(c**2) is
+    # ~(1 + H1) var, of which mean(c)**2 cancels all but var
+    hidden = 8192
+    h1 = hidden // 128
+    x = torch.randn(rows, hidden)
+    x[:, ::h1] += 60.0
+    x = x.to(dtype)
+    xd = x.double()
+    far = (xd[:, ::h1].mean(1) - xd.mean(1)) ** 2 / xd.var(1, unbiased=False)
+    assert bool((far > 0.9 * h1).all()), f"the samples are only {far.min():.1f} var from the mean"
+    w, b = randn(hidden, dtype=dtype), randn(hidden, dtype=dtype)
+    out = nki_kernels.layer_norm(x, (hidden,), w, b, 1e-5)
+    expected = references.layer_norm(xd, (hidden,), w.double(), b.double(), 1e-5, compute_dtype=torch.float64)
+    assert_matches(out, expected, dtype, rel=None if dtype != F16 else 2e-3)
+
+
 @pytest.mark.parametrize("rows", [2, ROW_LOOP + 2])
 def test_layer_norm_decode_constant_rows(simulator_backend, rows):
     # rows of one repeated value: var = 0, y = 0 exactly in float64, so the output is the
