@@ -9,8 +9,8 @@ and VectorE take ~H cycles for a few tokens. Here the hidden dim goes on the par
 instead, so all 128 lanes work and each pass costs N * H / 128 cycles. Where the rows fill
 the partitions in groups (8 or more rows a part, at least 256 elements a partition:
 kernels/norm_decode_grouped.py ``takes``), the kernels hand the launch to the grouped
-layout instead: each row on 128 / N partitions, one contiguous run each, its statistics
-per-partition scalars (that module's docstring).
+layout instead: each row on a group of partitions, one contiguous run each, its
+statistics per-partition scalars (that module's docstring).
 
 Dimensions:
     N: rows (tokens), 1 <= N <= DECODE_MAX_ROWS.
@@ -71,12 +71,12 @@ import nki.isa as nisa
 import nki.language as nl
 
 from .engine_costs import active as active_engine_costs
-from .norm_decode_grouped import layer_norm_grouped, rms_norm_grouped
-from .norm_decode_grouped import takes as grouped_takes
 from .limits import NORM_DECODE_MAX_ELEMENTS as DECODE_MAX_ELEMENTS
 from .limits import NORM_DECODE_MAX_ROWS as DECODE_MAX_ROWS
 from .limits import NORM_DECODE_ROW_LOOP_MAX_ROWS as ROW_LOOP_MAX_ROWS
 from .limits import NORM_DECODE_PER_ROW_MAX_ROWS as PER_ROW_MAX_ROWS
+from .norm_decode_grouped import layer_norm_grouped, rms_norm_grouped
+from .norm_decode_grouped import takes as grouped_takes
 from .tiling import PARTITIONS, fp32_column, program_share
 
 
@@ -301,8 +301,8 @@ def _row_shifts(inv, x_tile):
     16-bit x: the mean of the row's 128 samples x[p, r, 0] (columns 0, H1, 2*H1, ...), one
     TensorE matmul straight from x (stationary all 1/128 in x's dtype, exact), so no VectorE
     pass over x comes first. By Cauchy-Schwarz (K - mean)**2 <= (H / 128) * var, so
-    mean(c**2) <= (1 + H1) * var: the variance keeps all but log2(1 + H1) <= 7 of fp32's 24
-    bits (H <= 16384), ~2**-17 relative, a few hundredths of a bf16 / fp16 ulp
+    mean(c**2) <= (1 + H1) * var: the variance keeps all but log2(1 + H1) (about 7 at
+    H = 16384) of fp32's 24 bits, ~2**-17 relative, a few hundredths of a bf16 / fp16 ulp
     (tests/ops/test_norm_decode.py puts the samples 60 sigma out). A one-pass E[x**2] -
     E[x]**2 loses up to 2 * log2(|mean| / std) bits instead (AWS's layernorm_tkg,
     nki-library core/subkernels/layernorm_tkg.py "Var(X) = E[X^2] - E[X]^2")."""
