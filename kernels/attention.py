@@ -22,6 +22,9 @@ Args:
     mask: optional HBM float32, additive (0 = attend, -inf = masked, any finite value is
         added): [Bm, Sk] (key padding, Bm in {1, B}) or [Bm, Hm, Sq, Sk] (Hm in {1, H}).
     scale: softmax scale (any finite float).  causal: keep key j <= query i (top-left).
+    mask_period: 0, or Sm dividing Sq where a [Bm, Hm, Sq, Sk] mask's row s equals its row
+        s % Sm (the op folds a kv head's G query heads into G·Sm rows that share one
+        mask): the decode path then loads Sm rows per (batch, head), not Sq.
 Returns:
     out: HBM (shared_hbm), dtype of q, layout above.
 Engines, per 128-query tile and head.  Only VectorE and ScalarE can read PSUM, and every
@@ -64,8 +67,9 @@ Transposed scores (attention_kernel with bf16, no mask, not causal, D <= 125, Dv
     accumulation), and ScalarE Pᵀ = exp(scale·Sᵀ) with no per-partition bias, so one exp
     covers 4 heads and every key tile.  The max element of a row gives exactly exp(0), so
     no exp overflows, whatever the logits' size.
-Decode (16-bit, one query head per kv head, <= 32 query rows, no causal flag (any mask),
-    D <= 128, keys within the decode path's SBUF budget; not with return_lse):
+Decode (16-bit, one query head per kv head, <= 32 query rows (<= 64 with a mask, within
+    DECODE_MASKED_WIDE_SCORES), no causal flag (any mask), D <= 128, keys within the decode
+    path's SBUF budget; not with return_lse):
     attention_decode.py puts the keys on the partitions, so a few query rows still use all
     128 lanes.
 Causal: key blocks above the diagonal are skipped; only the ≤128 keys of the diagonal
@@ -97,30 +101,33 @@ from .limits import ATTENTION_SINGLE_PASS_MAX_KEYS as SINGLE_PASS_MAX_KEYS
 
 
 @nki.jit
-def attention_kernel(q, k, v, mask=None, scale=1.0, causal=False, layout="bhsd", return_lse=False):
+def attention_kernel(q, k, v, mask=None, scale=1.0, causal=False, layout="bhsd", return_lse=False,
+                     mask_period=0):
     """Single-pass attention for Sk <= SINGLE_PASS_MAX_KEYS (see the module docstring).
     ``return_lse``: also return lse [B, H, Sq] fp32 for the backward (attention_lse.py)."""
     sk = k.shape[2] if layout == "bhsd" else k.shape[1]
     assert sk <= SINGLE_PASS_MAX_KEYS, \
         f"attention_kernel: Sk={sk} exceeds {SINGLE_PASS_MAX_KEYS}; use flash_attention_kernel"
-    return _launch(q, k, v, mask, scale, causal, layout, max(1, sk), flash=False, return_lse=return_lse)
+    return _launch(q, k, v, mask, scale, causal, layout, max(1, sk), flash=False, return_lse=return_lse,
+                   mask_period=mask_period)
 
 
 @nki.jit
 def flash_attention_kernel(q, k, v, mask=None, scale=1.0, causal=False, layout="bhsd",
-                           key_block=KEY_BLOCK, return_lse=False):
+                           key_block=KEY_BLOCK, return_lse=False, mask_period=0):
     """Online-softmax (flash) attention for any Sk (see the module docstring).
     ``return_lse``: also return lse [B, H, Sq] fp32 for the backward (attention_lse.py)."""
     assert 1 <= key_block <= KEY_BLOCK, f"key_block={key_block} must be in [1, {KEY_BLOCK}]"
-    return _launch(q, k, v, mask, scale, causal, layout, key_block, flash=True, return_lse=return_lse)
+    return _launch(q, k, v, mask, scale, causal, layout, key_block, flash=True, return_lse=return_lse,
+                   mask_period=mask_period)
 
 
-def _launch(q, k, v, mask, scale, causal, layout, key_block, flash, return_lse=False):
+def _launch(q, k, v, mask, scale, causal, layout, key_block, flash, return_lse=False, mask_period=0):
     """Set up the launch (facts, planner, launch-wide tiles, HBM output), then run the
     path's group function for each of this program's work units (attention_work.py: at
     LNC=2 each physical core takes half of the (batch, kv head) pairs or query tiles).
     Returns out, or (out, lse) with ``return_lse``."""
-    facts = launch_facts(q, k, v, mask, scale, causal, layout, key_block)
+    facts = launch_facts(q, k, v, mask, scale, causal, layout, key_block, mask_period)
     plan = EngineBalance(facts)
     if facts.decode and not return_lse:
         out = nl.ndarray(facts.out_shape(), dtype=q.dtype, buffer=nl.shared_hbm)

@@ -1,10 +1,11 @@
 """The decode attention path: a few query rows per head against many keys, with the keys
 on the 128 partitions (``LaunchFacts.decode``: 16-bit data, one query head per kv head, at
-most DECODE_MAX_ROWS query rows, no causal flag (any mask: key padding or per row), D <= 128;
+most DECODE_MAX_ROWS query rows (masked: DECODE_MASKED_MAX_ROWS within
+DECODE_MASKED_WIDE_SCORES), no causal flag (any mask: key padding or per row), D <= 128;
 beyond DECODE_RESIDENT_KEYS keys one pair at a time with Kᵀ streamed, within
 DECODE_STREAM_BYTES).
 
-Why: the other paths put a query tile's rows on the partitions. At decode a tile holds 1-32
+Why: the other paths put a query tile's rows on the partitions. At decode a tile holds 1-64
 live rows (Sq = 1, or the G query heads of a kv head folded into its rows by the op layer),
 so every VectorE / ScalarE pass over a score row [r, Sk] runs Sk cycles on r of the 128
 lanes. Here the scores are made transposed, Sᵀ [128 keys, rows], so each pass runs Sk·r/128
@@ -59,7 +60,7 @@ def decode_pair_bytes(facts):
     T = cdiv(facts.Sk, P)
     n = facts.Sq
     isz = facts.itemsize
-    row_mask = n * 4 if facts.mask_kind == "full" else 0      # fp32 rows of a per-row mask
+    row_mask = facts.mask_rows * 4 if facts.mask_kind == "full" else 0   # fp32 rows of a per-row mask
     return T * (P * isz + facts.Dv * isz + n * (4 + isz) + row_mask)
 
 
@@ -338,7 +339,12 @@ def _decode_batch(facts, plan, tensors, all_pairs, p0, p1, qT_all, kT, x, bias, 
                 nisa.tensor_tensor(dst=x[:, j], data1=x[:, j], data2=bias[:, row].expand_dim(2).broadcast(2, n),
                                    op=nl.add, engine=nisa.engine.gpsimd)
     elif row_bias is not None:
-        nisa.tensor_tensor(dst=x, data1=x, data2=row_bias.reshape((P, pb, n, T)).permute((0, 1, 3, 2)), op=nl.add,
+        # mask row s % Sm for query row s: the Sm rows repeat n // Sm times (the op's fold of
+        # a kv head's query heads, whose positions share one mask)
+        sm = facts.mask_rows
+        rows = row_bias.reshape((P, pb, sm, T)).permute((0, 1, 3, 2))          # [128, pb, T, Sm]
+        xr = x.reshape((P, pb, T, n // sm, sm))
+        nisa.tensor_tensor(dst=xr, data1=xr, data2=rows.expand_dim(3).broadcast(3, n // sm), op=nl.add,
                            engine=nisa.engine.gpsimd)
     elif tail_bias is not None:
         last = x[:, :, T - 1, :]
@@ -458,16 +464,22 @@ def _key_bias(facts, mask, pairs, keys=None):
 
 
 def _row_bias(facts, mask, pairs, keys):
-    """[128, pb * n, T] fp32 SBUF: the per-row mask of each pair's n query rows (row
-    j * n + s: pair j, query row s) over keys k0:k1, keys where x has them. One DMA per
-    pair (_keys_on_partitions)."""
+    """[128, pb * Sm, T] fp32 SBUF: the per-row mask of each pair's Sm = facts.mask_rows
+    mask rows (row j * Sm + s: pair j, mask row s; query row s' takes mask row s' % Sm) over
+    keys k0:k1, keys where x has them. One DMA per pair (_keys_on_partitions). A folded
+    launch's rows repeat per query head (LaunchFacts.mask_rows): loading the distinct ones
+    moves 1 / G of the bytes in 1 / G of the runs. The DMA moves 128 · Sm runs of T fp32
+    (96 B at 3072 keys), each charged a descriptor (up to 166 B at the error bar's
+    pessimistic end, docs/cost-model.md "DMA"): B=4 H=8/1kv s=7 S=3072 D=64 loaded 56 rows
+    per pair, 7168 runs, 2.3 us modeled central and 5.7 us pessimistic, more than the pair's
+    K and V; its 7 distinct rows take 0.7 us pessimistic."""
     k0, k1 = keys
-    n = facts.Sq
+    n = facts.mask_rows
     bias = nl.ndarray((P, len(pairs) * n, cdiv(k1 - k0, P)), dtype=nl.float32, buffer=nl.sbuf)
     for j, (b, h) in enumerate(pairs):
         mb = b if facts.mask_batches > 1 else 0
         mh = h if facts.mask_heads > 1 else 0
-        _keys_on_partitions(bias[:, j * n:(j + 1) * n, :], mask[mb, mh, :, k0:k1])
+        _keys_on_partitions(bias[:, j * n:(j + 1) * n, :], mask[mb, mh, 0:n, k0:k1])
     return bias
 
 

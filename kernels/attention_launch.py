@@ -64,10 +64,26 @@ TS_MAX_KEY_TILES = 6
 TS_LONG_MIN_HEADS = 4
 NEG_INF = float("-inf")       # additive mask value of a masked key
 # Decode path (attention_decode.py: keys on partitions): at most this many query rows per
-# (batch, head). Modeled trn2 LNC=2, bf16, d = 128, B=4 kv heads 1, S=2048: 32 rows (G=4,
-# Sq=8) 18.2 -> 16.9 us on this path; 64 rows (G=8, Sq=8) 18.5 -> 21.5, so 64 rows stay on
-# the row-tile paths.
+# (batch, head). Modeled trn2 LNC=2, bf16, d = 128, B=4 kv heads 1, S=2048, no mask: 32 rows
+# (G=4, Sq=8) 18.2 -> 16.9 us on this path; 64 rows (G=8, Sq=8) 18.5 -> 21.5, so unmasked
+# launches of 64 rows stay on the row-tile paths.
 DECODE_MAX_ROWS = 32
+# Masked launches (key padding, or per-row masks such as speculative decoding's causal
+# active tokens) take the decode path up to DECODE_MASKED_MAX_ROWS rows as long as a pair's
+# scores hold at most DECODE_MASKED_WIDE_SCORES rows x 128-key tiles (past 32 rows): under a
+# mask the row-tile paths' rows take two more VectorE passes and lose their head batches,
+# and the decode path's per-lane work (rows x key tiles per pass) stays below theirs (Sk per
+# pass on the query rows' lanes). Modeled trn2 LNC=2, bf16, causal active mask, central
+# (error bar) us, row-tile -> decode: B=4 H=8/1kv s=7 S=3072 D=64 (56 rows) 28.1 (23.4-38.2)
+# -> 23.4 (16.3-33.6), B=4 H=10/1kv s=5 S=5376 D=64 (50 rows) 39.9 (32.9-52.7) -> 32.2
+# (26.1-46.3) (attention_tkg: 27.6 (21.5-40.7), 37.5 (30.6-54.6)), B=4 H=8/1kv s=8 S=3072
+# D=128 (64 rows) 30.1 (25.4-40.4) -> 25.6 (20.4-39.7). Beyond the budget the decode path's
+# passes catch up: 56 rows at 16384 keys, D = 64, 89.8 (78.2-117.2) -> 89.9 (73.2-128.6); 64
+# rows at 8192 keys 52.5 (44.8-68.9) -> 54.2 (42.6-77.8).
+# Unmasked launches keep 32 rows: the row-tile paths batch unmasked heads in one pass
+# (B=4 H=8/1kv s=8 S=2048 D=64 15.7 against 17.9).
+DECODE_MASKED_MAX_ROWS = 64
+DECODE_MASKED_WIDE_SCORES = 56 * 48
 # Up to DECODE_RESIDENT_KEYS keys, Kᵀ and V of a batch of pairs stay in SBUF (several pairs
 # share the fixed costs); beyond, one pair at a time with Kᵀ streamed in blocks, one pair
 # ahead, and V, the scores and Pᵀ resident, as long as those take at most
@@ -137,6 +153,9 @@ class LaunchFacts(nl.NKIObject):
                              # takes it: attention_transposed.py)
     decode: bool = False     # qualifies for the decode path (attention_decode.py; taken
                              # unless the launch returns the lse)
+    mask_rows: int = 0       # Sm, the distinct rows of a full mask: Sq, or the launch's
+                             # mask_period (query row s has mask row s % Sm: the op's fold
+                             # of a kv head's G query heads, whose positions share one mask)
 
     def rows(self, t, b, h0, h1, s0, s1):
         """HBM view [s1-s0, h1-h0, d] of q/k/v/out for batch b, heads h0:h1, rows s0:s1."""
@@ -157,8 +176,10 @@ class LaunchFacts(nl.NKIObject):
         return (self.B, self.Sq, self.H, self.Dv)
 
 
-def launch_facts(q, k, v, mask, scale, causal, layout, key_block):
-    """The ``LaunchFacts`` of a launch; checks the shape contract of the kernel docstring."""
+def launch_facts(q, k, v, mask, scale, causal, layout, key_block, mask_period=0):
+    """The ``LaunchFacts`` of a launch; checks the shape contract of the kernel docstring.
+    ``mask_period``: 0, or the period Sm of a full mask's rows (row s equals row s % Sm),
+    which only the decode path uses (it loads the Sm distinct rows of each pair)."""
     assert layout in ("bhsd", "bshd"), f"layout={layout!r}: expected 'bhsd' or 'bshd'"
     if layout == "bhsd":
         B, H, Sq, D = q.shape
@@ -174,6 +195,9 @@ def launch_facts(q, k, v, mask, scale, causal, layout, key_block):
     assert str(q.dtype) == str(k.dtype) == str(v.dtype), \
         f"q, k, v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}"
     mask_kind, mask_batches, mask_heads = _mask_kind(mask, B, H, Sq, Sk)
+    assert mask_period == 0 or (mask_kind == "full" and Sq % mask_period == 0), \
+        f"mask_period={mask_period}: expected 0 or a divisor of Sq={Sq} with a [B, H, Sq, Sk] mask"
+    mask_rows = (mask_period or Sq) if mask_kind == "full" else 0
     isz = itemsize(q.dtype)
     G = H // Hkv
     n_q_tiles = cdiv(Sq, P)
@@ -181,9 +205,9 @@ def launch_facts(q, k, v, mask, scale, causal, layout, key_block):
     biased = mask is not None or bool(causal)
     transposed_scores = (str(q.dtype) == "bfloat16" and not biased and D + TS_EXTRA_ROWS <= P
                          and Dv <= P and key_block >= Sk and _transposed_keys_fit(Sk, B * H))
-    decode = (isz == 2 and G == 1 and Sq <= DECODE_MAX_ROWS and not causal and D <= P
+    decode = (isz == 2 and G == 1 and _decode_rows(Sq, Sk, mask_kind) and not causal and D <= P
               and (Sk <= DECODE_RESIDENT_KEYS
-                   or decode_streamed_bytes(isz, Sq, Sk, Dv, mask_kind == "full") <= DECODE_STREAM_BYTES))
+                   or decode_streamed_bytes(isz, Sq, Sk, Dv, mask_rows) <= DECODE_STREAM_BYTES))
     return LaunchFacts(
         B=B, H=H, Hkv=Hkv, G=G, Sq=Sq, Sk=Sk, D=D, Dv=Dv, layout=layout, dtype=q.dtype,
         itemsize=isz, scale=float(scale), causal=bool(causal), mask_kind=mask_kind,
@@ -191,7 +215,8 @@ def launch_facts(q, k, v, mask, scale, causal, layout, key_block):
         mask_per_head=mask_kind == "full" and mask_heads > 1,
         causal_only=bool(causal) and mask is None, guard_empty_rows=mask is not None,
         biased=biased, dma_transpose=isz == 2, n_q_tiles=n_q_tiles, key_block=key_block,
-        kv_group=kv_group, q_chunk=q_chunk, transposed_scores=transposed_scores, decode=decode)
+        kv_group=kv_group, q_chunk=q_chunk, transposed_scores=transposed_scores, decode=decode,
+        mask_rows=mask_rows)
 
 
 def grouped_st_rows(keys):
@@ -211,12 +236,21 @@ def _transposed_keys_fit(Sk, heads):
     return tiles <= TS_MAX_KEY_TILES and heads >= TS_LONG_MIN_HEADS * nl.num_programs()
 
 
-def decode_streamed_bytes(isz, Sq, Sk, Dv, row_mask=False):
+def _decode_rows(Sq, Sk, mask_kind):
+    """Whether Sq query rows per pair of Sk keys suit the decode path: up to DECODE_MAX_ROWS,
+    or masked, up to DECODE_MASKED_MAX_ROWS within DECODE_MASKED_WIDE_SCORES."""
+    if Sq <= DECODE_MAX_ROWS:
+        return True
+    return (mask_kind is not None and Sq <= DECODE_MASKED_MAX_ROWS
+            and Sq * cdiv(Sk, P) <= DECODE_MASKED_WIDE_SCORES)
+
+
+def decode_streamed_bytes(isz, Sq, Sk, Dv, mask_rows=0):
     """SBUF bytes per partition of one pair of the decode path's streamed keys: V (16-bit),
-    the fp32 scores and Pᵀ, for cdiv(Sk, 128) key tiles of Sq rows (and the fp32 mask
-    rows of a per-row mask)."""
+    the fp32 scores and Pᵀ, for cdiv(Sk, 128) key tiles of Sq rows (and the ``mask_rows``
+    fp32 rows of a per-row mask)."""
     T = cdiv(Sk, P)
-    return T * (Dv * isz + Sq * (FP32_BYTES + isz) + (Sq * FP32_BYTES if row_mask else 0))
+    return T * (Dv * isz + Sq * (FP32_BYTES + isz) + mask_rows * FP32_BYTES)
 
 
 def _mask_kind(mask, B, H, Sq, Sk):

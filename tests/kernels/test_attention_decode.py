@@ -39,6 +39,12 @@ DECODE = [
     (2, 4, 1, 3, 3000, 128, 128, BF16, "bhsd", "full_float"), # per-head rows, folded with the heads
     (3, 2, 1, 5, 1000, 64, 64, F16, "bshd", "finfo_min"),     # transformers' [B, 1, Sq, Sk] finfo.min mask
     (1, 2, 2, 7, 2304, 128, 128, BF16, "bhsd", "bool_2d"),    # one [Sq, Sk] pattern, split pair
+    # masked launches past DECODE_MAX_ROWS (up to DECODE_MASKED_MAX_ROWS, within
+    # DECODE_MASKED_WIDE_SCORES); the fold's repeated mask rows loaded once (mask_period)
+    (4, 8, 1, 7, 3072, 64, 64, BF16, "bhsd", "causal_active"),  # AWS's tkg table: 56 rows, streamed
+    (4, 10, 1, 5, 5376, 64, 64, BF16, "bshd", "finfo_min"),     # 50 rows, 42 key tiles
+    (3, 16, 1, 4, 1000, 128, 96, F16, "bhsd", "causal_active"), # 64 rows resident, a tail tile
+    (2, 48, 1, 1, 700, 96, 96, BF16, "bhsd", "key_bool"),       # 48 rows of key padding
 ]
 
 
@@ -98,6 +104,40 @@ def test_launches_the_decode_path_does_not_take(why, kwargs):
     call, res = _kernel_trace(q, k, v)
     assert all(ins.writes[0].partitions < 128 for ins in _exps(res)), why
     check_close(call.finish_outputs(res.outputs), q, k, v)
+
+
+@pytest.mark.parametrize("why, kwargs, mask_kind", [
+    ("65 masked rows", dict(b=2, h=13, hkv=1, sq=5, sk=512, d=64), "causal_active"),   # > DECODE_MASKED_MAX_ROWS
+    ("56 masked rows x 64 key tiles", dict(b=2, h=8, hkv=1, sq=7, sk=8192, d=64), "causal_active"),
+])
+def test_masked_launches_the_decode_path_does_not_take(why, kwargs, mask_kind):
+    """Past DECODE_MASKED_MAX_ROWS rows, or past DECODE_MASKED_WIDE_SCORES rows x key tiles,
+    a masked launch runs on the row-tile paths, with the same values."""
+    b, h, hkv, sq, sk = (kwargs.pop(n) for n in ("b", "h", "hkv", "sq", "sk"))
+    q, k, v = make_qkv(b, h, hkv, sq, sk, kwargs.pop("d"), dtype=BF16)
+    mask = make_mask(mask_kind, b, h, sq, sk, BF16)
+    call, res = _kernel_trace(q, k, v, mask)
+    assert all(ins.writes[0].partitions < 128 for ins in _exps(res)), why
+    check_close(call.finish_outputs(res.outputs), q, k, v, mask)
+
+
+@pytest.mark.parametrize("h, mask_kind, rows_loaded", [
+    (8, "causal_active", 1),      # [B, 1, Sq, Sk]: the G = 8 heads share each position's row
+    (8, "full_float", 8),         # [B, H, Sq, Sk]: a row per head
+])
+def test_folded_mask_rows_are_loaded_once_per_kv_head(h, mask_kind, rows_loaded):
+    """A decode launch reads each distinct mask row once: with one mask for all query heads
+    the op folds G heads into G·Sq rows that repeat Sq mask rows (mask_period = Sq), and the
+    kernel loads Sq rows per kv head, not G·Sq."""
+    b, hkv, sq, sk = 2, 1, 7, 3072
+    q, k, v = make_qkv(b, h, hkv, sq, sk, 64, dtype=BF16)
+    mask = make_mask(mask_kind, b, h, sq, sk, BF16)
+    call, res = _kernel_trace(q, k, v, mask)
+    assert _exps(res) and all(ins.writes[0].partitions == 128 for ins in _exps(res))
+    mask_bytes = sum(op.nbytes for ins in res.trace if ins.op == "dma_copy" for op in ins.reads
+                     if op.buffer == "hbm" and op.dtype == "float32")
+    assert mask_bytes == b * hkv * rows_loaded * sq * sk * 4
+    check_close(call.finish_outputs(res.outputs), q, k, v, mask)
 
 
 def test_decode_all_masked_batch_is_zero_and_huge_logits_stay_finite(simulator_backend):

@@ -73,6 +73,8 @@ def make_mask(kind, b, h, sq, sk, dtype):
         m = torch.rand(sq, sk) > 0.5
         m[:, 0] = True
         return m
+    if kind == "causal_active":     # speculative decoding: [b, 1, sq, sk], the sq active tokens
+        return torch.ones(b, 1, sq, sk, dtype=torch.bool).tril(sk - sq)   # causal among themselves
     if kind == "finfo_min":         # transformers-style [b, 1, sq, sk] with finfo.min
         m = torch.zeros(b, 1, sq, sk, dtype=dtype)
         m[torch.rand(b, 1, sq, sk) < 0.4] = torch.finfo(dtype).min

@@ -180,9 +180,13 @@ def attention_kernel_call(query: torch.Tensor, key: torch.Tensor, value: torch.T
     layout = _layout(query, key, value)
     mask = _kernel_mask(attn_mask, b, h, sq, sk)
     group = h // hk
+    static = {"scale": float(scale), "causal": bool(is_causal), "layout": layout}
     if group > 1 and sq < FOLD_MAX_QUERY_ROWS and not is_causal:
         tensors, finish = _folded_inputs(query, key, value, layout, group)
         if mask is not None and mask.dim() == 4:
+            if mask.shape[1] == 1:
+                # the G heads' rows repeat the same sq rows: the decode path loads them once
+                static["mask_period"] = sq
             mask = _folded_mask(mask, group)
     elif layout == "bshd":
         tensors = (query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))
@@ -193,7 +197,6 @@ def attention_kernel_call(query: torch.Tensor, key: torch.Tensor, value: torch.T
     if mask is not None:
         tensors = tensors + (mask,)
     kernel = "attention_kernel" if sk <= SINGLE_PASS_MAX_KEYS else "flash_attention_kernel"
-    static = {"scale": float(scale), "causal": bool(is_causal), "layout": layout}
     return _dispatch.KernelCall(KERNEL_MODULE, kernel, tensors, static, finish)
 
 
@@ -205,7 +208,8 @@ def _folded_mask(mask, group):
     """A per-row kernel mask [Bm, Hm, Sq, Sk] for the folded launch: [Bm, Hm', G * Sq, Sk]
     with row g * Sq + s of kv head kv = the mask of query head kv * G + g at position s
     (Hm = H: a reshape; Hm = 1: the same rows repeated for each of the G heads, a copy of
-    G * Sq rows, small where the fold applies)."""
+    G * Sq rows, small where the fold applies; the launch's ``mask_period`` = Sq tells the
+    kernel so, and its decode path loads the Sq distinct rows once per kv head)."""
     mb, mh, sq, sk = mask.shape
     if mh == 1:
         return mask.repeat(1, 1, group, 1)
