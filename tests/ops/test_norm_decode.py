@@ -70,7 +70,11 @@ def test_decode_large_eps_on_small_variance_rows(simulator_backend, op, rows):
 @pytest.mark.parametrize("rows, hidden, dtype", CASES, ids=[f"{r}x{h}-{str(d)[6:]}" for r, h, d in CASES])
 @pytest.mark.parametrize("affine", ["weight+bias", "weight", "bias", "none"])
 def test_layer_norm_decode(simulator_backend, rows, hidden, dtype, affine):
-    # a large mean: the two-pass statistics keep the variance exact
+    _check_layer_norm(rows, hidden, dtype, affine)
+
+
+def _check_layer_norm(rows, hidden, dtype, affine):
+    """The op against float64 on rows with a large mean (the shift keeps their variance)."""
     x = randn(rows, hidden, dtype=dtype, scale=2.0, shift=300.0 if dtype == F32 else 30.0)
     w = randn(hidden, dtype=dtype) if "weight" in affine else None
     b = randn(hidden, dtype=dtype) if "bias" in affine else None
@@ -287,14 +291,7 @@ def test_grouped_layout_moves_one_run_per_partition(lnc):
 @pytest.mark.parametrize("affine", ["weight+bias", "weight", "bias", "none"])
 def test_layer_norm_decode_grouped(simulator_backend, rows, hidden, dtype, affine):
     assert GROUPED.takes(rows, hidden)
-    # a large mean: the shift keeps the variance
-    x = randn(rows, hidden, dtype=dtype, scale=2.0, shift=300.0 if dtype == F32 else 30.0)
-    w = randn(hidden, dtype=dtype) if "weight" in affine else None
-    b = randn(hidden, dtype=dtype) if "bias" in affine else None
-    out = nki_kernels.layer_norm(x, (hidden,), w, b, 1e-5)
-    expected = references.layer_norm(x.double(), (hidden,), None if w is None else w.double(),
-                                     None if b is None else b.double(), 1e-5, compute_dtype=torch.float64)
-    assert_matches(out, expected, dtype, rel=None if dtype != F16 else 2e-3)
+    _check_layer_norm(rows, hidden, dtype, affine)
 
 
 @pytest.mark.parametrize("rows, hidden, dtype", GROUPED_CASES, ids=GROUPED_IDS)
