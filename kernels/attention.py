@@ -22,9 +22,11 @@ Args:
     mask: optional HBM float32, additive (0 = attend, -inf = masked, any finite value is
         added): [Bm, Sk] (key padding, Bm in {1, B}) or [Bm, Hm, Sq, Sk] (Hm in {1, H}).
     scale: softmax scale (any finite float).  causal: keep key j <= query i (top-left).
-    mask_period: 0, or Sm dividing Sq where a [Bm, Hm, Sq, Sk] mask's row s equals its row
-        s % Sm (the op folds a kv head's G query heads into G·Sm rows that share one
-        mask): the decode path then loads Sm rows per (batch, head), not Sq.
+    mask_period: 0, or a positive Sm dividing Sq where a [Bm, Hm, Sq, Sk] mask's row s
+        equals its row s % Sm (the op folds a kv head's G query heads into G·Sm rows that
+        share one mask): the decode path then loads Sm rows per (batch, head), not Sq. A
+        promise the kernel does not check against the mask's values (only the decode path
+        uses it: a wrong period gives wrong output there).
 Returns:
     out: HBM (shared_hbm), dtype of q, layout above.
 Engines, per 128-query tile and head.  Only VectorE and ScalarE can read PSUM, and every

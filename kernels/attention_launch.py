@@ -75,13 +75,15 @@ DECODE_MAX_ROWS = 32
 # and the decode path's per-lane work (rows x key tiles per pass) stays below theirs (Sk per
 # pass on the query rows' lanes). Modeled trn2 LNC=2, bf16, causal active mask, central
 # (error bar) us, row-tile -> decode: B=4 H=8/1kv s=7 S=3072 D=64 (56 rows) 28.1 (23.4-38.2)
-# -> 23.4 (16.3-33.6), B=4 H=10/1kv s=5 S=5376 D=64 (50 rows) 39.9 (32.9-52.7) -> 32.2
+# -> 23.4 (16.3-33.6), B=4 H=10/1kv s=5 S=5376 D=64 (50 rows) 39.9 (32.9-52.7) -> 32.1
 # (26.1-46.3) (attention_tkg: 27.6 (21.5-40.7), 37.5 (30.6-54.6)), B=4 H=8/1kv s=8 S=3072
 # D=128 (64 rows) 30.1 (25.4-40.4) -> 25.6 (20.4-39.7). Beyond the budget the decode path's
 # passes catch up: 56 rows at 16384 keys, D = 64, 89.8 (78.2-117.2) -> 89.9 (73.2-128.6); 64
 # rows at 8192 keys 52.5 (44.8-68.9) -> 54.2 (42.6-77.8).
 # Unmasked launches keep 32 rows: the row-tile paths batch unmasked heads in one pass
-# (B=4 H=8/1kv s=8 S=2048 D=64 15.7 against 17.9).
+# (B=4 H=8/1kv s=8 S=2048 D=64 15.7 against 17.9). Of 112 masked grid shapes with 40-64
+# rows the rule moved 84: 77 faster at the central value and both ends, 7 faster at the
+# central value only (docs/attention.md "Decode path" names them).
 DECODE_MASKED_MAX_ROWS = 64
 DECODE_MASKED_WIDE_SCORES = 56 * 48
 # Up to DECODE_RESIDENT_KEYS keys, Kᵀ and V of a batch of pairs stay in SBUF (several pairs
@@ -195,8 +197,9 @@ def launch_facts(q, k, v, mask, scale, causal, layout, key_block, mask_period=0)
     assert str(q.dtype) == str(k.dtype) == str(v.dtype), \
         f"q, k, v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}"
     mask_kind, mask_batches, mask_heads = _mask_kind(mask, B, H, Sq, Sk)
-    assert mask_period == 0 or (mask_kind == "full" and Sq % mask_period == 0), \
-        f"mask_period={mask_period}: expected 0 or a divisor of Sq={Sq} with a [B, H, Sq, Sk] mask"
+    assert isinstance(mask_period, int) and (mask_period == 0 or (
+        mask_period > 0 and mask_kind == "full" and Sq % mask_period == 0)), \
+        f"mask_period={mask_period!r}: expected 0 or a positive int dividing Sq={Sq} with a [Bm, Hm, Sq, Sk] mask"
     mask_rows = (mask_period or Sq) if mask_kind == "full" else 0
     isz = itemsize(q.dtype)
     G = H // Hkv

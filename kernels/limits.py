@@ -118,11 +118,11 @@ NORM_DECODE_PER_ROW_MAX_ROWS = 2
 # LNC=1, trn1, trn3): on the 68 shapes per target the rule takes, all 68 faster at the
 # central value and none slower at either end of the error bar. Each bound has its losses
 # behind it: at 2-4 rows a part the group matrices, built before x arrives, are later
-# than x at the optimistic end (up to 10 % slower there); at 57 rows (116 of 128
-# partitions) each partition holds more than in the other layout and LayerNorm at H >=
-# 8192 was up to 3 % slower; at LNC=1 the two parts run in turn, doubling the instructions,
-# which at <= 192 elements (e.g. [16, 2048]) cost more than the other layout's passes (RMSNorm
-# [16, 512] on trn1 22 % slower).
+# than x at the optimistic end (up to 10 % slower there); at 57 rows (29 a part, G = 4:
+# 116 of 128 partitions) each partition holds more than in the other layout and LayerNorm
+# at H >= 8192 was up to 3 % slower; at LNC=1 the two parts run in turn, doubling the
+# instructions, which at <= 192 elements (e.g. [16, 2048]) cost more than the other
+# layout's passes (RMSNorm [16, 512] on trn1 22 % slower).
 NORM_DECODE_GROUPED_MIN_ROWS = 8
 NORM_DECODE_GROUPED_MIN_PARTITIONS = 120
 NORM_DECODE_GROUPED_MIN_ELEMENTS = 256

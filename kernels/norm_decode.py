@@ -205,12 +205,14 @@ def rms_norm_decode_kernel(x, weight=None, eps=1e-6):
     """Return ``x * rsqrt(mean(x**2, -1) + eps) * weight`` for a few rows.
 
     Args:
-        x: HBM [N, H], N <= DECODE_MAX_ROWS, H a multiple of 128; float32/bfloat16/float16.
+        x: HBM [N, H], N <= DECODE_MAX_ROWS, H a multiple of 128, N * H / 128 <=
+            DECODE_MAX_ELEMENTS; float32/bfloat16/float16.
         weight: HBM [H] of any float dtype, or None.
         eps: float added to the mean square.
     Returns:
         HBM [N, H] (shared_hbm), dtype of ``x``.
     """
+    _check(x)            # both layouts take the shapes of this kernel's contract
     if grouped_takes(x.shape[0], x.shape[1]):
         return rms_norm_grouped(x, weight, eps)
     return _decode(x, (weight,), _rms_rows, _rms_all, eps)
@@ -301,9 +303,11 @@ def _row_shifts(inv, x_tile):
     16-bit x: the mean of the row's 128 samples x[p, r, 0] (columns 0, H1, 2*H1, ...), one
     TensorE matmul straight from x (stationary all 1/128 in x's dtype, exact), so no VectorE
     pass over x comes first. By Cauchy-Schwarz (K - mean)**2 <= (H / 128) * var, so
-    mean(c**2) <= (1 + H1) * var: the variance keeps all but log2(1 + H1) (about 7 at
-    H = 16384) of fp32's 24 bits, ~2**-17 relative, a few hundredths of a bf16 / fp16 ulp
-    (tests/ops/test_norm_decode.py puts the samples 60 sigma out). A one-pass E[x**2] -
+    mean(c**2) <= (1 + H1) * var: the cancellation amplifies the fp32 rounding error of
+    mean(c**2) (sums of H1 terms per partition, then the matmul over 128) by at most
+    1 + H1, about 7 bits at H = 16384; worst case near 2**-10 relative on the variance,
+    typically far less (tests/ops/test_norm_decode.py puts the samples 60 sigma out and
+    checks the 16-bit tolerance). A one-pass E[x**2] -
     E[x]**2 loses up to 2 * log2(|mean| / std) bits instead (AWS's layernorm_tkg,
     nki-library core/subkernels/layernorm_tkg.py "Var(X) = E[X^2] - E[X]^2")."""
     if x_tile.dtype == nl.float32:
@@ -541,12 +545,14 @@ def layer_norm_decode_kernel(x, weight=None, bias=None, eps=1e-5):
     """Return ``layer_norm(x, (H,), weight, bias, eps)`` for a few rows.
 
     Args:
-        x: HBM [N, H], N <= DECODE_MAX_ROWS, H a multiple of 128; float32/bfloat16/float16.
+        x: HBM [N, H], N <= DECODE_MAX_ROWS, H a multiple of 128, N * H / 128 <=
+            DECODE_MAX_ELEMENTS; float32/bfloat16/float16.
         weight, bias: HBM [H] of any float dtype, or None (each independently).
         eps: float added to the variance.
     Returns:
         HBM [N, H] (shared_hbm), dtype of ``x``.
     """
+    _check(x)            # both layouts take the shapes of this kernel's contract
     if grouped_takes(x.shape[0], x.shape[1]):
         return layer_norm_grouped(x, weight, bias, eps)
     return _decode(x, (weight, bias), None, _layer_all, eps)

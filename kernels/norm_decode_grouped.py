@@ -32,7 +32,7 @@ LayerNorm's statistics are those of norm_decode.py (its module docstring): each 
 centred on a shift K, the sums of c = x - K and c**2 give m2 = mean(c) and mean(c**2), and
 var = mean(c**2) - m2**2, y = c - m2. K is the mean of 128 elements of the row (the first
 128 / G of each of its partitions; _row_shift) for 16-bit x: (K - mean)**2 <= (H / 128) *
-var by Cauchy-Schwarz, as there; for fp32 x the row's mean (a VectorE pass and a matmul
+var by Cauchy-Schwarz (any 128 of the row's elements), as there; for fp32 x the row's mean (a VectorE pass and a matmul
 first: the two-pass variance). eps is in the PSUM tile the statistics' matmul accumulates
 onto, so var + eps is one VectorE instruction.
 Each element takes the fp32 operations of norm_decode.py's LayerNorm forms, in the same

@@ -140,6 +140,24 @@ def test_folded_mask_rows_are_loaded_once_per_kv_head(h, mask_kind, rows_loaded)
     check_close(call.finish_outputs(res.outputs), q, k, v, mask)
 
 
+@pytest.mark.parametrize("mask_kind, period", [
+    ("causal_active", -7),        # 56 % -7 == 0 in Python: refused as negative
+    ("causal_active", 7.0),       # not an int
+    ("causal_active", 3),         # does not divide the 56 folded rows
+    ("key_bool", 7),              # a key-padding mask has no rows to repeat
+])
+def test_a_bad_mask_period_is_refused_by_name(mask_kind, period):
+    b, h, sq, sk = 2, 8, 7, 512
+    q, k, v = make_qkv(b, h, 1, sq, sk, 64, dtype=BF16)
+    mask = make_mask(mask_kind, b, h, sq, sk, BF16)
+    call = attention.attention_kernel_call(q, k, v, attn_mask=mask, enable_gqa=True)
+    with simulator.activated():
+        kernel = getattr(_kernel_sources.load(call.module, "simulator"), call.kernel)
+    static = dict(call.static, mask_period=period)
+    with pytest.raises(Exception, match=r"mask_period=.*expected 0 or a positive int dividing Sq=56"):
+        simulator.run(kernel, *[t.contiguous() for t in call.tensors], target="trn2", **static)
+
+
 def test_decode_all_masked_batch_is_zero_and_huge_logits_stay_finite(simulator_backend):
     """A batch whose keys are all padded returns 0 (as torch's SDPA); scaled logits of ~1e7
     give no inf or NaN (the max is subtracted exactly)."""

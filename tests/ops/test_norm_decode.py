@@ -18,6 +18,8 @@ MAX_ROWS = norms.DECODE_MAX_ROWS
 ROW_LOOP = _kernel_sources.limits().NORM_DECODE_ROW_LOOP_MAX_ROWS
 # LayerNorm's all-rows path takes its statistics per row up to this many rows in a program
 PER_ROW = _kernel_sources.limits().NORM_DECODE_PER_ROW_MAX_ROWS
+# the grouped layout (kernels/norm_decode_grouped.py) and its rule
+GROUPED = _kernel_sources.load("norm_decode_grouped", "simulator")
 
 
 
@@ -36,14 +38,16 @@ def decode_for_every_shape_it_takes(monkeypatch, request):
 # (rows, hidden, dtype): one token, the most rows of the per-row path, an odd count just
 # above it, one row per program at LNC=2, two rows per program at LNC=2 (LayerNorm's
 # per-row statistics in the all-rows path: at H=4096 the rows' sums from one pass over both
-# rows, at H=8192 from one tensor_scalar_reduce per row), the most rows the kernel takes
+# rows, at H=8192 from one tensor_scalar_reduce per row), the most rows the kernel takes (in
+# this layout: 224 elements a partition, below the grouped layout's 256)
 CASES = [(1, 2048, BF16), (ROW_LOOP, 2048, F16), (ROW_LOOP + 3, 4096, F32), (3, 128, BF16),
-         (2 * PER_ROW, 4096, F16), (2 * PER_ROW, 8192, BF16), (MAX_ROWS, 1024, BF16)]
+         (2 * PER_ROW, 4096, F16), (2 * PER_ROW, 8192, BF16), (MAX_ROWS, 896, BF16)]
 
 
 @pytest.mark.parametrize("rows, hidden, dtype", CASES, ids=[f"{r}x{h}-{str(d)[6:]}" for r, h, d in CASES])
 @pytest.mark.parametrize("affine", ["weight", "none"])
 def test_rms_norm_decode(simulator_backend, rows, hidden, dtype, affine):
+    assert not GROUPED.takes(rows, hidden), "CASES are the hidden-on-partitions layout's"
     x = randn(2, rows // 2, hidden, dtype=dtype) if rows % 2 == 0 else randn(rows, hidden, dtype=dtype)
     w = randn(hidden, dtype=dtype) if affine == "weight" else None
     out = nki_kernels.rms_norm(x, (hidden,), w, 1e-6)
@@ -70,6 +74,7 @@ def test_decode_large_eps_on_small_variance_rows(simulator_backend, op, rows):
 @pytest.mark.parametrize("rows, hidden, dtype", CASES, ids=[f"{r}x{h}-{str(d)[6:]}" for r, h, d in CASES])
 @pytest.mark.parametrize("affine", ["weight+bias", "weight", "bias", "none"])
 def test_layer_norm_decode(simulator_backend, rows, hidden, dtype, affine):
+    assert not GROUPED.takes(rows, hidden), "CASES are the hidden-on-partitions layout's"
     _check_layer_norm(rows, hidden, dtype, affine)
 
 
@@ -249,7 +254,6 @@ def test_layer_norm_decode_large_constant_rows_with_tiny_eps(simulator_backend, 
 # the shapes its rule (``takes``) gives it: the fewest rows it takes (8 a part), an odd
 # count (parts of 7 and 8 rows), the most rows, an H that is not a power of two (F = 384
 # per partition), fp32
-GROUPED = _kernel_sources.load("norm_decode_grouped", "simulator")
 GROUPED_CASES = [(16, 4096, F16), (15, 8192, BF16), (MAX_ROWS, 1024, BF16), (32, 3072, F32), (63, 2048, F16)]
 GROUPED_IDS = [f"{r}x{h}-{str(d)[6:]}" for r, h, d in GROUPED_CASES]
 
@@ -363,3 +367,20 @@ def test_grouped_layer_norm_constant_rows(simulator_backend, dtype):
     w, b = randn(hidden, dtype=dtype), randn(hidden, dtype=dtype)
     out = nki_kernels.layer_norm(x, (hidden,), w, b, 1e-5)
     torch.testing.assert_close(out, b.expand(rows, hidden), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("rows, hidden, limit", [
+    (MAX_ROWS + 1, 1024, r"N=65 exceeds DECODE_MAX_ROWS=64"),
+    (240, 1024, r"N=240 exceeds DECODE_MAX_ROWS=64"),          # a shape the grouped rule alone would take
+    (16, 128 * 1024, r"N \* H / 128 = 16384 exceeds DECODE_MAX_ELEMENTS=8192"),
+    (4, 1000, r"H=1000 is not a multiple of 128"),
+])
+def test_decode_kernels_refuse_shapes_outside_their_contract(op, rows, hidden, limit):
+    # the kernels check their contract before picking a layout (a review found the grouped
+    # layout's dispatch running first: [240, 1024] ran, [16, 131072] fp32 ran out of SBUF)
+    module = _kernel_sources.load("norm_decode", "simulator")
+    kernel = module.rms_norm_decode_kernel if op == "rms_norm" else module.layer_norm_decode_kernel
+    x = randn(rows, hidden, dtype=BF16)
+    with pytest.raises(Exception, match=limit):
+        simulator.run(kernel[2], x)
