@@ -108,24 +108,6 @@ NORM_DECODE_ROW_LOOP_MAX_ROWS = 2
 # both degrees (tests/kernels/test_lnc.py); on hardware this assumes VectorE's two
 # reductions add a partition's elements in the same order, which no AWS document states.
 NORM_DECODE_PER_ROW_MAX_ROWS = 2
-# The grouped decode layout (kernels/norm_decode_grouped.py: each row on G partitions, one
-# contiguous run each) serves N rows of H when the larger of its two parts (ceil(N / 2)
-# rows: one per program at LNC=2, both in turn at LNC=1) has at least MIN_ROWS rows, its
-# groups fill at least MIN_PARTITIONS partitions, and the hidden-on-partitions layout
-# (norm_decode.py) would give a partition at least MIN_ELEMENTS elements of the part
-# (ceil(N / 2) * H / 128). Modeled against that layout (2026-12-07, fp16, LayerNorm with
-# weight and bias, RMSNorm with weight; N in 15..64, H in 512..16384; trn2 at LNC=2 and
-# LNC=1, trn1, trn3): on the 68 shapes per target the rule takes, all 68 faster at the
-# central value and none slower at either end of the error bar. Each bound has its losses
-# behind it: at 2-4 rows a part the group matrices, built before x arrives, are later
-# than x at the optimistic end (up to 10 % slower there); at 57 rows (29 a part, G = 4:
-# 116 of 128 partitions) each partition holds more than in the other layout and LayerNorm
-# at H >= 8192 was up to 3 % slower; at LNC=1 the two parts run in turn, doubling the
-# instructions, which at <= 192 elements (e.g. [16, 2048]) cost more than the other
-# layout's passes (RMSNorm [16, 512] on trn1 22 % slower).
-NORM_DECODE_GROUPED_MIN_ROWS = 8
-NORM_DECODE_GROUPED_MIN_PARTITIONS = 120
-NORM_DECODE_GROUPED_MIN_ELEMENTS = 256
 
 # Norm backward kernels (kernels/rms_norm_backward.py, kernels/layer_norm_backward.py):
 # largest normalised size H. One pass over rows kept in SBUF, as the forward's one-pass
