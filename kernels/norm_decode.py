@@ -100,11 +100,12 @@ def _vector_on_partitions(v, h1):
     return tile
 
 
-def _mean_matrix(cols):
-    """[128, 128] fp32 SBUF of 1/H: the stationary that turns per-partition partial sums
-    into every partition's row means (memset on VectorE while the input loads)."""
-    inv = nl.ndarray((PARTITIONS, PARTITIONS), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=inv, value=1.0 / cols)
+def _mean_matrix(count, dtype=nl.float32):
+    """[128, 128] SBUF of 1/``count`` in ``dtype``: the stationary that turns per-partition
+    partial sums into every partition's row means (memset on VectorE while the input loads;
+    1/H in fp32 for the statistics, 1/128 in x's dtype for the shift of _row_shifts)."""
+    inv = nl.ndarray((PARTITIONS, PARTITIONS), dtype=dtype, buffer=nl.sbuf)
+    nisa.memset(dst=inv, value=1.0 / count)
     return inv
 
 
@@ -302,13 +303,12 @@ def _row_shifts(inv, x_tile):
     mean(c**2) (sums of H1 terms per partition, then the matmul over 128) by at most
     1 + H1, about 7 bits at H = 16384; worst case near 2**-10 relative on the variance,
     typically far less (tests/ops/test_norm_decode.py puts the samples 60 sigma out and
-    checks the 16-bit tolerance). A one-pass E[x**2] -
-    E[x]**2 loses up to 2 * log2(|mean| / std) bits instead (AWS's layernorm_tkg,
-    nki-library core/subkernels/layernorm_tkg.py "Var(X) = E[X^2] - E[X]^2")."""
+    checks the 16-bit tolerance). A one-pass E[x**2] - E[x]**2 loses up to
+    2 * log2(|mean| / std) bits instead (AWS's layernorm_tkg, nki-library
+    core/subkernels/layernorm_tkg.py "Var(X) = E[X^2] - E[X]^2")."""
     if x_tile.dtype == nl.float32:
         return _x_row_means(inv, x_tile)
-    sample_mean = nl.ndarray((PARTITIONS, PARTITIONS), dtype=x_tile.dtype, buffer=nl.sbuf)
-    nisa.memset(dst=sample_mean, value=1.0 / PARTITIONS)
+    sample_mean = _mean_matrix(PARTITIONS, x_tile.dtype)
     shifts = nl.ndarray((PARTITIONS, x_tile.shape[1]), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=shifts, stationary=sample_mean, moving=x_tile[:, :, 0])
     return shifts
