@@ -191,7 +191,7 @@ def _gpsimd_tensor_tensors(call, lnc):
 @pytest.mark.parametrize("rows, hidden, dtype, affine", SPLIT_CASES,
                          ids=[f"{r}x{h}-{str(d)[6:]}-{a}" for r, h, d, a in SPLIT_CASES])
 def test_layer_norm_decode_rows_split_between_vector_and_gpsimd(rows, hidden, dtype, affine):
-    # a large mean (the two-pass statistics keep the variance exact) and both degrees: the
+    # a large mean (the shifted statistics keep the variance) and both degrees: the
     # split changes which engine computes a row, never its fp32 operations, so LNC=1 and
     # LNC=2 (other splits) give the same bits, and both match float64
     x = randn(rows, hidden, dtype=dtype, scale=2.0, shift=300.0 if dtype == F32 else 30.0)
@@ -200,7 +200,7 @@ def test_layer_norm_decode_rows_split_between_vector_and_gpsimd(rows, hidden, dt
     call = norms.layer_norm_kernel_call(x, (hidden,), w, b, 1e-5)
     assert call.module == "norm_decode"
     (one, g_one), (two, g_two) = _gpsimd_tensor_tensors(call, 1), _gpsimd_tensor_tensors(call, 2)
-    # the all-rows form gives GpSimd only * weight and + bias; a split adds c = x - m,
+    # the all-rows form gives GpSimd only * weight and + bias; a split adds c = x - K,
     # y = c - m2 and y * rstd for GpSimd's rows, in every program
     affine_steps = (w is not None) + (b is not None)
     assert g_one >= 3 + affine_steps and g_two >= 2 * (3 + affine_steps), (g_one, g_two)
