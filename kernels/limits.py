@@ -108,6 +108,35 @@ NORM_DECODE_ROW_LOOP_MAX_ROWS = 2
 # both degrees (tests/kernels/test_lnc.py); on hardware this assumes VectorE's two
 # reductions add a partition's elements in the same order, which no AWS document states.
 NORM_DECODE_PER_ROW_MAX_ROWS = 2
+# The grouped decode layout (kernels/norm_decode_grouped.py: each row on G partitions, one
+# contiguous run each) serves N rows of H when the larger of its two parts (ceil(N / 2)
+# rows: one per program at LNC=2, both in turn at LNC=1) has at least MIN_ROWS rows, its
+# groups fill at least MIN_PARTITIONS partitions, and the hidden-on-partitions layout
+# (norm_decode.py) would give a partition at least MIN_ELEMENTS elements of the part
+# (ceil(N / 2) * H / 128). The bounds were set on 2026-12-07 for a first version of the
+# layout (block-diagonal sums, removed the same day: not NaN-safe) and kept for the
+# NaN-safe one, whose select before each sum costs ~0.4 us more on the statistics' chain:
+# LayerNorm with weight and bias, RMSNorm with weight, fp16 / bf16 / fp32, N in 15..64,
+# H in 512..16384 (192 shapes per target the rule takes), modeled against that layout
+# (MODELED, 2026-12-07):
+#   * central value: all 192 faster on trn2 LNC=2 and trn3; on trn2 LNC=1 and trn1 190,
+#     and 16-bit LayerNorm [15, 5120] 1-2 % slower (parts of 8 and 7 rows run in turn);
+#   * pessimistic end: all faster at LNC=2 (by 9-38 %; RMSNorm fp16 [64, 1024] 38 % on
+#     trn2); at LNC=1 all but trn1's 16-bit LayerNorm [15, 5120] (0.2 % slower);
+#   * optimistic end: all faster at LNC=1; 17 of 192 slower on trn2 LNC=2 and trn3, by
+#     0.03-0.05 us (at most 1.5 %: RMSNorm at 512-1024 elements a partition, fp32
+#     LayerNorm at [16, 4096] and [32, 12288]), where the shorter DMA runs no longer pay
+#     for the select.
+# Each bound has the first version's losses behind it: at 2-4 rows a part the group
+# matrices, built before x arrives, were later than x at the optimistic end (up to 10 %
+# slower there); at 57 rows (29 a part, G = 4: 116 of 128 partitions) each partition holds
+# more than in the other layout and LayerNorm at H >= 8192 was up to 3 % slower; at LNC=1
+# the two parts run in turn, doubling the instructions, which at <= 192 elements (e.g.
+# [16, 2048]) cost more than the other layout's passes (RMSNorm [16, 512] on trn1 22 %
+# slower).
+NORM_DECODE_GROUPED_MIN_ROWS = 8
+NORM_DECODE_GROUPED_MIN_PARTITIONS = 120
+NORM_DECODE_GROUPED_MIN_ELEMENTS = 256
 
 # Norm backward kernels (kernels/rms_norm_backward.py, kernels/layer_norm_backward.py):
 # largest normalised size H. One pass over rows kept in SBUF, as the forward's one-pass

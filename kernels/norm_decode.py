@@ -8,9 +8,11 @@ tokens uses N lanes and every engine pass costs the whole row H per instruction:
 and VectorE take ~H cycles for a few tokens. Here the hidden dim goes on the partitions
 instead, so all 128 lanes work and each pass costs N * H / 128 cycles. Every TensorE sum
 over the partitions uses a stationary with no zeros (all 1/H or 1/128), so a row's
-statistics never take another row's values: a NaN or inf stays in its row (a layout with
-each row on a group of partitions, summed by a block-diagonal stationary, was tried on
-2026-12-07 and removed: 0 * NaN = NaN spread one row's NaN to the others; docs/history.md).
+statistics never take another row's values: a NaN or inf stays in its row. Where the rows
+fill the partitions in groups (8 or more rows a part, at least 256 elements a partition:
+kernels/norm_decode_grouped.py ``takes``), the kernels hand the launch to the grouped
+layout instead: each row on a group of partitions, one contiguous run each, its
+statistics per-partition scalars, its sums NaN-safe too (that module's docstring).
 
 Dimensions:
     N: rows (tokens), 1 <= N <= DECODE_MAX_ROWS.
@@ -75,6 +77,8 @@ from .limits import NORM_DECODE_MAX_ELEMENTS as DECODE_MAX_ELEMENTS
 from .limits import NORM_DECODE_MAX_ROWS as DECODE_MAX_ROWS
 from .limits import NORM_DECODE_ROW_LOOP_MAX_ROWS as ROW_LOOP_MAX_ROWS
 from .limits import NORM_DECODE_PER_ROW_MAX_ROWS as PER_ROW_MAX_ROWS
+from .norm_decode_grouped import layer_norm_grouped, rms_norm_grouped
+from .norm_decode_grouped import takes as grouped_takes
 from .tiling import PARTITIONS, fp32_column, program_share
 
 
@@ -211,6 +215,9 @@ def rms_norm_decode_kernel(x, weight=None, eps=1e-6):
     Returns:
         HBM [N, H] (shared_hbm), dtype of ``x``.
     """
+    _check(x)            # both layouts take the shapes of this kernel's contract
+    if grouped_takes(x.shape[0], x.shape[1]):
+        return rms_norm_grouped(x, weight, eps)
     return _decode(x, (weight,), _rms_rows, _rms_all, eps)
 
 
@@ -547,4 +554,7 @@ def layer_norm_decode_kernel(x, weight=None, bias=None, eps=1e-5):
     Returns:
         HBM [N, H] (shared_hbm), dtype of ``x``.
     """
+    _check(x)            # both layouts take the shapes of this kernel's contract
+    if grouped_takes(x.shape[0], x.shape[1]):
+        return layer_norm_grouped(x, weight, bias, eps)
     return _decode(x, (weight, bias), None, _layer_all, eps)

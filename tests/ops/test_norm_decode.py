@@ -231,7 +231,7 @@ def test_decode_kernel_is_chosen_by_shape(rows, hidden, decode):
     assert (call.module == "norm_decode") is decode
 
 
-@pytest.mark.parametrize("rows", [1, ROW_LOOP + 1, 16])
+@pytest.mark.parametrize("rows", [1, ROW_LOOP + 1, 16])      # 16: the grouped layout
 def test_layer_norm_decode_large_constant_rows_with_tiny_eps(simulator_backend, rows):
     # fuzz seed 13 case 766: rows of one large value (1e12) with eps 1e-12. The fp32 mean is
     # off by ulps of 1e12, so c = x - m is a nonzero constant and mean(c**2) - m2**2 rounds
@@ -283,3 +283,152 @@ def test_a_non_finite_row_leaves_the_other_rows_alone(simulator_backend, op, row
     assert torch.equal(torch.isnan(out), torch.isnan(expected)), "NaN where torch has none, or none where it has"
     finite = [r for r in range(rows) if r not in (3, rows - 2)]
     assert_matches(out[finite], expected[finite], dtype, rel=None if dtype != F16 else 2e-3)
+
+
+# ------------------------------------------------------------------------ the grouped layout
+# kernels/norm_decode_grouped.py: each row on G partitions, one contiguous run each, for
+# the shapes its rule (``takes``) gives it: the fewest rows it takes (8 a part), an odd
+# count (parts of 7 and 8 rows), the most rows, an H that is not a power of two (F = 384
+# per partition), fp32
+GROUPED = _kernel_sources.load("norm_decode_grouped", "simulator")
+GROUPED_CASES = [(16, 4096, F16), (15, 8192, BF16), (MAX_ROWS, 1024, BF16), (32, 3072, F32), (63, 2048, F16)]
+GROUPED_IDS = [f"{r}x{h}-{str(d)[6:]}" for r, h, d in GROUPED_CASES]
+
+
+@pytest.mark.parametrize("rows, hidden, takes", [
+    (16, 4096, True), (15, 8192, True), (64, 1024, True), (32, 3072, True), (63, 2048, True),
+    (14, 4096, False),       # a part of 7 rows: below NORM_DECODE_GROUPED_MIN_ROWS
+    (17, 8192, False),       # a part of 9 rows: groups of 8 fill 72 partitions
+    (57, 8192, False),       # a part of 29 rows: groups of 4 fill 116 partitions
+    (16, 2048, False),       # 8 rows x 16 = 128 elements a partition in the other layout
+])
+def test_grouped_layout_takes_the_shapes_of_its_rule(rows, hidden, takes):
+    assert GROUPED.takes(rows, hidden) is takes
+    if takes:
+        g = GROUPED.group_size(rows)
+        assert g * -(-rows // 2) <= 128 < 2 * g * -(-rows // 2)
+
+
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_grouped_layout_moves_one_run_per_partition(lnc):
+    # the point of the layout: each partition's share of x (and of the output) is one
+    # contiguous HBM run, where the other layout reads one run of H / 128 per row
+    from nki_kernels.simulator.cost.model import contiguous_runs
+
+    rows, hidden = 16, 4096
+    call = norms.layer_norm_kernel_call(randn(rows, hidden, dtype=F16), (hidden,), randn(hidden, dtype=F16),
+                                        randn(hidden, dtype=F16), 1e-5)
+    trace = _result(call, lnc).trace
+    x_loads = [ins for ins in trace if ins.op == "dma_copy" and ins.reads[0].buffer == "hbm"
+               and tuple(ins.reads[0].shape) == (rows // 2 * GROUPED.group_size(rows), hidden // GROUPED.group_size(rows))]
+    stores = [ins for ins in trace if ins.op == "dma_copy" and ins.writes[0].buffer == "hbm"]
+    assert len(x_loads) == 2 and len(stores) == 2          # a part per program, or both in turn
+    # the transfer's chunks (DMA descriptors): the larger count of its two sides
+    for ins in x_loads + stores:
+        assert max(contiguous_runs(ins.reads[0]), contiguous_runs(ins.writes[0])) == 128
+
+
+@pytest.mark.parametrize("rows, hidden, dtype", GROUPED_CASES, ids=GROUPED_IDS)
+@pytest.mark.parametrize("affine", ["weight+bias", "weight", "bias", "none"])
+def test_layer_norm_decode_grouped(simulator_backend, rows, hidden, dtype, affine):
+    assert GROUPED.takes(rows, hidden)
+    # a large mean: the shift keeps the variance
+    x = randn(rows, hidden, dtype=dtype, scale=2.0, shift=300.0 if dtype == F32 else 30.0)
+    w = randn(hidden, dtype=dtype) if "weight" in affine else None
+    b = randn(hidden, dtype=dtype) if "bias" in affine else None
+    out = nki_kernels.layer_norm(x, (hidden,), w, b, 1e-5)
+    expected = references.layer_norm(x.double(), (hidden,), None if w is None else w.double(),
+                                     None if b is None else b.double(), 1e-5, compute_dtype=torch.float64)
+    assert_matches(out, expected, dtype, rel=None if dtype != F16 else 2e-3)
+
+
+@pytest.mark.parametrize("rows, hidden, dtype", GROUPED_CASES, ids=GROUPED_IDS)
+@pytest.mark.parametrize("affine", ["weight", "none"])
+def test_rms_norm_decode_grouped(simulator_backend, rows, hidden, dtype, affine):
+    x = randn(rows, hidden, dtype=dtype, shift=0.5)
+    w = randn(hidden, dtype=dtype) if affine == "weight" else None
+    out = nki_kernels.rms_norm(x, (hidden,), w, 1e-6)
+    expected = references.rms_norm(x.double(), (hidden,), None if w is None else w.double(), 1e-6,
+                                   compute_dtype=torch.float64)
+    assert_matches(out, expected, dtype, rel=None if dtype != F16 else 2e-3)
+
+
+@pytest.mark.parametrize("rows, hidden, dtype", GROUPED_CASES, ids=GROUPED_IDS)
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_grouped_layout_gives_identical_outputs_at_both_degrees(op, rows, hidden, dtype):
+    # the group size follows the total row count and LNC=1 takes the two parts in turn, so
+    # each row gets the same G, the same samples and the same partial sums at both degrees
+    x = randn(rows, hidden, dtype=dtype, shift=3.0)
+    w, b = randn(hidden, dtype=dtype), randn(hidden, dtype=dtype)
+    call = (norms.rms_norm_kernel_call(x, (hidden,), w, 1e-6) if op == "rms_norm"
+            else norms.layer_norm_kernel_call(x, (hidden,), w, b, 1e-5))
+    one, two = _run(call, 1), _run(call, 2)
+    assert not torch.isnan(two).any(), "an element no program wrote"
+    assert torch.equal(one, two), "LNC=2 differs from LNC=1"
+
+
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_grouped_layer_norm_16bit_samples_far_from_the_mean(simulator_backend, dtype):
+    # the shift of a grouped row is the mean of its first 128 elements (all on the row's
+    # first partition); with those 60 std out it sits near the bound (K - mean)**2 <= (H / 128) var
+    rows, hidden = 16, 8192
+    assert GROUPED.takes(rows, hidden)
+    sampled = torch.zeros(hidden, dtype=torch.bool)
+    sampled[:128] = True
+    x = torch.randn(rows, hidden)
+    x[:, sampled] += 60.0
+    x = x.to(dtype)
+    xd = x.double()
+    far = (xd[:, sampled].mean(1) - xd.mean(1)) ** 2 / xd.var(1, unbiased=False)
+    assert bool((far > 0.9 * hidden / 128).all()), f"the samples are only {far.min():.1f} var from the mean"
+    w, b = randn(hidden, dtype=dtype), randn(hidden, dtype=dtype)
+    out = nki_kernels.layer_norm(x, (hidden,), w, b, 1e-5)
+    expected = references.layer_norm(xd, (hidden,), w.double(), b.double(), 1e-5, compute_dtype=torch.float64)
+    assert_matches(out, expected, dtype, rel=None if dtype != F16 else 2e-3)
+
+
+def test_grouped_layer_norm_fp16_large_mean(simulator_backend):
+    # as test_layer_norm_decode_16bit_large_mean, in the grouped layout: a one-pass variance
+    # would lose ~20 of its 24 bits
+    rows, hidden = 32, 4096
+    assert GROUPED.takes(rows, hidden)
+    x = randn(rows, hidden, dtype=F16, scale=8.0, shift=1e4)
+    w, b = randn(hidden, dtype=F16), randn(hidden, dtype=F16)
+    out = nki_kernels.layer_norm(x, (hidden,), w, b, 1e-5)
+    expected = references.layer_norm(x.double(), (hidden,), w.double(), b.double(), 1e-5,
+                                     compute_dtype=torch.float64)
+    assert_matches(out, expected, F16, rel=2e-3)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_grouped_layer_norm_constant_rows(simulator_backend, dtype):
+    # rows of one repeated value: var = 0, so the output is the bias (up to its rounding)
+    rows, hidden = 16, 4096
+    assert GROUPED.takes(rows, hidden)
+    x = (100.25 + 0.5 * torch.arange(rows, dtype=F32)).unsqueeze(1).expand(rows, hidden).contiguous().to(dtype)
+    w, b = randn(hidden, dtype=dtype), randn(hidden, dtype=dtype)
+    out = nki_kernels.layer_norm(x, (hidden,), w, b, 1e-5)
+    torch.testing.assert_close(out, b.expand(rows, hidden), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_grouped_layer_norm_16bit_large_constant_rows_with_tiny_eps(simulator_backend, dtype):
+    # 16-bit rows take rstd without a clamp (norm_decode_grouped._layer_block): the shift is
+    # the exact mean of 128 equal values, so c = 0 and var = 0 exactly, and the output is 0
+    # (a shift off by an ulp would give var rounding below 0 and eps = 1e-12 could not lift
+    # it: NaN, as the fp32 test above shows for the hidden-on-partitions layout)
+    rows, hidden = 16, 4096
+    assert GROUPED.takes(rows, hidden)
+    value = 6e4 if dtype == F16 else 3e38
+    x = (value * (1.0 - 0.0625 * torch.arange(rows, dtype=F32))).unsqueeze(1).expand(rows, hidden).to(dtype)
+    out = nki_kernels.layer_norm(x, (hidden,), None, None, 1e-12)
+    torch.testing.assert_close(out, torch.zeros(rows, hidden, dtype=dtype), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_non_finite_row_cases_take_the_grouped_layout(op):
+    # test_a_non_finite_row_leaves_the_other_rows_alone pins the grouped layout's NaN-safe
+    # sums only if its shapes take that layout
+    for rows, hidden in ((16, 4096), (15, 12288), (64, 1024)):
+        assert GROUPED.takes(rows, hidden), (rows, hidden)
+
