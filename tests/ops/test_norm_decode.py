@@ -252,7 +252,7 @@ def test_layer_norm_decode_large_constant_rows_with_tiny_eps(simulator_backend, 
     (4, 1000, r"H=1000 is not a multiple of 128"),
 ])
 def test_decode_kernels_refuse_shapes_outside_their_contract(op, rows, hidden, limit):
-    # each limit by name (a grouped layout tried on 2026-12-07 dispatched before the check:
+    # each limit by name (the grouped layout's first version, 2026-12-07, dispatched before the check:
     # [240, 1024] ran, [16, 131072] fp32 ran out of SBUF)
     module = _kernel_sources.load("norm_decode", "simulator")
     kernel = module.rms_norm_decode_kernel if op == "rms_norm" else module.layer_norm_decode_kernel
