@@ -116,17 +116,23 @@ NORM_DECODE_PER_ROW_MAX_ROWS = 2
 # (ceil(N / 2) * H / 128). The bounds were set on 2026-12-07 for a first version of the
 # layout (block-diagonal sums, removed the same day: not NaN-safe) and kept for the
 # NaN-safe one, whose select before each sum costs ~0.4 us more on the statistics' chain:
-# LayerNorm with weight and bias, RMSNorm with weight, fp16 / bf16 / fp32, N in 15..64,
-# H in 512..16384 (192 shapes per target the rule takes), modeled against that layout
-# (MODELED, 2026-12-07):
+# LayerNorm with weight and bias, RMSNorm with weight, fp16 / bf16 / fp32, N in {15, 16,
+# 17, 20, 24, 31, 32, 33, 40, 48, 56, 57, 64} x H in {512, 768, 1024, 2048, 3072, 4096,
+# 5120, 8192, 12288, 16384} (the 192 of them the rule takes), modeled against that layout
+# on each target (MODELED, 2026-12-07):
 #   * central value: all 192 faster on trn2 LNC=2 and trn3; on trn2 LNC=1 and trn1 190,
 #     and 16-bit LayerNorm [15, 5120] 1-2 % slower (parts of 8 and 7 rows run in turn);
 #   * pessimistic end: all faster at LNC=2 (by 9-38 %; RMSNorm fp16 [64, 1024] 38 % on
 #     trn2); at LNC=1 all but trn1's 16-bit LayerNorm [15, 5120] (0.2 % slower);
-#   * optimistic end: all faster at LNC=1; 17 of 192 slower on trn2 LNC=2 and trn3, by
+#   * optimistic end: all faster at LNC=1; 17 of 192 slower on trn2 LNC=2 (and 17 on trn3), by
 #     0.03-0.05 us (at most 1.5 %: RMSNorm at 512-1024 elements a partition, fp32
-#     LayerNorm at [16, 4096] and [32, 12288]), where the shorter DMA runs no longer pay
-#     for the select.
+#     LayerNorm at [31-32, 12288] on trn2 and [15-16, 4096] on trn3), where the shorter
+#     DMA runs no longer pay for the select.
+# The layout forced on the shapes the rule leaves (N in 2..64, G <= 32, F >= 128: 888
+# shapes) was slower at the central value on 717 of them on trn2 LNC=2; the regions faster
+# at all three points on all four targets are mostly 16-bit RMSNorm at 56-57 rows with
+# H >= 4096 and RMSNorm at 7-8 rows with H >= 12288 (not taken: a rule of its own for a
+# few shapes).
 # Each bound has the first version's losses behind it: at 2-4 rows a part the group
 # matrices, built before x arrives, were later than x at the optimistic end (up to 10 %
 # slower there); at 57 rows (29 a part, G = 4: 116 of 128 partitions) each partition holds

@@ -9,7 +9,8 @@ and VectorE take ~H cycles for a few tokens. Here the hidden dim goes on the par
 instead, so all 128 lanes work and each pass costs N * H / 128 cycles. Every TensorE sum
 over the partitions uses a stationary with no zeros (all 1/H or 1/128), so a row's
 statistics never take another row's values: a NaN or inf stays in its row. Where the rows
-fill the partitions in groups (8 or more rows a part, at least 256 elements a partition:
+fill the partitions in groups (8 or more rows a part whose groups fill at least 120
+partitions, and at least 256 elements a partition in this layout: kernels/limits.py,
 kernels/norm_decode_grouped.py ``takes``), the kernels hand the launch to the grouped
 layout instead: each row on a group of partitions, one contiguous run each, its
 statistics per-partition scalars, its sums NaN-safe too (that module's docstring).

@@ -17,7 +17,7 @@ columns j*F .. j*F + F - 1 (F = H / G):
       in one tensor_scalar_reduce, and the last steps take the statistics as scalar
       operands of two-op instructions ((c - m2) * weight, then * rstd + bias);
     * TensorE sums a row's G partials and puts the result on each of its G partitions
-      (_group_sum). A rows' NaN or inf must stay in its row (torch's rows are independent),
+      (_group_sum). A row's NaN or inf must stay in its row (torch's rows are independent),
       so no other row's partial may be multiplied by 0 (0 * NaN = NaN): the stationary
       [P, P] holds partition p's partial in the columns of p's row and 0 elsewhere, put
       there by a select (a VectorE predicated copy onto zeros, or two GpSimd
@@ -40,11 +40,16 @@ elements of the row (all on its first partition, F >= 128), which nc_stream_shuf
 to the row's other partitions (a move within a 32-partition quadrant, G <= 32; _row_shift):
 (K - mean)**2 <= (H / 128) * var by Cauchy-Schwarz (any 128 of the row's elements), as
 there. For fp32 x, K is the row's mean (a VectorE pass and a TensorE sum first: the
-two-pass variance). eps is in the PSUM tile the statistics' matmuls accumulate onto.
+two-pass variance). LayerNorm's eps is in the PSUM tile the statistics' matmuls accumulate
+onto (RMSNorm's is the rsqrt activation's bias).
 Each element takes the fp32 operations of norm_decode.py's LayerNorm forms, in the same
 order (c = x - K; y = c - m2; y * weight; * rstd; + bias; one rounding to the output dtype),
-but its row's sums are taken over other partial sums (F per partition, G partitions), so
-the two layouts differ in the last bits.
+but its row's sums are taken over other partial sums (F per partition, G partitions), and
+16-bit rows take rstd from ScalarE's rsqrt without a clamp (norm_decode.py: VectorE's
+max(var + eps, eps) ** -0.5), so the two layouts differ in the last bits.
+This module targets NKI 0.7 (Neuron 2.33), whose nc_stream_shuffle takes any partition
+count within the active quadrants (blocks of 112-124 partitions occur); the beta-1 API page
+(Inf2, Trn1, Trn2) asked for 32, 64, 96 or 128 partitions.
 """
 
 import nki.isa as nisa
@@ -91,20 +96,20 @@ def _group_mask(g):
     return mask
 
 
-def _select_row_band(dst, fill, g):
-    """dst [P, P] = ``fill`` where partitions p and q hold the same row (p // g == q // g),
+def _select_row_band(dst, on_true, g):
+    """dst [P, P] = ``on_true`` where partitions p and q hold the same row (p // g == q // g),
     else 0. Same row means -g < g * (q // g) - p <= 0, an affine value over the pattern
     (q // g, q % g): two GpSimd affine_selects, one per bound."""
     p = dst.shape[0]
     pattern = [[g, p // g], [0, g]]                      # g * (q // g)
     upper = nl.ndarray((p, p), dtype=dst.dtype, buffer=nl.sbuf)
-    nisa.affine_select(dst=upper, pattern=pattern, channel_multiplier=-1, on_true_tile=fill,
+    nisa.affine_select(dst=upper, pattern=pattern, channel_multiplier=-1, on_true_tile=on_true,
                        on_false_value=0, cmp_op=nl.less_equal)
     nisa.affine_select(dst=dst, pattern=pattern, channel_multiplier=-1, offset=g, on_true_tile=upper,
                        on_false_value=0, cmp_op=nl.greater)
 
 
-def _placed(partial, mask, g, engine):
+def _row_band_stationary(partial, mask, g, engine):
     """[P, P] fp32 SBUF stationary for _group_sum: column q holds ``partial`` [P, 1] on the
     partitions of q's row, 0 elsewhere. VectorE: a predicated copy (``mask``) onto zeros;
     GpSimd: two affine_selects. Both move the partial's bits, so a NaN stays in its row."""
@@ -129,7 +134,7 @@ def _scale_columns(p, *scales):
 
 def _group_sum(dst, placed, columns, accumulate=False):
     """dst [P, K] PSUM (+)= for each partition q, the sum over q's row of the partials in
-    ``placed`` (_placed) times each column's value of ``columns`` [P, K] (TensorE)."""
+    ``placed`` (_row_band_stationary) times each column's value of ``columns`` [P, K] (TensorE)."""
     nisa.nc_matmul(dst=dst, stationary=placed, moving=columns, accumulate=accumulate)
 
 
@@ -147,18 +152,19 @@ def _zero_eps_psum(p, eps):
     return acc
 
 
-def _row_shift(x_tile, g, mask):
+def _row_shift(x_tile, g, mask, mean_column):
     """(P, 1) fp32 K of every partition's row. 16-bit x: the mean of the row's first 128
     elements, all on its first partition (F >= 128): VectorE takes every partition's, and
     nc_stream_shuffle copies the first partition's to the row's others (within a
     32-partition quadrant: G <= 32; a move, so NaN-safe). fp32 x: the row's mean (VectorE
-    sums each partition, TensorE the row: the two-pass variance)."""
+    sums each partition, TensorE the row with ``mean_column`` [P, 1] of 1/H: the two-pass
+    variance)."""
     p, f = x_tile.shape
     if x_tile.dtype == nl.float32:
         sums = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_reduce(dst=sums, op=nl.add, data=x_tile, axis=1)
         shift = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.psum)
-        _group_sum(shift, _placed(sums, mask, g, "vector"), _scale_columns(p, 1.0 / (f * g)))
+        _group_sum(shift, _row_band_stationary(sums, mask, g, "vector"), mean_column)
         return shift
     local = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
     discard = nl.ndarray((p, PARTITIONS), dtype=nl.float32, buffer=nl.sbuf)
@@ -195,10 +201,12 @@ def _run(x, vectors, block_body, eps):
     assert cols % PARTITIONS == 0, f"H={cols} is not a multiple of {PARTITIONS}"
     out = nl.ndarray((total_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
     g = group_size(total_rows)
-    # nc_stream_shuffle moves within a quadrant; the 16-bit shift's 128 samples sit on a
-    # row's first partition (takes() gives G <= 16 and F >= 256)
-    assert g <= QUADRANT, f"G={g} exceeds the {QUADRANT}-partition quadrant of nc_stream_shuffle"
-    assert cols // g >= PARTITIONS, f"F=H/G={cols // g} is below the shift's {PARTITIONS} samples"
+    # the 16-bit LayerNorm shift: nc_stream_shuffle copies within a 32-partition quadrant,
+    # so a row's G partitions must not straddle one, and its 128 samples sit on the row's
+    # first partition (takes() gives G <= 16 and F >= 256)
+    assert QUADRANT % g == 0, f"G={g} does not divide the {QUADRANT}-partition quadrant of nc_stream_shuffle"
+    assert x.dtype == nl.float32 or cols // g >= PARTITIONS, \
+        f"F=H/G={cols // g} is below the 16-bit shift's {PARTITIONS} samples"
     # the rows' two parts: one per program at LNC=2, both in turn at LNC=1 (the same
     # blocks, so the same bits)
     parts = [share(total_rows, part, WORK_PARTS) for part in range(WORK_PARTS)]
@@ -235,7 +243,7 @@ def _rms_block(x_tile, out_tile, vector_tiles, g, mask, eps):
     nisa.activation(dst=discard, op=nl.square, data=x_tile, reduce_op=nl.add, reduce_res=sum_sq,
                     reduce_cmd=nisa.reduce_cmd.reset_reduce)
     mean_sq = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.psum)
-    _group_sum(mean_sq, _placed(sum_sq, mask, g, "vector"), _scale_columns(p, 1.0 / (f * g)))
+    _group_sum(mean_sq, _row_band_stationary(sum_sq, mask, g, "vector"), _scale_columns(p, 1.0 / (f * g)))
     rstd = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=rstd, op=nl.rsqrt, data=mean_sq, bias=fp32_column(eps)[0:p, :])
     if weight_tile is None:
@@ -263,7 +271,7 @@ def _layer_block(x_tile, out_tile, vector_tiles, g, mask, eps):
     stats = _zero_eps_psum(p, eps)                                      # PSUM [p, 3]: [0, 0, eps]
     inverse = 1.0 / (f * g)
     columns = _scale_columns(p, inverse, -inverse)                      # [1/H, -1/H]
-    shift = _row_shift(x_tile, g, mask)                                 # (p, 1): K
+    shift = _row_shift(x_tile, g, mask, columns[:, 0:1])                # (p, 1): K
     sum_c = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
     centred = nl.ndarray((p, f), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_scalar_reduce(dst=centred, data=x_tile, op0=nl.subtract, operand0=shift, reduce_op=nl.add,
@@ -272,8 +280,8 @@ def _layer_block(x_tile, out_tile, vector_tiles, g, mask, eps):
     discard = nl.ndarray((p, f), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=discard, op=nl.square, data=x_tile, scale=-1.0, bias=shift, reduce_op=nl.add,
                     reduce_res=sum_sq, reduce_cmd=nisa.reduce_cmd.reset_reduce)
-    _group_sum(stats[:, 0:2], _placed(sum_c, mask, g, "vector"), columns, accumulate=True)
-    _group_sum(stats[:, 2:3], _placed(sum_sq, mask, g, "gpsimd"), columns[:, 0:1], accumulate=True)
+    _group_sum(stats[:, 0:2], _row_band_stationary(sum_c, mask, g, "vector"), columns, accumulate=True)
+    _group_sum(stats[:, 2:3], _row_band_stationary(sum_sq, mask, g, "gpsimd"), columns[:, 0:1], accumulate=True)
     m2, neg_m2, mean_sq_eps = stats[:, 0:1], stats[:, 1:2], stats[:, 2:3]
     rstd = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
     if x_tile.dtype == nl.float32:
@@ -287,12 +295,14 @@ def _layer_block(x_tile, out_tile, vector_tiles, g, mask, eps):
         nisa.tensor_scalar(dst=rstd, data=var_eps, op0=nl.maximum, operand0=float(eps), op1=nl.power,
                            operand1=-0.5, engine=nisa.engine.gpsimd)
     else:
-        # K is the exact mean of 128 of the row's 16-bit values (each x / 128 is exact in
-        # fp32, and so is their sum), so a constant row gives c = 0 and var = 0; otherwise
-        # mean(c**2) <= (1 + H / 128) * var (_row_shift) keeps the rounding of
-        # mean(c**2) - m2**2 a small fraction of var: var + eps stays positive without a
-        # clamp. rstd in one ScalarE instruction: (-m2 * m2 + (mean(c**2) + eps)) ** -0.5
-        # (scale and bias per partition), as nki-library's layernorm_tkg takes
+        # A constant 16-bit row gives K = x exactly (x / 128 is exact in fp32 and so are the
+        # partial sums k * x / 128 of equal terms, k <= 128: at most 11 + 7 significant
+        # bits), so c = 0 and var = 0. Otherwise mean(c**2) <= (1 + H / 128) * var
+        # (_row_shift: at most 547 at the largest H the contract allows with 15 rows,
+        # 69888), and the fp32 rounding of mean(c**2) - m2**2 (about (F + G) * 2**-24 of
+        # mean(c**2) at worst, F <= 4368: 2.6e-4) stays a small part of var (<= ~0.15 var):
+        # var + eps stays positive without a clamp. rstd in one ScalarE instruction: (-m2 * m2 + (mean(c**2) + eps))
+        # ** -0.5 (scale and bias per partition), as nki-library's layernorm_tkg takes
         # rsqrt(var + eps) on ScalarE
         nisa.activation(dst=rstd, op=nl.rsqrt, data=neg_m2, scale=m2, bias=mean_sq_eps)
     if weight_tile is not None:

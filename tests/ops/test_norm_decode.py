@@ -261,8 +261,14 @@ def test_decode_kernels_refuse_shapes_outside_their_contract(op, rows, hidden, l
         simulator.run(kernel[2], x)
 
 
+# the first three take the grouped layout, the others the hidden-on-partitions one
+# (test_non_finite_row_cases_take_both_layouts)
+NON_FINITE_CASES = [(16, 4096, BF16), (15, 12288, F32), (64, 1024, F16),
+                    (8, 4096, BF16), (14, 4096, F16), (6, 8192, F32), (57, 1024, BF16)]
+
+
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
-@pytest.mark.parametrize("rows, hidden, dtype", [(16, 4096, BF16), (15, 12288, F32), (64, 1024, F16)])
+@pytest.mark.parametrize("rows, hidden, dtype", NON_FINITE_CASES)
 def test_a_non_finite_row_leaves_the_other_rows_alone(simulator_backend, op, rows, hidden, dtype):
     # a NaN in one row and an inf in another: torch gives those rows NaN / 0 (and NaN at the
     # inf), every other row its own finite result. A layout tried on 2026-12-07 summed each
@@ -425,10 +431,31 @@ def test_grouped_layer_norm_16bit_large_constant_rows_with_tiny_eps(simulator_ba
     torch.testing.assert_close(out, torch.zeros(rows, hidden, dtype=dtype), atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
-def test_non_finite_row_cases_take_the_grouped_layout(op):
-    # test_a_non_finite_row_leaves_the_other_rows_alone pins the grouped layout's NaN-safe
-    # sums only if its shapes take that layout
-    for rows, hidden in ((16, 4096), (15, 12288), (64, 1024)):
-        assert GROUPED.takes(rows, hidden), (rows, hidden)
+def test_non_finite_row_cases_take_both_layouts():
+    # test_a_non_finite_row_leaves_the_other_rows_alone pins both layouts' row independence
+    # only if its shapes take both
+    taken = [GROUPED.takes(rows, hidden) for rows, hidden, _ in NON_FINITE_CASES]
+    assert taken == [True] * 3 + [False] * 4
+
+
+@pytest.mark.parametrize("dtype", [F16, BF16])
+def test_grouped_layer_norm_16bit_near_constant_rows_with_zero_eps(simulator_backend, dtype):
+    # 16-bit rows take rstd without a clamp: rows of one large value with a few elements
+    # one ulp off (some among the shift's 128 samples) have a tiny variance, and with eps = 0
+    # a variance that rounded below 0 would give NaN where float64 torch is finite
+    rows, hidden = 16, 4096
+    assert GROUPED.takes(rows, hidden)
+    base = 2048.0 if dtype == F16 else 32768.0
+    ulp = 2.0 if dtype == F16 else 256.0
+    x = torch.full((rows, hidden), base)
+    gen = torch.Generator().manual_seed(7)
+    for r in range(rows):
+        cols = torch.randperm(hidden, generator=gen)[: 2 + r]
+        cols[0] = r                                    # one inside the shift's samples
+        x[r, cols] += ulp * (2 * torch.randint(0, 2, (cols.numel(),), generator=gen) - 1)
+    x = x.to(dtype)
+    out = nki_kernels.layer_norm(x, (hidden,), None, None, 0.0)
+    expected = references.layer_norm(x.double(), (hidden,), None, None, 0.0, compute_dtype=torch.float64)
+    assert torch.isfinite(expected).all() and torch.isfinite(out).all()
+    assert_matches(out, expected, dtype, rel=None if dtype != F16 else 2e-3)
 
