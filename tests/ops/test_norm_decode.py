@@ -338,14 +338,7 @@ def test_grouped_layout_moves_one_run_per_partition(lnc):
 @pytest.mark.parametrize("affine", ["weight+bias", "weight", "bias", "none"])
 def test_layer_norm_decode_grouped(simulator_backend, rows, hidden, dtype, affine):
     assert GROUPED.takes(rows, hidden)
-    # a large mean: the shift keeps the variance
-    x = randn(rows, hidden, dtype=dtype, scale=2.0, shift=300.0 if dtype == F32 else 30.0)
-    w = randn(hidden, dtype=dtype) if "weight" in affine else None
-    b = randn(hidden, dtype=dtype) if "bias" in affine else None
-    out = nki_kernels.layer_norm(x, (hidden,), w, b, 1e-5)
-    expected = references.layer_norm(x.double(), (hidden,), None if w is None else w.double(),
-                                     None if b is None else b.double(), 1e-5, compute_dtype=torch.float64)
-    assert_matches(out, expected, dtype, rel=None if dtype != F16 else 2e-3)
+    _check_layer_norm(rows, hidden, dtype, affine)
 
 
 @pytest.mark.parametrize("rows, hidden, dtype", GROUPED_CASES, ids=GROUPED_IDS)
