@@ -301,9 +301,9 @@ def _layer_block(x_tile, out_tile, vector_tiles, g, mask, eps):
         # (_row_shift: at most 547 at the largest H the contract allows with 15 rows,
         # 69888), and the fp32 rounding of mean(c**2) - m2**2 (about (F + G) * 2**-24 of
         # mean(c**2) at worst, F <= 4368: 2.6e-4) stays a small part of var (<= ~0.15 var):
-        # var + eps stays positive without a clamp. rstd in one ScalarE instruction: (-m2 * m2 + (mean(c**2) + eps))
-        # ** -0.5 (scale and bias per partition), as nki-library's layernorm_tkg takes
-        # rsqrt(var + eps) on ScalarE
+        # var + eps stays positive without a clamp. rstd in one ScalarE instruction,
+        # (-m2 * m2 + (mean(c**2) + eps)) ** -0.5 (scale and bias per partition), as
+        # nki-library's layernorm_tkg takes rsqrt(var + eps) on ScalarE
         nisa.activation(dst=rstd, op=nl.rsqrt, data=neg_m2, scale=m2, bias=mean_sq_eps)
     if weight_tile is not None:
         # y * weight, y = c - m2 (fp32)
