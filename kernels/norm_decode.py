@@ -181,13 +181,17 @@ def _rms_all(x_tile, out_tile, weight_tile, cols, eps):
     nisa.tensor_tensor(dst=out_tile, data1=scaled, data2=_along_h1(rstd, h1), op=nl.multiply)
 
 
-def _decode(x, vectors, rows_body, all_body, eps):
-    """What both kernels do around their statistics: this program's rows of x [N, H] into
-    SBUF as [128, n, H1], the per-column ``vectors`` (weight, bias; None stays None) as
-    [128, H1], ``rows_body`` (total rows <= ROW_LOOP_MAX_ROWS; None: never) or ``all_body``
-    (x_tile, out_tile, *vector tiles, H, eps), the result stored back. Returns the
-    shared_hbm output [N, H]."""
+def _decode(x, vectors, rows_body, all_body, eps, grouped):
+    """What both kernels do around their statistics: the shape contract (_check), then
+    either the grouped layout's ``grouped`` (x, *vectors, eps) where its rule takes the shape
+    (norm_decode_grouped.takes), or this layout: this program's rows of x [N, H] into SBUF as
+    [128, n, H1], the per-column ``vectors`` (weight, bias; None stays None) as [128, H1],
+    ``rows_body`` (total rows <= ROW_LOOP_MAX_ROWS; None: never) or ``all_body`` (x_tile,
+    out_tile, *vector tiles, H, eps), the result stored back. Returns the shared_hbm output
+    [N, H]."""
     total_rows, cols, h1 = _check(x)
+    if grouped_takes(total_rows, cols):
+        return grouped(x, *vectors, eps)
     out = nl.ndarray((total_rows, cols), dtype=x.dtype, buffer=nl.shared_hbm)
     lo, hi = program_share(total_rows)          # this program's rows
     if hi == lo:
@@ -216,10 +220,7 @@ def rms_norm_decode_kernel(x, weight=None, eps=1e-6):
     Returns:
         HBM [N, H] (shared_hbm), dtype of ``x``.
     """
-    _check(x)            # both layouts take the shapes of this kernel's contract
-    if grouped_takes(x.shape[0], x.shape[1]):
-        return rms_norm_grouped(x, weight, eps)
-    return _decode(x, (weight,), _rms_rows, _rms_all, eps)
+    return _decode(x, (weight,), _rms_rows, _rms_all, eps, rms_norm_grouped)
 
 
 # ----------------------------------------------------------------------------- LayerNorm
@@ -555,7 +556,4 @@ def layer_norm_decode_kernel(x, weight=None, bias=None, eps=1e-5):
     Returns:
         HBM [N, H] (shared_hbm), dtype of ``x``.
     """
-    _check(x)            # both layouts take the shapes of this kernel's contract
-    if grouped_takes(x.shape[0], x.shape[1]):
-        return layer_norm_grouped(x, weight, bias, eps)
-    return _decode(x, (weight, bias), None, _layer_all, eps)
+    return _decode(x, (weight, bias), None, _layer_all, eps, layer_norm_grouped)
