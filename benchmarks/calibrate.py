@@ -184,6 +184,8 @@ class Row:
                                        # kernels (their sequential_range loops: Target.beta1_sequential_loops)
     hbm_bytes: list = field(default_factory=list)  # [read, written] HBM bytes of the profile: the
                                        # port must move exactly these (hbm_traffic)
+    dma_profile: list = field(default_factory=list)  # [transfers, mean bytes] a profile counts: the
+                                       # port must issue that many, that large on average (dma_counts)
     run: object = field(default=None, repr=False)   # simulator.SimResult once run
     def __hash__(self):
         return hash(self.id)
@@ -212,6 +214,10 @@ def load_rows(path: Path = DATA) -> list[Row]:
         if row.hbm_bytes and (len(row.hbm_bytes) != 2 or not all(isinstance(b, int) and b >= 0
                                                                   for b in row.hbm_bytes)):
             raise ValueError(f"{path}: {row.id}: hbm_bytes={row.hbm_bytes!r}; expected [read, written] byte counts")
+        if row.dma_profile and (len(row.dma_profile) != 2 or not all(isinstance(n, int) and n > 0
+                                                                      for n in row.dma_profile)):
+            raise ValueError(f"{path}: {row.id}: dma_profile={row.dma_profile!r}; expected [transfers, mean bytes], "
+                             "both positive integers")
         if row.compiler not in COMPILERS:
             raise ValueError(f"{path}: {row.id}: compiler={row.compiler!r}; expected one of {COMPILERS}")
         if row.lnc not in (1, 2):
@@ -475,6 +481,23 @@ def hbm_traffic(result) -> tuple[int, int]:
     dma = [i for i in result.trace if i.engine == "dma"]
     return (sum(o.nbytes for i in dma for o in i.reads if o.buffer == "hbm"),
             sum(o.nbytes for i in dma for o in i.writes if o.buffer == "hbm"))
+
+
+def dma_counts(result) -> tuple[int, int]:
+    """(DMA transfers, their mean size in bytes, rounded) of a SimResult: what a profile's
+    "DMA transfer count" and "DMA avg transfer size" give. A transfer is one dma_copy; its
+    size is the bytes of its HBM side (a transfer between on-chip buffers has none: refused)."""
+    dma = [i for i in result.trace if i.engine == "dma"]
+    if not dma:
+        raise ValueError("dma_counts: the run issued no DMA transfer")
+    sizes = []
+    for i in dma:
+        hbm = [o.nbytes for o in (*i.reads, *i.writes) if o.buffer == "hbm"]
+        if not hbm:
+            raise ValueError(f"dma_counts: transfer #{i.index} has no HBM side; a profile's transfer size "
+                             "is not defined for it here")
+        sizes.append(max(hbm))
+    return len(dma), round(sum(sizes) / len(dma))
 
 
 def _slots(est, pred):

@@ -45,9 +45,9 @@ def _assert_matmul(out, lhsT, rhs, roundings, relative):
 
 
 def row_key(row) -> str:
-    """A row's kernel and the string arguments that choose its code path (mamba's version,
-    activation's func): what one test here has to cover."""
-    modes = "".join(f"[{k}={v}]" for k, v in sorted(row.args.items()) if isinstance(v, str))
+    """A row's kernel and the string and boolean arguments that choose its code path (mamba's
+    version, activation's func, selective_scan's a_block): what one test here has to cover."""
+    modes = "".join(f"[{k}={v}]" for k, v in sorted(row.args.items()) if isinstance(v, (str, bool)))
     return row.kernel + modes
 
 
@@ -86,6 +86,8 @@ COVERED = {
        for v in ("tutorial", "c1", "c2", "c3", "c4", "c5", "best")},
     **{f"optimization_guide_matmul:matmul[version={v}]": "test_optimization_guide_matmuls_multiply"
        for v in ("v2", "v3", "v5")},
+    **{f"nkilib_scan:selective_scan[a_block={v}]": "test_selective_scan_port_follows_the_recurrence"
+       for v in (True, False)},
 }
 
 
@@ -957,3 +959,81 @@ def test_autocomp_sd_attention_rejects_bad_versions_shapes_dtypes_and_engines(ca
     with pytest.raises(ValueError, match=message):
         simulate(calibrate, "autocomp_sd_attention:sd_attention", "trn1", q=q, k=k, v=v, version=version,
                  copy_engine=copy_engine)
+
+
+# ----------------------------------------------------------------------------- nkilib_scan:selective_scan
+# nki-library's selective scan (pull request #1): y = sum_n C_n * h_n (+ D x), h_n the scan of
+# exp(dt A_n) and dt x B_n carried across 512-column tiles through final_state in HBM, which
+# the kernel also returns. Reference: float64 on the same (rounded) inputs.
+
+def selective_scan_reference(x, dt, A, B, C, D=None, initial_state=None, carry=True):
+    """float64 (y, final_state); ``carry=False`` restarts the state at every 512-column tile
+    (a wrong variant: the inputs must tell it from the carried scan)."""
+    x, dt, A, B, C = (t.double() for t in (x, dt, A, B, C))
+    batch, channels, length = x.shape
+    h = (initial_state.double().clone() if initial_state is not None
+         else torch.zeros(batch, channels, A.shape[1], dtype=torch.float64))
+    h0 = h.clone()
+    y = torch.zeros(batch, channels, length, dtype=torch.float64)
+    for t in range(length):
+        if not carry and t and t % 512 == 0:
+            h = h0.clone()
+        decay = torch.exp(dt[:, :, t, None] * A[None])                       # [b, c, n]
+        h = decay * h + (dt[:, :, t] * x[:, :, t])[:, :, None] * B[:, None, :, t]
+        y[:, :, t] = (h * C[:, None, :, t]).sum(-1)
+    if D is not None:
+        y = y + D.double()[None, :, None] * x
+    return y, h
+
+
+@pytest.mark.parametrize("batch, channels, length, states, dtype, with_d, with_init", [
+    (1, 128, 256, 16, torch.float32, True, False),      # the profiled call
+    (2, 200, 700, 3, torch.float32, True, True),        # a partial channel tile, a partial column tile
+    (1, 97, 1024, 5, torch.float32, False, True),       # two whole column tiles
+])
+@pytest.mark.parametrize("a_block", [True, False])
+def test_selective_scan_port_follows_the_recurrence(calibrate, batch, channels, length, states, dtype, with_d,
+                                                    with_init, a_block):
+    x = torch.randn(batch, channels, length).to(dtype)
+    dt = (torch.rand(batch, channels, length) * 0.09 + 0.01).to(dtype)
+    A = -(torch.rand(channels, states) * 1.5 + 0.5)
+    B, C = (torch.randn(batch, states, length).to(dtype) for _ in range(2))
+    kw = dict(x=x, dt=dt, A=A, B=B, C=C)
+    if with_d:
+        kw["D"] = torch.randn(channels)
+    if with_init:
+        kw["initial_state"] = torch.randn(batch, channels, states)
+    y, final_state = simulate(calibrate, "nkilib_scan:selective_scan", "trn1", a_block=a_block, **kw).outputs
+    want_y, want_state = selective_scan_reference(**kw)
+    assert y.dtype == dtype and final_state.dtype == torch.float32
+    # fp32 throughout; the state sums ~1 / (dt |A|) <= 100 steps of fp32 roundings, so 1e-4 of
+    # the largest value covers it
+    torch.testing.assert_close(y.double(), want_y, atol=1e-4 * float(want_y.abs().max()), rtol=1e-5)
+    torch.testing.assert_close(final_state.double(), want_state, atol=1e-4 * float(want_state.abs().max()), rtol=1e-5)
+    if length > 512:   # a scan that dropped its carry between column tiles would fail
+        wrong, _ = selective_scan_reference(**kw, carry=False)
+        assert float((y.double() - wrong).abs().max()) > 1e-2 * float(want_y.abs().max())
+
+
+@pytest.mark.parametrize("shapes, message", [
+    (dict(dt=(1, 128, 200)), r"dt.shape=\(1, 128, 200\) must equal x.shape=\(1, 128, 256\)"),
+    (dict(A=(64, 4)), r"A.shape=\(64, 4\) must be \(channels=128, states\)"),
+    (dict(C=(1, 4, 128)), r"C.shape=\(1, 4, 128\) must both be \(batch=1, states=4, L=256\)"),
+])
+def test_selective_scan_port_rejects_mismatched_shapes(calibrate, shapes, message):
+    dims = {"x": (1, 128, 256), "dt": (1, 128, 256), "A": (128, 4), "B": (1, 4, 256), "C": (1, 4, 256), **shapes}
+    kw = {k: torch.rand(*v) for k, v in dims.items()}
+    with pytest.raises(ValueError, match=message):
+        simulate(calibrate, "nkilib_scan:selective_scan", "trn1", **kw)
+
+
+def test_selective_scan_port_keeps_the_sources_bf16_shuffle_which_nki_refuses(calibrate):
+    # the source shuffles B's row in B's dtype into an fp32 tile; nc_stream_shuffle's first
+    # documented constraint is "dst must have same data type as src", so with bf16 B and C
+    # (a dtype its own tests sweep) the stream does not build here: only fp32 is profiled
+    from nki_kernels.simulator.errors import NkiValidationError
+
+    kw = {"x": torch.rand(1, 128, 256), "dt": torch.rand(1, 128, 256), "A": -torch.rand(128, 4),
+          "B": torch.rand(1, 4, 256).to(torch.bfloat16), "C": torch.rand(1, 4, 256).to(torch.bfloat16)}
+    with pytest.raises(NkiValidationError, match="nc_stream_shuffle: dst dtype float32 must equal src dtype bfloat16"):
+        simulate(calibrate, "nkilib_scan:selective_scan", "trn1", **kw)
