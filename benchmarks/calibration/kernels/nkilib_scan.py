@@ -1,6 +1,6 @@
 """Port of the selective-scan kernel of aws-neuron/nki-library pull request #1
 (refs/pull/1/head; nkilib/experimental/scan/selective_scan.py at 1660ab0 and at ebe57b2),
-profiled on trn1 by its author (hw figures in the commit message of ebe57b2).
+profiled on trn1 by its author (the figures: the commit message of ebe57b2).
 
     y[b, c, t] = sum_n C[b, n, t] * h_n[c, t] (+ D[c] * x[b, c, t]),
     h_n[c, t]  = exp(dt[b, c, t] * A[c, n]) * h_n[c, t-1] + dt[b, c, t] * x[b, c, t] * B[b, n, t]
