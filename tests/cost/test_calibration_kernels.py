@@ -88,6 +88,8 @@ COVERED = {
        for v in ("v2", "v3", "v5")},
     **{f"nkilib_scan:selective_scan[a_block={v}]": "test_selective_scan_port_follows_the_recurrence"
        for v in (True, False)},
+    "nki_autotune_matmul:matmul_lhs_rhs": "test_nki_autotune_matmuls_multiply",
+    "nki_autotune_matmul:matmul_lhsT_rhs": "test_nki_autotune_matmuls_multiply",
 }
 
 
@@ -1037,3 +1039,35 @@ def test_selective_scan_port_keeps_the_sources_bf16_shuffle_which_nki_refuses(ca
           "B": torch.rand(1, 4, 256).to(torch.bfloat16), "C": torch.rand(1, 4, 256).to(torch.bfloat16)}
     with pytest.raises(NkiValidationError, match="nc_stream_shuffle: dst dtype float32 must equal src dtype bfloat16"):
         simulate(calibrate, "nkilib_scan:selective_scan", "trn1", **kw)
+
+
+# ----------------------------------------------------------------------------- nki_autotune_matmul
+# awslabs/nki-autotune's two 2048^3 bf16 matmuls. Each K block of 1024 accumulates in fp32
+# PSUM, is rounded to bf16 and added into a bf16 SBUF accumulator (two blocks), so an element
+# carries at most three bf16 roundings of |partials| <= sum_k |a_k b_k|: bounded by
+# 3 * 2^-8 of that sum (fp32's accumulation error is far below).
+
+@pytest.mark.parametrize("kernel, transposed", [("matmul_lhsT_rhs", True), ("matmul_lhs_rhs", False)])
+def test_nki_autotune_matmuls_multiply(calibrate, kernel, transposed):
+    a, b = (torch.randn(2048, 2048).to(torch.bfloat16) for _ in range(2))
+    names = ("lhs_T", "rhs") if transposed else ("lhs", "rhs")
+    out = simulate(calibrate, f"nki_autotune_matmul:{kernel}", "trn2", **dict(zip(names, (a, b)))).outputs
+    lhs = a.double().T if transposed else a.double()
+    ref = lhs @ b.double()
+    bound = 3 * 2.0 ** -8 * (lhs.abs() @ b.double().abs())
+    assert out.dtype == torch.bfloat16
+    bad = ~((out.double() - ref).abs() <= bound)
+    assert not bool(bad.any()), f"{int(bad.sum())} elements off; max error {(out.double() - ref).abs().max():.3g}"
+    # the inputs tell a kernel that dropped a K block from one that did not
+    half = lhs[:, :1024] @ b.double()[:1024]
+    assert float((out.double() - half).abs().max()) > float(bound.max())
+
+
+@pytest.mark.parametrize("kernel, shapes, message", [
+    ("matmul_lhsT_rhs", dict(lhs_T=(2048, 1024), rhs=(2048, 2048)), r"lhs_T.shape=\(2048, 1024\); the kernel is written"),
+    ("matmul_lhs_rhs", dict(lhs=(2048, 2048), rhs=(1024, 2048)), r"rhs.shape=\(1024, 2048\); the kernel is written"),
+])
+def test_nki_autotune_matmuls_take_only_their_shape(calibrate, kernel, shapes, message):
+    kw = {k: torch.randn(*v).to(torch.bfloat16) for k, v in shapes.items()}
+    with pytest.raises(ValueError, match=message):
+        simulate(calibrate, f"nki_autotune_matmul:{kernel}", "trn2", **kw)
