@@ -88,6 +88,8 @@ COVERED = {
        for v in ("v2", "v3", "v5")},
     **{f"nkilib_scan:selective_scan[a_block={v}]": "test_selective_scan_port_follows_the_recurrence"
        for v in (True, False)},
+    **{f"matmul_tutorial:matmul[version={v}]": "test_matmul_tutorial_kernels_multiply"
+       for v in ("hoist_load", "block_free", "fully_optimized")},
     "nki_autotune_matmul:matmul_lhs_rhs": "test_nki_autotune_matmuls_multiply",
     "nki_autotune_matmul:matmul_lhsT_rhs": "test_nki_autotune_matmuls_multiply",
 }
@@ -1071,3 +1073,45 @@ def test_nki_autotune_matmuls_take_only_their_shape(calibrate, kernel, shapes, m
     kw = {k: torch.randn(*v).to(torch.bfloat16) for k, v in shapes.items()}
     with pytest.raises(ValueError, match=message):
         simulate(calibrate, f"nki_autotune_matmul:{kernel}", "trn2", **kw)
+
+
+# ----------------------------------------------------------------------------- matmul_tutorial:matmul
+# The NKI matmul tutorial's optimized kernels (@72825d50), at small shapes of whole blocks
+# (fully_optimized: 2 K blocks, 2 M blocks, 2 N blocks). fp32 PSUM accumulation, one bf16
+# rounding of the output (hoist_load, block_free); fully_optimized adds each K block's fp32
+# sum into a bf16 SBUF block, so one bf16 rounding per K block plus the final copy.
+
+@pytest.mark.parametrize("version, K, M, N, roundings", [
+    ("hoist_load", 384, 256, 1024, 1),
+    ("block_free", 256, 512, 2048, 1),
+    ("fully_optimized", 2048, 4096, 2048, 3),
+])
+def test_matmul_tutorial_kernels_multiply(calibrate, version, K, M, N, roundings):
+    a, b = torch.randn(K, M).to(torch.bfloat16), torch.randn(K, N).to(torch.bfloat16)
+    out = simulate(calibrate, "matmul_tutorial:matmul", "trn1", lhsT=a, rhs=b, version=version).outputs
+    ref = a.double().T @ b.double()
+    bound = roundings * 2.0 ** -8 * (a.double().abs().T @ b.double().abs())
+    assert out.dtype == torch.bfloat16
+    bad = ~((out.double() - ref).abs() <= bound)
+    assert not bool(bad.any()), f"{int(bad.sum())} elements off; max error {(out.double() - ref).abs().max():.3g}"
+    # the inputs tell a kernel that dropped the last K tile from one that did not
+    short = a.double()[:-128].T @ b.double()[:-128]
+    assert float((out.double() - short).abs().max()) > float(bound.max())
+
+
+@pytest.mark.parametrize("version, K, M, N, message", [
+    ("tiled", 256, 256, 1024, r"version='tiled'; expected one of \('hoist_load', 'block_free', 'fully_optimized'\)"),
+    ("hoist_load", 200, 256, 1024, r"lhsT.shape\[0\] \(K\)=200 must be a multiple of 128"),
+    ("block_free", 256, 384, 2048, r"lhsT.shape\[1\] \(M\)=384 must be a multiple of 256"),
+    ("fully_optimized", 1024, 2048, 1536, r"rhs.shape\[1\] \(N\)=1536 must be a multiple of 1024"),
+])
+def test_matmul_tutorial_rejects_versions_and_shapes_it_does_not_tile(calibrate, version, K, M, N, message):
+    a, b = torch.randn(K, M).to(torch.bfloat16), torch.randn(K, N).to(torch.bfloat16)
+    with pytest.raises(ValueError, match=message):
+        simulate(calibrate, "matmul_tutorial:matmul", "trn1", lhsT=a, rhs=b, version=version)
+
+
+def test_matmul_tutorial_rejects_a_contraction_mismatch(calibrate):
+    a, b = torch.randn(256, 256).to(torch.bfloat16), torch.randn(384, 1024).to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"rhs.shape\[0\]=384 must equal lhsT.shape\[0\]=256"):
+        simulate(calibrate, "matmul_tutorial:matmul", "trn1", lhsT=a, rhs=b, version="hoist_load")
