@@ -485,8 +485,9 @@ def hbm_traffic(result) -> tuple[int, int]:
 
 def dma_counts(result) -> tuple[int, int]:
     """(DMA transfers, their mean size in bytes, rounded) of a SimResult: what a profile's
-    "DMA transfer count" and "DMA avg transfer size" give. A transfer is one dma_copy; its
-    size is the bytes of its HBM side (a transfer between on-chip buffers has none: refused)."""
+    "DMA transfer count" and "DMA avg transfer size" give. A transfer is one DMA-engine
+    instruction (dma_copy, dma_transpose, ...); its size is the bytes of its HBM side (a
+    transfer between on-chip buffers has none: refused)."""
     dma = [i for i in result.trace if i.engine == "dma"]
     if not dma:
         raise ValueError("dma_counts: the run issued no DMA transfer")

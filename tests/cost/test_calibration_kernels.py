@@ -990,18 +990,19 @@ def selective_scan_reference(x, dt, A, B, C, D=None, initial_state=None, carry=T
     return y, h
 
 
-@pytest.mark.parametrize("batch, channels, length, states, dtype, with_d, with_init", [
-    (1, 128, 256, 16, torch.float32, True, False),      # the profiled call
-    (2, 200, 700, 3, torch.float32, True, True),        # a partial channel tile, a partial column tile
-    (1, 97, 1024, 5, torch.float32, False, True),       # two whole column tiles
+@pytest.mark.parametrize("batch, channels, length, states, with_d, with_init", [
+    (1, 128, 256, 16, True, False),      # the profiled call
+    (2, 200, 700, 3, True, True),        # a partial channel tile, a partial column tile
+    (1, 97, 1024, 5, False, True),       # two whole column tiles
 ])
 @pytest.mark.parametrize("a_block", [True, False])
-def test_selective_scan_port_follows_the_recurrence(calibrate, batch, channels, length, states, dtype, with_d,
+def test_selective_scan_port_follows_the_recurrence(calibrate, batch, channels, length, states, with_d,
                                                     with_init, a_block):
-    x = torch.randn(batch, channels, length).to(dtype)
-    dt = (torch.rand(batch, channels, length) * 0.09 + 0.01).to(dtype)
+    # fp32 only: the profiled dtype (the source's bf16 path: the test below)
+    x = torch.randn(batch, channels, length)
+    dt = torch.rand(batch, channels, length) * 0.09 + 0.01
     A = -(torch.rand(channels, states) * 1.5 + 0.5)
-    B, C = (torch.randn(batch, states, length).to(dtype) for _ in range(2))
+    B, C = (torch.randn(batch, states, length) for _ in range(2))
     kw = dict(x=x, dt=dt, A=A, B=B, C=C)
     if with_d:
         kw["D"] = torch.randn(channels)
@@ -1009,8 +1010,8 @@ def test_selective_scan_port_follows_the_recurrence(calibrate, batch, channels, 
         kw["initial_state"] = torch.randn(batch, channels, states)
     y, final_state = simulate(calibrate, "nkilib_scan:selective_scan", "trn1", a_block=a_block, **kw).outputs
     want_y, want_state = selective_scan_reference(**kw)
-    assert y.dtype == dtype and final_state.dtype == torch.float32
-    # fp32 throughout; the state sums ~1 / (dt |A|) <= 100 steps of fp32 roundings, so 1e-4 of
+    assert y.dtype == torch.float32 and final_state.dtype == torch.float32
+    # fp32 throughout; the state sums ~1 / (dt |A|) <= 200 steps of fp32 roundings, so 1e-4 of
     # the largest value covers it
     torch.testing.assert_close(y.double(), want_y, atol=1e-4 * float(want_y.abs().max()), rtol=1e-5)
     torch.testing.assert_close(final_state.double(), want_state, atol=1e-4 * float(want_state.abs().max()), rtol=1e-5)
@@ -1020,9 +1021,11 @@ def test_selective_scan_port_follows_the_recurrence(calibrate, batch, channels, 
 
 
 @pytest.mark.parametrize("shapes, message", [
-    (dict(dt=(1, 128, 200)), r"dt.shape=\(1, 128, 200\) must equal x.shape=\(1, 128, 256\)"),
-    (dict(A=(64, 4)), r"A.shape=\(64, 4\) must be \(channels=128, states\)"),
-    (dict(C=(1, 4, 128)), r"C.shape=\(1, 4, 128\) must both be \(batch=1, states=4, L=256\)"),
+    (dict(dt=(1, 128, 200)), r"dt.shape=\(1, 128, 200\); expected \(1, 128, 256\)"),
+    (dict(A=(64, 4)), r"A.shape=\(64, 4\); expected \(128, 4\)"),
+    (dict(C=(1, 4, 128)), r"C.shape=\(1, 4, 128\); expected \(1, 4, 256\)"),
+    (dict(D=(64,)), r"D.shape=\(64,\); expected \(128,\)"),
+    (dict(initial_state=(1, 128, 5)), r"initial_state.shape=\(1, 128, 5\); expected \(1, 128, 4\)"),
 ])
 def test_selective_scan_port_rejects_mismatched_shapes(calibrate, shapes, message):
     dims = {"x": (1, 128, 256), "dt": (1, 128, 256), "A": (128, 4), "B": (1, 4, 256), "C": (1, 4, 256), **shapes}
@@ -1031,10 +1034,11 @@ def test_selective_scan_port_rejects_mismatched_shapes(calibrate, shapes, messag
         simulate(calibrate, "nkilib_scan:selective_scan", "trn1", **kw)
 
 
-def test_selective_scan_port_keeps_the_sources_bf16_shuffle_which_nki_refuses(calibrate):
-    # the source shuffles B's row in B's dtype into an fp32 tile; nc_stream_shuffle's first
-    # documented constraint is "dst must have same data type as src", so with bf16 B and C
-    # (a dtype its own tests sweep) the stream does not build here: only fp32 is profiled
+def test_selective_scan_port_keeps_the_sources_bf16_shuffle_which_the_simulator_refuses(calibrate):
+    # the source shuffles B's row in B's dtype into an fp32 tile; the simulator follows
+    # nc_stream_shuffle's NKI 0.7 docstring, "dst must have same data type as src", so with
+    # bf16 B and C (a dtype the source's own tests sweep, and which the compiler it ran with
+    # may have accepted) the stream does not build here: only fp32 is profiled
     from nki_kernels.simulator.errors import NkiValidationError
 
     kw = {"x": torch.rand(1, 128, 256), "dt": torch.rand(1, 128, 256), "A": -torch.rand(128, 4),
@@ -1049,20 +1053,30 @@ def test_selective_scan_port_keeps_the_sources_bf16_shuffle_which_nki_refuses(ca
 # carries at most three bf16 roundings of |partials| <= sum_k |a_k b_k|: bounded by
 # 3 * 2^-8 of that sum (fp32's accumulation error is far below).
 
-@pytest.mark.parametrize("kernel, transposed", [("matmul_lhsT_rhs", True), ("matmul_lhs_rhs", False)])
-def test_nki_autotune_matmuls_multiply(calibrate, kernel, transposed):
-    a, b = (torch.randn(2048, 2048).to(torch.bfloat16) for _ in range(2))
-    names = ("lhs_T", "rhs") if transposed else ("lhs", "rhs")
-    out = simulate(calibrate, f"nki_autotune_matmul:{kernel}", "trn2", **dict(zip(names, (a, b)))).outputs
-    lhs = a.double().T if transposed else a.double()
-    ref = lhs @ b.double()
-    bound = 3 * 2.0 ** -8 * (lhs.abs() @ b.double().abs())
+def _assert_bf16_blocks_matmul(out, lhs, rhs, roundings):
+    """Every element of ``out`` within ``roundings`` bf16 unit roundoffs (2^-8, a safe
+    margin over half an ulp) of sum |lhs||rhs| from the float64 lhs @ rhs, and a product
+    without the last 128 of K (a dropped K tile or block) outside that bound somewhere."""
+    lhs, rhs = lhs.double(), rhs.double()
+    ref = lhs @ rhs
+    bound = roundings * 2.0 ** -8 * (lhs.abs() @ rhs.abs())
     assert out.dtype == torch.bfloat16
     bad = ~((out.double() - ref).abs() <= bound)
     assert not bool(bad.any()), f"{int(bad.sum())} elements off; max error {(out.double() - ref).abs().max():.3g}"
-    # the inputs tell a kernel that dropped a K block from one that did not
-    half = lhs[:, :1024] @ b.double()[:1024]
-    assert float((out.double() - half).abs().max()) > float(bound.max())
+    short = lhs[:, :-128] @ rhs[:-128]
+    assert float((out.double() - short).abs().max()) > float(bound.max())
+
+
+@pytest.mark.parametrize("kernel, transposed, dma, vector", [("matmul_lhsT_rhs", True, 384, 448),
+                                                               ("matmul_lhs_rhs", False, 320, 400)])
+def test_nki_autotune_matmuls_multiply(calibrate, kernel, transposed, dma, vector):
+    a, b = (torch.randn(2048, 2048).to(torch.bfloat16) for _ in range(2))
+    names = ("lhs_T", "rhs") if transposed else ("lhs", "rhs")
+    res = simulate(calibrate, f"nki_autotune_matmul:{kernel}", "trn2", **dict(zip(names, (a, b))))
+    _assert_bf16_blocks_matmul(res.outputs, a.T if transposed else a, b, 3)
+    # the stream's shape, as the library's file issues it (counted by running it in the
+    # simulator): loads, transposes and stores; matmuls; memsets, PSUM copies and adds
+    assert collections.Counter(i.engine for i in res.trace) == {"dma": dma, "tensor": 1024, "vector": vector}
 
 
 @pytest.mark.parametrize("kernel, shapes, message", [
@@ -1081,22 +1095,21 @@ def test_nki_autotune_matmuls_take_only_their_shape(calibrate, kernel, shapes, m
 # rounding of the output (hoist_load, block_free); fully_optimized adds each K block's fp32
 # sum into a bf16 SBUF block, so one bf16 rounding per K block plus the final copy.
 
-@pytest.mark.parametrize("version, K, M, N, roundings", [
-    ("hoist_load", 384, 256, 1024, 1),
-    ("block_free", 256, 512, 2048, 1),
-    ("fully_optimized", 2048, 4096, 2048, 3),
+@pytest.mark.parametrize("version, K, M, N, roundings, counts", [
+    # loads and stores; matmuls; ScalarE copies; VectorE memsets and adds
+    ("hoist_load", 384, 256, 1024, 1, {"dma": 2 * 3 + 2 * 2 * 3 + 2 * 2, "tensor": 2 * 2 * 3, "scalar": 2 * 2}),
+    ("block_free", 256, 512, 2048, 1, {"dma": 2 * 4 + 2 * 8 + 16, "tensor": 32, "scalar": 16}),
+    ("fully_optimized", 2048, 4096, 2048, 2,
+     {"dma": 2 * 2 * (8 + 2 * 8) + 2 * 32, "tensor": 2 * 2 * 2 * 2 * 16 * 8, "scalar": 2 * 64,
+      "vector": 2 + 2 * 2 * 2 * 32}),
 ])
-def test_matmul_tutorial_kernels_multiply(calibrate, version, K, M, N, roundings):
+def test_matmul_tutorial_kernels_multiply(calibrate, version, K, M, N, roundings, counts):
+    # one bf16 rounding of the output (hoist_load, block_free); fully_optimized adds each K
+    # block's fp32 sum into a bf16 SBUF block: one rounding per K block (two here)
     a, b = torch.randn(K, M).to(torch.bfloat16), torch.randn(K, N).to(torch.bfloat16)
-    out = simulate(calibrate, "matmul_tutorial:matmul", "trn1", lhsT=a, rhs=b, version=version).outputs
-    ref = a.double().T @ b.double()
-    bound = roundings * 2.0 ** -8 * (a.double().abs().T @ b.double().abs())
-    assert out.dtype == torch.bfloat16
-    bad = ~((out.double() - ref).abs() <= bound)
-    assert not bool(bad.any()), f"{int(bad.sum())} elements off; max error {(out.double() - ref).abs().max():.3g}"
-    # the inputs tell a kernel that dropped the last K tile from one that did not
-    short = a.double()[:-128].T @ b.double()[:-128]
-    assert float((out.double() - short).abs().max()) > float(bound.max())
+    res = simulate(calibrate, "matmul_tutorial:matmul", "trn1", lhsT=a, rhs=b, version=version)
+    _assert_bf16_blocks_matmul(res.outputs, a.T, b, roundings)
+    assert collections.Counter(i.engine for i in res.trace) == counts
 
 
 @pytest.mark.parametrize("version, K, M, N, message", [

@@ -8,12 +8,16 @@ matrix_multiplication_nki_kernels.py at the same commit, benchmarked there with
 
 Our own beta-2 code (NKI 0.7) issuing each beta-1 kernel's instruction stream; the tutorial's
 first kernel ("Original Tiled") is Autocomp's first GEMM kernel, whose port
-(``autocomp_gemm:gemm``, variant s20_99) its row runs. The porting rules are that module's:
-an ``nl.zeros`` PSUM accumulator that matmuls add into is no memset (the first matmul writes
-the fresh tile), ``nl.copy`` out of PSUM or SBUF is a ScalarE copy, the beta-1 affine loops
-are plain loops and ``nl.sequential_range`` stays (the row's ``compiler = "beta1"``). A
-beta-1 tile with a block dimension before its partitions (``nl.par_dim``) is one tile here,
-partitions first, the block dimension next: the same bytes per partition, one allocation.
+(``autocomp_gemm:gemm``, variant s20_99) its row runs. The porting rules are the other beta-1
+ports' (kernels/autocomp_gemm.py, kernels/autocomp_attention.py): an ``nl.zeros`` PSUM
+accumulator that matmuls add into is no memset (the first matmul writes the fresh tile);
+``nl.copy`` out of PSUM or SBUF is a ScalarE copy; ``nl.zeros`` in SBUF is a VectorE memset
+and ``+=`` of two tiles a VectorE tensor_tensor; the beta-1 affine loops are plain loops and
+``nl.sequential_range`` stays (the row's ``compiler = "beta1"``). A beta-1 tile with a block
+dimension before its partitions (``nl.par_dim``) is one tile here, partitions first, the
+block dimension next: the same bytes per partition, one allocation. fully_optimized's
+``nl.zeros`` of its whole [2, 16, 2, 128, 512] result block is one memset of the tile here;
+the compiler may have issued it in pieces (no profile says).
 
     version      per block of output                          tiles kept in SBUF
     hoist_load   one 128-row M tile: its 64 lhsT tiles once;  lhsT [128, 64, 512] (the source

@@ -15,11 +15,11 @@ zeroed (memset), the K tiles of the block accumulate into it (nc_matmul), Vector
 ``tensor_copy`` moves it to an SBUF tile of the output's dtype, and ``tensor_tensor`` adds
 that into the SBUF accumulator leaf (which each kernel zeroes once per output block).
 
-    kernel    loads                                            blocks (d0 = M, d1 = K, d2 = N)
-    lhsT_rhs  lhs_T and rhs by dma_copy, 8 [128, 512] leaves   d2 (4) > d0 (2 K blocks) > d1 (4)
-              per block; lhs_T sets 2 x 4, rhs sets 2
-    lhs_rhs   lhs by dma_transpose, 8 [128, 1024] leaves per   d0 (2) > d2 (4) > d1 (2 K blocks)
-              block (sets 4 x 4); rhs by dma_copy (sets 8)
+    kernel    loads                                            loops, outer to inner (the sources' names)
+    lhsT_rhs  lhs_T and rhs by dma_copy, 8 [128, 512] leaves   d2: 4 x 512 columns of N > d0: 2 x 1024
+              per block; lhs_T sets 2 x 4, rhs sets 2          rows of K > d1: 4 x 512 rows of M
+    lhs_rhs   lhs by dma_transpose, 8 [128, 1024] leaves per   d0: 2 x 1024 rows of M > d2: 4 x 512
+              block (sets 4 x 4); rhs by dma_copy (sets 8)     columns of N > d1: 2 x 1024 rows of K
 
 The measured figures are the README's: lhs_rhs "10-rep mean 89.26%, sd 0.05pp; best single
 89.47% (0.2442 ms)", lhsT_rhs 90.92 % MFU. MFU there is neuron-profile's

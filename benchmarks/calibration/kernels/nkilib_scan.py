@@ -82,12 +82,13 @@ def selective_scan(x, dt, A, B, C, D=None, initial_state=None, a_block=True):
     ``a_block``: ebe57b2's A block (True) or 1660ab0's A column per state (False)."""
     batch, channels, length = x.shape
     states = A.shape[1]
-    if tuple(dt.shape) != tuple(x.shape) or tuple(A.shape) != (channels, states):
-        raise ValueError(f"selective_scan: dt.shape={tuple(dt.shape)} must equal x.shape={tuple(x.shape)} and "
-                         f"A.shape={tuple(A.shape)} must be (channels={channels}, states)")
-    if tuple(B.shape) != (batch, states, length) or tuple(C.shape) != tuple(B.shape):
-        raise ValueError(f"selective_scan: B.shape={tuple(B.shape)} and C.shape={tuple(C.shape)} must both be "
-                         f"(batch={batch}, states={states}, L={length})")
+    expected = {"dt": tuple(x.shape), "A": (channels, states), "B": (batch, states, length),
+                "C": (batch, states, length), "D": (channels,), "initial_state": (batch, channels, states)}
+    given = {"dt": dt, "A": A, "B": B, "C": C, "D": D, "initial_state": initial_state}
+    for name, want in expected.items():
+        if given[name] is not None and tuple(given[name].shape) != want:
+            raise ValueError(f"selective_scan: {name}.shape={tuple(given[name].shape)}; expected {want} for "
+                             f"x.shape={tuple(x.shape)} and A's {states} states")
     y = nl.ndarray((batch, channels, length), dtype=x.dtype, buffer=nl.shared_hbm)
     final_state = nl.ndarray((batch, channels, states), dtype=nl.float32, buffer=nl.shared_hbm)
     b_rows = B.reshape((batch * states, length))
