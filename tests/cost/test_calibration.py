@@ -192,10 +192,12 @@ def public_modeled(calibrate):
 def test_the_model_stays_within_the_band_on_the_held_out_measurements(calibrate, public_modeled):
     rows, _ = public_modeled
     values = _check(calibrate, rows, public_modeled[1])
-    # the check can fail: the same rows with a badly wrong overhead leave the band
-    wrong = calibrate.modeled(rows, {"vector_static_cycles": 1200.0, "scalar_static_cycles": 1200.0})
-    errs = calibrate.errors(rows, wrong)
-    assert any(abs(errs[r.id]) > calibrate.HELD_OUT_BAND for r in rows if r.split == "test")
+    # the check can fail: held-out rows with a badly wrong overhead leave the band (NKIBench's
+    # held-out rows, VectorE- and ScalarE-bound kernels; rescheduling every row took ~24 s)
+    some = [r for r in rows if r.id.startswith("nkibench.") and r.split == "test" and not r.relative_to]
+    wrong = calibrate.modeled(some, {"vector_static_cycles": 1200.0, "scalar_static_cycles": 1200.0})
+    errs = calibrate.errors(some, wrong)
+    assert len(some) >= 5 and any(abs(errs[r.id]) > calibrate.HELD_OUT_BAND for r in some)
     assert values
 
 
