@@ -287,6 +287,50 @@ def test_tiles_the_program_keeps_alive_get_their_own_buffers():
     assert rotation_edges(b.trace, allocs, 2) == []
 
 
+def _sets(iters: int, per_set: int = 3):
+    """Per iteration, a set of ``per_set`` tiles from one site (awslabs/nki-autotune's
+    ``allocate_buffers`` leaves): all loaded, then read in four rounds on ScalarE, every
+    leaf in each (as a matmul block reads its K tiles once per output tile). Returns (trace, allocations, {(iteration, leaf): (load, last read)
+    instruction indices})."""
+    b = TraceBuilder()
+    allocs, at, x = [], {}, new_alloc()
+    for i in range(iters):
+        leaves = [new_alloc() for _ in range(per_set)]
+        allocs += [AllocationSite(t, "sbuf", (("k.py", 5),), None, nbytes=512 * 4) for t in leaves]
+        loads = [b.dma(sbuf("dst", t, (128, 512)), hbm("src", x, (128, 512), offset=(i * per_set + j) * 128 * 512)).index
+                 for j, t in enumerate(leaves)]
+        for _ in range(4):
+            for j, t in enumerate(leaves):
+                at[i, j] = (loads[j], b.activation(sbuf("dst", new_alloc(), (128, 512)),
+                                                   sbuf("data", t, (128, 512))).index)
+    return b.trace, allocs, at
+
+
+def test_a_site_that_keeps_a_set_of_tiles_alive_rotates_depth_sets():
+    # sets of 3 tiles live together: at depth 2 the site has 6 buffers, so set 1 loads while
+    # set 0 is read (one set ahead, as one tile ahead for a site of single tiles) and set 2
+    # takes set 0's buffers. Until 2026-12-07 the site had 3 (as many as it kept alive):
+    # each set's loads waited for the previous set's reads, no prefetch at all
+    trace, allocs, at = _sets(4)
+    edges = set(rotation_edges(trace, allocs, 2))
+    assert not any((at[0, j][1], at[1, k][0]) in edges for j in range(3) for k in range(3))
+    assert {(at[0, j][1], at[2, j][0]) for j in range(3)} <= edges
+    assert {(at[1, j][1], at[3, j][0]) for j in range(3)} <= edges
+    assert _depths(trace, allocs) == {5: 6}
+    assert _depths(trace, allocs, depth=1) == {5: 3}
+    # depth 1 is the old rule's count here: every set waits for the one before
+    assert {(at[0, j][1], at[1, j][0]) for j in range(3)} <= set(rotation_edges(trace, allocs, 1))
+    t = {d: estimate_trace(trace, dataclasses.replace(TRN2, buffer_rotation_depth=d), allocations=allocs).latency_us
+         for d in (1, 2)}
+    assert t[2] < t[1]
+    # within SBUF: sets of 3 tiles of 40% of a partition's bytes give up buffers one at a
+    # time, down to the set the program keeps alive (2 buffers would be 240%)
+    big = [dataclasses.replace(a, nbytes=int(0.4 * TRN2.sbuf_bytes_per_partition)) for a in allocs]
+    assert _depths(trace, big) == {5: 3}
+    mid = [dataclasses.replace(a, nbytes=TRN2.sbuf_bytes_per_partition // 4) for a in allocs]   # exactly 4 fit
+    assert _depths(trace, mid) == {5: 4}
+
+
 def test_sites_and_cores_are_separate_families():
     trace, allocs, tiles = _stream(4)
     other_site = [dataclasses.replace(a, site=(("k.py", 99 + i),)) for i, a in enumerate(allocs)]
@@ -504,7 +548,7 @@ def test_tiles_the_program_keeps_alive_are_never_squeezed():
         b.matmul(psum("dst", t, (128, 512)), sbuf("stationary", st, (128, 128)), sbuf("moving", mv, (128, 512)))
     for t in tiles:
         b.activation(sbuf("dst", new_alloc(), (128, 512)), psum("data", t, (128, 512)))
-    assert _depths(b.trace, allocs) == {3: 2}
+    assert _depths(b.trace, allocs) == {3: 6}                 # every live tile keeps its buffer
     assert rotation_edges(b.trace, allocs, 2, TRN2) == []
 
 

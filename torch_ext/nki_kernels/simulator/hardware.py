@@ -302,9 +302,10 @@ class Target:
     second_core_launch_s: float = 4e-6     # [F] added when the launch runs on two physical cores
     # ---- finite buffering (cost/schedule.py "Buffers") ----------------------------------
     # Tiles allocated at the same place of a kernel (the same source line and call path) in
-    # successive loop iterations share this many physical buffers, rotated: tile k waits
-    # until every instruction touching tile k - depth is done. More when the program keeps
-    # more of them alive. The NKI migration guide (nki/migration/index.rst): "the compiler
+    # successive loop iterations share this many physical buffers per tile the program keeps
+    # alive at once, rotated: tile k waits until every instruction touching tile k - depth is
+    # done (a set of n tiles kept alive together: tile k - depth * n; until 2026-12-07 the
+    # set's own n). The NKI migration guide (nki/migration/index.rst): "the compiler
     # could choose to allocate 2 physical tiles"; nki-library's allocator double-buffers ("interleave_degree=2").
     buffer_rotation_depth: int = 2
     # ---- the compiler that built a measured kernel ---------------------------------------

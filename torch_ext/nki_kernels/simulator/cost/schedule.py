@@ -15,10 +15,11 @@
    also wait for the previous iteration's compute instructions, unless the kernel itself
    loads them for a later iteration (``beta1_sequential_edges``).
 2. Buffers. Tiles allocated by the same line on the same call path (loop iterations) share
-   ``buffer_rotation_depth`` physical buffers (more when the program keeps more of them
-   alive at once), rotated in allocation order: the first writes of tile k wait for every
-   instruction that touched the tile whose buffer it takes (write after read on the
-   physical buffer). So prefetching reaches as far ahead as the buffers allow, as with
+   ``buffer_rotation_depth`` physical buffers per tile the program keeps alive at once
+   (a site of single tiles: one tile ahead; a site that fills a set of tiles per
+   iteration: one set ahead), rotated in allocation order: the first writes of tile k
+   wait for every instruction that touched the tile whose buffer it takes (write after
+   read on the physical buffer). So prefetching reaches as far ahead as the buffers allow, as with
    the compiler's address rotation. A site keeps its buffers only while they fit in SBUF /
    PSUM beside everything live with them (``family_depths``). Without allocation sites
    (hand-built traces) every allocation is its own buffer.
@@ -385,12 +386,15 @@ def _pair_exchange(ins, pos, exchanges, preds):
 def rotation_edges(trace, allocations, depth: int, target: Target | None = None) -> list[tuple[int, int]]:
     """(earlier, later) instruction pairs the sharing of physical buffers adds.
 
-    Tiles of one family (same site, buffer kind and core) take ``depth`` buffers in
-    allocation order (fewer where the memory cannot hold them: ``family_depths``, with
-    ``target``); a new tile takes the buffer whose occupant was last used longest
-    ago among those whose occupant is dead in program order (last access issued before the
-    new tile's first access), or a fresh buffer when none is (the program keeps them all
-    alive, so the compiler must give it its own). The new tile's accesses up to and
+    Tiles of one family (same site, buffer kind and core) take ``depth`` buffers per tile
+    the program keeps alive at once (``kept_alive``: a set of tiles filled together rotates
+    as a set; until 2026-12-07 a family had ``max(depth, kept alive)`` buffers, so a set's
+    loads waited for the previous set's readers), in allocation order (fewer where the
+    memory cannot hold them: ``family_depths``, with ``target``); a new tile takes the
+    buffer whose occupant was last used longest ago among those whose occupant is dead in
+    program order (last access issued before the new tile's first access), or a fresh
+    buffer when none is (the program keeps them all alive, so the compiler must give it its
+    own). The new tile's accesses up to and
     including its first read then wait for every access of the old occupant (the address
     rotation: the buffer changes hands). A later write of the new tile (to a part that first
     read did not touch: a tile filled chunk by chunk) depends on nothing of its own tile, so
@@ -416,7 +420,7 @@ def rotation_edges(trace, allocations, depth: int, target: Target | None = None)
         return [(o.itemsize, region_of(o)) for o in operands if o.alloc_id == alloc]
 
     for key, members in families.items():
-        d = depths.get(key, depth)
+        d = depths.get(key, min(len(members), depth * kept_alive(members, access)))
         if len(members) <= d:
             continue
         occupants: list[int] = []
@@ -474,6 +478,15 @@ def buffer_families(trace, allocations) -> tuple[dict[int, list[tuple[int, bool]
     return access, families
 
 
+def kept_alive(members, access) -> int:
+    """The most tiles of ``members`` live at once in program order (first to last access)."""
+    kept, ends = 1, []
+    for lo, hi in sorted((access[m][0][0], access[m][-1][0]) for m in members):
+        ends = [e for e in ends if e >= lo] + [hi]
+        kept = max(kept, len(ends))
+    return kept
+
+
 def family_depths(families, access, allocations, depth: int, target: Target) -> dict[tuple, int]:
     """Buffers per family within the on-chip memory (rule 2's capacity).
 
@@ -481,9 +494,9 @@ def family_depths(families, access, allocations, depth: int, target: Target) -> 
     in SBUF (bytes per partition) or PSUM (whole banks: "The allocation for PSUM tensors
     must start at the beginning of each bank", NKI 0.2 migration guide), so a family's
     rotation buffers must fit beside everything live with them. Each family starts at
-    ``depth`` buffers and needs that much space (or as many tiles as the program keeps
-    alive at once, if more). Where a point of the program needs more than the memory
-    (less what placed tiles ever touch: the kernel's own layout), a family live there
+    ``depth`` buffers per tile the program keeps alive at once (at most one per tile of
+    the family) and needs that much space. Returns buffers per family. Where a point of
+    the program needs more than the memory (less what placed tiles ever touch: the kernel's own layout), a family live there
     gives up one buffer, down to what the program itself keeps alive, until every point
     fits: among those with the most buffers, the one with the smallest tiles that still
     cover the excess, else the one with the largest (depths stay level and the fewest
@@ -517,10 +530,7 @@ def family_depths(families, access, allocations, depth: int, target: Target) -> 
         if any(m not in units_of for m in members):
             return {}                          # a hand-built trace: sizes unknown
         lives = sorted((access[m][0][0], access[m][-1][0]) for m in members)
-        kept, ends = 1, []
-        for lo, hi in lives:
-            ends = [e for e in ends if e >= lo] + [hi]
-            kept = max(kept, len(ends))
+        kept = kept_alive(members, access)
         pool = (key[0], key[1])
         info[key] = (pool, max(units_of[m] for m in members), (lives[0][0], max(h for _, h in lives)),
                      kept, lives[0][0])
@@ -530,9 +540,9 @@ def family_depths(families, access, allocations, depth: int, target: Target) -> 
             cap[pool] = target.psum_banks - len(reserved.get(pool, ()))
         else:
             cap[pool] = target.sbuf_bytes_per_partition - _covered(reserved_bytes.get(pool, []))
-    # rotation depth per family; the space it needs is that many buffers, or as many tiles
-    # as the program keeps alive at once if more (rotation_edges gives those their own)
-    depths = {key: depth if len(fams[key]) > 1 else 1 for key in info}
+    # buffers per family: depth per tile the program keeps alive at once, at most a buffer
+    # per tile (never fewer than it keeps alive: rotation_edges gives those their own)
+    depths = {key: min(len(fams[key]), depth * info[key][3]) for key in info}
     for pool, limit in cap.items():
         keys = [k for k, v in info.items() if v[0] == pool]
         while True:
