@@ -306,11 +306,11 @@ def _sets(iters: int, per_set: int = 3):
     return b.trace, allocs, at
 
 
-def test_a_site_that_keeps_a_set_of_tiles_alive_rotates_depth_sets():
-    # sets of 3 tiles live together: at depth 2 the site has 6 buffers, so set 1 loads while
-    # set 0 is read (one set ahead, as one tile ahead for a site of single tiles) and set 2
-    # takes set 0's buffers. Until 2026-12-07 the site had 3 (as many as it kept alive):
-    # each set's loads waited for the previous set's reads, no prefetch at all
+def test_a_site_that_fills_a_set_of_tiles_per_iteration_rotates_one_set_ahead():
+    # sets of 3 tiles live together: at depth 2 the site has 3 + 3 buffers, so set 1 loads
+    # while set 0 is read (one iteration's fill ahead, as one tile ahead for a loop's single
+    # tile) and set 2 takes set 0's buffers. Until 2026-12-07 the site had 3 (as many as it
+    # kept alive): each set's loads waited for the previous set's reads, no prefetch at all
     trace, allocs, at = _sets(4)
     edges = set(rotation_edges(trace, allocs, 2))
     assert not any((at[0, j][1], at[1, k][0]) in edges for j in range(3) for k in range(3))
@@ -318,17 +318,75 @@ def test_a_site_that_keeps_a_set_of_tiles_alive_rotates_depth_sets():
     assert {(at[1, j][1], at[3, j][0]) for j in range(3)} <= edges
     assert _depths(trace, allocs) == {5: 6}
     assert _depths(trace, allocs, depth=1) == {5: 3}
+    assert _depths(trace, allocs, depth=3) == {5: 9}
     # depth 1 is the old rule's count here: every set waits for the one before
     assert {(at[0, j][1], at[1, j][0]) for j in range(3)} <= set(rotation_edges(trace, allocs, 1))
     t = {d: estimate_trace(trace, dataclasses.replace(TRN2, buffer_rotation_depth=d), allocations=allocs).latency_us
          for d in (1, 2)}
     assert t[2] < t[1]
-    # within SBUF: sets of 3 tiles of 40% of a partition's bytes give up buffers one at a
-    # time, down to the set the program keeps alive (2 buffers would be 240%)
+    # the memory's limit: sets of 3 tiles of 40 % of a partition's bytes give up buffers one
+    # at a time down to the set the program keeps alive (3 tiles, 120 %: the program's own
+    # overflow, which the rule does not take from); at 25 % each, exactly 4 fit
     big = [dataclasses.replace(a, nbytes=int(0.4 * TRN2.sbuf_bytes_per_partition)) for a in allocs]
     assert _depths(trace, big) == {5: 3}
-    mid = [dataclasses.replace(a, nbytes=TRN2.sbuf_bytes_per_partition // 4) for a in allocs]   # exactly 4 fit
+    mid = [dataclasses.replace(a, nbytes=TRN2.sbuf_bytes_per_partition // 4) for a in allocs]
     assert _depths(trace, mid) == {5: 4}
+
+
+def test_a_pipeline_s_prologue_does_not_count_as_one_iteration_s_fill():
+    # a stream that loads 2 tiles ahead (the first 2 in a prologue, then one per iteration):
+    # it keeps 3 alive, fills 1 per iteration, so it has 3 + 1 buffers at depth 2; a load
+    # waits for the tile 4 back, not 6 (2 x the 3 alive) nor 3 (the old rule: its live tiles)
+    from nki_kernels.simulator.cost.schedule import filled_together, kept_alive
+    b = TraceBuilder()
+    allocs, loads, reads, x = [], [], [], new_alloc()
+    tiles = [new_alloc() for _ in range(8)]
+    allocs = [AllocationSite(t, "sbuf", (("k.py", 7),), None, nbytes=2048) for t in tiles]
+
+    def load(k):
+        loads.append(b.dma(sbuf("dst", tiles[k], (128, 512)), hbm("src", x, (128, 512), offset=k * 128 * 512)).index)
+
+    load(0)
+    load(1)
+    for k in range(8):
+        if k + 2 < 8:
+            load(k + 2)
+        reads.append(b.activation(sbuf("dst", new_alloc(), (128, 512)), sbuf("data", tiles[k], (128, 512))).index)
+    access = {t: [] for t in tiles}
+    for ins in b.trace:
+        for o in (*ins.reads, *ins.writes):
+            if o.alloc_id in access:
+                access[o.alloc_id].append((ins.index, o in ins.reads))
+    assert (kept_alive(tiles, access), filled_together(tiles, access)) == (3, 1)
+    assert _depths(b.trace, allocs) == {7: 4}
+    edges = set(rotation_edges(b.trace, allocs, 2))
+    assert (reads[0], loads[4]) in edges and (reads[1], loads[5]) in edges
+    assert (reads[1], loads[4]) not in edges and (reads[2], loads[5]) not in edges
+
+
+def test_sites_give_up_buffers_level_by_iterations_buffered_not_by_count():
+    # a site of sets of 4 small tiles (4 + 4 buffers: two sets) beside a loop's single large
+    # tile (1 + 1: two tiles), over the memory by two small tiles: both sites buffer two
+    # iterations and only the large site's buffer covers the excess, so it gives that up and
+    # the set site keeps its 8 (ranked by count, the set site gave up two)
+    b = TraceBuilder()
+    allocs, x = [], new_alloc()
+    small = TRN2.sbuf_bytes_per_partition // 32
+    large = TRN2.sbuf_bytes_per_partition * 3 // 8 + small
+    for i in range(4):
+        leaves = [new_alloc() for _ in range(4)]
+        allocs += [AllocationSite(t, "sbuf", (("k.py", 20),), None, nbytes=small) for t in leaves]
+        for t in leaves:
+            b.dma(sbuf("dst", t, (128, 512)), hbm("src", x, (128, 512)))
+        big = new_alloc()
+        allocs.append(AllocationSite(big, "sbuf", (("k.py", 21),), None, nbytes=large))
+        b.dma(sbuf("dst", big, (128, 512)), hbm("src", x, (128, 512)))
+        for t in (*leaves, big):
+            b.activation(sbuf("dst", new_alloc(), (128, 512)), sbuf("data", t, (128, 512)))
+    # 8 x 1/32 + 2 x (3/8 + 1/32) = 1 + 1/16 of the bytes: over by two small tiles
+    assert _depths(b.trace, allocs) == {20: 8, 21: 1}
+    roomy = dataclasses.replace(TRN2, sbuf_bytes_per_partition=2 * TRN2.sbuf_bytes_per_partition)
+    assert _depths(b.trace, allocs, target=roomy) == {20: 8, 21: 2}
 
 
 def test_sites_and_cores_are_separate_families():

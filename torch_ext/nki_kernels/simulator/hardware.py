@@ -302,11 +302,12 @@ class Target:
     second_core_launch_s: float = 4e-6     # [F] added when the launch runs on two physical cores
     # ---- finite buffering (cost/schedule.py "Buffers") ----------------------------------
     # Tiles allocated at the same place of a kernel (the same source line and call path) in
-    # successive loop iterations share this many physical buffers per tile the program keeps
-    # alive at once, rotated: tile k waits until every instruction touching tile k - depth is
-    # done (a set of n tiles kept alive together: tile k - depth * n; until 2026-12-07 the
-    # set's own n). The NKI migration guide (nki/migration/index.rst): "the compiler
-    # could choose to allocate 2 physical tiles"; nki-library's allocator double-buffers ("interleave_degree=2").
+    # successive loop iterations share their site's physical buffers, rotated: as many as the
+    # program keeps alive at once plus depth - 1 iterations' fills (a loop's single tile:
+    # depth buffers, tile k waits for tile k - depth; until 2026-12-07 a site that fills
+    # several tiles per iteration had only what it kept alive). The NKI migration guide
+    # (nki/migration/index.rst): "the compiler could choose to allocate 2 physical tiles";
+    # nki-library's allocator double-buffers ("interleave_degree=2").
     buffer_rotation_depth: int = 2
     # ---- the compiler that built a measured kernel ---------------------------------------
     # True only for ports of beta-1 kernels (calibrate.py, rows with compiler = "beta1"): their

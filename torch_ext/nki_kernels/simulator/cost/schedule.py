@@ -15,14 +15,14 @@
    also wait for the previous iteration's compute instructions, unless the kernel itself
    loads them for a later iteration (``beta1_sequential_edges``).
 2. Buffers. Tiles allocated by the same line on the same call path (loop iterations) share
-   ``buffer_rotation_depth`` physical buffers per tile the program keeps alive at once
-   (a site of single tiles: one tile ahead; a site that fills a set of tiles per
-   iteration: one set ahead), rotated in allocation order: the first writes of tile k
-   wait for every instruction that touched the tile whose buffer it takes (write after
-   read on the physical buffer). So prefetching reaches as far ahead as the buffers allow, as with
-   the compiler's address rotation. A site keeps its buffers only while they fit in SBUF /
-   PSUM beside everything live with them (``family_depths``). Without allocation sites
-   (hand-built traces) every allocation is its own buffer.
+   their site's physical buffers, rotated in allocation order: as many as the program keeps
+   alive at once plus ``buffer_rotation_depth`` - 1 iterations' fills (``rotation_buffers``:
+   a loop's single tile 2, a set of tiles filled per iteration one set ahead). The first
+   writes of tile k wait for every instruction that touched the tile whose buffer it takes
+   (write after read on the physical buffer). So prefetching reaches as far ahead as the
+   buffers allow, as with the compiler's address rotation. A site keeps its buffers only
+   while they fit in SBUF / PSUM beside everything live with them (``family_depths``).
+   Without allocation sites (hand-built traces) every allocation is its own buffer.
 3. List scheduling. Engines run in parallel, each one instruction at a time. Whenever an
    engine is idle it starts, among the instructions whose dependencies are done, the one
    issued first (the kernel's order is the priority; an independent later instruction
@@ -386,14 +386,14 @@ def _pair_exchange(ins, pos, exchanges, preds):
 def rotation_edges(trace, allocations, depth: int, target: Target | None = None) -> list[tuple[int, int]]:
     """(earlier, later) instruction pairs the sharing of physical buffers adds.
 
-    Tiles of one family (same site, buffer kind and core) take ``depth`` buffers per tile
-    the program keeps alive at once (``kept_alive``: a set of tiles filled together rotates
-    as a set; until 2026-12-07 a family had ``max(depth, kept alive)`` buffers, so a set's
-    loads waited for the previous set's readers), in allocation order (fewer where the
-    memory cannot hold them: ``family_depths``, with ``target``); a new tile takes the
-    buffer whose occupant was last used longest ago among those whose occupant is dead in
-    program order (last access issued before the new tile's first access), or a fresh
-    buffer when none is (the program keeps them all alive, so the compiler must give it its
+    Tiles of one family (same site, buffer kind and core) take ``rotation_buffers``
+    buffers: what the program keeps alive at once plus ``depth`` - 1 iterations' fills
+    (until 2026-12-07 ``max(depth, kept alive)``, so a site that fills several tiles per
+    iteration had no buffer ahead), in allocation order (fewer where the memory cannot hold
+    them: ``family_depths``, with ``target``); a new tile takes the buffer whose occupant
+    was last used longest ago among those whose occupant is dead in program order (last
+    access issued before the new tile's first access), or a fresh buffer when none is (the
+    program keeps them all alive, so the compiler must give it its
     own). The new tile's accesses up to and
     including its first read then wait for every access of the old occupant (the address
     rotation: the buffer changes hands). A later write of the new tile (to a part that first
@@ -420,7 +420,7 @@ def rotation_edges(trace, allocations, depth: int, target: Target | None = None)
         return [(o.itemsize, region_of(o)) for o in operands if o.alloc_id == alloc]
 
     for key, members in families.items():
-        d = depths.get(key, min(len(members), depth * kept_alive(members, access)))
+        d = depths[key] if key in depths else rotation_buffers(members, access, depth)[0]
         if len(members) <= d:
             continue
         occupants: list[int] = []
@@ -487,6 +487,35 @@ def kept_alive(members, access) -> int:
     return kept
 
 
+def filled_together(members, access) -> int:
+    """How many tiles of ``members`` one iteration of the program fills: runs of tiles first
+    touched one after another, with no other access to the family between them, and of
+    those run lengths the most frequent (the larger on a tie), so a pipeline's prologue,
+    which fills several iterations' tiles at once, does not count. 1 for a loop's tile; a
+    set's tiles, loaded before any is read; a block's x and residual."""
+    runs, run = {}, 0
+    for _, first in sorted((i, n == 0) for m in members for n, (i, _) in enumerate(access[m])):
+        if first:
+            run += 1
+            continue
+        if run:
+            runs[run] = runs.get(run, 0) + 1
+        run = 0
+    if run:
+        runs[run] = runs.get(run, 0) + 1
+    return max(runs, key=lambda r: (runs[r], r)) if runs else 1
+
+
+def rotation_buffers(members, access, depth: int) -> tuple[int, int, int]:
+    """(buffers, kept alive, filled together) of one family at rotation ``depth``: the
+    tiles the program keeps alive at once, plus ``depth`` - 1 more iterations' fills (the
+    migration guide's "2 physical tiles" for a loop's tile, one iteration ahead), at most a
+    buffer per tile."""
+    kept = kept_alive(members, access)
+    group = min(kept, filled_together(members, access))
+    return min(len(members), kept + (depth - 1) * group), kept, group
+
+
 def family_depths(families, access, allocations, depth: int, target: Target) -> dict[tuple, int]:
     """Buffers per family within the on-chip memory (rule 2's capacity).
 
@@ -494,13 +523,13 @@ def family_depths(families, access, allocations, depth: int, target: Target) -> 
     in SBUF (bytes per partition) or PSUM (whole banks: "The allocation for PSUM tensors
     must start at the beginning of each bank", NKI 0.2 migration guide), so a family's
     rotation buffers must fit beside everything live with them. Each family starts at
-    ``depth`` buffers per tile the program keeps alive at once (at most one per tile of
-    the family) and needs that much space. Returns buffers per family. Where a point of
-    the program needs more than the memory (less what placed tiles ever touch: the kernel's own layout), a family live there
-    gives up one buffer, down to what the program itself keeps alive, until every point
-    fits: among those with the most buffers, the one with the smallest tiles that still
-    cover the excess, else the one with the largest (depths stay level and the fewest
-    buffers are given up; the compiler's own choice is not documented). Without
+    ``rotation_buffers`` and needs that much space; returns buffers per family. Where a
+    point of the program needs more than the memory (less what placed tiles ever touch: the
+    kernel's own layout), a family live there gives up one buffer, down to what the program
+    itself keeps alive, until every point fits: among those with the most iterations
+    buffered (buffers per iteration's fill), the one with the smallest
+    tiles that still cover the excess, else the one with the largest (depths stay level and
+    the fewest buffers are given up; the compiler's own choice is not documented). Without
     allocation sizes (hand-built traces) nothing changes."""
     units_of: dict[int, int] = {}
     reserved: dict[tuple, set] = {}
@@ -530,26 +559,26 @@ def family_depths(families, access, allocations, depth: int, target: Target) -> 
         if any(m not in units_of for m in members):
             return {}                          # a hand-built trace: sizes unknown
         lives = sorted((access[m][0][0], access[m][-1][0]) for m in members)
-        kept = kept_alive(members, access)
+        buffers, kept, group = rotation_buffers(members, access, depth)
         pool = (key[0], key[1])
         info[key] = (pool, max(units_of[m] for m in members), (lives[0][0], max(h for _, h in lives)),
-                     kept, lives[0][0])
+                     kept, lives[0][0], buffers, group)
     cap = {}
     for pool in {v[0] for v in info.values()}:
         if pool[1] == "psum":
             cap[pool] = target.psum_banks - len(reserved.get(pool, ()))
         else:
             cap[pool] = target.sbuf_bytes_per_partition - _covered(reserved_bytes.get(pool, []))
-    # buffers per family: depth per tile the program keeps alive at once, at most a buffer
-    # per tile (never fewer than it keeps alive: rotation_edges gives those their own)
-    depths = {key: min(len(fams[key]), depth * info[key][3]) for key in info}
+    # buffers per family: what the program keeps alive and depth - 1 iterations' fills more
+    # (rotation_buffers; never fewer than it keeps alive: rotation_edges gives those their own)
+    depths = {key: info[key][5] for key in info}
     for pool, limit in cap.items():
         keys = [k for k, v in info.items() if v[0] == pool]
         while True:
             points = sorted({info[k][2][0] for k in keys})
             worst, worst_t = 0, None
             for t in points:
-                need = sum(info[k][1] * max(depths[k], info[k][3]) for k in keys
+                need = sum(info[k][1] * depths[k] for k in keys
                            if info[k][2][0] <= t <= info[k][2][1])
                 if need > worst:
                     worst, worst_t = need, t
@@ -559,11 +588,14 @@ def family_depths(families, access, allocations, depth: int, target: Target) -> 
                     and depths[k] > max(1, info[k][3])]
             if not live:
                 break                          # the program itself keeps this much alive
-            # among the sites with the most buffers, the one with the smallest tiles that
-            # cover the excess, else the largest (the later allocated on a tie): depths
-            # stay level and the fewest buffers are given up
-            top = max(depths[k] for k in live)
-            live = [k for k in live if depths[k] == top]
+            # among the sites with the most iterations buffered (buffers per iteration's
+            # fill: a set of tiles counts as one, a pipeline's own lookahead counts), the one
+            # with the smallest tiles that cover the excess, else the largest (the later
+            # allocated on a tie): depths stay level and the fewest buffers are given up
+            def iterations(k):
+                return depths[k] / info[k][6]
+            top = max(iterations(k) for k in live)
+            live = [k for k in live if iterations(k) == top]
             excess = worst - limit
             covering = [k for k in live if info[k][1] >= excess]
             k = (min(covering, key=lambda k: (info[k][1], -info[k][4])) if covering
