@@ -171,8 +171,7 @@ def test_known_misses_are_few_and_say_why(calibrate):
         # run faster than the single-stream curve's gap allows on one queue per engine
         "optimization_guide.matmul_v2": 1,
         # nki-autotune's 2048^3 bf16 matmuls on trn2 (2026-12-07): the same gap charges their
-        # [128, 512] loads at 42 % of the bandwidth, and the rotation's 2 buffers per site
-        # serialise their explicitly multi-buffered operand sets; both ran at ~90 % of TensorE
+        # [128, 512] loads at 42 % of the bandwidth; both ran at ~90 % of TensorE
         "nki_autotune.matmul_": 2,
     }
     for prefix, limit in causes.items():
