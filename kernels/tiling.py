@@ -226,9 +226,9 @@ def pipelined(items, load, compute, store, ahead):
     before their compute and each store one item after its compute, in program order.
 
     The compiler gives tiles a program keeps alive their own buffers and rotates the rest
-    (a loop's tiles share about two): issuing load i + ahead before compute i keeps that
-    many input tiles in flight, and deferring store i past compute i + 1 keeps the next
-    output tile from waiting for it. ``load(item) -> loaded``, ``compute(item, loaded) ->
+    (in the cost model, about one iteration's tiles more than the program keeps alive):
+    issuing load i + ahead before compute i keeps that many input tiles in flight, and
+    deferring store i past compute i + 1 keeps the next output tile from waiting for it. ``load(item) -> loaded``, ``compute(item, loaded) ->
     result``, ``store(item, result)``."""
     items = list(items)
     loaded = [load(item) for item in items[:ahead]]
