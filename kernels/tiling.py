@@ -228,8 +228,8 @@ def pipelined(items, load, compute, store, ahead):
     The compiler gives tiles a program keeps alive their own buffers and rotates the rest
     (in the cost model, about one iteration's tiles more than the program keeps alive):
     issuing load i + ahead before compute i keeps that many input tiles in flight, and
-    deferring store i past compute i + 1 keeps the next output tile from waiting for it. ``load(item) -> loaded``, ``compute(item, loaded) ->
-    result``, ``store(item, result)``."""
+    deferring store i past compute i + 1 keeps the next output tile from waiting for it.
+    ``load(item) -> loaded``, ``compute(item, loaded) -> result``, ``store(item, result)``."""
     items = list(items)
     loaded = [load(item) for item in items[:ahead]]
     pending = None

@@ -290,8 +290,8 @@ def test_tiles_the_program_keeps_alive_get_their_own_buffers():
 def _sets(iters: int, per_set: int = 3):
     """Per iteration, a set of ``per_set`` tiles from one site (awslabs/nki-autotune's
     ``allocate_buffers`` leaves): all loaded, then read in four rounds on ScalarE, every
-    leaf in each (as a matmul block reads its K tiles once per output tile). Returns (trace, allocations, {(iteration, leaf): (load, last read)
-    instruction indices})."""
+    leaf in each (as a matmul block reads its K tiles once per output tile). Returns
+    (trace, allocations, {(iteration, leaf): (load, last read) instruction indices})."""
     b = TraceBuilder()
     allocs, at, x = [], {}, new_alloc()
     for i in range(iters):
@@ -337,9 +337,9 @@ def test_a_pipeline_s_prologue_does_not_count_as_one_iteration_s_fill():
     # a stream that loads 2 tiles ahead (the first 2 in a prologue, then one per iteration):
     # it keeps 3 alive, fills 1 per iteration, so it has 3 + 1 buffers at depth 2; a load
     # waits for the tile 4 back, not 6 (2 x the 3 alive) nor 3 (the old rule: its live tiles)
-    from nki_kernels.simulator.cost.schedule import filled_together, kept_alive
+    from nki_kernels.simulator.cost.schedule import buffer_families, filled_together, kept_alive
     b = TraceBuilder()
-    allocs, loads, reads, x = [], [], [], new_alloc()
+    loads, reads, x = [], [], new_alloc()
     tiles = [new_alloc() for _ in range(8)]
     allocs = [AllocationSite(t, "sbuf", (("k.py", 7),), None, nbytes=2048) for t in tiles]
 
@@ -352,11 +352,7 @@ def test_a_pipeline_s_prologue_does_not_count_as_one_iteration_s_fill():
         if k + 2 < 8:
             load(k + 2)
         reads.append(b.activation(sbuf("dst", new_alloc(), (128, 512)), sbuf("data", tiles[k], (128, 512))).index)
-    access = {t: [] for t in tiles}
-    for ins in b.trace:
-        for o in (*ins.reads, *ins.writes):
-            if o.alloc_id in access:
-                access[o.alloc_id].append((ins.index, o in ins.reads))
+    access = buffer_families(b.trace, allocs)[0]
     assert (kept_alive(tiles, access), filled_together(tiles, access)) == (3, 1)
     assert _depths(b.trace, allocs) == {7: 4}
     edges = set(rotation_edges(b.trace, allocs, 2))

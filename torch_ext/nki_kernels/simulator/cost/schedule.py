@@ -393,8 +393,8 @@ def rotation_edges(trace, allocations, depth: int, target: Target | None = None)
     them: ``family_depths``, with ``target``); a new tile takes the buffer whose occupant
     was last used longest ago among those whose occupant is dead in program order (last
     access issued before the new tile's first access), or a fresh buffer when none is (the
-    program keeps them all alive, so the compiler must give it its
-    own). The new tile's accesses up to and
+    program keeps them all alive, so the compiler must give it its own). The new tile's
+    accesses up to and
     including its first read then wait for every access of the old occupant (the address
     rotation: the buffer changes hands). A later write of the new tile (to a part that first
     read did not touch: a tile filled chunk by chunk) depends on nothing of its own tile, so
@@ -527,9 +527,9 @@ def family_depths(families, access, allocations, depth: int, target: Target) -> 
     point of the program needs more than the memory (less what placed tiles ever touch: the
     kernel's own layout), a family live there gives up one buffer, down to what the program
     itself keeps alive, until every point fits: among those with the most iterations
-    buffered (buffers per iteration's fill), the one with the smallest
-    tiles that still cover the excess, else the one with the largest (depths stay level and
-    the fewest buffers are given up; the compiler's own choice is not documented). Without
+    buffered (buffers per iteration's fill), the one with the smallest tiles that still
+    cover the excess, else the one with the largest (depths stay level and the fewest
+    buffers are given up; the compiler's own choice is not documented). Without
     allocation sizes (hand-built traces) nothing changes."""
     units_of: dict[int, int] = {}
     reserved: dict[tuple, set] = {}
@@ -554,24 +554,28 @@ def family_depths(families, access, allocations, depth: int, target: Target) -> 
     for a in allocations:
         if a.alloc_id in units_of and a.alloc_id in access and a.alloc_id not in in_family:
             fams[(a.core, a.buffer, ("tile", a.alloc_id))] = [a.alloc_id]
-    info = {}                                  # family -> (pool, units, span, kept alive, order)
+    info = {}                 # family -> (pool, units, span, kept alive, order, filled together)
+    depths = {}               # family -> buffers: rotation_buffers, then what the memory holds
     for key, members in fams.items():
         if any(m not in units_of for m in members):
             return {}                          # a hand-built trace: sizes unknown
         lives = sorted((access[m][0][0], access[m][-1][0]) for m in members)
-        buffers, kept, group = rotation_buffers(members, access, depth)
+        depths[key], kept, group = rotation_buffers(members, access, depth)
         pool = (key[0], key[1])
         info[key] = (pool, max(units_of[m] for m in members), (lives[0][0], max(h for _, h in lives)),
-                     kept, lives[0][0], buffers, group)
+                     kept, lives[0][0], group)
     cap = {}
     for pool in {v[0] for v in info.values()}:
         if pool[1] == "psum":
             cap[pool] = target.psum_banks - len(reserved.get(pool, ()))
         else:
             cap[pool] = target.sbuf_bytes_per_partition - _covered(reserved_bytes.get(pool, []))
-    # buffers per family: what the program keeps alive and depth - 1 iterations' fills more
-    # (rotation_buffers; never fewer than it keeps alive: rotation_edges gives those their own)
-    depths = {key: info[key][5] for key in info}
+
+    def iterations(k):
+        """Iterations a family's buffers hold: buffers per iteration's fill (a set of tiles
+        counts as one, a pipeline's own lookahead counts)."""
+        return depths[k] / info[k][5]
+
     for pool, limit in cap.items():
         keys = [k for k, v in info.items() if v[0] == pool]
         while True:
@@ -588,12 +592,9 @@ def family_depths(families, access, allocations, depth: int, target: Target) -> 
                     and depths[k] > max(1, info[k][3])]
             if not live:
                 break                          # the program itself keeps this much alive
-            # among the sites with the most iterations buffered (buffers per iteration's
-            # fill: a set of tiles counts as one, a pipeline's own lookahead counts), the one
-            # with the smallest tiles that cover the excess, else the largest (the later
-            # allocated on a tie): depths stay level and the fewest buffers are given up
-            def iterations(k):
-                return depths[k] / info[k][6]
+            # among the sites with the most iterations buffered, the one with the smallest
+            # tiles that cover the excess, else the largest (the later allocated on a tie):
+            # depths stay level and the fewest buffers are given up
             top = max(iterations(k) for k in live)
             live = [k for k in live if iterations(k) == top]
             excess = worst - limit
