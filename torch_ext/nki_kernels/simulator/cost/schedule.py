@@ -559,11 +559,11 @@ def family_depths(families, access, allocations, depth: int, target: Target) -> 
     for key, members in fams.items():
         if any(m not in units_of for m in members):
             return {}                          # a hand-built trace: sizes unknown
-        lives = sorted((access[m][0][0], access[m][-1][0]) for m in members)
+        first = min(access[m][0][0] for m in members)
+        last = max(access[m][-1][0] for m in members)
         depths[key], kept, group = rotation_buffers(members, access, depth)
         pool = (key[0], key[1])
-        info[key] = (pool, max(units_of[m] for m in members), (lives[0][0], max(h for _, h in lives)),
-                     kept, lives[0][0], group)
+        info[key] = (pool, max(units_of[m] for m in members), (first, last), kept, first, group)
     cap = {}
     for pool in {v[0] for v in info.values()}:
         if pool[1] == "psum":
@@ -589,7 +589,7 @@ def family_depths(families, access, allocations, depth: int, target: Target) -> 
             if worst <= limit:
                 break
             live = [k for k in keys if info[k][2][0] <= worst_t <= info[k][2][1]
-                    and depths[k] > max(1, info[k][3])]
+                    and depths[k] > info[k][3]]
             if not live:
                 break                          # the program itself keeps this much alive
             # among the sites with the most iterations buffered, the one with the smallest
