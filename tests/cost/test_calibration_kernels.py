@@ -92,6 +92,9 @@ COVERED = {
        for v in ("hoist_load", "block_free", "fully_optimized")},
     "nki_autotune_matmul:matmul_lhs_rhs": "test_nki_autotune_matmuls_multiply",
     "nki_autotune_matmul:matmul_lhsT_rhs": "test_nki_autotune_matmuls_multiply",
+    **{f"nki_autotune_matmul:{k}": "test_nki_autotune_matmuls_multiply"
+       for k in ("matmul_lhsT_rhs_blocked", "matmul_lhsT_rhs_resident", "matmul_lhs_rhs_streamed",
+                 "matmul_lhs_rhsT_resident", "matmul_lhsT_rhsT_resident")},
 }
 
 
@@ -1048,10 +1051,11 @@ def test_selective_scan_port_keeps_the_sources_bf16_shuffle_which_the_simulator_
 
 
 # ----------------------------------------------------------------------------- nki_autotune_matmul
-# awslabs/nki-autotune's two 2048^3 bf16 matmuls. Each K block of 1024 accumulates in fp32
-# PSUM, is rounded to bf16 and added into a bf16 SBUF accumulator (two blocks), so an element
-# carries at most three bf16 roundings of |partials| <= sum_k |a_k b_k|: bounded by
-# 3 * 2^-8 of that sum (fp32's accumulation error is far below).
+# awslabs/nki-autotune's 2048^3 bf16 matmuls. In the hand-written and the blocked kernels each
+# K block of 1024 accumulates in fp32 PSUM, is rounded to bf16 and added into a bf16 SBUF
+# accumulator (two blocks), so an element carries at most three bf16 roundings of |partials|
+# <= sum_k |a_k b_k|: bounded by 3 * 2^-8 of that sum (fp32's accumulation error is far
+# below). The generated kernels accumulate all of K in PSUM and round once.
 
 def _assert_bf16_blocks_matmul(out, lhs, rhs, roundings):
     """Every element of ``out`` within ``roundings`` bf16 unit roundoffs (2^-8, a safe
@@ -1067,13 +1071,21 @@ def _assert_bf16_blocks_matmul(out, lhs, rhs, roundings):
     assert float((out.double() - short).abs().max()) > float(bound.max())
 
 
-@pytest.mark.parametrize("kernel, transposed, dma, vector", [("matmul_lhsT_rhs", True, 384, 448),
-                                                               ("matmul_lhs_rhs", False, 320, 400)])
-def test_nki_autotune_matmuls_multiply(calibrate, kernel, transposed, dma, vector):
+@pytest.mark.parametrize("kernel, names, dma, vector, roundings", [
+    ("matmul_lhsT_rhs", ("lhs_T", "rhs"), 384, 448, 3),
+    ("matmul_lhs_rhs", ("lhs", "rhs"), 320, 400, 3),
+    ("matmul_lhsT_rhs_blocked", ("lhs_T", "rhs"), 384, 512, 3),
+    ("matmul_lhsT_rhs_resident", ("lhs_T", "rhs"), 384, 128, 1),
+    ("matmul_lhs_rhs_streamed", ("lhs", "rhs"), 384, 128, 1),
+    ("matmul_lhs_rhsT_resident", ("lhs", "rhs_T"), 384, 128, 1),
+    ("matmul_lhsT_rhsT_resident", ("lhs_T", "rhs_T"), 384, 128, 1),
+])
+def test_nki_autotune_matmuls_multiply(calibrate, kernel, names, dma, vector, roundings):
     a, b = (torch.randn(2048, 2048).to(torch.bfloat16) for _ in range(2))
-    names = ("lhs_T", "rhs") if transposed else ("lhs", "rhs")
     res = simulate(calibrate, f"nki_autotune_matmul:{kernel}", "trn2", **dict(zip(names, (a, b))))
-    _assert_bf16_blocks_matmul(res.outputs, a.T if transposed else a, b, 3)
+    lhs = a.T if names[0] == "lhs_T" else a
+    rhs = b.T if names[1] == "rhs_T" else b
+    _assert_bf16_blocks_matmul(res.outputs, lhs, rhs, roundings)
     # the stream's shape, as the library's file issues it (counted by running it in the
     # simulator): loads, transposes and stores; matmuls; memsets, PSUM copies and adds
     assert collections.Counter(i.engine for i in res.trace) == {"dma": dma, "tensor": 1024, "vector": vector}
@@ -1082,6 +1094,8 @@ def test_nki_autotune_matmuls_multiply(calibrate, kernel, transposed, dma, vecto
 @pytest.mark.parametrize("kernel, shapes, message", [
     ("matmul_lhsT_rhs", dict(lhs_T=(2048, 1024), rhs=(2048, 2048)), r"lhs_T.shape=\(2048, 1024\); the kernel is written"),
     ("matmul_lhs_rhs", dict(lhs=(2048, 2048), rhs=(1024, 2048)), r"rhs.shape=\(1024, 2048\); the kernel is written"),
+    ("matmul_lhsT_rhs_blocked", dict(lhs_T=(1024, 2048), rhs=(2048, 2048)), r"lhs_T.shape=\(1024, 2048\)"),
+    ("matmul_lhsT_rhsT_resident", dict(lhs_T=(2048, 2048), rhs_T=(2048, 512)), r"rhs_T.shape=\(2048, 512\)"),
 ])
 def test_nki_autotune_matmuls_take_only_their_shape(calibrate, kernel, shapes, message):
     kw = {k: torch.randn(*v).to(torch.bfloat16) for k, v in shapes.items()}
