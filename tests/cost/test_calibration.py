@@ -170,9 +170,11 @@ def test_known_misses_are_few_and_say_why(calibrate):
         # the kernel-optimization tutorial's tiled matmul: two sites' small loads interleaved
         # run faster than the single-stream curve's gap allows on one queue per engine
         "optimization_guide.matmul_v2": 1,
-        # nki-autotune's 2048^3 bf16 matmuls on trn2 (2026-12-07): the same gap charges their
-        # [128, 512] loads at 42 % of the bandwidth; both ran at ~90 % of TensorE
-        "nki_autotune.matmul_": 2,
+        # nki-autotune's 2048^3 bf16 matmuls on trn2 (2026-12-07), device-side times: the same
+        # gap charges their 384 small transfers more DMA time than the two hand-written ones
+        # took in all (both at ~90 % of TensorE); the generated ones also load every operand
+        # before the first matmul in program order, which the compiler's scheduler need not keep
+        "nki_autotune.matmul_": 5,
     }
     for prefix, limit in causes.items():
         assert sum(r.id.startswith(prefix) for r in misses) <= limit, prefix
