@@ -1071,24 +1071,37 @@ def _assert_bf16_blocks_matmul(out, lhs, rhs, roundings):
     assert float((out.double() - short).abs().max()) > float(bound.max())
 
 
-@pytest.mark.parametrize("kernel, names, dma, vector, roundings", [
-    ("matmul_lhsT_rhs", ("lhs_T", "rhs"), 384, 448, 3),
-    ("matmul_lhs_rhs", ("lhs", "rhs"), 320, 400, 3),
-    ("matmul_lhsT_rhs_blocked", ("lhs_T", "rhs"), 384, 512, 3),
-    ("matmul_lhsT_rhs_resident", ("lhs_T", "rhs"), 384, 128, 1),
-    ("matmul_lhs_rhs_streamed", ("lhs", "rhs"), 384, 128, 1),
-    ("matmul_lhs_rhsT_resident", ("lhs", "rhs_T"), 384, 128, 1),
-    ("matmul_lhsT_rhsT_resident", ("lhs_T", "rhs_T"), 384, 128, 1),
+# (kernel, operand names, DMA and VectorE instructions, bf16 roundings of the result, the
+# allocation sites as sorted (buffer, tiles) pairs): the stream's shape and its buffer
+# families, as the library's file gives them run in the simulator (the rotation rule
+# groups tiles by site, so a port that merged or split sites would be modeled otherwise)
+RESIDENT_SITES = [("psum", 1), ("sbuf", 64), ("sbuf", 64), ("sbuf", 256)]
+
+
+@pytest.mark.parametrize("kernel, names, dma, vector, roundings, sites", [
+    ("matmul_lhsT_rhs", ("lhs_T", "rhs"), 384, 448, 3,
+     [("psum", 128), ("sbuf", 64), ("sbuf", 64), ("sbuf", 128), ("sbuf", 256)]),
+    ("matmul_lhs_rhs", ("lhs", "rhs"), 320, 400, 3,
+     [("psum", 128), ("sbuf", 16), ("sbuf", 32), ("sbuf", 128), ("sbuf", 128)]),
+    ("matmul_lhsT_rhs_blocked", ("lhs_T", "rhs"), 384, 512, 3,
+     [("psum", 32), ("sbuf", 32), ("sbuf", 64), ("sbuf", 64), ("sbuf", 64), ("sbuf", 256)]),
+    ("matmul_lhsT_rhs_resident", ("lhs_T", "rhs"), 384, 128, 1, RESIDENT_SITES),
+    ("matmul_lhs_rhs_streamed", ("lhs", "rhs"), 384, 128, 1, [("psum", 1), ("sbuf", 32), ("sbuf", 64), ("sbuf", 64)]),
+    ("matmul_lhs_rhsT_resident", ("lhs", "rhs_T"), 384, 128, 1, RESIDENT_SITES),
+    ("matmul_lhsT_rhsT_resident", ("lhs_T", "rhs_T"), 384, 128, 1, RESIDENT_SITES),
 ])
-def test_nki_autotune_matmuls_multiply(calibrate, kernel, names, dma, vector, roundings):
+def test_nki_autotune_matmuls_multiply(calibrate, kernel, names, dma, vector, roundings, sites):
+    from nki_kernels.simulator.cost.schedule import buffer_families
+
     a, b = (torch.randn(2048, 2048).to(torch.bfloat16) for _ in range(2))
     res = simulate(calibrate, f"nki_autotune_matmul:{kernel}", "trn2", **dict(zip(names, (a, b))))
     lhs = a.T if names[0] == "lhs_T" else a
     rhs = b.T if names[1] == "rhs_T" else b
     _assert_bf16_blocks_matmul(res.outputs, lhs, rhs, roundings)
-    # the stream's shape, as the library's file issues it (counted by running it in the
-    # simulator): loads, transposes and stores; matmuls; memsets, PSUM copies and adds
+    # loads, transposes and stores; matmuls; memsets, PSUM copies and adds
     assert collections.Counter(i.engine for i in res.trace) == {"dma": dma, "tensor": 1024, "vector": vector}
+    _, families = buffer_families(res.trace, res.allocations)
+    assert sorted((key[1], len(tiles)) for key, tiles in families.items()) == sites
 
 
 @pytest.mark.parametrize("kernel, shapes, message", [

@@ -44,12 +44,13 @@ into a [16][2] grid it reuses.
 The measured figures are the README's MFU: the minimum device-side time of 100 iterations
 (``spike.benchmark(..., mode="device")``, nkipy's ``BaremetalExecutor``: "NeuronCore
 execution time via device-side trace (nc_exec_running, device clock)";
-autotune/src/autotune/runner/benchmark.py ``_run_timing`` at b672385, dcc23bb and 0b6f309)
-over a peak of 2.4 GHz x 2 x 128 x 128 FLOP per cycle = 78.6 TFLOP/s
-(autotune/src/autotune/runner/types.py); 89.47 % is the README's 0.2442 ms. The 90.92 and
-79.05 % kernels need the compiler's ``enable-linear-scan-allocation=false`` and
+autotune/src/autotune/runner/benchmark.py ``_run_timing`` at 1d9c2b9, b672385, dcc23bb and
+0b6f309) over a peak of 2.4 GHz x 2 x 128 x 128 FLOP per cycle = 78.6 TFLOP/s
+(autotune/src/autotune/runner/types.py); 89.47 % is the README's 0.2442 ms. The 90.92, 89.26
+and 79.05 % kernels need the compiler's ``enable-linear-scan-allocation=false`` and
 ``enable-instruction-scheduling=false`` (README): the program's order is what ran; the
-generated ones ran with the compiler's defaults.
+generated ones ran with the compiler's defaults (nkigym/src/nkigym/search/api.py at 1d9c2b9
+builds their jobs without ``neuronx_cc_args``).
 """
 
 import nki
