@@ -260,6 +260,8 @@ def _resident(lhs, lhs_transposed, rhs, rhs_transposed, rhs_first):
     per M tile and N tile one output tile over the 16 K tiles, then the output stored."""
     out = nl.ndarray((SIZE, SIZE), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     grids = {}
+    # two _grid lines, not one shared by both operands: each grid is its own allocation site,
+    # as in the sources (the cost model rotates buffers per site)
     for name in (("rhs", "lhs") if rhs_first else ("lhs", "rhs")):
         if name == "lhs":
             grids[name] = _grid(TILES, TILES, P)

@@ -554,7 +554,9 @@ def family_depths(families, access, allocations, depth: int, target: Target) -> 
     for a in allocations:
         if a.alloc_id in units_of and a.alloc_id in access and a.alloc_id not in in_family:
             fams[(a.core, a.buffer, ("tile", a.alloc_id))] = [a.alloc_id]
-    info = {}                 # family -> (pool, units, span, kept alive, order, filled together)
+    # family -> (pool, units, span (first, last access: the first orders the families), kept
+    # alive, filled together)
+    info = {}
     depths = {}               # family -> buffers: rotation_buffers, then what the memory holds
     for key, members in fams.items():
         if any(m not in units_of for m in members):
@@ -563,7 +565,7 @@ def family_depths(families, access, allocations, depth: int, target: Target) -> 
         last = max(access[m][-1][0] for m in members)
         depths[key], kept, group = rotation_buffers(members, access, depth)
         pool = (key[0], key[1])
-        info[key] = (pool, max(units_of[m] for m in members), (first, last), kept, first, group)
+        info[key] = (pool, max(units_of[m] for m in members), (first, last), kept, group)
     cap = {}
     for pool in {v[0] for v in info.values()}:
         if pool[1] == "psum":
@@ -574,7 +576,7 @@ def family_depths(families, access, allocations, depth: int, target: Target) -> 
     def iterations(k):
         """Iterations a family's buffers hold: buffers per iteration's fill (a set of tiles
         counts as one, a pipeline's own lookahead counts)."""
-        return depths[k] / info[k][5]
+        return depths[k] / info[k][4]
 
     for pool, limit in cap.items():
         keys = [k for k, v in info.items() if v[0] == pool]
@@ -599,8 +601,8 @@ def family_depths(families, access, allocations, depth: int, target: Target) -> 
             live = [k for k in live if iterations(k) == top]
             excess = worst - limit
             covering = [k for k in live if info[k][1] >= excess]
-            k = (min(covering, key=lambda k: (info[k][1], -info[k][4])) if covering
-                 else max(live, key=lambda k: (info[k][1], info[k][4])))
+            k = (min(covering, key=lambda k: (info[k][1], -info[k][2][0])) if covering
+                 else max(live, key=lambda k: (info[k][1], info[k][2][0])))
             depths[k] -= 1
     return depths
 
