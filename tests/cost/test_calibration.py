@@ -175,6 +175,9 @@ def test_known_misses_are_few_and_say_why(calibrate):
         # took in all (both at ~90 % of TensorE); the generated ones also load every operand
         # before the first matmul in program order, which the compiler's scheduler need not keep
         "nki_autotune.matmul_": 5,
+        # its double matmul: 1216 DMA instructions (1088 of them dma_transposes) at the same gap
+        # come to more DMA time than the hardware took in all
+        "nki_autotune.double_matmul": 1,
     }
     for prefix, limit in causes.items():
         assert sum(r.id.startswith(prefix) for r in misses) <= limit, prefix

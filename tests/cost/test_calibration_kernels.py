@@ -95,6 +95,7 @@ COVERED = {
     **{f"nki_autotune_matmul:{k}": "test_nki_autotune_matmuls_multiply"
        for k in ("matmul_lhsT_rhs_blocked", "matmul_lhsT_rhs_resident", "matmul_lhs_rhs_streamed",
                  "matmul_lhs_rhsT_resident", "matmul_lhsT_rhsT_resident")},
+    "nki_autotune_matmul:double_matmul": "test_nki_autotune_double_matmul_is_qk_times_v",
 }
 
 
@@ -1114,6 +1115,42 @@ def test_nki_autotune_matmuls_take_only_their_shape(calibrate, kernel, shapes, m
     kw = {k: torch.randn(*v).to(torch.bfloat16) for k, v in shapes.items()}
     with pytest.raises(ValueError, match=message):
         simulate(calibrate, f"nki_autotune_matmul:{kernel}", "trn2", **kw)
+
+
+def test_nki_autotune_double_matmul_is_qk_times_v(calibrate):
+    """(Q @ K.T) @ V against float64. S accumulates over d in fp32 PSUM (at most n u of
+    sum |q||k|, n = 2048, u = 2^-24), is rounded to bf16 once (2^-8 of |S|, a safe margin
+    over half an ulp) and transposed exactly; the output accumulates in fp32 and is rounded
+    to bf16 once: within 3 x 2^-8 of |S| @ |V| plus the accumulation term carried through V.
+    Dropping the last 128 keys or the last 128 of d leaves that bound somewhere."""
+    from nki_kernels.simulator.cost.schedule import buffer_families
+
+    q, k, v = (torch.randn(2048, 2048).to(torch.bfloat16) for _ in range(3))
+    res = simulate(calibrate, "nki_autotune_matmul:double_matmul", "trn2", Q=q, K=k, V=v)
+    Q, K, V = q.double(), k.double(), v.double()
+    scores = Q @ K.T
+    bound = 3 * 2.0 ** -8 * (scores.abs() @ V.abs()) + 2048 * 2.0 ** -24 * ((Q.abs() @ K.abs().T) @ V.abs())
+    out = res.outputs.double()
+    assert res.outputs.dtype == torch.bfloat16
+    assert bool(((out - scores @ V).abs() <= bound).all())
+    assert bool(((out - scores[:, :-128] @ V[:-128]).abs() > bound).any())
+    assert bool(((out - (Q[:, :-128] @ K[:, :-128].T) @ V).abs() > bound).any())
+    # 64 K and 1024 Q dma_transposes, 64 V loads, 64 stores; 2048 matmuls and 256 transposes
+    # of S; memsets and PSUM copies
+    assert collections.Counter(i.engine for i in res.trace) == {"dma": 1216, "tensor": 2304, "vector": 512}
+    assert collections.Counter(i.op for i in res.trace if i.engine == "dma") == {"dma_transpose": 1088,
+                                                                                  "dma_copy": 128}
+    _, families = buffer_families(res.trace, res.allocations)
+    assert sorted((key[1], len(tiles)) for key, tiles in families.items()) == [
+        ("psum", 1), ("psum", 1), ("psum", 1), ("sbuf", 1), ("sbuf", 8), ("sbuf", 16), ("sbuf", 32),
+        ("sbuf", 64), ("sbuf", 256)]
+
+
+def test_nki_autotune_double_matmul_takes_only_its_shape(calibrate):
+    kw = {name: torch.randn(2048, 2048).to(torch.bfloat16) for name in ("Q", "K", "V")}
+    kw["V"] = torch.randn(2048, 1024).to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"V.shape=\(2048, 1024\); the kernel is written"):
+        simulate(calibrate, "nki_autotune_matmul:double_matmul", "trn2", **kw)
 
 
 # ----------------------------------------------------------------------------- matmul_tutorial:matmul

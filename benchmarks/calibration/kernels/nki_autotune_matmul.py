@@ -1,6 +1,7 @@
-"""Ports of seven 2048³ bf16 matmul kernels of awslabs/nki-autotune's kernel library,
-measured on trn2 (kernel_library/README.md: "All runs below are at 2048³ bf16 shapes"; the
-files at dcc23bb, kernel_library/matmul/<layout>/...):
+"""Ports of seven 2048³ bf16 matmul kernels and a double matmul of awslabs/nki-autotune's
+kernel library, measured on trn2 (kernel_library/README.md: "All runs below are at 2048³
+bf16 shapes"; the files at dcc23bb, kernel_library/matmul/<layout>/..., and at 1d9c2b9,
+kernel_library/double_matmul/kernel_4_54.73mfu.py):
 
     function                      source file (layout/...)                  README MFU
     matmul_lhsT_rhs               lhsT_rhs/kernel_hand_90.92mfu.py            90.92 %
@@ -10,6 +11,7 @@ files at dcc23bb, kernel_library/matmul/<layout>/...):
     matmul_lhs_rhs_streamed       lhs_rhs/kernel_30_60.21mfu.py               60.21 %
     matmul_lhs_rhsT_resident      lhs_rhsT/kernel_83_61.73mfu.py              61.73 %
     matmul_lhsT_rhsT_resident     lhsT_rhsT/kernel_53_60.57mfu.py             60.57 %
+    double_matmul                 double_matmul/kernel_4_54.73mfu.py          54.73 % ((Q @ K.T) @ V)
 
     lhsT_rhs: output[M, N] = lhs_T[K, M].T @ rhs[K, N]
     lhs_rhs:  output[M, N] = lhs[M, K] @ rhs[K, N]      (lhs transposed by DMA on the way in)
@@ -318,5 +320,57 @@ def matmul_lhs_rhs_streamed(lhs, rhs):
             for n in range(N_TILES):
                 _output_tile(result[block * 2 + t][n], psum, [row[t] for row in lhs_grid],
                              [row[n] for row in rhs_grid])
+    _store_grid(out, result)
+    return out
+
+
+# ------------------------------------------------------------------ the autotuner's double matmul
+QK_HALF = 1024               # the first pass's d tiles come in halves of 8 tiles of Qᵀ
+
+
+@nki.jit
+def double_matmul(Q, K, V):
+    """double_matmul/kernel_4_54.73mfu.py (the library's table at 1d9c2b9 only): (Q @ K.T) @ V,
+    every operand [2048, 2048] bf16 (S = Q @ K.T kept in SBUF as bf16, transposed).
+
+    First pass, per 512 keys: those rows of K transposed (dma_transpose) into a [16] grid of
+    Kᵀ tiles [128 (d), 512 (keys)]; then per query tile of 128 rows a PSUM tile [128, 512]
+    zeroed and accumulated over d in two halves, each half's Qᵀ transposed into an [8] grid
+    of [128, 128] first; S copied to SBUF (bf16) and transposed 128 keys at a time through a
+    bf16 PSUM tile into the Sᵀ grid [16 key tiles][16 query tiles].
+    Second pass, per 1024 columns of V: that block of V loaded into a [16][2] grid of
+    [128, 512] (the same grid for both blocks); per 512 of its columns and per query tile one
+    output tile over the 16 key tiles into the output grid [16][4], which is stored at the end.
+    Nine allocation lines, one per tile or grid, in the source's order."""
+    _check(Q=Q, K=K, V=V)
+    out = nl.ndarray((SIZE, SIZE), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    s_t = _grid(TILES, TILES, P)                        # Sᵀ [key tile][query tile]
+    q_t = _grid(QK_HALF // P, 1, P)                     # one query tile's Qᵀ, half of d
+    k_t = _grid(TILES, 1, TILE_N)                       # Kᵀ of 512 keys [d tile][0]
+    s = _grid(1, 1, TILE_N)                             # one query tile's S over 512 keys
+    s_psum = nl.ndarray((P, TILE_N), dtype=nl.float32, buffer=nl.psum)
+    s_t_psum = nl.ndarray((P, P), dtype=nl.bfloat16, buffer=nl.psum)
+    for kb in range(N_TILES):                           # 512 keys
+        _fill(k_t, K[kb * TILE_N:(kb + 1) * TILE_N, 0:SIZE], True)
+        for qt in range(TILES):                         # 128 queries
+            nisa.memset(s_psum[0:P, 0:TILE_N], 0.0)
+            for half in range(SIZE // QK_HALF):
+                _fill(q_t, Q[qt * P:(qt + 1) * P, half * QK_HALF:(half + 1) * QK_HALF], True)
+                for t, row in enumerate(q_t):
+                    nisa.nc_matmul(dst=s_psum[0:P, 0:TILE_N], stationary=row[0][0:P, 0:P],
+                                   moving=k_t[half * len(q_t) + t][0][0:P, 0:TILE_N])
+            nisa.tensor_copy(s[0][0][0:P, 0:TILE_N], s_psum[0:P, 0:TILE_N])
+            for kt in range(TILE_N // P):
+                nisa.nc_transpose(s_t_psum[0:P, 0:P], s[0][0][0:P, kt * P:(kt + 1) * P])
+                nisa.tensor_copy(s_t[kb * (TILE_N // P) + kt][qt][0:P, 0:P], s_t_psum[0:P, 0:P])
+    result = _grid(TILES, N_TILES, TILE_N)
+    v = _grid(TILES, QK_HALF // TILE_N, TILE_N)         # one 1024-column block of V
+    o_psum = nl.ndarray((P, TILE_N), dtype=nl.float32, buffer=nl.psum)
+    for vb in range(SIZE // QK_HALF):
+        _fill(v, V[0:SIZE, vb * QK_HALF:(vb + 1) * QK_HALF], False)
+        for half in range(QK_HALF // TILE_N):
+            for qt in range(TILES):
+                _output_tile(result[qt][vb * 2 + half], o_psum, [row[qt] for row in s_t],
+                             [row[half] for row in v])
     _store_grid(out, result)
     return out
