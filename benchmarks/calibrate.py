@@ -35,10 +35,14 @@ QoR train rows run, the model-error band they fit (fit_band: 90 % of them inside
 is printed next to hardware.py's. ``--split train|test`` runs one split only; ``--csv FILE``
 writes every modeled row (with its bar) for plots and offline fits. Vectors AWS measured at
 both launch degrees are also compared as pairs: the speedup LNC=2 brings, measured and
-modeled (lnc_report); ``--pairs`` runs only those rows.
+modeled (lnc_report); ``--pairs`` runs only those rows. ``--set NAME=VALUE`` models every row
+with a Target field changed (a what-if, nothing fitted); with ``--nkilib``, ``--refit-launch``
+then refits the launch costs alone on the QoR train rows (no re-modeling: they only add to
+the whole-launch latencies), so that the what-if and hardware.py's fit compare on equal terms.
 
 Usage: python benchmarks/calibrate.py [--fit] [--only PREFIX[,PREFIX]] [--data FILE] [--skip-slow]
-       [--nkilib PATH] [--split train|test] [--pairs] [--csv FILE]   (--only nkilib.mlp_tkg runs just those QoR rows)
+       [--nkilib PATH] [--split train|test] [--pairs] [--csv FILE] [--set NAME=VALUE]
+       [--refit-launch]   (--only nkilib.mlp_tkg runs just those QoR rows)
 """
 
 from __future__ import annotations
@@ -769,6 +773,30 @@ def fit_launch(rows: list[Row], values: dict[str, float]) -> dict:
     return params
 
 
+def apply_launch(rows: list[Row], launch: dict) -> None:
+    """Record that the latency rows of ``rows`` now include the launch costs ``launch``
+    (LAUNCH_PARAMETERS' names): the CSV's launch column and each row's error bar follow."""
+    for r in rows:
+        if r.id in launches:
+            cores, was = launches[r.id]
+            launches[r.id] = (cores, _launch_us(r, cores, launch))
+            if r.id in bars:
+                bars[r.id] = tuple(b - was + launches[r.id][1] for b in bars[r.id])
+
+
+def refit_launch(rows: list[Row], values: dict[str, float]) -> tuple[dict, dict[str, float], float, float]:
+    """The launch costs refitted on the train rows of ``rows`` for ``values`` as modeled (a
+    --set what-if's), nothing else re-modeled: (launch costs, the values with them, the
+    train loss before and after). Applies them (apply_launch)."""
+    train = _launch_train(rows, values)
+    before = _loss(train, values) if train else math.nan
+    launch = fit_launch(rows, values)
+    priced = with_launch(rows, values, launch)
+    after = _loss(train, priced)
+    apply_launch(rows, launch)
+    return launch, priced, before, after
+
+
 def _qor_points(params: dict) -> list[dict]:
     """The public fit ``params`` with each QOR_PARAMETERS grid point (one parameter). trn2's
     VectorE overlap follows its fixed cost: the fixed cost less trn1's issue interval (trn1's
@@ -1134,6 +1162,10 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="model every row with this Target field at VALUE instead of hardware.py's "
                     "(repeatable; 'trn2:' scopes it to one target): a what-if, nothing fitted")
+    ap.add_argument("--refit-launch", action="store_true",
+                    help="with --nkilib, without --fit: after modeling, refit only the launch costs "
+                         "(LAUNCH_PARAMETERS) on the QoR train rows, so that a --set what-if compares "
+                         "with hardware.py's fit on equal terms (nothing is re-modeled)")
     args = ap.parse_args(argv)
     try:
         settings = parse_settings(args.set)
@@ -1141,6 +1173,10 @@ def main(argv=None) -> int:
         ap.error(str(err))
     if settings and args.fit:
         ap.error("--set models a what-if at hardware.py's fitted values; --fit refits them: use one")
+    if args.refit_launch and args.fit:
+        ap.error("--fit refits the launch costs with the rest: drop --refit-launch")
+    if args.refit_launch and not args.nkilib:
+        ap.error("--refit-launch fits the launch costs on nki-library's QoR train rows: pass --nkilib PATH")
     if args.pairs and args.split:
         ap.error(f"--pairs takes both splits' rows (a pair's two rows can be in different splits); "
                  f"drop --split {args.split}")
@@ -1222,6 +1258,12 @@ def main(argv=None) -> int:
             finally:
                 forget(r)   # a QoR run's trace is large: keep only its modeled numbers
         values = at_point[0]
+        if args.refit_launch and any(r.split == "train" and r.id in launches for r in qor):
+            launch, values, before, after = refit_launch(qor, values)
+            print("\nlaunch costs refitted on the QoR train rows (nothing else re-modeled; hardware.py's: "
+                  f"{TARGETS['trn2'].launch_overhead_s * 1e6:.0f} + {TARGETS['trn2'].second_core_launch_s * 1e6:.0f} us): "
+                  + ", ".join(f"{k} = {v * 1e6:.0f}e-6" for k, v in launch.items())
+                  + f"; train loss {before:.4f} -> {after:.4f}")
         if args.fit:
             point, launch, values = fit_qor(qor + rows, points, at_point, public)
             (name, _), = QOR_PARAMETERS.items()
@@ -1236,12 +1278,7 @@ def main(argv=None) -> int:
             print("\nfitted on the QoR train rows (copy into simulator/hardware.py by hand): "
                   + ", ".join(f"{k} = {v:g}" for k, v in point.items()) + ", "
                   + ", ".join(f"{k} = {v * 1e6:.0f}e-6" for k, v in launch.items()))
-            for r in qor:   # what the rows now include (the CSV's launch column, the bars)
-                if r.id in launches:
-                    cores, was = launches[r.id]
-                    launches[r.id] = (cores, _launch_us(r, cores, launch))
-                    if r.id in bars:
-                        bars[r.id] = tuple(b - was + launches[r.id][1] for b in bars[r.id])
+            apply_launch(qor, launch)   # what the rows now include (the CSV's launch column, the bars)
             public = modeled(rows, params) if rows else {}   # at the full fit (trn2 rows' VectorE)
             if rows:
                 bar_ends(rows, params)

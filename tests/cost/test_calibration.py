@@ -554,6 +554,44 @@ def test_the_launch_costs_fitted_on_train_rows_recover_a_known_offset(calibrate,
         calibrate.fit_launch([r for r in rows if r.split == "test"], values)
 
 
+def test_refit_launch_reprices_a_what_if_and_moves_what_the_rows_include(calibrate, monkeypatch):
+    # rows modeled with the shipped launch (24 + 4 us) whose "measured" values carry 31 + 9 us:
+    # refit_launch finds 31 + 9 on the train rows, reprices every latency row, lowers the train
+    # loss, and moves the launch column and the error bars by the same amounts
+    gen = torch.Generator().manual_seed(11)
+    base = (torch.rand(18, generator=gen, dtype=torch.float64) * 200 + 30).tolist()
+    monkeypatch.setattr(calibrate, "launches", {})
+    monkeypatch.setattr(calibrate, "bars", {})
+    rows, values = [], {}
+    for i, b in enumerate(base):
+        lnc = 1 + i % 2
+        r = _row(calibrate, f"nkilib.fam.r{i}", b + 31.0 + (lnc - 1) * 9.0, lnc=lnc)
+        r.split = "train" if i % 3 else "test"
+        rows.append(r)
+        shipped = 24.0 + (lnc - 1) * 4.0
+        calibrate.launches[r.id] = (lnc, shipped)
+        values[r.id] = b + shipped
+        calibrate.bars[r.id] = (0.9 * b + shipped, 1.2 * b + shipped)
+    launch, priced, before, after = calibrate.refit_launch(rows, values)
+    assert launch == {"launch_overhead_s": pytest.approx(31e-6), "second_core_launch_s": pytest.approx(9e-6)}
+    assert all(priced[r.id] == pytest.approx(r.measured) for r in rows)
+    assert after == pytest.approx(0.0, abs=1e-20) and before > 1e-4
+    for r, b in zip(rows, base):
+        cores, now = calibrate.launches[r.id]
+        assert now == pytest.approx(31.0 + (cores - 1) * 9.0)
+        assert calibrate.bars[r.id] == pytest.approx((0.9 * b + now, 1.2 * b + now))
+
+
+def test_refit_launch_needs_a_checkout_and_not_the_fit(calibrate, capsys):
+    with pytest.raises(SystemExit):
+        calibrate.main(["--refit-launch", "--fit", "--nkilib", "/nonexistent"])
+    assert "--fit refits the launch costs with the rest: drop --refit-launch" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        calibrate.main(["--refit-launch", "--set", "trn2:dma_transfer_gap_s=3e-7"])
+    assert "--refit-launch fits the launch costs on nki-library's QoR train rows: pass --nkilib PATH" in \
+        capsys.readouterr().err
+
+
 def _ref_row(calibrate, id, reference, args, line, split="test", lnc=2):
     """A QoR row whose source cites ``reference`` as AWS's test line ``line`` writes it."""
     measured = float(reference) / 1e6
