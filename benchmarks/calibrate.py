@@ -788,11 +788,10 @@ def refit_launch(rows: list[Row], values: dict[str, float]) -> tuple[dict, dict[
     """The launch costs refitted on the train rows of ``rows`` for ``values`` as modeled (a
     --set what-if's), nothing else re-modeled: (launch costs, the values with them, the
     train loss before and after). Applies them (apply_launch)."""
+    launch = fit_launch(rows, values)   # raises when no train row is a whole-launch latency
     train = _launch_train(rows, values)
-    before = _loss(train, values) if train else math.nan
-    launch = fit_launch(rows, values)
     priced = with_launch(rows, values, launch)
-    after = _loss(train, priced)
+    before, after = _loss(train, values), _loss(train, priced)
     apply_launch(rows, launch)
     return launch, priced, before, after
 
@@ -1223,6 +1222,9 @@ def main(argv=None) -> int:
         if args.fit and chosen and not any(r.split == "train" for r in chosen):
             ap.error(f"--fit: no {what} train row selected (--only / --split / --skip-slow leave none); "
                      f"the free parameters are fitted on the train rows")
+    if args.refit_launch and not any(r.split == "train" for r in qor):
+        ap.error("--refit-launch: no QoR train row selected (--only / --split leave none); "
+                 "the launch costs are fitted on the QoR train rows")
     params = fit(rows) if args.fit else (settings or None)
     public: dict[str, float] = modeled(rows, params) if rows else {}
     if rows:
@@ -1258,7 +1260,7 @@ def main(argv=None) -> int:
             finally:
                 forget(r)   # a QoR run's trace is large: keep only its modeled numbers
         values = at_point[0]
-        if args.refit_launch and any(r.split == "train" and r.id in launches for r in qor):
+        if args.refit_launch:
             launch, values, before, after = refit_launch(qor, values)
             print("\nlaunch costs refitted on the QoR train rows (nothing else re-modeled; hardware.py's: "
                   f"{TARGETS['trn2'].launch_overhead_s * 1e6:.0f} + {TARGETS['trn2'].second_core_launch_s * 1e6:.0f} us): "

@@ -592,6 +592,22 @@ def test_refit_launch_needs_a_checkout_and_not_the_fit(calibrate, capsys):
         capsys.readouterr().err
 
 
+def test_refit_launch_refuses_a_selection_without_qor_train_rows(calibrate, capsys, monkeypatch):
+    # a checkout is only looked at for its kernels; the selection check comes first
+    monkeypatch.setattr(calibrate, "use_nkilib", lambda checkout: None)
+    with pytest.raises(SystemExit):
+        calibrate.main(["--refit-launch", "--nkilib", "/any", "--split", "test", "--only", "nkilib.mlp_tkg"])
+    assert "--refit-launch: no QoR train row selected" in capsys.readouterr().err
+
+
+def test_refit_launch_says_when_no_train_row_is_a_launch_latency(calibrate, monkeypatch):
+    monkeypatch.setattr(calibrate, "launches", {})
+    row = _row(calibrate, "nkilib.fam.only", 50.0, lnc=1)
+    row.split = "train"
+    with pytest.raises(ValueError, match="no train row with a whole-launch latency"):
+        calibrate.refit_launch([row], {row.id: 40.0})
+
+
 def _ref_row(calibrate, id, reference, args, line, split="test", lnc=2):
     """A QoR row whose source cites ``reference`` as AWS's test line ``line`` writes it."""
     measured = float(reference) / 1e6
