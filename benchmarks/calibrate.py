@@ -1216,6 +1216,11 @@ def main(argv=None) -> int:
     if settings:
         print("what-if, not fitted: every row modeled with "
               + ", ".join(f"{k} = {v:g}" for k, v in settings.items()) + " (hardware.py's values otherwise)")
+    if args.skip_slow:
+        qor = [r for r in qor if not r.slow]
+    if args.pairs:
+        paired = {r.id for pair in lnc_pairs(qor) for r in pair}
+        qor = [r for r in qor if r.id in paired]
     # the public rows' parameters are fitted on public train rows, the QoR launch costs on QoR
     # train rows: whichever set is selected needs train rows of its own
     for what, chosen in (("public", rows), ("QoR", qor)):
@@ -1223,19 +1228,15 @@ def main(argv=None) -> int:
             ap.error(f"--fit: no {what} train row selected (--only / --split / --skip-slow leave none); "
                      f"the free parameters are fitted on the train rows")
     if args.refit_launch and not any(r.split == "train" for r in qor):
-        ap.error("--refit-launch: no QoR train row selected (--only / --split leave none); "
-                 "the launch costs are fitted on the QoR train rows")
+        ap.error(f"--refit-launch: no QoR train row selected (--only {args.only!r}, --split {args.split}, "
+                 f"--skip-slow {args.skip_slow}, --pairs {args.pairs} leave none); the launch costs are "
+                 f"fitted on the QoR train rows")
     params = fit(rows) if args.fit else (settings or None)
     public: dict[str, float] = modeled(rows, params) if rows else {}
     if rows:
         bar_ends(rows, params)
     if rows and not (args.fit and qor):   # with the QoR fit: reported after it
         print(report(rows, public, None if settings else params))
-    if args.skip_slow:
-        qor = [r for r in qor if not r.slow]
-    if args.pairs:
-        paired = {r.id for pair in lnc_pairs(qor) for r in pair}
-        qor = [r for r in qor if r.id in paired]
     values: dict[str, float] = {}
     if qor:
         print(f"\nnki-library QoR rows ({QOR.name}), AWS's kernels from {args.nkilib} "
@@ -1261,7 +1262,11 @@ def main(argv=None) -> int:
                 forget(r)   # a QoR run's trace is large: keep only its modeled numbers
         values = at_point[0]
         if args.refit_launch:
-            launch, values, before, after = refit_launch(qor, values)
+            try:
+                launch, values, before, after = refit_launch(qor, values)
+            except ValueError as err:   # every selected train row blocked or set aside
+                ap.error(f"--refit-launch: {err} (the selected QoR train rows are blocked in our simulator "
+                         f"or set aside, see above)")
             print("\nlaunch costs refitted on the QoR train rows (nothing else re-modeled; hardware.py's: "
                   f"{TARGETS['trn2'].launch_overhead_s * 1e6:.0f} + {TARGETS['trn2'].second_core_launch_s * 1e6:.0f} us): "
                   + ", ".join(f"{k} = {v * 1e6:.0f}e-6" for k, v in launch.items())

@@ -592,20 +592,17 @@ def test_refit_launch_needs_a_checkout_and_not_the_fit(calibrate, capsys):
         capsys.readouterr().err
 
 
-def test_refit_launch_refuses_a_selection_without_qor_train_rows(calibrate, capsys, monkeypatch):
-    # a checkout is only looked at for its kernels; the selection check comes first
+@pytest.mark.parametrize("argv", [
+    ["--split", "test", "--only", "nkilib.mlp_tkg"],
+    # the QoR rows --skip-slow drops count too: a slow train row alone leaves none
+    ["--skip-slow", "--only", "nkilib.mlp_cte.b1_s8192_h8192_i448_rms_norm_fused_add_lnc2"],
+])
+def test_refit_launch_refuses_a_selection_without_qor_train_rows(calibrate, capsys, monkeypatch, argv):
+    # no checkout here: use_nkilib stubbed, so that main reaches the selection check
     monkeypatch.setattr(calibrate, "use_nkilib", lambda checkout: None)
     with pytest.raises(SystemExit):
-        calibrate.main(["--refit-launch", "--nkilib", "/any", "--split", "test", "--only", "nkilib.mlp_tkg"])
+        calibrate.main(["--refit-launch", "--nkilib", "/any", *argv])
     assert "--refit-launch: no QoR train row selected" in capsys.readouterr().err
-
-
-def test_refit_launch_says_when_no_train_row_is_a_launch_latency(calibrate, monkeypatch):
-    monkeypatch.setattr(calibrate, "launches", {})
-    row = _row(calibrate, "nkilib.fam.only", 50.0, lnc=1)
-    row.split = "train"
-    with pytest.raises(ValueError, match="no train row with a whole-launch latency"):
-        calibrate.refit_launch([row], {row.id: 40.0})
 
 
 def _ref_row(calibrate, id, reference, args, line, split="test", lnc=2):

@@ -326,6 +326,7 @@ def matmul_lhs_rhs_streamed(lhs, rhs):
 
 # ------------------------------------------------------------------ the autotuner's double matmul
 QK_HALF = 1024               # the first pass's d tiles come in halves of 8 tiles of Qᵀ
+V_BLOCK = 1024               # the second pass's V comes in blocks of 1024 columns
 
 
 @nki.jit
@@ -339,7 +340,7 @@ def double_matmul(Q, K, V):
     of [128, 128] first; S copied to SBUF (bf16) and transposed 128 keys at a time through a
     bf16 PSUM tile into the Sᵀ grid [16 key tiles][16 query tiles].
     Second pass, per 1024 columns of V: that block of V loaded into a [16][2] grid of
-    [128, 512] (the same grid for both blocks); per 512 of its columns and per query tile one
+    [128, 512] (one grid, filled once per block); per 512 of its columns and per query tile one
     output tile over the 16 key tiles into the output grid [16][4], which is stored at the end.
     Nine allocation lines, one per tile or grid, in the source's order."""
     _check(Q=Q, K=K, V=V)
@@ -364,13 +365,13 @@ def double_matmul(Q, K, V):
                 nisa.nc_transpose(s_t_psum[0:P, 0:P], s[0][0][0:P, kt * P:(kt + 1) * P])
                 nisa.tensor_copy(s_t[kb * (TILE_N // P) + kt][qt][0:P, 0:P], s_t_psum[0:P, 0:P])
     result = _grid(TILES, N_TILES, TILE_N)
-    v = _grid(TILES, QK_HALF // TILE_N, TILE_N)         # one 1024-column block of V
+    v = _grid(TILES, V_BLOCK // TILE_N, TILE_N)         # one block of V
     o_psum = nl.ndarray((P, TILE_N), dtype=nl.float32, buffer=nl.psum)
-    for vb in range(SIZE // QK_HALF):
-        _fill(v, V[0:SIZE, vb * QK_HALF:(vb + 1) * QK_HALF], False)
-        for half in range(QK_HALF // TILE_N):
+    for vb in range(SIZE // V_BLOCK):
+        _fill(v, V[0:SIZE, vb * V_BLOCK:(vb + 1) * V_BLOCK], False)
+        for half in range(V_BLOCK // TILE_N):
             for qt in range(TILES):
-                _output_tile(result[qt][vb * 2 + half], o_psum, [row[qt] for row in s_t],
+                _output_tile(result[qt][vb * (V_BLOCK // TILE_N) + half], o_psum, [row[qt] for row in s_t],
                              [row[half] for row in v])
     _store_grid(out, result)
     return out
