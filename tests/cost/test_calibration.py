@@ -605,6 +605,20 @@ def test_refit_launch_refuses_a_selection_without_qor_train_rows(calibrate, caps
     assert "--refit-launch: no QoR train row selected" in capsys.readouterr().err
 
 
+def test_refit_launch_is_a_usage_error_when_no_selected_train_row_is_a_launch_latency(calibrate, capsys,
+                                                                                      monkeypatch):
+    # every selected train row modeled but none a whole-launch latency (as when each is blocked
+    # in the simulator or set aside): a usage error naming the cause, not a traceback
+    monkeypatch.setattr(calibrate, "use_nkilib", lambda checkout: None)
+    monkeypatch.setattr(calibrate, "modeled", lambda rows, params=None: {r.id: 10.0 for r in rows})
+    monkeypatch.setattr(calibrate, "bar_ends", lambda rows, params=None: {})
+    monkeypatch.setattr(calibrate, "launches", {})
+    with pytest.raises(SystemExit):
+        calibrate.main(["--refit-launch", "--nkilib", "/any", "--only", "nkilib.mlp_tkg", "--split", "train"])
+    err = capsys.readouterr().err
+    assert "--refit-launch: no train row with a whole-launch latency" in err and "blocked" in err
+
+
 def _ref_row(calibrate, id, reference, args, line, split="test", lnc=2):
     """A QoR row whose source cites ``reference`` as AWS's test line ``line`` writes it."""
     measured = float(reference) / 1e6
