@@ -172,7 +172,8 @@ def bwd_plan(facts, q_chunk=0):
 
 def _dst_dma_share(facts, kb, n_kb, head_batch, folded):
     """DST_DMA_SHARE if one head batch's dSᵀ transposes over a full key block are
-    data-bound on the DMA queues (their data outlasts the DMA gap), else
+    data-bound on the DMA queues (their data outlasts the transfer gap and the descriptor
+    generation: EngineCosts.dma_occupancy_ns), else
     DST_DMA_SHARE_GAP_BOUND; 0 where dSᵀ never goes by DMA: fp32, and folded mode with one
     key block. Folded mode halves the VectorE/ScalarE work per score, so with one key
     block (Sk <= 256: ViT) the query and key sides' loads alone keep the DMA queues the
@@ -182,7 +183,8 @@ def _dst_dma_share(facts, kb, n_kb, head_batch, folded):
         return 0.0
     c = active_engine_costs()
     data_ns = c.dma_transpose_ns(head_batch * P * min(kb, facts.Sk) * facts.itemsize)
-    return DST_DMA_SHARE if data_ns + c.dma_transfer_handoff_ns >= c.dma_transfer_gap_ns else DST_DMA_SHARE_GAP_BOUND
+    data_bound = c.dma_occupancy_ns(data_ns) <= data_ns + c.dma_transfer_handoff_ns
+    return DST_DMA_SHARE if data_bound else DST_DMA_SHARE_GAP_BOUND
 
 
 class BwdBalance(nl.NKIObject):

@@ -21,7 +21,8 @@ class EngineCosts(nl.NKIObject):
     def __init__(self, vector_ghz, scalar_ghz, gpsimd_ghz, vector_psum_copy_16bit_rate, vector_instr_cycles,
                  scalar_instr_cycles, gpsimd_instr_cycles, vector_overlap_cycles, min_instruction_cycles,
                  vector_reduce_readout_cycles, dma_bytes_per_s, dma_transfer_gap_ns, dma_transfer_handoff_ns,
-                 dma_descriptor_bytes, dma_transpose_efficiency, sbuf_bytes_per_partition, gpsimd_pattern_cycles, tensor_ghz,
+                 dma_descriptor_generation_ns, dma_descriptor_bytes, dma_transpose_efficiency,
+                 sbuf_bytes_per_partition, gpsimd_pattern_cycles, tensor_ghz,
                  matmul_min_cycles, transpose_fp32_factor, matmul_latency_cycles, dependency_latency_cycles,
                  vector_16bit_rate, scalar_16bit_rate, vector_reduce_bf16_rate, vector_reciprocal_factor):
         # VectorE, ScalarE and GpSimd clocks (GHz): estimated cycles / clock = ns
@@ -63,10 +64,13 @@ class EngineCosts(nl.NKIObject):
         # (tensor_scalar_reduce) pays on top of its pass to read the accumulator out
         self.vector_reduce_readout_cycles = vector_reduce_readout_cycles
         # DMA: bandwidth of a core's 16 queues; per transfer and queue the occupancy is
-        # max(gap, data + hand-over); SBUF->SBUF dma_transpose efficiency
+        # max(gap, data + hand-over); each DMA instruction also holds the core's descriptor
+        # generator this long (0: no such stage; trn2 and trn3: AWS's ~600 ns per hardware-DGE
+        # instruction); SBUF->SBUF dma_transpose efficiency
         self.dma_bytes_per_s = dma_bytes_per_s
         self.dma_transfer_gap_ns = dma_transfer_gap_ns
         self.dma_transfer_handoff_ns = dma_transfer_handoff_ns
+        self.dma_descriptor_generation_ns = dma_descriptor_generation_ns
         # bytes of data time each contiguous chunk (DMA descriptor) of a transfer adds
         self.dma_descriptor_bytes = dma_descriptor_bytes
         self.dma_transpose_efficiency = dma_transpose_efficiency
@@ -175,8 +179,16 @@ class EngineCosts(nl.NKIObject):
         return 8 * (bytes_per_partition + self.dma_descriptor_bytes) / (self.dma_bytes_per_s / 16 / 1e9)
 
     def dma_occupancy_ns(self, data_ns):
-        """How long a queue is held by a transfer share whose data takes ``data_ns``."""
-        return max(self.dma_transfer_gap_ns, data_ns + self.dma_transfer_handoff_ns)
+        """How long one transfer of a stream from one allocation site holds the DMA path when
+        its share of data on a queue takes ``data_ns``: its queue at least the transfer gap
+        (the site's queue starts its transfers in order), the core's descriptor generator
+        its generation time, the engine its data plus the hand-over (the cost model's rule,
+        cost/schedule.py). The model gives other sites' transfers queues of their own, whose
+        gaps overlap these (only the generator is shared), so a stream that interleaves
+        several sites' transfers is charged here up to gap / generation (0.85 / 0.6 on trn2)
+        too long: planning treats every stream as one site's."""
+        return max(self.dma_transfer_gap_ns, self.dma_descriptor_generation_ns,
+                   data_ns + self.dma_transfer_handoff_ns)
 
 
 # Target field (and unit factor) each attribute mirrors; the test compares them.
@@ -199,6 +211,7 @@ MIRRORS = {
     "dma_bytes_per_s": ("dma_bytes_per_s", 1),
     "dma_transfer_gap_ns": ("dma_transfer_gap_s", 1e9),
     "dma_transfer_handoff_ns": ("dma_transfer_handoff_s", 1e9),
+    "dma_descriptor_generation_ns": ("dma_descriptor_generation_s", 1e9),
     "dma_descriptor_bytes": ("dma_descriptor_bytes", 1),
     "dma_transpose_efficiency": ("dma_transpose_sbuf_efficiency", 1),
     "sbuf_bytes_per_partition": ("sbuf_bytes_per_partition", 1),
@@ -217,7 +230,8 @@ _GEN2 = EngineCosts(vector_ghz=1.12, scalar_ghz=1.4, gpsimd_ghz=1.4, vector_psum
                     vector_instr_cycles=400.0, scalar_instr_cycles=100.0,
                     gpsimd_instr_cycles=400.0, vector_overlap_cycles=320.0, min_instruction_cycles=64,
                     vector_reduce_readout_cycles=64, dma_bytes_per_s=272e9,
-                    dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0, dma_descriptor_bytes=20.0,
+                    dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0, dma_descriptor_generation_ns=0.0,
+                    dma_descriptor_bytes=20.0,
                     dma_transpose_efficiency=0.5,
                     sbuf_bytes_per_partition=192 * 1024, gpsimd_pattern_cycles=150, tensor_ghz=2.8,
                     matmul_min_cycles=64, transpose_fp32_factor=4, matmul_latency_cycles=400,
@@ -228,7 +242,8 @@ _GEN3 = EngineCosts(vector_ghz=0.96, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum
                     vector_instr_cycles=150.0, scalar_instr_cycles=360.0,
                     gpsimd_instr_cycles=150.0, vector_overlap_cycles=70.0, min_instruction_cycles=64,
                     vector_reduce_readout_cycles=64, dma_bytes_per_s=368e9,
-                    dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0, dma_descriptor_bytes=20.0,
+                    dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0, dma_descriptor_generation_ns=600.0,
+                    dma_descriptor_bytes=20.0,
                     dma_transpose_efficiency=0.5,
                     sbuf_bytes_per_partition=224 * 1024, gpsimd_pattern_cycles=150, tensor_ghz=2.4,
                     matmul_min_cycles=64, transpose_fp32_factor=2, matmul_latency_cycles=400,
@@ -239,7 +254,8 @@ _GEN4 = EngineCosts(vector_ghz=1.2, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_
                     vector_instr_cycles=150.0, scalar_instr_cycles=360.0,
                     gpsimd_instr_cycles=150.0, vector_overlap_cycles=70.0, min_instruction_cycles=64,
                     vector_reduce_readout_cycles=64, dma_bytes_per_s=528e9,
-                    dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0, dma_descriptor_bytes=20.0,
+                    dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0, dma_descriptor_generation_ns=600.0,
+                    dma_descriptor_bytes=20.0,
                     dma_transpose_efficiency=0.5,
                     sbuf_bytes_per_partition=256 * 1024, gpsimd_pattern_cycles=150, tensor_ghz=2.4,
                     matmul_min_cycles=64, transpose_fp32_factor=2, matmul_latency_cycles=400,

@@ -18,6 +18,9 @@ from nki_kernels.simulator.hardware import TARGETS
 from tests.cost._build import TraceBuilder, hbm, new_alloc, psum, sbuf
 
 TRN2 = TARGETS["trn2"]
+# trn2's DMA queues as trn1 still runs them (and trn2 did until 2026-12-08): one queue per
+# engine, no descriptor-generator stage; the tests of the queue rules start from it
+ONE_QUEUE = dataclasses.replace(TRN2, dma_site_queues=1, dma_descriptor_generation_s=0.0)
 # TensorE at its steady rate: these tests pin the per-instruction rules; the throttle a
 # burst starts under is a schedule rule of its own (tests/cost/test_tensor_throttle.py)
 TRN2_STEADY = dataclasses.replace(TRN2, tensor_throttle_start_rate=None)
@@ -639,10 +642,11 @@ def _two_site_burst(per_site: int):
 
 
 def test_one_queue_per_engine_starts_every_transfer_a_gap_after_the_last():
-    # dma_site_queues=1 (the default): whatever their sites, the 64 transfers leave each
-    # engine one per transfer gap, in issue order
+    # dma_site_queues=1 (the Target default, trn1's rule): whatever their sites, the 64
+    # transfers leave each engine one per transfer gap, in issue order
     trace, allocs = _two_site_burst(32)
-    est = estimate_trace(trace, TRN2, allocations=allocs)
+    assert TARGETS["trn1"].dma_site_queues == 1
+    est = estimate_trace(trace, ONE_QUEUE, allocations=allocs)
     data = dma_cost(trace[0], TRN2).data_seconds
     assert est.latency_us == pytest.approx((TRN2.dma_latency_s + 63 * TRN2.dma_transfer_gap_s + data) * US)
 
@@ -652,7 +656,7 @@ def test_queues_per_site_run_round_robin_each_in_order_one_per_gap():
     # order ([D] "executed in order" within a queue), and the engine serves both ("round
     # robin" across queues): site B's k-th transfer follows site A's k-th by one data time
     trace, allocs = _two_site_burst(32)
-    target = dataclasses.replace(TRN2, dma_site_queues=2)
+    target = dataclasses.replace(ONE_QUEUE, dma_site_queues=2)
     est = estimate_trace(trace, target, allocations=allocs)
     data = dma_cost(trace[0], TRN2).data_seconds
     assert data < TRN2.dma_transfer_gap_s / 2
@@ -686,13 +690,15 @@ def _interleaved_burst(pairs: int, cores: int = 1):
 
 def test_the_descriptor_generator_paces_interleaved_sites_and_leaves_one_stream_to_its_gap():
     # docs/cost-model.md "Both rules at once": one generator per core at 600 ns [A2] beside
-    # a queue per site. Off in the shipped targets.
-    assert TRN2.dma_descriptor_generation_s == 0.0
+    # a queue per site: trn2's and trn3's rule since 2026-12-08, not trn1's
     gen = 0.6e-6
+    for name in ("trn2", "trn3"):
+        assert (TARGETS[name].dma_descriptor_generation_s, TARGETS[name].dma_site_queues) == (gen, 16)
+    assert (TARGETS["trn1"].dma_descriptor_generation_s, TARGETS["trn1"].dma_site_queues) == (0.0, 1)
     assert gen < TRN2.dma_transfer_gap_s < 2 * gen
     trace, allocs = _interleaved_burst(32)
     data = dma_cost(trace[0], TRN2).data_seconds
-    sites = dataclasses.replace(TRN2, dma_site_queues=2)
+    sites = dataclasses.replace(ONE_QUEUE, dma_site_queues=2)
     both = dataclasses.replace(sites, dma_descriptor_generation_s=gen)
     # two queues alone: each site's queue starts one transfer per gap, the two side by side
     assert estimate_trace(trace, sites, allocations=allocs).latency_us == pytest.approx(
@@ -708,9 +714,11 @@ def test_the_descriptor_generator_paces_interleaved_sites_and_leaves_one_stream_
     assert [b - a for a, b in zip(starts[32:], starts[33:])] == pytest.approx([gen] * 31)
     # one queue per engine: the 0.85 us gap binds, the generator's 600 ns never does (the DMA
     # overview's single-stream curve is kept)
-    one_queue = dataclasses.replace(TRN2, dma_descriptor_generation_s=gen)
+    one_queue = dataclasses.replace(ONE_QUEUE, dma_descriptor_generation_s=gen)
     assert estimate_trace(trace, one_queue, allocations=allocs).latency_us == pytest.approx(
-        estimate_trace(trace, TRN2, allocations=allocs).latency_us)
+        estimate_trace(trace, ONE_QUEUE, allocations=allocs).latency_us)
+    # the shipped trn2 (16 queues: one per site here) is the two-queue case
+    assert estimate_trace(trace, TRN2, allocations=allocs).latency_us == pytest.approx(est.latency_us)
     # each core has its own generator: two cores' bursts take as long as one core's (to the
     # last transfer's data, a little slower with the two cores sharing one HBM stack; one
     # generator for both would take 128 x 600 ns)
@@ -771,7 +779,9 @@ def test_sites_beyond_the_queues_share_them_and_hbm_only_transfers_take_queue_ze
     allocs = [AllocationSite(t, "sbuf", (("k.py", 20 + k),), None) for k, t in enumerate(tiles)]
     two = dataclasses.replace(TRN2, dma_site_queues=2)
     assert _dma_site_queues(b.trace, allocs, two) == {0: 0, 1: 1, 2: 0, 3: 0, 4: 1}
-    assert set(_dma_site_queues(b.trace, allocs, TRN2).values()) == {0}
+    assert set(_dma_site_queues(b.trace, allocs, ONE_QUEUE).values()) == {0}
+    # trn2's 16: each of the three sites its own queue, the HBM-only copy on queue 0
+    assert _dma_site_queues(b.trace, allocs, TRN2) == {0: 0, 1: 1, 2: 2, 3: 0, 4: 1}
 
 
 def test_a_stream_hides_the_latency_and_a_chain_pays_it_each_time():

@@ -44,10 +44,10 @@
    ``queues`` of its core's 16 DMA engines (lanes "dma_q<k>", the ones with the least
    pending work); an engine moves one share's data at a time, and each of its queues
    starts its shares in issue order, no sooner than the transfer gap after its previous
-   start. With one queue per engine (``dma_site_queues`` = 1, the default) that is one
+   start. With one queue per engine (``dma_site_queues`` = 1, the default, trn1's) that is one
    transfer per engine per max(gap, data); with more, the shares of other allocation
    sites' queues take turns between them (round robin). The transfer completes when its
-   last share lands. With ``dma_descriptor_generation_s`` > 0 (off in the shipped targets)
+   last share lands. With ``dma_descriptor_generation_s`` > 0 (trn2 and trn3: 600 ns, with 16 site queues)
    each core also has one descriptor generator: a released transfer's data waits until the
    generator has spent that long on it. The generator takes the earliest-issued of the
    released transfers waiting for it (DGE work is triggered by engine sequencers, which
