@@ -55,6 +55,7 @@ count within the active quadrants (blocks of 112-124 partitions occur); the beta
 import nki.isa as nisa
 import nki.language as nl
 
+from .engine_costs import active as active_engine_costs
 from .limits import NORM_DECODE_GROUPED_MIN_ELEMENTS as GROUPED_MIN_ELEMENTS
 from .limits import NORM_DECODE_GROUPED_MIN_PARTITIONS as GROUPED_MIN_PARTITIONS
 from .limits import NORM_DECODE_GROUPED_MIN_ROWS as GROUPED_MIN_ROWS
@@ -265,7 +266,8 @@ def _layer_block(x_tile, out_tile, vector_tiles, g, mask, eps):
     (K - x)**2 = c**2; TensorE gives m2, -m2 and mean(c**2) + eps on each of the row's
     partitions (_group_sum: sum(c) placed by VectorE, sum(c**2) by GpSimd, at once); rstd
     (below); then (c - m2) * weight on VectorE while rstd is made, and * rstd + bias, two ops
-    per VectorE instruction."""
+    per instruction, its columns shared by VectorE and GpSimd where that is sooner
+    (_last_step)."""
     weight_tile, bias_tile = vector_tiles
     p, f = x_tile.shape
     stats = _zero_eps_psum(p, eps)                                      # PSUM [p, 3]: [0, 0, eps]
@@ -309,11 +311,8 @@ def _layer_block(x_tile, out_tile, vector_tiles, g, mask, eps):
         # y * weight, y = c - m2 (fp32)
         nisa.scalar_tensor_tensor(dst=centred, data=centred, op0=nl.subtract, operand0=m2,
                                   op1=nl.multiply, operand1=weight_tile)
-        if bias_tile is None:
-            nisa.tensor_scalar(dst=out_tile, data=centred, op0=nl.multiply, operand0=rstd)
-        else:
-            nisa.scalar_tensor_tensor(dst=out_tile, data=centred, op0=nl.multiply, operand0=rstd,
-                                      op1=nl.add, operand1=bias_tile)
+        # * rstd (+ bias): SBUF operands only, so VectorE and GpSimd share the columns
+        _last_step(out_tile, centred, rstd, bias_tile)
         return
     if bias_tile is None:
         nisa.tensor_scalar(dst=out_tile, data=centred, op0=nl.subtract, operand0=m2, op1=nl.multiply,
@@ -321,6 +320,56 @@ def _layer_block(x_tile, out_tile, vector_tiles, g, mask, eps):
         return
     nisa.tensor_scalar(dst=centred, data=centred, op0=nl.subtract, operand0=m2, op1=nl.multiply, operand1=rstd)
     nisa.tensor_tensor(dst=out_tile, data1=centred, data2=bias_tile, op=nl.add)
+
+
+def _last_step_columns(f, with_bias):
+    """How many of the F columns VectorE takes in LayerNorm's last step (the output: y * rstd
+    (+ bias), y in SBUF); GpSimd takes the rest at once. Its operands are all in SBUF, so
+    GpSimd can share it (it cannot read PSUM, where m2 is: the step before stays VectorE's).
+    VectorE's part is one instruction (with bias a scalar_tensor_tensor, which NKI 0.7 runs
+    on VectorE only) reading what its previous instruction wrote (its whole fixed cost);
+    GpSimd's waits for that result (the dependency latency) and takes two with bias (* rstd,
+    then + bias). F when a split saves nothing (engine_costs.py: the cost model's figures,
+    the active target's)."""
+    c = active_engine_costs()
+    vector_rate = c.vector_stt_rate() if with_bias else c.vector_one_input_rate(False)
+
+    def vector(cols):
+        return c.instruction_ns("vector", cols, rate=vector_rate, reads_previous=True)
+
+    def gpsimd(cols):
+        ns = c.dependency_ns("vector") + c.instruction_ns("gpsimd", cols)
+        return ns + (c.instruction_ns("gpsimd", cols, rate=c.gpsimd_two_input_rate()) if with_bias else 0.0)
+
+    best, best_ns = f, vector(f)
+    for a in range(1, f):
+        ns = max(vector(a), gpsimd(f - a))
+        if ns < best_ns:
+            best, best_ns = a, ns
+    return best
+
+
+def _last_step(out_tile, centred, rstd, bias_tile):
+    """out = centred * rstd (+ bias) (fp32 operations, one rounding to out's dtype), its
+    columns split between VectorE and GpSimd (_last_step_columns). GpSimd's part keeps
+    centred * rstd in fp32 (in place) before adding the bias, as VectorE's two-op
+    instruction does inside, so the split changes no bit."""
+    f = centred.shape[1]
+    a = _last_step_columns(f, bias_tile is not None)
+    v, g = slice(0, a), slice(a, f)
+    if bias_tile is None:
+        nisa.tensor_scalar(dst=out_tile[:, v], data=centred[:, v], op0=nl.multiply, operand0=rstd)
+        if a < f:
+            nisa.tensor_scalar(dst=out_tile[:, g], data=centred[:, g], op0=nl.multiply, operand0=rstd,
+                               engine=nisa.engine.gpsimd)
+        return
+    nisa.scalar_tensor_tensor(dst=out_tile[:, v], data=centred[:, v], op0=nl.multiply, operand0=rstd,
+                              op1=nl.add, operand1=bias_tile[:, v])
+    if a < f:
+        nisa.tensor_scalar(dst=centred[:, g], data=centred[:, g], op0=nl.multiply, operand0=rstd,
+                           engine=nisa.engine.gpsimd)
+        nisa.tensor_tensor(dst=out_tile[:, g], data1=centred[:, g], data2=bias_tile[:, g], op=nl.add,
+                           engine=nisa.engine.gpsimd)
 
 
 def layer_norm_grouped(x, weight, bias, eps):

@@ -366,6 +366,35 @@ def test_grouped_layout_gives_identical_outputs_at_both_degrees(op, rows, hidden
     assert torch.equal(one, two), "LNC=2 differs from LNC=1"
 
 
+@pytest.mark.parametrize("affine", ["weight+bias", "weight"])
+@pytest.mark.parametrize("rows, hidden, dtype", [(16, 4096, F16), (32, 3072, F32)], ids=["16x4096-f16", "32x3072-f32"])
+def test_grouped_layer_norm_shares_its_last_step_with_gpsimd(monkeypatch, rows, hidden, dtype, affine):
+    # norm_decode_grouped._last_step: y * rstd (+ bias) reads SBUF only, so GpSimd takes some
+    # of the columns beside VectorE where the cost figures say that is sooner; the same fp32
+    # operations per element, so the output is bit for bit the unshared one's
+    x = randn(rows, hidden, dtype=dtype, scale=2.0, shift=30.0)
+    w = randn(hidden, dtype=dtype)
+    b = randn(hidden, dtype=dtype) if "bias" in affine else None
+    call = norms.layer_norm_kernel_call(x, (hidden,), w, b, 1e-5)
+    f = hidden // GROUPED.group_size(rows)
+    a = GROUPED._last_step_columns(f, b is not None)
+    assert 0 < a < f, (a, f)
+    def gpsimd_alu(res):
+        return sum(ins.engine == "gpsimd" and ins.op in ("tensor_scalar", "tensor_tensor") for ins in res.trace)
+
+    shared = _result(call, 2)
+    monkeypatch.setattr(GROUPED, "_last_step_columns", lambda f, with_bias: f)
+    alone = _result(call, 2)
+    # GpSimd's share, per program: * rstd, and + bias with a bias (fp32 rows also give
+    # GpSimd their rstd's clamp and power, shared or not)
+    assert gpsimd_alu(shared) - gpsimd_alu(alone) == 2 * (1 + (b is not None))
+    assert not torch.isnan(shared.outputs).any(), "an element no engine wrote"
+    assert torch.equal(shared.outputs, alone.outputs)
+    expected = references.layer_norm(x.double(), (hidden,), w.double(), None if b is None else b.double(), 1e-5,
+                                     compute_dtype=torch.float64)
+    assert_matches(shared.outputs, expected, dtype, rel=None if dtype != F16 else 2e-3)
+
+
 @pytest.mark.parametrize("dtype", [F16, BF16])
 def test_grouped_layer_norm_16bit_samples_far_from_the_mean(simulator_backend, dtype):
     # the shift of a grouped row is the mean of its first 128 elements (all on the row's
