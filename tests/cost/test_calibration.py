@@ -168,13 +168,15 @@ def test_known_misses_are_few_and_say_why(calibrate):
         # a trn1 gap that long moves the trn1 kernels' rows away from their measurements
         "dma.tiny_transfer_interval_trn1": 1,
         # the kernel-optimization tutorial's tiled matmul: two sites' small loads interleaved
-        # run faster than the single-stream curve's gap allows on one queue per engine
+        # run faster than the single-stream curve's gap allows (+54 % on one queue per engine,
+        # +26 % under trn2's DMA rule C of 2026-12-08)
         "optimization_guide.matmul_v2": 1,
-        # nki-autotune's 2048^3 bf16 matmuls on trn2 (2026-12-07), device-side times: the same
-        # gap charges their 384 small transfers more DMA time than the two hand-written ones
-        # took in all (both at ~90 % of TensorE); the generated ones also load every operand
-        # before the first matmul in program order, which the compiler's scheduler need not keep
-        "nki_autotune.matmul_": 5,
+        # nki-autotune's 2048^3 bf16 matmuls on trn2 (2026-12-07), device-side times: their
+        # 384 small transfers still come to more DMA time than the tutorial's blocked kernel
+        # took in all (+29 % under rule C); the generated ones also load every operand before
+        # the first matmul in program order, which the compiler's scheduler need not keep (the
+        # hand-written lhsT_rhs kernel, +36 % before rule C, +14 % under it, is a row again)
+        "nki_autotune.matmul_": 4,
         # its double matmul: 1216 DMA instructions (1088 of them dma_transposes) at the same gap
         # come to more DMA time than the hardware took in all
         "nki_autotune.double_matmul": 1,
@@ -932,8 +934,10 @@ def test_the_model_error_band_is_the_quantiles_of_the_train_rows_outside_their_b
 # 22 of 28 until session 49, when
 # Autocomp's self-attention c8, inside its bar, became a known miss; 21 of 27 before the device-side row,
 # 20 of 26 while Autocomp's sixth Mamba kernel was a known miss, until session 41; before
-# Autocomp's attention and Mamba rows of 2026-12-03, 12 and 4 of 16).
-BAR_HELD_OUT_MIN = 21
+# Autocomp's attention and Mamba rows of 2026-12-03, 12 and 4 of 16). 25 of 31 since trn2's
+# DMA rule C of 2026-12-08 (band (0.88, 1.14); nki-autotune's hand-written lhsT_rhs kernel,
+# inside its bar, no longer a known miss), 16 with the parameter ranges alone.
+BAR_HELD_OUT_MIN = 25
 
 
 def test_the_error_bars_hold_the_held_out_latency_measurements(calibrate, public_modeled):
