@@ -51,10 +51,11 @@ VECTOR_ISSUE_CYCLES = 80.0
 # trn2's (and trn3's) VectorE / GpSimd fixed cost per instruction, [F] on nki-library's QoR
 # train rows (Target.vector_static_cycles says how); its overlap follows from it. 150 since
 # the refit of 2026-12-06 (100 before). The refit of 2026-12-08 (trn2's DMA rule C) found
-# the train loss flat, 0.0361-0.0365 from 100 to 500 cycles, least at 250 by 0.0001: these
-# rows do not constrain it, and at 250 the one public trn2 measurement of VectorE busy time
-# (the kernel-optimization tutorial's v5, held out) went +9 -> +35 %, so it stays at 150
-# (docs/cost-model.md "trn2 and trn3 take setting C").
+# the train loss flat, 0.0361-0.0365 from 100 to 500 cycles (least at 250, 100 as low at the
+# printed precision): these rows do not constrain it, so it keeps its value; the one public
+# trn2 measurement of VectorE busy time (the kernel-optimization tutorial's v5, held out)
+# models +35 % at 250, +18 % at 150, +9 % at 100 (docs/cost-model.md "trn2 and trn3 take
+# setting C").
 TRN2_VECTOR_STATIC_CYCLES = 150.0
 # trn1's fixed costs per instruction (optimistic, pessimistic)
 TRN1_STATIC_RANGES: tuple[tuple[str, float, float], ...] = (
@@ -257,7 +258,8 @@ class Target:
     #   overview's single-stream curve and the kernel-optimization tutorial's two interleaved
     #   streams (docs/cost-model.md "Both rules at once"). 0 (the default) on trn1, whose
     #   NeuronCore-v2 the DGE page does not cover; trn2 and trn3 take 600 ns since 2026-12-08
-    #   (the kernels' planners price it: kernels/engine_costs.py dma_occupancy_ns).
+    #   (kernels/engine_costs.py dma_occupancy_ns mirrors it for the planners; below the gap,
+    #   it changes no plan today).
     dma_descriptor_generation_s: float = 0.0
     dma_transpose_hbm_efficiency: float = 0.9   # [A2] HBM->SBUF DMA transpose: up to 90% of DMA throughput
     dma_transpose_sbuf_efficiency: float = 0.5  # [A2] SBUF->SBUF DMA transpose: up to 50%
