@@ -28,9 +28,9 @@ rows (calibration/nkilib_qor.toml: AWS's hardware references for its own kernels
 kernels from the checkout, each at the row's launch degree (lnc), and prints per kernel
 family the held-out rows, mean |error|, rms, max and the count within +-25 %, the ranking of
 AWS's variants of one shape, and the worst rows with each engine's busy time. With ``--fit``
-as well, trn2's VectorE fixed cost (QOR_PARAMETERS, which no public row isolates) and the
-launch's two fixed costs (LAUNCH_PARAMETERS) are fitted on that file's train rows, after
-the public rows' parameters, and the held-out rows are reported at those values. Whenever
+as well, the launch's two fixed costs (LAUNCH_PARAMETERS) are fitted on that file's train
+rows, after the public rows' parameters, and the held-out rows are reported at those
+values (until 2026-12-08 trn2's VectorE fixed cost was fitted there too). Whenever
 QoR train rows run, the model-error band they fit (fit_band: 90 % of them inside their bar)
 is printed next to hardware.py's. ``--split train|test`` runs one split only; ``--csv FILE``
 writes every modeled row (with its bar) for plots and offline fits. Vectors AWS measured at
@@ -84,9 +84,9 @@ NKILIB_PREFIX = "nkilib:"
 
 # The free parameters and the grids the fit searches (the only numbers fitted; every other
 # cost number is a documented figure, see simulator/hardware.py). A name "trnN:field" fits
-# that target's field only; a bare name is one value for every target. Fitting a target's
+# that target's field only; a bare name is one value for every target. Fitting trn1's
 # vector_static_cycles sets its gpsimd_static_cycles too (GpSimd has no measurement of its
-# own; hardware.py).
+# own and trn1's takes VectorE's number; trn2's is AWS's GPSIMD_START, hardware.py).
 _STATIC_GRID = [float(v) for v in range(40, 501, 20)]
 FREE_PARAMETERS = {
     "trn1:vector_static_cycles": _STATIC_GRID,
@@ -97,18 +97,6 @@ FREE_PARAMETERS = {
     "dma_descriptor_bytes": [float(v) for v in range(0, 161, 20)],
     "dma_transfer_handoff_s": [v * 1e-9 for v in range(0, 301, 25)],   # 0 .. 300 ns
 }
-# Fitted on the train rows of nki-library's QoR vectors (with --nkilib), jointly with the
-# launch costs: no public trn2 row isolates trn2's VectorE. Each QoR row is re-scheduled at
-# every grid value (its dependencies are computed once). The grid starts at the performance
-# guide's "~100 cycles" static overhead [P]: below the documented figure the value would
-# only absorb other errors (attention_cte's rows, over-charged for other reasons, pulled it
-# to the floor until the refit of 2026-12-06, whose loss is flat from 100 to 350 and least
-# at 150; mlp_cte's alone fit 250-300; docs/cost-model.md "Calibration"). trn2's
-# VectorE overlap is not a free parameter: at every point it is the fixed cost less trn1's
-# measured issue interval (_qor_points; hardware.py VECTOR_ISSUE_CYCLES).
-QOR_PARAMETERS = {"trn2:vector_static_cycles": [float(v) for v in range(100, 501, 50)]}
-QOR_TIED = "trn2:vector_overlap_cycles"   # set at every QOR_PARAMETERS point (_qor_points)
-
 
 def scoped(name: str) -> tuple[str, str]:
     """(target, field) of a parameter name: "trn1:vector_static_cycles" -> ("trn1", ...);
@@ -122,7 +110,7 @@ COMPILERS = ("nki-0.7", "beta1")
 
 
 def target_with(target: str, params: dict | None, compiler: str = "nki-0.7"):
-    """TARGETS[target] with ``params`` (FREE_PARAMETERS / QOR_PARAMETERS names) applied;
+    """TARGETS[target] with ``params`` (FREE_PARAMETERS names) applied;
     ``compiler`` "beta1" models the beta-1 compiler's sequential loops (Row.compiler)."""
     tgt = TARGETS[target]
     changes = {"beta1_sequential_loops": True} if compiler == "beta1" else {}
@@ -133,8 +121,8 @@ def target_with(target: str, params: dict | None, compiler: str = "nki-0.7"):
         if not hasattr(tgt, fld):
             raise ValueError(f"parameter {name!r}: Target has no field {fld!r}")
         changes[fld] = value
-        if fld == "vector_static_cycles":
-            changes.setdefault("gpsimd_static_cycles", value)
+        if fld == "vector_static_cycles" and tgt.gpsimd_static_cycles == tgt.vector_static_cycles:
+            changes.setdefault("gpsimd_static_cycles", value)   # trn1's GpSimd takes VectorE's number
     return dataclasses.replace(tgt, **changes) if changes else tgt
 
 
@@ -796,42 +784,6 @@ def refit_launch(rows: list[Row], values: dict[str, float]) -> tuple[dict, dict[
     return launch, priced, before, after
 
 
-def _qor_points(params: dict) -> list[dict]:
-    """The public fit ``params`` with each QOR_PARAMETERS grid point (one parameter). trn2's
-    VectorE overlap follows its fixed cost: the fixed cost less trn1's issue interval (trn1's
-    fixed cost less its overlap, at ``params`` or hardware.py; hardware.py VECTOR_ISSUE_CYCLES)."""
-    (name, grid), = QOR_PARAMETERS.items()
-    trn1 = target_with("trn1", params)
-    interval = trn1.vector_static_cycles - trn1.vector_overlap_cycles
-    return [dict(params, **{name: v, QOR_TIED: max(0.0, v - interval)}) for v in grid]
-
-
-def _central_point(points: list[dict]) -> int:
-    """Index of the grid point holding the target's current value (progress lines)."""
-    (name, _), = QOR_PARAMETERS.items()
-    scope, fld = scoped(name)
-    now = getattr(TARGETS[scope], fld)
-    return min(range(len(points)), key=lambda k: abs(points[k][name] - now))
-
-
-def fit_qor(rows: list[Row], points: list[dict], at_point: list[dict], public: dict):
-    """The QOR_PARAMETERS grid point and launch costs minimising the train rows' mean
-    squared log error: the launch costs are fitted at every point (fit_launch), the point
-    with the least loss wins. Returns (point, launch costs, values at both)."""
-    (name, _), = QOR_PARAMETERS.items()
-    best = (math.inf, None, None, None)
-    for point, vals in zip(points, at_point):
-        merged = {**public, **vals}
-        launch = fit_launch(rows, merged)
-        priced = with_launch(rows, merged, launch)
-        loss = _loss(_launch_train(rows, priced), priced)
-        print(f"  {name} = {point[name]:g} (overlap {point[QOR_TIED]:g}): launch {launch['launch_overhead_s'] * 1e6:.0f} + "
-              f"{launch['second_core_launch_s'] * 1e6:.0f} us, train loss {loss:.4f}")
-        if loss < best[0]:
-            best = (loss, {name: point[name], QOR_TIED: point[QOR_TIED]}, launch, {k: priced[k] for k in vals})
-    return best[1], best[2], best[3]
-
-
 def gated(rows: list[Row]) -> list[Row]:
     """The rows the test holds the model to: all but the known misses (their reasons are
     printed with the report and listed in docs/cost-model.md) and the rows whose reference is
@@ -1037,7 +989,7 @@ def qor_report(rows: list[Row], values: dict[str, float], worst: int = 10, shown
     train = [r for r in rows if r.split == "train" and r.id in values]
     lines = []
     if train:
-        lines.append("train rows (the launch costs and trn2's VectorE fixed cost are fitted on these; "
+        lines.append("train rows (the launch costs are fitted on these; "
                      "modeled / measured - 1):")
         lines.append(f"  {'all':<14} {_summary([values[r.id] / r.measured - 1 for r in train])}")
         rows = [r for r in rows if r.split != "train"]
@@ -1143,7 +1095,7 @@ def parse_settings(texts: list[str]) -> dict[str, float]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fit", action="store_true", help="fit FREE_PARAMETERS on the train rows first (and, with "
-                    "--nkilib, QOR_PARAMETERS and LAUNCH_PARAMETERS on the QoR train rows)")
+                    "--nkilib, LAUNCH_PARAMETERS on the QoR train rows)")
     ap.add_argument("--only", default="", help="comma-separated id prefixes to run")
     ap.add_argument("--data", default=str(DATA), help="measurement file (default: %(default)s)")
     ap.add_argument("--skip-slow", action="store_true", help="leave out rows marked slow")
@@ -1240,18 +1192,12 @@ def main(argv=None) -> int:
     values: dict[str, float] = {}
     if qor:
         print(f"\nnki-library QoR rows ({QOR.name}), AWS's kernels from {args.nkilib} "
-              f"(only the launch costs and trn2's VectorE fixed cost are fitted, on the train rows; "
+              f"(only the launch costs are fitted, on the train rows; "
               f"the rest are held out):")
-        # with --fit: every row at every QOR_PARAMETERS grid point (one point: the target's value)
-        points = _qor_points(params) if args.fit else [params or {}]
-        at_point: list[dict[str, float]] = [{} for _ in points]
         for r in qor:
             try:
-                for k, point in enumerate(points):
-                    at_point[k][r.id] = modeled([r], point)[r.id]
-                central = points[_central_point(points)] if args.fit else points[0]
-                bar_ends([r], central)
-                v = at_point[_central_point(points) if args.fit else 0][r.id]
+                v = values[r.id] = modeled([r], params)[r.id]
+                bar_ends([r], params)
                 aside = f" [set aside: {r.unmeasured.partition(':')[0]} reference]" if r.unmeasured else ""
                 print(f"{r.id}: LNC={r.lnc} measured {_fmt(r.measured, r.unit)}, modeled "
                       f"{_fmt(v, r.unit)} ({v / r.measured - 1:+.0%}){aside}", flush=True)
@@ -1260,7 +1206,6 @@ def main(argv=None) -> int:
                 print(f"{r.id}: blocked: {type(err).__name__}: {first[:160]}", flush=True)
             finally:
                 forget(r)   # a QoR run's trace is large: keep only its modeled numbers
-        values = at_point[0]
         if args.refit_launch:
             try:
                 launch, values, before, after = refit_launch(qor, values)
@@ -1272,23 +1217,14 @@ def main(argv=None) -> int:
                   + ", ".join(f"{k} = {v * 1e6:.0f}e-6" for k, v in launch.items())
                   + f"; train loss {before:.4f} -> {after:.4f}")
         if args.fit:
-            point, launch, values = fit_qor(qor + rows, points, at_point, public)
-            (name, _), = QOR_PARAMETERS.items()
-            held = points[_central_point(points)][name]
-            if point[name] != held:
-                # each row's bar was scheduled once, at hardware.py's value (a trace is
-                # dropped after its row: re-scheduling every grid point's ends would triple
-                # the run); the launch costs below move them, the fitted point does not
-                print(f"note: the error bars and the band fit below are at hardware.py's {name} = {held:g}, "
-                      f"not the fitted {point[name]:g}: copy the fit into hardware.py and re-run for bars at it")
-            params = dict(params, **point)
+            # public whole-launch train rows count too (as before 2026-12-08)
+            launch, priced, before, after = refit_launch(qor + rows, {**public, **values})
+            values = {k: priced[k] for k in values}
             print("\nfitted on the QoR train rows (copy into simulator/hardware.py by hand): "
-                  + ", ".join(f"{k} = {v:g}" for k, v in point.items()) + ", "
-                  + ", ".join(f"{k} = {v * 1e6:.0f}e-6" for k, v in launch.items()))
-            apply_launch(qor, launch)   # what the rows now include (the CSV's launch column, the bars)
-            public = modeled(rows, params) if rows else {}   # at the full fit (trn2 rows' VectorE)
+                  + ", ".join(f"{k} = {v * 1e6:.0f}e-6" for k, v in launch.items())
+                  + f"; train loss {before:.4f} -> {after:.4f}")
+            public = {k: priced[k] for k in public}   # their whole-launch rows take the fit too
             if rows:
-                bar_ends(rows, params)
                 print("\n" + report(rows, public, params))
         if any(r.split == "train" and r.id in bars for r in qor):
             fitted = fit_band(qor, values)

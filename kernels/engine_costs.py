@@ -52,8 +52,8 @@ class EngineCosts(nl.NKIObject):
         # instruction (the 150 is its startup, "GPSIMD_START": no gpsimd_instr_cycles on top)
         self.gpsimd_pattern_cycles = gpsimd_pattern_cycles
         # cycles of a VectorE instruction's fixed cost that overlap the next one when the
-        # next does not depend on it (VectorE's pipeline): the model's figure (trn1
-        # measured; trn2 and trn3 take trn1's issue interval, hardware.py). The attention
+        # next does not depend on it (VectorE's pipeline): the model's figure (trn1 and trn2
+        # measured, trn3 takes trn2's; hardware.py). The attention
         # kernels plan with the whole fixed cost instead (attention_plan.py says why).
         self.vector_overlap_cycles = vector_overlap_cycles
         # what a VectorE instruction's fixed cost adds to the engine's time in a stream of
@@ -239,8 +239,8 @@ _GEN2 = EngineCosts(vector_ghz=1.12, scalar_ghz=1.4, gpsimd_ghz=1.4, vector_psum
                     vector_16bit_rate=1, scalar_16bit_rate=1, vector_reduce_bf16_rate=2,
                     vector_reciprocal_factor=8)
 _GEN3 = EngineCosts(vector_ghz=0.96, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_copy_16bit_rate=2,
-                    vector_instr_cycles=150.0, scalar_instr_cycles=360.0,
-                    gpsimd_instr_cycles=150.0, vector_overlap_cycles=70.0, min_instruction_cycles=64,
+                    vector_instr_cycles=65.0, scalar_instr_cycles=360.0,
+                    gpsimd_instr_cycles=150.0, vector_overlap_cycles=17.0, min_instruction_cycles=64,
                     vector_reduce_readout_cycles=64, dma_bytes_per_s=368e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0, dma_descriptor_generation_ns=600.0,
                     dma_descriptor_bytes=20.0,
@@ -251,8 +251,8 @@ _GEN3 = EngineCosts(vector_ghz=0.96, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum
                     vector_16bit_rate=4, scalar_16bit_rate=1, vector_reduce_bf16_rate=2,
                     vector_reciprocal_factor=8)
 _GEN4 = EngineCosts(vector_ghz=1.2, scalar_ghz=1.2, gpsimd_ghz=1.2, vector_psum_copy_16bit_rate=2,
-                    vector_instr_cycles=150.0, scalar_instr_cycles=360.0,
-                    gpsimd_instr_cycles=150.0, vector_overlap_cycles=70.0, min_instruction_cycles=64,
+                    vector_instr_cycles=65.0, scalar_instr_cycles=360.0,
+                    gpsimd_instr_cycles=150.0, vector_overlap_cycles=17.0, min_instruction_cycles=64,
                     vector_reduce_readout_cycles=64, dma_bytes_per_s=528e9,
                     dma_transfer_gap_ns=850.0, dma_transfer_handoff_ns=0.0, dma_descriptor_generation_ns=600.0,
                     dma_descriptor_bytes=20.0,

@@ -814,6 +814,22 @@ def test_optimization_guide_matmul_rejects_an_unknown_version_or_shapes_off_its_
                  version=version)
 
 
+def test_optimization_guide_v5_issues_one_vector_instruction_size_the_fixed_cost_is_read_from(calibrate):
+    # hardware.py reads trn2's VectorE fixed cost off v5's profile assuming the port's
+    # VectorE stream: per output tile [128, 512] one memset, one add per block of 8 K tiles
+    # and one copy, every one [128, 512] fp32, so 5,120 at the profiled shape (K 8192, M
+    # 4096, N 8192). Checked on the smallest shape with two K blocks.
+    k, m, n = 2048, 2048, 2048
+    trace = simulate(calibrate, "optimization_guide_matmul:matmul", "trn2", lhsT=torch.randn(k, m),
+                     rhs=torch.randn(k, n), version="v5").trace
+    vector = [i for i in trace if i.engine == "vector"]
+    tiles = (m // 128) * (n // 512)
+    assert collections.Counter(i.op for i in vector) == {"memset": tiles, "tensor_tensor": tiles * k // 1024,
+                                                         "tensor_copy": tiles}
+    assert {(w.shape, str(w.dtype)) for i in vector for w in i.writes} == {((128, 512), "float32")}
+    assert (4096 // 128) * (8192 // 512) * (1 + 8192 // 1024 + 1) == 5120
+
+
 def test_optimization_guide_matmul_rejects_a_contraction_mismatch(calibrate):
     with pytest.raises(ValueError, match=r"rhs.shape\[0\]=256 must equal lhsT.shape\[0\]=128"):
         simulate(calibrate, "optimization_guide_matmul:matmul", "trn2", lhsT=torch.rand(128, 128),

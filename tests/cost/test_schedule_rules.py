@@ -783,12 +783,13 @@ def test_the_overlap_is_capped_at_the_fixed_cost_and_off_when_zero():
     assert est.schedule.start[1] == pytest.approx(est.schedule.finish[0])
 
 
-@pytest.mark.parametrize("name", sorted(TARGETS))
-def test_every_generation_issues_independent_vector_instructions_trn1s_interval_apart(name):
-    # hardware.py VECTOR_ISSUE_CYCLES: measured on trn1 (fixed cost less overlap), carried to
-    # trn2 and trn3, which have no measurement of their own
+@pytest.mark.parametrize("name, interval", [("trn1", VECTOR_ISSUE_CYCLES), ("trn2", 48.0), ("trn3", 48.0)])
+def test_every_generation_issues_independent_vector_instructions_its_measured_interval_apart(name, interval):
+    # hardware.py: trn1's interval (fixed cost less overlap, VECTOR_ISSUE_CYCLES) is fitted
+    # on its Mamba profiles, trn2's read off the v5 matmul's profile (65 - 17), and trn3,
+    # with no measurement of its own, takes trn2's
     target = TARGETS[name]
-    assert target.vector_static_cycles - target.vector_overlap_cycles == VECTOR_ISSUE_CYCLES
+    assert target.vector_static_cycles - target.vector_overlap_cycles == interval
     est = estimate_trace(_two_vector_ops(dependent=False), target)
     first = est.schedule.finish[0] - est.schedule.start[0]
     assert est.schedule.start[1] == pytest.approx(first - target.vector_overlap_cycles / target.vector_hz)

@@ -48,15 +48,30 @@ SHARED_COST_RANGES: tuple[tuple[str, float, float], ...] = (
 # port (its three loads in buffers of their own; docs/cost-model.md "The port audit of
 # 2026-12-06 and the refit it asked for").
 VECTOR_ISSUE_CYCLES = 80.0
-# trn2's (and trn3's) VectorE / GpSimd fixed cost per instruction, [F] on nki-library's QoR
-# train rows (Target.vector_static_cycles says how); its overlap follows from it. 150 since
-# the refit of 2026-12-06 (100 before). The refit of 2026-12-08 (trn2's DMA rule C) found
-# the train loss flat, 0.0361-0.0365 from 100 to 500 cycles (least at 250, 100 as low at the
-# printed precision): these rows do not constrain it, so it keeps its value; the one public
-# trn2 measurement of VectorE busy time (the kernel-optimization tutorial's v5, held out)
-# models +35 % at 250, +18 % at 150, +9 % at 100 (docs/cost-model.md "trn2 and trn3 take
-# setting C").
-TRN2_VECTOR_STATIC_CYCLES = 150.0
+# trn2's (and trn3's) VectorE fixed cost per instruction and the part of it an independent
+# successor overlaps, [M] read off the one public trn2 profile of VectorE instructions: the
+# kernel-optimization tutorial's v5 matmul (aws-neuron-sdk @81ce03ae nki/img/how-to/v5-vec.png;
+# rows optimization_guide.matmul_v5.vector_durations / .vector_busy, split "train" since
+# they set these). Its source issues 5,120 VectorE instructions of one size, [128, 512] fp32
+# (4,096 PSUM + SBUF adds, 512 memsets, 512 copies: 512 cycles of data each at 0.96 GHz);
+# their durations add up to 3.08 ms, so each holds 3.08 ms x 0.96 GHz / 5,120 - 512 = 65.5
+# cycles beyond its data (+-0.9 for the figure's 3 digits), and the engine is active 2.99
+# ms, (3.08 - 2.99) ms x 0.96 GHz / 5,120 = 17 cycles per instruction less (+-2). The
+# profile counts 5,403 instructions; were the 283 the source does not issue as long as the
+# rest, the fixed cost would be 35 cycles (the range's optimistic end). AWS's own figures
+# are near: MIN_II "roughly 64 engine cycles" [S], a static overhead of ~60 cycles [A1].
+# Until 2026-12-08 (session 87) this was [F], fitted on nki-library's QoR train rows:
+# 100 cycles, 150 from the refit of 2026-12-06, with the overlap tied to trn1's issue
+# interval (150 - 80 = 70); those rows' loss is flat from 100 to 500 cycles (0.0361-0.0365
+# under trn2's DMA rule C), so they never placed it (docs/cost-model.md "trn2's VectorE
+# read off the v5 profile").
+TRN2_VECTOR_STATIC_CYCLES = 65.0
+TRN2_VECTOR_OVERLAP_CYCLES = 17.0
+# trn2's (and trn3's) GpSimd fixed cost per instruction: [S] GPSIMD_START, "the instruction
+# startup overhead on GpSimdE, roughly 150 engine cycles" (affine_select, iota docstrings).
+# No profile measures it. Until 2026-12-08 it took VectorE's fitted number (150 since the
+# refit of 2026-12-06, 100 before).
+TRN2_GPSIMD_STATIC_CYCLES = 150.0
 # trn1's fixed costs per instruction (optimistic, pessimistic)
 TRN1_STATIC_RANGES: tuple[tuple[str, float, float], ...] = (
     ("scalar_static_cycles", 60.0, 160.0),   # [A1] ~60 .. perf guide fig16 (hw-measurements.md: 1-element ACTIVATE 159 ns = 223 cycles = 64 + 159)
@@ -118,17 +133,15 @@ class Target:
     # measures N + ~350 at two sizes (DMA overview figures, rows scalar.exp_*); VectorE
     # tensor_tensor measures 2N + ~380 on trn1 (fig17) and NKIBench's VectorE busy times
     # sit lower. One shared number cannot fit both generations (docs/cost-model.md
-    # "Calibration"), so each engine of each generation has its own, all [F]:
-    # trn1's VectorE and ScalarE on the trn1 busy-time and instruction rows of
-    # measurements.toml, trn2's ScalarE on its exp rows, trn2's VectorE on the train rows
-    # of nki-library's QoR vectors (no public trn2 VectorE figure isolates it). GpSimd has
-    # no measurement on any generation and takes VectorE's number. Defaults: trn2's (its
-    # VectorE 100 until the refit of 2026-12-06: the QoR train rows' loss is flat from 100 to
-    # 350 cycles at the doubled issue interval, 0.0340 to 0.0344, and least at 150; under
-    # trn2's DMA rule C, 2026-12-08, 0.0361-0.0365 from 100 to 500, kept at 150: above).
+    # "Calibration"), so each engine of each generation has its own: [F] trn1's VectorE
+    # and ScalarE on the trn1 busy-time and instruction rows of measurements.toml, trn2's
+    # ScalarE on its exp rows; [M] trn2's VectorE, read off the v5 profile
+    # (TRN2_VECTOR_STATIC_CYCLES above; fitted on nki-library's QoR train rows until
+    # 2026-12-08, which never placed it). GpSimd has no measurement on any generation:
+    # trn1's takes VectorE's number, trn2's AWS's GPSIMD_START [S]. Defaults: trn2's.
     vector_static_cycles: float = TRN2_VECTOR_STATIC_CYCLES
     scalar_static_cycles: float = 360.0
-    gpsimd_static_cycles: float = TRN2_VECTOR_STATIC_CYCLES
+    gpsimd_static_cycles: float = TRN2_GPSIMD_STATIC_CYCLES
     # VectorE "streams data ... in a deeply pipelined fashion" [A1]: the last of an
     # instruction's fixed cycles are its pipeline draining, and the next instruction can
     # start streaming then if it does not read what this one writes. The profiles of the
@@ -137,12 +150,11 @@ class Target:
     # durations added up. This many cycles (at most the engine's fixed cost) of a VectorE
     # instruction overlap an independent successor's. [F] on trn1 (rows mamba.v1.c256_s512.*,
     # the one profile pair in the train split): 320 of 400, so an independent instruction
-    # issued behind another adds VECTOR_ISSUE_CYCLES (80) cycles beyond its streaming. No
-    # trn2/trn3 figure measures the overlap; they take trn1's issue interval (the same
-    # pipelined engine, [A1][A2]): 150 - 80 = 70 (100 - 40 = 60 before the refit of
-    # 2026-12-06). The QoR train rows agreed that it is not 0 (loss 0.0379 at 0, 0.0355 at
-    # 60; docs/cost-model.md "Calibration") but cannot place it.
-    vector_overlap_cycles: float = TRN2_VECTOR_STATIC_CYCLES - VECTOR_ISSUE_CYCLES
+    # issued behind another adds VECTOR_ISSUE_CYCLES (80) cycles beyond its streaming.
+    # trn2's [M] from the v5 profile's durations against its active time: 17 of 65, an
+    # issue interval of 48 (TRN2_VECTOR_OVERLAP_CYCLES; until 2026-12-08 it took trn1's
+    # interval, 150 - 80 = 70). trn3 has no figure and takes trn2's.
+    vector_overlap_cycles: float = TRN2_VECTOR_OVERLAP_CYCLES
     # The kernels plan with this figure on every generation (kernels/engine_costs.py), the
     # attention kernels with the whole fixed cost (kernels/attention_plan.py says why). Until
     # session 59 they planned with it only where measured (trn1), with none on trn2 and trn3;
@@ -309,9 +321,10 @@ class Target:
     # whole tiny NEFF (nrtpy's tutorial: the NKI quickstart's add kernel, 3.2 us; row
     # device.quickstart_add_4x3_fp16) holds none of the 26 us.
     # 26 + 2 us until the refit of 2026-12-06 (trn2 VectorE 100 -> 150 cycles beside them),
-    # 24 + 4 us until the refit of 2026-12-08 (trn2's DMA rule C)
-    launch_overhead_s: float = 26e-6       # [F] every launch
-    second_core_launch_s: float = 5e-6     # [F] added when the launch runs on two physical cores
+    # 24 + 4 us until the refit of 2026-12-08 (trn2's DMA rule C), 26 + 5 us until the refit
+    # that followed trn2's VectorE read off the v5 profile (the same day)
+    launch_overhead_s: float = 27e-6       # [F] every launch
+    second_core_launch_s: float = 4e-6     # [F] added when the launch runs on two physical cores
     # ---- finite buffering (cost/schedule.py "Buffers") ----------------------------------
     # Tiles allocated at the same place of a kernel (the same source line and call path) in
     # successive loop iterations share their site's physical buffers, rotated: as many as the
@@ -335,11 +348,11 @@ class Target:
         # [M] the reading precision (+-2 %) of the two trn2 exp figures: 128x128 -> 342,
         # 4x4096 -> up to 445 cycles
         ("scalar_static_cycles", 340.0, 450.0),
-        # [P]'s ~100 (the QoR train rows' fit until the refit of 2026-12-06, the grid's
-        # floor: attention_cte's rows pull it there; 150 since) .. the value mlp_cte's rows
-        # alone would fit (250-300)
-        ("vector_static_cycles", 100.0, 300.0),
-        ("gpsimd_static_cycles", 100.0, 300.0),    # as VectorE (no GpSimd measurement)
+        # [M] the v5 profile read with its own instruction count (5,403: 35) .. [P]'s "~100
+        # cycles" (TRN2_VECTOR_STATIC_CYCLES says how; (100, 300) while it was fitted)
+        ("vector_static_cycles", 35.0, 100.0),
+        # [S] "roughly 150" GPSIMD_START, no measurement: the range VectorE's had (100, 300)
+        ("gpsimd_static_cycles", 100.0, 300.0),
     ) + SHARED_COST_RANGES
     # The error the parameter ranges do not explain: the error bar's optimistic end is
     # multiplied by the first factor and its pessimistic end by the second
@@ -348,8 +361,10 @@ class Target:
     # inside their bar, 5 % falling out at each end (the parameter ranges alone hold 47 of
     # the 68 measured ones); the same band serves every generation (no other generation has
     # whole-kernel train rows). (0.90, 1.17) until the refit of 2026-12-06, (0.92, 1.14)
-    # until the refit of 2026-12-08 (trn2's DMA rule C). docs/cost-model.md "Error bars".
-    model_error_band: tuple[float, float] = (0.88, 1.14)
+    # until the refit of 2026-12-08 (trn2's DMA rule C), (0.88, 1.14) until trn2's VectorE
+    # was read off the v5 profile (its range narrowed from (100, 300) to (35, 100) cycles, so
+    # the parameter ranges alone hold fewer rows). docs/cost-model.md "Error bars".
+    model_error_band: tuple[float, float] = (0.88, 1.17)
 
     # ---- ISA limits the simulator's rules check (isa/, language/) ------------------------
     # Defaults are trn2's; each generation overrides what its docs say differs. Sources
