@@ -834,6 +834,27 @@ def rankings(rows: list[Row], values: dict[str, float]) -> list[tuple[str, list[
     return out
 
 
+def contradictions(rows: list[Row], band: float = 0.25) -> list[tuple[Row, Row]]:
+    """(faster, slower) pairs of rows that run the same call (kernel, target, arguments,
+    launch degree) for the same quantity, measured further apart than one value can serve
+    within +-``band``: slower / faster > (1 + band) / (1 - band). A model of the source gives
+    both one value, so at least one of the two is outside the band whatever the model; the
+    measurements differ in something the rows do not carry (compiler release, instance,
+    harness)."""
+    calls: dict[tuple, list[Row]] = {}
+    for r in rows:
+        if not r.relative_to:   # a relative row's figure is a ratio to another row's
+            calls.setdefault((*call_of(r), r.lnc, r.quantity, r.unit), []).append(r)
+    out = []
+    for group in calls.values():
+        for i, a in enumerate(group):
+            for b in group[i + 1:]:
+                fast, slow = (a, b) if a.measured <= b.measured else (b, a)
+                if slow.measured * (1 - band) > fast.measured * (1 + band):
+                    out.append((fast, slow))
+    return out
+
+
 def _fmt(v: float, unit: str) -> str:
     return f"{v:.1f} %" if unit == "percent" else f"{v:.4g} {unit}"
 
@@ -876,6 +897,10 @@ def report(rows: list[Row], values: dict[str, float], params: dict | None = None
                      f"{'same order' if same else 'DIFFERENT ORDER'} (times within {RANK_TIE:.0%} are ties)"
                      + (f"; a known ranking exception: {RANK_EXCEPTIONS[g]}" if g in RANK_EXCEPTIONS and not same
                         else ""))
+    for fast, slow in contradictions(rows):
+        lines.append(f"no model fits both within +-25 %: {fast.id} ({_fmt(fast.measured, fast.unit)}) and "
+                     f"{slow.id} ({_fmt(slow.measured, slow.unit)}) run the same call, measured "
+                     f"{slow.measured / fast.measured:.2f}x apart")
     for r in rows:
         if r.known_miss:
             lines.append(f"known miss {r.id} ({errs[r.id]:+.0%}): {r.known_miss}")
