@@ -171,12 +171,12 @@ def test_known_misses_are_few_and_say_why(calibrate):
         # run faster than the single-stream curve's gap allows (+54 % on one queue per engine,
         # +26 % under trn2's DMA rule C of 2026-12-08)
         "optimization_guide.matmul_v2": 1,
-        # nki-autotune's 2048^3 bf16 matmuls on trn2 (2026-12-07), device-side times: their
-        # 384 small transfers still come to more DMA time than the tutorial's blocked kernel
-        # took in all (+29 % under rule C); the generated ones also load every operand before
-        # the first matmul in program order, which the compiler's scheduler need not keep (the
-        # hand-written lhsT_rhs kernel, +36 % before rule C, +14 % under it, is a row again)
-        "nki_autotune.matmul_": 4,
+        # nki-autotune's three generated 2048^3 bf16 matmuls on trn2 (2026-12-07), device-side
+        # times: they load every operand before the first matmul in program order, which the
+        # compiler's scheduler need not keep (the hand-written lhsT_rhs kernel, +36 % before
+        # rule C, +14 % under it, and the tutorial's blocked kernel, +29 % under rule C, +14 %
+        # since trn2's VectorE was read off the v5 profile, are rows again)
+        "nki_autotune.matmul_": 3,
         # its double matmul: 1216 DMA instructions (1088 of them dma_transposes) at the same gap
         # come to more DMA time than the hardware took in all
         "nki_autotune.double_matmul": 1,
@@ -962,8 +962,10 @@ def test_the_model_error_band_is_the_quantiles_of_the_train_rows_outside_their_b
 # 20 of 26 while Autocomp's sixth Mamba kernel was a known miss, until session 41; before
 # Autocomp's attention and Mamba rows of 2026-12-03, 12 and 4 of 16). 25 of 31 since trn2's
 # DMA rule C of 2026-12-08 (band (0.88, 1.14); nki-autotune's hand-written lhsT_rhs kernel,
-# inside its bar, no longer a known miss), 16 with the parameter ranges alone.
-BAR_HELD_OUT_MIN = 25
+# inside its bar, no longer a known miss), 16 with the parameter ranges alone. 27 of 32 since
+# trn2's VectorE was read off the v5 profile (band (0.88, 1.17); nki-autotune's blocked
+# kernel, inside its bar, no longer a known miss), 17 with the parameter ranges alone.
+BAR_HELD_OUT_MIN = 27
 
 
 def test_the_error_bars_hold_the_held_out_latency_measurements(calibrate, public_modeled):
