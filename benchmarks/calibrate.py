@@ -836,7 +836,7 @@ def rankings(rows: list[Row], values: dict[str, float]) -> list[tuple[str, list[
 
 def contradictions(rows: list[Row], band: float = 0.25) -> list[tuple[Row, Row]]:
     """(faster, slower) pairs of rows that run the same call (kernel, target, arguments,
-    launch degree) for the same quantity, measured further apart than one value can serve
+    launch degree, compiler) for the same quantity, measured further apart than one value can serve
     within +-``band``: slower / faster > (1 + band) / (1 - band). A model of the source gives
     both one value, so at least one of the two is outside the band whatever the model; the
     measurements differ in something the rows do not carry (compiler release, instance,
@@ -844,7 +844,8 @@ def contradictions(rows: list[Row], band: float = 0.25) -> list[tuple[Row, Row]]
     calls: dict[tuple, list[Row]] = {}
     for r in rows:
         if not r.relative_to:   # a relative row's figure is a ratio to another row's
-            calls.setdefault((*call_of(r), r.lnc, r.quantity, r.unit), []).append(r)
+            # (the compiler too: the model prices a beta-1 port's loops differently)
+            calls.setdefault((*call_of(r), r.lnc, r.quantity, r.unit, r.compiler), []).append(r)
     out = []
     for group in calls.values():
         for i, a in enumerate(group):
@@ -1212,7 +1213,7 @@ def main(argv=None) -> int:
     public: dict[str, float] = modeled(rows, params) if rows else {}
     if rows:
         bar_ends(rows, params)
-    if rows and not (args.fit and qor):   # with the QoR fit: reported after it
+    if rows:   # the QoR launch fit below moves no public row (none is a whole-launch train row)
         print(report(rows, public, None if settings else params))
     values: dict[str, float] = {}
     if qor:
@@ -1231,26 +1232,18 @@ def main(argv=None) -> int:
                 print(f"{r.id}: blocked: {type(err).__name__}: {first[:160]}", flush=True)
             finally:
                 forget(r)   # a QoR run's trace is large: keep only its modeled numbers
-        if args.refit_launch:
+        if args.refit_launch or args.fit:
             try:
                 launch, values, before, after = refit_launch(qor, values)
             except ValueError as err:   # every selected train row blocked or set aside
-                ap.error(f"--refit-launch: {err} (the selected QoR train rows are blocked in our simulator "
-                         f"or set aside, see above)")
-            print("\nlaunch costs refitted on the QoR train rows (nothing else re-modeled; hardware.py's: "
-                  f"{TARGETS['trn2'].launch_overhead_s * 1e6:.0f} + {TARGETS['trn2'].second_core_launch_s * 1e6:.0f} us): "
+                ap.error(f"{'--fit' if args.fit else '--refit-launch'}: {err} (the selected QoR train rows are "
+                         f"blocked in our simulator or set aside, see above)")
+            what = ("fitted on the QoR train rows (copy into simulator/hardware.py by hand)" if args.fit else
+                    "launch costs refitted on the QoR train rows (nothing else re-modeled)")
+            print(f"\n{what}; hardware.py's: "
+                  f"{TARGETS['trn2'].launch_overhead_s * 1e6:.0f} + {TARGETS['trn2'].second_core_launch_s * 1e6:.0f} us: "
                   + ", ".join(f"{k} = {v * 1e6:.0f}e-6" for k, v in launch.items())
                   + f"; train loss {before:.4f} -> {after:.4f}")
-        if args.fit:
-            # public whole-launch train rows count too (as before 2026-12-08)
-            launch, priced, before, after = refit_launch(qor + rows, {**public, **values})
-            values = {k: priced[k] for k in values}
-            print("\nfitted on the QoR train rows (copy into simulator/hardware.py by hand): "
-                  + ", ".join(f"{k} = {v * 1e6:.0f}e-6" for k, v in launch.items())
-                  + f"; train loss {before:.4f} -> {after:.4f}")
-            public = {k: priced[k] for k in public}   # their whole-launch rows take the fit too
-            if rows:
-                print("\n" + report(rows, public, params))
         if any(r.split == "train" and r.id in bars for r in qor):
             fitted = fit_band(qor, values)
             band = TARGETS["trn2"].model_error_band   # the QoR rows' target

@@ -151,6 +151,13 @@ def _blocked_k(lhsT, rhs, result, tiles_m, tiles_n, tiles_k):
                 nisa.dma_copy(dst=result[r0:r0 + P, block_n * n:block_n * (n + 1)], src=packed)
 
 
+def v5_vector_instructions(K, M, N):
+    """VectorE instructions v5 issues for lhsT [K, M] @ rhs [K, N]: per [128, 512] output tile
+    one memset, one add per block of 8 K tiles and one packing copy, each [128, 512] fp32
+    (simulator/hardware.py reads trn2's VectorE fixed cost off their profiled durations)."""
+    return (M // P) * (N // TILE_N) * (K // (8 * P) + 2)
+
+
 @nki.jit
 def matmul(lhsT, rhs, version):
     """lhsT [K, M] @ rhs [K, N] -> [M, N] as the tutorial's kernel ``version`` (v2..v5)

@@ -38,12 +38,13 @@ SHARED_COST_RANGES: tuple[tuple[str, float, float], ...] = (
     ("matmul_latency_cycles", 200.0, 600.0),    # [M] fig18/20/21 spread
     ("buffer_rotation_depth", 4.0, 2.0),        # compiler's choice: undocumented (within SBUF/PSUM: schedule.family_depths)
     # the whole fixed cost (capped at it; 380 is the largest any row shows, [M] fig17) ..
-    # none: only trn1's Mamba profiles measure the overlap [M] (trn2 and trn3 borrow it)
+    # none: trn1's Mamba profiles measure the overlap [M], trn2's v5 profile bounds it
     ("vector_overlap_cycles", 380.0, 0.0),
 )
 # Cycles an independent VectorE instruction adds behind another beyond its streaming:
 # vector_static_cycles - vector_overlap_cycles, measured on trn1 (400 - 320, [F] the Mamba
-# v1 profile pair) and carried to the generations that have no measurement of their own.
+# v1 profile pair); trn1's only since 2026-12-08 (trn2 and trn3 carried it until then; they
+# take the v5 profile's figures below).
 # 40 (360 - 320) until the refit of 2026-12-06 that followed the port audit's fix of the v1
 # port (its three loads in buffers of their own; docs/cost-model.md "The port audit of
 # 2026-12-06 and the refit it asked for").
@@ -55,11 +56,17 @@ VECTOR_ISSUE_CYCLES = 80.0
 # they set these). Its source issues 5,120 VectorE instructions of one size, [128, 512] fp32
 # (4,096 PSUM + SBUF adds, 512 memsets, 512 copies: 512 cycles of data each at 0.96 GHz);
 # their durations add up to 3.08 ms, so each holds 3.08 ms x 0.96 GHz / 5,120 - 512 = 65.5
-# cycles beyond its data (+-0.9 for the figure's 3 digits), and the engine is active 2.99
-# ms, (3.08 - 2.99) ms x 0.96 GHz / 5,120 = 17 cycles per instruction less (+-2). The
-# profile counts 5,403 instructions; were the 283 the source does not issue as long as the
-# rest, the fixed cost would be 35 cycles (the range's optimistic end). AWS's own figures
-# are near: MIN_II "roughly 64 engine cycles" [S], a static overhead of ~60 cycles [A1].
+# cycles beyond its data (+-0.9 for the figure's 3 digits). The profile counts 5,403
+# instructions: were the 283 the source does not issue as long as the rest, the fixed cost
+# would be 35 cycles, so the profile places it in 35-65 and 65 is the end where those 283
+# take no time (the range's optimistic end is the other). [A1] gives a static overhead of
+# ~60 cycles (for NeuronCore-v2). The engine is active 2.99 ms, 0.09 ms less than the
+# durations: (3.08 - 2.99) ms x 0.96 GHz / 5,120 = 17 cycles per instruction (+-2), an
+# average over all of them. The model overlaps only an independent instruction issued back
+# to back with the one before, ~118 in its schedule of v5 (VectorE mostly waits on TensorE
+# there), so its v5 active time stays 3 % above the profile's; spread over those pairs the
+# profile's 0.09 ms would exceed the fixed cost, which the model's rule cannot give. 17 is
+# the least per-pair overlap the profile allows, and what the model takes.
 # Until 2026-12-08 (session 87) this was [F], fitted on nki-library's QoR train rows:
 # 100 cycles, 150 from the refit of 2026-12-06, with the overlap tied to trn1's issue
 # interval (150 - 80 = 70); those rows' loss is flat from 100 to 500 cycles (0.0361-0.0365
@@ -151,9 +158,10 @@ class Target:
     # instruction overlap an independent successor's. [F] on trn1 (rows mamba.v1.c256_s512.*,
     # the one profile pair in the train split): 320 of 400, so an independent instruction
     # issued behind another adds VECTOR_ISSUE_CYCLES (80) cycles beyond its streaming.
-    # trn2's [M] from the v5 profile's durations against its active time: 17 of 65, an
-    # issue interval of 48 (TRN2_VECTOR_OVERLAP_CYCLES; until 2026-12-08 it took trn1's
-    # interval, 150 - 80 = 70). trn3 has no figure and takes trn2's.
+    # trn2's from the v5 profile's durations against its active time: 17 of 65, the least
+    # the profile allows per overlapping pair, an issue interval of 48
+    # (TRN2_VECTOR_OVERLAP_CYCLES says why a bound; until 2026-12-08 it took trn1's interval,
+    # 150 - 80 = 70). trn3 has no figure and takes trn2's.
     vector_overlap_cycles: float = TRN2_VECTOR_OVERLAP_CYCLES
     # The kernels plan with this figure on every generation (kernels/engine_costs.py), the
     # attention kernels with the whole fixed cost (kernels/attention_plan.py says why). Until
@@ -358,8 +366,9 @@ class Target:
     # multiplied by the first factor and its pessimistic end by the second
     # (cost.uncertainty.time_range). [F] benchmarks/calibrate.py fit_band: the factors that
     # put 90 % of nki-library's QoR train rows (whole-launch latencies measured on trn2)
-    # inside their bar, 5 % falling out at each end (the parameter ranges alone hold 47 of
-    # the 68 measured ones); the same band serves every generation (no other generation has
+    # inside their bar, 5 % falling out at each end (the parameter ranges alone hold 32 of
+    # the 68 measured ones since trn2's VectorE range narrowed on 2026-12-08, more before); the
+    # same band serves every generation (no other generation has
     # whole-kernel train rows). (0.90, 1.17) until the refit of 2026-12-06, (0.92, 1.14)
     # until the refit of 2026-12-08 (trn2's DMA rule C), (0.88, 1.14) until trn2's VectorE
     # was read off the v5 profile (its range narrowed from (100, 300) to (35, 100) cycles, so
